@@ -1,0 +1,181 @@
+"""``recoverygate`` (and ``kubectl recoverygate``): a thin shell over the runner.
+
+Exit codes: 0 PASS (or a clean dry run), 1 FAIL, 2 invalid config or usage, 3 ERROR
+(the drill could not run), 130 interrupted (after cleanup). Heavy modules (pydantic,
+the backends) are imported only after the arguments are parsed, so ``--help`` is fast
+and never imports kubernetes or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from recoverygate import __version__
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.engine import DrillResult
+    from pytest_recoverygate.model import Worker, Workload
+    from pytest_recoverygate.runner import Status
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+DESCRIPTION = (
+    "Chaos drills for distributed training: kill one worker of a running job and prove it "
+    "resumes from its latest checkpoint within the recovery SLO."
+)
+EPILOG = (
+    "exit codes: 0 PASS (or dry run), 1 FAIL, 2 invalid config or usage, "
+    "3 ERROR (the drill could not run), 130 interrupted"
+)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run a drill", description="Run the drill a config describes.",
+                         epilog=EPILOG)
+    run.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
+    run.add_argument("--dry-run", action="store_true",
+                     help="run the whole flow minus the kill; issue no destructive call")
+    run.add_argument("--yes", "-y", action="store_true",
+                     help="confirm the kill without asking (needed when not on a terminal "
+                     "and safety.requireConfirm is true)")
+    run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
+    run.add_argument("--report-dir", type=Path, metavar="DIR",
+                     help="write report.json, events.jsonl, summary.md and the timeline "
+                     "picture into DIR")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="print only the verdict")
+    validate = sub.add_parser("validate", help="check a config without touching anything")
+    validate.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
+    return parser
+
+
+class LiveStatus:
+    """Phase, step and elapsed time: one updating line on a TTY, timestamped lines if not."""
+
+    def __init__(self, stream: TextIO, quiet: bool = False) -> None:
+        self.stream = stream
+        self.quiet = quiet
+        self.tty = stream.isatty()
+        self._width = 0
+
+    def __call__(self, status: Status) -> None:
+        if self.quiet:
+            return
+        text = self._format(status)
+        if self.tty:
+            pad = max(self._width - len(text), 0)
+            self.stream.write("\r" + text + " " * pad)
+            self._width = len(text)
+            if status.phase_changed and status.phase.name == "DONE":
+                self.stream.write("\n")
+        elif status.phase_changed or status.phase.name != "WAITING_FOR_CHECKPOINT":
+            stamp = time.strftime("%H:%M:%S")
+            self.stream.write(f"{stamp} {text}\n")
+        self.stream.flush()
+
+    @staticmethod
+    def _format(status: Status) -> str:
+        parts = [f"[{status.phase.value}]", status.message]
+        if status.step is not None:
+            parts.append(f"step {status.step}")
+        if status.since_kill is not None and status.max_recovery_time is not None:
+            parts.append(f"{status.since_kill:.1f}s since kill / SLO {status.max_recovery_time:g}s")
+        else:
+            parts.append(f"{status.elapsed:.1f}s elapsed")
+        return " · ".join(parts)
+
+
+def _ask(stream_in: TextIO, stream_out: TextIO) -> object:
+    def confirm(target: Worker, workload: Workload) -> bool:
+        stream_out.write(
+            f"\nAbout to SIGKILL-equivalent {target.describe()} of {workload.job} when the "
+            f"trigger checkpoint completes.\nProceed? [y/N] "
+        )
+        stream_out.flush()
+        answer = stream_in.readline().strip().lower()
+        return answer in ("y", "yes")
+
+    return confirm
+
+
+def print_result(result: DrillResult, stream: TextIO) -> None:
+    """The verdict block: a sentence, the figures, every check."""
+    from pytest_recoverygate.report import figures
+
+    stream.write(f"\nRecoveryGate verdict: {result.verdict.value}\n  {result.summary}\n")
+    if result.target is not None:
+        stream.write(f"  target: {result.target.describe()}\n")
+    shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
+    if shown:
+        stream.write("  " + "  ".join(f"{k}={v}" for k, v in shown.items()) + "\n")
+    breakdown = {k: v for k, v in result.breakdown.items()}
+    if breakdown:
+        stream.write("  recovery breakdown (s after kill): " + ", ".join(
+            f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()) + "\n")
+    for check in result.checks:
+        mark = "ok  " if check.passed else "FAIL"
+        stream.write(f"  [{mark}] {check.name}: {check.message}\n")
+    stream.flush()
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Entry point of ``recoverygate`` and ``kubectl-recoverygate``."""
+    name = prog or Path(sys.argv[0]).name or "recoverygate"
+    if name.startswith("kubectl-"):
+        name = "kubectl recoverygate"
+    parser = _parser(name)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+
+    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.errors import ConfigError, DrillInterrupted, UsageError
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(f"{name}: invalid config:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "validate":
+        print(f"{args.file}: valid ({config.workload.orchestrator} drill '{config.name}')")
+        return EXIT_PASS
+
+    from pytest_recoverygate.runner import RunOptions, run_drill
+
+    interactive = sys.stdin.isatty()
+    options = RunOptions(
+        dry_run=args.dry_run,
+        confirmed=args.yes,
+        confirm=_ask(sys.stdin, sys.stderr) if interactive else None,  # type: ignore[arg-type]
+        observer=LiveStatus(sys.stderr, quiet=args.quiet),
+        report_path=args.report,
+        report_dir=args.report_dir,
+    )
+    try:
+        result = run_drill(config, options)
+    except UsageError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DrillInterrupted as exc:
+        print(f"{name}: {exc}; cleanup done", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print_result(result, sys.stdout)
+    return result.exit_code
+
+
+def kubectl_main() -> int:
+    """``kubectl recoverygate …`` (kubectl finds ``kubectl-recoverygate`` on PATH)."""
+    return main(prog="kubectl-recoverygate")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""RecoveryGate's exceptions.
+
+::
+
+    RecoveryGateError            base of everything we raise on purpose
+    ├── ConfigError              the drill config is invalid (exit 2)
+    ├── UsageError               the command line or the environment asks the impossible (exit 2)
+    ├── DrillError               the drill could not be carried out (verdict ERROR, exit 3)
+    │   ├── DiscoveryError       no workload, an ambiguous one, or the target is absent
+    │   ├── PermissionDeniedError  the backend refused an operation we need
+    │   └── BackendError         the backend failed in a way retries did not fix
+    └── DrillInterrupted         Ctrl-C or SIGTERM during a drill (exit 130, after cleanup)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RecoveryGateError(Exception):
+    """Base class of every error RecoveryGate raises on purpose."""
+
+
+class ConfigError(RecoveryGateError):
+    """The drill config is invalid; the message names the file, key, line and fix."""
+
+
+class UsageError(RecoveryGateError):
+    """The command line or environment asks for something that cannot be done."""
+
+
+class DrillError(RecoveryGateError):
+    """The drill could not be carried out (the verdict is ERROR)."""
+
+
+class DiscoveryError(DrillError):
+    """No workload was found, it was ambiguous, or the target worker is absent."""
+
+
+class PermissionDeniedError(DrillError):
+    """The backend refused an operation the drill needs."""
+
+
+class BackendError(DrillError):
+    """The backend failed in a way that retrying did not fix."""
+
+
+class DrillInterrupted(RecoveryGateError):
+    """The drill was interrupted by Ctrl-C or SIGTERM (cleanup has run)."""
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        super().__init__(f"interrupted by {signal_name}")
+        self.signal_name = signal_name
+        self.result: Any = None  # the partial DrillResult, once cleanup has run
+
+    def with_result(self, result: Any) -> DrillInterrupted:
+        self.result = result
+        return self

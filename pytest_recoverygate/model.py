@@ -1,0 +1,132 @@
+"""The drill's domain values, shared by the engine, the runner and every backend.
+
+Everything here is a frozen dataclass or an enum: no I/O, no third-party imports.
+Timestamps are POSIX seconds (float, microsecond resolution) on the emitter's clock
+for training events and on the drill's clock for everything else; both are the same
+wall clock on one machine, and NTP-close across a cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TrainingEventKind(enum.Enum):
+    """What a RECOVERYGATE/v1 line reported."""
+
+    START = "start"
+    PROGRESS = "progress"
+    CHECKPOINT_COMPLETED = "checkpoint_completed"
+    CHECKPOINT_LOADED = "checkpoint_loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingEvent:
+    """One event read from the training job's output.
+
+    ``incarnation`` is the reporter's per-process id: a restarted process has a new one,
+    so a late line of the old process is never mistaken for the replacement.
+    """
+
+    kind: TrainingEventKind
+    timestamp: float
+    incarnation: str
+    step: int | None = None
+    received: float | None = None
+    rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    restart_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """One worker instance of the job.
+
+    ``instance_id`` changes whenever the worker is replaced (pod UID, ``pid@start_time``,
+    ``jobid.step/pid``): a kill names an instance, never just a rank.
+    """
+
+    rank: int
+    name: str
+    instance_id: str
+    node: str = ""
+    details: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        where = f" on {self.node}" if self.node else ""
+        return f"rank {self.rank} ({self.name}{where}, instance {self.instance_id})"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What discovery found: one job and its workers, sorted by rank."""
+
+    job: str
+    workers: tuple[Worker, ...]
+
+    def by_rank(self, rank: int) -> Worker | None:
+        for worker in self.workers:
+            if worker.rank == rank:
+                return worker
+        return None
+
+
+class GroupEventKind(enum.Enum):
+    """A change in the worker group, as the orchestrator sees it.
+
+    In the order a healthy recovery shows them::
+
+        WORKER_GONE -> RESTARTING -> REPLACEMENT_PENDING -> REPLACEMENT_RUNNING
+                                   \\-> JOB_FAILED (the job will not come back)
+    """
+
+    WORKER_GONE = "worker_gone"
+    RESTARTING = "restarting"
+    REPLACEMENT_PENDING = "replacement_pending"
+    REPLACEMENT_RUNNING = "replacement_running"
+    JOB_FAILED = "job_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEvent:
+    """A group state change with the time the orchestrator observed it.
+
+    ``restart_count`` is the number of group restarts seen so far, when the backend knows.
+    """
+
+    kind: GroupEventKind
+    timestamp: float
+    detail: str = ""
+    worker: Worker | None = None
+    restart_count: int | None = None
+
+
+class KillOutcome(enum.Enum):
+    """What happened when the drill tried to kill the target instance."""
+
+    KILLED = "killed"  # the target instance received the kill
+    DRY_RUN = "dry_run"  # the kill would be allowed; nothing was touched
+    ALREADY_GONE = "already_gone"  # the instance no longer existed; nothing else was touched
+    UNCONFIRMED = "unconfirmed"  # it cannot be known whether the kill happened
+
+
+@dataclass(frozen=True, slots=True)
+class KillResult:
+    """The orchestrator's account of one kill attempt."""
+
+    outcome: KillOutcome
+    timestamp: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One timestamped line of the drill's timeline (for the report)."""
+
+    timestamp: float
+    kind: str
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)

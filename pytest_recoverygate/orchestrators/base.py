@@ -1,0 +1,116 @@
+"""The seams every backend implements: Orchestrator, EventSource and Clock.
+
+A backend is one module with a class satisfying :class:`Orchestrator` (four drill
+methods plus ``events()`` for its event source). The runner drives it from a single
+loop, so every method here is *non-blocking* except ``discover`` and ``kill``:
+
+- ``discover(deadline)`` finds (or, for backends that launch the job, starts) the
+  workload and returns its workers. It raises ``DiscoveryError`` for an ambiguous or
+  unsafe target and may block until ``deadline`` (drill clock seconds).
+- ``kill(worker, dry_run=...)`` ends exactly that worker *instance* (never a
+  replacement with the same rank) and returns a :class:`KillResult`. It is called at
+  most once per drill and must never retry in a way that could hit another instance.
+  With ``dry_run=True`` it checks that the kill would be allowed and touches nothing.
+- ``watch_group()`` returns the group events observed since the previous call.
+- ``events()`` returns the backend's :class:`EventSource` (same object every call).
+- ``cleanup()`` releases everything the backend started; it may be called twice.
+
+Backends that run threads call ``wakeup()`` (given at construction) when something new
+arrives, so the runner reacts within milliseconds instead of a poll interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol, runtime_checkable
+
+from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """Training events read from the job's output (RECOVERYGATE/v1 lines)."""
+
+    def poll(self) -> list[TrainingEvent]:
+        """Events parsed since the last call, in arrival order. Never blocks."""
+        ...
+
+    @property
+    def malformed_lines(self) -> int:
+        """How many sentinel lines could not be parsed so far."""
+        ...
+
+    def close(self) -> None:
+        """Stop reading. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Orchestrator(Protocol):
+    """A backend: finds the job's workers, kills one instance, watches the group."""
+
+    name: str
+
+    def discover(self, deadline: float) -> Workload: ...
+
+    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult: ...
+
+    def watch_group(self) -> list[GroupEvent]: ...
+
+    def events(self) -> EventSource: ...
+
+    def cleanup(self) -> None: ...
+
+
+class Clock(Protocol):
+    """The drill's notion of time: real for real backends, simulated for the fake one."""
+
+    def now(self) -> float:
+        """POSIX seconds."""
+        ...
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds, or less once :meth:`wakeup` is called."""
+        ...
+
+    def wakeup(self) -> None:
+        """Cut the current or next :meth:`wait` short (thread-safe)."""
+        ...
+
+
+class RealClock:
+    """Wall-clock time; ``wait`` returns early when a backend thread calls ``wakeup``."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def now(self) -> float:
+        return time.time()
+
+    def wait(self, timeout: float) -> None:
+        if timeout > 0:
+            self._event.wait(timeout)
+        self._event.clear()
+
+    def wakeup(self) -> None:
+        self._event.set()
+
+
+class SimulatedClock:
+    """A clock that only moves when waited on: a drill over minutes runs in milliseconds."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def wait(self, timeout: float) -> None:
+        self._now += max(timeout, 0.0)
+
+    def wakeup(self) -> None:
+        """Nothing to do: simulated waits never block."""
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds

@@ -1,0 +1,259 @@
+"""The fake backend: an in-memory simulated training job (``orchestrator: fake``).
+
+It is a shipped adapter, not a test double: a new user runs a whole drill in seconds
+with no infrastructure, and our own tests drive the engine and the runner through it on
+a :class:`~pytest_recoverygate.orchestrators.base.SimulatedClock` (a drill over
+simulated minutes takes milliseconds).
+
+The simulated job: ``workers`` ranks train at ``steps_per_second``; rank 0 reports every
+step and saves a checkpoint every ``checkpoint_every`` steps. When a worker is killed,
+the group restarts after ``restart_delay`` and the new incarnation resumes according to
+``resume``: ``latest`` (the last completed checkpoint), ``zero`` (from scratch),
+``older`` (the checkpoint before the last one) or ``never`` (the job does not come back).
+Events are generated lazily from the clock, so any clock works.
+
+Faults for tests: ``raise_in`` maps a method name (``discover``, ``kill``,
+``watch_group``, ``poll``, ``cleanup``) to an exception raised by that call, and
+``kill_outcome`` forces what a kill reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from pytest_recoverygate.errors import DiscoveryError
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    TrainingEventKind,
+    Worker,
+    Workload,
+)
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.config import DrillConfig
+    from pytest_recoverygate.orchestrators.base import Clock
+
+ResumeMode = Literal["latest", "zero", "older", "never"]
+
+
+@dataclass
+class _Incarnation:
+    number: int
+    start: float
+    resume_step: int
+    first_step_at: float
+    killed_at: float | None = None
+    emitted: list[TrainingEvent] = field(default_factory=list)
+    next_step: int = 0
+    start_emitted: bool = False
+    load_emitted: bool = False
+
+    @property
+    def inc_id(self) -> str:
+        return f"fake{self.number:012x}"
+
+
+class FakeEventSource:
+    """The simulated job's reporter lines, generated up to the clock's now."""
+
+    def __init__(self, owner: FakeOrchestrator) -> None:
+        self._owner = owner
+        self.closed = False
+
+    def poll(self) -> list[TrainingEvent]:
+        self._owner._maybe_raise("poll")
+        if self.closed:
+            return []
+        return self._owner._generate()
+
+    @property
+    def malformed_lines(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeOrchestrator:
+    """A simulated distributed training job that a drill can kill."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        workers: int = 2,
+        steps_per_second: float = 50.0,
+        checkpoint_every: int = 20,
+        restart_delay: float = 1.0,
+        resume: ResumeMode = "latest",
+        startup_delay: float = 0.0,
+        raise_in: dict[str, BaseException] | None = None,
+        kill_outcome: KillOutcome | None = None,
+    ) -> None:
+        self.clock = clock
+        self.workers = workers
+        self.steps_per_second = steps_per_second
+        self.checkpoint_every = checkpoint_every
+        self.restart_delay = restart_delay
+        self.resume = resume
+        self.startup_delay = startup_delay
+        self.raise_in = dict(raise_in or {})
+        self.kill_outcome = kill_outcome
+        self.kills: list[tuple[Worker, bool]] = []  # (worker, dry_run) for every kill call
+        self.cleanups = 0
+        self._incarnations: list[_Incarnation] = []
+        self._checkpoints: list[int] = []
+        self._group_events: list[GroupEvent] = []
+        self._source = FakeEventSource(self)
+        self._running = False
+
+    @classmethod
+    def from_config(cls, config: DrillConfig, clock: Clock) -> FakeOrchestrator:
+        spec = config.workload.fake  # type: ignore[union-attr]
+        return cls(
+            clock=clock,
+            workers=spec.workers,
+            steps_per_second=spec.steps_per_second,
+            checkpoint_every=spec.checkpoint_every,
+            restart_delay=spec.restart_delay,
+            resume=spec.resume,
+            startup_delay=spec.startup_delay,
+        )
+
+    # ---------------------------------------------------------------- protocol
+
+    def discover(self, deadline: float) -> Workload:
+        self._maybe_raise("discover")
+        if not self._running:
+            self._start_incarnation(self.clock.now(), resume_step=0)
+            self._running = True
+        return self._workload()
+
+    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
+        self._maybe_raise("kill")
+        self.kills.append((worker, dry_run))
+        now = self.clock.now()
+        self._generate()
+        current = self._current()
+        alive = current is not None and current.killed_at is None
+        if not alive or worker.instance_id not in {w.instance_id for w in self._workload().workers}:
+            return KillResult(KillOutcome.ALREADY_GONE, now, f"{worker.instance_id} is not running")
+        if self.kill_outcome is not None:
+            return KillResult(self.kill_outcome, now, "forced by the fake backend")
+        if dry_run:
+            return KillResult(KillOutcome.DRY_RUN, now, f"would kill {worker.describe()}")
+        assert current is not None
+        current.killed_at = now
+        self._after_kill(now, worker)
+        return KillResult(KillOutcome.KILLED, now, f"killed {worker.describe()}")
+
+    def watch_group(self) -> list[GroupEvent]:
+        self._maybe_raise("watch_group")
+        now = self.clock.now()
+        due = [e for e in self._group_events if e.timestamp <= now]
+        self._group_events = [e for e in self._group_events if e.timestamp > now]
+        return due
+
+    def events(self) -> FakeEventSource:
+        return self._source
+
+    def cleanup(self) -> None:
+        self.cleanups += 1
+        self._running = False
+        self._source.close()
+        self._maybe_raise("cleanup")
+
+    # ---------------------------------------------------------------- simulation
+
+    def _maybe_raise(self, where: str) -> None:
+        error = self.raise_in.get(where)
+        if error is not None:
+            raise error
+
+    def _current(self) -> _Incarnation | None:
+        return self._incarnations[-1] if self._incarnations else None
+
+    def _workload(self) -> Workload:
+        current = self._current()
+        number = current.number if current else 0
+        workers = tuple(
+            Worker(rank, f"fake-worker-{rank}", f"fake-{rank}-{number}", node="simulated")
+            for rank in range(self.workers)
+        )
+        return Workload(job="fake-job", workers=workers)
+
+    def _start_incarnation(self, at: float, resume_step: int) -> None:
+        load = 0.05 if resume_step > 0 else 0.0
+        self._incarnations.append(
+            _Incarnation(
+                number=len(self._incarnations),
+                start=at,
+                resume_step=resume_step,
+                first_step_at=at + self.startup_delay + load,
+                next_step=resume_step + 1,
+            )
+        )
+
+    def _after_kill(self, now: float, worker: Worker) -> None:
+        restart_at = now + self.restart_delay
+        self._group_events += [
+            GroupEvent(GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker),
+            GroupEvent(GroupEventKind.RESTARTING, now + 0.15, "restarting the group", None, 1),
+        ]
+        if self.resume == "never":
+            return
+        self._group_events.append(
+            GroupEvent(GroupEventKind.REPLACEMENT_RUNNING, restart_at, "all ranks running")
+        )
+        done = self._checkpoints
+        if self.resume == "latest":
+            step = done[-1] if done else 0
+        elif self.resume == "older":
+            step = done[-2] if len(done) >= 2 else 0
+        else:
+            step = 0
+        self._start_incarnation(restart_at, resume_step=step)
+
+    def _generate(self) -> list[TrainingEvent]:
+        now = self.clock.now()
+        out: list[TrainingEvent] = []
+        for inc in self._incarnations:
+            out += self._generate_for(inc, now)
+        out.sort(key=lambda e: e.timestamp)
+        return out
+
+    def _generate_for(self, inc: _Incarnation, now: float) -> list[TrainingEvent]:
+        out: list[TrainingEvent] = []
+        end = now if inc.killed_at is None else min(now, inc.killed_at)
+
+        def event(kind: TrainingEventKind, at: float, step: int | None) -> TrainingEvent:
+            return TrainingEvent(
+                kind, at, inc.inc_id, step=step, received=now, rank=0, pid=1000 + inc.number,
+                host="simulated", restart_count=inc.number,
+            )
+
+        if not inc.start_emitted and inc.start <= end:
+            inc.start_emitted = True
+            out.append(event(TrainingEventKind.START, inc.start, None))
+        load_at = inc.first_step_at - 0.01
+        if inc.resume_step > 0 and not inc.load_emitted and load_at <= end:
+            inc.load_emitted = True
+            out.append(event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step))
+        while True:
+            step = inc.next_step
+            at = inc.first_step_at + (step - inc.resume_step) / self.steps_per_second
+            if at > end:
+                break
+            out.append(event(TrainingEventKind.PROGRESS, at, step))
+            if step % self.checkpoint_every == 0:
+                out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, at + 1e-4, step))
+                self._checkpoints.append(step)
+            inc.next_step += 1
+        return out

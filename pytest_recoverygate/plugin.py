@@ -1,0 +1,291 @@
+"""The pytest plugin: options, the ``drill`` marker, the ``recovery_drill`` fixture,
+drill items collected from ``--drill-config``, JUnit figures and live progress lines.
+
+Everything a drill does happens in :func:`pytest_recoverygate.runner.run_drill`; this
+module only translates between pytest and the runner.
+
+JUnit XML: pytest's default ``junit_family`` is ``xunit2``, whose schema has no
+per-testcase ``<properties>`` (``record_property`` warns there). So each drill's verdict
+and figures are written as *testsuite* properties named ``recoverygate.<test>.<figure>``
+(valid in every family), the failure message carries the verdict and failed checks, and
+with ``junit_family=xunit1``/``legacy`` the figures are also testcase properties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from recoverygate import __version__
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.config import DrillConfig
+    from pytest_recoverygate.engine import DrillResult
+    from pytest_recoverygate.runner import Status
+
+HELP_CONFIG = "run the drill in this recovery-test.yaml as a test item (repeatable)"
+HELP_DRY_RUN = "run drills minus the kill: no destructive call is made"
+HELP_YES = "confirm kills without asking (drills with safety.requireConfirm are skipped without it)"
+HELP_REPORT_DIR = "write each drill's report.json, events.jsonl, summary and picture here"
+MARKER = (
+    "drill(config=None, *, dry_run=None, overrides=None): a recovery drill; `config` is a "
+    "recovery-test.yaml path (relative to the test file), `overrides` maps dotted YAML keys "
+    "to values (e.g. {'expectations.maxRecoveryTime': '30s'})"
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("recoverygate", "RecoveryGate recovery drills")
+    group.addoption("--drill-config", action="append", default=[], metavar="FILE",
+                    help=HELP_CONFIG)
+    group.addoption("--dry-run", action="store_true", default=None, help=HELP_DRY_RUN)
+    group.addoption("--drill-yes", action="store_true", default=None, help=HELP_YES)
+    group.addoption("--drill-report-dir", default=None, metavar="DIR", help=HELP_REPORT_DIR)
+    parser.addini("drill_config", HELP_CONFIG, type="paths", default=[])
+    parser.addini("drill_dry_run", HELP_DRY_RUN, type="bool", default=False)
+    parser.addini("drill_yes", HELP_YES, type="bool", default=False)
+    parser.addini("drill_report_dir", HELP_REPORT_DIR, default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER)
+
+
+def _dry_run(config: pytest.Config) -> bool:
+    option = config.getoption("dry_run")
+    return bool(option) if option is not None else bool(config.getini("drill_dry_run"))
+
+
+def _confirmed(config: pytest.Config) -> bool:
+    option = config.getoption("drill_yes")
+    return bool(option) if option is not None else bool(config.getini("drill_yes"))
+
+
+def _config_paths(config: pytest.Config) -> list[Path]:
+    given = [Path(p).resolve() for p in config.getoption("drill_config")]
+    return given or [Path(p) for p in config.getini("drill_config")]
+
+
+def _report_dir(config: pytest.Config) -> Path | None:
+    value = config.getoption("drill_report_dir") or config.getini("drill_report_dir")
+    return Path(str(value)).resolve() if value else None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    paths = _config_paths(config)
+    drills = ", ".join(_describe_config(p) for p in paths) if paths else "from markers only"
+    kills = "dry run (no kill)" if _dry_run(config) else (
+        "confirmed (--drill-yes)" if _confirmed(config) else "need --drill-yes unless "
+        "safety.requireConfirm is false")
+    return [f"recoverygate {__version__}: drills: {drills}; kills: {kills}"]
+
+
+def _describe_config(path: Path) -> str:
+    try:
+        from pytest_recoverygate.config import load_config
+
+        loaded = load_config(path)
+    except Exception:
+        return f"{path} (invalid)"
+    return f"{path} ({loaded.workload.orchestrator})"
+
+
+# ---------------------------------------------------------------- drill items
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    seen = {item.nodeid for item in items}
+    for path in _config_paths(config):
+        item = DrillItem.from_parent(session, name=f"drill[{path.name}]", config_path=path)
+        if item.nodeid not in seen:
+            items.append(item)
+            seen.add(item.nodeid)
+
+
+class DrillFailed(Exception):
+    """A drill's verdict was FAIL or ERROR (pytest shows the verdict block)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class DrillItem(pytest.Item):
+    """One recovery-test.yaml run as a test."""
+
+    def __init__(self, *, config_path: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.add_marker("drill")
+
+    def runtest(self) -> None:
+        _run_and_judge(self, self.config_path, dry_run=None, overrides=None, raise_on_fail=True)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, DrillFailed):
+            return excinfo.value.text
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.config_path, 0, f"drill: {self.config_path}"
+
+
+# ---------------------------------------------------------------- the fixture
+
+
+class RecoveryDrill:
+    """What the ``recovery_drill`` fixture gives a test: ``run()`` returns the result."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self.result: DrillResult | None = None
+
+    def _marker_kwargs(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for marker in reversed(list(self._request.node.iter_markers("drill"))):
+            if marker.args:
+                merged["config"] = marker.args[0]
+            merged.update(marker.kwargs)
+        return merged
+
+    def run(
+        self,
+        config: str | Path | None = None,
+        *,
+        dry_run: bool | None = None,
+        overrides: dict[str, Any] | None = None,
+        check: bool = False,
+    ) -> DrillResult:
+        """Run the drill and return its result (``check=True`` fails the test on FAIL)."""
+        kwargs = self._marker_kwargs()
+        chosen = config if config is not None else kwargs.get("config")
+        if chosen is not None:
+            path = Path(chosen)
+            if not path.is_absolute():
+                path = Path(self._request.node.path).parent / path
+        else:
+            paths = _config_paths(self._request.config)
+            if not paths:
+                pytest.skip("no drill config: pass --drill-config=FILE or "
+                            "@pytest.mark.drill(config='recovery-test.yaml')")
+            path = paths[0]
+        merged_overrides = {**(kwargs.get("overrides") or {}), **(overrides or {})}
+        dry = dry_run if dry_run is not None else kwargs.get("dry_run")
+        self.result = _run_and_judge(
+            self._request.node, path.resolve(), dry_run=dry,
+            overrides=merged_overrides or None, raise_on_fail=check,
+        )
+        return self.result
+
+
+@pytest.fixture
+def recovery_drill(request: pytest.FixtureRequest) -> Iterator[RecoveryDrill]:
+    """Run a recovery drill from a test; see :class:`RecoveryDrill`."""
+    yield RecoveryDrill(request)
+
+
+# ---------------------------------------------------------------- shared
+
+
+def _load(path: Path, overrides: dict[str, Any] | None) -> DrillConfig:
+    from pytest_recoverygate.config import load_config, parse_config
+    from pytest_recoverygate.errors import ConfigError
+
+    try:
+        if not overrides:
+            return load_config(path)
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for dotted, value in overrides.items():
+            node = data
+            *parents, last = dotted.split(".")
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = value
+        return parse_config(yaml.safe_dump(data), path)
+    except ConfigError as exc:
+        raise DrillFailed(f"invalid drill config:\n{exc}") from None
+    except OSError as exc:
+        raise DrillFailed(f"cannot read drill config {path}: {exc}") from None
+
+
+def _run_and_judge(
+    node: pytest.Item,
+    path: Path,
+    *,
+    dry_run: bool | None,
+    overrides: dict[str, Any] | None,
+    raise_on_fail: bool,
+) -> DrillResult:
+    from pytest_recoverygate.cli import print_result
+    from pytest_recoverygate.engine import Verdict
+    from pytest_recoverygate.errors import DrillInterrupted, UsageError
+    from pytest_recoverygate.runner import RunOptions, run_drill
+
+    pconfig = node.config
+    drill_config = _load(path, overrides)
+    report_dir = _report_dir(pconfig)
+    safe_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in node.name)
+    options = RunOptions(
+        dry_run=_dry_run(pconfig) if dry_run is None else dry_run,
+        confirmed=_confirmed(pconfig),
+        observer=_TerminalProgress(pconfig, node.nodeid),
+        report_dir=report_dir / safe_name if report_dir is not None else None,
+    )
+    try:
+        result = run_drill(drill_config, options)
+    except UsageError as exc:
+        pytest.skip(str(exc))
+    except DrillInterrupted:
+        raise KeyboardInterrupt from None
+    _record_junit(node, result)
+    if result.verdict in (Verdict.FAIL, Verdict.ERROR) and raise_on_fail:
+        import io
+
+        buffer = io.StringIO()
+        print_result(result, buffer)
+        raise DrillFailed(buffer.getvalue().strip())
+    return result
+
+
+def _record_junit(node: pytest.Item, result: DrillResult) -> None:
+    from pytest_recoverygate.report import figures
+
+    values = {k: ("" if v is None else v) for k, v in figures(result).items()}
+    values["summary"] = result.summary
+    values.update({f"breakdown.{k}": ("" if v is None else v)
+                   for k, v in result.breakdown.items()})
+    family = str(node.config.getini("junit_family"))
+    if family in ("xunit1", "legacy"):
+        node.user_properties.extend(values.items())
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover - pytest internals moved
+        return
+    xml = node.config.stash.get(xml_key, None)
+    if xml is not None:
+        for key, value in values.items():
+            xml.add_global_property(f"recoverygate.{node.nodeid}.{key}", value)
+
+
+class _TerminalProgress:
+    """Phase changes as terminal lines, visible without ``-s``; ``-q`` quietens them."""
+
+    def __init__(self, config: pytest.Config, nodeid: str) -> None:
+        self._reporter = config.pluginmanager.get_plugin("terminalreporter")
+        self._quiet = config.get_verbosity() < 0
+        self._nodeid = nodeid
+
+    def __call__(self, status: Status) -> None:
+        if self._quiet or self._reporter is None or not status.phase_changed:
+            return
+        step = f" (step {status.step})" if status.step is not None else ""
+        self._reporter.write_line(
+            f"recoverygate {self._nodeid}: [{status.phase.value}] {status.message}{step}"
+        )

@@ -1,0 +1,160 @@
+"""The drill report: the JSON document, the report directory and the CI summary.
+
+``report.json`` keys are the contract in DESIGN.md (verdict, resumeStep,
+expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) plus the
+breakdown and bookkeeping. Files are written owner-read/write, group/other-read at most
+(never world-writable), atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_recoverygate.engine import DrillResult
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.config import DrillConfig
+
+REPORT_VERSION = 1
+
+
+def figures(result: DrillResult) -> dict[str, Any]:
+    """The headline figures, by their contract names (also used for JUnit properties)."""
+    return {
+        "verdict": result.verdict.value,
+        "resumeStep": result.resume_step,
+        "expectedResumeStep": result.expected_resume_step,
+        "lostSteps": result.lost_steps,
+        "lostStepsUpperBound": result.lost_steps_upper_bound,
+        "recoveryTimeSeconds": result.recovery_time_seconds,
+        "restarts": result.restarts,
+        "triggerCheckpoint": result.trigger_checkpoint,
+    }
+
+
+def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> dict[str, Any]:
+    """The JSON report as a plain dict."""
+    target = result.target
+    doc: dict[str, Any] = {
+        "reportVersion": REPORT_VERSION,
+        "drill": config.name if config is not None else None,
+        "config": str(config.source_path) if config is not None else None,
+        "orchestrator": config.workload.orchestrator if config is not None else None,
+        **figures(result),
+        "summary": result.summary,
+        "lastStepBeforeKill": result.last_step_before_kill,
+        "maxRecoveryTimeSeconds": (
+            config.expectations.max_recovery_time if config is not None else None
+        ),
+        "killTime": result.kill_time,
+        "startedAt": result.started_at,
+        "finishedAt": result.finished_at,
+        "malformedLines": result.malformed_lines,
+        "checks": [check.as_dict() for check in result.checks],
+        "breakdown": dict(result.breakdown),
+        "target": None
+        if target is None
+        else {
+            "rank": target.rank,
+            "name": target.name,
+            "instanceId": target.instance_id,
+            "node": target.node,
+        },
+        "timeline": [
+            {"time": e.timestamp, "kind": e.kind, "detail": e.detail, **e.data}
+            for e in result.timeline
+        ],
+        "progress": [
+            {"time": t, "inc": inc, "step": step} for t, inc, step in result.progress
+        ],
+    }
+    return doc
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` atomically with mode 0644 (never world-writable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_reports(
+    result: DrillResult,
+    config: DrillConfig,
+    report_path: Path | None,
+    report_dir: Path | None,
+    raw_log: list[dict[str, Any]],
+) -> list[Path]:
+    """Write the JSON report (and, with a directory, the event log, summary, picture)."""
+    doc = result_to_dict(result, config)
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    written: list[Path] = []
+    if report_path is not None:
+        write_private(report_path, text)
+        written.append(report_path)
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        write_private(report_dir / "report.json", text)
+        events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
+        write_private(report_dir / "events.jsonl", events)
+        write_private(report_dir / "summary.md", markdown_summary(doc))
+        written += [report_dir / "report.json", report_dir / "events.jsonl",
+                    report_dir / "summary.md"]
+        from pytest_recoverygate.timeline import write_timeline_picture
+
+        written += write_timeline_picture(doc, report_dir)
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_file:
+        with open(summary_file, "a", encoding="utf-8") as handle:
+            handle.write(markdown_summary(doc) + "\n")
+    return written
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def markdown_summary(doc: dict[str, Any]) -> str:
+    """A compact markdown summary of one drill (for GitHub's step summary)."""
+    icon = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️"}.get(doc["verdict"], "ℹ️")
+    lines = [
+        f"### {icon} RecoveryGate drill `{doc.get('drill')}`: {doc['verdict']}",
+        "",
+        doc["summary"],
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+    ]
+    for key in ("resumeStep", "expectedResumeStep", "lostSteps", "recoveryTimeSeconds",
+                "maxRecoveryTimeSeconds", "restarts"):
+        lines.append(f"| {key} | {_fmt(doc.get(key))} |")
+    breakdown = doc.get("breakdown") or {}
+    if breakdown:
+        lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
+        lines += [f"| {name} | {_fmt(value)} |" for name, value in breakdown.items()]
+    failed = [c for c in doc.get("checks", []) if not c["passed"]]
+    if failed:
+        lines += ["", "**Failed checks**", ""]
+        lines += [
+            f"- `{c['name']}`: {c['message']} (expected {c['expected']}, observed "
+            f"{c['observed']})"
+            for c in failed
+        ]
+    return "\n".join(lines) + "\n"

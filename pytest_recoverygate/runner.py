@@ -1,0 +1,414 @@
+"""The one loop that runs a drill: backend + event source -> engine -> actions.
+
+The CLI and the pytest plugin both call :func:`run_drill`; neither holds drill logic.
+The runner guarantees, on every way out (verdict, error, exception, Ctrl-C, SIGTERM):
+the event source is closed and ``cleanup()`` runs exactly once, then the report is
+written. An interrupt is re-raised as :class:`DrillInterrupted` *after* cleanup, with
+the partial result attached, so callers map it to exit code 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_recoverygate.engine import (
+    DrillEngine,
+    DrillResult,
+    DrillSpec,
+    Finish,
+    KillTarget,
+    Phase,
+    Verdict,
+)
+from pytest_recoverygate.errors import (
+    ConfigError,
+    DrillError,
+    DrillInterrupted,
+    UsageError,
+)
+from pytest_recoverygate.model import (
+    KillOutcome,
+    KillResult,
+    TimelineEntry,
+    TrainingEvent,
+    TrainingEventKind,
+    Worker,
+    Workload,
+)
+from pytest_recoverygate.orchestrators.base import Clock, EventSource, Orchestrator, RealClock
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.config import DrillConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What the drill is doing now, for live progress displays."""
+
+    phase: Phase
+    message: str
+    elapsed: float
+    step: int | None = None
+    since_kill: float | None = None
+    max_recovery_time: float | None = None
+    phase_changed: bool = False
+
+
+Observer = Callable[[Status], None]
+Confirm = Callable[[Worker, Workload], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How to run a drill; everything the config does not say.
+
+    ``confirmed`` is ``--yes``: kills need no prompt. ``confirm`` is asked otherwise when
+    the config requires confirmation; without it (non-interactive) the drill is refused
+    before anything is touched.
+    """
+
+    dry_run: bool = False
+    confirmed: bool = False
+    confirm: Confirm | None = None
+    observer: Observer | None = None
+    poll_interval: float = 0.05
+    status_interval: float = 1.0
+    report_path: Path | None = None
+    report_dir: Path | None = None
+    handle_signals: bool = True
+
+
+def spec_from_config(config: DrillConfig) -> DrillSpec:
+    """The engine's plain-value view of a validated config."""
+    after = config.inject_failure.after_checkpoint
+    expected = config.expectations.resume_from_checkpoint
+    return DrillSpec(
+        max_recovery_time=config.expectations.max_recovery_time,
+        after_checkpoint=None if after == "next" else after,
+        expected_resume_step=None if expected == "latest" else expected,
+        max_lost_steps=config.expectations.max_lost_steps,
+        checkpoint_timeout=config.timeouts.checkpoint,
+        recovery_timeout=config.timeouts.recovery,
+        reporting_rank=config.workload.reporting_rank,
+    )
+
+
+def check_confirmation(config: DrillConfig, options: RunOptions) -> None:
+    """Refuse, before anything is touched, a kill nobody can confirm."""
+    dry_run = options.dry_run or config.safety.dry_run
+    if dry_run or not config.safety.require_confirm or options.confirmed:
+        return
+    if options.confirm is None:
+        raise UsageError(
+            f"{config.source_path}: safety.requireConfirm is true but this run cannot ask "
+            "(no terminal). Confirm the kill with --yes (pytest: --drill-yes), set "
+            "safety.requireConfirm: false, or try it first with --dry-run."
+        )
+
+
+def run_drill(
+    config: DrillConfig,
+    options: RunOptions | None = None,
+    *,
+    clock: Clock | None = None,
+    orchestrator: Orchestrator | None = None,
+) -> DrillResult:
+    """Run one drill to its verdict. Raises ConfigError/UsageError before touching
+    anything, and DrillInterrupted (after cleanup) on Ctrl-C/SIGTERM."""
+    options = options or RunOptions()
+    clock = clock or RealClock()
+    check_confirmation(config, options)
+    if orchestrator is None:
+        from pytest_recoverygate.orchestrators import build_orchestrator
+
+        orchestrator = build_orchestrator(config, clock)
+    drill = _Drill(config, options, clock, orchestrator)
+    with _signals_raise_interrupt(options.handle_signals):
+        result = drill.run()
+    if options.report_path is not None or options.report_dir is not None:
+        from pytest_recoverygate.report import write_reports
+
+        write_reports(result, config, options.report_path, options.report_dir, drill.raw_log)
+    if result.verdict is Verdict.INTERRUPTED:
+        raise DrillInterrupted(drill.interrupted_by).with_result(result)
+    return result
+
+
+class _Drill:
+    """One run: owns the engine, the backend and the cleanup guarantee."""
+
+    def __init__(
+        self, config: DrillConfig, options: RunOptions, clock: Clock, orchestrator: Orchestrator
+    ) -> None:
+        self.config = config
+        self.options = options
+        self.clock = clock
+        self.orchestrator = orchestrator
+        self.dry_run = options.dry_run or config.safety.dry_run
+        self.started = clock.now()
+        self.engine = DrillEngine(spec_from_config(config), self.started)
+        self.phase = Phase.DISCOVERING
+        self.target: Worker | None = None
+        self.source: EventSource | None = None
+        self.progress: list[tuple[float, str, int]] = []
+        self.raw_log: list[dict[str, Any]] = []
+        self.timeline: list[TimelineEntry] = []
+        self.interrupted_by = "SIGINT"
+        self._last_status = 0.0
+
+    def run(self) -> DrillResult:
+        result: DrillResult
+        try:
+            result = self._run()
+        except DrillInterrupted as exc:
+            self.interrupted_by = exc.signal_name
+            result = self._abort(Verdict.INTERRUPTED, f"interrupted by {exc.signal_name}")
+        except KeyboardInterrupt:
+            result = self._abort(Verdict.INTERRUPTED, "interrupted by SIGINT (Ctrl-C)")
+        except (ConfigError, UsageError):
+            self._cleanup()
+            raise
+        except DrillError as exc:
+            result = self._abort(Verdict.ERROR, str(exc))
+        except Exception as exc:  # a backend bug must still end in cleanup and ERROR
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self.timeline.append(
+                TimelineEntry(self.clock.now(), "exception", traceback.format_exc(limit=8))
+            )
+            result = self._abort(
+                Verdict.ERROR, f"the drill failed in phase '{self.phase.value}': {detail}"
+            )
+        finally:
+            cleanup_error = self._cleanup()
+        if cleanup_error is not None and result.verdict is not Verdict.INTERRUPTED:
+            result = replace(
+                result,
+                verdict=Verdict.ERROR if result.verdict is not Verdict.FAIL else result.verdict,
+                summary=f"{result.summary}; cleanup failed: {cleanup_error}",
+            )
+        return self._finalize(result)
+
+    def _run(self) -> DrillResult:
+        self._status("discovering the workload", phase_changed=True)
+        deadline = self.clock.now() + self.config.timeouts.discovery
+        workload = self.orchestrator.discover(deadline)
+        rank = self.config.inject_failure.target_rank
+        target = workload.by_rank(rank)
+        if target is None:
+            ranks = ", ".join(str(w.rank) for w in workload.workers) or "none"
+            raise _discovery_error(
+                f"target rank {rank} is not among the workers of {workload.job} "
+                f"(ranks present: {ranks}); set injectFailure.targetRank to one of them"
+            )
+        self.target = target
+        self._note("discovered", f"{workload.job}: {len(workload.workers)} worker(s); "
+                   f"target {target.describe()}")
+        if not self.dry_run and self.config.safety.require_confirm and not self.options.confirmed:
+            assert self.options.confirm is not None  # check_confirmation made sure
+            if not self.options.confirm(target, workload):
+                raise _usage_declined(target)
+        self.source = self.orchestrator.events()
+        self.phase = Phase.WAITING_FOR_CHECKPOINT
+        self._status(f"waiting for {self.engine.waiting_for}", phase_changed=True)
+        while True:
+            actions = self._pump()
+            for action in actions:
+                if isinstance(action, Finish):
+                    return action.result
+                actions.extend(self._execute(action))
+            self._sync_phase()
+            self._wait()
+
+    def _pump(self) -> list[KillTarget | Finish]:
+        assert self.source is not None
+        actions: list[KillTarget | Finish] = []
+        for event in self.source.poll():
+            self._record(event)
+            actions += self.engine.on_training_event(event)
+        for group_event in self.orchestrator.watch_group():
+            actions += self.engine.on_group_event(group_event)
+        actions += self.engine.tick(self.clock.now())
+        return actions
+
+    def _execute(self, action: KillTarget | Finish) -> list[KillTarget | Finish]:
+        assert isinstance(action, KillTarget) and self.target is not None
+        self.phase = Phase.KILLING
+        verb = "checking the kill of" if self.dry_run else "killing"
+        self._status(
+            f"checkpoint step {action.checkpoint_step} reached; {verb} {self.target.describe()}",
+            phase_changed=True,
+        )
+        try:
+            result = self.orchestrator.kill(self.target, dry_run=self.dry_run)
+        except DrillError as exc:
+            result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        return list(self.engine.on_kill_result(result))
+
+    def _record(self, event: TrainingEvent) -> None:
+        if event.kind is TrainingEventKind.PROGRESS and event.step is not None:
+            self.progress.append((event.timestamp, event.incarnation, event.step))
+        if event.kind is not TrainingEventKind.PROGRESS or len(self.raw_log) < 100_000:
+            self.raw_log.append(
+                {
+                    "time": event.timestamp,
+                    "received": event.received,
+                    "event": event.kind.value,
+                    "step": event.step,
+                    "inc": event.incarnation,
+                    "rank": event.rank,
+                }
+            )
+
+    def _sync_phase(self) -> None:
+        phase = self.engine.phase
+        changed = phase is not self.phase
+        self.phase = phase
+        if phase is Phase.RECOVERING and changed:
+            self._status("killed; waiting for a new incarnation", phase_changed=True)
+        elif phase is Phase.VERIFYING and changed:
+            self._status(
+                f"resumed from step {self.engine.resume_step}; waiting for progress past it",
+                phase_changed=True,
+            )
+        elif self.clock.now() - self._last_status >= self.options.status_interval:
+            self._status(self._phase_message())
+
+    def _phase_message(self) -> str:
+        if self.phase is Phase.WAITING_FOR_CHECKPOINT:
+            return f"waiting for {self.engine.waiting_for}"
+        if self.phase is Phase.RECOVERING:
+            return "waiting for a new incarnation"
+        if self.phase is Phase.VERIFYING:
+            return f"waiting for progress past step {self.engine.resume_step}"
+        return self.phase.value
+
+    def _wait(self) -> None:
+        timeout = self.options.poll_interval
+        deadline = self.engine.deadline
+        if deadline is not None:
+            timeout = min(timeout, max(deadline - self.clock.now(), 0.0))
+        self.clock.wait(timeout)
+
+    def _status(self, message: str, *, phase_changed: bool = False) -> None:
+        now = self.clock.now()
+        self._last_status = now
+        if phase_changed:
+            self._note(f"phase:{self.phase.name.lower()}", message)
+        observer = self.options.observer
+        if observer is None:
+            return
+        kill = self.engine.kill_time
+        observer(
+            Status(
+                phase=self.phase,
+                message=message,
+                elapsed=now - self.started,
+                step=self.engine.current_step,
+                since_kill=None if kill is None else now - kill,
+                max_recovery_time=self.config.expectations.max_recovery_time,
+                phase_changed=phase_changed,
+            )
+        )
+
+    def _note(self, kind: str, detail: str) -> None:
+        self.timeline.append(TimelineEntry(self.clock.now(), kind, detail))
+
+    def _abort(self, verdict: Verdict, message: str) -> DrillResult:
+        return self.engine.abort(self.clock.now(), verdict, message)
+
+    def _cleanup(self) -> str | None:
+        """Close the source and clean the backend up, once; return the failure, if any."""
+        if getattr(self, "_cleaned", False):
+            return None
+        self._cleaned = True
+        errors: list[str] = []
+        with _signals_deferred():
+            if self.source is not None:
+                try:
+                    self.source.close()
+                except Exception as exc:
+                    errors.append(f"closing the event source: {exc}")
+            try:
+                self.orchestrator.cleanup()
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        self._note("cleanup", "; ".join(errors) or "done")
+        return "; ".join(errors) or None
+
+    def _finalize(self, result: DrillResult) -> DrillResult:
+        self.phase = Phase.DONE
+        malformed = self.source.malformed_lines if self.source is not None else 0
+        timeline = tuple(sorted([*result.timeline, *self.timeline], key=lambda e: e.timestamp))
+        result = replace(
+            result,
+            target=self.target,
+            timeline=timeline,
+            malformed_lines=malformed,
+            progress=tuple(self.progress),
+        )
+        self._status(f"{result.verdict.value}: {result.summary}", phase_changed=True)
+        return result
+
+
+def _discovery_error(message: str) -> DrillError:
+    from pytest_recoverygate.errors import DiscoveryError
+
+    return DiscoveryError(message)
+
+
+def _usage_declined(target: Worker) -> DrillError:
+    return DrillError(f"the kill of {target.describe()} was not confirmed; nothing was killed")
+
+
+# ---------------------------------------------------------------------- signals
+
+
+@contextlib.contextmanager
+def _signals_raise_interrupt(enabled: bool) -> Iterator[None]:
+    """SIGTERM (and SIGINT) raise DrillInterrupted in the main thread while a drill runs."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if _deferred.active:
+            _deferred.pending = signal.Signals(signum).name
+            return
+        raise DrillInterrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class _Deferred:
+    active = False
+    pending: str | None = None
+
+
+_deferred = _Deferred()
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold signals while cleanup runs, so a second Ctrl-C cannot cut cleanup short."""
+    _deferred.active = True
+    try:
+        yield
+    finally:
+        _deferred.active = False
+        if _deferred.pending is not None:
+            print(f"recoverygate: {_deferred.pending} received during cleanup; "
+                  "cleanup finished first", file=sys.stderr)
+            _deferred.pending = None
