@@ -101,7 +101,13 @@ def pytest_collection_modifyitems(
 ) -> None:
     seen = {item.nodeid for item in items}
     for path in _config_paths(config):
-        item = DrillItem.from_parent(session, name=f"drill[{path.name}]", config_path=path)
+        try:
+            shown = path.relative_to(config.rootpath).as_posix()
+        except ValueError:
+            shown = path.as_posix()
+        item = DrillItem.from_parent(
+            session, name=f"drill[{path.name}]", nodeid=f"{shown}::drill", config_path=path
+        )
         if item.nodeid not in seen:
             items.append(item)
             seen.add(item.nodeid)

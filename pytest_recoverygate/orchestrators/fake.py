@@ -14,7 +14,8 @@ Events are generated lazily from the clock, so any clock works.
 
 Faults for tests: ``raise_in`` maps a method name (``discover``, ``kill``,
 ``watch_group``, ``poll``, ``cleanup``) to an exception raised by that call, and
-``kill_outcome`` forces what a kill reports.
+``kill_outcome`` forces what a kill reports; ``progress_before_step`` makes the job
+report ``progress(step)`` before each step instead of after it (the other convention).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class _Incarnation:
 
     @property
     def inc_id(self) -> str:
-        return f"fake{self.number:012x}"
+        return f"fake-incarnation-{self.number}"
 
 
 class FakeEventSource:
@@ -96,6 +97,7 @@ class FakeOrchestrator:
         startup_delay: float = 0.0,
         raise_in: dict[str, BaseException] | None = None,
         kill_outcome: KillOutcome | None = None,
+        progress_before_step: bool = False,
     ) -> None:
         self.clock = clock
         self.workers = workers
@@ -106,6 +108,7 @@ class FakeOrchestrator:
         self.startup_delay = startup_delay
         self.raise_in = dict(raise_in or {})
         self.kill_outcome = kill_outcome
+        self.progress_before_step = progress_before_step
         self.kills: list[tuple[Worker, bool]] = []  # (worker, dry_run) for every kill call
         self.cleanups = 0
         self._incarnations: list[_Incarnation] = []
@@ -251,7 +254,8 @@ class FakeOrchestrator:
             at = inc.first_step_at + (step - inc.resume_step) / self.steps_per_second
             if at > end:
                 break
-            out.append(event(TrainingEventKind.PROGRESS, at, step))
+            reported = step - 1 if self.progress_before_step else step
+            out.append(event(TrainingEventKind.PROGRESS, at, reported))
             if step % self.checkpoint_every == 0:
                 out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, at + 1e-4, step))
                 self._checkpoints.append(step)

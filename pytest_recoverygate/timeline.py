@@ -1,0 +1,108 @@
+"""The timeline picture: training step against time around the kill, one line per
+incarnation, with checkpoints, the kill, the recovery phases, the resume point, the lost
+steps and the SLO window, and the verdict in the title.
+
+matplotlib is an optional extra (``pip install 'recoverygate[plot]'``): it is the
+best-kept plotting library with a non-interactive PNG/SVG backend and no browser, and
+keeping it optional keeps the core install light. Without it no picture is drawn and
+:data:`PICTURE_HINT` says how to get one. The picture is drawn from the JSON report
+document, so its data is exactly the report's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+PICTURE_HINT = "install the plot extra (pip install 'recoverygate[plot]') to get timeline.png"
+
+_PHASE_LABELS = {
+    "failureDetected": "failure detected",
+    "replacementScheduled": "replacement scheduled",
+    "replacementRunning": "replacement running",
+    "processStarted": "process started",
+    "checkpointLoaded": "checkpoint loaded",
+    "firstStepAfterResume": "first step after resume",
+}
+
+_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
+
+
+def plotting_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def write_timeline_picture(doc: dict[str, Any], directory: Path) -> list[Path]:
+    """Draw ``timeline.png`` and ``timeline.svg`` from a report document; [] without matplotlib."""
+    if not plotting_available() or not doc.get("progress"):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    origin = doc.get("killTime") or doc["progress"][0]["time"]
+    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=100)
+    try:
+        _draw(ax, doc, origin)
+        fig.tight_layout()
+        paths = [directory / "timeline.png", directory / "timeline.svg"]
+        for path in paths:
+            fig.savefig(path)
+            path.chmod(0o644)
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def series_by_incarnation(doc: dict[str, Any], origin: float) -> dict[str, list[tuple[float, int]]]:
+    """(seconds since the kill, step) for each incarnation, in order of appearance."""
+    out: dict[str, list[tuple[float, int]]] = {}
+    for point in doc["progress"]:
+        out.setdefault(point["inc"], []).append((point["time"] - origin, point["step"]))
+    return out
+
+
+def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
+    verdict = doc["verdict"]
+    series = series_by_incarnation(doc, origin)
+    for number, (inc, points) in enumerate(series.items()):
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, lw=1.6, marker="." if len(points) < 30 else None,
+                label=f"incarnation {number + 1} ({inc})")
+    checkpoints = [e for e in doc["timeline"] if e["kind"] == "checkpoint" and "step" in e]
+    if checkpoints:
+        ax.scatter([e["time"] - origin for e in checkpoints], [e["step"] for e in checkpoints],
+                   marker="D", s=22, color="#0969da", zorder=3, label="checkpoint saved")
+    kill = doc.get("killTime")
+    if kill is not None:
+        ax.axvline(0.0, color="#cf222e", lw=2, label="kill")
+        slo = doc.get("maxRecoveryTimeSeconds")
+        if slo:
+            ax.axvspan(0.0, slo, color="#2da44e", alpha=0.08, label=f"SLO window ({slo:g}s)")
+        for row, (key, label) in enumerate(_PHASE_LABELS.items()):
+            at = (doc.get("breakdown") or {}).get(key)
+            if at is not None:
+                ax.axvline(at, color="#6e7781", lw=0.8, ls="--")
+                ax.annotate(f"{label} +{at:.2f}s", (at, 1.0), xycoords=("data", "axes fraction"),
+                            xytext=(3, -12 - 11 * row), textcoords="offset points",
+                            fontsize=7, color="#57606a")
+    resume, last = doc.get("resumeStep"), doc.get("lastStepBeforeKill")
+    if resume is not None:
+        ax.axhline(resume, color="#8250df", lw=0.8, ls=":")
+        first = (doc.get("breakdown") or {}).get("firstStepAfterResume")
+        if first is not None:
+            ax.scatter([first], [resume], color="#8250df", zorder=4, label=f"resume at step {resume}")
+        if last is not None and last > resume and kill is not None:
+            right = first if first is not None else ax.get_xlim()[1]
+            ax.fill_between([0.0, right], resume, last, color="#cf222e", alpha=0.12,
+                            label=f"lost steps ({last - resume})")
+    title = f"{verdict}: {doc['summary']}"
+    if len(title) > 110:
+        title = title[:107] + "..."
+    ax.set_title(title, fontsize=10, color=_COLORS.get(verdict, "#24292f"))
+    ax.set_xlabel("seconds since the kill" if kill is not None else "seconds")
+    ax.set_ylabel("training step")
+    ax.grid(alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")

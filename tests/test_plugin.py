@@ -1,0 +1,179 @@
+"""The pytest plugin, exercised through ``pytester`` as a user would run it.
+
+We test these aspects: drill items collected from ``--drill-config`` (no Python test
+file), ``-m drill`` selection, the verdict as the test outcome, the JUnit XML content,
+the ``recovery_drill`` fixture with the ``drill`` marker, ``--dry-run``, the refusal to
+kill without ``--drill-yes``, the report header and the live phase lines.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import FAKE_DRILL, merge
+
+WriteDrill = Callable[..., Path]
+
+
+def drill_file(pytester: pytest.Pytester, changes: dict | None = None,
+               name: str = "recovery-test.yaml") -> Path:
+    path = pytester.path / name
+    path.write_text(yaml.safe_dump(merge(FAKE_DRILL, changes or {})))
+    return path
+
+
+def test_drill_config_runs_the_drill_as_a_test_item(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester)
+    result = pytester.runpytest(f"--drill-config={path}", "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["recovery-test.yaml::drill PASSED*"])
+
+
+def test_minus_m_drill_selects_drill_items(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_model="def test_model():\n    assert True\n")
+    path = drill_file(pytester)
+    result = pytester.runpytest(f"--drill-config={path}", "-m", "drill")
+    result.assert_outcomes(passed=1, deselected=1)
+
+
+def test_a_failing_drill_fails_the_test_with_the_verdict(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}})
+    result = pytester.runpytest(f"--drill-config={path}")
+    result.assert_outcomes(failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "*RecoveryGate verdict: FAIL*",
+        "*resumed from step 0, expected step 40*the job restarted from scratch*",
+    ])
+
+
+def test_junit_xml_carries_the_verdict_and_figures(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester)
+    out = pytester.path / "out.xml"
+    result = pytester.runpytest(f"--drill-config={path}", f"--junitxml={out}")
+    result.assert_outcomes(passed=1)
+    root = ET.parse(out).getroot()
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    prefix = "recoverygate.recovery-test.yaml::drill."
+    assert props[prefix + "verdict"] == "PASS"
+    assert props[prefix + "resumeStep"] == "40"
+    assert props[prefix + "expectedResumeStep"] == "40"
+    assert float(props[prefix + "recoveryTimeSeconds"]) > 0
+    assert prefix + "lostSteps" in props
+    # xunit2 (the default) has no testcase properties: they sit on the testsuite.
+    [case] = root.iter("testcase")
+    assert case.find("properties") is None
+
+
+def test_junit_xunit1_also_gets_testcase_properties(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester, {"workload": {"fake": {"resume": "older"}}})
+    out = pytester.path / "out.xml"
+    result = pytester.runpytest(f"--drill-config={path}", f"--junitxml={out}",
+                                "-o", "junit_family=xunit1")
+    result.assert_outcomes(failed=1)
+    [case] = ET.parse(out).getroot().iter("testcase")
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["verdict"] == "FAIL"
+    assert props["resumeStep"] == "20"
+    failure = case.find("failure")
+    assert failure is not None
+    assert "older checkpoint" in (failure.get("message") or "") + (failure.text or "")
+
+
+def test_the_fixture_and_marker_expose_the_figures(pytester: pytest.Pytester) -> None:
+    drill_file(pytester, name="drill.yaml")
+    pytester.makepyfile(
+        test_recovery="""
+        import pytest
+
+        def test_model_unit():
+            assert 1 + 1 == 2
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_resumes_from_latest(recovery_drill):
+            result = recovery_drill.run()
+            assert result.verdict.value == "PASS"
+            assert result.resume_step == result.expected_resume_step == 40
+            assert result.recovery_time_seconds < 2
+
+        @pytest.mark.drill(config="drill.yaml",
+                           overrides={"workload.fake.resume": "zero"})
+        def test_overrides_change_the_job(recovery_drill):
+            result = recovery_drill.run()
+            assert result.resume_step == 0
+            assert result.reasons[0].name == "RESTARTED_FROM_SCRATCH"
+        """
+    )
+    result = pytester.runpytest("--strict-markers")
+    result.assert_outcomes(passed=3)
+
+
+def test_the_fixture_skips_without_any_config(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_drill(recovery_drill):
+            recovery_drill.run()
+        """
+    )
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no drill config*--drill-config*"])
+
+
+def test_dry_run_passes_without_killing(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester, {"safety": {"requireConfirm": True}})
+    result = pytester.runpytest(f"--drill-config={path}", "--dry-run")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*checking the kill of rank 1*", "*DRY-RUN*nothing was killed*"])
+
+
+def test_a_kill_needs_drill_yes_when_the_config_requires_confirmation(
+    pytester: pytest.Pytester,
+) -> None:
+    path = drill_file(pytester, {"safety": {"requireConfirm": True}})
+    skipped = pytester.runpytest(f"--drill-config={path}", "-rs")
+    skipped.assert_outcomes(skipped=1)
+    skipped.stdout.fnmatch_lines(["*requireConfirm*--drill-yes*"])
+    confirmed = pytester.runpytest(f"--drill-config={path}", "--drill-yes")
+    confirmed.assert_outcomes(passed=1)
+
+
+def test_the_header_says_what_will_run(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester)
+    result = pytester.runpytest(f"--drill-config={path}", "--dry-run", "--co")
+    result.stdout.fnmatch_lines(["recoverygate *: drills: *recovery-test.yaml (fake); kills: dry run*"])
+
+
+def test_phase_lines_show_without_dash_s_and_quiet_hides_them(
+    pytester: pytest.Pytester,
+) -> None:
+    path = drill_file(pytester)
+    loud = pytester.runpytest(f"--drill-config={path}")
+    loud.stdout.fnmatch_lines([
+        "*[[]waiting for checkpoint[]] waiting for checkpoint >= step 40*",
+        "*[[]recovering[]]*",
+        "*[[]done[]] PASS*",
+    ])
+    quiet = pytester.runpytest(f"--drill-config={path}", "-q")
+    assert "[recovering]" not in quiet.stdout.str()
+
+
+def test_the_ini_twin_of_drill_config_works(pytester: pytest.Pytester) -> None:
+    drill_file(pytester)
+    pytester.makeini("[pytest]\ndrill_config = recovery-test.yaml\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+
+
+def test_an_invalid_config_fails_the_item_with_the_problem(pytester: pytest.Pytester) -> None:
+    path = pytester.path / "bad.yaml"
+    path.write_text("workload:\n  orchestrator: fake\n  color: red\n")
+    result = pytester.runpytest(f"--drill-config={path}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*bad.yaml:3*workload.color*"])
+    assert "Traceback" not in result.stdout.str()
