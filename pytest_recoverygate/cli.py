@@ -116,7 +116,7 @@ def print_result(result: DrillResult, stream: TextIO) -> None:
     shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
     if shown:
         stream.write("  " + "  ".join(f"{k}={v}" for k, v in shown.items()) + "\n")
-    breakdown = {k: v for k, v in result.breakdown.items()}
+    breakdown = dict(result.breakdown)
     if breakdown:
         stream.write("  recovery breakdown (s after kill): " + ", ".join(
             f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()) + "\n")

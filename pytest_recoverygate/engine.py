@@ -6,13 +6,13 @@ backend drives the same engine through the runner, and the tests drive it direct
 
 Phases::
 
-    WAITING_FOR_CHECKPOINT --trigger checkpoint--> KILLING --killed--> RECOVERING
-            |                                         |                    |
-            | timeout / job ended (ERROR)              | dry run (DRY_RUN)  | new incarnation's first
-            v                                         | not confirmed      | progress: resume step known
-          DONE <--------------------------------------+ (ERROR)            v
-            ^                                                          VERIFYING
-            +----- progress past the resume step, job failed or deadline --+
+    WAITING_FOR_CHECKPOINT --trigger--> KILLING --killed--> RECOVERING
+        |                                 |                     | first progress of a new
+        | timeout, job ended: ERROR       | dry run: DRY_RUN    | incarnation: resume known
+        v                                 | not done: ERROR     v
+       DONE <-----------------------------+                 VERIFYING
+        ^                                                       |
+        +--- progress past the resume step, job failed, deadline +
 
 Which incarnation is which: every reporter line carries its process's incarnation id.
 An incarnation seen before the kill is *old*; one first seen after the kill, with a line
@@ -51,7 +51,7 @@ class Phase(enum.Enum):
 class Verdict(enum.Enum):
     """The drill's outcome and the exit code the CLI maps it to."""
 
-    PASS = "PASS"
+    PASS = "PASS"  # noqa: S105 - a verdict, not a password
     FAIL = "FAIL"
     ERROR = "ERROR"
     DRY_RUN = "DRY-RUN"

@@ -13,12 +13,10 @@ with ``junit_family=xunit1``/``legacy`` the figures are also testcase properties
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
 from recoverygate import __version__
 
 if TYPE_CHECKING:
@@ -190,9 +188,9 @@ class RecoveryDrill:
 
 
 @pytest.fixture
-def recovery_drill(request: pytest.FixtureRequest) -> Iterator[RecoveryDrill]:
+def recovery_drill(request: pytest.FixtureRequest) -> RecoveryDrill:
     """Run a recovery drill from a test; see :class:`RecoveryDrill`."""
-    yield RecoveryDrill(request)
+    return RecoveryDrill(request)
 
 
 # ---------------------------------------------------------------- shared

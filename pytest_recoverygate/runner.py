@@ -239,7 +239,8 @@ class _Drill:
         return actions
 
     def _execute(self, action: KillTarget | Finish) -> list[KillTarget | Finish]:
-        assert isinstance(action, KillTarget) and self.target is not None
+        assert isinstance(action, KillTarget)
+        assert self.target is not None
         self.phase = Phase.KILLING
         verb = "checking the kill of" if self.dry_run else "killing"
         self._status(
@@ -288,7 +289,7 @@ class _Drill:
             return "waiting for a new incarnation"
         if self.phase is Phase.VERIFYING:
             return f"waiting for progress past step {self.engine.resume_step}"
-        return self.phase.value
+        return str(self.phase.value)
 
     def _wait(self) -> None:
         timeout = self.options.poll_interval

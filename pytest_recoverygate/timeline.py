@@ -93,7 +93,8 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
         ax.axhline(resume, color="#8250df", lw=0.8, ls=":")
         first = (doc.get("breakdown") or {}).get("firstStepAfterResume")
         if first is not None:
-            ax.scatter([first], [resume], color="#8250df", zorder=4, label=f"resume at step {resume}")
+            ax.scatter([first], [resume], color="#8250df", zorder=4,
+                       label=f"resume at step {resume}")
         if last is not None and last > resume and kill is not None:
             right = first if first is not None else ax.get_xlim()[1]
             ax.fill_between([0.0, right], resume, last, color="#cf222e", alpha=0.12,

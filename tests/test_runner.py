@@ -69,7 +69,8 @@ def test_a_simulated_drill_reaches_the_verdict_the_job_deserves(
         assert result.reasons == ()
     else:  # the named reason comes first; losing the steps since may follow
         assert result.reasons[0] is reason
-    assert result.target is not None and result.target.rank == 1
+    assert result.target is not None
+    assert result.target.rank == 1
     assert result.trigger_checkpoint == 40
 
 
@@ -104,7 +105,7 @@ def test_an_unconfirmed_kill_is_refused_before_anything_is_touched(
     config = fake_config({"safety": {"requireConfirm": True}})
     clock = SimulatedClock()
     backend = fake(clock, config)
-    with pytest.raises(UsageError, match="requireConfirm.*--yes"):
+    with pytest.raises(UsageError, match=r"requireConfirm.*--yes"):
         run_drill(config, RunOptions(), clock=clock, orchestrator=backend)
     assert backend.kills == []
     assert backend._incarnations == []  # not even discovered

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
