@@ -37,16 +37,10 @@ def write_timeline_picture(doc: dict[str, Any], directory: Path) -> list[Path]:
     """Draw ``timeline.png`` and ``timeline.svg`` from a report document; [] without matplotlib."""
     if not plotting_available() or not doc.get("progress"):
         return []
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    origin = doc.get("killTime") or doc["progress"][0]["time"]
-    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=100)
+    fig = build_figure(doc)
     try:
-        _draw(ax, doc, origin)
-        fig.tight_layout()
         paths = [directory / "timeline.png", directory / "timeline.svg"]
         for path in paths:
             fig.savefig(path)
@@ -54,6 +48,20 @@ def write_timeline_picture(doc: dict[str, Any], directory: Path) -> list[Path]:
     finally:
         plt.close(fig)
     return paths
+
+
+def build_figure(doc: dict[str, Any]) -> Any:
+    """The matplotlib Figure for a report document (the caller closes it)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    origin = doc.get("killTime") or doc["progress"][0]["time"]
+    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=100)
+    _draw(ax, doc, origin)
+    fig.tight_layout()
+    return fig
 
 
 def series_by_incarnation(doc: dict[str, Any], origin: float) -> dict[str, list[tuple[float, int]]]:
