@@ -1,0 +1,937 @@
+"""recovery-test.yaml loading and strict validation.
+
+We test these aspects:
+
+- the happy path of every backend, with defaults filled in (name from the file's stem,
+  ``timeouts.recovery`` derived from ``maxRecoveryTime``), relative paths resolved
+  against the config file's folder, a string ``command`` split like a shell would;
+- every error path: each test asserts that the message names the file, the line, the
+  key path and the offending value (``FILE:LINE: key.path: problem — got VALUE; …``);
+- that one message lists every problem, one per line, in file order;
+- that secrets (``env`` values) never show up in messages or in ``dump_effective``.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_recoverygate.config import (
+    DrillConfig,
+    Expectations,
+    FakeWorkload,
+    InjectFailure,
+    KubernetesWorkload,
+    LocalWorkload,
+    SlurmWorkload,
+    dump_effective,
+    load_config,
+    parse_config,
+    schema_keys,
+)
+from pytest_recoverygate.durations import format_duration, parse_duration
+from pytest_recoverygate.errors import ConfigError
+
+REST = """\
+injectFailure:
+  afterCheckpoint: step-100
+expectations:
+  maxRecoveryTime: 5m
+"""
+
+FAKE = "workload:\n  orchestrator: fake\n" + REST
+
+LINE = re.compile(
+    r"^(?P<file>[^\n]+?):(?P<line>\d+): (?P<path>\S+): (?P<problem>.+?) — got (?P<got>.+)$"
+)
+
+
+def write(folder: Path, text: str, name: str = "drill.yaml") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return str(caught.value)
+
+
+def problem_line(message: str, file: Path | str, line: int, key: str) -> str:
+    """The one message line for ``key`` at ``line`` (fails the test if it is not there)."""
+    prefix = f"{file}:{line}: {key}: "
+    found = [text for text in message.splitlines() if text.startswith(prefix)]
+    assert found, f"no line starting with {prefix!r} in:\n{message}"
+    return found[0]
+
+
+def assert_problem(message: str, file: Path, line: int, key: str, got: str) -> str:
+    text = problem_line(message, file, line, key)
+    assert f"— got {got}" in text, text
+    return text
+
+
+# ----------------------------------------------------------------- happy paths
+
+
+def test_a_minimal_fake_drill_loads_with_every_default(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, FAKE, "my-drill.yaml"))
+
+    assert config.name == "my-drill"
+    assert config.source_path == tmp_path / "my-drill.yaml"
+    assert isinstance(config.workload, FakeWorkload)
+    assert config.workload.reporting_rank == 0
+    fake = config.workload.fake
+    assert (fake.workers, fake.steps_per_second, fake.checkpoint_every) == (2, 50.0, 20)
+    assert (fake.restart_delay, fake.resume, fake.startup_delay) == (1.0, "latest", 0.0)
+    assert config.inject_failure == InjectFailure(
+        type="KillWorker", after_checkpoint=100, target_rank=1
+    )
+    assert config.expectations.resume_from_checkpoint == "latest"
+    assert config.expectations.max_recovery_time == 300.0
+    assert config.expectations.max_lost_steps is None
+    assert config.safety.require_confirm is True
+    assert config.safety.dry_run is False
+    assert config.timeouts.discovery == 300.0
+    assert config.timeouts.checkpoint == 3600.0
+
+
+def test_the_recovery_timeout_defaults_to_twice_the_slo_plus_30s(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, FAKE.replace("5m", "90s")))
+    assert config.timeouts.recovery == 2 * 90 + 30
+
+
+def test_an_explicit_recovery_timeout_is_kept(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, FAKE + "timeouts: {recovery: 1h, discovery: 30s}\n"))
+    assert config.timeouts.recovery == 3600.0
+    assert config.timeouts.discovery == 30.0
+
+
+def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        name: full
+        workload:
+          orchestrator: fake
+          reportingRank: 2
+          fake: {workers: 4, stepsPerSecond: 12.5, checkpointEvery: 7, restartDelay: 250ms,
+                 resume: older, startupDelay: 1.5s}
+        injectFailure: {type: KillWorker, afterCheckpoint: next, targetRank: 3}
+        expectations: {resumeFromCheckpoint: step-1000, maxRecoveryTime: 1h30m, maxLostSteps: 0}
+        safety: {requireConfirm: false, dryRun: true}
+        """,
+    )
+    config = load_config(path)
+    assert config.name == "full"
+    assert isinstance(config.workload, FakeWorkload)
+    assert config.workload.reporting_rank == 2
+    assert config.workload.fake.model_dump() == {
+        "workers": 4,
+        "steps_per_second": 12.5,
+        "checkpoint_every": 7,
+        "restart_delay": 0.25,
+        "resume": "older",
+        "startup_delay": 1.5,
+    }
+    assert config.inject_failure.after_checkpoint == "next"
+    assert config.inject_failure.target_rank == 3
+    assert config.expectations.resume_from_checkpoint == 1000
+    assert config.expectations.max_recovery_time == 5400.0
+    assert config.expectations.max_lost_steps == 0
+    assert config.safety.dry_run is True
+    assert config.safety.require_confirm is False
+
+
+def test_a_local_drill_resolves_workdir_against_the_config_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "configs" / "job").mkdir(parents=True)
+    path = write(
+        tmp_path / "configs",
+        textwrap.dedent(
+            """\
+        workload:
+          orchestrator: local
+          command: ["torchrun", "--nproc-per-node=2", "train.py"]
+          workdir: job
+          env: {NCCL_DEBUG: INFO, SEED: "1"}
+        """
+        )
+        + REST,
+    )
+    monkeypatch.chdir(tmp_path)  # the current folder must not matter
+    config = load_config(path)
+    assert isinstance(config.workload, LocalWorkload)
+    assert config.workload.command == ["torchrun", "--nproc-per-node=2", "train.py"]
+    assert config.workload.workdir == (tmp_path / "configs" / "job").resolve()
+    assert config.workload.env == {"NCCL_DEBUG": "INFO", "SEED": "1"}
+    assert config.workload.attach_pid is None
+
+
+def test_a_local_workdir_defaults_to_the_config_folder(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, "workload: {orchestrator: local, command: python t.py}\n" + REST)
+    )
+    assert isinstance(config.workload, LocalWorkload)
+    assert config.workload.workdir == tmp_path.resolve()
+
+
+def test_a_command_string_is_split_like_a_shell_would(tmp_path: Path) -> None:
+    text = (
+        "workload:\n  orchestrator: local\n"
+        '  command: torchrun --nproc-per-node=2 "my train.py" --lr=1e-4\n'
+    )
+    config = load_config(write(tmp_path, text + REST))
+    assert isinstance(config.workload, LocalWorkload)
+    assert config.workload.command == [
+        "torchrun",
+        "--nproc-per-node=2",
+        "my train.py",
+        "--lr=1e-4",
+    ]
+
+
+def test_a_local_drill_can_attach_to_a_running_agent(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, "workload: {orchestrator: local, attachPid: 4242}\n" + REST)
+    )
+    assert isinstance(config.workload, LocalWorkload)
+    assert config.workload.attach_pid == 4242
+    assert config.workload.command is None
+
+
+def test_a_kubernetes_drill_loads_and_expands_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = write(
+        tmp_path,
+        textwrap.dedent(
+            """\
+        workload:
+          orchestrator: kubernetes
+          selector: "  training-run=llama  "
+          namespace: ml-team
+          context: my-ctx
+          kubeconfig: ~/.kube/config
+          container: pytorch
+          reportingRank: 0
+        """
+        )
+        + REST,
+    )
+    config = load_config(path)
+    assert isinstance(config.workload, KubernetesWorkload)
+    assert config.workload.selector == "training-run=llama"
+    assert config.workload.namespace == "ml-team"
+    assert config.workload.context == "my-ctx"
+    assert config.workload.kubeconfig == (tmp_path / "home" / ".kube" / "config").resolve()
+    assert config.workload.container == "pytorch"
+
+
+def test_a_relative_kubeconfig_is_relative_to_the_config_folder(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload: {orchestrator: kubernetes, selector: a=b, kubeconfig: kube/cfg}\n" + REST,
+    )
+    config = load_config(path)
+    assert isinstance(config.workload, KubernetesWorkload)
+    assert config.workload.kubeconfig == (tmp_path / "kube" / "cfg").resolve()
+    assert config.workload.namespace is None
+
+
+def test_a_slurm_drill_by_job_id_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        workload:
+          orchestrator: slurm
+          jobId: 12345
+          partition: gpu
+          output: logs/slurm-%j.out
+          pollInterval: 250ms
+        injectFailure: {type: Requeue, afterCheckpoint: step-0}
+        expectations: {maxRecoveryTime: 10m}
+        """,
+    )
+    config = load_config(path)
+    assert isinstance(config.workload, SlurmWorkload)
+    assert config.workload.job_id == 12345
+    assert config.workload.job_name is None
+    assert config.workload.output == (tmp_path / "logs" / "slurm-%j.out").resolve()
+    assert config.workload.poll_interval == 0.25
+    assert config.inject_failure.type == "Requeue"
+    assert config.inject_failure.after_checkpoint == 0
+
+
+def test_a_slurm_drill_by_job_name_and_user_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload: {orchestrator: slurm, jobName: llama-ft, user: alice}\n"
+        "injectFailure: {type: KillStep, afterCheckpoint: next}\n"
+        "expectations: {maxRecoveryTime: 5m}\n",
+    )
+    config = load_config(path)
+    assert isinstance(config.workload, SlurmWorkload)
+    assert (config.workload.job_name, config.workload.user) == ("llama-ft", "alice")
+    assert config.workload.poll_interval == 1.0
+    assert config.inject_failure.type == "KillStep"
+
+
+def test_load_config_accepts_a_string_path(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE)
+    assert load_config(str(path)).name == "drill"
+
+
+def test_parse_config_reads_text_for_a_file_that_does_not_exist(tmp_path: Path) -> None:
+    config = parse_config(FAKE, tmp_path / "inline.yaml")
+    assert config.name == "inline"
+    assert config.source_path == tmp_path / "inline.yaml"
+
+
+def test_the_shipped_fake_examples_are_valid() -> None:
+    examples = sorted((Path(__file__).parent.parent / "examples" / "fake").glob("*.yaml"))
+    assert examples, "examples/fake has no configs"
+    for example in examples:
+        assert isinstance(load_config(example).workload, FakeWorkload)
+
+
+def test_models_can_be_built_in_python_with_seconds_and_step_numbers() -> None:
+    config = DrillConfig(
+        workload=FakeWorkload(orchestrator="fake"),
+        inject_failure=InjectFailure(after_checkpoint=40),
+        expectations=Expectations(max_recovery_time=3, resume_from_checkpoint=40),
+    )
+    assert config.expectations.max_recovery_time == 3.0
+    assert config.timeouts.recovery == 36.0
+    assert config.inject_failure.after_checkpoint == 40
+
+
+# ----------------------------------------------------------------- dump_effective
+
+
+def test_dump_effective_uses_yaml_names_and_the_yaml_language(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, FAKE))
+    dumped = dump_effective(config)
+    assert dumped["injectFailure"] == {
+        "type": "KillWorker",
+        "afterCheckpoint": "step-100",
+        "targetRank": 1,
+    }
+    assert dumped["expectations"]["maxRecoveryTime"] == "5m"
+    assert dumped["timeouts"] == {"discovery": "5m", "checkpoint": "1h", "recovery": "10m30s"}
+    assert dumped["workload"]["fake"]["restartDelay"] == "1s"
+    assert "sourcePath" not in dumped
+
+
+def test_dump_effective_loads_back_to_the_same_config(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, FAKE.replace("step-100", "next")))
+    dumped = dump_effective(config)
+    again = parse_config(yaml.safe_dump(dumped), tmp_path / "drill.yaml")
+    assert again == config
+
+
+def test_dump_effective_never_shows_env_values(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload:\n  orchestrator: local\n  command: [python]\n"
+        "  env: {HF_TOKEN: hf_supersecret, WANDB_API_KEY: k-123}\n" + REST,
+    )
+    dumped = dump_effective(load_config(path))
+    assert dumped["workload"]["env"] == {"HF_TOKEN": "<redacted>", "WANDB_API_KEY": "<redacted>"}
+    assert "supersecret" not in repr(dumped)
+    assert "k-123" not in repr(dumped)
+
+
+# ------------------------------------------------------------------ file errors
+
+
+def test_it_refuses_a_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    message = error_of(path)
+    assert message.startswith(f"{path}: (file): does not exist — got {path}")
+
+
+def test_it_refuses_a_directory_and_suggests_the_file_inside(tmp_path: Path) -> None:
+    write(tmp_path, FAKE, "recovery-test.yaml")
+    message = error_of(tmp_path)
+    assert message.startswith(f"{tmp_path}: (file): is a folder, not a file — got {tmp_path}")
+    assert str(tmp_path / "recovery-test.yaml") in message
+
+
+def test_it_refuses_an_empty_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    assert_problem(error_of(path), path, 1, "(file)", "no YAML content")
+
+
+def test_it_refuses_a_file_of_only_comments(tmp_path: Path) -> None:
+    path = write(tmp_path, "# nothing yet\n\n# still nothing\n")
+    assert "is empty" in problem_line(error_of(path), path, 1, "(file)")
+
+
+def test_it_refuses_a_top_level_list(tmp_path: Path) -> None:
+    path = write(tmp_path, "\n- workload: {}\n- two\n")
+    text = assert_problem(error_of(path), path, 2, "(top level)", "a list of 2 items")
+    assert "must be a mapping" in text
+
+
+def test_it_refuses_a_top_level_scalar(tmp_path: Path) -> None:
+    path = write(tmp_path, "just words\n")
+    assert_problem(error_of(path), path, 1, "(top level)", "'just words'")
+
+
+def test_it_reports_a_yaml_syntax_error_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: fake\n  selector: a: b\n")
+    text = assert_problem(error_of(path), path, 3, "(YAML syntax)", "'  selector: a: b'")
+    assert "mapping values are not allowed" in text
+
+
+def test_it_explains_tabs_in_indentation(tmp_path: Path) -> None:
+    path = tmp_path / "drill.yaml"
+    path.write_text("workload:\n\torchestrator: fake\n")
+    text = problem_line(error_of(path), path, 2, "(YAML syntax)")
+    assert "spaces, not tabs" in text
+    assert r"got '\torchestrator: fake'" in text
+
+
+def test_it_refuses_two_documents_in_one_file(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "---\n" + FAKE)
+    text = assert_problem(error_of(path), path, 7, "(YAML syntax)", "'---'")
+    assert "one drill per file" in text
+
+
+def test_it_refuses_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "drill.yaml"
+    path.write_bytes(b"workload:\n  orchestrator: fake\nname: caf\xe9\n")
+    text = assert_problem(error_of(path), path, 3, "(file)", "byte 0xe9 at offset")
+    assert "not UTF-8" in text
+
+
+def test_it_refuses_control_characters(tmp_path: Path) -> None:
+    path = tmp_path / "drill.yaml"
+    path.write_text("workload:\n  orchestrator: fake\nname: a\x00b\n")
+    text = problem_line(error_of(path), path, 3, "(YAML syntax)")
+    assert "'\\x00' (U+0000) is not allowed" in text
+
+
+def test_it_accepts_a_utf8_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "drill.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + FAKE.encode())
+    assert load_config(path).name == "drill"
+
+
+def test_it_refuses_a_file_too_large_to_be_a_config(tmp_path: Path) -> None:
+    path = tmp_path / "drill.yaml"
+    path.write_text(FAKE + "#" * 300_000 + "\n")
+    assert_problem(error_of(path), path, 1, "(file)", "more than 262144 bytes")
+
+
+def test_it_refuses_aliases(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: &n drill\nworkload: {orchestrator: fake}\n" + REST)
+    text = assert_problem(error_of(path), path, 1, "(YAML)", "'name: &n drill'")
+    assert "anchors (&n) are not allowed" in text
+
+
+def test_it_refuses_an_alias_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "timeouts: {discovery: *d}\n")
+    text = problem_line(error_of(path), path, 7, "(YAML)")
+    assert "aliases (*d) are not allowed" in text
+
+
+def test_it_refuses_nesting_deeper_than_any_config(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload: " + "[" * 100 + "]" * 100 + "\n")
+    assert "nesting is deeper than" in problem_line(error_of(path), path, 1, "(YAML)")
+
+
+def test_it_refuses_a_duplicate_key_naming_both_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "expectations: {maxRecoveryTime: 1m}\n")
+    text = assert_problem(error_of(path), path, 7, "expectations", "expectations")
+    assert "key appears twice (first on line 5)" in text
+
+
+def test_it_refuses_a_complex_key(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "? [a, b]\n: 1\n")
+    assert "plain word" in problem_line(error_of(path), path, 7, "(top level)")
+
+
+def test_it_refuses_python_tags(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + 'name: !!python/object/apply:os.system ["true"]\n')
+    text = problem_line(error_of(path), path, 7, "name")
+    assert "not supported" in text
+
+
+def test_it_refuses_a_tagged_document(tmp_path: Path) -> None:
+    path = write(tmp_path, "!!omap\n" + FAKE)
+    message = error_of(path)
+    assert "YAML tag tag:yaml.org,2002:omap is not supported" in problem_line(
+        message, path, 1, "(top level)"
+    )
+    assert "object at" not in message
+
+
+def test_it_refuses_an_unknown_scalar_tag(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "name: !secret abc\n")
+    text = assert_problem(error_of(path), path, 7, "name", "abc")
+    assert "YAML tag !secret is not supported" in text
+
+
+def test_it_refuses_a_value_its_own_tag_cannot_read(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "  maxLostSteps: !!int lots\n")
+    text = assert_problem(error_of(path), path, 7, "expectations.maxLostSteps", "lots")
+    assert "cannot be read" in text
+
+
+# ------------------------------------------------------------------- key errors
+
+
+def test_it_refuses_an_unknown_key_and_suggests_the_right_one(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "safety:\n  requireConfrim: false\n")
+    text = assert_problem(error_of(path), path, 8, "safety.requireConfrim", "requireConfrim")
+    assert "unknown key" in text
+    assert "allowed: requireConfirm, dryRun" in text
+    assert "did you mean requireConfirm?" in text
+
+
+def test_it_refuses_snake_case_keys(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "safety: {dry_run: true}\n")
+    text = assert_problem(error_of(path), path, 7, "safety.dry_run", "dry_run")
+    assert "did you mean dryRun?" in text
+
+
+def test_it_names_the_backend_an_unknown_workload_key_belongs_to(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: local\n  command: [x]\n  jobId: 5\n" + REST)
+    text = assert_problem(error_of(path), path, 4, "workload.jobId", "jobId")
+    assert "jobId belongs to orchestrator: slurm" in text
+
+
+def test_it_refuses_a_source_path_key(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "sourcePath: /etc/passwd\n")
+    assert "unknown key" in assert_problem(error_of(path), path, 7, "sourcePath", "sourcePath")
+
+
+def test_it_refuses_a_missing_orchestrator_and_lists_the_allowed_ones(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  selector: a=b\n" + REST)
+    text = assert_problem(error_of(path), path, 1, "workload.orchestrator", "nothing")
+    assert "allowed: fake, local, kubernetes, slurm" in text
+
+
+def test_it_refuses_an_unknown_orchestrator(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: docker\n" + REST)
+    text = assert_problem(error_of(path), path, 2, "workload.orchestrator", "docker")
+    assert "allowed: fake, local, kubernetes, slurm" in text
+
+
+def test_it_suggests_the_orchestrator_spelled_in_another_case(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: Slurm\n" + REST)
+    text = assert_problem(error_of(path), path, 2, "workload.orchestrator", "Slurm")
+    assert "did you mean slurm?" in text
+
+
+def test_it_refuses_a_workload_that_is_not_a_mapping(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload: fake\n" + REST)
+    text = assert_problem(error_of(path), path, 1, "workload", "fake")
+    assert "must be a mapping" in text
+
+
+def test_it_refuses_missing_required_sections(tmp_path: Path) -> None:
+    path = write(tmp_path, "\nworkload: {orchestrator: fake}\n")
+    message = error_of(path)
+    assert "required key is missing — got nothing" in problem_line(
+        message, path, 2, "injectFailure"
+    )
+    assert "required key is missing" in problem_line(message, path, 2, "expectations")
+
+
+def test_it_refuses_a_missing_trigger_checkpoint(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload: {orchestrator: fake}\ninjectFailure:\n  type: KillWorker\n"
+        "expectations: {maxRecoveryTime: 5m}\n",
+    )
+    text = assert_problem(error_of(path), path, 2, "injectFailure.afterCheckpoint", "nothing")
+    assert "add afterCheckpoint: step-1000" in text
+
+
+# ----------------------------------------------------------------- value errors
+
+
+def test_it_asks_for_step_n_instead_of_a_bare_number(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("step-100", "100"))
+    text = assert_problem(error_of(path), path, 4, "injectFailure.afterCheckpoint", "100")
+    assert "write step-100" in text
+    assert "allowed: step-N" in text
+
+
+def test_it_refuses_a_malformed_step_reference(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "  resumeFromCheckpoint: step-last\n")
+    text = assert_problem(error_of(path), path, 7, "expectations.resumeFromCheckpoint", "step-last")
+    assert "or latest" in text
+
+
+def test_it_refuses_a_step_number_too_large_to_be_real(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("step-100", "step-" + "9" * 40))
+    assert_problem(error_of(path), path, 4, "injectFailure.afterCheckpoint", "step-999")
+
+
+def test_it_asks_for_a_unit_on_a_bare_number_duration(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("5m", "300"))
+    text = assert_problem(error_of(path), path, 6, "expectations.maxRecoveryTime", "300")
+    assert "write 300s" in text
+
+
+def test_it_refuses_a_negative_duration(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "timeouts: {discovery: -5m}\n")
+    text = assert_problem(error_of(path), path, 7, "timeouts.discovery", "-5m")
+    assert "cannot be negative" in text
+
+
+def test_it_refuses_a_negative_bare_duration(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "timeouts: {checkpoint: -5}\n")
+    assert "never negative" in assert_problem(error_of(path), path, 7, "timeouts.checkpoint", "-5")
+
+
+def test_it_refuses_a_zero_recovery_slo(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("5m", "0s"))
+    text = assert_problem(error_of(path), path, 6, "expectations.maxRecoveryTime", "0s")
+    assert "longer than zero" in text
+
+
+def test_it_refuses_a_duration_in_unknown_units(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("5m", "5 minutes"))
+    text = assert_problem(error_of(path), path, 6, "expectations.maxRecoveryTime", "5 minutes")
+    assert "like 90s, 5m, 1h30m" in text
+
+
+def test_it_refuses_a_duration_longer_than_any_drill(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("5m", "99999999h"))
+    text = assert_problem(error_of(path), path, 6, "expectations.maxRecoveryTime", "99999999h")
+    assert "out of range" in text
+
+
+def test_it_refuses_a_poll_interval_outside_its_range(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload: {orchestrator: slurm, jobId: 1, pollInterval: 10ms}\n" + REST)
+    text = assert_problem(error_of(path), path, 1, "workload.pollInterval", "10ms")
+    assert "from 100ms to 1m" in text
+
+
+def test_it_refuses_a_boolean_where_a_number_belongs(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "  maxLostSteps: true\n")
+    text = assert_problem(error_of(path), path, 7, "expectations.maxLostSteps", "true")
+    assert "not true/false" in text
+
+
+def test_it_refuses_a_quoted_number(tmp_path: Path) -> None:
+    path = write(tmp_path, 'workload: {orchestrator: fake, fake: {workers: "4"}}\n' + REST)
+    text = assert_problem(error_of(path), path, 1, "workload.fake.workers", '"4"')
+    assert "remove the quotes" in text
+
+
+def test_it_refuses_a_fraction_where_a_whole_number_belongs(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "workload:\n  orchestrator: fake\n  fake:\n    checkpointEvery: 2.5\n" + REST
+    )
+    assert_problem(error_of(path), path, 4, "workload.fake.checkpointEvery", "2.5")
+
+
+def test_it_refuses_a_huge_number(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "  maxLostSteps: " + "9" * 30 + "\n")
+    text = assert_problem(error_of(path), path, 7, "expectations.maxLostSteps", "999999")
+    assert "too large" in text
+
+
+def test_it_refuses_an_infinite_rate(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "workload:\n  orchestrator: fake\n  fake: {stepsPerSecond: .inf}\n" + REST
+    )
+    assert_problem(error_of(path), path, 3, "workload.fake.stepsPerSecond", ".inf")
+
+
+def test_it_refuses_too_few_fake_workers(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: fake\n  fake: {workers: 1}\n" + REST)
+    text = assert_problem(error_of(path), path, 3, "workload.fake.workers", "1")
+    assert "from 2 to 1024" in text
+
+
+def test_it_refuses_an_unknown_resume_mode(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: fake\n  fake: {resume: newest}\n" + REST)
+    text = assert_problem(error_of(path), path, 3, "workload.fake.resume", "newest")
+    assert "latest, zero, older or never" in text
+
+
+def test_it_refuses_a_negative_rank(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("step-100", "step-100\n  targetRank: -1"))
+    assert_problem(error_of(path), path, 5, "injectFailure.targetRank", "-1")
+
+
+def test_it_refuses_a_target_rank_the_fake_job_does_not_have(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("step-100", "step-100\n  targetRank: 2"))
+    text = assert_problem(error_of(path), path, 5, "injectFailure.targetRank", "2")
+    assert "a rank from 0 to 1" in text
+
+
+def test_it_refuses_a_reporting_rank_the_fake_job_does_not_have(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: fake\n  reportingRank: 5\n" + REST)
+    assert_problem(error_of(path), path, 3, "workload.reportingRank", "5")
+
+
+def test_it_refuses_a_slurm_only_failure_on_another_backend(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("step-100", "step-100\n  type: Requeue"))
+    text = assert_problem(error_of(path), path, 5, "injectFailure.type", "Requeue")
+    assert "needs orchestrator: slurm" in text
+
+
+def test_it_refuses_an_unknown_failure_type(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE.replace("step-100", "step-100\n  type: KillNode"))
+    text = assert_problem(error_of(path), path, 5, "injectFailure.type", "KillNode")
+    assert "KillWorker, KillStep or Requeue" in text
+
+
+def test_it_refuses_a_recovery_timeout_shorter_than_the_slo(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "timeouts:\n  recovery: 1m\n")
+    text = assert_problem(error_of(path), path, 8, "timeouts.recovery", "1m")
+    assert "shorter than expectations.maxRecoveryTime (5m)" in text
+
+
+def test_it_refuses_a_text_value_where_true_or_false_belongs(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "safety: {requireConfirm: sure}\n")
+    assert_problem(error_of(path), path, 7, "safety.requireConfirm", "sure")
+
+
+def test_it_refuses_an_empty_name(tmp_path: Path) -> None:
+    path = write(tmp_path, 'name: "  "\n' + FAKE)
+    assert "must not be empty" in assert_problem(error_of(path), path, 1, "name", '"  "')
+
+
+def test_it_asks_to_quote_a_name_that_yaml_reads_as_a_date(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: 2026-01-31\n" + FAKE)
+    text = assert_problem(error_of(path), path, 1, "name", "2026-01-31")
+    assert 'quote it: name: "2026-01-31"' in text
+
+
+# ------------------------------------------------------------ backend specifics
+
+
+def test_it_refuses_an_empty_selector(tmp_path: Path) -> None:
+    path = write(tmp_path, 'workload:\n  orchestrator: kubernetes\n  selector: "   "\n' + REST)
+    text = assert_problem(error_of(path), path, 3, "workload.selector", '"   "')
+    assert "matches every pod" in text
+
+
+def test_it_refuses_a_missing_selector(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: kubernetes\n" + REST)
+    assert_problem(error_of(path), path, 1, "workload.selector", "nothing")
+
+
+def test_it_refuses_a_namespace_kubernetes_would_refuse(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload:\n  orchestrator: kubernetes\n  selector: a=b\n  namespace: My_NS\n" + REST,
+    )
+    text = assert_problem(error_of(path), path, 4, "workload.namespace", "My_NS")
+    assert "lowercase" in text
+
+
+def test_it_refuses_a_local_drill_without_command_or_pid(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: local\n" + REST)
+    text = assert_problem(error_of(path), path, 1, "workload.command", "nothing")
+    assert "attachPid" in text
+
+
+def test_it_refuses_an_empty_command(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: local\n  command: []\n" + REST)
+    assert "must not be empty" in assert_problem(error_of(path), path, 3, "workload.command", "[]")
+
+
+def test_it_refuses_a_command_with_unbalanced_quotes(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: local\n  command: python 'train.py\n" + REST)
+    text = assert_problem(error_of(path), path, 3, "workload.command", "python 'train.py")
+    assert "No closing quotation" in text
+
+
+def test_it_refuses_a_command_argument_that_is_not_text(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "workload:\n  orchestrator: local\n  command:\n    - python\n    - 3\n" + REST
+    )
+    text = assert_problem(error_of(path), path, 5, "workload.command[1]", "3")
+    assert 'quote it: 1: "3"' not in text
+    assert "must be text" in text
+
+
+def test_it_refuses_both_command_and_attach_pid(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "workload:\n  orchestrator: local\n  command: [x]\n  attachPid: 77\n" + REST
+    )
+    text = assert_problem(error_of(path), path, 4, "workload.attachPid", "77")
+    assert "cannot both be set" in text
+
+
+def test_it_refuses_a_workdir_that_does_not_exist(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "workload:\n  orchestrator: local\n  command: [x]\n  workdir: missing\n" + REST
+    )
+    text = assert_problem(error_of(path), path, 4, "workload.workdir", "missing")
+    assert str(tmp_path / "missing") in text
+
+
+def test_it_refuses_env_values_that_are_not_text_without_printing_them(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload:\n  orchestrator: local\n  command: [x]\n"
+        "  env:\n    API_PIN: 918273\n    DEBUG: yes\n" + REST,
+    )
+    message = error_of(path)
+    text = problem_line(message, path, 5, "workload.env.API_PIN")
+    assert "must be text" in text
+    assert "hidden" in text
+    assert "quote it" in text
+    assert "918273" not in message
+    problem_line(message, path, 6, "workload.env.DEBUG")
+
+
+def test_it_refuses_an_env_name_with_an_equals_sign(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, 'workload:\n  orchestrator: local\n  command: [x]\n  env: {"A=B": c}\n' + REST
+    )
+    assert_problem(error_of(path), path, 4, "workload.env.A=B", "'A=B'")
+
+
+def test_it_refuses_a_slurm_drill_with_both_job_id_and_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: slurm\n  jobId: 1\n  jobName: x\n" + REST)
+    assert "cannot both be set" in assert_problem(error_of(path), path, 4, "workload.jobName", "x")
+
+
+def test_it_refuses_a_slurm_drill_without_a_job(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: slurm\n" + REST)
+    text = assert_problem(error_of(path), path, 1, "workload.jobId", "nothing")
+    assert "jobId or jobName" in text
+
+
+def test_it_refuses_a_slurm_user_without_a_job_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload:\n  orchestrator: slurm\n  jobId: 9\n  user: bob\n" + REST)
+    assert "only applies with jobName" in assert_problem(
+        error_of(path), path, 4, "workload.user", "bob"
+    )
+
+
+def test_it_refuses_a_slurm_job_id_given_as_text(tmp_path: Path) -> None:
+    path = write(tmp_path, 'workload:\n  orchestrator: slurm\n  jobId: "12345"\n' + REST)
+    assert "remove the quotes" in assert_problem(
+        error_of(path), path, 3, "workload.jobId", '"12345"'
+    )
+
+
+# ----------------------------------------------------------- the message itself
+
+
+def test_one_message_lists_every_problem_in_file_order(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        workload:
+          orchestrator: kubernetes
+          selector: ""
+          namespce: default
+        injectFailure:
+          afterCheckpoint: 1000
+        expectations:
+          maxRecoveryTime: 5
+        safety: {dryRun: maybe}
+        """,
+    )
+    lines = error_of(path).splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        "workload.selector",
+        "workload.namespce",
+        "injectFailure.afterCheckpoint",
+        "expectations.maxRecoveryTime",
+        "safety.dryRun",
+    ]
+    numbers = [int(line.split(":")[1]) for line in lines]
+    assert numbers == [3, 4, 6, 8, 9]
+
+
+def test_every_problem_line_has_the_documented_shape(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "workload: {orchestrator: x}\ninjectFailure: 3\nexpectations: []\nfoo: 1\n"
+    )
+    lines = error_of(path).splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        match = LINE.match(line)
+        assert match, line
+        assert match["file"] == str(path)
+        assert "; allowed: " in line
+        assert "Input should" not in line
+
+
+def test_messages_keep_validator_jargon_out(tmp_path: Path) -> None:
+    path = write(tmp_path, "workload: {orchestrator: fake, fake: {workers: x, resume: 3}}\n" + REST)
+    message = error_of(path)
+    for jargon in ("Input should", "pydantic", "errors.pydantic.dev", "literal_error", "Traceback"):
+        assert jargon not in message
+
+
+# ------------------------------------------------------------------ durations
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("1.5s", 1.5),
+        ("250ms", 0.25),
+        ("0s", 0.0),
+        (" 2h ", 7200.0),
+        ("1m30s500ms", 90.5),
+    ],
+)
+def test_durations_parse_to_seconds(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.25, "250ms"),
+        (1.5, "1.5s"),
+        (90, "1m30s"),
+        (300, "5m"),
+        (5400, "1h30m"),
+        (3600, "1h"),
+        (630, "10m30s"),
+    ],
+)
+def test_durations_format_back_in_the_config_language(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+# ---------------------------------------------------------------- the reference
+
+DOCS = Path(__file__).parent.parent / "docs" / "config.md"
+
+
+def test_the_reference_documents_every_key() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    missing = [
+        f"{section}.{key}" if section else key
+        for section, key, _allowed in schema_keys()
+        if f"`{key}`" not in text and f"`fake.{key}`" not in text
+    ]
+    assert not missing, f"docs/config.md does not mention: {missing}"
+
+
+def test_every_complete_example_in_the_reference_is_valid(tmp_path: Path) -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(encoding="utf-8"), flags=re.S)
+    complete = [block for block in blocks if "workload:" in block and "expectations:" in block]
+    assert len(complete) >= 4
+    backends = {type(parse_config(block, tmp_path / "doc.yaml").workload) for block in complete}
+    assert backends == {FakeWorkload, LocalWorkload, KubernetesWorkload, SlurmWorkload}
