@@ -743,7 +743,8 @@ class _Problem:
     hint: str
 
     def render(self, file: str) -> str:
-        text = f"{file}:{self.line}: {self.path}: {self.problem} — got {self.got}"
+        where = f"{file}:{self.line}" if self.line else f"{file} (override)"
+        text = f"{where}: {self.path}: {self.problem} — got {self.got}"
         if self.allowed:
             text += f"; allowed: {self.allowed}"
         if self.hint:
@@ -1158,8 +1159,14 @@ def _line_for(path: tuple[Any, ...], where: dict[_PathKey, _Where]) -> int:
 # ------------------------------------------------------------------- public API
 
 
-def parse_config(text: str | bytes, source: Path) -> DrillConfig:
+def parse_config(
+    text: str | bytes, source: Path, overrides: Mapping[str, Any] | None = None
+) -> DrillConfig:
     """Validate the YAML ``text`` of the config file at ``source``.
+
+    ``overrides`` maps dotted YAML key paths (``expectations.maxRecoveryTime``) to values
+    written as in YAML (``"30s"``, ``"step-100"``); they replace or add keys before
+    validation (the pytest marker's ``overrides=``).
 
     ``source`` names the file in messages and anchors relative paths (its folder) and
     the default name (its stem); it need not exist. Raises :class:`ConfigError` listing
@@ -1254,6 +1261,18 @@ def parse_config(text: str | bytes, source: Path) -> DrillConfig:
             )
         )
 
+    for dotted, value in (overrides or {}).items():
+        node_data: Any = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            child = node_data.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node_data[key] = child
+            node_data = child
+        node_data[last] = value
+        reader.where[tuple(dotted.split("."))] = _Where(0, _describe(value))
+
     for reserved in _ROOT_ONLY_IN_PYTHON:
         if reserved in data:
             where = reader.where[(reserved,)]
@@ -1327,8 +1346,12 @@ def _source_line(text: str, line: int) -> str:
     return _shorten(repr(lines[line - 1])) if 0 < line <= len(lines) else "the end of the file"
 
 
-def load_config(path: str | os.PathLike[str]) -> DrillConfig:
-    """Read and validate the drill config file at ``path``; raise :class:`ConfigError`."""
+def load_config(
+    path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None
+) -> DrillConfig:
+    """Read and validate the drill config file at ``path``; raise :class:`ConfigError`.
+
+    ``overrides``: see :func:`parse_config`."""
     source = Path(path)
     file = str(source)
     try:
@@ -1340,7 +1363,7 @@ def load_config(path: str | os.PathLike[str]) -> DrillConfig:
                     0, "(file)", "is a folder, not a file", file, "a recovery-test.yaml file", hint
                 )
                 .render(file)
-                .replace(f"{file}:0:", f"{file}:", 1)
+                .replace(f"{file} (override):", f"{file}:", 1)
             )
         with source.open("rb") as handle:
             data = handle.read(MAX_CONFIG_BYTES + 1)  # more is refused unread
@@ -1359,7 +1382,7 @@ def load_config(path: str | os.PathLike[str]) -> DrillConfig:
             f"{file}: (file): cannot be read ({exc.strerror or exc}) — got {source.absolute()}; "
             "allowed: a readable YAML file"
         ) from None
-    return parse_config(data, source)
+    return parse_config(data, source, overrides)
 
 
 def dump_effective(config: DrillConfig) -> dict[str, Any]:

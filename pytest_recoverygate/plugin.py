@@ -197,26 +197,13 @@ def recovery_drill(request: pytest.FixtureRequest) -> RecoveryDrill:
 
 
 def _load(path: Path, overrides: dict[str, Any] | None) -> DrillConfig:
-    from pytest_recoverygate.config import load_config, parse_config
+    from pytest_recoverygate.config import load_config
     from pytest_recoverygate.errors import ConfigError
 
     try:
-        if not overrides:
-            return load_config(path)
-        import yaml
-
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for dotted, value in overrides.items():
-            node = data
-            *parents, last = dotted.split(".")
-            for key in parents:
-                node = node.setdefault(key, {})
-            node[last] = value
-        return parse_config(yaml.safe_dump(data), path)
+        return load_config(path, overrides)
     except ConfigError as exc:
         raise DrillFailed(f"invalid drill config:\n{exc}") from None
-    except OSError as exc:
-        raise DrillFailed(f"cannot read drill config {path}: {exc}") from None
 
 
 def _run_and_judge(

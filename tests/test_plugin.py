@@ -177,3 +177,21 @@ def test_an_invalid_config_fails_the_item_with_the_problem(pytester: pytest.Pyte
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*bad.yaml:3*workload.color*"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_a_bad_override_names_the_key_and_says_it_was_an_override(
+    pytester: pytest.Pytester,
+) -> None:
+    drill_file(pytester, name="drill.yaml")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.drill(config="drill.yaml", overrides={"expectations.maxRecoveryTime": "soon"})
+        def test_it(recovery_drill):
+            recovery_drill.run(check=True)
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*drill.yaml (override): expectations.maxRecoveryTime*soon*"])
