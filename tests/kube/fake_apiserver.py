@@ -1,0 +1,1346 @@
+"""A small Kubernetes API server for tests: pods, watch, delete and logs over real HTTP.
+
+Why it exists: no cluster can run here, and the mock libraries either ignore what the
+drill depends on (label selectors, resourceVersion, delete preconditions, pods/log) or
+patch the client so that no HTTP happens at all. This server speaks the wire protocol the
+real ``kubernetes`` client and ``kubectl`` use, so the adapter is tested through the real
+client, its urllib3 pool, its retries and its (de)serialisation.
+
+Standard library only. What it emulates (core/v1 pods in any namespace):
+
+- ``GET  /api/v1/namespaces/{ns}/pods``: list, ``labelSelector`` (equality and set-based),
+  ``watch=true`` with ``resourceVersion`` resume, ``timeoutSeconds``,
+  ``allowWatchBookmarks``; a resourceVersion older than the last :meth:`compact` gets
+  what the apiserver sends: HTTP 200, then an ``ERROR`` event carrying a 410 Status.
+- ``GET  /api/v1/namespaces/{ns}/pods/{name}`` and ``POST /api/v1/namespaces/{ns}/pods``.
+- ``DELETE /api/v1/namespaces/{ns}/pods/{name}``: ``DeleteOptions`` body with
+  ``preconditions.uid`` (409 Conflict on mismatch), ``gracePeriodSeconds`` (0: a MODIFIED
+  event with ``deletionTimestamp`` then DELETED), finalizers (the pod stays Terminating
+  until they are removed), ``dryRun=All`` (authorised and validated, nothing changes).
+- ``GET  /api/v1/namespaces/{ns}/pods/{name}/log``: ``follow``, ``timestamps`` (RFC 3339
+  with 9 fractional digits, as the kubelet writes them), ``sinceSeconds``, ``sinceTime``,
+  ``tailLines``, ``previous``, ``container``; 400 "is waiting to start" while the container
+  has not started; a followed stream ends when the container stops.
+- Status bodies for 400/401/403/404/409/410/429/500 shaped like the apiserver's; an RBAC
+  allow-list of (verb, resource) pairs; discovery (``/api``, ``/api/v1``, ``/apis``,
+  ``/version``) for kubectl.
+- Fault injection per request (:class:`Fault` from :attr:`FakeApiServer.fault_hook`):
+  delay, a Status error with ``Retry-After``, a TCP reset before or after acting, a stream
+  cut after N lines; :meth:`drop_streams` cuts every open stream at once.
+- A request log (:class:`LoggedRequest`): method, path, query, verb, resource, status,
+  whether a destructive change happened and to which pod instance.
+
+What it does not emulate: other resources and API groups, field selectors, pagination
+(``limit``/``continue`` are ignored, everything comes in one page), ``sendInitialEvents``,
+server-side apply, admission webhooks, protobuf, TLS and real authentication (a bearer
+token is checked only when one is configured), watch-cache lag, graceful termination
+timing beyond "after ``gracePeriodSeconds``", and the kubelet and operators (the helpers
+in :mod:`tests.kube.fake_cluster` play those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import re
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = [
+    "RBAC_DRILL_RULES",
+    "ContainerLog",
+    "FakeApiServer",
+    "Fault",
+    "LoggedRequest",
+    "RequestInfo",
+    "format_timestamp",
+    "parse_selector",
+]
+
+Pod = dict[str, Any]
+
+#: The permissions a drill needs, exactly as examples/kubernetes/rbac.yaml grants them.
+RBAC_DRILL_RULES: frozenset[tuple[str, str]] = frozenset(
+    {("list", "pods"), ("watch", "pods"), ("delete", "pods"), ("get", "pods/log")}
+)
+
+
+def format_timestamp(ts: float) -> str:
+    """The kubelet's log timestamp: RFC 3339, UTC, always 9 fractional digits."""
+    whole = int(ts)
+    nanos = round((ts - whole) * 1e9)
+    if nanos >= 1_000_000_000:
+        whole, nanos = whole + 1, nanos - 1_000_000_000
+    base = datetime.fromtimestamp(whole, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{base}.{nanos:09d}Z"
+
+
+def _rfc3339(ts: float) -> str:
+    """Object timestamps (creationTimestamp, deletionTimestamp): second resolution."""
+    return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_rfc3339(text: str) -> float:
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z", text)
+    if match is None:
+        raise ValueError(text)
+    base = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    frac = match.group(2) or "0"
+    return base.timestamp() + int(frac) / 10.0 ** len(frac)
+
+
+# ---------------------------------------------------------------------- label selectors
+
+Requirement = tuple[str, str, frozenset[str]]  # (key, operator, values)
+
+_KEY = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
+_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def parse_selector(text: str) -> list[Requirement]:
+    """A label selector as the apiserver parses it; ValueError when it is invalid."""
+    requirements: list[Requirement] = []
+    if not text.strip():
+        return requirements
+    for raw in _split_top_level(text):
+        part = raw.strip()
+        set_match = re.fullmatch(rf"({_KEY})\s+(in|notin)\s*\((.*)\)", part)
+        if set_match:
+            values = frozenset(v.strip() for v in set_match.group(4).split(",") if v.strip())
+            for value in values:
+                if not re.fullmatch(_VALUE, value):
+                    raise ValueError(f"invalid label value: {value!r}")
+            requirements.append((set_match.group(1), set_match.group(3), values))
+            continue
+        eq_match = re.fullmatch(rf"({_KEY})\s*(==|!=|=)\s*(.*)", part)
+        if eq_match:
+            key, op, value = eq_match.group(1), eq_match.group(3), eq_match.group(4).strip()
+            if not re.fullmatch(_VALUE, value):
+                raise ValueError(f"invalid label value: {value!r}")
+            requirements.append((key, "!=" if op == "!=" else "=", frozenset({value})))
+            continue
+        exists = re.fullmatch(rf"(!?)\s*({_KEY})", part)
+        if exists:
+            requirements.append(
+                (exists.group(2), "!" if exists.group(1) else "exists", frozenset())
+            )
+            continue
+        raise ValueError(f"unable to parse requirement: {part!r}")
+    return requirements
+
+
+def selector_matches(requirements: list[Requirement], labels: dict[str, str]) -> bool:
+    for key, op, values in requirements:
+        present = key in labels
+        if op in ("=", "in") and not (present and labels[key] in values):
+            return False
+        if op in ("!=", "notin") and present and labels[key] in values:
+            return False
+        if op == "exists" and not present:
+            return False
+        if op == "!" and present:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------- faults and log
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What the fault hook sees of a request before the server acts on it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+    body: dict[str, Any] | None
+    seq: int
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What to do to one request; the fields compose (delay, then the rest).
+
+    ``reset_before``: close the TCP connection with a reset before acting (the client sees a
+    connection error and nothing happened). ``reset_after``: act, then reset instead of
+    answering (the client cannot know it happened). ``status``: answer with that Status
+    code (and ``Retry-After`` when given) without acting. ``drop_after_lines``: for watch and
+    log streams, reset the connection after that many lines.
+    """
+
+    delay: float = 0.0
+    status: int | None = None
+    retry_after: int | None = None
+    message: str = ""
+    reset_before: bool = False
+    reset_after: bool = False
+    drop_after_lines: int | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.delay:
+            parts.append(f"delay {self.delay:g}s")
+        if self.status is not None:
+            parts.append(f"status {self.status}")
+        if self.reset_before:
+            parts.append("reset before acting")
+        if self.reset_after:
+            parts.append("reset after acting")
+        if self.drop_after_lines is not None:
+            parts.append(f"drop after {self.drop_after_lines} lines")
+        return ", ".join(parts) or "none"
+
+
+FaultHook = Callable[[RequestInfo], "Fault | None"]
+
+
+@dataclass
+class LoggedRequest:
+    """One request as the server saw it. ``acted``: a destructive change was made."""
+
+    seq: int
+    time: float
+    method: str
+    path: str
+    query: dict[str, str]
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+    status: int | None = None  # None: the connection was reset instead of answered
+    acted: bool = False
+    dry_run: bool = False
+    precondition_uid: str | None = None
+    target_uid: str | None = None  # the pod instance a delete reached
+    fault: str = ""
+    lines_sent: int = 0
+
+
+@dataclass
+class ContainerLog:
+    """One container instance's output; a restart starts a new instance."""
+
+    name: str
+    state: str = "waiting"  # waiting | running | terminated
+    waiting_reason: str = "ContainerCreating"
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+class _Reset(Exception):
+    """Raised inside a handler to reset the client's connection."""
+
+
+# ---------------------------------------------------------------------- the server
+
+
+class FakeApiServer:
+    """The store, the watch history and the HTTP front end, on 127.0.0.1:<free port>.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. All state sits behind
+    one condition variable; watchers and log followers wait on it.
+    """
+
+    def __init__(
+        self,
+        *,
+        allowed: frozenset[tuple[str, str]] | None = None,
+        token: str | None = None,
+        bookmark_interval: float = 1.0,
+        server_version: str = "v1.33.1",
+    ) -> None:
+        self.allowed = allowed
+        self.token = token
+        self.bookmark_interval = bookmark_interval
+        self.server_version = server_version
+        self.user = "system:serviceaccount:default:recoverygate"
+        self.fault_hook: FaultHook | None = None
+        self.requests: list[LoggedRequest] = []
+        self._cond = threading.Condition()
+        self._rv = 1000
+        self._pods: dict[tuple[str, str], Pod] = {}
+        self._history: list[tuple[int, str, Pod, Pod | None]] = []
+        self._last: dict[str, Pod] = {}
+        self._compacted_rv = 0
+        self._logs: dict[str, dict[str, ContainerLog]] = {}
+        self._previous: dict[str, dict[str, ContainerLog]] = {}
+        self._subscribers: list[Callable[[str, Pod], None]] = []
+        self._stream_generation = 0
+        self._closing = False
+        self._seq = 0
+        self._timers: list[threading.Timer] = []
+        self._connections: set[socket.socket] = set()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeApiServer:
+        server = self
+
+        class Handler(_Handler):
+            api = server
+
+        httpd = _QuietServer(("127.0.0.1", 0), Handler)
+        httpd.daemon_threads = True
+        httpd.block_on_close = False
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, name="fake-apiserver", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._closing = True
+            timers = list(self._timers)
+            self._cond.notify_all()
+        for timer in timers:
+            timer.cancel()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        for conn in list(self._connections):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "start() the server first"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def write_kubeconfig(
+        self, path: Path, *, namespace: str = "default", context: str = "fake"
+    ) -> Path:
+        """A kubeconfig whose current context points at this server (JSON is valid YAML)."""
+        user: dict[str, Any] = {"token": self.token} if self.token else {}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake-user", "user": user}],
+            "contexts": [
+                {
+                    "name": context,
+                    "context": {"cluster": "fake", "user": "fake-user", "namespace": namespace},
+                }
+            ],
+            "current-context": context,
+            "preferences": {},
+        }
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    # ------------------------------------------------------------------ store API (helpers)
+
+    def subscribe(self, callback: Callable[[str, Pod], None]) -> None:
+        """Call ``callback(event_type, pod_copy)`` after every change (outside the lock)."""
+        with self._cond:
+            self._subscribers.append(callback)
+
+    def create_pod(self, pod: Pod) -> Pod:
+        """Store a new pod (``generateName`` honoured); returns the stored copy."""
+        with self._cond:
+            created = self._create_locked(copy.deepcopy(pod))
+        self._notify("ADDED", created)
+        return created
+
+    def update_pod(self, namespace: str, name: str, mutate: Callable[[Pod], None]) -> Pod:
+        """Apply ``mutate`` to the stored pod and record a MODIFIED event."""
+        with self._cond:
+            pod = self._pods[(namespace, name)]
+            mutate(pod)
+            updated = self._touch_locked(pod, "MODIFIED")
+            # Removing the last finalizer of a terminating pod completes its deletion.
+            if pod["metadata"].get("deletionTimestamp") and not pod["metadata"].get("finalizers"):
+                self._remove_locked(pod)
+                removed = copy.deepcopy(pod)
+            else:
+                removed = None
+        self._notify("MODIFIED", updated)
+        if removed is not None:
+            self._notify("DELETED", removed)
+        return updated
+
+    def get_pod(self, namespace: str, name: str) -> Pod | None:
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def pods(self, namespace: str | None = None) -> list[Pod]:
+        with self._cond:
+            return [
+                copy.deepcopy(p)
+                for (ns, _), p in sorted(self._pods.items())
+                if namespace in (None, ns)
+            ]
+
+    def remove_finalizers(self, namespace: str, name: str) -> None:
+        if self.get_pod(namespace, name) is None:
+            return
+        self.update_pod(namespace, name, lambda pod: pod["metadata"].pop("finalizers", None))
+
+    def start_container(self, namespace: str, name: str, container: str | None = None) -> None:
+        """The kubelet started the container: phase Running, logs can be read."""
+
+        def mutate(pod: Pod) -> None:
+            uid = pod["metadata"]["uid"]
+            cname = container or pod["spec"]["containers"][0]["name"]
+            log = self._logs[uid][cname]
+            if log.state == "terminated":  # a restart: keep the old instance as "previous"
+                self._previous.setdefault(uid, {})[cname] = log
+                log = self._logs[uid][cname] = ContainerLog(cname)
+                self._bump_restart(pod, cname)
+            log.state = "running"
+            pod["status"]["phase"] = "Running"
+            pod["status"].setdefault("startTime", _rfc3339(time.time()))
+            self._set_container_status(
+                pod, cname, {"running": {"startedAt": _rfc3339(time.time())}}, ready=True
+            )
+
+        self.update_pod(namespace, name, mutate)
+
+    def stop_container(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        exit_code: int = 0,
+        container: str | None = None,
+        phase: str | None = None,
+    ) -> None:
+        """The container exited: followers of its log see the end of the stream."""
+
+        def mutate(pod: Pod) -> None:
+            cname = container or pod["spec"]["containers"][0]["name"]
+            self._terminate_log(pod["metadata"]["uid"], cname, exit_code)
+            reason = "Completed" if exit_code == 0 else "Error"
+            state = {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": reason,
+                    "finishedAt": _rfc3339(time.time()),
+                }
+            }
+            self._set_container_status(pod, cname, state, ready=False)
+            if phase is not None:
+                pod["status"]["phase"] = phase
+
+        self.update_pod(namespace, name, mutate)
+
+    def set_waiting(
+        self, namespace: str, name: str, reason: str, *, container: str | None = None
+    ) -> None:
+        """Container waiting (e.g. ``CrashLoopBackOff``); its last instance's log stays readable."""
+
+        def mutate(pod: Pod) -> None:
+            cname = container or pod["spec"]["containers"][0]["name"]
+            self._set_container_status(pod, cname, {"waiting": {"reason": reason}}, ready=False)
+
+        self.update_pod(namespace, name, mutate)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        self.update_pod(namespace, name, lambda pod: pod["status"].__setitem__("phase", phase))
+
+    def append_log(
+        self,
+        namespace: str,
+        name: str,
+        text: str,
+        *,
+        container: str | None = None,
+        ts: float | None = None,
+    ) -> bool:
+        """Append a line (no newline) to the running container; False if none is running."""
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                return False
+            cname = container or pod["spec"]["containers"][0]["name"]
+            log = self._logs[pod["metadata"]["uid"]][cname]
+            if log.state != "running":
+                return False
+            log.lines.append((time.time() if ts is None else ts, text))
+            self._cond.notify_all()
+            return True
+
+    def compact(self) -> int:
+        """Forget the watch history: a watch from any older resourceVersion gets 410."""
+        with self._cond:
+            self._compacted_rv = self._rv
+            self._history.clear()
+            self._cond.notify_all()
+            return self._rv
+
+    def drop_streams(self) -> None:
+        """Reset every open watch and log stream (as a load balancer or apiserver restart would)."""
+        with self._cond:
+            self._stream_generation += 1
+            self._cond.notify_all()
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def deletes(self, *, acted_only: bool = False) -> list[LoggedRequest]:
+        with self._cond:
+            return [
+                r for r in self.requests if r.method == "DELETE" and (r.acted or not acted_only)
+            ]
+
+    def requests_outside(
+        self, rules: frozenset[tuple[str, str]] = RBAC_DRILL_RULES
+    ) -> list[LoggedRequest]:
+        """Logged resource requests whose (verb, resource) is not in ``rules``."""
+        with self._cond:
+            return [r for r in self.requests if r.resource and (r.verb, r.resource) not in rules]
+
+    # ------------------------------------------------------------------ internals (locked)
+
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _create_locked(self, pod: Pod) -> Pod:
+        meta = pod.setdefault("metadata", {})
+        namespace = meta.setdefault("namespace", "default")
+        if not meta.get("name"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if (namespace, meta["name"]) in self._pods:
+            raise KeyError(f"pod {namespace}/{meta['name']} already exists")
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = _rfc3339(time.time())
+        meta.setdefault("labels", {})
+        pod.setdefault("apiVersion", "v1")
+        pod.setdefault("kind", "Pod")
+        spec = pod.setdefault("spec", {})
+        spec.setdefault("containers", [{"name": "main", "image": "busybox"}])
+        status = pod.setdefault("status", {})
+        status.setdefault("phase", "Pending")
+        self._logs[meta["uid"]] = {c["name"]: ContainerLog(c["name"]) for c in spec["containers"]}
+        for container in spec["containers"]:
+            self._set_container_status(
+                pod, container["name"], {"waiting": {"reason": "ContainerCreating"}}, ready=False
+            )
+        self._pods[(namespace, meta["name"])] = pod
+        return self._touch_locked(pod, "ADDED")
+
+    def _touch_locked(self, pod: Pod, event: str) -> Pod:
+        uid = pod["metadata"]["uid"]
+        old = self._last.get(uid)
+        pod["metadata"]["resourceVersion"] = str(self._next_rv())
+        snapshot = copy.deepcopy(pod)
+        self._last[uid] = snapshot
+        self._history.append((self._rv, event, snapshot, old))
+        self._cond.notify_all()
+        return copy.deepcopy(snapshot)
+
+    def _remove_locked(self, pod: Pod) -> None:
+        meta = pod["metadata"]
+        self._pods.pop((meta["namespace"], meta["name"]), None)
+        for cname in list(self._logs.get(meta["uid"], {})):
+            self._terminate_log(meta["uid"], cname, 137)
+        meta["resourceVersion"] = str(self._next_rv())
+        self._history.append(
+            (self._rv, "DELETED", copy.deepcopy(pod), self._last.pop(meta["uid"], None))
+        )
+        self._cond.notify_all()
+
+    def _terminate_log(self, uid: str, cname: str, exit_code: int) -> None:
+        log = self._logs.get(uid, {}).get(cname)
+        if log is not None and log.state != "terminated":
+            log.state = "terminated"
+            log.exit_code = exit_code
+        self._cond.notify_all()
+
+    @staticmethod
+    def _set_container_status(pod: Pod, cname: str, state: dict[str, Any], *, ready: bool) -> None:
+        statuses = pod["status"].setdefault("containerStatuses", [])
+        for entry in statuses:
+            if entry["name"] == cname:
+                if "terminated" in entry["state"]:
+                    entry["lastState"] = entry["state"]
+                entry["state"] = state
+                entry["ready"] = ready
+                entry["started"] = ready
+                return
+        image = next(
+            (c.get("image", "") for c in pod["spec"]["containers"] if c["name"] == cname), ""
+        )
+        statuses.append(
+            {
+                "name": cname,
+                "image": image,
+                "imageID": "",
+                "ready": ready,
+                "restartCount": 0,
+                "started": ready,
+                "state": state,
+            }
+        )
+
+    @staticmethod
+    def _bump_restart(pod: Pod, cname: str) -> None:
+        for entry in pod["status"].get("containerStatuses", []):
+            if entry["name"] == cname:
+                entry["restartCount"] = entry.get("restartCount", 0) + 1
+
+    def _notify(self, event: str, pod: Pod) -> None:
+        with self._cond:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            callback(event, copy.deepcopy(pod))
+
+    def _schedule(self, delay: float, action: Callable[[], None]) -> None:
+        timer = threading.Timer(delay, action)
+        timer.daemon = True
+        with self._cond:
+            if self._closing:
+                return
+            self._timers.append(timer)
+        timer.start()
+
+    # ------------------------------------------------------------------ request handling
+
+    def _log_request(self, entry: LoggedRequest) -> None:
+        with self._cond:
+            self.requests.append(entry)
+
+    def _seq_next(self) -> int:
+        with self._cond:
+            self._seq += 1
+            return self._seq
+
+    def _delete(
+        self,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        query: dict[str, str],
+        entry: LoggedRequest,
+    ) -> tuple[int, dict[str, Any]]:
+        preconditions = body.get("preconditions") or {}
+        entry.precondition_uid = preconditions.get("uid")
+        grace = query.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
+        grace_s = 30 if grace is None else int(grace)
+        dry_run = query.get("dryRun") == "All" or body.get("dryRun") == ["All"]
+        entry.dry_run = dry_run
+        if query.get("dryRun") not in (None, "All"):
+            return 400, _status(400, "BadRequest", f"unsupported dry run value {query['dryRun']!r}")
+        removed: Pod | None = None
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
+            uid = pod["metadata"]["uid"]
+            if entry.precondition_uid is not None and entry.precondition_uid != uid:
+                message = (
+                    f'Operation cannot be fulfilled on pods "{name}": Precondition failed: '
+                    f"UID in precondition: {entry.precondition_uid}, UID in object meta: {uid}"
+                )
+                return 409, _status(409, "Conflict", message, name=name)
+            if dry_run:
+                preview = copy.deepcopy(pod)
+                preview["metadata"].setdefault("deletionTimestamp", _rfc3339(time.time() + grace_s))
+                preview["metadata"]["deletionGracePeriodSeconds"] = grace_s
+                return 200, preview
+            entry.target_uid = uid
+            entry.acted = True
+            already = bool(pod["metadata"].get("deletionTimestamp"))
+            if not already or grace_s < pod["metadata"].get("deletionGracePeriodSeconds", 30):
+                pod["metadata"]["deletionTimestamp"] = _rfc3339(time.time() + grace_s)
+                pod["metadata"]["deletionGracePeriodSeconds"] = grace_s
+            updated = self._touch_locked(pod, "MODIFIED")
+            if grace_s == 0:
+                for cname in list(self._logs.get(uid, {})):
+                    self._terminate_log(uid, cname, 137)
+                if not pod["metadata"].get("finalizers"):
+                    self._remove_locked(pod)
+                    removed = copy.deepcopy(pod)
+            result = removed if removed is not None else updated
+        self._notify("MODIFIED", updated)
+        if removed is not None:
+            self._notify("DELETED", removed)
+        elif grace_s > 0:
+            self._schedule(grace_s, lambda: self._finish_graceful(namespace, name, uid))
+        return 200, result
+
+    def _finish_graceful(self, namespace: str, name: str, uid: str) -> None:
+        """The kubelet killed the containers after the grace period."""
+        removed = None
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            if pod is None or pod["metadata"]["uid"] != uid:
+                return
+            for cname in list(self._logs.get(uid, {})):
+                self._terminate_log(uid, cname, 137)
+            if not pod["metadata"].get("finalizers"):
+                self._remove_locked(pod)
+                removed = copy.deepcopy(pod)
+        if removed is not None:
+            self._notify("DELETED", removed)
+
+    def _watch_events(
+        self, namespace: str, requirements: list[Requirement], since: int
+    ) -> tuple[list[tuple[str, Pod]], int, bool]:
+        """Events after ``since`` as the watcher should see them; (events, cursor, expired)."""
+        if since < self._compacted_rv:
+            return [], since, True
+        out: list[tuple[str, Pod]] = []
+        cursor = since
+        for rv, event, obj, old in self._history:
+            if rv <= since:
+                continue
+            cursor = rv
+            if obj["metadata"].get("namespace") != namespace:
+                continue
+            now_match = selector_matches(requirements, obj["metadata"].get("labels", {}))
+            was_match = old is not None and selector_matches(
+                requirements, old["metadata"].get("labels", {})
+            )
+            if event == "MODIFIED" and now_match and not was_match:
+                out.append(("ADDED", obj))
+            elif event == "MODIFIED" and was_match and not now_match:
+                out.append(("DELETED", obj))
+            elif now_match:
+                out.append((event, obj))
+        return out, max(cursor, since), False
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Connections reset on purpose are not worth a traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
+
+
+def _status(
+    code: int, reason: str, message: str, *, name: str = "", kind: str = "pods"
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if name:
+        body["details"] = {"name": name, "kind": kind}
+    return body
+
+
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Expired",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+#: What Go's strconv.ParseBool reads as true: client 35 sends "True", client 37 "true".
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+_POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)(?:/(log))?)?$")
+
+
+def _classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str]:
+    """(verb, resource, namespace, name) as the apiserver's RBAC would see the request."""
+    match = _POD_PATH.match(path)
+    if match is None:
+        return ("get", "", "", "") if method == "GET" else (method.lower(), "", "", "")
+    namespace, name, sub = match.group(1), match.group(2) or "", match.group(3)
+    resource = "pods/log" if sub else "pods"
+    if method == "GET":
+        if sub or name:
+            return "get", resource, namespace, name
+        verb = "watch" if query.get("watch") in _TRUE else "list"
+        return verb, resource, namespace, name
+    verbs = {
+        "DELETE": "delete" if name else "deletecollection",
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+    }
+    return verbs.get(method, method.lower()), resource, namespace, name
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, chunked streaming, and resets on demand."""
+
+    api: FakeApiServer
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-kube-apiserver"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: the request log is the record."""
+
+    def setup(self) -> None:
+        super().setup()
+        with self.api._cond:
+            self.api._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            super().finish()
+        with self.api._cond:
+            self.api._connections.discard(self.connection)
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_PATCH(self) -> None:
+        self._dispatch()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _reset(self) -> None:
+        """Close with RST: the client sees 'connection reset by peer'."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with contextlib.suppress(OSError):
+            self.connection.close()
+
+    def _send_json(
+        self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_chunked(self, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _end_chunked(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _read_body(self) -> dict[str, Any] | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return None
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return {"_invalid": raw.decode("utf-8", "replace")}
+        return body if isinstance(body, dict) else {"_invalid": body}
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self) -> None:
+        api = self.api
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        verb, resource, namespace, name = _classify(self.command, split.path, query)
+        body = self._read_body()
+        seq = api._seq_next()
+        entry = LoggedRequest(
+            seq=seq,
+            time=time.time(),
+            method=self.command,
+            path=split.path,
+            query=query,
+            verb=verb,
+            resource=resource,
+            namespace=namespace,
+            name=name,
+        )
+        api._log_request(entry)
+        info = RequestInfo(
+            self.command, split.path, query, verb, resource, namespace, name, body, seq
+        )
+        fault = api.fault_hook(info) if api.fault_hook is not None else None
+        if fault is not None:
+            entry.fault = fault.describe()
+            if fault.delay:
+                time.sleep(fault.delay)
+            if fault.reset_before:
+                self._reset()
+                return
+            if fault.status is not None:
+                headers = (
+                    {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+                )
+                reason = _REASONS.get(fault.status, "InternalError")
+                message = fault.message or f"injected fault: {reason}"
+                entry.status = fault.status
+                self._send_json(fault.status, _status(fault.status, reason, message), headers)
+                return
+        try:
+            self._route(split.path, query, body, verb, resource, namespace, name, entry, fault)
+        except _Reset:
+            self._reset()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _route(
+        self,
+        path: str,
+        query: dict[str, str],
+        body: dict[str, Any] | None,
+        verb: str,
+        resource: str,
+        namespace: str,
+        name: str,
+        entry: LoggedRequest,
+        fault: Fault | None,
+    ) -> None:
+        api = self.api
+        if api.token is not None and self.headers.get("Authorization") != f"Bearer {api.token}":
+            entry.status = 401
+            self._send_json(401, _status(401, "Unauthorized", "Unauthorized"))
+            return
+        if not resource:
+            self._discovery(path, entry)
+            return
+        if api.allowed is not None and (verb, resource) not in api.allowed:
+            what = f'pods "{name}"' if name else "pods"
+            message = (
+                f'{what} is forbidden: User "{api.user}" cannot {verb} resource "{resource}" '
+                f'in API group "" in the namespace "{namespace}"'
+            )
+            entry.status = 403
+            self._send_json(403, _status(403, "Forbidden", message, name=name))
+            return
+        reset_after = fault is not None and fault.reset_after
+        drop_after = fault.drop_after_lines if fault is not None else None
+        if resource == "pods/log":
+            self._log(namespace, name, query, entry, drop_after, reset_after)
+            return
+        if verb == "delete":
+            code, result = api._delete(namespace, name, body or {}, query, entry)
+            if reset_after:
+                raise _Reset
+            entry.status = code
+            self._send_json(code, result)
+            return
+        if verb == "create":
+            pod = dict(body or {})
+            pod.setdefault("metadata", {})["namespace"] = namespace
+            try:
+                created = api.create_pod(pod)
+            except KeyError as exc:
+                entry.status = 409
+                self._send_json(409, _status(409, "AlreadyExists", str(exc)))
+                return
+            entry.acted = True
+            if reset_after:
+                raise _Reset
+            entry.status = 201
+            self._send_json(201, created)
+            return
+        if verb == "get":
+            found = api.get_pod(namespace, name)
+            if found is None:
+                entry.status = 404
+                self._send_json(
+                    404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
+                )
+                return
+            if reset_after:
+                raise _Reset
+            entry.status = 200
+            self._send_json(200, found)
+            return
+        try:
+            requirements = parse_selector(query.get("labelSelector", ""))
+        except ValueError as exc:
+            entry.status = 400
+            self._send_json(400, _status(400, "BadRequest", f"unable to parse requirement: {exc}"))
+            return
+        if verb == "list":
+            with api._cond:
+                items = [
+                    copy.deepcopy(p)
+                    for (ns, _), p in sorted(api._pods.items())
+                    if ns == namespace
+                    and selector_matches(requirements, p["metadata"].get("labels", {}))
+                ]
+                rv = api._rv
+            if reset_after:
+                raise _Reset
+            entry.status = 200
+            self._send_json(
+                200,
+                {
+                    "kind": "PodList",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(rv)},
+                    "items": items,
+                },
+            )
+            return
+        if verb == "watch":
+            self._watch(namespace, requirements, query, entry, drop_after, reset_after)
+            return
+        entry.status = 405
+        self._send_json(
+            405, _status(405, "MethodNotAllowed", f"{verb} is not supported by the fake")
+        )
+
+    def _discovery(self, path: str, entry: LoggedRequest) -> None:
+        api = self.api
+        bodies: dict[str, dict[str, Any]] = {
+            "/version": {
+                "major": "1",
+                "minor": api.server_version.split(".")[1],
+                "gitVersion": api.server_version,
+                "platform": "linux/amd64",
+                "goVersion": "go1.24.0",
+                "compiler": "gc",
+                "gitCommit": "0" * 40,
+                "gitTreeState": "clean",
+                "buildDate": "2026-01-01T00:00:00Z",
+            },
+            "/api": {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": api.url.split("//")[1]}
+                ],
+            },
+            "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+            "/api/v1": {
+                "kind": "APIResourceList",
+                "groupVersion": "v1",
+                "resources": [
+                    {
+                        "name": "pods",
+                        "singularName": "pod",
+                        "namespaced": True,
+                        "kind": "Pod",
+                        "verbs": [
+                            "create",
+                            "delete",
+                            "deletecollection",
+                            "get",
+                            "list",
+                            "patch",
+                            "update",
+                            "watch",
+                        ],
+                        "shortNames": ["po"],
+                        "categories": ["all"],
+                    },
+                    {
+                        "name": "pods/log",
+                        "singularName": "",
+                        "namespaced": True,
+                        "kind": "Pod",
+                        "verbs": ["get"],
+                    },
+                ],
+            },
+        }
+        body = bodies.get(path)
+        if body is None:
+            entry.status = 404
+            self._send_json(
+                404, _status(404, "NotFound", "the server could not find the requested resource")
+            )
+            return
+        entry.status = 200
+        self._send_json(200, body)
+
+    def _watch(
+        self,
+        namespace: str,
+        requirements: list[Requirement],
+        query: dict[str, str],
+        entry: LoggedRequest,
+        drop_after: int | None,
+        reset_after: bool,
+    ) -> None:
+        api = self.api
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") in _TRUE
+        rv_param = query.get("resourceVersion", "")
+        deadline = time.monotonic() + timeout
+        with api._cond:
+            generation = api._stream_generation
+            initial: list[tuple[str, Pod]] = []
+            if rv_param in ("", "0"):
+                initial = [
+                    ("ADDED", copy.deepcopy(p))
+                    for (ns, _), p in sorted(api._pods.items())
+                    if ns == namespace
+                    and selector_matches(requirements, p["metadata"].get("labels", {}))
+                ]
+                cursor = api._rv
+            else:
+                try:
+                    cursor = int(rv_param)
+                except ValueError:
+                    entry.status = 400
+                    self._send_json(
+                        400, _status(400, "BadRequest", f"invalid resource version {rv_param!r}")
+                    )
+                    return
+        entry.status = 200
+        self._start_chunked("application/json")
+        if reset_after:
+            raise _Reset
+        sent = 0
+
+        def emit(event: str, obj: dict[str, Any]) -> None:
+            nonlocal sent
+            if drop_after is not None and sent >= drop_after:
+                raise _Reset
+            self._chunk(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+            sent += 1
+            entry.lines_sent = sent
+
+        for event, obj in initial:
+            emit(event, obj)
+        next_bookmark = time.monotonic() + api.bookmark_interval
+        while True:
+            with api._cond:
+                while True:
+                    if api._closing or api._stream_generation != generation:
+                        dropped = True
+                        break
+                    events, new_cursor, expired = api._watch_events(namespace, requirements, cursor)
+                    now = time.monotonic()
+                    if (
+                        events
+                        or expired
+                        or new_cursor != cursor
+                        or now >= deadline
+                        or (bookmarks and now >= next_bookmark)
+                    ):
+                        dropped = False
+                        break
+                    wake = min(deadline, next_bookmark if bookmarks else deadline)
+                    api._cond.wait(max(0.0, min(wake - now, 0.5)))
+                current_rv = api._rv
+            if dropped:
+                raise _Reset
+            if expired:
+                message = f"too old resource version: {cursor} ({api._compacted_rv})"
+                emit("ERROR", _status(410, "Expired", message))
+                self._end_chunked()
+                return
+            for event, obj in events:
+                emit(event, obj)
+            cursor = new_cursor
+            now = time.monotonic()
+            if bookmarks and now >= next_bookmark:
+                emit(
+                    "BOOKMARK",
+                    {
+                        "kind": "Pod",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(current_rv)},
+                    },
+                )
+                cursor = max(cursor, current_rv)
+                next_bookmark = now + api.bookmark_interval
+            if now >= deadline:
+                self._end_chunked()
+                return
+
+    def _log(
+        self,
+        namespace: str,
+        name: str,
+        query: dict[str, str],
+        entry: LoggedRequest,
+        drop_after: int | None,
+        reset_after: bool,
+    ) -> None:
+        api = self.api
+        follow = query.get("follow") in _TRUE
+        timestamps = query.get("timestamps") in _TRUE
+        previous = query.get("previous") in _TRUE
+        with api._cond:
+            generation = api._stream_generation
+            pod = api._pods.get((namespace, name))
+            if pod is None:
+                entry.status = 404
+                self._send_json(
+                    404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
+                )
+                return
+            containers = [c["name"] for c in pod["spec"]["containers"]]
+            cname = query.get("container")
+            if cname is None:
+                if len(containers) != 1:
+                    message = (
+                        f"a container name must be specified for pod {name}, "
+                        f"choose one of: [{' '.join(containers)}]"
+                    )
+                    entry.status = 400
+                    self._send_json(400, _status(400, "BadRequest", message))
+                    return
+                cname = containers[0]
+            if cname not in containers:
+                entry.status = 400
+                self._send_json(
+                    400,
+                    _status(400, "BadRequest", f"container {cname} is not valid for pod {name}"),
+                )
+                return
+            uid = pod["metadata"]["uid"]
+            log = (api._previous.get(uid, {}) if previous else api._logs[uid]).get(cname)
+            if previous and log is None:
+                entry.status = 400
+                self._send_json(
+                    400,
+                    _status(
+                        400,
+                        "BadRequest",
+                        f'previous terminated container "{cname}" in pod "{name}" not found',
+                    ),
+                )
+                return
+            assert log is not None
+            if log.state == "waiting":
+                message = (
+                    f'container "{cname}" in pod "{name}" is waiting to start: {log.waiting_reason}'
+                )
+                entry.status = 400
+                self._send_json(400, _status(400, "BadRequest", message))
+                return
+            lines = list(log.lines)
+            position = len(lines)
+        since = None
+        if "sinceSeconds" in query:
+            since = time.time() - int(query["sinceSeconds"])
+        elif "sinceTime" in query:
+            since = _parse_rfc3339(query["sinceTime"])
+        if since is not None:
+            lines = [line for line in lines if line[0] >= since]
+        if "tailLines" in query:
+            tail = int(query["tailLines"])
+            lines = lines[-tail:] if tail > 0 else []
+
+        def render(ts: float, text: str) -> bytes:
+            return ((format_timestamp(ts) + " " if timestamps else "") + text + "\n").encode()
+
+        if not follow:
+            data = b"".join(render(ts, text) for ts, text in lines)
+            if reset_after:
+                raise _Reset
+            entry.status = 200
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        entry.status = 200
+        self._start_chunked("text/plain")
+        if reset_after:
+            raise _Reset
+        sent = 0
+
+        def emit(ts: float, text: str) -> None:
+            nonlocal sent
+            if drop_after is not None and sent >= drop_after:
+                raise _Reset
+            self._chunk(render(ts, text))
+            sent += 1
+            entry.lines_sent = sent
+
+        for ts, text in lines:
+            emit(ts, text)
+        while True:
+            with api._cond:
+                while True:
+                    if api._closing or api._stream_generation != generation:
+                        raise _Reset
+                    fresh = log.lines[position:]
+                    if fresh or log.state == "terminated":
+                        break
+                    api._cond.wait(0.5)
+                position += len(fresh)
+                ended = log.state == "terminated" and position >= len(log.lines)
+            for ts, text in fresh:
+                emit(ts, text)
+            if ended:
+                self._end_chunked()
+                return
+
+
+def iter_lines(stream: Iterator[bytes]) -> Iterator[bytes]:
+    """Split a byte-chunk iterator into lines (tests read raw responses with it)."""
+    buffer = b""
+    for chunk in stream:
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line
+    if buffer:
+        yield buffer

@@ -1,0 +1,301 @@
+"""Test helpers that play the kubelet, the Kubeflow operator and the training processes.
+
+:class:`FakeTrainingJob` puts one job's pods into a :class:`FakeApiServer` and reacts to
+deletes the way the real controllers do:
+
+- PyTorchJob (Training Operator v1): the deleted pod is recreated under the *same name*
+  with a new uid, Pending, then Running after ``start_delay``.
+- TrainJob (Trainer v2, via JobSet and a batch Job): a new pod with a *new name* is
+  created at once, while the Job's ``batch.kubernetes.io/job-tracking`` finalizer keeps the
+  old pod Terminating for ``finalizer_delay``.
+
+Meanwhile the reporting rank writes RECOVERYGATE/v1 lines (formatted by the real
+``recoverygate.wire``) to its container log: start, progress every step, a checkpoint
+every ``checkpoint_every`` steps. When a worker dies the group stops, and when the
+replacement runs a new incarnation starts from the last checkpoint (``resume="latest"``)
+or from step 0 (``resume="zero"``, the bug RecoveryGate exists to catch).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from typing import Any
+
+from recoverygate import wire
+
+from tests.kube.fake_apiserver import FakeApiServer
+
+Pod = dict[str, Any]
+
+NAMESPACE = "training"
+
+
+def _container(name: str, rank_env: int | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": name, "image": "ghcr.io/example/train:1"}
+    if rank_env is not None:
+        container["env"] = [{"name": "RANK", "value": str(rank_env)}]
+    return container
+
+
+def pytorchjob_pod(job: str, replica_type: str, index: int, *, namespace: str = NAMESPACE) -> Pod:
+    """A pod as the Training Operator creates it for a PyTorchJob replica."""
+    return {
+        "metadata": {
+            "name": f"{job}-{replica_type}-{index}",
+            "namespace": namespace,
+            "labels": {
+                "training.kubeflow.org/job-name": job,
+                "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                "training.kubeflow.org/replica-type": replica_type,
+                "training.kubeflow.org/replica-index": str(index),
+                **(
+                    {"training.kubeflow.org/job-role": "master"} if replica_type == "master" else {}
+                ),
+                "training-run": job,
+            },
+        },
+        "spec": {"containers": [_container("pytorch")], "restartPolicy": "OnFailure"},
+    }
+
+
+def trainjob_pod(
+    job: str,
+    index: int,
+    *,
+    namespace: str = NAMESPACE,
+    replicated_job: str = "node",
+    as_label: bool = True,
+) -> Pod:
+    """A pod as JobSet's batch Job creates it for a Trainer v2 TrainJob node."""
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": job,
+        "jobset.sigs.k8s.io/replicatedjob-name": replicated_job,
+        "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-name": f"{job}-{replicated_job}-0",
+        "training-run": job,
+    }
+    annotations = {"batch.kubernetes.io/job-completion-index": str(index)}
+    if as_label:
+        labels["batch.kubernetes.io/job-completion-index"] = str(index)
+    return {
+        "metadata": {
+            "generateName": f"{job}-{replicated_job}-0-{index}-",
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "finalizers": ["batch.kubernetes.io/job-tracking"],
+        },
+        "spec": {"containers": [_container(replicated_job)], "restartPolicy": "Never"},
+    }
+
+
+class FakeTrainingJob:
+    """One training job on the fake cluster: its pods, its controller and its training loop."""
+
+    def __init__(
+        self,
+        server: FakeApiServer,
+        *,
+        kind: str = "pytorchjob",
+        name: str = "llama",
+        namespace: str = NAMESPACE,
+        nodes: int = 3,
+        step_time: float = 0.01,
+        checkpoint_every: int = 10,
+        resume: str = "latest",
+        replacement: str = "running",  # running | pending | crashloop
+        recreate_delay: float = 0.1,
+        start_delay: float = 0.3,
+        finalizer_delay: float = 0.5,
+        reporting_rank: int = 0,
+        restart_reporter_container: bool = False,
+    ) -> None:
+        self.server = server
+        self.kind = kind
+        self.name = name
+        self.namespace = namespace
+        self.nodes = nodes
+        self.step_time = step_time
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.replacement = replacement
+        self.recreate_delay = recreate_delay
+        self.start_delay = start_delay
+        self.finalizer_delay = finalizer_delay
+        self.reporting_rank = reporting_rank
+        self.restart_reporter_container = restart_reporter_container
+        self.pod_of_rank: dict[int, str] = {}
+        self.uids: dict[str, int] = {}  # uid -> rank, for every pod this job created
+        self.incarnations: list[str] = []
+        self.last_checkpoint = 0
+        self.step = 0
+        self.replaced: list[tuple[int, str]] = []  # (rank, new pod name)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._running = threading.Event()  # the group is whole and training
+        self._thread: threading.Thread | None = None
+        self._timers: list[threading.Timer] = []
+        self._handled: set[str] = set()
+
+    @property
+    def selector(self) -> str:
+        return f"training-run={self.name}"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, *, wait_for_checkpoint: int | None = None) -> FakeTrainingJob:
+        for rank in range(self.nodes):
+            pod = self._create(rank)
+            self.server.start_container(self.namespace, pod["metadata"]["name"])
+        self.server.subscribe(self._on_change)
+        self._running.set()
+        self._thread = threading.Thread(target=self._train, name=f"train-{self.name}", daemon=True)
+        self._thread.start()
+        if wait_for_checkpoint is not None:
+            deadline = time.monotonic() + 10
+            while self.last_checkpoint < wait_for_checkpoint and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._running.set()
+        with self._lock:
+            timers = list(self._timers)
+        for timer in timers:
+            timer.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def pod_name(self, rank: int) -> str:
+        with self._lock:
+            return self.pod_of_rank[rank]
+
+    def pod(self, rank: int) -> Pod:
+        pod = self.server.get_pod(self.namespace, self.pod_name(rank))
+        assert pod is not None
+        return pod
+
+    # ------------------------------------------------------------------ the controller
+
+    def _template(self, rank: int) -> Pod:
+        if self.kind == "pytorchjob":
+            return pytorchjob_pod(
+                self.name,
+                "master" if rank == 0 else "worker",
+                max(rank - 1, 0) if rank else 0,
+                namespace=self.namespace,
+            )
+        return trainjob_pod(self.name, rank, namespace=self.namespace)
+
+    def _create(self, rank: int) -> Pod:
+        pod = self.server.create_pod(self._template(rank))
+        with self._lock:
+            self.pod_of_rank[rank] = pod["metadata"]["name"]
+            self.uids[pod["metadata"]["uid"]] = rank
+        return pod
+
+    def _later(self, delay: float, action: Any) -> None:
+        def run() -> None:
+            if not self._stop.is_set():
+                action()
+
+        timer = threading.Timer(delay, run)
+        timer.daemon = True
+        with self._lock:
+            self._timers.append(timer)
+        timer.start()
+
+    def _on_change(self, event: str, pod: Pod) -> None:
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            rank = self.uids.get(uid)
+            if rank is None or uid in self._handled:
+                return
+            gone = (
+                event == "DELETED"
+                if self.kind == "pytorchjob"
+                else bool(pod["metadata"].get("deletionTimestamp"))
+            )
+            if not gone:
+                return
+            self._handled.add(uid)
+        self._running.clear()  # the group lost a member: training stops
+        if self.restart_reporter_container and rank != self.reporting_rank:
+            self.server.stop_container(
+                self.namespace, self.pod_name(self.reporting_rank), exit_code=1
+            )
+        if self.kind == "pytorchjob":
+            self._later(self.recreate_delay, lambda: self._replace(rank))
+        else:
+            self._replace(rank)
+            name = pod["metadata"]["name"]
+            self._later(
+                self.finalizer_delay, lambda: self.server.remove_finalizers(self.namespace, name)
+            )
+
+    def _replace(self, rank: int) -> None:
+        pod = self._create(rank)
+        name = pod["metadata"]["name"]
+        self.replaced.append((rank, name))
+        if self.replacement == "pending":
+            return
+        self._later(self.start_delay, lambda: self._start_replacement(rank, name))
+
+    def _start_replacement(self, rank: int, name: str) -> None:
+        self.server.start_container(self.namespace, name)
+        if self.replacement == "crashloop":
+            self.server.stop_container(self.namespace, name, exit_code=1)
+            self.server.set_waiting(self.namespace, name, "CrashLoopBackOff")
+            return
+        if self.restart_reporter_container and rank != self.reporting_rank:
+            self.server.start_container(self.namespace, self.pod_name(self.reporting_rank))
+        self._running.set()
+
+    # ------------------------------------------------------------------ the training loop
+
+    def _emit(self, line: str) -> None:
+        self.server.append_log(
+            self.namespace, self.pod_name(self.reporting_rank), line.rstrip("\n")
+        )
+
+    def _start_incarnation(self, restart: int) -> str:
+        inc = secrets.token_hex(8)
+        self.incarnations.append(inc)
+        self._emit(
+            "[default0]:"
+            + wire.format_start(
+                time.time(),
+                inc,
+                pid=1000 + restart,
+                host=self.pod_name(self.reporting_rank),
+                rank=0,
+                restart=restart,
+            )
+        )
+        return inc
+
+    def _train(self) -> None:
+        restart = 0
+        inc = self._start_incarnation(restart)
+        while not self._stop.is_set():
+            if not self._running.is_set():
+                self._running.wait()
+                if self._stop.is_set():
+                    return
+                restart += 1
+                time.sleep(0.05)  # torchrun's rendezvous
+                inc = self._start_incarnation(restart)
+                self.step = self.last_checkpoint if self.resume == "latest" else 0
+                if self.step:
+                    self._emit(
+                        wire.format_step("checkpoint_loaded", time.time(), inc, self.step, 0)
+                    )
+            self.step += 1
+            self._emit(wire.format_step("progress", time.time(), inc, self.step, 0))
+            if self.step % self.checkpoint_every == 0:
+                self._emit(wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0))
+                self.last_checkpoint = self.step
+            time.sleep(self.step_time)
