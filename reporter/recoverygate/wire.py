@@ -1,0 +1,380 @@
+"""The RECOVERYGATE/v1 line: the one definition shared by the writer and every reader.
+
+A training process reports progress by printing lines such as::
+
+    RECOVERYGATE/v1 {"event":"progress","time":1764416834.123456,"inc":"9f2c4e1a0b7d3c55","step":12}
+
+that is the literal sentinel ``RECOVERYGATE/v1``, one space, a compact JSON object and
+a newline. Fields (unknown extra fields are ignored, so the format can grow):
+
+=============== ======= =====================================================================
+``event``       str     ``start``, ``progress``, ``checkpoint_completed``, ``checkpoint_loaded``
+``time``        number  POSIX seconds on the emitter's clock, microsecond resolution
+``inc``         str     incarnation id, 16 hex chars, random per process
+``rank``        int     global rank (``RANK``); absent when unknown
+``step``        int     training step (>= 0); required for every event except ``start``
+``pid``         int     start only: the process id
+``host``        str     start only: the host name
+``restart``     int     start only: ``TORCHELASTIC_RESTART_COUNT``; absent outside torchrun
+``local_rank``  int     start only, optional: ``LOCAL_RANK``
+``run_id``      str     start only, optional: ``TORCHELASTIC_RUN_ID``
+=============== ======= =====================================================================
+
+Why the reader looks like this: launchers and log collectors prefix lines
+(``[default1]:``, a kubelet timestamp, SLURM's ``0: ``), torchrun glues two ranks' lines
+together, tqdm ends its lines with ``\\r``, and a crashing process truncates its last
+line. So a sentinel may appear anywhere in a line, several times per physical line, and
+everything that is not a well-formed sentinel event is either ignored (no sentinel) or
+counted as malformed (a sentinel followed by something else) -- never raised.
+
+The parser must keep up with gigabytes of logs: :class:`StreamParser` looks for the
+sentinel with ``bytes.find`` over whole chunks (C speed, no per-line Python loop) and
+keeps bounded state whatever the line length.
+
+This module is imported by the reporter only when it first emits, because ``json`` and
+``dataclasses`` would cost more than the reporter's whole import budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "EVENT_KINDS",
+    "MAX_EVENT_BYTES",
+    "SENTINEL",
+    "SENTINEL_BYTES",
+    "Record",
+    "StreamParser",
+    "format_record",
+    "format_start",
+    "format_step",
+    "json_string",
+    "parse_text",
+    "record_from_json",
+    "step_line_parts",
+]
+
+SENTINEL = "RECOVERYGATE/v1"
+SENTINEL_BYTES = SENTINEL.encode("ascii")
+START = "start"
+PROGRESS = "progress"
+CHECKPOINT_COMPLETED = "checkpoint_completed"
+CHECKPOINT_LOADED = "checkpoint_loaded"
+EVENT_KINDS = frozenset({START, PROGRESS, CHECKPOINT_COMPLETED, CHECKPOINT_LOADED})
+
+#: The most bytes read after a sentinel while waiting for the end of its event. Our own
+#: lines are ~150 bytes; anything longer than this is malformed and skipped, which is
+#: what bounds the parser's memory on a never-ending line.
+MAX_EVENT_BYTES = 4096
+
+_SENT_LEN = len(SENTINEL_BYTES)
+_CARRY = _SENT_LEN - 1  # bytes kept between chunks so a split sentinel is still found
+_NL = b"\n"
+_CR = b"\r"
+_CLOSE_BRACE = ord("}")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One parsed event, with the wire's field names (``time`` is the emitter's clock)."""
+
+    event: str
+    time: float
+    inc: str
+    step: int | None = None
+    rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    restart: int | None = None
+    local_rank: int | None = None
+    run_id: str | None = None
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def json_string(value: str) -> str:
+    """``value`` as a JSON string literal (ASCII-only, so any byte stream carries it)."""
+    return json.dumps(value)
+
+
+def _time(value: float) -> str:
+    return f"{value:.6f}"
+
+
+def step_line_parts(event: str, inc: str, rank: int | None) -> tuple[str, str]:
+    """The constant text around the time and the step of a non-start event.
+
+    The reporter formats ``f"{head}{time:.6f}{middle}{step}}}\\n"`` on its hot path: one
+    f-string, no ``json.dumps``. ``inc`` must be JSON-safe (hex).
+    """
+    if event not in EVENT_KINDS or event == START:
+        raise ValueError(f"not a step event: {event!r}")
+    rank_part = "" if rank is None else f',"rank":{int(rank)}'
+    head = f'{SENTINEL} {{"event":"{event}","time":'
+    middle = f',"inc":{json_string(inc)}{rank_part},"step":'
+    return head, middle
+
+
+def format_step(event: str, time: float, inc: str, step: int, rank: int | None = None) -> str:
+    """One complete progress/checkpoint line, newline included."""
+    head, middle = step_line_parts(event, inc, rank)
+    return f"{head}{_time(time)}{middle}{int(step)}}}\n"
+
+
+def format_start(
+    time: float,
+    inc: str,
+    *,
+    pid: int,
+    host: str,
+    rank: int | None = None,
+    restart: int | None = None,
+    local_rank: int | None = None,
+    run_id: str | None = None,
+) -> str:
+    """One complete start line, newline included (formatted once per process)."""
+    parts = [f'{SENTINEL} {{"event":"start","time":{_time(time)},"inc":{json_string(inc)}']
+    if rank is not None:
+        parts.append(f',"rank":{int(rank)}')
+    parts.append(f',"pid":{int(pid)},"host":{json_string(host)}')
+    if restart is not None:
+        parts.append(f',"restart":{int(restart)}')
+    if local_rank is not None:
+        parts.append(f',"local_rank":{int(local_rank)}')
+    if run_id is not None:
+        parts.append(f',"run_id":{json_string(run_id)}')
+    parts.append("}\n")
+    return "".join(parts)
+
+
+def format_record(record: Record) -> str:
+    """Any :class:`Record` as its line (the inverse of the parser, used by tests and fakes)."""
+    if record.event == START:
+        return format_start(
+            record.time,
+            record.inc,
+            pid=record.pid if record.pid is not None else 0,
+            host=record.host if record.host is not None else "",
+            rank=record.rank,
+            restart=record.restart,
+            local_rank=record.local_rank,
+            run_id=record.run_id,
+        )
+    if record.step is None:
+        raise ValueError(f"a {record.event} record needs a step")
+    return format_step(record.event, record.time, record.inc, record.step, record.rank)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+class _Bad(Exception):
+    """A field has the wrong type; the event is malformed."""
+
+
+def _opt_int(value: object) -> int | None:
+    """An optional non-negative int field (bool is an int subclass and never valid)."""
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise _Bad
+    return value
+
+
+def _opt_str(value: object) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    raise _Bad
+
+
+def record_from_json(obj: object) -> Record | None:
+    """A :class:`Record` from a decoded JSON value, or None when it is not a valid event."""
+    if type(obj) is not dict:
+        return None
+    get = obj.get
+    event = get("event")
+    time = get("time")
+    inc = get("inc")
+    step = get("step")
+    if type(event) is not str or event not in EVENT_KINDS or type(inc) is not str or not inc:
+        return None
+    if type(time) is int:
+        time = float(time)
+    elif type(time) is not float or not math.isfinite(time):
+        return None
+    try:
+        if step is None:
+            if event != START:
+                return None
+        elif type(step) is not int or step < 0:
+            return None
+        pid = get("pid")
+        if pid is not None and type(pid) is not int:
+            return None
+        return Record(
+            event,
+            time,
+            inc,
+            step,
+            _opt_int(get("rank")),
+            pid,
+            _opt_str(get("host")),
+            _opt_int(get("restart")),
+            _opt_int(get("local_rank")),
+            _opt_str(get("run_id")),
+        )
+    except _Bad:
+        return None
+
+
+_raw_decode = json.JSONDecoder().raw_decode
+
+# The exact layout our writer produces for step events, matched without json or slicing.
+# It accepts a subset of what the JSON path accepts and yields the same Record, so it is
+# only a shortcut: anything else (a start event, extra fields, other emitters) goes
+# through json.
+_FAST = re.compile(
+    rb'[ \t]*\{"event":"(progress|checkpoint_completed|checkpoint_loaded)",'
+    rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
+    rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})\}'
+).match
+_EVENT_NAMES = {name.encode("ascii"): name for name in EVENT_KINDS}
+
+
+def _decode_event(data: bytes, start: int, stop: int) -> Record | None:
+    """The event in ``data[start:stop]`` (the bytes after a sentinel), or None."""
+    fast = _FAST(data, start, stop)
+    if fast is not None:
+        event, time, inc, rank, step = fast.groups()
+        return Record(
+            _EVENT_NAMES[event],
+            float(time),
+            inc.decode("ascii"),
+            int(step),
+            None if rank is None else int(rank),
+        )
+    if data.find(b"}", start, stop) < 0:  # truncated: no object can end here (no exception)
+        return None
+    text = data[start:stop].decode("utf-8", "replace").lstrip(" \t")
+    try:
+        obj, _ = _raw_decode(text)
+    except (ValueError, RecursionError):
+        return None
+    return record_from_json(obj)
+
+
+class StreamParser:
+    """Finds RECOVERYGATE/v1 events in a byte stream fed in chunks of any size.
+
+    State between chunks is bounded: with no sentinel in sight only the last
+    ``len(SENTINEL) - 1`` bytes are kept (a sentinel split across chunks is still
+    found); after a sentinel, at most ``MAX_EVENT_BYTES`` bytes while its event is
+    incomplete. An event ends at ``\\n``, at ``\\r``, at the next sentinel (glued
+    lines), or as soon as its JSON object is complete at the end of the data so far.
+    Not thread-safe: use one parser per stream.
+    """
+
+    __slots__ = ("_carry", "_pending", "malformed", "max_event_bytes")
+
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._carry = b""
+        self._pending = b""
+        self.malformed = 0
+        self.max_event_bytes = max_event_bytes
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held between chunks (bounded; exposed so tests can prove it)."""
+        return len(self._carry) + len(self._pending)
+
+    def feed(self, chunk: bytes) -> list[Record]:
+        """The events completed by ``chunk``, in stream order."""
+        if not chunk:
+            return []
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)
+        if self._pending:
+            data = self._pending + chunk
+            self._pending = b""
+            return self._scan(data, 0)
+        carry = self._carry
+        if carry:
+            pos = (carry + chunk[:_CARRY]).find(SENTINEL_BYTES)
+            if pos >= 0:
+                self._carry = b""
+                return self._scan(carry + chunk, pos)
+        pos = chunk.find(SENTINEL_BYTES)
+        if pos < 0:
+            self._carry = chunk[-_CARRY:] if len(chunk) >= _CARRY else (carry + chunk)[-_CARRY:]
+            return []
+        self._carry = b""
+        return self._scan(chunk, pos)
+
+    def flush(self) -> list[Record]:
+        """End of stream: the pending event, if any, is complete now (or malformed)."""
+        pending = self._pending
+        self._pending = b""
+        self._carry = b""
+        if not pending:
+            return []
+        record = _decode_event(pending, _SENT_LEN, len(pending))
+        if record is None:
+            self.malformed += 1
+            return []
+        return [record]
+
+    def _scan(self, data: bytes, pos: int) -> list[Record]:
+        """Parse events from ``data`` starting with the sentinel at ``pos``."""
+        out: list[Record] = []
+        size = len(data)
+        limit = self.max_event_bytes
+        while True:
+            body = pos + _SENT_LEN
+            end = min(size, body + limit)
+            stop = data.find(_NL, body, end)
+            ended = stop >= 0
+            if not ended:
+                stop = end
+            cr = data.find(_CR, body, stop)
+            if cr >= 0:
+                stop = cr
+                ended = True
+            glued = data.find(SENTINEL_BYTES, body, stop)
+            if glued >= 0:
+                stop = glued
+                ended = True
+            if ended:
+                record = _decode_event(data, body, stop)
+                resume = stop
+            elif end == size and size - body < limit:
+                # Incomplete: maybe the JSON is whole already (no newline yet).
+                record = _decode_event(data, body, size) if data[-1] == _CLOSE_BRACE else None
+                if record is None:
+                    self._pending = data[pos:]
+                    return out
+                resume = size
+            else:  # no end within the limit: a giant line, not an event of ours
+                record = None
+                resume = body
+            if record is None:
+                self.malformed += 1
+            else:
+                out.append(record)
+            pos = data.find(SENTINEL_BYTES, resume)
+            if pos < 0:
+                self._carry = data[max(resume, size - _CARRY) :]
+                return out
+
+
+def parse_text(text: str | bytes) -> tuple[list[Record], int]:
+    """All events in ``text`` (one or more lines) and how many sentinels were malformed."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    parser = StreamParser()
+    records = parser.feed(data)
+    records += parser.flush()
+    return records, parser.malformed

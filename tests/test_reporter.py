@@ -1,0 +1,469 @@
+"""The training-side reporter: what it prints, when, from which ranks, and that it never hurts.
+
+We test these aspects:
+
+- lines: the start event comes once per process (again after a fork), before anything else;
+- rate limit: the first two progress calls always print, then one line per interval;
+  checkpoint events always print;
+- rank filter: RANK / RECOVERYGATE_RANKS, and ``configure`` overriding them;
+- robustness: odd step values, closed stdout, a broken pipe, concurrent threads;
+- isolation: importing it loads nothing outside the standard library (not even json).
+
+In-process tests drive the module through ``configure`` with a fake clock; anything about
+a whole process (environment, fork, closed stdout) runs a real child interpreter.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import recoverygate
+from recoverygate import reporter
+from recoverygate.wire import Record, parse_text
+
+REPORTER_PATH = str(Path(recoverygate.__file__).resolve().parent.parent)
+
+
+class FakeClock:
+    """POSIX time that only moves when the test says so."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def _fresh_reporter() -> Iterator[None]:
+    reporter.configure()
+    yield
+    reporter.configure()
+
+
+def parsed(stream: io.StringIO) -> list[Record]:
+    records, malformed = parse_text(stream.getvalue())
+    assert malformed == 0
+    return records
+
+
+def steps(records: list[Record], event: str = "progress") -> list[int | None]:
+    return [r.step for r in records if r.event == event]
+
+
+def run_child(
+    code: str, env: dict[str, str] | None = None, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    child_env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"RANK", "SLURM_PROCID", "RECOVERYGATE_RANKS", "LOCAL_RANK"}
+        and not key.startswith("TORCHELASTIC_")
+    }
+    child_env["PYTHONPATH"] = REPORTER_PATH
+    child_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# ---------------------------------------------------------------------------- lines
+
+
+def test_the_first_event_of_a_process_is_preceded_by_one_start_event() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    reporter.configure(stream=out, clock=clock, min_interval=0)
+    reporter.progress(5)
+    reporter.checkpoint_completed(5)
+    reporter.progress(6)
+    records = parsed(out)
+    assert [r.event for r in records] == ["start", "progress", "checkpoint_completed", "progress"]
+    start = records[0]
+    assert start.pid == os.getpid()
+    assert start.host
+    assert len(start.inc) == 16
+    int(start.inc, 16)
+    assert {r.inc for r in records} == {start.inc}
+    assert records[1].time == clock.now
+
+
+def test_each_line_is_one_newline_terminated_line() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, min_interval=0)
+    reporter.checkpoint_loaded(3)
+    lines = out.getvalue().splitlines(keepends=True)
+    assert len(lines) == 2
+    assert all(line.startswith("RECOVERYGATE/v1 {") and line.endswith("}\n") for line in lines)
+
+
+def test_lines_go_to_the_stream_file_descriptor_when_it_has_one(tmp_path: Path) -> None:
+    path = tmp_path / "out.log"
+    with path.open("w") as stream:
+        print("before", file=stream)  # buffered in the stream: must stay ahead of our line
+        reporter.configure(stream=stream, min_interval=0)
+        reporter.progress(1)
+        reporter.checkpoint_completed(1)
+        # Already on disk, without closing or flushing the stream ourselves.
+        text = path.read_text()
+    assert text.startswith("before\n")
+    assert steps(parse_text(text)[0], "checkpoint_completed") == [1]
+
+
+# ---------------------------------------------------------------------------- rate limit
+
+
+def test_the_first_two_progress_calls_always_print() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock(), min_interval=1000.0)
+    for step in range(100):
+        reporter.progress(step)
+    assert steps(parsed(out)) == [0, 1]
+
+
+def test_progress_prints_about_once_per_interval() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    reporter.configure(stream=out, clock=clock, min_interval=0.1)
+    step_time = 0.004
+    for step in range(5000):  # 20 simulated seconds
+        clock.now = 1_800_000_000.0 + step * step_time
+        reporter.progress(step)
+    times = [r.time for r in parsed(out) if r.event == "progress"]
+    gaps = [b - a for a, b in itertools.pairwise(times[1:])]
+    assert 150 <= len(times) <= 202
+    assert all(gap >= 0.1 - 1e-6 for gap in gaps)
+    assert all(gap <= 0.1 + 3 * step_time for gap in gaps)
+
+
+def test_a_slow_loop_prints_its_steps_without_falling_behind() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    reporter.configure(stream=out, clock=clock, min_interval=0.1)
+    for step in range(50):  # one step every 0.25 s: slower than the interval
+        clock.now += 0.25
+        reporter.progress(step)
+    assert steps(parsed(out)) == list(range(50))
+
+
+def test_a_step_rate_that_drops_does_not_silence_progress() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    reporter.configure(stream=out, clock=clock, min_interval=0.1)
+    step = 0
+    for _ in range(1000):  # fast: 1 ms per step
+        clock.now += 0.001
+        reporter.progress(step)
+        step += 1
+    for _ in range(100):  # then 1 s per step (an eval pass, a slow node)
+        clock.now += 1.0
+        reporter.progress(step)
+        step += 1
+    printed = steps(parsed(out))
+    assert printed[-1] == step - 1
+    # The countdown set during the fast phase may hide a few slow steps, never more
+    # than the reporter's cap on calls between clock reads (32).
+    assert len([s for s in printed if s is not None and s >= 1000]) >= 100 - 32
+
+
+def test_checkpoint_events_are_never_dropped() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock(), min_interval=1000.0)
+    for step in range(1000):
+        reporter.progress(step)
+        if step % 10 == 0:
+            reporter.checkpoint_completed(step)
+            reporter.checkpoint_loaded(step)
+    records = parsed(out)
+    assert steps(records, "checkpoint_completed") == list(range(0, 1000, 10))
+    assert steps(records, "checkpoint_loaded") == list(range(0, 1000, 10))
+
+
+def test_the_default_interval_caps_the_line_rate_on_the_real_clock() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out)
+    started = time.monotonic()
+    for step in range(300_000):
+        reporter.progress(step)
+    elapsed = time.monotonic() - started
+    assert len(steps(parsed(out))) <= elapsed / 0.1 + 3
+
+
+# ---------------------------------------------------------------------------- ranks
+
+
+@pytest.mark.parametrize(
+    ("rank", "ranks", "prints"),
+    [
+        (0, None, True),
+        (1, None, False),
+        (1, "all", True),
+        (1, "0,1", True),
+        (2, "0, 1", False),
+        (3, "ALL", True),
+        (0, "nonsense", True),
+        (1, "nonsense", False),
+    ],
+)
+def test_only_the_selected_ranks_print(rank: int, ranks: str | None, prints: bool) -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, rank=rank, ranks=ranks)
+    reporter.progress(1)
+    reporter.checkpoint_completed(1)
+    assert reporter.enabled() is prints
+    assert bool(out.getvalue()) is prints
+    if prints:
+        assert {r.rank for r in parsed(out)} == {rank}
+
+
+def test_rank_and_torchelastic_fields_come_from_the_environment() -> None:
+    result = run_child(
+        """
+        from recoverygate import reporter
+        reporter.progress(10)
+        """,
+        env={
+            "RANK": "3",
+            "RECOVERYGATE_RANKS": "all",
+            "LOCAL_RANK": "1",
+            "TORCHELASTIC_RESTART_COUNT": "2",
+            "TORCHELASTIC_RUN_ID": "run-9",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    start, progress = parse_text(result.stdout)[0]
+    assert (start.rank, start.local_rank, start.restart, start.run_id) == (3, 1, 2, "run-9")
+    assert progress.rank == 3
+
+
+def test_a_non_zero_rank_prints_nothing_by_default() -> None:
+    result = run_child(
+        """
+        from recoverygate import reporter
+        reporter.progress(1); reporter.checkpoint_completed(1)
+        print(reporter.enabled())
+        """,
+        env={"RANK": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "False\n"
+
+
+def test_slurm_procid_stands_in_for_a_missing_rank() -> None:
+    result = run_child(
+        "from recoverygate import reporter; print(reporter.enabled())",
+        env={"SLURM_PROCID": "2"},
+    )
+    assert result.stdout == "False\n"
+
+
+def test_the_interval_comes_from_the_environment() -> None:
+    result = run_child(
+        """
+        from recoverygate import reporter
+        for step in range(200):
+            reporter.progress(step)
+        """,
+        env={"RECOVERYGATE_PROGRESS_INTERVAL": "0"},
+    )
+    assert steps(parse_text(result.stdout)[0]) == list(range(200))
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def test_the_start_event_is_printed_once_per_process_and_again_after_fork() -> None:
+    result = run_child(
+        """
+        import os
+        from recoverygate import reporter
+        reporter.progress(1)
+        reporter.checkpoint_completed(1)
+        pid = os.fork()
+        if pid == 0:
+            reporter.progress(2)
+            reporter.checkpoint_completed(2)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        reporter.progress(3)
+        reporter.checkpoint_completed(3)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    records, malformed = parse_text(result.stdout)
+    assert malformed == 0
+    starts = [r for r in records if r.event == "start"]
+    assert len(starts) == 2
+    parent, child = starts
+    assert parent.inc != child.inc
+    assert parent.pid != child.pid
+    assert records[0] == parent
+
+    def checkpoints(inc: str) -> list[int | None]:
+        return [r.step for r in records if r.inc == inc and r.event == "checkpoint_completed"]
+
+    assert checkpoints(child.inc) == [2]
+    assert checkpoints(parent.inc) == [1, 3]
+
+
+def test_closed_stdout_never_raises_into_training_code() -> None:
+    code = """
+        import os, sys
+        from recoverygate import reporter
+        reporter.configure(min_interval=0)
+        for step in range(100):
+            reporter.progress(step)
+            reporter.checkpoint_completed(step)
+        sys.stderr.write("survived\\n")
+    """
+    # stdout closed before Python started: sys.stdout is None.
+    started_closed = subprocess.run(
+        ["sh", "-c", 'exec "$0" -c "$1" >&-', sys.executable, textwrap.dedent(code)],
+        env={**os.environ, "PYTHONPATH": REPORTER_PATH},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert started_closed.returncode == 0, started_closed.stderr
+    assert started_closed.stderr == "survived\n"
+    # stdout closed under a running process: os.write fails with EBADF.
+    closed_later = run_child("import os; os.close(1)\n" + textwrap.dedent(code))
+    assert closed_later.returncode == 0, closed_later.stderr
+    assert closed_later.stderr == "survived\n"
+
+
+def test_a_broken_pipe_never_raises_into_training_code() -> None:
+    code = """
+        import sys
+        from recoverygate import reporter
+        reporter.configure(min_interval=0)
+        sys.stdin.readline()  # wait until the reader is gone
+        for step in range(1000):
+            reporter.progress(step)
+            reporter.checkpoint_completed(step)
+        sys.stderr.write("survived\\n")
+    """
+    env = {**os.environ, "PYTHONPATH": REPORTER_PATH, "RANK": "0"}
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(60) == 0, stderr
+    assert stderr == "survived\n"
+
+
+@pytest.mark.parametrize("step", ["abc", None, object(), [1], float("nan"), -1])
+def test_odd_step_values_are_swallowed(step: object) -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, min_interval=0)
+    reporter.progress(step)  # type: ignore[arg-type]
+    reporter.checkpoint_completed(step)  # type: ignore[arg-type]
+    reporter.checkpoint_loaded(step)  # type: ignore[arg-type]
+    assert [r.event for r in parsed(out) if r.event != "start"] == []
+
+
+def test_steps_that_convert_to_int_are_converted() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, min_interval=0)
+    reporter.progress(7.9)
+    reporter.checkpoint_completed("12")  # type: ignore[arg-type]
+    records = parsed(out)
+    assert steps(records) == [7]
+    assert steps(records, "checkpoint_completed") == [12]
+
+
+def test_a_stream_that_fails_is_swallowed() -> None:
+    class Broken(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError("disk full")
+
+    reporter.configure(stream=Broken(), min_interval=0)
+    reporter.progress(1)
+    reporter.checkpoint_completed(1)
+
+
+def test_lines_from_many_threads_never_interleave(tmp_path: Path) -> None:
+    path = tmp_path / "out.log"
+    with path.open("a") as stream:
+        reporter.configure(stream=stream, min_interval=0)
+
+        def work(offset: int) -> None:
+            for step in range(2000):
+                reporter.checkpoint_completed(offset + step)
+
+        threads = [threading.Thread(target=work, args=(n * 10_000,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    records, malformed = parse_text(path.read_bytes())
+    assert malformed == 0
+    assert len(steps(records, "checkpoint_completed")) == 8000
+    assert [r.event for r in records].count("start") == 1
+    assert records[0].event == "start"
+
+
+# ---------------------------------------------------------------------------- isolation
+
+
+def test_importing_the_reporter_loads_only_the_standard_library() -> None:
+    result = run_child(
+        """
+        import sys
+        before = set(sys.modules)
+        from recoverygate import reporter
+        at_import = sorted(set(sys.modules) - before)
+        reporter.progress(1)
+        after_first_line = sorted(set(sys.modules) - before)
+        print(" ".join(at_import))
+        print(" ".join(after_first_line))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("RECOVERYGATE")]
+    at_import, after_first_line = (set(line.split()) for line in lines)
+    ours = {"recoverygate", "recoverygate.reporter", "recoverygate.wire"}
+    # json costs more than the whole import budget: it waits for the first line.
+    assert at_import - ours <= {"__future__"}
+    stdlib = set(sys.stdlib_module_names)
+    third_party = {m for m in after_first_line - ours if m.split(".")[0] not in stdlib}
+    assert third_party == set()
+
+
+def test_the_package_root_imports_nothing_eagerly() -> None:
+    result = run_child("import sys, recoverygate; print('recoverygate.reporter' in sys.modules)")
+    assert result.stdout == "False\n"
+    assert recoverygate.__version__ == "0.1.0"
+    assert set(reporter.__all__) == {
+        "checkpoint_completed",
+        "checkpoint_loaded",
+        "configure",
+        "enabled",
+        "progress",
+    }

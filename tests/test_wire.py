@@ -1,0 +1,355 @@
+"""The RECOVERYGATE/v1 line format: writer and parser agree, and the parser survives real logs.
+
+We test these aspects:
+
+- round trip: every formatted record parses back to itself (examples and hypothesis);
+- where sentinels hide: launcher prefixes, glued lines, ``\\r`` segments, several per line;
+- what is ignored (text without a sentinel) and what is counted as malformed;
+- streaming: events split at every byte boundary, sentinels split across chunks;
+- bounded memory: 100 MB without a newline, with and without a sentinel in front;
+- garbage: NUL bytes, invalid UTF-8, deep JSON nesting never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from recoverygate import wire
+from recoverygate.wire import (
+    MAX_EVENT_BYTES,
+    SENTINEL,
+    SENTINEL_BYTES,
+    Record,
+    StreamParser,
+    format_record,
+    format_start,
+    format_step,
+    parse_text,
+)
+
+INC = "0123456789abcdef"
+PROGRESS = format_step("progress", 1800000000.25, INC, 42, rank=0)
+CHECKPOINT = format_step("checkpoint_completed", 1800000001.5, INC, 40, rank=0)
+
+
+def only(text: str | bytes) -> Record:
+    records, malformed = parse_text(text)
+    assert malformed == 0
+    assert len(records) == 1
+    return records[0]
+
+
+def test_a_progress_line_is_the_sentinel_a_space_and_compact_json() -> None:
+    assert PROGRESS.startswith(SENTINEL + " {")
+    assert PROGRESS.endswith("}\n")
+    payload = json.loads(PROGRESS[len(SENTINEL) + 1 :])
+    assert payload == {
+        "event": "progress",
+        "time": 1800000000.25,
+        "inc": INC,
+        "rank": 0,
+        "step": 42,
+    }
+    assert " " not in PROGRESS[len(SENTINEL) + 1 :]
+
+
+def test_a_start_line_carries_pid_host_rank_and_restart_count() -> None:
+    line = format_start(
+        1800000000.0,
+        INC,
+        pid=4242,
+        host='node-"7"\\\n',
+        rank=3,
+        restart=2,
+        local_rank=1,
+        run_id="job-1",
+    )
+    assert line.count("\n") == 1
+    record = only(line)
+    assert record == Record(
+        event="start",
+        time=1800000000.0,
+        inc=INC,
+        step=None,
+        rank=3,
+        pid=4242,
+        host='node-"7"\\\n',
+        restart=2,
+        local_rank=1,
+        run_id="job-1",
+    )
+
+
+def test_time_keeps_microseconds() -> None:
+    line = format_step("progress", 1800000000.123456, INC, 1)
+    assert '"time":1800000000.123456,' in line
+    assert only(line).time == pytest.approx(1800000000.123456, abs=1e-6)
+
+
+def test_a_step_line_without_rank_omits_the_field() -> None:
+    line = format_step("checkpoint_loaded", 1.0, INC, 7)
+    assert '"rank"' not in line
+    assert only(line) == Record("checkpoint_loaded", 1.0, INC, step=7)
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "[default1]:",
+        "2026-11-29T11:47:14.123456789Z ",
+        "0: ",
+        "[rank0]: 2026-11-29 11:47:14,123 INFO ",
+        "\x1b[32mINFO\x1b[0m ",
+    ],
+)
+def test_the_sentinel_is_found_after_launcher_and_collector_prefixes(prefix: str) -> None:
+    assert only(prefix + PROGRESS).step == 42
+
+
+def test_two_lines_glued_by_torchrun_give_two_events() -> None:
+    glued = PROGRESS.rstrip("\n") + "[default1]:" + CHECKPOINT
+    records, malformed = parse_text(glued)
+    assert malformed == 0
+    assert [r.event for r in records] == ["progress", "checkpoint_completed"]
+    directly = PROGRESS.rstrip("\n") + CHECKPOINT.rstrip("\n") + PROGRESS
+    assert [r.step for r in parse_text(directly)[0]] == [42, 40, 42]
+
+
+def test_tqdm_carriage_returns_end_events_too() -> None:
+    text = "epoch 1:  10%|#  |\r" + PROGRESS.rstrip("\n") + "\repoch 1:  20%|## |\r"
+    assert only(text).step == 42
+
+
+def test_trailing_text_after_the_json_is_ignored() -> None:
+    assert only(PROGRESS.rstrip("\n") + " (from rank 0)\n").step == 42
+
+
+def test_text_without_a_sentinel_is_ignored_silently() -> None:
+    noise = "loss=0.25 step=42\nRECOVERYGATE v1 {}\nrecoverygate/v1 lower case\n\x00\xff"
+    assert parse_text(noise) == ([], 0)
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
+    line = SENTINEL + ' {"event":"progress","time":1,"inc":"ab","step":3,"gpu":"H100","v":[1]}'
+    assert only(line) == Record("progress", 1.0, "ab", step=3)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "",
+        "not json",
+        "{",
+        '{"event":"progress","time":1,"inc":"ab"',  # truncated by a crash
+        '["progress"]',
+        '{"event":"resumed","time":1,"inc":"ab","step":1}',
+        '{"event":"progress","time":"1","inc":"ab","step":1}',
+        '{"event":"progress","time":1,"inc":"","step":1}',
+        '{"event":"progress","time":1,"inc":7,"step":1}',
+        '{"event":"progress","time":1,"inc":"ab"}',
+        '{"event":"progress","time":1,"inc":"ab","step":1.5}',
+        '{"event":"progress","time":1,"inc":"ab","step":true}',
+        '{"event":"progress","time":1,"inc":"ab","step":-1}',
+        '{"event":"progress","time":NaN,"inc":"ab","step":1}',
+        '{"event":"progress","time":1,"inc":"ab","step":1,"rank":"0"}',
+        '{"event":"start","time":1,"inc":"ab","host":5}',
+        "[" * 3000,
+        '{"event":"progress","time":1,"inc":"ab","step":' + "9" * 5000 + "}",
+    ],
+)
+def test_a_sentinel_followed_by_anything_else_is_counted_as_malformed(payload: str) -> None:
+    assert parse_text(f"[default0]:{SENTINEL} {payload}\n") == ([], 1)
+
+
+def test_a_truncated_event_glued_to_a_good_one_loses_only_itself() -> None:
+    text = SENTINEL + ' {"event":"prog' + PROGRESS
+    records, malformed = parse_text(text)
+    assert [r.step for r in records] == [42]
+    assert malformed == 1
+
+
+def test_garbage_bytes_never_raise() -> None:
+    rng = random.Random(7)
+    blob = bytes(rng.randrange(256) for _ in range(200_000))
+    blob = blob.replace(b"R", SENTINEL_BYTES + b" {", 50)
+    parser = StreamParser()
+    for start in range(0, len(blob), 977):
+        parser.feed(blob[start : start + 977])
+    parser.feed(b"\x00" * 100 + PROGRESS.encode() + b"\xff\xfe\n")
+    assert parser.flush() == []
+    assert parser.malformed >= 50
+
+
+def test_invalid_utf8_inside_a_string_field_still_parses() -> None:
+    line = SENTINEL_BYTES + b' {"event":"start","time":1,"inc":"ab","host":"n\xff1","pid":1}\n'
+    assert only(line).host == "n\ufffd1"
+
+
+def test_an_event_split_at_every_byte_boundary_is_found_once() -> None:
+    data = b"noise\n[default0]:" + PROGRESS.encode() + b"tail " + CHECKPOINT.encode()
+    for cut in range(len(data) + 1):
+        parser = StreamParser()
+        records = parser.feed(data[:cut]) + parser.feed(data[cut:]) + parser.flush()
+        assert [r.step for r in records] == [42, 40], cut
+        assert parser.malformed == 0
+
+
+def test_a_stream_fed_one_byte_at_a_time_gives_every_event() -> None:
+    data = ("x" * 30 + PROGRESS + "\r" + CHECKPOINT) * 3
+    parser = StreamParser()
+    records: list[Record] = []
+    for byte in data.encode():
+        records += parser.feed(bytes([byte]))
+    records += parser.flush()
+    assert [r.step for r in records] == [42, 40] * 3
+    assert parser.malformed == 0
+
+
+def test_a_complete_event_is_delivered_before_its_newline_arrives() -> None:
+    parser = StreamParser()
+    assert [r.step for r in parser.feed(PROGRESS.rstrip("\n").encode())] == [42]
+    assert parser.feed(b"\n") == []
+    assert parser.flush() == []
+
+
+def test_an_unfinished_event_at_end_of_stream_is_malformed() -> None:
+    parser = StreamParser()
+    assert parser.feed(SENTINEL_BYTES + b' {"event":"progress","ti') == []
+    assert parser.flush() == []
+    assert parser.malformed == 1
+
+
+def test_an_event_longer_than_the_limit_is_skipped_as_malformed() -> None:
+    huge = (
+        SENTINEL + ' {"event":"progress","time":1,"inc":"' + "a" * MAX_EVENT_BYTES + '","step":1}\n'
+    )
+    records, malformed = parse_text(huge + PROGRESS)
+    assert [r.step for r in records] == [42]
+    assert malformed == 1
+
+
+def test_100_mb_without_a_newline_keeps_the_buffer_small() -> None:
+    chunk = b"0123456789abcdef" * 4096  # 64 KiB
+    parser = StreamParser()
+    largest = 0
+    for _ in range(1600):  # 100 MiB of one endless line
+        assert parser.feed(chunk) == []
+        largest = max(largest, parser.buffered)
+    assert largest < len(SENTINEL_BYTES)
+    # An endless line right after a sentinel: bounded by MAX_EVENT_BYTES.
+    parser.feed(b"[default0]:" + SENTINEL_BYTES + b' {"event":"progress","x":"')
+    for _ in range(1600):
+        parser.feed(chunk)
+        largest = max(largest, parser.buffered)
+    assert largest <= MAX_EVENT_BYTES + len(SENTINEL_BYTES)
+    assert parser.malformed == 1
+    assert [r.step for r in parser.feed(b"\n" + PROGRESS.encode())] == [42]
+
+
+def test_a_sentinel_split_across_chunks_after_megabytes_of_noise_is_found() -> None:
+    parser = StreamParser()
+    noise = b"n" * 1_000_003
+    line = PROGRESS.encode()
+    assert parser.feed(noise + line[:7]) == []
+    assert parser.buffered < len(SENTINEL_BYTES)
+    assert [r.step for r in parser.feed(line[7:])] == [42]
+
+
+records_strategy = st.builds(
+    Record,
+    event=st.sampled_from(sorted(wire.EVENT_KINDS - {"start"})),
+    time=st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000),
+    inc=st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
+    step=st.integers(0, 2**63),
+    rank=st.none() | st.integers(0, 100_000),
+)
+
+start_strategy = st.builds(
+    Record,
+    event=st.just("start"),
+    time=st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000),
+    inc=st.text(min_size=1, max_size=40),
+    step=st.none(),
+    rank=st.none() | st.integers(0, 100_000),
+    pid=st.integers(1, 2**22),
+    host=st.text(max_size=80),
+    restart=st.none() | st.integers(0, 1000),
+    local_rank=st.none() | st.integers(0, 64),
+    run_id=st.none() | st.text(max_size=40),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(records_strategy | start_strategy, min_size=1, max_size=8), st.data())
+def test_random_records_round_trip_through_any_chunking(
+    records: list[Record], data: st.DataObject
+) -> None:
+    text = "".join(
+        data.draw(st.sampled_from(["", "[default3]:", "0: ", "junk "])) + format_record(r)
+        for r in records
+    )
+    blob = text.encode("utf-8", "surrogatepass")
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=6)))
+    parser = StreamParser()
+    parsed: list[Record] = []
+    for start, end in zip([0, *cuts], [*cuts, len(blob)], strict=True):
+        parsed += parser.feed(blob[start:end])
+    parsed += parser.flush()
+    assert parser.malformed == 0
+    assert parsed == records
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reporter.md"
+
+
+def documented_block(language: str) -> str:
+    text = DOCS.read_text()
+    start = text.index(
+        f"```{language}\nRECOVERYGATE/v1" if language == "text" else f"```{language}\ninc="
+    )
+    body = text[start:].split("\n", 1)[1]
+    return body[: body.index("```")]
+
+
+def test_the_documented_example_lines_parse() -> None:
+    records, malformed = parse_text(documented_block("text"))
+    assert malformed == 0
+    assert [r.event for r in records] == [
+        "start",
+        "checkpoint_loaded",
+        "progress",
+        "checkpoint_completed",
+    ]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_documented_shell_emitter_writes_valid_lines() -> None:
+    result = subprocess.run(
+        ["bash", "-c", documented_block("bash")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    records, malformed = parse_text(result.stdout)
+    assert malformed == 0
+    assert [(r.event, r.step) for r in records] == [("start", None), ("checkpoint_completed", 1000)]
+    assert len(records[0].inc) == 16
+
+
+@settings(max_examples=200, deadline=None)
+@given(records_strategy)
+def test_the_shortcut_for_our_own_lines_agrees_with_json(record: Record) -> None:
+    line = format_record(record)
+    payload = json.loads(line[len(SENTINEL) + 1 :])
+    assert parse_text(line) == ([wire.record_from_json(payload)], 0)
+    # The same event with its fields in another order can only go through json.
+    reordered = SENTINEL + " " + json.dumps(dict(reversed(payload.items()))) + "\n"
+    assert parse_text(reordered) == ([record], 0)
