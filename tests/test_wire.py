@@ -306,7 +306,7 @@ def test_random_records_round_trip_through_any_chunking(
     assert parsed == records
 
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "reporter.md"
+DOCS = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def documented_block(language: str) -> str:
