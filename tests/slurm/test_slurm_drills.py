@@ -1,0 +1,143 @@
+"""End-to-end drills on the real one-node Slurm cluster with the real training script.
+
+We test these aspects, each with the example sbatch script and recovery-test yaml a user
+would copy (examples/slurm/), run by ``run_drill`` exactly as the CLI runs them:
+- PASS for the torchrun-in-step layout (torchrun restarts its workers inside the step);
+- PASS for the srun-loop layout (a new step in the same allocation);
+- PASS for the srun-loop layout under a requeue (same job id, Restarts + 1);
+- FAIL for the broken twin whose checkpoints are node-local ($SLURM_TMPDIR): the requeued
+  job trains from step 0;
+- FAIL when the job does not come back (torchrun with no restarts left).
+
+Each drill trains a small DDP model (gloo, 2 CPU ranks) and takes 20-60 s here.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from slurm_testcluster import SlurmCluster
+
+from pytest_recoverygate.config import parse_config
+from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.runner import RunOptions, run_drill
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "slurm"
+PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
+@pytest.fixture(autouse=True)
+def _slurm_conf(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drill finds the cluster the way a user's shell does: through SLURM_CONF."""
+    monkeypatch.setenv("SLURM_CONF", slurm.conf)
+
+
+def drill(
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    script: str,
+    config: str,
+    *,
+    env: dict[str, str] | None = None,
+    replace: tuple[str, str] | None = None,
+) -> tuple[DrillResult, float]:
+    """Submit an example job, run its example drill against it; returns (result, seconds)."""
+    name = f"rg-{tmp_path.name}"[:60]
+    job_env = {
+        "RECOVERYGATE_PYTHON": str(PYTHON),
+        "RECOVERYGATE_TRAIN": str(ROOT / "examples" / "local" / "train.py"),
+        "RECOVERYGATE_CKPT_DIR": str(tmp_path / "checkpoints"),
+        "STEP_TIME": "0.02",
+        **(env or {}),
+    }
+    slurm.submit(
+        (EXAMPLES / script).read_text(),
+        "-J",
+        name,
+        "-o",
+        str(tmp_path / "%x-%j.out"),
+        workdir=tmp_path,
+        env=job_env,
+    )
+    text = (EXAMPLES / config).read_text()
+    text = "\n".join(
+        f"  jobName: {name}" if line.strip().startswith("jobName:") else line
+        for line in text.splitlines()
+    )
+    if replace:
+        text = text.replace(*replace)
+    cfg = parse_config(text, EXAMPLES / config)
+    started = time.monotonic()
+    result = run_drill(cfg, RunOptions(confirmed=True, handle_signals=False))
+    return result, time.monotonic() - started
+
+
+def explain(result: DrillResult) -> str:
+    checks = "; ".join(f"{c.name}: {c.message}" for c in result.checks)
+    timeline = "\n".join(f"  {e.timestamp:.3f} {e.kind} {e.detail}" for e in result.timeline)
+    return f"{result.verdict.value}: {result.summary}\n{checks}\n{timeline}"
+
+
+def test_torchrun_in_step_recovers(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result, seconds = drill(
+        slurm, tmp_path, "torchrun-in-step.sbatch", "recovery-test-torchrun.yaml"
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    assert result.resume_step == result.expected_resume_step
+    print(
+        f"\ntorchrun-in-step: recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )
+
+
+def test_srun_loop_recovers_with_a_new_step(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result, seconds = drill(
+        slurm, tmp_path, "srun-loop-requeue.sbatch", "recovery-test-srun-loop.yaml"
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    assert any("new step" in e.detail for e in result.timeline), explain(result)
+    print(
+        f"\nsrun-loop (new step): recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )
+
+
+def test_srun_loop_recovers_from_a_requeue(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result, seconds = drill(
+        slurm,
+        tmp_path,
+        "srun-loop-requeue.sbatch",
+        "recovery-test-srun-loop.yaml",
+        replace=("type: KillWorker", "type: Requeue"),
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    assert any("requeued" in e.detail for e in result.timeline), explain(result)
+    print(
+        f"\nsrun-loop (requeue): recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )
+
+
+def test_node_local_checkpoints_fail_the_drill(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result, _ = drill(
+        slurm, tmp_path, "srun-loop-requeue-tmpdir.sbatch", "recovery-test-tmpdir.yaml"
+    )
+    assert result.verdict is Verdict.FAIL, explain(result)
+    assert result.resume_step == 0, explain(result)
+    reasons = {c.reason for c in result.checks if not c.passed}
+    assert FailureReason.RESTARTED_FROM_SCRATCH in reasons, explain(result)
+
+
+def test_a_job_that_does_not_come_back_fails_the_drill(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result, _ = drill(
+        slurm,
+        tmp_path,
+        "torchrun-in-step.sbatch",
+        "recovery-test-torchrun.yaml",
+        env={"MAX_RESTARTS": "0"},
+    )
+    assert result.verdict is Verdict.FAIL, explain(result)
+    reasons = {c.reason for c in result.checks if not c.passed}
+    assert FailureReason.NEVER_CAME_BACK in reasons, explain(result)
