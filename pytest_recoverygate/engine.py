@@ -382,6 +382,9 @@ class DrillEngine:
             return []
         if kind is TrainingEventKind.CHECKPOINT_COMPLETED:
             self._checkpoints.append((step, event.timestamp))
+            # A saved step was completed, even if its progress line was rate-limited away.
+            if self._last_step_old is None or step > self._last_step_old:
+                self._last_step_old = step
             self._note(event.timestamp, "checkpoint", f"step {step}", step=step)
             if self.phase is Phase.WAITING_FOR_CHECKPOINT and self._triggers(event):
                 self.trigger_step = step
@@ -461,7 +464,8 @@ class DrillEngine:
             return None
         rate = (s1 - s0) / (t1 - t0)
         extra = int(rate * max(0.0, self.kill_time - t1))
-        return self._last_step_old + extra - self.resume_step
+        bound = max(s1 + extra, self._last_step_old) - self.resume_step
+        return max(bound, 0)
 
     def _finish_verdict(self, now: float, *, job_failed: str | None) -> list[Action]:
         assert self.kill_time is not None

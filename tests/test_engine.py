@@ -376,3 +376,18 @@ def test_the_verdict_agrees_with_an_independent_oracle(s: Scenario, rnd: object)
     if first_time is not None:
         assert result.resume_step == resume
         assert result.recovery_time_seconds == pytest.approx(first_time - T0 - kill_time, abs=1e-5)
+
+
+def test_a_checkpoint_counts_as_a_completed_step_when_progress_lines_were_skipped() -> None:
+    engine = DrillEngine(spec(max_lost_steps=100), T0)
+    # Rate-limited progress: only every 7th step was printed, the save at 20 was not missed.
+    events = [ev(S, 0.0, "old")]
+    events += [ev(P, s / 10, "old", s) for s in range(1, 20) if s % 7 == 0]
+    events.append(ev(C, 2.0, "old", 20))
+    drive(engine, events, kill_at=2.05)
+    [finish] = drive(engine, new_run(5.0, resume=10))
+    result = finish.result
+    assert result.last_step_before_kill == 20
+    assert result.lost_steps == 10
+    assert result.lost_steps_upper_bound is not None
+    assert result.lost_steps_upper_bound >= result.lost_steps
