@@ -1,0 +1,244 @@
+"""A small but real distributed training job for RecoveryGate's local drills.
+
+Run it under torchrun (2 ranks, gloo on CPU)::
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 train.py --ckpt-dir=./checkpoints
+
+What it does, and why each piece is here:
+
+- DDP over gloo on a tiny regression model with synthetic data that is a pure function
+  of the step number, so a resumed run computes exactly what an uninterrupted one would.
+- Rank 0 saves a checkpoint every ``--ckpt-every`` steps: write a temporary file, fsync,
+  then ``os.replace`` it into place — a reader sees the old checkpoint or the new one,
+  never half of one.
+- At start every rank loads the latest checkpoint (``--resume latest``), so a worker
+  group restarted by torchrun continues where it stopped. ``--resume previous`` and
+  ``--resume none`` are deliberate bugs for drills that must FAIL (a resume that picks
+  the wrong checkpoint, a resume path that never loads).
+- ``--ckpt-dir`` may contain ``{tmpdir}`` (the process's temporary directory) and
+  ``{pid}``: ``{tmpdir}/checkpoints-{pid}`` is per-process storage, the classic
+  node-local-checkpoint bug — a restarted worker has a new pid and finds nothing.
+- The reporter lines (``checkpoint_loaded``, ``progress``, ``checkpoint_completed``) are
+  how RecoveryGate sees training from the outside.
+- torchrun's shared rendezvous TCP store keeps the previous attempt's keys; a restarted
+  group can read the dead rank's old gloo address and hang or fail again (pytorch issue
+  135712). The script gives every restart attempt its own key prefix (``--store-prefix
+  attempt``, the default); ``--store-prefix none`` keeps torchrun's default to show the bug.
+- With ``RECOVERYGATE_GROUND_TRUTH=<path>`` every rank appends one JSON record per step
+  to ``<path>.<rank>.<pid>.jsonl`` (flushed each step): the ground truth that measures
+  how accurately a drill reports recovery time and lost steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+from recoverygate import reporter
+from torch.nn.parallel import DistributedDataParallel
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.pt$")
+KEEP_CHECKPOINTS = 3
+FEATURES = 16
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1_000_000, help="train this many steps")
+    parser.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=int(os.environ.get("CKPT_EVERY", "20")),
+        help="checkpoint every N steps (env CKPT_EVERY)",
+    )
+    parser.add_argument(
+        "--ckpt-dir",
+        default="./checkpoints",
+        help="checkpoint folder, relative to the working directory; {tmpdir} and {pid} expand",
+    )
+    parser.add_argument("--step-time", type=float, default=0.02, help="seconds of sleep per step")
+    parser.add_argument(
+        "--resume",
+        choices=("latest", "previous", "none"),
+        default="latest",
+        help="which checkpoint to resume from (previous and none are deliberate bugs)",
+    )
+    parser.add_argument(
+        "--store-prefix",
+        choices=("attempt", "none"),
+        default="attempt",
+        help="give each restart attempt its own rendezvous key prefix (none shows the bug)",
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="gloo timeout in seconds")
+    return parser.parse_args(argv)
+
+
+def checkpoint_dir(template: str) -> Path:
+    """Expand ``{tmpdir}`` and ``{pid}`` so the broken twin can ask for per-process storage."""
+    return Path(template.format(tmpdir=tempfile.gettempdir(), pid=os.getpid()))
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """Completed checkpoints, oldest first (temporary files never match the name)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = CHECKPOINT_NAME.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def save_checkpoint(
+    folder: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    """Write to a temporary file, fsync, then rename: a reader never sees a partial file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step-{step:08d}.pt"
+    tmp = folder / f".step-{step:08d}.pt.tmp-{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    for _, old in list_checkpoints(folder)[:-KEEP_CHECKPOINTS]:
+        old.unlink(missing_ok=True)
+
+
+def load_checkpoint(
+    folder: Path, which: str, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> int:
+    """Load the chosen checkpoint and return its step (0: start from scratch)."""
+    if which == "none":
+        return 0
+    found = list_checkpoints(folder)
+    index = -1 if which == "latest" else -2
+    if len(found) < -index:
+        return 0
+    _, path = found[index]
+    state = torch.load(path, map_location="cpu")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return int(state["step"])
+
+
+def init_distributed(store_prefix: str, timeout: float) -> None:
+    """Join the process group; with ``attempt`` each restart gets fresh rendezvous keys.
+
+    torchrun (c10d rendezvous) shares its own TCP store with the workers
+    (TORCHELASTIC_USE_AGENT_STORE=True) and keeps it across restarts, so the keys gloo
+    writes (every rank's address) survive the group they belonged to. A per-attempt
+    PrefixStore keeps each attempt's keys apart. Setting TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    in torchrun's environment is the other fix (a new store per rendezvous round).
+    """
+    pg_timeout = datetime.timedelta(seconds=timeout)
+    shared_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if store_prefix == "none" or not shared_store:
+        dist.init_process_group("gloo", timeout=pg_timeout)
+        return
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=pg_timeout,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = f"train-attempt-{attempt}/"
+    prefixed = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
+    dist.init_process_group(
+        "gloo", store=prefixed, rank=rank, world_size=world_size, timeout=pg_timeout
+    )
+
+
+class GroundTruth:
+    """Per-step records of what really happened, written by every rank for accuracy checks."""
+
+    def __init__(self, base: str | None, rank: int) -> None:
+        self._restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self._rank = rank
+        self._handle: IO[str] | None = None
+        if base:  # kept open for the whole run: one record per step must stay cheap
+            self._handle = open(f"{base}.{rank}.{os.getpid()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def record(self, event: str, step: int) -> None:
+        if self._handle is None:
+            return
+        row: dict[str, Any] = {
+            "t": round(time.time(), 6),
+            "rank": self._rank,
+            "pid": os.getpid(),
+            "restart": self._restart,
+            "step": step,
+            "event": event,
+        }
+        self._handle.write(json.dumps(row, separators=(",", ":")) + "\n")
+        self._handle.flush()
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic data, a pure function of (step, rank): a resumed run sees the same batches."""
+    generator = torch.Generator().manual_seed(step * 1009 + rank)
+    x = torch.randn(32, FEATURES, generator=generator)
+    true_w = torch.arange(FEATURES, dtype=torch.float32) / FEATURES
+    y = (x @ true_w).unsqueeze(1) + 0.01 * torch.randn(32, 1, generator=generator)
+    return x, y
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    init_distributed(args.store_prefix, args.timeout)
+    rank = dist.get_rank()
+    truth = GroundTruth(os.environ.get("RECOVERYGATE_GROUND_TRUTH"), rank)
+    truth.record("start", 0)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    folder = checkpoint_dir(args.ckpt_dir)
+    loaded = load_checkpoint(folder, args.resume, model, opt)
+    # Every rank must run the same steps; rank 0's checkpoint is the authority.
+    start = torch.tensor([loaded], dtype=torch.int64)
+    dist.broadcast(start, src=0)
+    step = int(start.item())
+    # Ground truth first: the drill may end the job as soon as it reads the reporter's line.
+    truth.record("loaded", step)
+    if step:
+        reporter.checkpoint_loaded(step)
+    ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+
+    loss_fn = torch.nn.MSELoss()
+    while step < args.steps:
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        loss = loss_fn(ddp(x), y)
+        loss.backward()
+        opt.step()
+        step += 1
+        truth.record("step", step)
+        reporter.progress(step)
+        if rank == 0 and step % args.ckpt_every == 0:
+            save_checkpoint(folder, step, model, opt)
+            truth.record("checkpoint", step)
+            reporter.checkpoint_completed(step)
+        if args.step_time > 0:
+            time.sleep(args.step_time)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

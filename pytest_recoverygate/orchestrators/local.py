@@ -1,0 +1,878 @@
+"""The local backend: a torchrun job on this machine, launched (or attached to) by the drill.
+
+How it sees the job (facts measured with torch 2.13, see docs/local.md):
+
+- The launched command is torchrun's elastic agent (or a script that runs one). Workers
+  are the agent's children whose environment holds ``RANK``; each sits in its own session,
+  so nothing here signals a process group. Right after a fork a child's environment is
+  still the agent's: a process without ``RANK`` is asked again on the next poll.
+- A worker instance is ``pid@start_time`` (psutil's create time). A kill re-checks that
+  identity through a pidfd immediately before signalling, so a recycled pid or a
+  replacement with the same rank is never hit, and a kill is never retried.
+- A background thread polls psutil every 50 ms and turns what it sees into group
+  events: the victim gone, each restart (TORCHELASTIC_RESTART_COUNT goes up), the new
+  group complete, the agent exited (with its exit code and root cause).
+- A second thread reads the job's merged stdout/stderr pipe into the event source and
+  keeps a raw copy for the report and for error messages.
+- Cleanup must reach orphans: SIGKILL of the agent leaves workers training and holding
+  the pipe. The drill process becomes a child subreaper while it runs, every pid ever
+  seen is remembered with its start time, and cleanup kills and reaps all of them, then
+  checks that none is left. TMPDIR points at a drill-owned folder (torchrun's
+  ``torchelastic_*`` logs land there) that cleanup removes.
+
+Nothing here finds processes by name: other torchrun jobs may run on the same machine.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
+
+import psutil
+
+from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
+from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    Worker,
+    Workload,
+)
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.orchestrators.base import Clock
+
+__all__ = ["LocalOrchestrator"]
+
+POLL_INTERVAL = 0.05  # seconds between psutil scans while a recovery is under way
+IDLE_POLL_INTERVAL = 0.25  # seconds between scans otherwise (a scan costs ~3 ms of CPU)
+TERM_GRACE = 5.0  # seconds the agent gets to stop its workers after SIGTERM
+REAP_TIMEOUT = 5.0  # seconds to wait for SIGKILLed processes to disappear
+RAW_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters of the job's output kept in memory
+ENVIRON_RETRY_AGE = 2.0  # a process older than this without RANK is not a worker
+OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once it exited
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """A process instance: the pid and its start time, so a recycled pid never matches."""
+
+    pid: int
+    create_time: float
+
+    @property
+    def instance_id(self) -> str:
+        return f"{self.pid}@{self.create_time:.3f}"
+
+    @classmethod
+    def parse(cls, instance_id: str) -> _Identity | None:
+        pid, _, created = instance_id.partition("@")
+        try:
+            return cls(int(pid), float(created))
+        except ValueError:
+            return None
+
+    @classmethod
+    def of(cls, proc: psutil.Process) -> _Identity:
+        return cls(proc.pid, proc.create_time())
+
+    def matches(self, proc: psutil.Process) -> bool:
+        """True when ``proc`` is this instance and is still alive (not a zombie)."""
+        try:
+            return (
+                proc.pid == self.pid
+                and f"{proc.create_time():.3f}" == f"{self.create_time:.3f}"
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return False
+
+    def process(self) -> psutil.Process | None:
+        """The live process with this identity, or None when it is gone or recycled."""
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return None
+        return proc if self.matches(proc) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkerProc:
+    """A worker process as seen in one scan."""
+
+    identity: _Identity
+    rank: int
+    local_world_size: int
+    restart_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """One look at the job's process tree."""
+
+    workers: tuple[_WorkerProc, ...]
+    processes: tuple[_Identity, ...]
+
+
+class _SubreaperGuard:
+    """Makes this process a child subreaper (Linux) while at least one drill needs it.
+
+    Orphaned workers of a killed agent are then re-parented to us instead of init, so
+    cleanup can find, kill and reap them. The previous setting is restored afterwards.
+    """
+
+    _lock = threading.Lock()
+    _users = 0
+    _previous = 0
+
+    @classmethod
+    def _prctl(cls) -> Any:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+        return getattr(libc, "prctl", None)
+
+    @classmethod
+    def acquire(cls) -> None:
+        with cls._lock:
+            prctl = cls._prctl()
+            if prctl is None:
+                return
+            if cls._users == 0:
+                value = ctypes.c_int(0)
+                if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0:
+                    cls._previous = value.value
+                prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            cls._users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            prctl = cls._prctl()
+            if prctl is None or cls._users == 0:
+                return
+            cls._users -= 1
+            if cls._users == 0 and not cls._previous:
+                prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+class LocalOrchestrator:
+    """Launches a torchrun job (or attaches to one), kills one worker by identity, watches it.
+
+    ``command`` is run in ``workdir`` with ``env`` added to this process's environment.
+    With ``attach_pid`` nothing is launched: the drill watches the torchrun agent with
+    that pid, reads its output from the file its stdout is redirected to, and cleanup
+    leaves the job running. ``log_dir``, when given, receives a copy of the job's raw
+    output (``job-output.log``) that outlives the drill.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        command: list[str],
+        workdir: Path,
+        env: dict[str, str],
+        *,
+        target_rank: int = 1,
+        clock: Clock,
+        attach_pid: int | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        if not command and attach_pid is None:
+            raise DiscoveryError(
+                "workload.command is empty: give the torchrun command to launch, "
+                'e.g. ["torchrun", "--nproc-per-node=2", "train.py"]'
+            )
+        self.command = list(command)
+        self.workdir = Path(workdir)
+        self.env = dict(env)
+        self.target_rank = target_rank
+        self.attach_pid = attach_pid
+        self.log_dir = log_dir
+        self._clock = clock
+        self._source = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poke = threading.Event()  # wakes the watcher at once (kill, cleanup)
+        self._threads: list[threading.Thread] = []
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._agent: _Identity | None = None
+        self._tmpdir: Path | None = None
+        self._log_file: BinaryIO | None = None
+        self._attached_file: IO[bytes] | None = None
+        self._raw: deque[str] = deque()
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._raw_size = 0
+        self._seen: dict[int, _Identity] = {}
+        self._sessions: set[int] = set()
+        self._events: list[GroupEvent] = []
+        self._environ_cache: dict[_Identity, dict[str, str] | None] = {}
+        # group state, owned by the watcher thread after discover()
+        self._base_restart = 0
+        self._generation = 0
+        self._local_world_size = 0
+        self._group: dict[int, _WorkerProc] = {}
+        self._gone_reported = False
+        self._running_reported = True
+        self._job_failed_reported = False
+        self._victim: _Identity | None = None
+        self._recovering = False
+        self._subreaper = False
+        self._cleaned = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_config(cls, config: Any, clock: Clock) -> LocalOrchestrator:
+        """Build from a validated DrillConfig (``workload`` and ``inject_failure`` sections)."""
+        workload = config.workload
+        command = workload.command
+        if isinstance(command, str):
+            command = shlex.split(command)
+        workdir = getattr(workload, "workdir", None) or Path.cwd()
+        env = {str(k): str(v) for k, v in (getattr(workload, "env", None) or {}).items()}
+        reporting_rank = getattr(workload, "reporting_rank", 0) or 0
+        if reporting_rank and "RECOVERYGATE_RANKS" not in os.environ:
+            env.setdefault("RECOVERYGATE_RANKS", str(reporting_rank))  # the reporter's rank filter
+        target = getattr(config.inject_failure, "target_rank", None)
+        return cls(
+            list(command or []),
+            Path(workdir),
+            env,
+            target_rank=1 if target is None else int(target),
+            clock=clock,
+            attach_pid=getattr(workload, "attach_pid", None),
+        )
+
+    # ------------------------------------------------------------------ Orchestrator
+
+    def discover(self, deadline: float) -> Workload:
+        """Launch (or attach to) the job and wait until every local rank's worker is up."""
+        if self.attach_pid is None:
+            self._launch()
+        else:
+            self._attach()
+        while True:
+            scan = self._scan()
+            group = self._complete_group(scan)
+            if group is not None:
+                break
+            failure = self._agent_exit()
+            if failure is not None:
+                raise DiscoveryError(
+                    f"the job exited before its workers appeared ({failure}); "
+                    f"last output:\n{self.output_tail(15)}"
+                )
+            if self._clock.now() >= deadline:
+                seen = ", ".join(f"rank {w.rank} pid {w.identity.pid}" for w in scan.workers)
+                raise DiscoveryError(
+                    f"no complete torchrun worker group appeared before the deadline "
+                    f"(workers seen: {seen or 'none'}); is `{shlex.join(self.command)}` a "
+                    f"torchrun command? last output:\n{self.output_tail(15)}"
+                )
+            time.sleep(POLL_INTERVAL)
+
+        ranks = sorted(group)
+        if self.target_rank not in group:
+            raise DiscoveryError(
+                f"target rank {self.target_rank} is not among the job's local ranks {ranks}; "
+                f"set injectFailure.targetRank to one of them"
+            )
+        with self._lock:
+            self._local_world_size = len(group)
+            self._group = dict(group)
+            self._generation = next(iter(group.values())).restart_count
+            self._base_restart = self._generation
+            self._running_reported = True
+        watcher = threading.Thread(
+            target=self._watch_loop, name="recoverygate-local-watch", daemon=True
+        )
+        watcher.start()
+        self._threads.append(watcher)
+        host = socket.gethostname()
+        workers = tuple(
+            Worker(
+                rank=rank,
+                name=f"rank {rank} pid {group[rank].identity.pid}",
+                instance_id=group[rank].identity.instance_id,
+                node=host,
+                details=(
+                    ("pid", str(group[rank].identity.pid)),
+                    ("restart_count", str(group[rank].restart_count)),
+                ),
+            )
+            for rank in ranks
+        )
+        agent = self._agent.pid if self._agent else "?"
+        return Workload(job=f"torchrun agent pid {agent} on {host}", workers=workers)
+
+    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
+        """SIGKILL exactly the instance named by ``worker.instance_id``; never retried."""
+        identity = _Identity.parse(worker.instance_id)
+        if identity is None:
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self._clock.now(),
+                f"{worker.instance_id!r} is not a pid@start_time instance id; nothing was touched",
+            )
+        pidfd = _pidfd_open(identity.pid)
+        try:
+            # With a pidfd open, the identity check below holds for the signal too:
+            # the fd pins this exact process even if its pid is recycled meanwhile.
+            if identity.process() is None:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self._clock.now(),
+                    f"{worker.describe()} no longer exists (pid gone or reused); "
+                    "nothing was touched",
+                )
+            if dry_run:
+                try:
+                    os.kill(identity.pid, 0)
+                except PermissionError as exc:
+                    raise PermissionDeniedError(
+                        f"not allowed to signal {worker.describe()}: {exc}; run the drill as the "
+                        "user that owns the job"
+                    ) from exc
+                except ProcessLookupError:
+                    return KillResult(
+                        KillOutcome.ALREADY_GONE, self._clock.now(), "exited just now"
+                    )
+                return KillResult(
+                    KillOutcome.DRY_RUN,
+                    self._clock.now(),
+                    f"would send SIGKILL to pid {identity.pid} ({worker.describe()})",
+                )
+            with self._lock:
+                self._victim = identity
+            timestamp = self._clock.now()
+            try:
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                else:
+                    os.kill(identity.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                with self._lock:
+                    self._victim = None
+                return KillResult(KillOutcome.ALREADY_GONE, self._clock.now(), "exited just now")
+            except PermissionError as exc:
+                with self._lock:
+                    self._victim = None
+                raise PermissionDeniedError(
+                    f"not allowed to kill {worker.describe()}: {exc}; run the drill as the user "
+                    "that owns the job"
+                ) from exc
+            self._recovering = True  # watch closely until the new group is up
+            self._poke.set()
+            return KillResult(KillOutcome.KILLED, timestamp, f"SIGKILL sent to pid {identity.pid}")
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def watch_group(self) -> list[GroupEvent]:
+        """Group events observed by the watcher thread since the previous call."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def events(self) -> StreamEventSource:
+        return self._source
+
+    def cleanup(self) -> None:
+        """End every process the drill started or saw, verify none is left, remove the temp dir.
+
+        Idempotent. In attach mode the job is left running; only our threads stop.
+        """
+        if self._cleaned:
+            return
+        self._cleaned = True
+        self._stop.set()
+        self._poke.set()
+        leftover: list[str] = []
+        try:
+            if self.attach_pid is None:
+                leftover = self._end_processes()
+        finally:
+            self._source.close()  # stops and joins the pipe reader, closes the pipe
+            for thread in self._threads:
+                thread.join(timeout=2.0)
+            if self._attached_file is not None:
+                self._attached_file.close()
+            if self._log_file is not None:
+                self._log_file.close()
+            if self._subreaper:
+                _SubreaperGuard.release()
+                self._subreaper = False
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if leftover:
+            raise BackendError(
+                "cleanup could not end these processes of the drill's job: "
+                + ", ".join(leftover)
+                + "; end them by hand (kill -9 PID)"
+            )
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def agent_pid(self) -> int | None:
+        """The pid of the launched (or attached) process, once discover() has run."""
+        return self._agent.pid if self._agent else None
+
+    @property
+    def scratch_dir(self) -> Path | None:
+        """The drill-owned TMPDIR of the launched job (removed by cleanup)."""
+        return self._tmpdir
+
+    # ------------------------------------------------------------------ output
+
+    def raw_output(self) -> str:
+        """The job's merged stdout/stderr as read so far (the last few MiB)."""
+        with self._lock:
+            return "".join(self._raw)
+
+    def output_tail(self, lines: int) -> str:
+        """The last ``lines`` lines of the job's output, for error messages."""
+        return "\n".join(self.raw_output().splitlines()[-lines:])
+
+    def _keep_output(self, chunk: bytes) -> None:
+        text = self._decoder.decode(chunk)
+        with self._lock:
+            self._raw.append(text)
+            self._raw_size += len(text)
+            while self._raw_size > RAW_OUTPUT_LIMIT and len(self._raw) > 1:
+                self._raw_size -= len(self._raw.popleft())
+
+    # ------------------------------------------------------------------ launching
+
+    def _launch(self) -> None:
+        executable = _resolve_executable(self.command[0])
+        self._tmpdir = Path(tempfile.mkdtemp(prefix="recoverygate-local-"))
+        env = {**os.environ, **self.env}
+        env["PYTHONUNBUFFERED"] = "1"  # otherwise agent-relayed lines arrive ~1 s late
+        if "TMPDIR" not in self.env:
+            env["TMPDIR"] = str(self._tmpdir)  # torchrun's torchelastic_* logs land here
+        if not self.workdir.is_dir():
+            raise DiscoveryError(
+                f"workload.workdir {str(self.workdir)!r} is not a directory; fix the path "
+                "(relative paths resolve against the config file's folder)"
+            )
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self.log_dir / "job-output.log", "wb")  # noqa: SIM115
+        _SubreaperGuard.acquire()
+        self._subreaper = True
+        try:
+            self._popen = subprocess.Popen(
+                [executable, *self.command[1:]],
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise DiscoveryError(
+                f"could not start `{shlex.join(self.command)}` in {self.workdir}: {exc}"
+            ) from exc
+        agent = psutil.Process(self._popen.pid)
+        self._agent = _Identity.of(agent)
+        self._remember(self._agent)
+        assert self._popen.stdout is not None
+        self._source.attach_pipe(
+            self._popen.stdout,
+            stream="torchrun",
+            tee_to=self._log_file,
+            on_chunk=self._keep_output,
+            name="recoverygate-local-output",
+        )
+
+    def _attach(self) -> None:
+        assert self.attach_pid is not None
+        try:
+            agent = psutil.Process(self.attach_pid)
+            self._agent = _Identity.of(agent)
+            stdout = next((f.path for f in agent.open_files() if f.fd == 1), None)
+        except psutil.NoSuchProcess as exc:
+            raise DiscoveryError(
+                f"workload.attachPid {self.attach_pid}: no such process; give the pid of a "
+                "running torchrun agent"
+            ) from exc
+        except psutil.AccessDenied as exc:
+            raise PermissionDeniedError(
+                f"workload.attachPid {self.attach_pid}: not allowed to inspect it; run the "
+                "drill as the user that owns the job"
+            ) from exc
+        if stdout is None:
+            raise DiscoveryError(
+                f"workload.attachPid {self.attach_pid}: its stdout is not a file, so the drill "
+                "cannot read the job's progress; start torchrun with `> train.log 2>&1`"
+            )
+        self._attached_file = open(stdout, "rb")  # noqa: SIM115
+        self._attached_file.seek(0, os.SEEK_END)
+        reader = threading.Thread(
+            target=self._follow_file,
+            args=(self._attached_file,),
+            name="recoverygate-local-output",
+            daemon=True,
+        )
+        reader.start()
+        self._threads.append(reader)
+
+    def _follow_file(self, handle: IO[bytes]) -> None:
+        """Tail the attached agent's output file until cleanup."""
+        while not self._stop.is_set():
+            chunk = handle.read(65536)
+            if not chunk:
+                self._stop.wait(POLL_INTERVAL)
+                continue
+            received = self._clock.now()
+            self._keep_output(chunk)
+            self._source.feed(chunk, received, stream="attached")
+
+    # ------------------------------------------------------------------ scanning
+
+    def _remember(self, identity: _Identity) -> None:
+        with self._lock:
+            self._seen[identity.pid] = identity
+            with contextlib.suppress(OSError):
+                self._sessions.add(os.getsid(identity.pid))
+
+    def _environ(self, proc: psutil.Process, identity: _Identity) -> dict[str, str] | None:
+        """The process's environment, cached once it shows RANK (or once it is old enough)."""
+        if identity in self._environ_cache:
+            return self._environ_cache[identity]
+        try:
+            environ = proc.environ()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            return None
+        if "RANK" in environ or time.time() - identity.create_time > ENVIRON_RETRY_AGE:
+            self._environ_cache[identity] = environ
+        return environ
+
+    def _scan(self) -> _Scan:
+        """Every live descendant of the agent, and which of them are torchrun workers.
+
+        One pass over the process table (one ``/proc/<pid>/stat`` read each) per scan:
+        ``Process.children()`` would walk the whole table once per root.
+        """
+        if self._agent is None:
+            return _Scan((), ())
+        table: dict[int, psutil.Process] = {}
+        children: dict[int, list[int]] = {}
+        for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+            if proc.info["ppid"] is None or proc.info["create_time"] is None:
+                continue
+            table[proc.pid] = proc
+            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        # Roots: the agent, and (for orphans of a dead agent) every process seen before.
+        with self._lock:
+            known = [self._agent, *self._seen.values()]
+        pending = [
+            i.pid
+            for i in known
+            if i.pid in table
+            and f"{table[i.pid].info['create_time']:.3f}" == f"{i.create_time:.3f}"
+        ]
+        procs: dict[int, psutil.Process] = {}
+        while pending:
+            pid = pending.pop()
+            if pid in procs or pid not in table:
+                continue
+            procs[pid] = table[pid]
+            pending.extend(children.get(pid, ()))
+        workers: list[_WorkerProc] = []
+        identities: list[_Identity] = []
+        for proc in procs.values():
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            identity = _Identity(proc.pid, proc.info["create_time"])
+            parent_pid = proc.info["ppid"]
+            identities.append(identity)
+            if identity == self._agent:
+                continue
+            environ = self._environ(proc, identity)
+            if not environ or "RANK" not in environ:
+                continue
+            parent = procs.get(parent_pid)
+            if parent is not None and parent.pid != self._agent.pid:
+                parent_identity = _Identity(parent.pid, parent.info["create_time"])
+                parent_env = self._environ(parent, parent_identity)
+                if parent_env and "RANK" in parent_env:
+                    continue  # a worker's own subprocess (e.g. a DataLoader worker)
+            with contextlib.suppress(ValueError):
+                workers.append(
+                    _WorkerProc(
+                        identity=identity,
+                        rank=int(environ["RANK"]),
+                        local_world_size=int(environ.get("LOCAL_WORLD_SIZE", "1")),
+                        restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                    )
+                )
+        for identity in identities:
+            self._remember(identity)
+        return _Scan(tuple(workers), tuple(identities))
+
+    @staticmethod
+    def _complete_group(scan: _Scan) -> dict[int, _WorkerProc] | None:
+        """The newest restart generation's workers by rank, if all local ranks are up."""
+        if not scan.workers:
+            return None
+        newest = max(w.restart_count for w in scan.workers)
+        group = {w.rank: w for w in scan.workers if w.restart_count == newest}
+        size = max(w.local_world_size for w in group.values())
+        return group if len(group) >= size else None
+
+    def _agent_exit(self) -> str | None:
+        """A description of how the agent ended, or None while it runs."""
+        if self._popen is not None:
+            code = self._popen.poll()
+            if code is None:
+                return None
+            return f"the torchrun agent exited with code {code}"
+        if self._agent is not None and self._agent.process() is None:
+            return f"the torchrun agent (pid {self._agent.pid}) is gone"
+        return None
+
+    # ------------------------------------------------------------------ watching
+
+    def _emit(self, kind: GroupEventKind, detail: str, **extra: Any) -> None:
+        with self._lock:
+            self._events.append(GroupEvent(kind, self._clock.now(), detail, **extra))
+        self._clock.wakeup()
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._watch_once()
+            except Exception as exc:  # never die silently: the drill would wait for nothing
+                self._emit(GroupEventKind.JOB_FAILED, f"watching the job failed: {exc!r}")
+                return
+            if self._job_failed_reported:
+                return
+            self._poke.wait(POLL_INTERVAL if self._recovering else IDLE_POLL_INTERVAL)
+            self._poke.clear()
+
+    def _watch_once(self) -> None:
+        scan = self._scan()
+        alive = {w.identity for w in scan.workers}
+        # 1. a member of the current group disappeared
+        if not self._gone_reported:
+            missing = [w for w in self._group.values() if w.identity not in alive]
+            if missing:
+                victim = self._victim
+                first = next((w for w in missing if w.identity == victim), missing[0])
+                self._gone_reported = True
+                self._emit(
+                    GroupEventKind.WORKER_GONE,
+                    f"rank {first.rank} (pid {first.identity.pid}) is gone",
+                    worker=self._worker(first),
+                )
+        # 2. a new restart generation appeared
+        newest = max((w.restart_count for w in scan.workers), default=self._generation)
+        if newest > self._generation:
+            self._generation = newest
+            self._group = {}
+            self._gone_reported = False
+            self._running_reported = False
+            self._emit(
+                GroupEventKind.RESTARTING,
+                f"torchrun restarted the worker group (TORCHELASTIC_RESTART_COUNT={newest})",
+                restart_count=newest - self._base_restart,
+            )
+        # 3. the new generation is complete
+        current = {w.rank: w for w in scan.workers if w.restart_count == self._generation}
+        for rank, worker in current.items():
+            self._group.setdefault(rank, worker)
+        if not self._running_reported and len(current) >= self._local_world_size:
+            self._running_reported = True
+            self._recovering = False
+            pids = ", ".join(f"rank {r} pid {w.identity.pid}" for r, w in sorted(current.items()))
+            self._emit(
+                GroupEventKind.REPLACEMENT_RUNNING,
+                f"all {len(current)} local ranks running again ({pids})",
+                restart_count=self._generation - self._base_restart,
+            )
+        # 4. the agent exited: the job will not come back
+        failure = self._agent_exit()
+        if failure is not None and not self._job_failed_reported:
+            self._job_failed_reported = True
+            # Let the reader drain the agent's last words (its root-cause summary).
+            drained = time.monotonic() + OUTPUT_DRAIN_TIMEOUT
+            while self._source.open_streams and time.monotonic() < drained:
+                time.sleep(0.01)
+            cause = _root_cause(self.raw_output())
+            self._emit(GroupEventKind.JOB_FAILED, f"{failure}{': ' + cause if cause else ''}")
+
+    def _worker(self, proc: _WorkerProc) -> Worker:
+        return Worker(
+            rank=proc.rank,
+            name=f"rank {proc.rank} pid {proc.identity.pid}",
+            instance_id=proc.identity.instance_id,
+            node=socket.gethostname(),
+        )
+
+    # ------------------------------------------------------------------ cleanup
+
+    def _end_processes(self) -> list[str]:
+        """SIGTERM the agent, then SIGKILL and reap everything left; return what survived."""
+        if self._popen is not None and self._popen.poll() is None and self._agent is not None:
+            agent = self._agent.process()
+            if agent is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    agent.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._popen.wait(timeout=TERM_GRACE)
+        with contextlib.suppress(Exception):
+            self._scan()  # remember anything that appeared at the last moment
+        targets = self._live_job_processes()
+        for proc in targets:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                proc.kill()
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=REAP_TIMEOUT)
+        deadline = time.monotonic() + REAP_TIMEOUT
+        while time.monotonic() < deadline:
+            self._reap_orphans()
+            remaining = self._live_job_processes()
+            if not remaining:
+                return []
+            for proc in remaining:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    proc.kill()
+            time.sleep(POLL_INTERVAL)
+        return [f"pid {p.pid}" for p in self._live_job_processes()]
+
+    def _live_job_processes(self) -> list[psutil.Process]:
+        """Every live process that is ours: seen before, a descendant, or an adopted orphan."""
+        found: dict[int, psutil.Process] = {}
+        with self._lock:
+            known = list(self._seen.values())
+            sessions = set(self._sessions)
+        for identity in known:
+            proc = identity.process()
+            if proc is None:
+                continue
+            found[proc.pid] = proc
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+                for child in proc.children(recursive=True):
+                    found.setdefault(child.pid, child)
+        # Orphans re-parented to us (we are a subreaper) that belong to the job's sessions.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(OSError):
+                    if os.getsid(child.pid) in sessions:
+                        found.setdefault(child.pid, child)
+        alive = []
+        for proc in found.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+        return alive
+
+    def _reap_orphans(self) -> None:
+        """Collect the exit status of adopted orphans so no zombie is left behind."""
+        with self._lock:
+            known = [
+                i for i in self._seen.values() if self._popen is None or i.pid != self._popen.pid
+            ]
+        for identity in known:
+            # Only a zombie that is still *our* process: never reap another code's child.
+            with contextlib.suppress(psutil.Error, ChildProcessError, OSError):
+                proc = psutil.Process(identity.pid)
+                same = f"{proc.create_time():.3f}" == f"{identity.create_time:.3f}"
+                if same and proc.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(identity.pid, os.WNOHANG)
+
+
+def _pidfd_open(pid: int) -> int | None:
+    """A pidfd pinning ``pid``'s current process, or None where pidfds are unavailable."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None or not hasattr(signal, "pidfd_send_signal"):
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
+
+
+def _resolve_executable(program: str) -> str:
+    """Find ``program`` on PATH, then next to this Python (a venv's torchrun when not activated)."""
+    if os.sep in program:
+        return program
+    found = shutil.which(program) or shutil.which(program, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise DiscoveryError(
+            f"workload.command: {program!r} was not found on PATH nor next to {sys.executable}; "
+            "install it (pip install torch) or give its full path"
+        )
+    return found
+
+
+_ERROR_LINE = re.compile(
+    r"^(?:\[\w-]+\]:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))(?::[ \t]*(.*))?$", re.M
+)
+_ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S
+)
+_NO_TRACEBACK = "To enable traceback"
+_MAX_MESSAGE = 300
+
+
+def _root_cause(output: str) -> str:
+    """Why the job ended, in one line: torchrun's error, its root-cause rank, the worker's error.
+
+    torchrun ends with ``ChildFailedError`` and a "Root Cause" block naming the first
+    rank that failed and how (a signal, or an exit code); the worker's own exception is
+    the last other ``SomethingError: message`` line before it.
+    """
+    tail = output[-50000:]
+    errors = [
+        (m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip())
+        for m in _ERROR_LINE.finditer(tail)
+    ]
+    parts: list[str] = []
+    launcher = next((e for e in reversed(errors) if e[0] == "ChildFailedError"), None)
+    if launcher is not None:
+        parts.append(launcher[0])
+    cause = _ROOT_CAUSE.search(tail)
+    if cause:
+        rank, code, trace = cause.group(1), cause.group(2), cause.group(3).strip()
+        how = f" ({trace})" if trace and not trace.startswith(_NO_TRACEBACK) else ""
+        parts.append(f"root cause rank {rank}, exit code {code}{how}")
+    worker = next((e for e in reversed(errors) if e[0] != "ChildFailedError"), None)
+    if worker is not None:
+        name, message = worker
+        parts.append(
+            f"last worker error: {name}: {message}" if message else f"last worker error: {name}"
+        )
+    return "; ".join(parts)[:_MAX_MESSAGE]
