@@ -87,8 +87,20 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
     if kill is not None:
         ax.axvline(0.0, color="#cf222e", lw=2, label="kill")
         slo = doc.get("maxRecoveryTimeSeconds")
-        if slo:
+        seen = [t for points in series.values() for t, _ in points]
+        seen += [v for v in (doc.get("breakdown") or {}).values() if v is not None]
+        right = max([*seen, 0.0])
+        left = min([*seen, 0.0])
+        span = max(right - left, 1.0)
+        if slo and slo <= right + 0.5 * span:
             ax.axvspan(0.0, slo, color="#2da44e", alpha=0.08, label=f"SLO window ({slo:g}s)")
+            right = max(right, slo)
+        elif slo:  # a generous SLO would squash the picture: show where it goes on
+            edge = right + 0.15 * span
+            ax.axvspan(0.0, edge, color="#2da44e", alpha=0.08,
+                       label=f"SLO window ({slo:g}s, continues right)")
+            right = edge
+        ax.set_xlim(left - 0.05 * span, right + 0.05 * span)
         for row, (key, label) in enumerate(_PHASE_LABELS.items()):
             at = (doc.get("breakdown") or {}).get(key)
             if at is not None:
