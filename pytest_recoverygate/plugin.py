@@ -48,8 +48,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("drill_report_dir", HELP_REPORT_DIR, default="")
 
 
+_RESULTS = pytest.StashKey[list[tuple[str, "DrillResult"]]]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
+    config.stash[_RESULTS] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One block per drill: verdict, figures and the recovery breakdown."""
+    results = config.stash.get(_RESULTS, [])
+    if not results or config.get_verbosity() < 0:
+        return
+    from pytest_recoverygate.report import figures
+
+    terminalreporter.section("recoverygate drills")
+    for nodeid, result in results:
+        shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
+        terminalreporter.write_line(f"{result.verdict.value} {nodeid}: {result.summary}")
+        if shown:
+            terminalreporter.write_line("  " + "  ".join(f"{k}={v}" for k, v in shown.items()))
+        if result.breakdown:
+            terminalreporter.write_line("  recovery breakdown (s after kill): " + ", ".join(
+                f"{k}={'unknown' if v is None else f'{v:.3f}'}"
+                for k, v in result.breakdown.items()))
 
 
 def _dry_run(config: pytest.Config) -> bool:
@@ -236,6 +259,7 @@ def _run_and_judge(
     except DrillInterrupted:
         raise KeyboardInterrupt from None
     _record_junit(node, result)
+    pconfig.stash.setdefault(_RESULTS, []).append((node.nodeid, result))
     if result.verdict in (Verdict.FAIL, Verdict.ERROR) and raise_on_fail:
         import io
 

@@ -195,3 +195,16 @@ def test_a_bad_override_names_the_key_and_says_it_was_an_override(
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*drill.yaml (override): expectations.maxRecoveryTime*soon*"])
+
+
+def test_the_terminal_summary_lists_each_drill_with_its_breakdown(
+    pytester: pytest.Pytester,
+) -> None:
+    path = drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}})
+    result = pytester.runpytest(f"--drill-config={path}")
+    result.stdout.fnmatch_lines([
+        "*= recoverygate drills =*",
+        "FAIL recovery-test.yaml::drill: resumed from step 0, expected step 40*",
+        "*resumeStep=0*expectedResumeStep=40*",
+        "*recovery breakdown (s after kill): failureDetected=0.100*checkpointLoaded=unknown*",
+    ])
