@@ -11,6 +11,8 @@ import yaml
 
 from pytest_recoverygate.config import DrillConfig, load_config
 
+pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per session, for all folders
+
 FAKE_DRILL: dict[str, Any] = {
     "workload": {
         "orchestrator": "fake",

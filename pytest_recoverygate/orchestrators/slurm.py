@@ -85,6 +85,7 @@ FaultType = Literal["KillWorker", "KillStep", "Requeue"]
 FAULT_TYPES: tuple[str, ...] = ("KillWorker", "KillStep", "Requeue")
 
 PROBE_STEP_NAME = "recoverygate-probe"
+_INSTANCE_ID = re.compile(r"(?P<job>[^./@]+)\.(?P<step>[^/@]+)/(?P<pid>\d+)@(?P<start>\d+)")
 KILL_STEP_NAME = "recoverygate-kill"
 SQUEUE_FIELDS = ("JobID", "Name", "UserName", "State", "Reason", "Partition", "NodeList")
 
@@ -979,6 +980,17 @@ class SlurmOrchestrator:
         job_id = details.get("job", self.job_id or "")
         step = details.get("step", "")
         if self.fault == "KillWorker":
+            # The instance id is the identity: job.step/pid@start, as discover() issued it.
+            # Details are for display only, so a stale Worker can never aim at a live pid.
+            match = _INSTANCE_ID.fullmatch(worker.instance_id)
+            if match is None:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self.clock.now(),
+                    f"{worker.instance_id!r} is not a SLURM worker instance this drill "
+                    "discovered; nothing was touched",
+                )
+            details.update(match.groupdict())
             result = self._kill_worker(worker, details, dry_run)
         else:
             result = self._kill_job_level(job_id, step, details, dry_run)

@@ -1,73 +1,13 @@
-"""A real one-node Slurm cluster for the tests in this folder, brought up once per session.
-
-The cluster is scripts/slurm-cluster's: slurmctld + slurmd + munged under one temporary
-folder on loopback, reached through SLURM_CONF. Tests that need it skip with the reason
-when Slurm is not installed here (CI installs it). Set RECOVERYGATE_SLURM_CLUSTER=DIR to
-reuse a cluster that is already up (``scripts/slurm-cluster up DIR``) instead.
-"""
+"""Fixtures of the slurm tests: the session cluster (tests/slurm/cluster_fixture.py,
+registered for every folder by tests/conftest.py) and a per-test view of it."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from slurm_testcluster import SlurmCluster
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "slurm-cluster"
-VENV_BIN = ROOT / ".venv" / "bin"
-
-
-def _slurm_missing() -> str | None:
-    for binary in ("slurmctld", "slurmd", "munged"):
-        if shutil.which(binary) is None and not Path("/usr/sbin", binary).exists():
-            return (
-                f"Slurm is not installed here ({binary} not found); "
-                "run 'scripts/slurm-cluster install' (CI does)"
-            )
-    if os.geteuid() != 0:
-        return "the one-node test cluster runs its daemons as root; run the slurm tests as root"
-    return None
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    reason = _slurm_missing()
-    if reason:
-        pytest.skip(reason)
-    reuse = os.environ.get("RECOVERYGATE_SLURM_CLUSTER")
-    folder = Path(reuse) if reuse else tmp_path_factory.mktemp("slurm-cluster")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-    env["SLURM_CONF"] = str(folder / "etc" / "slurm.conf")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "reporter")])
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    if not reuse:
-        proc = subprocess.run(
-            [str(SCRIPT), "up", str(folder)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if proc.returncode != 0:
-            subprocess.run(
-                [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=60, check=False
-            )
-            pytest.fail(f"scripts/slurm-cluster up failed:\n{proc.stderr}")
-    cluster = SlurmCluster(folder=folder, conf=env["SLURM_CONF"], env=env)
-    try:
-        yield cluster
-    finally:
-        cluster.cancel_all()
-        if not reuse:
-            subprocess.run(
-                [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
-            )
+from tests.slurm.slurm_testcluster import SlurmCluster
 
 
 @pytest.fixture

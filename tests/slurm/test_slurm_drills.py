@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_testcluster import SlurmCluster
 
 from pytest_recoverygate.config import parse_config
 from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
+from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from slurm_testcluster import SlurmCluster
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.model import (
@@ -35,6 +34,7 @@ from pytest_recoverygate.model import (
 )
 from pytest_recoverygate.orchestrators.base import RealClock
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator, parse_listpids
+from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -1,0 +1,1 @@
+"""One contract-test suite run against every Orchestrator implementation."""

@@ -1,0 +1,515 @@
+"""Harnesses for the Orchestrator contract suite: a running job per backend, and eyes on it.
+
+The contract tests (test_orchestrator_contract.py) are written once, against
+:class:`Harness`. Each builder here starts one job on its backend the cheapest real way,
+discovers it, and tells the tests how to look at the world *without asking the
+orchestrator under test*:
+
+- fake: :class:`FakeOrchestrator` on a :class:`SimulatedClock`. Its world is its own
+  simulation, so there ``discover()`` (idempotent for the fake) is the view of the world;
+- local: real torchrun with examples/local/train.py (built as tests/test_local_orchestrator
+  builds it); processes are checked with psutil by ``pid`` + start time;
+- kubernetes: the real client against tests/kube's fake API server, the pods played by its
+  :class:`FakeTrainingJob`; pods are checked in the server's own table by name and uid;
+- slurm: the one-node cluster of tests/slurm (its session fixture); ranks are checked in
+  ``/proc`` by pid + start ticks, replacements found with ``scontrol listpids``.
+
+Per backend and module there are two jobs, started lazily: ``backend`` for the checks that
+must kill nothing, and ``disposable_backend`` for the kill and the cleanup checks. A
+disposable job is started again only when a test has cleaned it up already, so in file
+order the kill and the cleanup checks share one job (two torchrun launches in all). A job
+that a check killed by mistake (a contract violation) is replaced for the next test, so
+one violation fails one test, not every test after it.
+
+Which threads did an orchestrator start? :class:`ThreadSpy` wraps ``Thread.start`` for
+the module and labels each new thread with the label of the thread that started it: the
+test thread carries the harness's label while its orchestrator is built and while a test
+runs, the world (API server, training-job helpers) is built under another label. Threads
+the API server starts to serve the orchestrator's requests are the server's, not the
+orchestrator's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psutil
+import pytest
+
+from pytest_recoverygate.model import Worker, Workload
+from pytest_recoverygate.orchestrators.base import Clock, Orchestrator, RealClock, SimulatedClock
+from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+
+if TYPE_CHECKING:
+    from tests.slurm.slurm_testcluster import SlurmCluster
+
+__all__ = ["Harness", "ThreadSpy"]
+
+T = TypeVar("T")
+
+SLURM_SHARED = (  # prints one RECOVERYGATE/v1 line, then two ranks that do nothing
+    "#!/bin/bash\n"
+    "python3 -c 'from recoverygate import reporter; reporter.checkpoint_completed(10)'\n"
+    "srun --overcommit -n2 sleep 600\n"
+)
+SLURM_DISPOSABLE = (  # torchrun restarts the killed rank inside the step: a replacement
+    "#!/bin/bash\n"
+    "srun -n1 torchrun --standalone --nproc-per-node=2 --max-restarts=2 --monitor-interval=0.2 "
+    "--no-python sleep 600\n"
+)
+
+
+# --------------------------------------------------------------------------- threads
+
+
+class ThreadSpy:
+    """Labels every thread started while installed with the label of its starter."""
+
+    def __init__(self) -> None:
+        self._labels: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._original = threading.Thread.start
+
+    def install(self) -> None:
+        spy, original = self, self._original
+
+        def start(thread: threading.Thread) -> None:
+            label = spy.current_label()
+            if label is not None:
+                with spy._lock:
+                    spy._labels[thread] = label
+            original(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign, assignment]
+
+    def uninstall(self) -> None:
+        threading.Thread.start = self._original  # type: ignore[method-assign]
+
+    def current_label(self) -> str | None:
+        own: str | None = getattr(self._local, "label", None)
+        if own is not None:
+            return own
+        with self._lock:
+            return self._labels.get(threading.current_thread())
+
+    @contextlib.contextmanager
+    def labelled(self, label: str) -> Iterator[None]:
+        """Threads started by this thread (and by those threads) get ``label``."""
+        previous = getattr(self._local, "label", None)
+        self._local.label = label
+        try:
+            yield
+        finally:
+            self._local.label = previous
+
+    def started(self, label: str) -> list[threading.Thread]:
+        with self._lock:
+            return [t for t, owner in list(self._labels.items()) if owner == label]
+
+    def alive(self, label: str) -> list[threading.Thread]:
+        return [t for t in self.started(label) if t.is_alive()]
+
+
+# --------------------------------------------------------------------------- harness
+
+
+@dataclass
+class Harness:
+    """One discovered job on one backend, and how a test checks the world around it.
+
+    ``alive(worker)`` and ``current(rank)`` look at the world directly (processes, pods),
+    never through the orchestrator; ``stale_id(worker)`` is a plausible instance id of an
+    earlier instance of the same rank; ``pause`` lets the world move on (simulated time
+    for the fake); ``patience`` bounds every wait, in clock seconds.
+    """
+
+    kind: str
+    label: str
+    orchestrator: Orchestrator
+    clock: Clock
+    workload: Workload
+    alive: Callable[[Worker], bool]
+    current: Callable[[int], Worker | None]
+    stale_id: Callable[[Worker], str]
+    pause: Callable[[float], None]
+    patience: float
+    exit_stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    cleaned: bool = False  # cleanup() ran: the next test gets a new job
+    spoiled: bool = False  # a check killed a worker it must not have: the next test gets a new job
+
+    @property
+    def target(self) -> Worker:
+        """Rank 1, the drill's default target."""
+        worker = self.workload.by_rank(1)
+        assert worker is not None, f"{self.kind}: no rank 1 in {self.workload}"
+        return worker
+
+    def stale(self, worker: Worker) -> Worker:
+        """The same rank and name, but an instance that no longer exists."""
+        return dataclasses.replace(worker, instance_id=self.stale_id(worker))
+
+    def eventually(self, check: Callable[[], T | None], what: str) -> T:
+        """Poll ``check`` until it returns something, for at most ``patience`` seconds."""
+        deadline = self.clock.now() + self.patience
+        while True:
+            found = check()
+            if found is not None:
+                return found
+            if self.clock.now() >= deadline:
+                pytest.fail(f"{self.kind}: no {what} within {self.patience:.0f} s")
+            self.pause(0.05)
+
+    def close(self) -> None:
+        self.exit_stack.close()
+
+
+Builder = Callable[[str, str, Path], Harness]
+
+
+def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
+    clock = SimulatedClock()
+    with spy.labelled(label):
+        orchestrator = FakeOrchestrator(clock=clock, workers=3)
+        conforming: Orchestrator = orchestrator  # the static check (mypy)
+        workload = conforming.discover(clock.now() + 60)
+
+    def live_ids() -> dict[int, Worker]:
+        return {w.rank: w for w in orchestrator.discover(clock.now() + 60).workers}
+
+    harness = Harness(
+        kind="fake",
+        label=label,
+        orchestrator=orchestrator,
+        clock=clock,
+        workload=workload,
+        alive=lambda w: any(x.instance_id == w.instance_id for x in live_ids().values()),
+        current=lambda rank: live_ids().get(rank),
+        stale_id=lambda w: f"fake-{w.rank}-999",
+        pause=clock.wait,
+        patience=60.0,
+    )
+    harness.exit_stack.callback(orchestrator.cleanup)
+    return harness
+
+
+def _process_alive(pid: int, created: str) -> bool:
+    """The process ``pid`` started at ``created`` (psutil, 1 ms) still runs."""
+    try:
+        proc = psutil.Process(pid)
+        return f"{proc.create_time():.3f}" == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
+    from pytest_recoverygate.orchestrators.local import LocalOrchestrator
+    from tests.test_local_orchestrator import job_env, torchrun
+
+    clock = RealClock()
+    harness_stack = contextlib.ExitStack()
+    with spy.labelled(label):
+        orchestrator = LocalOrchestrator(torchrun(tmp, max_restarts=3), tmp, job_env(), clock=clock)
+        harness_stack.callback(orchestrator.cleanup)
+        conforming: Orchestrator = orchestrator  # the static check (mypy)
+        try:
+            workload = conforming.discover(time.time() + 120)
+        except BaseException:
+            harness_stack.close()
+            raise
+    agent = psutil.Process(int(workload.workers[0].instance_id.split("@")[0])).ppid()
+
+    def alive(worker: Worker) -> bool:
+        pid, _, created = worker.instance_id.partition("@")
+        return pid.isdigit() and _process_alive(int(pid), created)
+
+    def current(rank: int) -> Worker | None:
+        """The agent's newest live child whose environment says RANK=rank."""
+        best: psutil.Process | None = None
+        try:
+            children = psutil.Process(agent).children()
+        except psutil.NoSuchProcess:
+            return None
+        for proc in children:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if proc.environ().get("RANK") != str(rank):
+                    continue
+                if best is None or proc.create_time() > best.create_time():
+                    best = proc
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if best is None:
+            return None
+        return Worker(rank, f"pid {best.pid}", f"{best.pid}@{best.create_time():.3f}")
+
+    def stale_id(worker: Worker) -> str:
+        pid, _, created = worker.instance_id.partition("@")
+        return f"{pid}@{float(created) - 60:.3f}"
+
+    return Harness(
+        kind="local",
+        label=label,
+        orchestrator=orchestrator,
+        clock=clock,
+        workload=workload,
+        alive=alive,
+        current=current,
+        stale_id=stale_id,
+        pause=time.sleep,
+        patience=120.0,
+        exit_stack=harness_stack,
+    )
+
+
+def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
+    pytest.importorskip("kubernetes")
+    from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
+    from tests.kube.fake_apiserver import FakeApiServer
+    from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
+
+    clock = RealClock()
+    stack = contextlib.ExitStack()
+    try:
+        with spy.labelled(f"{label}-world"):
+            server = stack.enter_context(FakeApiServer(bookmark_interval=0.5))
+            kubeconfig = server.write_kubeconfig(tmp / "kubeconfig", namespace=NAMESPACE)
+            job = FakeTrainingJob(server, nodes=3)
+            stack.callback(job.stop)
+            job.start(wait_for_checkpoint=10)
+        with spy.labelled(label):
+            # the same settings as tests/kube's make_orchestrator fixture
+            orchestrator = KubernetesOrchestrator(
+                selector=job.selector,
+                kubeconfig=kubeconfig,
+                watch_timeout_seconds=5,
+                request_timeout=5.0,
+                clock=clock,
+            )
+            stack.callback(orchestrator.cleanup)
+            conforming: Orchestrator = orchestrator  # the static check (mypy)
+            workload = conforming.discover(time.time() + 30)
+    except BaseException:
+        stack.close()
+        raise
+
+    def alive(worker: Worker) -> bool:
+        pod = server.get_pod(NAMESPACE, worker.name)
+        return (
+            pod is not None
+            and pod["metadata"]["uid"] == worker.instance_id
+            and not pod["metadata"].get("deletionTimestamp")
+        )
+
+    def current(rank: int) -> Worker | None:
+        try:
+            pod = job.pod(rank)
+        except (KeyError, AssertionError):
+            return None
+        return Worker(rank, pod["metadata"]["name"], pod["metadata"]["uid"])
+
+    return Harness(
+        kind="kubernetes",
+        label=label,
+        orchestrator=orchestrator,
+        clock=clock,
+        workload=workload,
+        alive=alive,
+        current=current,
+        stale_id=lambda w: str(uuid.uuid4()),
+        pause=time.sleep,
+        patience=30.0,
+        exit_stack=stack,
+    )
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: state, ppid, ... ([19] = start ticks since boot,
+    the start time Slurm's probe reads)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _proc_environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def _build_slurm(
+    purpose: str, label: str, tmp: Path, spy: ThreadSpy, cluster: SlurmCluster
+) -> Harness:
+    from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
+
+    script = SLURM_SHARED if purpose == "shared" else SLURM_DISPOSABLE
+    args = ("-n2",) if purpose == "shared" else ("-n1",)
+    # --overcommit and --oversubscribe: both jobs fit the 2-CPU node at once.
+    job_id = cluster.submit(script, *args, "--overcommit", "--oversubscribe", workdir=tmp)
+    clock = RealClock()
+    stack = contextlib.ExitStack()
+    stack.callback(lambda: cluster.run("scancel", job_id, check=False))
+    try:
+        with spy.labelled(label):
+            orchestrator = SlurmOrchestrator(
+                job_id=job_id, clock=clock, env=cluster.env, poll_interval=0.5
+            )
+            stack.callback(orchestrator.cleanup)
+            conforming: Orchestrator = orchestrator  # the static check (mypy)
+            workload = conforming.discover(time.time() + 120)
+    except BaseException:
+        stack.close()
+        raise
+
+    def alive(worker: Worker) -> bool:
+        pid, _, start = worker.instance_id.rpartition("/")[2].partition("@")
+        stat = _proc_stat(int(pid)) if pid.isdigit() else None
+        return stat is not None and stat[0] != "Z" and stat[19] == start
+
+    def current(rank: int) -> Worker | None:
+        """The job's live process that is rank ``rank`` (its RANK, else its task id)."""
+        listing = cluster.run("scontrol", "listpids", job_id, check=False)
+        rows = []
+        for line in listing.splitlines():
+            parts = line.split()
+            if len(parts) >= 5 and parts[0].isdigit() and parts[2].isdigit():
+                env = _proc_environ(int(parts[0]))
+                rows.append((int(parts[0]), parts[2], parts[4], env.get("RANK")))
+        by_rank_env = any(r[3] is not None for r in rows)
+        pids = {r[0] for r in rows}
+        for pid, step, global_id, rank_env in rows:
+            own = rank_env if by_rank_env else global_id
+            if own != str(rank):
+                continue
+            stat = _proc_stat(pid)
+            if stat is None or stat[0] == "Z":
+                continue
+            parent = int(stat[1])
+            if by_rank_env and parent in pids and _proc_environ(parent).get("RANK"):
+                continue  # a rank's own child
+            return Worker(rank, f"{job_id}.{step} rank {rank}", f"{job_id}.{step}/{pid}@{stat[19]}")
+        return None
+
+    def stale_id(worker: Worker) -> str:
+        head, _, start = worker.instance_id.rpartition("@")
+        return f"{head}@{int(start) - 1}"
+
+    return Harness(
+        kind="slurm",
+        label=label,
+        orchestrator=orchestrator,
+        clock=clock,
+        workload=workload,
+        alive=alive,
+        current=current,
+        stale_id=stale_id,
+        pause=time.sleep,
+        patience=120.0,
+        exit_stack=stack,
+    )
+
+
+# --------------------------------------------------------------------------- fixtures
+
+BACKENDS = [
+    pytest.param("fake", id="fake"),
+    pytest.param("local", marks=(pytest.mark.local, pytest.mark.e2e), id="local"),
+    pytest.param("kubernetes", marks=pytest.mark.kubernetes, id="kubernetes"),
+    pytest.param("slurm", marks=(pytest.mark.slurm, pytest.mark.e2e), id="slurm"),
+]
+
+
+class Jobs:
+    """One backend's jobs for one module, started on first use, closed at module end."""
+
+    def __init__(self, kind: str, build: Builder, tmp: pytest.TempPathFactory) -> None:
+        self.kind = kind
+        self._build = build
+        self._tmp = tmp
+        self._made: dict[str, Harness] = {}
+        self._all: list[Harness] = []
+
+    def get(self, purpose: str) -> Harness:
+        harness = self._made.get(purpose)
+        if harness is None or harness.cleaned or harness.spoiled:
+            label = f"{self.kind}-{purpose}-{len(self._all)}"
+            harness = self._build(purpose, label, self._tmp.mktemp(label))
+            self._made[purpose] = harness
+            self._all.append(harness)
+        return harness
+
+    def close(self) -> None:
+        errors: list[BaseException] = []
+        for harness in reversed(self._all):
+            try:
+                harness.close()
+            except Exception as exc:  # close every job; report the first failure
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def thread_spy() -> Iterator[ThreadSpy]:
+    spy = ThreadSpy()
+    spy.install()
+    try:
+        yield spy
+    finally:
+        spy.uninstall()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def jobs(
+    request: pytest.FixtureRequest,
+    thread_spy: ThreadSpy,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Jobs]:
+    kind: str = request.param
+    build: Builder
+    if kind == "fake":
+        build = functools.partial(_build_fake, spy=thread_spy)
+    elif kind == "local":
+        build = functools.partial(_build_local, spy=thread_spy)
+    elif kind == "kubernetes":
+        build = functools.partial(_build_kubernetes, spy=thread_spy)
+    else:
+        cluster: Any = request.getfixturevalue("slurm_cluster")  # skips without Slurm
+        build = functools.partial(_build_slurm, spy=thread_spy, cluster=cluster)
+    pool = Jobs(kind, build, tmp_path_factory)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def backend(jobs: Jobs, thread_spy: ThreadSpy) -> Iterator[Harness]:
+    """A running job for checks that must kill nothing (shared by the module's tests)."""
+    harness = jobs.get("shared")
+    with thread_spy.labelled(harness.label):
+        yield harness
+
+
+@pytest.fixture
+def disposable_backend(jobs: Jobs, thread_spy: ThreadSpy) -> Iterator[Harness]:
+    """A running job a test may kill or clean up (started again once cleaned up)."""
+    harness = jobs.get("disposable")
+    with thread_spy.labelled(harness.label):
+        yield harness

@@ -1,0 +1,181 @@
+"""The Orchestrator contract, checked once against every backend.
+
+Each test runs for fake (simulated clock), local (real torchrun), kubernetes (the real
+client against the fake API server) and slurm (a real one-node cluster); the harnesses
+are in conftest.py. We test these aspects, as pytest_recoverygate/orchestrators/base.py
+states them:
+
+1. conformance: each adapter is an ``Orchestrator`` for mypy (``conforming: Orchestrator =
+   <concrete adapter>`` in every builder) and for ``isinstance`` at run time;
+2. discover: one worker per rank 0..n-1, in rank order, each with a name and a distinct
+   instance id, and each really running;
+3. a kill names an instance: a worker with the right rank and name but a stale instance id
+   is ALREADY_GONE (or UNCONFIRMED) and nothing dies;
+4. a dry run is DRY_RUN and nothing dies;
+5. the real kill is KILLED, stamped by the orchestrator's clock; watch_group reports the
+   target WORKER_GONE; repeating the kill with the old identity never hits the replacement;
+6. events() is one EventSource whose poll() never blocks and yields TrainingEvents;
+7. watch_group() never blocks;
+8. cleanup() runs twice, leaves poll() working and no thread of the orchestrator's alive.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    Worker,
+)
+from pytest_recoverygate.orchestrators.base import EventSource, Orchestrator
+from tests.contract.conftest import Harness, ThreadSpy
+
+NON_BLOCKING = 0.5  # seconds a never-blocking call may take on a loaded 2-core machine
+SETTLE = 1.0  # seconds the world gets to show a kill that should not have happened
+NOTHING_KILLED = {KillOutcome.ALREADY_GONE, KillOutcome.UNCONFIRMED}
+
+
+def everyone_alive(backend: Harness) -> list[Worker]:
+    """The discovered workers that are no longer running (empty when all are)."""
+    return [w for w in backend.workload.workers if not backend.alive(w)]
+
+
+def assert_nothing_died(backend: Harness, result: KillResult, expected: set[KillOutcome]) -> None:
+    """After a kill that must touch nothing: the outcome says so and every worker still runs.
+
+    A job that lost a worker here is marked spoiled, so the next test gets a new one.
+    """
+    backend.pause(SETTLE)
+    dead = everyone_alive(backend)
+    if dead or result.outcome is KillOutcome.KILLED:
+        backend.spoiled = True
+    assert result.outcome in expected, result
+    assert dead == [], f"{result} but these workers died: {[w.describe() for w in dead]}"
+
+
+def test_it_is_an_orchestrator_for_mypy_and_at_run_time(backend: Harness) -> None:
+    orchestrator = backend.orchestrator
+    assert isinstance(orchestrator, Orchestrator)
+    assert isinstance(orchestrator.events(), EventSource)
+    assert orchestrator.name == backend.kind  # the name workload.orchestrator uses
+
+
+def test_discover_returns_each_rank_once_in_order_with_a_name_and_an_instance_id(
+    backend: Harness,
+) -> None:
+    workload = backend.workload
+    ranks = [w.rank for w in workload.workers]
+    assert len(ranks) >= 2, workload
+    assert ranks == list(range(len(ranks))), f"ranks must be 0..n-1 in order, got {ranks}"
+    assert all(w.name.strip() for w in workload.workers), workload
+    assert all(w.instance_id.strip() for w in workload.workers), workload
+    ids = [w.instance_id for w in workload.workers]
+    assert len(set(ids)) == len(ids), f"instance ids must be distinct, got {ids}"
+    assert workload.job.strip()
+    assert everyone_alive(backend) == [], "discover named workers that are not running"
+
+
+def test_a_kill_with_a_stale_identity_kills_nothing(backend: Harness) -> None:
+    stale = backend.stale(backend.target)
+
+    result = backend.orchestrator.kill(stale, dry_run=False)
+
+    assert_nothing_died(backend, result, NOTHING_KILLED)
+
+
+def test_a_dry_run_kill_kills_nothing(backend: Harness) -> None:
+    result = backend.orchestrator.kill(backend.target, dry_run=True)
+
+    assert_nothing_died(backend, result, {KillOutcome.DRY_RUN})
+
+
+def test_a_kill_ends_the_target_is_reported_gone_and_never_hits_the_replacement(
+    disposable_backend: Harness,
+) -> None:
+    job = disposable_backend
+    target = job.target
+
+    before = job.clock.now()
+    result = job.orchestrator.kill(target, dry_run=False)
+    after = job.clock.now()
+
+    assert result.outcome is KillOutcome.KILLED, result
+    assert before <= result.timestamp <= after, (
+        f"kill timestamp {result.timestamp} is not from the orchestrator's clock "
+        f"(called between {before} and {after})"
+    )
+    seen: list[GroupEvent] = []
+
+    def gone() -> GroupEvent | None:
+        seen.extend(job.orchestrator.watch_group())
+        return next((e for e in seen if e.kind is GroupEventKind.WORKER_GONE), None)
+
+    reported = job.eventually(gone, "WORKER_GONE")
+    assert reported.worker is not None, reported
+    assert reported.worker.instance_id == target.instance_id, reported
+    assert not job.alive(target)
+
+    def replaced() -> Worker | None:
+        worker = job.current(target.rank)
+        if worker is None or worker.instance_id == target.instance_id:
+            return None
+        return worker if job.alive(worker) else None
+
+    replacement = job.eventually(replaced, f"replacement of rank {target.rank}")
+    again = job.orchestrator.kill(target, dry_run=False)
+
+    assert again.outcome in NOTHING_KILLED, again
+    job.pause(SETTLE)
+    assert job.alive(replacement), f"the repeated kill hit the replacement: {again}"
+
+
+def test_events_is_one_source_whose_poll_never_blocks_and_yields_training_events(
+    backend: Harness,
+) -> None:
+    source = backend.orchestrator.events()
+    assert backend.orchestrator.events() is source
+    polled: list[object] = []
+
+    def poll() -> list[object] | None:
+        started = time.monotonic()
+        got = source.poll()
+        took = time.monotonic() - started
+        assert took < NON_BLOCKING, f"poll() blocked for {took:.2f} s"
+        assert isinstance(got, list), got
+        polled.extend(got)
+        return polled or None
+
+    backend.eventually(poll, "training event")
+    assert all(isinstance(e, TrainingEvent) for e in polled), polled
+    malformed = source.malformed_lines
+    assert isinstance(malformed, int) and not isinstance(malformed, bool), malformed
+
+
+def test_watch_group_never_blocks_and_returns_a_list(backend: Harness) -> None:
+    for _ in range(5):
+        started = time.monotonic()
+        got = backend.orchestrator.watch_group()
+        took = time.monotonic() - started
+        assert took < NON_BLOCKING, f"watch_group() blocked for {took:.2f} s"
+        assert isinstance(got, list), got
+        assert all(isinstance(e, GroupEvent) for e in got), got
+        backend.pause(0.05)
+
+
+def test_cleanup_runs_twice_leaves_poll_working_and_stops_its_threads(
+    disposable_backend: Harness, thread_spy: ThreadSpy
+) -> None:
+    job = disposable_backend
+    orchestrator = job.orchestrator
+
+    job.cleaned = True
+    orchestrator.cleanup()
+    orchestrator.cleanup()
+
+    assert isinstance(orchestrator.events().poll(), list)
+    leftover = [t.name for t in thread_spy.alive(job.label)]
+    assert leftover == [], f"cleanup() left threads running: {leftover}"
