@@ -22,6 +22,15 @@ if TYPE_CHECKING:
     from pytest_recoverygate.model import Worker, Workload
     from pytest_recoverygate.runner import Status
 
+__all__ = [
+    "DESCRIPTION",
+    "EPILOG",
+    "LiveStatus",
+    "kubectl_main",
+    "main",
+    "print_result",
+]
+
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 DESCRIPTION = (

@@ -36,6 +36,20 @@ from pytest_recoverygate.model import (
     Worker,
 )
 
+__all__ = [
+    "BREAKDOWN_PHASES",
+    "Check",
+    "DrillEngine",
+    "DrillResult",
+    "DrillSpec",
+    "FailureReason",
+    "Finish",
+    "KillTarget",
+    "Phase",
+    "Verdict",
+    "step_ref",
+]
+
 
 class Phase(enum.Enum):
     """Where the drill is; see the module docstring for the transitions."""

@@ -16,6 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "BackendError",
+    "ConfigError",
+    "DiscoveryError",
+    "DrillError",
+    "DrillInterrupted",
+    "PermissionDeniedError",
+    "RecoveryGateError",
+    "UsageError",
+]
+
 
 class RecoveryGateError(Exception):
     """Base class of every error RecoveryGate raises on purpose."""

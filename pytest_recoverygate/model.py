@@ -12,6 +12,18 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = [
+    "GroupEvent",
+    "GroupEventKind",
+    "KillOutcome",
+    "KillResult",
+    "TimelineEntry",
+    "TrainingEvent",
+    "TrainingEventKind",
+    "Worker",
+    "Workload",
+]
+
 
 class TrainingEventKind(enum.Enum):
     """What a RECOVERYGATE/v1 line reported."""

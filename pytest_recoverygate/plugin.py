@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from pytest_recoverygate.engine import DrillResult
     from pytest_recoverygate.runner import Status
 
+__all__ = [
+    "HELP_CONFIG",
+    "HELP_DRY_RUN",
+    "HELP_REPORT_DIR",
+    "HELP_YES",
+    "MARKER",
+    "DrillFailed",
+    "DrillItem",
+    "RecoveryDrill",
+]
+
 HELP_CONFIG = "run the drill in this recovery-test.yaml as a test item (repeatable)"
 HELP_DRY_RUN = "run drills minus the kill: no destructive call is made"
 HELP_YES = "confirm kills without asking (drills with safety.requireConfirm are skipped without it)"

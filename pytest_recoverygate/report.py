@@ -20,6 +20,15 @@ from pytest_recoverygate.engine import DrillResult
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
 
+__all__ = [
+    "REPORT_VERSION",
+    "figures",
+    "markdown_summary",
+    "result_to_dict",
+    "write_private",
+    "write_reports",
+]
+
 REPORT_VERSION = 1
 
 

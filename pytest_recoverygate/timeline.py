@@ -15,6 +15,14 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "PICTURE_HINT",
+    "build_figure",
+    "plotting_available",
+    "series_by_incarnation",
+    "write_timeline_picture",
+]
+
 PICTURE_HINT = "install the plot extra (pip install 'recoverygate[plot]') to get timeline.png"
 
 _PHASE_LABELS = {

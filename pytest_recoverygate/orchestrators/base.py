@@ -27,6 +27,14 @@ from typing import Protocol, runtime_checkable
 
 from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
 
+__all__ = [
+    "Clock",
+    "EventSource",
+    "Orchestrator",
+    "RealClock",
+    "SimulatedClock",
+]
+
 
 @runtime_checkable
 class EventSource(Protocol):

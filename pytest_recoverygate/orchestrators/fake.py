@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.orchestrators.base import Clock
 
+__all__ = [
+    "FakeEventSource",
+    "FakeOrchestrator",
+]
+
 ResumeMode = Literal["latest", "zero", "older", "never"]
 
 

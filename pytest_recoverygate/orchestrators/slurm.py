@@ -66,10 +66,12 @@ from pytest_recoverygate.orchestrators.base import Clock, EventSource
 
 __all__ = [
     "FaultType",
+    "JobGone",
     "JobInfo",
     "OutputTail",
     "ProcessRow",
     "SlurmCommands",
+    "SlurmEventSource",
     "SlurmOrchestrator",
     "StepInfo",
     "assign_ranks",
