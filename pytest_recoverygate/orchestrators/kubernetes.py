@@ -76,7 +76,13 @@ from pytest_recoverygate.orchestrators.base import Clock, EventSource, RealClock
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
 
-__all__ = ["RBAC_EXAMPLE", "KubernetesOrchestrator", "job_of", "parse_kubelet_timestamp", "pod_rank"]
+__all__ = [
+    "RBAC_EXAMPLE",
+    "KubernetesOrchestrator",
+    "job_of",
+    "parse_kubelet_timestamp",
+    "pod_rank",
+]
 
 Pod = dict[str, Any]
 T = TypeVar("T")
