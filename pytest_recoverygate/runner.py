@@ -34,6 +34,7 @@ from pytest_recoverygate.errors import (
     DrillInterrupted,
     UsageError,
 )
+from pytest_recoverygate.lock import DrillLock, job_lock
 from pytest_recoverygate.model import (
     KillOutcome,
     KillResult,
@@ -47,6 +48,14 @@ from pytest_recoverygate.orchestrators.base import Clock, EventSource, Orchestra
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
+
+__all__ = [
+    "RunOptions",
+    "Status",
+    "check_confirmation",
+    "run_drill",
+    "spec_from_config",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +172,7 @@ class _Drill:
         self.timeline: list[TimelineEntry] = []
         self.interrupted_by = "SIGINT"
         self._last_status = 0.0
+        self.lock: DrillLock | None = None
 
     def run(self) -> DrillResult:
         result: DrillResult
@@ -211,6 +221,8 @@ class _Drill:
         self.target = target
         self._note("discovered", f"{workload.job}: {len(workload.workers)} worker(s); "
                    f"target {target.describe()}")
+        self.lock = job_lock(self.orchestrator.name, workload, target, self.config.source_path)
+        self.lock.acquire()  # a second drill against this job: DiscoveryError, nothing touched
         if not self.dry_run and self.config.safety.require_confirm and not self.options.confirmed:
             assert self.options.confirm is not None  # check_confirmation made sure
             if not self.options.confirm(target, workload):
@@ -341,6 +353,8 @@ class _Drill:
                 self.orchestrator.cleanup()
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
+        if self.lock is not None:
+            self.lock.release()
         self._note("cleanup", "; ".join(errors) or "done")
         return "; ".join(errors) or None
 

@@ -1,0 +1,125 @@
+"""A torchrun stand-in for cleanup tests: an elastic agent and workers, without torch.
+
+Why: the cleanup table runs dozens of drills on real processes; ``import torch`` costs
+2-5 s per process on a small machine, and torch is not what those rows test. This
+script behaves like torchrun where the local backend looks: the agent starts
+``--nproc`` workers, each in its own session, with ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` and ``TORCHELASTIC_RESTART_COUNT`` in their
+environment; when one dies the agent stops the others and restarts the group (up to
+``--max-restarts``), else exits 1; SIGTERM is forwarded to the workers. Workers report
+through the real ``recoverygate.reporter``, checkpoint to ``--ckpt`` and resume from it.
+
+Extra knobs for the tests: ``--spawn-grandchild`` makes every worker start a sleeping
+child (a DataLoader-like subprocess that must be cleaned up too); ``--secret-env NAME``
+makes rank 0 print that variable's *name* (never its value) so secrecy can be checked.
+
+Usage: ``python standin_job.py --nproc 2 --ckpt DIR/ckpt [--max-restarts 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--max-restarts", type=int, default=3)
+    parser.add_argument("--ckpt", type=Path, required=True)
+    parser.add_argument("--ckpt-every", type=int, default=5)
+    parser.add_argument("--step-time", type=float, default=0.01)
+    parser.add_argument("--resume", choices=["latest", "zero"], default="latest")
+    parser.add_argument("--resume-pause", type=float, default=0.0,
+                        help="report progress(resume step), then wait this long")
+    parser.add_argument("--spawn-grandchild", action="store_true")
+    parser.add_argument("--orphan-on-term", action="store_true",
+                        help="on SIGTERM, start one more worker in its own session and exit "
+                        "without stopping anything (an agent caught mid-restart)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def worker(args: argparse.Namespace) -> int:
+    from recoverygate import reporter
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # inherited from the agent
+    rank = int(os.environ["RANK"])
+    if args.spawn_grandchild:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    step = 0
+    if args.resume == "latest" and args.ckpt.exists():
+        step = int(args.ckpt.read_text() or 0)
+        if step:
+            reporter.checkpoint_loaded(step)
+            if args.resume_pause:  # "at step N" first, then a slow step: a visible VERIFYING
+                reporter.progress(step)
+                time.sleep(args.resume_pause)
+    while True:
+        step += 1
+        time.sleep(args.step_time)
+        reporter.progress(step)
+        if step % args.ckpt_every == 0 and rank == 0:
+            tmp = args.ckpt.with_suffix(".tmp")
+            tmp.write_text(str(step))
+            tmp.replace(args.ckpt)
+            reporter.checkpoint_completed(step)
+
+
+def agent(args: argparse.Namespace) -> int:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def stop_workers(sig: int = signal.SIGTERM) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def on_term(signum: int, frame: object) -> None:
+        if args.orphan_on_term:
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
+                             env=dict(os.environ, RANK="0"), start_new_session=True)
+            os._exit(143)
+        stop_workers()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    for restart in range(args.max_restarts + 1):
+        procs = []
+        for rank in range(args.nproc):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc),
+                       TORCHELASTIC_RESTART_COUNT=str(restart))
+            # SIGTERM waits until the new worker is on the list it stops (a well-behaved
+            # agent; see test_cleanup_local's orphan test for one that is not).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--worker", *sys.argv[1:]],
+                env=env, start_new_session=True,
+            ))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        while all(proc.poll() is None for proc in procs):
+            time.sleep(0.02)
+        stop_workers()
+        print(f"[standin-agent] worker group failed (restart {restart})", flush=True)
+    print("[standin-agent] no restarts left; exiting", flush=True)
+    return 1
+
+
+def main() -> int:
+    args = parse_args()
+    return worker(args) if args.worker else agent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
