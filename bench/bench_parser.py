@@ -14,8 +14,8 @@ Targets (issue 6, target 2):
   (``OutputTail``, which feeds the same parser) is measured on the same file.
 
 For context: the floor (``bytes.find`` of every sentinel, no parsing), the cost per event,
-the shared :class:`StreamEventSource` (which also builds TrainingEvents), and two
-prototypes of a faster parser (:mod:`bench.proto_parser`, not shipped).
+and the shared :class:`StreamEventSource` (which also builds TrainingEvents).
+
 The page cache is warmed first; the files live in a temporary folder that is removed.
 """
 
@@ -36,7 +36,6 @@ from recoverygate.wire import SENTINEL_BYTES, StreamParser
 
 from bench._common import Result, cpu_children, cpu_self, info, main_for, maxrss_mib, median
 from bench.loggen import Planted, generate, giant_line
-from bench.proto_parser import FastPathParser, LiteFastPathParser
 
 CHUNK = 1024 * 1024
 GIANT = 256 * 1024 * 1024
@@ -122,22 +121,16 @@ def throughput(quick: bool, tmp: Path) -> list[Result]:
     rss_before = maxrss_mib()
     greps: list[float] = []
     parses: list[tuple[float, list[int], int, int]] = []
-    protos: dict[str, list[tuple[float, list[int], int, int]]] = {
-        "fast path": [], "fast path + NamedTuple": []}
-    makers: dict[str, type[StreamParser]] = {
-        "fast path": FastPathParser, "fast path + NamedTuple": LiteFastPathParser}
     steps: list[int] = []
     malformed = held = 0
-    tools = ["grep", "shipped", *makers]
+    tools = ["grep", "shipped"]
     for i in range(reps):  # every tool once per round, the order rotating between rounds
         k = i % len(tools)
         for name in tools[k:] + tools[:k]:
             if name == "grep":
                 greps.append(_grep(log, tmp / "grep.out"))
-            elif name == "shipped":
-                parses.append(_parse(log))
             else:
-                protos[name].append(_parse(log, makers[name]))
+                parses.append(_parse(log))
     for _, found, bad, h in parses:
         held = max(held, h)
         if found != planted.steps or bad != planted.malformed:
@@ -193,18 +186,6 @@ def throughput(quick: bool, tmp: Path) -> list[Result]:
             note=f"{gbs / floor:.2f} GB/CPU-s; the rest of the parser's time is per event: "
             f"{(p - floor) / max(events + planted.malformed, 1) * 1e6:.2f} us/event",
         ),
-        *[
-            info(
-                f"  prototype: {name} (bench/proto_parser.py)",
-                g / median([r[0] for r in runs]),
-                "x grep",
-                note=f"{gbs / median([r[0] for r in runs]):.2f} GB/CPU-s, median of {reps}; "
-                + ("same events as planted"
-                   if all(r[1] == planted.steps and r[2] == planted.malformed for r in runs)
-                   else "EVENTS DIFFER"),
-            )
-            for name, runs in protos.items()
-        ],
         info(
             "  StreamEventSource.feed (64 KiB chunks, TrainingEvents)",
             (gbs / es_cpu) / (gbs / g),

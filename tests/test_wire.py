@@ -269,6 +269,12 @@ records_strategy = st.builds(
     inc=st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
     step=st.integers(0, 2**63),
     rank=st.none() | st.integers(0, 100_000),
+    # Step events carry none of the start fields (builds() would invent them).
+    pid=st.none(),
+    host=st.none(),
+    restart=st.none(),
+    local_rank=st.none(),
+    run_id=st.none(),
 )
 
 start_strategy = st.builds(

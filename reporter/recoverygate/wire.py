@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "EVENT_KINDS",
@@ -78,9 +78,12 @@ _CR = b"\r"
 _CLOSE_BRACE = ord("}")
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One parsed event, with the wire's field names (``time`` is the emitter's clock)."""
+class Record(NamedTuple):
+    """One parsed event, with the wire's field names (``time`` is the emitter's clock).
+
+    A NamedTuple rather than a frozen dataclass: just as immutable, and about ten times
+    cheaper to build, which is most of the parser's cost on a log full of events.
+    """
 
     event: str
     time: float
@@ -335,6 +338,26 @@ class StreamParser:
         limit = self.max_event_bytes
         while True:
             body = pos + _SENT_LEN
+            fast = _FAST(data, body)
+            if fast is not None:
+                # The writer's own layout, whole: no search for the line's end is needed
+                # (the pattern cannot cross a line end or a glued sentinel).
+                event, time, inc, rank, step = fast.groups()
+                out.append(
+                    Record(
+                        _EVENT_NAMES[event],
+                        float(time),
+                        inc.decode("ascii"),
+                        int(step),
+                        None if rank is None else int(rank),
+                    )
+                )
+                resume = fast.end()
+                pos = data.find(SENTINEL_BYTES, resume)
+                if pos < 0:
+                    self._carry = data[max(resume, size - _CARRY) :]
+                    return out
+                continue
             end = min(size, body + limit)
             stop = data.find(_NL, body, end)
             ended = stop >= 0
