@@ -65,6 +65,18 @@ _RESULTS = pytest.StashKey[list[tuple[str, "DrillResult"]]]()
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
     config.stash[_RESULTS] = []
+    for path in _config_paths(config):
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            raise pytest.UsageError(
+                f"--drill-config/drill_config: {path} {what}; give the path of a "
+                "recovery-test.yaml file"
+            )
+    report_dir = _report_dir(config)
+    if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
+        raise pytest.UsageError(
+            f"--drill-report-dir/drill_report_dir: {report_dir} is a file; give a folder"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

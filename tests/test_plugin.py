@@ -208,3 +208,9 @@ def test_the_terminal_summary_lists_each_drill_with_its_breakdown(
         "*resumeStep=0*expectedResumeStep=40*",
         "*recovery breakdown (s after kill): failureDetected=0.100*checkpointLoaded=unknown*",
     ])
+
+
+def test_a_drill_config_that_does_not_exist_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--drill-config=missing.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--drill-config*missing.yaml does not exist*"])
