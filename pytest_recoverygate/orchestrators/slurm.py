@@ -22,27 +22,38 @@ Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
   id), or the job is requeued (``Restarts`` increments, the job pends, then runs again).
   A job that reaches a final state instead is ``JOB_FAILED``.
 - Training events come from the job's ``StdOut`` file, tailed from a byte offset by
-  :class:`OutputTail` (polling: inotify does not see writes from other nodes on NFS or
-  Lustre, where real output files live).
+  :class:`OutputTail` in bounded memory. inotify wakes it early where it works; the poll
+  interval still bounds the wait, because inotify does not see writes from other nodes on
+  NFS or Lustre, where real output files live.
 
 Only this module runs ``squeue``/``scontrol``/``scancel``/``srun``. Every command has a
-timeout; transient controller errors are retried with tenacity; a missing binary, a
-missing ``SLURM_CONF`` or an unreachable controller is a :class:`BackendError` that says
-what to fix. No command goes through a shell with user-provided text: the scripts run on
-the node are constants and receive pids and job ids as arguments.
+timeout; transient controller errors of *read-only* commands are retried with tenacity; a
+missing binary, a missing ``SLURM_CONF`` or an unreachable controller is a
+:class:`BackendError` that says what to fix. Commands that act (``scontrol requeue``,
+``scancel``, the kill step) are never sent a second time once they may have acted: they
+are retried only while it is certain they never started (:class:`CommandNotStarted`); a
+timeout or any failure after that is :class:`CommandOutcomeUnknown`, and the kill is
+``UNCONFIRMED`` (the drill ends in ERROR). No command goes through a shell with
+user-provided text: the scripts run on the node are constants and receive pids and job
+ids as arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import select
 import shutil
+import struct
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import tenacity
 
@@ -65,6 +76,8 @@ from pytest_recoverygate.model import (
 from pytest_recoverygate.orchestrators.base import Clock, EventSource
 
 __all__ = [
+    "CommandNotStarted",
+    "CommandOutcomeUnknown",
     "FaultType",
     "JobGone",
     "JobInfo",
@@ -121,6 +134,11 @@ TRANSIENT_ERRORS = (
     "Resource temporarily unavailable",
     "Transport endpoint is not connected",
 )
+#: Failures that prove a command never reached slurmctld (the connection itself failed):
+#: only these allow sending a command that acts once more.
+NOT_SENT_ERRORS = ("Connection refused", "connect failure")
+#: srun refused to create its step: nothing ran on any node (only with no output at all).
+STEP_NOT_CREATED_ERRORS = ("Unable to create step",)
 PERMISSION_ERRORS = ("Access/permission denied", "Permission denied", "Invalid user")
 MISSING_JOB_ERRORS = ("Invalid job id specified", "does not exist")
 
@@ -432,15 +450,36 @@ def _null(value: str) -> str:
 
 
 class _Transient(Exception):
-    """A controller hiccup worth retrying (socket timeout, controller restarting)."""
+    """A controller hiccup worth retrying for a read-only command (socket timeout, restart).
+
+    ``sent`` is False only when the failure proves the command never reached slurmctld
+    (the connection itself was refused); a timeout or a lost answer may have acted.
+    """
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class JobGone(Exception):
     """slurmctld no longer knows the job (finished longer than MinJobAge ago, or a typo)."""
 
 
+class CommandNotStarted(BackendError):
+    """A command certainly did nothing (no connection to slurmctld, srun made no step)."""
+
+
+class CommandOutcomeUnknown(BackendError):
+    """A command that acts failed after it may have acted; it must not be sent again."""
+
+
 class SlurmCommands:
-    """Runs the Slurm clients with a timeout, a clean environment and transient retries."""
+    """Runs the Slurm clients with a timeout, a clean environment and transient retries.
+
+    :meth:`run` is for commands that only read: a transient failure is retried.
+    :meth:`run_destructive` is for commands that act: retried only while it is certain
+    the command never started, never after it may have acted.
+    """
 
     def __init__(
         self,
@@ -465,6 +504,8 @@ class SlurmCommands:
         self.env = clean
         self.timeout = timeout
         self.attempts = attempts
+        #: How long to wait before retry n (1-based); tests make it 0.
+        self.backoff: Callable[[int], float] = lambda n: min(0.5 * 2 ** (n - 1), 4.0)
 
     def check_setup(self) -> None:
         """Fail early and clearly when the clients or the configuration are missing."""
@@ -493,12 +534,27 @@ class SlurmCommands:
             )
 
     def run(self, args: Sequence[str], *, timeout: float | None = None, retry: bool = True) -> str:
-        """Run one client command and return its stdout; raise JobGone / BackendError."""
-        attempts = self.attempts if retry else 1
+        """Run one client command and return its stdout; raise JobGone / BackendError.
+
+        With ``retry=False`` the command runs exactly once, and a transient failure says
+        whether the command may have acted: :class:`CommandNotStarted` (the connection to
+        slurmctld failed) or :class:`CommandOutcomeUnknown` (it timed out, or the answer
+        was lost after the request went out).
+        """
+        if not retry:
+            try:
+                return self._run_once(args, timeout or self.timeout)
+            except _Transient as exc:
+                what = f"'{' '.join(args[:3])}' failed: {exc}"
+                if not exc.sent:
+                    raise CommandNotStarted(f"{what}; it never reached slurmctld") from None
+                raise CommandOutcomeUnknown(
+                    f"{what}; it may have acted, so it is not sent again"
+                ) from None
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_Transient),
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=tenacity.wait_exponential(multiplier=0.5, max=4.0),
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=lambda state: self.backoff(state.attempt_number),
             reraise=True,
         )
         try:
@@ -507,10 +563,26 @@ class SlurmCommands:
                     return self._run_once(args, timeout or self.timeout)
         except _Transient as exc:
             raise BackendError(
-                f"'{' '.join(args[:3])}' kept failing after {attempts} attempts: {exc}; "
+                f"'{' '.join(args[:3])}' kept failing after {self.attempts} attempts: {exc}; "
                 "check that slurmctld answers ('scontrol ping', "
                 f"SLURM_CONF={self.slurm_conf or 'default'})"
             ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def run_destructive(self, args: Sequence[str], *, timeout: float | None = None) -> str:
+        """Run a command that acts: at most once past the point where it could have acted.
+
+        Each attempt is ``run(args, retry=False)``. Only :class:`CommandNotStarted` is
+        tried again (up to ``attempts`` times); :class:`CommandOutcomeUnknown`, JobGone
+        and every other error go straight to the caller.
+        """
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self.run(args, timeout=timeout, retry=False)
+            except CommandNotStarted:
+                if attempt == self.attempts:
+                    raise
+            time.sleep(self.backoff(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _run_once(self, args: Sequence[str], timeout: float) -> str:
@@ -529,16 +601,21 @@ class SlurmCommands:
                 "or run RecoveryGate on a login node"
             ) from None
         except subprocess.TimeoutExpired:
-            raise _Transient(f"'{' '.join(args[:3])}' timed out after {timeout:.0f} s") from None
+            raise _Transient(f"'{' '.join(args[:3])}' timed out after {timeout:g} s") from None
         if proc.returncode == 0:
             return proc.stdout
         err = (proc.stderr or proc.stdout).strip()
+        # Nothing on stdout: no script line ran on a node (the kill script always prints).
+        silent = not proc.stdout.strip()
         if any(marker in err for marker in TRANSIENT_ERRORS):
-            raise _Transient(err)
+            sent = not (silent and any(marker in err for marker in NOT_SENT_ERRORS))
+            raise _Transient(err, sent=sent)
         if any(marker in err for marker in MISSING_JOB_ERRORS):
             raise JobGone(err)
         if any(marker in err for marker in PERMISSION_ERRORS):
             raise PermissionDeniedError(f"Slurm refused '{' '.join(args[:3])}': {err}")
+        if silent and any(marker in err for marker in STEP_NOT_CREATED_ERRORS):
+            raise CommandNotStarted(f"'{' '.join(args[:3])}' made no step: {err}")
         raise BackendError(
             f"'{' '.join(args)}' failed (exit {proc.returncode}): {err or 'no message'}"
         )
@@ -576,43 +653,153 @@ class SlurmCommands:
             args += ["--partition", partition]
         return parse_squeue_rows(self.run(args))
 
-    def srun_on_node(self, job_id: str, node: str, step_name: str, script: str, *args: str) -> str:
-        """Run a constant sh script inside the job on one node (``--overlap``)."""
-        return self.run(
-            [
-                "srun",
-                f"--jobid={job_id}",
-                "--overlap",
-                "-N1",
-                "-n1",
-                f"--nodelist={node}",
-                f"--job-name={step_name}",
-                "--quiet",
-                "--wait=0",
-                "sh",
-                "-c",
-                script,
-                "recoverygate",
-                *args,
-            ]
-        )
+    def srun_on_node(
+        self,
+        job_id: str,
+        node: str,
+        step_name: str,
+        script: str,
+        *args: str,
+        destructive: bool = False,
+    ) -> str:
+        """Run a constant sh script inside the job on one node (``--overlap``).
+
+        ``destructive`` (the kill step) runs it through :meth:`run_destructive`.
+        """
+        command = [
+            "srun",
+            f"--jobid={job_id}",
+            "--overlap",
+            "-N1",
+            "-n1",
+            f"--nodelist={node}",
+            f"--job-name={step_name}",
+            "--quiet",
+            "--wait=0",
+            "sh",
+            "-c",
+            script,
+            "recoverygate",
+            *args,
+        ]
+        return self.run_destructive(command) if destructive else self.run(command)
 
 
 # ---------------------------------------------------------------------------------------
 # Tailing the job's output file
 # ---------------------------------------------------------------------------------------
 
+#: Largest single read of the output file: a backlog or a giant line is handed on in
+#: pieces of this size, never loaded whole.
+READ_CHUNK = 1024 * 1024
+#: Bytes of the current unfinished line kept for the Slurm marker check (markers are
+#: short and end their line, so the last bytes of a long line are the ones that matter).
+MARKER_LINE_KEEP = 4096
+
+
+class _Inotify:
+    """Wakes the tail when something in the output file's folder changes (Linux).
+
+    Watching the folder, not the file, sees the file being created, replaced (rotation)
+    and written with one watch. Events for other files are read and ignored. Built on
+    libc through ctypes (imported lazily); :meth:`open` returns None where that fails,
+    and the tail simply polls.
+    """
+
+    IN_MODIFY = 0x00000002
+    IN_ATTRIB = 0x00000004
+    IN_CLOSE_WRITE = 0x00000008
+    IN_MOVED_FROM = 0x00000040
+    IN_MOVED_TO = 0x00000080
+    IN_CREATE = 0x00000100
+    IN_DELETE = 0x00000200
+    IN_Q_OVERFLOW = 0x00004000
+    IN_NONBLOCK = 0o4000
+    IN_CLOEXEC = 0o2000000
+    MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
+    MASK |= IN_DELETE
+    _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (+ name)
+
+    def __init__(self, fd: int, name: bytes) -> None:
+        self.fd = fd
+        self._name = name
+
+    @classmethod
+    def open(cls, path: str) -> _Inotify | None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            init1 = libc.inotify_init1
+            add_watch = libc.inotify_add_watch
+        except (OSError, AttributeError):
+            return None
+        init1.argtypes = [ctypes.c_int]
+        init1.restype = ctypes.c_int
+        add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        add_watch.restype = ctypes.c_int
+        fd = init1(cls.IN_NONBLOCK | cls.IN_CLOEXEC)
+        if fd < 0:
+            return None
+        absolute = os.path.abspath(path)
+        if add_watch(fd, os.fsencode(os.path.dirname(absolute)), cls.MASK) < 0:
+            os.close(fd)
+            return None
+        return cls(fd, os.fsencode(os.path.basename(absolute)))
+
+    def drain(self) -> bool:
+        """Read every pending event; True if one concerns the file (or events were lost)."""
+        relevant = False
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                return relevant
+            except OSError:
+                return True
+            if not data:
+                return relevant
+            pos = 0
+            while pos + self._EVENT.size <= len(data):
+                _wd, mask, _cookie, length = self._EVENT.unpack_from(data, pos)
+                start = pos + self._EVENT.size
+                name = data[start : start + length].rstrip(b"\0")
+                if mask & self.IN_Q_OVERFLOW or name == self._name:
+                    relevant = True
+                pos = start + length
+
+    def close(self) -> None:
+        os.close(self.fd)
+
 
 class OutputTail:
-    """Follow a file from a byte offset and hand complete lines to a sink, in a thread.
+    """Follow a file from a byte offset and hand its bytes on in order, in a thread.
+
+    Every byte is handed to ``sink(chunk, received)`` once, in reads of at most
+    :data:`READ_CHUNK`: partial lines are the sink's business (a
+    :class:`~pytest_recoverygate.events.StreamEventSource` keeps them per stream in
+    bounded memory), so a giant line never sits in memory whole. ``on_line`` gets the
+    file's lines for Slurm's own failure markers; of an unfinished line only the last
+    :data:`MARKER_LINE_KEEP` bytes are kept between reads.
 
     Starts over from byte 0 when the file shrinks, its inode changes, or the bytes it
     already read are no longer there (truncated and rewritten past the offset between
     two polls, as a requeue without ``--open-mode=append`` does): the last bytes before
     the offset are compared at every poll, and after :meth:`restart` (``Restarts``
-    incremented) the first bytes too, once the file changes. A requeued job that appends
-    (``--open-mode=append``) keeps the offset, so no event is read twice. A partial last
-    line is kept until its newline arrives; it is dropped on a start over.
+    incremented) the first bytes too, once the file changes. ``on_start_over`` is called
+    first, so the sink can drop the partial line of the old content. On a new inode
+    (rotation by rename), the old file is read to its end before the new one is started.
+    A requeued job that appends (``--open-mode=append``) keeps the offset, so no event
+    is read twice.
+
+    The file is opened again at every poll (NFS close-to-open consistency: a handle
+    kept open may not see other nodes' writes). Between polls the thread sleeps at most
+    ``interval``; inotify (Linux) wakes it early when the file's folder changes. On NFS
+    and Lustre inotify does not see writes from other nodes, so it only ever shortens
+    the wait: the interval still bounds it.
     """
 
     _TAIL_CHECK = 64
@@ -626,15 +813,20 @@ class OutputTail:
         *,
         interval: float = 0.2,
         on_line: Callable[[bytes, float], None] | None = None,
+        on_start_over: Callable[[], None] | None = None,
+        use_inotify: bool = True,
     ) -> None:
         self.path = path
         self._sink = sink
         self._clock = clock
         self._interval = interval
         self._on_line = on_line
+        self._on_start_over = on_start_over
+        self._use_inotify = use_inotify
         self._offset = 0
         self._inode: tuple[int, int] | None = None
-        self._partial = b""
+        self._handle: BinaryIO | None = None  # the file as last read (drained on rotation)
+        self._line = b""  # the end of the unfinished line, for on_line
         self._last_bytes = b""
         self._head = b""
         self._restart_requested = False
@@ -642,32 +834,65 @@ class OutputTail:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # a pipe that cuts the wait short on stop()
         self.restarts = 0
+        #: Whether the thread waits on inotify (False: polling only), once it has started.
+        self.inotify = False
 
     def start(self) -> None:
         if self._thread is None:
+            self._wake = os.pipe()
             self._thread = threading.Thread(
                 target=self._loop, name="recoverygate-slurm-tail", daemon=True
             )
             self._thread.start()
 
     def restart(self) -> None:
-        """Read the file again from the start at the next poll."""
+        """Read the file again from the start at the next poll if it was rewritten."""
         with self._lock:
             self._restart_requested = True
 
     def stop(self) -> None:
+        """End the thread and close the file; may be called twice."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        if self._wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._wake[1], b"x")
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        if thread is not None and thread.is_alive():
+            return  # stuck in a sink: leave its descriptors to it
+        if self._wake is not None:
+            for fd in self._wake:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake = None
+        self._close_handle()
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the current file handed on so far."""
+        return self._offset
 
     def poll_once(self) -> int:
         """Read what is new; return the number of bytes handed on. Used by the thread."""
         try:
-            st = os.stat(self.path)
+            handle: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - kept for the next poll
         except OSError:
+            return 0  # not there (yet, or between a rename and its replacement)
+        try:
+            st = os.fstat(handle.fileno())
+        except OSError:
+            handle.close()
             return 0
         inode = (st.st_dev, st.st_ino)
+        handed = 0
+        if self._inode is not None and inode != self._inode:
+            handed += self._drain_old_file()
+            self._start_over()
+        self._close_handle()
+        self._handle, self._inode = handle, inode
         with self._lock:
             requested, self._restart_requested = self._restart_requested, False
         if requested:
@@ -675,72 +900,168 @@ class OutputTail:
         head_changed = False
         if self._verify_since is not None and self._verify_since != (st.st_mtime_ns, st.st_size):
             self._verify_since = None
-            head_changed = not self._matches(0, self._head)
+            head_changed = not self._matches(handle, 0, self._head)
         if (
-            inode != self._inode
-            or st.st_size < self._offset
+            st.st_size < self._offset
             or head_changed
-            or not self._matches(self._offset - len(self._last_bytes), self._last_bytes)
+            or not self._matches(handle, self._offset - len(self._last_bytes), self._last_bytes)
         ):
-            if self._inode is not None:
-                self.restarts += 1
-            self._inode = inode
-            self._offset = 0
-            self._partial = b""
-            self._last_bytes = b""
-            self._head = b""
-        if st.st_size == self._offset:
+            self._start_over()
+        return handed + self._read(handle, st.st_size)
+
+    def _read(self, handle: BinaryIO, size: float) -> int:
+        """Hand on the bytes from the offset to ``size`` (and whatever the last read finds)."""
+        handed = 0
+        while not self._stop.is_set():
+            try:
+                data = os.pread(handle.fileno(), READ_CHUNK, self._offset)
+            except OSError:
+                break
+            if not data:
+                break
+            self._deliver(data)
+            handed += len(data)
+            del data  # before the next read: one chunk in memory at a time, not two
+            if self._offset >= size:
+                break  # a writer faster than this reader cannot keep one poll going forever
+        return handed
+
+    def _drain_old_file(self) -> int:
+        """The file was replaced: read the old one to its end first (rename rotation)."""
+        old = self._handle
+        if old is None:
             return 0
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read(max(st.st_size - self._offset, 0) + 65536)
+            size = os.fstat(old.fileno()).st_size
         except OSError:
             return 0
-        if not data:
-            return 0
+        if size < self._offset or not self._matches(
+            old, self._offset - len(self._last_bytes), self._last_bytes
+        ):
+            return 0  # truncated after it was rotated away (copytruncate): nothing to add
+        return self._read(old, size)
+
+    def _deliver(self, data: bytes) -> None:
         received = self._clock.now()
         self._offset += len(data)
-        self._last_bytes = (self._last_bytes + data)[-self._TAIL_CHECK :]
+        self._last_bytes = (self._last_bytes + data[-self._TAIL_CHECK :])[-self._TAIL_CHECK :]
         if len(self._head) < self._HEAD_CHECK:
-            self._head = (self._head + data)[: self._HEAD_CHECK]
-        buffered = self._partial + data
-        cut = buffered.rfind(b"\n") + 1
-        complete, self._partial = buffered[:cut], buffered[cut:]
-        if complete:
-            self._sink(complete, received)
-            if self._on_line is not None:
-                for line in complete.splitlines():
-                    self._on_line(line, received)
-        return len(complete)
+            self._head += data[: self._HEAD_CHECK - len(self._head)]
+        self._sink(data, received)
+        if self._on_line is not None:
+            self._lines(data, received)
 
-    def _matches(self, offset: int, expected: bytes) -> bool:
+    def _lines(self, data: bytes, received: float) -> None:
+        assert self._on_line is not None
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        if lines:
+            lines[0] = self._line + lines[0]
+            self._line = b""
+            for line in lines:
+                self._on_line(line.rstrip(b"\r"), received)
+        if len(rest) >= MARKER_LINE_KEEP:
+            self._line = rest[-MARKER_LINE_KEEP:]
+        else:
+            self._line = (self._line + rest)[-MARKER_LINE_KEEP:]
+
+    def _start_over(self) -> None:
+        if self._inode is not None:
+            self.restarts += 1
+        if self._on_start_over is not None:
+            self._on_start_over()
+        self._offset = 0
+        self._line = b""
+        self._last_bytes = b""
+        self._head = b""
+
+    def _close_handle(self) -> None:
+        if self._handle is not None:
+            with contextlib.suppress(OSError):
+                self._handle.close()
+            self._handle = None
+
+    @staticmethod
+    def _matches(handle: BinaryIO, offset: int, expected: bytes) -> bool:
         """Whether the file still holds ``expected`` at ``offset`` (what was read there)."""
         if not expected:
             return True
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(offset)
-                return handle.read(len(expected)) == expected
+            return os.pread(handle.fileno(), len(expected), offset) == expected
         except OSError:
             return True
 
     def _loop(self) -> None:
+        notify = _Inotify.open(self.path) if self._use_inotify else None
+        self.inotify = notify is not None
+        poller = select.poll()
+        assert self._wake is not None
+        poller.register(self._wake[0], select.POLLIN)
+        if notify is not None:
+            poller.register(notify.fd, select.POLLIN)
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self.poll_once():
+                        self._clock.wakeup()
+                except OSError:  # a reader hiccup must not end the drill; retry next poll
+                    pass
+                self._wait(poller, notify)
+        finally:
+            if notify is not None:
+                notify.close()
+
+    def _wait(self, poller: select.poll, notify: _Inotify | None) -> None:
+        """Sleep until the next poll: at most the interval, less when inotify sees a write."""
+        deadline = time.monotonic() + self._interval
         while not self._stop.is_set():
-            try:
-                if self.poll_once():
-                    self._clock.wakeup()
-            except OSError:  # a reader hiccup must not end the drill; retry next poll
-                self._stop.wait(self._interval)
-            self._stop.wait(self._interval)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready = {fd for fd, _ in poller.poll(max(int(left * 1000), 1))}
+            if notify is None or notify.fd not in ready:
+                continue  # the deadline passed, or stop() wrote to the wake pipe
+            if notify.drain():
+                return
 
 
 class SlurmEventSource:
-    """The job's training events: its output file tailed into a StreamEventSource."""
+    """The job's training events: its output file tailed into a StreamEventSource.
+
+    Each content of the file is its own stream of the parser: when the tail starts over
+    (truncation, rotation, a requeue that rewrites the file), the old content's stream is
+    ended and a new one begins, so a partial line of the old content is never glued to the
+    first line of the new one (an event cut off mid-line that way counts as malformed,
+    like any cut line).
+    """
 
     def __init__(self, stream: StreamEventSource) -> None:
         self._stream = stream
+        self._generation = 0  # bumped by the tail's thread only
         self.tail: OutputTail | None = None
+
+    def follow(
+        self,
+        path: str,
+        clock: Clock,
+        *,
+        interval: float,
+        on_line: Callable[[bytes, float], None] | None = None,
+        use_inotify: bool = True,
+    ) -> OutputTail:
+        """The tail of ``path`` that feeds this source (not started: call ``start()``)."""
+        if self.tail is not None:
+            raise RuntimeError(f"already following {self.tail.path}")
+        self.tail = OutputTail(
+            path,
+            self._feed,
+            clock,
+            interval=interval,
+            on_line=on_line,
+            on_start_over=self._started_over,
+            use_inotify=use_inotify,
+        )
+        return self.tail
 
     def poll(self) -> list[TrainingEvent]:
         return self._stream.poll()
@@ -753,6 +1074,13 @@ class SlurmEventSource:
         if self.tail is not None:
             self.tail.stop()
         self._stream.close()
+
+    def _feed(self, chunk: bytes, received: float) -> None:
+        self._stream.feed(chunk, received, stream=("slurm-output", self._generation))
+
+    def _started_over(self) -> None:
+        self._stream.end_stream(("slurm-output", self._generation))
+        self._generation += 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -1004,56 +1332,66 @@ class SlurmOrchestrator:
         return result
 
     def _kill_worker(self, worker: Worker, details: dict[str, str], dry_run: bool) -> KillResult:
+        """kill -9 one rank on its node, once.
+
+        The kill step runs through ``run_destructive``: it is sent again only when it is
+        certain it never started (no connection to slurmctld, no step created). Once it
+        may have run -- a timeout, a lost answer, srun failing after the step started --
+        its outcome is unknown, and asking again would find the victim gone and wrongly
+        report "nothing was killed", so the result is UNCONFIRMED (the drill ends in ERROR).
+        """
         job_id, pid, start = details["job"], details["pid"], details["start"]
         mode = "check" if dry_run else "kill"
-        first_error: str | None = None
-        for attempt in range(2):
-            try:
-                out = self.commands.srun_on_node(
-                    job_id, worker.node, KILL_STEP_NAME, KILL_SCRIPT, pid, start, mode
-                )
-            except BackendError as exc:
-                # The step never started (controller unreachable): the identity check makes
-                # one more try safe, since it cannot kill a replacement.
-                first_error = str(exc)
-                if attempt == 0:
-                    continue
-                return KillResult(
-                    KillOutcome.UNCONFIRMED, self.clock.now(), f"kill step failed: {exc}"
-                )
-            except JobGone:
-                return KillResult(
-                    KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone"
-                )
-            now = self.clock.now()
-            verdict = next(
-                (line.split()[1:] for line in out.splitlines() if line.startswith("RGKILL ")), []
+        target = f"{worker.describe()} (pid {pid} on {worker.node})"
+        try:
+            out = self.commands.srun_on_node(
+                job_id,
+                worker.node,
+                KILL_STEP_NAME,
+                KILL_SCRIPT,
+                pid,
+                start,
+                mode,
+                destructive=not dry_run,
             )
-            what = verdict[0] if verdict else "no answer"
-            target = f"{worker.describe()} (pid {pid} on {worker.node})"
-            if what == "killed":
-                return KillResult(KillOutcome.KILLED, now, f"kill -9 {target}")
-            if what == "alive":
-                return KillResult(
-                    KillOutcome.DRY_RUN, now, f"would kill -9 {target}; it is running"
-                )
-            if what in ("gone", "replaced"):
-                if first_error is not None:
-                    return KillResult(
-                        KillOutcome.UNCONFIRMED,
-                        now,
-                        f"{target} is gone, but the first kill attempt's outcome is "
-                        f"unknown ({first_error})",
-                    )
-                return KillResult(
-                    KillOutcome.ALREADY_GONE, now, f"{target} no longer exists; nothing was killed"
-                )
-            return KillResult(KillOutcome.UNCONFIRMED, now, f"kill step answered {out.strip()!r}")
-        raise AssertionError("unreachable")  # pragma: no cover
+        except JobGone:
+            return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone")
+        except CommandNotStarted as exc:
+            return KillResult(
+                KillOutcome.UNCONFIRMED,
+                self.clock.now(),
+                f"the kill step for {target} never started ({exc}); nothing was killed",
+            )
+        except BackendError as exc:
+            return KillResult(
+                KillOutcome.UNCONFIRMED,
+                self.clock.now(),
+                f"the kill step for {target} may have run, its outcome is unknown: {exc}",
+            )
+        now = self.clock.now()
+        verdict = next(
+            (line.split()[1:] for line in out.splitlines() if line.startswith("RGKILL ")), []
+        )
+        what = verdict[0] if verdict else "no answer"
+        if what == "killed":
+            return KillResult(KillOutcome.KILLED, now, f"kill -9 {target}")
+        if what == "alive":
+            return KillResult(KillOutcome.DRY_RUN, now, f"would kill -9 {target}; it is running")
+        if what in ("gone", "replaced"):
+            return KillResult(
+                KillOutcome.ALREADY_GONE, now, f"{target} no longer exists; nothing was killed"
+            )
+        return KillResult(KillOutcome.UNCONFIRMED, now, f"kill step answered {out.strip()!r}")
 
     def _kill_job_level(
         self, job_id: str, step: str, details: dict[str, str], dry_run: bool
     ) -> KillResult:
+        """``scancel --signal=KILL J.S`` or ``scontrol requeue J``, sent at most once.
+
+        Both act on the controller; a timeout or a lost answer may come after they acted
+        (a requeue re-sent after that would requeue the replacement run), so they go
+        through ``run_destructive`` and any failure past "never sent" is UNCONFIRMED.
+        """
         try:
             job = self.commands.show_job(job_id)
         except JobGone:
@@ -1076,12 +1414,20 @@ class SlurmOrchestrator:
         if dry_run:
             return KillResult(KillOutcome.DRY_RUN, self.clock.now(), f"would run: {' '.join(args)}")
         try:
-            self.commands.run(args)
+            self.commands.run_destructive(args)
         except JobGone:
             return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone")
+        except CommandNotStarted as exc:
+            return KillResult(
+                KillOutcome.UNCONFIRMED,
+                self.clock.now(),
+                f"{' '.join(args)} never reached slurmctld ({exc}); nothing was done",
+            )
         except BackendError as exc:
             return KillResult(
-                KillOutcome.UNCONFIRMED, self.clock.now(), f"{' '.join(args)} failed: {exc}"
+                KillOutcome.UNCONFIRMED,
+                self.clock.now(),
+                f"{' '.join(args)} failed; whether it acted is unknown: {exc}",
             )
         return KillResult(KillOutcome.KILLED, self.clock.now(), " ".join(args))
 
@@ -1263,14 +1609,12 @@ class SlurmOrchestrator:
     def _start_tail(self, job: JobInfo) -> None:
         if self._events.tail is not None:
             return
-        tail = OutputTail(
+        tail = self._events.follow(
             self.output_path(job),
-            self._stream.feed,
             self.clock,
             interval=min(self.poll_interval, 0.25),
             on_line=self._on_output_line,
         )
-        self._events.tail = tail
         tail.start()
 
     def _on_output_line(self, line: bytes, received: float) -> None:

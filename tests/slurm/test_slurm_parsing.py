@@ -8,8 +8,9 @@ We test these aspects:
 - ``scontrol show step``, ``squeue -O`` rows, ``scontrol listpids`` and the node probe;
 - which process is which rank (torchrun's workers by ``RANK``, srun tasks by task id);
 - Slurm's own failure lines in the job output;
-- the output tail: partial lines, truncation, a new inode, a rewrite past the offset,
-  and a requeue that appends.
+- the output tail: every byte handed on once in bounded reads (partial lines are the
+  parser's), whole lines to the marker check, truncation, a new inode (the old file read
+  to its end first), a rewrite past the offset, and a requeue that appends.
 
 No cluster is needed; these run everywhere.
 """
@@ -17,6 +18,7 @@ No cluster is needed; these run everywhere.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ import pytest
 from pytest_recoverygate.errors import DiscoveryError, UsageError
 from pytest_recoverygate.orchestrators.base import Orchestrator, SimulatedClock
 from pytest_recoverygate.orchestrators.slurm import (
+    MARKER_LINE_KEEP,
+    READ_CHUNK,
     JobInfo,
     OutputTail,
     ProcessRow,
@@ -222,13 +226,22 @@ def test_output_patterns_expand_like_sbatch_does() -> None:
 
 
 class Tail:
-    """An OutputTail over a real file, driven poll by poll."""
+    """An OutputTail over a real file, driven poll by poll (no thread)."""
 
     def __init__(self, path: Path) -> None:
         self.chunks: list[bytes] = []
+        self.lines: list[bytes] = []
+        self.start_overs = 0
         self.tail = OutputTail(
-            str(path), lambda chunk, _t: self.chunks.append(chunk), SimulatedClock()
+            str(path),
+            lambda chunk, _t: self.chunks.append(chunk),
+            SimulatedClock(),
+            on_line=lambda line, _t: self.lines.append(line),
+            on_start_over=self._started_over,
         )
+
+    def _started_over(self) -> None:
+        self.start_overs += 1
 
     def read(self) -> bytes:
         self.tail.poll_once()
@@ -236,50 +249,99 @@ class Tail:
         return out
 
 
-def test_the_tail_hands_on_complete_lines_only(tmp_path: Path) -> None:
+@pytest.fixture
+def make_tail() -> Iterator[Callable[[Path], Tail]]:
+    """Tails of the test; each is stopped after it (a tail keeps the file it read open)."""
+    made: list[Tail] = []
+
+    def make(path: Path) -> Tail:
+        made.append(Tail(path))
+        return made[-1]
+
+    yield make
+    for tail in made:
+        tail.tail.stop()
+
+
+def test_the_tail_hands_on_every_byte_once_and_whole_lines_to_the_marker_check(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
     path = tmp_path / "slurm-1.out"
-    tail = Tail(path)
+    tail = make_tail(path)
     assert tail.read() == b""  # the file does not exist yet
     path.write_bytes(b"one\ntw")
-    assert tail.read() == b"one\n"
+    assert tail.read() == b"one\ntw"  # the partial line is the parser's to keep
+    assert tail.lines == [b"one"]
     with path.open("ab") as f:
         f.write(b"o\nthree")
-    assert tail.read() == b"two\n"
+    assert tail.read() == b"o\nthree"
+    assert tail.lines == [b"one", b"two"]
+    assert tail.read() == b""
 
 
-def test_the_tail_starts_over_when_the_file_shrinks(tmp_path: Path) -> None:
+def test_the_tail_reads_a_giant_line_in_bounded_pieces(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
     path = tmp_path / "out"
-    tail = Tail(path)
+    giant = READ_CHUNK * 3 + 5
+    with path.open("wb") as f:
+        f.write(b"x" * giant)
+        f.write(b" srun: error: node1: task 1: Killed\n")
+    tail = make_tail(path)
+    tail.tail.poll_once()
+    assert max(len(c) for c in tail.chunks) <= READ_CHUNK
+    assert len(b"".join(tail.chunks)) == giant + len(b" srun: error: node1: task 1: Killed\n")
+    # the marker check saw only the end of the giant line, with the marker in it
+    assert len(tail.lines) == 1 and len(tail.lines[0]) <= MARKER_LINE_KEEP + READ_CHUNK
+    assert tail.lines[0].endswith(b"srun: error: node1: task 1: Killed")
+
+
+def test_the_tail_starts_over_when_the_file_shrinks(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
+    path = tmp_path / "out"
+    tail = make_tail(path)
     path.write_bytes(b"old line one\nold line two\npartial")
-    assert tail.read() == b"old line one\nold line two\n"
+    assert tail.read() == b"old line one\nold line two\npartial"
     path.write_bytes(b"new\n")
     assert tail.read() == b"new\n"
     assert tail.tail.restarts == 1
+    assert tail.start_overs == 1
+    assert tail.lines == [b"old line one", b"old line two", b"new"]  # "partial" dropped
 
 
-def test_the_tail_starts_over_when_the_file_is_rewritten_past_the_offset(tmp_path: Path) -> None:
+def test_the_tail_starts_over_when_the_file_is_rewritten_past_the_offset(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
     path = tmp_path / "out"
-    tail = Tail(path)
+    tail = make_tail(path)
     path.write_bytes(b"first run line\n")
     assert tail.read() == b"first run line\n"
     path.write_bytes(b"second run, a longer line\n")  # truncated and rewritten between polls
     assert tail.read() == b"second run, a longer line\n"
+    assert tail.start_overs == 1
 
 
-def test_the_tail_starts_over_when_the_inode_changes(tmp_path: Path) -> None:
+def test_the_tail_reads_a_replaced_file_after_the_end_of_the_old_one(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
     path = tmp_path / "out"
-    tail = Tail(path)
+    tail = make_tail(path)
     path.write_bytes(b"a\n")
     assert tail.read() == b"a\n"
-    replacement = tmp_path / "out.new"
-    replacement.write_bytes(b"a\nb\n")
-    os.replace(replacement, path)
-    assert tail.read() == b"a\nb\n"
+    with path.open("ab") as f:
+        f.write(b"written just before the rotation\n")
+    os.replace(path, tmp_path / "out.1")  # rotated by rename; the writer had finished
+    path.write_bytes(b"b\n")
+    assert tail.read() == b"written just before the rotation\nb\n"
+    assert tail.start_overs == 1
 
 
-def test_a_requeue_that_appends_keeps_the_offset(tmp_path: Path) -> None:
+def test_a_requeue_that_appends_keeps_the_offset(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
     path = tmp_path / "out"
-    tail = Tail(path)
+    tail = make_tail(path)
     path.write_bytes(b"run one\n")
     assert tail.read() == b"run one\n"
     tail.tail.restart()  # Restarts incremented; the job writes with --open-mode=append
@@ -287,11 +349,14 @@ def test_a_requeue_that_appends_keeps_the_offset(tmp_path: Path) -> None:
     with path.open("ab") as f:
         f.write(b"run two\n")
     assert tail.read() == b"run two\n"
+    assert tail.start_overs == 0
 
 
-def test_a_requeue_that_truncates_and_outgrows_the_offset_is_read_again(tmp_path: Path) -> None:
+def test_a_requeue_that_truncates_and_outgrows_the_offset_is_read_again(
+    tmp_path: Path, make_tail: Callable[[Path], Tail]
+) -> None:
     path = tmp_path / "out"
-    tail = Tail(path)
+    tail = make_tail(path)
     filler = b"x" * 100
     path.write_bytes(b"run one " + filler + b"\n")
     assert tail.read() == b"run one " + filler + b"\n"
@@ -301,3 +366,4 @@ def test_a_requeue_that_truncates_and_outgrows_the_offset_is_read_again(tmp_path
     # armed by the restart, can see that this is a new file.
     path.write_bytes(b"run two " + filler + b"\nmore\n")
     assert tail.read() == b"run two " + filler + b"\nmore\n"
+    assert tail.start_overs == 1
