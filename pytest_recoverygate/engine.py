@@ -236,6 +236,7 @@ class DrillEngine:
         self._timeline: list[TimelineEntry] = []
         self._old_incs: set[str] = set()
         self._new_incs: set[str] = set()
+        self._pending_starts: dict[str, TrainingEvent] = {}
         self._checkpoints: list[tuple[int, float]] = []  # old incarnations' completed saves
         self._old_progress: list[tuple[int, float]] = []  # last two (step, time) of old incs
         self._last_step_old: int | None = None
@@ -274,8 +275,28 @@ class DrillEngine:
         rank = self.spec.reporting_rank
         if rank is not None and event.rank is not None and event.rank != rank:
             return []
+        inc = event.incarnation
+        if (
+            self.kill_time is not None
+            and event.kind is TrainingEventKind.START
+            and event.timestamp <= self.kill_time
+            and inc not in self._old_incs
+            and inc not in self._new_incs
+        ):
+            # A start line carries the process's start time, read at a coarse tick: a
+            # replacement restarted within a tick of the kill can look older than the kill.
+            # Its first line that is not a start line decides which incarnation it is.
+            self._pending_starts[inc] = event
+            return []
         if self._is_new(event):
-            return self._on_new_incarnation_event(event)
+            actions: list[Action] = []
+            pending = self._pending_starts.pop(inc, None)
+            if pending is not None:
+                actions += self._on_new_incarnation_event(pending)
+            return actions + self._on_new_incarnation_event(event)
+        pending = self._pending_starts.pop(inc, None)
+        if pending is not None:
+            self._on_old_incarnation_event(pending)
         return self._on_old_incarnation_event(event)
 
     def on_group_event(self, event: GroupEvent) -> list[Action]:

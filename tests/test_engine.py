@@ -391,3 +391,23 @@ def test_a_checkpoint_counts_as_a_completed_step_when_progress_lines_were_skippe
     assert result.lost_steps == 10
     assert result.lost_steps_upper_bound is not None
     assert result.lost_steps_upper_bound >= result.lost_steps
+
+
+def test_a_replacement_whose_start_line_predates_the_kill_by_a_tick_is_still_new() -> None:
+    # Process start times are read at a 10 ms tick: a replacement started right after the
+    # kill can carry a start time a few ms before it. Its later lines decide.
+    engine = DrillEngine(spec(), T0)
+    drive(engine, old_run(25), kill_at=2.5)
+    events = [ev(S, 2.497, "new"), ev(L, 2.6, "new", 20), ev(P, 2.7, "new", 21)]
+    [finish] = drive(engine, events)
+    assert finish.result.verdict is Verdict.PASS, finish.result.summary
+    assert finish.result.breakdown["processStarted"] == pytest.approx(-0.003)
+
+
+def test_a_late_start_line_of_an_old_process_stays_old() -> None:
+    engine = DrillEngine(spec(recovery_timeout=30.0), T0)
+    drive(engine, old_run(25), kill_at=2.5)
+    # A second old rank-0 process that only now prints (its start predates the kill and
+    # its lines too): it must not count as a recovery.
+    assert drive(engine, [ev(S, 1.0, "other"), ev(P, 2.4, "other", 24)]) == []
+    assert engine.phase is Phase.RECOVERING

@@ -10,7 +10,7 @@ We test these aspects:
 - watch_group reports the victim gone, the restart and the new group running, and
   reports JOB_FAILED promptly with torchrun's root cause when no restart is left;
 - cleanup leaves no process behind, also when the agent was SIGKILLed and its workers
-  were orphaned;
+  were orphaned; torchrun hands the drill's marker (which cleanup goes by) to its workers;
 - attach mode follows the output file of an agent the user started and leaves the job
   running, and refuses an agent whose output it cannot read.
 
@@ -42,7 +42,7 @@ from pytest_recoverygate.model import (
     Workload,
 )
 from pytest_recoverygate.orchestrators.base import Orchestrator, RealClock
-from pytest_recoverygate.orchestrators.local import LocalOrchestrator
+from pytest_recoverygate.orchestrators.local import DRILL_MARKER, LocalOrchestrator
 
 pytestmark = pytest.mark.local
 
@@ -134,6 +134,12 @@ def test_it_discovers_each_rank_and_refuses_stale_identities_and_kills_nothing_i
     pids = pids_of(workload)
     assert pids[0] != pids[1]
     assert all(alive(pid) for pid in pids.values())
+    # Cleanup finds the job by this marker: torchrun must hand it on to its workers.
+    job_processes = [orchestrator.agent_pid, *pids.values()]
+    markers = {psutil.Process(pid).environ().get(DRILL_MARKER) for pid in job_processes}
+    assert len(markers) == 1
+    assert None not in markers
+    assert DRILL_MARKER not in os.environ, "the marker is the job's, not the drill's own"
 
     target = workload.by_rank(1)
     assert target is not None

@@ -15,10 +15,15 @@ How it sees the job (facts measured with torch 2.13, see docs/local.md):
 - A second thread reads the job's merged stdout/stderr pipe into the event source and
   keeps a raw copy for the report and for error messages.
 - Cleanup must reach orphans: SIGKILL of the agent leaves workers training and holding
-  the pipe. The drill process becomes a child subreaper while it runs, every pid ever
-  seen is remembered with its start time, and cleanup kills and reaps all of them, then
-  checks that none is left. TMPDIR points at a drill-owned folder (torchrun's
-  ``torchelastic_*`` logs land there) that cleanup removes.
+  the pipe, and an agent that dies mid-restart leaves workers in sessions no scan has
+  seen. So the launched job's environment carries a per-drill marker
+  (``RECOVERYGATE_DRILL_ID=<random>``, inherited by everything the job starts), the drill
+  process becomes a child subreaper while it runs (orphans re-parent to it, not to
+  init), and cleanup SIGKILLs every descendant of the drill (and of any process it saw)
+  whose environment carries the marker, again and again until a look finds none left or
+  a deadline passes; survivors are named by pid and command line. A process without the
+  marker is never signalled, even an orphan the drill adopted. TMPDIR points at a
+  drill-owned folder (torchrun's ``torchelastic_*`` logs land there) that cleanup removes.
 
 Nothing here finds processes by name: other torchrun jobs may run on the same machine.
 """
@@ -30,6 +35,7 @@ import contextlib
 import ctypes
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -60,7 +66,7 @@ from pytest_recoverygate.model import (
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock
 
-__all__ = ["LocalOrchestrator"]
+__all__ = ["DRILL_MARKER", "LocalOrchestrator"]
 
 POLL_INTERVAL = 0.05  # seconds between psutil scans while a recovery is under way
 IDLE_POLL_INTERVAL = 0.25  # seconds between scans otherwise (a scan costs ~3 ms of CPU)
@@ -69,6 +75,8 @@ REAP_TIMEOUT = 5.0  # seconds to wait for SIGKILLed processes to disappear
 RAW_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters of the job's output kept in memory
 ENVIRON_RETRY_AGE = 2.0  # a process older than this without RANK is not a worker
 OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once it exited
+KILL_ROUND_INTERVAL = 0.02  # seconds between cleanup's looks for marked processes
+DRILL_MARKER = "RECOVERYGATE_DRILL_ID"  # in the launched job's environment, one value per drill
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -229,7 +237,8 @@ class LocalOrchestrator:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._raw_size = 0
         self._seen: dict[int, _Identity] = {}
-        self._sessions: set[int] = set()
+        self._drill_id: str | None = None  # the marker's value in the launched job's environment
+        self._marked: set[_Identity] = set()  # every process found carrying the marker
         self._events: list[GroupEvent] = []
         self._environ_cache: dict[_Identity, dict[str, str] | None] = {}
         # group state, owned by the watcher thread after discover()
@@ -433,7 +442,7 @@ class LocalOrchestrator:
         if leftover:
             raise BackendError(
                 "cleanup could not end these processes of the drill's job: "
-                + ", ".join(leftover)
+                + "; ".join(leftover)
                 + "; end them by hand (kill -9 PID)"
             )
 
@@ -475,6 +484,10 @@ class LocalOrchestrator:
         self._tmpdir = Path(tempfile.mkdtemp(prefix="recoverygate-local-"))
         env = {**os.environ, **self.env}
         env["PYTHONUNBUFFERED"] = "1"  # otherwise agent-relayed lines arrive ~1 s late
+        # Everything the job starts inherits it: cleanup ends exactly the processes that
+        # carry it, wherever they were re-parented and whatever session they are in.
+        self._drill_id = secrets.token_hex(16)
+        env[DRILL_MARKER] = self._drill_id
         if "TMPDIR" not in self.env:
             env["TMPDIR"] = str(self._tmpdir)  # torchrun's torchelastic_* logs land here
         if not self.workdir.is_dir():
@@ -561,8 +574,6 @@ class LocalOrchestrator:
     def _remember(self, identity: _Identity) -> None:
         with self._lock:
             self._seen[identity.pid] = identity
-            with contextlib.suppress(OSError):
-                self._sessions.add(os.getsid(identity.pid))
 
     def _environ(self, proc: psutil.Process, identity: _Identity) -> dict[str, str] | None:
         """The process's environment, cached once it shows RANK (or once it is old enough)."""
@@ -741,77 +752,150 @@ class LocalOrchestrator:
     # ------------------------------------------------------------------ cleanup
 
     def _end_processes(self) -> list[str]:
-        """SIGTERM the agent, then SIGKILL and reap everything left; return what survived."""
+        """SIGTERM the agent, then SIGKILL every marked process until none is left.
+
+        Returns a description (pid and command line) of every process of the job still
+        alive at the deadline: marked ones that would not die, and processes seen in the
+        job's tree that do not carry the marker (never signalled, so named instead).
+        """
+        if self._drill_id is None:
+            return []  # nothing was launched
         if self._popen is not None and self._popen.poll() is None and self._agent is not None:
             agent = self._agent.process()
             if agent is not None:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(psutil.Error):
                     agent.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
+                    # A stopped agent (^Z, a debugger) acts on it only once continued.
+                    agent.send_signal(signal.SIGCONT)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._popen.wait(timeout=TERM_GRACE)
         with contextlib.suppress(Exception):
             self._scan()  # remember anything that appeared at the last moment
-        targets = self._live_job_processes()
-        for proc in targets:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                proc.kill()
+        deadline = time.monotonic() + REAP_TIMEOUT
+        while True:
+            # Each round: every marked process alive now, wherever it was re-parented.
+            # A process that forks while being killed leaves its child to the next round.
+            marked = self._marked_processes()
+            for identity in marked:
+                _signal_exactly(identity, signal.SIGKILL)
+            self._reap()
+            if not marked or time.monotonic() >= deadline:
+                break
+            time.sleep(KILL_ROUND_INTERVAL)
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._popen.wait(timeout=REAP_TIMEOUT)
-        deadline = time.monotonic() + REAP_TIMEOUT
-        while time.monotonic() < deadline:
-            self._reap_orphans()
-            remaining = self._live_job_processes()
-            if not remaining:
-                return []
-            for proc in remaining:
-                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                    proc.kill()
-            time.sleep(POLL_INTERVAL)
-        return [f"pid {p.pid}" for p in self._live_job_processes()]
-
-    def _live_job_processes(self) -> list[psutil.Process]:
-        """Every live process that is ours: seen before, a descendant, or an adopted orphan."""
-        found: dict[int, psutil.Process] = {}
+                self._popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        survivors = {i.pid: i for i in self._marked_processes()}
         with self._lock:
-            known = list(self._seen.values())
-            sessions = set(self._sessions)
-        for identity in known:
-            proc = identity.process()
-            if proc is None:
+            seen = list(self._seen.values())
+        unmarked = {i.pid: i for i in seen if i.pid not in survivors and i.process() is not None}
+        return [_describe(i, "") for i in survivors.values()] + [
+            _describe(i, f"; not signalled: it does not carry the drill's {DRILL_MARKER}")
+            for i in unmarked.values()
+        ]
+
+    def _marked_processes(self) -> list[_Identity]:
+        """Every live process that carries this drill's marker, among its possible places.
+
+        Where to look: the descendants of this process (a child subreaper: the job's
+        orphans re-parent here), and every process seen in the job's tree with its
+        descendants (where there is no subreaper, orphans re-parent to init). One pass
+        over the process table; a process that vanishes meanwhile is simply skipped.
+        """
+        table: dict[int, psutil.Process] = {}
+        children: dict[int, list[int]] = {}
+        for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+            if proc.info["ppid"] is None or proc.info["create_time"] is None:
                 continue
-            found[proc.pid] = proc
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
-                for child in proc.children(recursive=True):
-                    found.setdefault(child.pid, child)
-        # Orphans re-parented to us (we are a subreaper) that belong to the job's sessions.
-        with contextlib.suppress(psutil.NoSuchProcess):
-            for child in psutil.Process().children(recursive=True):
-                with contextlib.suppress(OSError):
-                    if os.getsid(child.pid) in sessions:
-                        found.setdefault(child.pid, child)
-        alive = []
-        for proc in found.values():
+            table[proc.pid] = proc
+            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        with self._lock:
+            seen = list(self._seen.values())
+        me = os.getpid()
+        pending = list(children.get(me, ()))
+        pending += [
+            i.pid
+            for i in seen
+            if i.pid in table
+            and f"{table[i.pid].info['create_time']:.3f}" == f"{i.create_time:.3f}"
+        ]
+        visited: set[int] = set()
+        marked: list[_Identity] = []
+        while pending:
+            pid = pending.pop()
+            if pid in visited or pid == me or pid not in table:
+                continue
+            visited.add(pid)
+            pending.extend(children.get(pid, ()))
+            proc = table[pid]
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
             try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(proc)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                environ = proc.environ()
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue  # gone, or not ours to read: never signalled
+            if environ.get(DRILL_MARKER) != self._drill_id:
                 continue
-        return alive
+            identity = _Identity(pid, proc.info["create_time"])
+            with self._lock:
+                self._marked.add(identity)
+            marked.append(identity)
+        return marked
 
-    def _reap_orphans(self) -> None:
-        """Collect the exit status of adopted orphans so no zombie is left behind."""
+    def _reap(self) -> None:
+        """Collect the exit status of the job's dead processes this process adopted.
+
+        Only a zombie that is this process's child *and* one of the job's instances (pid
+        and start time) is reaped: never another code's child. The agent is left to its
+        Popen, which would otherwise take a vanished child for one that exited with 0.
+        """
+        if self._popen is not None:
+            self._popen.poll()
+        agent = self._popen.pid if self._popen is not None else None
+        me = os.getpid()
         with self._lock:
-            known = [
-                i for i in self._seen.values() if self._popen is None or i.pid != self._popen.pid
-            ]
+            known = {*self._seen.values(), *self._marked}
         for identity in known:
-            # Only a zombie that is still *our* process: never reap another code's child.
+            if identity.pid == agent:
+                continue
             with contextlib.suppress(psutil.Error, ChildProcessError, OSError):
                 proc = psutil.Process(identity.pid)
                 same = f"{proc.create_time():.3f}" == f"{identity.create_time:.3f}"
-                if same and proc.status() == psutil.STATUS_ZOMBIE:
+                if same and proc.ppid() == me and proc.status() == psutil.STATUS_ZOMBIE:
                     os.waitpid(identity.pid, os.WNOHANG)
+
+
+def _signal_exactly(identity: _Identity, sig: signal.Signals) -> bool:
+    """Send ``sig`` to that very instance (pid and start time), never to a recycled pid.
+
+    The pidfd pins the process the pid names when it is opened; the identity check after
+    it confirms that this is our instance, so the signal cannot reach another process.
+    """
+    pidfd = _pidfd_open(identity.pid)
+    try:
+        if identity.process() is None:
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(identity.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _describe(identity: _Identity, note: str) -> str:
+    """``pid N (command line)`` for an error message that names a leftover process."""
+    try:
+        command = shlex.join(psutil.Process(identity.pid).cmdline()) or "?"
+    except psutil.Error:
+        command = "command line unreadable"
+    if len(command) > 200:
+        command = command[:197] + "..."
+    return f"pid {identity.pid} ({command}{note})"
 
 
 def _pidfd_open(pid: int) -> int | None:

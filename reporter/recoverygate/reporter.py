@@ -243,10 +243,12 @@ def _process_start_time() -> float:
             stat = handle.read()
         ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
         boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-        started = boot + ticks / os.sysconf("SC_CLK_TCK")
+        # The end of the start tick: never earlier than the true start, so a replacement
+        # started right after a kill is never stamped before it.
+        started = boot + (ticks + 1) / os.sysconf("SC_CLK_TCK")
     except Exception:
         return now
-    return started if now - 3600.0 < started <= now else now
+    return min(started, now) if now - 3600.0 < started else now
 
 
 def _encoded(parts: tuple[str, str]) -> tuple[bytes, bytes]:

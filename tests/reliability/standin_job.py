@@ -9,9 +9,19 @@ environment; when one dies the agent stops the others and restarts the group (up
 ``--max-restarts``), else exits 1; SIGTERM is forwarded to the workers. Workers report
 through the real ``recoverygate.reporter``, checkpoint to ``--ckpt`` and resume from it.
 
+Like torchrun, the agent waits ``--restart-delay`` (0.1 s, torchrun's monitor interval)
+between noticing a failed group and starting the next one. torchrun cannot be faster
+(monitor interval plus a rendezvous round), and a stand-in that is (a few ms) starts the
+replacement inside the 10 ms clock tick of the kill: the reporter's start line carries
+the process start time, floored to a tick, so it could predate the kill and the drill
+would take the replacement for a late line of the old incarnation.
+
 Extra knobs for the tests: ``--spawn-grandchild`` makes every worker start a sleeping
 child (a DataLoader-like subprocess that must be cleaned up too); ``--secret-env NAME``
-makes rank 0 print that variable's *name* (never its value) so secrecy can be checked.
+makes rank 0 print that variable's *name* (never its value) so secrecy can be checked;
+``--orphan-on-term`` and ``--die-mid-restart`` make an agent that leaves a worker behind
+in a session of its own that the drill has never seen, ``--stop-mid-restart`` one that
+freezes mid-restart (see their help).
 
 Usage: ``python standin_job.py --nproc 2 --ckpt DIR/ckpt [--max-restarts 3]``.
 """
@@ -37,10 +47,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", choices=["latest", "zero"], default="latest")
     parser.add_argument("--resume-pause", type=float, default=0.0,
                         help="report progress(resume step), then wait this long")
+    parser.add_argument("--restart-delay", type=float, default=0.1,
+                        help="seconds between a failed group and the next one")
     parser.add_argument("--spawn-grandchild", action="store_true")
     parser.add_argument("--orphan-on-term", action="store_true",
                         help="on SIGTERM, start one more worker in its own session and exit "
                         "without stopping anything (an agent caught mid-restart)")
+    parser.add_argument("--die-mid-restart", action="store_true",
+                        help="on the first restart, start the new group's workers, then "
+                        "SIGKILL the agent itself before it records or stops anything")
+    parser.add_argument("--stop-mid-restart", action="store_true",
+                        help="on the first restart, start the new group's workers, then "
+                        "SIGSTOP the agent itself (a debugger, a frozen node, ^Z)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -108,10 +126,17 @@ def agent(args: argparse.Namespace) -> int:
                 env=env, start_new_session=True,
             ))
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        if restart and args.die_mid_restart:
+            # The new workers are up, in sessions of their own, when the agent dies: a scan
+            # of the agent's tree sees them only in the few ms it took to start them.
+            os.kill(os.getpid(), signal.SIGKILL)
+        if restart and args.stop_mid_restart:
+            os.kill(os.getpid(), signal.SIGSTOP)
         while all(proc.poll() is None for proc in procs):
             time.sleep(0.02)
         stop_workers()
         print(f"[standin-agent] worker group failed (restart {restart})", flush=True)
+        time.sleep(args.restart_delay)
     print("[standin-agent] no restarts left; exiting", flush=True)
     return 1
 

@@ -15,7 +15,11 @@ We test these aspects, one table row per (phase, way out):
   process get SIGINT or SIGTERM mid-drill, exit 130 (CLI) or as interrupted (pytest),
   and leave no process of the job behind (orphans included);
 - one row with real torchrun and examples/local/train.py, as the proof that the
-  stand-in (tests/reliability/standin_job.py) behaves like torchrun where it matters.
+  stand-in (tests/reliability/standin_job.py) behaves like torchrun where it matters;
+- the drill's marker (RECOVERYGATE_DRILL_ID in the job's environment), which cleanup goes
+  by: workers started in sessions no scan has seen, by an agent that answers SIGTERM by
+  starting one more or that dies or freezes mid-restart, are ended; a process without
+  the marker (an unrelated child, an orphan adopted from elsewhere) is never touched.
 
 The job is the torchrun stand-in: an agent and two workers, each in its own session,
 reporting through the real reporter, so a row costs about a second instead of the
@@ -43,7 +47,15 @@ import yaml
 from pytest_recoverygate.config import DrillConfig, load_config
 from pytest_recoverygate.engine import Phase
 from pytest_recoverygate.errors import BackendError, DrillInterrupted
-from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    Worker,
+    Workload,
+)
 from pytest_recoverygate.orchestrators.base import EventSource, RealClock
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
@@ -59,14 +71,16 @@ REPORTER_ROOT = str(Path(recoverygate.__file__).resolve().parent.parent)
 
 def drill_yaml(tmp: Path, *, resume: str = "latest", target_rank: int = 1,
                command: list[str] | None = None, extra_env: dict[str, str] | None = None,
-               checkpoint: str = "step-10") -> Path:
+               checkpoint: str = "step-10", resume_pause: float = 0.5,
+               standin_args: tuple[str, ...] = ()) -> Path:
     doc: dict[str, Any] = {
         "name": "cleanup-row",
         "workload": {
             "orchestrator": "local",
             "command": command or [sys.executable, str(STANDIN), "--nproc", "2",
                                    "--ckpt", str(tmp / "ckpt"), "--resume", resume,
-                                   "--spawn-grandchild", "--resume-pause", "0.5"],
+                                   "--spawn-grandchild", "--resume-pause", str(resume_pause),
+                                   *standin_args],
             "workdir": str(tmp),
             "env": {"PYTHONPATH": os.pathsep.join([REPORTER_ROOT, str(REPO)]),
                     **(extra_env or {})},
@@ -198,6 +212,8 @@ def pytest_timeout_handler(signum: int, frame: Any) -> None:
     pytest.fail("Timeout >5.0s (injected, as pytest-timeout's signal method raises it)")
 
 
+#: seconds the restarted workers stay at the resume step in VERIFYING rows (> recovery timeout)
+RESUME_HOLD = 60.0
 PHASES = [Phase.DISCOVERING, Phase.WAITING_FOR_CHECKPOINT, Phase.KILLING, Phase.RECOVERING,
           Phase.VERIFYING]
 #: way out -> what the caller sees: an exit code, or the exception type that escapes.
@@ -280,7 +296,11 @@ def test_every_way_out_of_every_phase_cleans_up_once_and_leaves_nothing(
     tmp_path: Path, phase: Phase, way: str, no_leftovers: Callable[[Sabotaged], None],
     figures: Figures,
 ) -> None:
-    config = load_config(drill_yaml(tmp_path))
+    # VERIFYING lasts from the first progress line at the resume step to the next one.
+    # The workers hold at the resume step for longer than the recovery timeout, so that
+    # phase is there to strike in however late the drill gets to look on a loaded machine.
+    pause = RESUME_HOLD if phase is Phase.VERIFYING else 0.5
+    config = load_config(drill_yaml(tmp_path, resume_pause=pause))
     backend = Sabotaged(LocalOrchestrator.from_config(config, RealClock()), phase, way)
     outcome = run_row(config, backend)
     assert backend.struck, f"the drill never reached {phase.name} to strike"
@@ -409,24 +429,168 @@ def test_a_real_torchrun_drill_interrupted_by_sigterm_leaves_nothing(
     assert proc.returncode == 130, out.decode(errors="replace")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="local backend bug, reported to the lead: cleanup kills adopted orphans only in "
-    "sessions it has seen, so a worker the agent started in a new session after the last "
-    "scan (an agent stopped mid-restart) survives the drill",
-)
-def test_a_worker_started_while_the_agent_stops_is_cleaned_up_too(tmp_path: Path) -> None:
-    path = drill_yaml(tmp_path)
-    doc = yaml.safe_load(path.read_text())
-    doc["workload"]["command"].append("--orphan-on-term")
-    path.write_text(yaml.safe_dump(doc))
-    config = load_config(path)
+# ---------------------------------------------------------------------- the drill's marker
+#
+# Cleanup finds the job's processes by the marker the drill puts in the job's
+# environment (RECOVERYGATE_DRILL_ID), among its own descendants: orphans re-parent to the
+# drill, a child subreaper. These rows are the scenarios the reliability suite found (a
+# worker in a session the drill never saw) and the other half of the rule (a process
+# without the marker is never touched).
+
+
+def test_a_worker_started_while_the_agent_stops_is_cleaned_up_too(
+    tmp_path: Path, no_leftovers: Callable[[Sabotaged], None], figures: Figures
+) -> None:
+    """The agent answers the drill's SIGTERM by starting one more worker and exiting."""
+    config = load_config(drill_yaml(tmp_path, standin_args=("--orphan-on-term",)))
     backend = Sabotaged(LocalOrchestrator.from_config(config, RealClock()),
                         Phase.WAITING_FOR_CHECKPOINT, "ctrl-c")
-    before = {c.pid for c in psutil.Process().children(recursive=True)}
     assert run_row(config, backend) == 130
-    late = [c for c in psutil.Process().children(recursive=True) if c.pid not in before
-            and c.status() != psutil.STATUS_ZOMBIE]
-    for proc in late:
-        proc.kill()
-    assert late == [], f"left running: {describe([p.pid for p in late])}"
+    no_leftovers(backend)
+    figures.add("cleanup_rows")
+    figures.add("drills_run")
+
+
+def adopted_workers(before: set[int], restart: str) -> list[psutil.Process]:
+    """Workers of restart ``restart`` that are now this process's own (adopted) children."""
+    found = []
+    for child in psutil.Process().children():
+        if child.pid in before:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if ("--worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
+                    and child.environ().get("TORCHELASTIC_RESTART_COUNT") == restart):
+                found.append(child)
+    return found
+
+
+def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
+    tmp_path: Path, figures: Figures
+) -> None:
+    """The agent dies mid-restart, right after starting the new group in new sessions.
+
+    Nothing of the drill has seen those workers: their parent was gone a few ms after
+    they started, their sessions are new, and they are nobody's descendants but the
+    drill's (which adopted them). They train on, holding the output pipe.
+    """
+    config = load_config(drill_yaml(tmp_path, standin_args=("--die-mid-restart",)))
+    backend = LocalOrchestrator.from_config(config, RealClock())
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    orphans: list[psutil.Process] = []
+    try:
+        workload = backend.discover(time.time() + 30)
+        target = workload.by_rank(1)
+        assert target is not None
+        assert backend.kill(target, dry_run=False).outcome is KillOutcome.KILLED
+        wait_for(lambda: any(e.kind is GroupEventKind.JOB_FAILED
+                             for e in backend.watch_group()), 30, "the agent's death")
+
+        def two_adopted() -> bool:
+            orphans[:] = adopted_workers(before, restart="1")
+            return len(orphans) == 2
+
+        wait_for(two_adopted, 30, "the new group's workers, adopted by this process")
+        assert len({os.getsid(o.pid) for o in orphans}) == 2, "each in a session of its own"
+        tracked = {(o.pid, o.create_time()) for o in orphans}
+        for orphan in orphans:
+            tracked |= {(c.pid, c.create_time()) for c in orphan.children(recursive=True)}
+    finally:
+        backend.cleanup()
+    assert_nothing_left(tracked, before, figures)
+
+
+def assert_nothing_left(tracked: set[tuple[int, float]], before: set[int],
+                        figures: Figures) -> None:
+    """No tracked process alive, and no child of this process that was not there before."""
+    left = alive(tracked)
+    late = [c.pid for c in psutil.Process().children(recursive=True)
+            if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+    left_text, late_text = describe(left), describe(late)
+    for pid in {*left, *late}:  # never let one row's leftovers fail the next rows
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
+    figures.add("local_processes_tracked", len(tracked))
+    figures.add("leftovers_found", len(left) + len(late))
+    figures.add("cleanup_rows")
+    assert left == [], f"left running: {left_text}"
+    assert late == [], f"children left: {late_text}"
+
+
+@pytest.mark.parametrize("then", ["killed", "left-stopped"])
+def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
+    tmp_path: Path, then: str, figures: Figures
+) -> None:
+    """The agent freezes (SIGSTOP) right after starting the new group, in new sessions.
+
+    Then it is SIGKILLed (its new workers are orphaned, adopted by this process) or
+    left stopped (it cannot act on cleanup's SIGTERM until it is continued).
+    """
+    config = load_config(drill_yaml(tmp_path, standin_args=("--stop-mid-restart",)))
+    backend = LocalOrchestrator.from_config(config, RealClock())
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    tracked: set[tuple[int, float]] = set()
+    try:
+        workload = backend.discover(time.time() + 30)
+        target = workload.by_rank(1)
+        assert target is not None and backend.agent_pid is not None
+        agent = psutil.Process(backend.agent_pid)
+        assert backend.kill(target, dry_run=False).outcome is KillOutcome.KILLED
+        wait_for(lambda: agent.status() == psutil.STATUS_STOPPED, 30,
+                 "the agent to stop mid-restart")
+        new_group: list[psutil.Process] = []
+
+        def two_started() -> bool:
+            new_group[:] = [c for c in agent.children() if "--worker" in c.cmdline()
+                            and c.environ().get("TORCHELASTIC_RESTART_COUNT") == "1"]
+            return len(new_group) == 2
+
+        wait_for(two_started, 30, "the new group's workers")
+        if then == "killed":
+            agent.kill()
+            wait_for(lambda: len(adopted_workers(before, restart="1")) == 2, 30,
+                     "the new group's workers, adopted by this process")
+        tracked = {(p.pid, p.create_time()) for p in [agent, *new_group]}
+        for worker in new_group:
+            tracked |= {(c.pid, c.create_time()) for c in worker.children(recursive=True)}
+    finally:
+        backend.cleanup()
+    assert_nothing_left(tracked, before, figures)
+
+
+def test_cleanup_never_touches_a_process_without_the_drills_marker(
+    tmp_path: Path, figures: Figures
+) -> None:
+    """An unrelated child of the drill's process and an orphan it adopted both survive.
+
+    While the drill runs, this process is a child subreaper: the orphan below (its
+    parent exits at once) is re-parented to it, like the job's orphans, but it was not
+    started by the job and does not carry the marker.
+    """
+    config = load_config(drill_yaml(tmp_path))
+    backend = LocalOrchestrator.from_config(config, RealClock())
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    bystander = subprocess.Popen(sleeper)
+    orphan: psutil.Process | None = None
+    try:
+        backend.discover(time.time() + 30)
+        spawner = subprocess.run(
+            [sys.executable, "-c", "import subprocess, sys; "
+             f"print(subprocess.Popen({sleeper!r}, start_new_session=True, "
+             "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
+            capture_output=True, text=True, check=True)
+        orphan = psutil.Process(int(spawner.stdout))
+        assert orphan.ppid() == os.getpid(), "the orphan was adopted by the drill's process"
+        backend.cleanup()
+        time.sleep(0.2)
+        assert bystander.poll() is None, "the drill's own unrelated child was killed"
+        assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE, \
+            "an adopted orphan without the marker was killed"
+        figures.add("cleanup_rows")
+    finally:
+        backend.cleanup()
+        bystander.kill()
+        bystander.wait()
+        if orphan is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                orphan.kill()
+                orphan.wait(5)
