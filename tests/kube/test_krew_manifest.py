@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -23,7 +24,7 @@ MANIFEST = ROOT / ".krew" / "recoverygate.yaml"
 SEMVER = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 
 
-def krew_problems(name: str, doc: dict) -> list[str]:
+def krew_problems(name: str, doc: dict[str, Any]) -> list[str]:
     problems = []
     if doc.get("apiVersion") != "krew.googlecontainertools.github.com/v1alpha2":
         problems.append("apiVersion")

@@ -7,6 +7,7 @@ We test these aspects:
 - the kill: exactly one DELETE, carrying the uid precondition and grace period 0; 409
   (replaced already) is ALREADY_GONE; a dry run sends only ``dryRun=All``; a reset before
   or after the server acted, a 500 and a 429 never lead to a second destructive delete;
+  a kill confirmed by a slow list is stamped when its DELETE was sent;
 - the group watch: worker gone, replacement Pending then Running, for both job kinds,
   across dropped watches and 410; job failures (CrashLoopBackOff, every pod Failed);
 - the events: kubelet timestamps as receive times, a log stream reopened after the
@@ -24,7 +25,13 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.errors import DiscoveryError, PermissionDeniedError
-from pytest_recoverygate.model import GroupEvent, GroupEventKind, KillOutcome, TrainingEventKind
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    TrainingEvent,
+    TrainingEventKind,
+)
 from pytest_recoverygate.orchestrators.base import Orchestrator
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from tests.kube.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
@@ -330,6 +337,32 @@ def test_a_reset_after_the_server_acted_is_confirmed_by_listing(
     assert delete_requests(apiserver) == [(victim.name, victim.instance_id, False, True)]
 
 
+def test_a_kill_confirmed_late_is_stamped_when_the_delete_was_sent(
+    apiserver: FakeApiServer, make_job: MakeJob, make_orchestrator: MakeOrchestrator
+) -> None:
+    # The replacement starts while the confirming list is slow: its lines must come after
+    # the kill, or the engine takes the new incarnation for the old one ("never came back").
+    job = make_job(nodes=2, recreate_delay=0.02, start_delay=0.05).start(wait_for_checkpoint=5)
+    orchestrator = make_orchestrator(selector=job.selector)
+    victim = orchestrator.discover(far()).by_rank(1)
+    assert victim is not None
+    deleted: list[RequestInfo] = []
+
+    def hook(info: RequestInfo) -> Fault | None:
+        if info.method == "DELETE":
+            deleted.append(info)
+            return Fault(reset_after=True)
+        return Fault(delay=1.0) if deleted and info.verb == "list" else None
+
+    apiserver.fault_hook = hook
+    result = orchestrator.kill(victim, dry_run=False)
+    assert result.outcome is KillOutcome.KILLED and "took effect" in result.detail
+    (delete,) = apiserver.deletes()
+    assert result.timestamp <= delete.time, "stamped after the DELETE reached the server"
+    assert job.replaced, "the replacement was created while the kill was being confirmed"
+    assert time.time() - result.timestamp >= 1.0, "the confirmation did take a second"
+
+
 def test_a_500_on_the_delete_is_checked_and_never_resent(
     apiserver: FakeApiServer, make_job: MakeJob, make_orchestrator: MakeOrchestrator
 ) -> None:
@@ -477,9 +510,11 @@ def test_a_replacement_that_never_runs_stays_pending(
 
 
 def wait_events(
-    orchestrator: KubernetesOrchestrator, predicate: Callable[[list], bool], timeout: float = 10
-) -> list:  # type: ignore[type-arg]
-    seen: list = []  # type: ignore[type-arg]
+    orchestrator: KubernetesOrchestrator,
+    predicate: Callable[[list[TrainingEvent]], bool],
+    timeout: float = 10,
+) -> list[TrainingEvent]:
+    seen: list[TrainingEvent] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen += orchestrator.events().poll()
@@ -504,7 +539,7 @@ def test_events_carry_the_kubelet_timestamp_as_their_receive_time(
     # the reporter's clock and the kubelet's are one clock here: they differ by microseconds,
     # whereas the stream was read hundreds of milliseconds later
     assert all(e.received is not None and abs(e.received - e.timestamp) < 0.1 for e in events)
-    steps = [e.step for e in events if e.kind is TrainingEventKind.PROGRESS]
+    steps = [e.step for e in events if e.kind is TrainingEventKind.PROGRESS and e.step is not None]
     assert steps == sorted(set(steps))
 
 

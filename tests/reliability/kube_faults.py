@@ -7,7 +7,6 @@ Shared by the fault-injection tests; kept apart so each test module stays readab
 from __future__ import annotations
 
 import random
-import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -107,33 +106,6 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             n += 1
             self.server.append_log(self.namespace, self.pod, f"heartbeat {n}")
-
-
-class RestartSignal(threading.Event):
-    """FakeTrainingJob's "group is running" flag, made to remember a pause it slept through.
-
-    The fake's training loop checks the flag once per step; under CPU load a step can
-    outlast the whole pause (pod deleted, replacement started), so the loop never saw
-    the restart and no new incarnation ever reported: a FAIL caused by the harness, not
-    by the adapter. Here ``is_set()`` stays False after a ``clear()`` until the loop has
-    waited once.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._missed = False
-
-    def clear(self) -> None:
-        self._missed = True
-        super().clear()
-
-    def is_set(self) -> bool:
-        return super().is_set() and not self._missed
-
-    def wait(self, timeout: float | None = None) -> bool:
-        done = super().wait(timeout)
-        self._missed = False
-        return done
 
 
 class FaultRouter:
@@ -253,19 +225,3 @@ def request_trace(server: FakeApiServer, namespace: str) -> str:
         for r in list(server.requests)
         if r.namespace == namespace
     )
-
-
-def without_nagle(server: FakeApiServer) -> FakeApiServer:
-    """Answer without Nagle's delay: the fake writes headers and body in two sends, so every
-    request on a kept-alive connection waits ~40 ms for the client's delayed ACK (measured:
-    40 ms per request, 0.8 ms with TCP_NODELAY). Applies to this server instance only."""
-    assert server._httpd is not None, "start() the server first"
-    handler: Any = server._httpd.RequestHandlerClass
-    setup = handler.setup
-
-    def setup_nodelay(self: Any) -> None:
-        setup(self)
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    handler.setup = setup_nodelay
-    return server

@@ -38,7 +38,7 @@ from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kube.fake_apiserver import FakeApiServer
 from tests.kube.fake_cluster import FakeTrainingJob
 from tests.reliability.conftest import Figures
-from tests.reliability.kube_faults import InstantController, without_nagle
+from tests.reliability.kube_faults import InstantController
 from tests.reliability.test_cleanup_local import drill_yaml as local_drill_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def server() -> Iterator[FakeApiServer]:
     with FakeApiServer(bookmark_interval=0.2) as api:
-        yield without_nagle(api)
+        yield api
 
 
 @pytest.fixture(autouse=True)

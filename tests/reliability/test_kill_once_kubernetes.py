@@ -21,6 +21,7 @@ We test these aspects:
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -45,15 +46,16 @@ from tests.reliability.kube_faults import (
     FaultRouter,
     Heartbeat,
     InstantController,
-    RestartSignal,
     audit,
     request_trace,
-    without_nagle,
 )
 
 pytestmark = pytest.mark.kubernetes
 
 KILL_SCENARIOS = 1000
+#: Where the seeds start (fast tier: SEED..SEED+999, full tier: SEED+100000...); set
+#: RECOVERYGATE_RELIABILITY_SEED to run the same scenarios on other random faults.
+SEED = int(os.environ.get("RECOVERYGATE_RELIABILITY_SEED", "0"))
 KILL_SCENARIOS_AT_ONCE = 4
 FULL_DRILLS = 200
 FULL_DRILLS_AT_ONCE = 10
@@ -74,7 +76,7 @@ def server() -> Iterator[FakeApiServer]:
     # Bookmarks every 0.1 s bound how long a watch thread that missed cleanup's stop signal
     # keeps cleanup waiting (see test_cleanup_stops_the_threads_even_mid_request).
     with FakeApiServer(bookmark_interval=0.1) as api:
-        yield without_nagle(api)
+        yield api
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,7 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
     runs = []
     with ThreadPoolExecutor(KILL_SCENARIOS_AT_ONCE) as pool:  # they mostly wait on sockets
         accounts = pool.map(lambda s: (s, *one_scenario(server, router, kubeconfig, s)),
-                            range(KILL_SCENARIOS))
+                            range(SEED, SEED + KILL_SCENARIOS))
         for seed, outcome, controller, plan, victim in accounts:
             outcomes[outcome] += 1
             runs.append((seed, outcome, controller, plan, victim))
@@ -215,7 +217,6 @@ def one_full_drill(
     job = FakeTrainingJob(server, kind=kind, name=f"job-{seed}", namespace=namespace, nodes=2,
                           step_time=0.01, checkpoint_every=5, recreate_delay=0.02,
                           start_delay=0.05, finalizer_delay=0.1)
-    job._running = RestartSignal()  # see RestartSignal: a restart is never slept through
     plan = FaultPlan(namespace, seed, probability=rng.choice([0.1, 0.2, 0.3]), read_timeout=1.0)
     router.add(plan)
     try:
@@ -244,14 +245,13 @@ def test_hundreds_of_whole_drills_under_faults_kill_once_and_never_misjudge(
     server: FakeApiServer, router: FaultRouter, kubeconfig: Path, figures: Figures,
     tmp_path: Path,
 ) -> None:
-    seeds = range(100_000, 100_000 + FULL_DRILLS)
+    seeds = range(SEED + 100_000, SEED + 100_000 + FULL_DRILLS)
     with ThreadPoolExecutor(FULL_DRILLS_AT_ONCE) as pool:
         runs = list(pool.map(
             lambda s: one_full_drill(server, router, kubeconfig, s, tmp_path), seeds))
     time.sleep(1.5)  # delayed handlers finish acting
     verdicts: Counter[str] = Counter()
     injected: Counter[str] = Counter()
-    late_confirm_misjudged: list[str] = []
     kills = 0
     figures.add("k8s_full_drills", FULL_DRILLS)
     for run in runs:
@@ -267,13 +267,12 @@ def test_hundreds_of_whole_drills_under_faults_kill_once_and_never_misjudge(
         assert log.targets in ([], [victim]), where
         assert not set(log.targets) & replacements, where
         assert log.after_acting == 0 and log.outside_rbac == 0, where
-        if verdict == "FAIL" and incarnations > 1 and "late-confirm" in kill_entries:
-            late_confirm_misjudged.append(where)  # the known bug below; safety held
-            continue
-        if verdict == "FAIL":  # right only when the job really never restarted
-            assert incarnations == 1 and "never came back" in summary, (
-                f"faults changed the verdict: {where}\n{request_trace(server, plan.namespace)}")
-            figures.add("k8s_harness_jobs_that_never_restarted")
+        # The job always resumes from its latest checkpoint well within the SLO, so FAIL is
+        # never right: it would mean faults changed the verdict (e.g. a kill confirmed late
+        # stamped after the replacement started, which then counted as old).
+        assert verdict != "FAIL", (
+            f"faults changed the verdict ({incarnations} incarnations, kill {kill_entries}): "
+            f"{where}\n{request_trace(server, plan.namespace)}")
         if verdict == "PASS":
             assert log.acted == 1 and kill_entries.split(",")[0] == "kill", where
         if "kill:unconfirmed" in kill_entries or "kill:already_gone" in kill_entries:
@@ -282,9 +281,3 @@ def test_hundreds_of_whole_drills_under_faults_kill_once_and_never_misjudge(
             assert verdict == "ERROR", where
     assert verdicts["PASS"] > FULL_DRILLS // 2, verdicts
     assert Verdict.PASS.value in verdicts
-    if late_confirm_misjudged:
-        pytest.xfail(
-            "adapter bug, reported to the lead: a kill confirmed by listing after a failed "
-            "DELETE is stamped with the confirm time, not the send time, so a replacement "
-            "that started meanwhile counts as old and the drill FAILs 'never came back': "
-            + "; ".join(late_confirm_misjudged))
