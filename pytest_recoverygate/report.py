@@ -115,16 +115,20 @@ def write_reports(
         write_private(report_path, text)
         written.append(report_path)
     if report_dir is not None:
+        from pytest_recoverygate.timeline import PICTURE_HINT, write_timeline_picture
+
         report_dir.mkdir(parents=True, exist_ok=True)
-        write_private(report_dir / "report.json", text)
+        pictures = write_timeline_picture(doc, report_dir)
+        doc["timelinePicture"] = pictures[0].name if pictures else None
+        if not pictures:
+            doc["timelinePictureHint"] = PICTURE_HINT
+        dir_text = json.dumps(doc, indent=2, default=str) + "\n"
+        write_private(report_dir / "report.json", dir_text)
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
         write_private(report_dir / "events.jsonl", events)
         write_private(report_dir / "summary.md", markdown_summary(doc))
         written += [report_dir / "report.json", report_dir / "events.jsonl",
-                    report_dir / "summary.md"]
-        from pytest_recoverygate.timeline import write_timeline_picture
-
-        written += write_timeline_picture(doc, report_dir)
+                    report_dir / "summary.md", *pictures]
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_file:
         with open(summary_file, "a", encoding="utf-8") as handle:
@@ -158,6 +162,10 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if breakdown:
         lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
         lines += [f"| {name} | {_fmt(value)} |" for name, value in breakdown.items()]
+    if doc.get("timelinePicture"):
+        lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
+    elif doc.get("timelinePictureHint"):
+        lines += ["", f"No timeline picture: {doc['timelinePictureHint']}."]
     failed = [c for c in doc.get("checks", []) if not c["passed"]]
     if failed:
         lines += ["", "**Failed checks**", ""]

@@ -42,3 +42,28 @@ def test_each_incarnation_is_drawn_with_exactly_the_reported_points(
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert f"lost steps ({doc['lastStepBeforeKill'] - 20})" in labels
     assert "kill" in labels
+
+
+def test_without_matplotlib_the_report_says_how_to_get_the_picture(
+    write_drill: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pytest_recoverygate.timeline as timeline
+
+    monkeypatch.setattr(timeline, "plotting_available", lambda: False)
+    out = tmp_path / "report"
+    assert main(["run", "-f", str(write_drill()), "-q", "--report-dir", str(out)]) == 0
+    assert not (out / "timeline.png").exists()
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["timelinePicture"] is None
+    assert "recoverygate[plot]" in doc["timelinePictureHint"]
+    assert "pip install 'recoverygate[plot]'" in (out / "summary.md").read_text()
+
+
+def test_with_matplotlib_the_report_names_its_picture(
+    write_drill: Callable[..., Path], tmp_path: Path,
+) -> None:
+    out = tmp_path / "report"
+    assert main(["run", "-f", str(write_drill()), "-q", "--report-dir", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["timelinePicture"] == "timeline.png"
+    assert "timeline.png" in (out / "summary.md").read_text()
