@@ -188,6 +188,18 @@ class _SubreaperGuard:
                 prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
+def _process_table() -> tuple[dict[int, psutil.Process], dict[int, list[int]]]:
+    """One pass over the process table: processes by pid, and children by parent pid."""
+    table: dict[int, psutil.Process] = {}
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+        if proc.info["ppid"] is None or proc.info["create_time"] is None:
+            continue
+        table[proc.pid] = proc
+        children.setdefault(proc.info["ppid"], []).append(proc.pid)
+    return table, children
+
+
 class LocalOrchestrator:
     """Launches a torchrun job (or attaches to one), kills one worker by identity, watches it.
 
@@ -595,13 +607,7 @@ class LocalOrchestrator:
         """
         if self._agent is None:
             return _Scan((), ())
-        table: dict[int, psutil.Process] = {}
-        children: dict[int, list[int]] = {}
-        for proc in psutil.process_iter(["ppid", "create_time", "status"]):
-            if proc.info["ppid"] is None or proc.info["create_time"] is None:
-                continue
-            table[proc.pid] = proc
-            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        table, children = _process_table()
         # Roots: the agent, and (for orphans of a dead agent) every process seen before.
         with self._lock:
             known = [self._agent, *self._seen.values()]
@@ -802,13 +808,7 @@ class LocalOrchestrator:
         descendants (where there is no subreaper, orphans re-parent to init). One pass
         over the process table; a process that vanishes meanwhile is simply skipped.
         """
-        table: dict[int, psutil.Process] = {}
-        children: dict[int, list[int]] = {}
-        for proc in psutil.process_iter(["ppid", "create_time", "status"]):
-            if proc.info["ppid"] is None or proc.info["create_time"] is None:
-                continue
-            table[proc.pid] = proc
-            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        table, children = _process_table()
         with self._lock:
             seen = list(self._seen.values())
         me = os.getpid()
