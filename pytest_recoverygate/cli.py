@@ -60,7 +60,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                      help="write report.json, events.jsonl, summary.md and the timeline "
                      "picture into DIR")
     run.add_argument("-q", "--quiet", action="store_true",
-                     help="print only the verdict")
+                     help="no live progress; print only the verdict block")
     validate = sub.add_parser("validate", help="check a config without touching anything")
     validate.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
     return parser
@@ -147,7 +147,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return EXIT_USAGE
 
     from pytest_recoverygate.config import load_config
-    from pytest_recoverygate.errors import ConfigError, DrillInterrupted, UsageError
+    from pytest_recoverygate.errors import (
+        ConfigError,
+        DrillInterrupted,
+        ReportError,
+        UsageError,
+    )
 
     try:
         config = load_config(args.file)
@@ -177,6 +182,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except DrillInterrupted as exc:
         print(f"{name}: {exc}; cleanup done", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except ReportError as exc:
+        print_result(exc.result, sys.stdout)  # the verdict first: it is what happened
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     print_result(result, sys.stdout)
     return result.exit_code
 

@@ -5,10 +5,12 @@
     RecoveryGateError            base of everything we raise on purpose
     ├── ConfigError              the drill config is invalid (exit 2)
     ├── UsageError               the command line or the environment asks the impossible (exit 2)
+    │   └── ConfirmationRequired  a kill needs confirming and this run cannot ask
     ├── DrillError               the drill could not be carried out (verdict ERROR, exit 3)
     │   ├── DiscoveryError       no workload, an ambiguous one, or the target is absent
     │   ├── PermissionDeniedError  the backend refused an operation we need
     │   └── BackendError         the backend failed in a way retries did not fix
+    ├── ReportError              the drill ended but its report could not be written (exit 3)
     └── DrillInterrupted         Ctrl-C or SIGTERM during a drill (exit 130, after cleanup)
 """
 
@@ -19,11 +21,13 @@ from typing import Any
 __all__ = [
     "BackendError",
     "ConfigError",
+    "ConfirmationRequired",
     "DiscoveryError",
     "DrillError",
     "DrillInterrupted",
     "PermissionDeniedError",
     "RecoveryGateError",
+    "ReportError",
     "UsageError",
 ]
 
@@ -38,6 +42,18 @@ class ConfigError(RecoveryGateError):
 
 class UsageError(RecoveryGateError):
     """The command line or environment asks for something that cannot be done."""
+
+
+class ConfirmationRequired(UsageError):
+    """safety.requireConfirm is set and nothing confirmed the kill (no terminal, no --yes)."""
+
+
+class ReportError(RecoveryGateError):
+    """The drill ended, but its report could not be written; ``result`` holds the verdict."""
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class DrillError(RecoveryGateError):

@@ -262,7 +262,12 @@ def _run_and_judge(
 ) -> DrillResult:
     from pytest_recoverygate.cli import print_result
     from pytest_recoverygate.engine import Verdict
-    from pytest_recoverygate.errors import DrillInterrupted, UsageError
+    from pytest_recoverygate.errors import (
+        ConfirmationRequired,
+        DrillInterrupted,
+        ReportError,
+        UsageError,
+    )
     from pytest_recoverygate.runner import RunOptions, run_drill
 
     pconfig = node.config
@@ -270,15 +275,21 @@ def _run_and_judge(
     report_dir = _report_dir(pconfig)
     safe_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in node.name)
     options = RunOptions(
-        dry_run=_dry_run(pconfig) if dry_run is None else dry_run,
+        # --dry-run / drill_dry_run can only turn the kill off, never back on.
+        dry_run=_dry_run(pconfig) or bool(dry_run),
         confirmed=_confirmed(pconfig),
         observer=_TerminalProgress(pconfig, node.nodeid),
         report_dir=report_dir / safe_name if report_dir is not None else None,
     )
     try:
         result = run_drill(drill_config, options)
+    except ConfirmationRequired as exc:
+        pytest.skip(str(exc))  # not opted in: a unit-test run never kills by surprise
     except UsageError as exc:
-        pytest.skip(str(exc))
+        raise DrillFailed(f"the drill cannot run: {exc}") from None
+    except ReportError as exc:
+        _record_junit(node, exc.result)
+        raise DrillFailed(str(exc)) from None
     except DrillInterrupted:
         raise KeyboardInterrupt from None
     _record_junit(node, result)

@@ -118,10 +118,14 @@ def write_reports(
         from pytest_recoverygate.timeline import PICTURE_HINT, write_timeline_picture
 
         report_dir.mkdir(parents=True, exist_ok=True)
-        pictures = write_timeline_picture(doc, report_dir)
+        hint = PICTURE_HINT
+        try:
+            pictures = write_timeline_picture(doc, report_dir)
+        except Exception as exc:  # a plotting failure must not cost the report
+            pictures, hint = [], f"the picture could not be drawn ({type(exc).__name__}: {exc})"
         doc["timelinePicture"] = pictures[0].name if pictures else None
         if not pictures:
-            doc["timelinePictureHint"] = PICTURE_HINT
+            doc["timelinePictureHint"] = hint
         dir_text = json.dumps(doc, indent=2, default=str) + "\n"
         write_private(report_dir / "report.json", dir_text)
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)

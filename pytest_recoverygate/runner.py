@@ -30,8 +30,10 @@ from pytest_recoverygate.engine import (
 )
 from pytest_recoverygate.errors import (
     ConfigError,
+    ConfirmationRequired,
     DrillError,
     DrillInterrupted,
+    ReportError,
     UsageError,
 )
 from pytest_recoverygate.lock import DrillLock, job_lock
@@ -53,6 +55,7 @@ __all__ = [
     "RunOptions",
     "Status",
     "check_confirmation",
+    "check_report_paths",
     "run_drill",
     "spec_from_config",
 ]
@@ -116,11 +119,21 @@ def check_confirmation(config: DrillConfig, options: RunOptions) -> None:
     if dry_run or not config.safety.require_confirm or options.confirmed:
         return
     if options.confirm is None:
-        raise UsageError(
+        raise ConfirmationRequired(
             f"{config.source_path}: safety.requireConfirm is true but this run cannot ask "
             "(no terminal). Confirm the kill with --yes (pytest: --drill-yes), set "
             "safety.requireConfirm: false, or try it first with --dry-run."
         )
+
+
+def check_report_paths(options: RunOptions) -> None:
+    """Refuse, before anything is touched, report paths that cannot be written."""
+    if options.report_path is not None and options.report_path.is_dir():
+        raise UsageError(f"--report {options.report_path} is a folder; give a file path")
+    if options.report_dir is not None and options.report_dir.exists() and (
+        not options.report_dir.is_dir()
+    ):
+        raise UsageError(f"--report-dir {options.report_dir} is a file; give a folder")
 
 
 def run_drill(
@@ -135,6 +148,7 @@ def run_drill(
     options = options or RunOptions()
     clock = clock or RealClock()
     check_confirmation(config, options)
+    check_report_paths(options)
     if orchestrator is None:
         from pytest_recoverygate.orchestrators import build_orchestrator
 
@@ -145,7 +159,14 @@ def run_drill(
     if options.report_path is not None or options.report_dir is not None:
         from pytest_recoverygate.report import write_reports
 
-        write_reports(result, config, options.report_path, options.report_dir, drill.raw_log)
+        try:
+            write_reports(result, config, options.report_path, options.report_dir, drill.raw_log)
+        except OSError as exc:
+            raise ReportError(
+                f"the drill ended ({result.verdict.value}) but its report could not be "
+                f"written: {exc}",
+                result,
+            ) from None
     if result.verdict is Verdict.INTERRUPTED:
         raise DrillInterrupted(drill.interrupted_by).with_result(result)
     return result

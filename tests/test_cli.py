@@ -183,3 +183,24 @@ def test_the_console_scripts_are_installed() -> None:
         assert (bindir / name).exists() or any(
             (Path(p) / name).exists() for p in os.environ.get("PATH", "").split(os.pathsep)
         ), name
+
+
+def test_a_report_path_that_is_a_folder_is_refused_before_the_drill(
+    write_drill: WriteDrill, tmp_path: Path,
+) -> None:
+    proc = run_cli("run", "-f", str(write_drill()), "--report", str(tmp_path))
+    assert proc.returncode == 2
+    assert "is a folder" in proc.stderr
+    assert "discovering" not in proc.stderr
+
+
+def test_a_report_that_cannot_be_written_keeps_the_verdict_and_exits_3(
+    write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a folder: cannot be appended to
+    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert "RecoveryGate verdict: PASS" in out
+    assert "its report could not be written" in err

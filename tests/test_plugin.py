@@ -214,3 +214,38 @@ def test_a_drill_config_that_does_not_exist_is_a_usage_error(pytester: pytest.Py
     result = pytester.runpytest("--drill-config=missing.yaml")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--drill-config*missing.yaml does not exist*"])
+
+
+def test_dry_run_on_the_command_line_wins_over_a_marker_that_asks_for_the_kill(
+    pytester: pytest.Pytester,
+) -> None:
+    drill_file(pytester, name="drill.yaml")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.drill(config="drill.yaml", dry_run=False)
+        def test_marker(recovery_drill):
+            assert recovery_drill.run().verdict.value == "DRY-RUN"
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_call(recovery_drill):
+            assert recovery_drill.run(dry_run=False).verdict.value == "DRY-RUN"
+        """
+    )
+    result = pytester.runpytest("--dry-run")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_drill_that_cannot_run_fails_instead_of_skipping(pytester: pytest.Pytester) -> None:
+    path = pytester.path / "k8s.yaml"
+    path.write_text(yaml.safe_dump({
+        "workload": {"orchestrator": "kubernetes", "selector": "training-run=x",
+                     "kubeconfig": "no-such-kubeconfig"},
+        "injectFailure": {"afterCheckpoint": "next"},
+        "expectations": {"maxRecoveryTime": "1m"},
+        "safety": {"requireConfirm": False},
+    }))
+    result = pytester.runpytest(f"--drill-config={path}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the drill cannot run*no-such-kubeconfig*"])

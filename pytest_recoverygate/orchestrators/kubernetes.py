@@ -372,8 +372,14 @@ class KubernetesOrchestrator:
         """Load the client configuration once: given client, in-cluster, or kubeconfig."""
         if self._configuration is not None:
             return
-        import kubernetes.config
-        from kubernetes import client
+        try:
+            import kubernetes.config
+            from kubernetes import client
+        except ImportError:
+            raise UsageError(
+                "orchestrator: kubernetes needs the kubernetes client, which is not "
+                "installed: pip install 'recoverygate[kubernetes]'"
+            ) from None
 
         config: Any = kubernetes.config  # untyped in some client versions
         if self._given_client is not None:

@@ -180,7 +180,7 @@ rest=${stat##*) }
 set -- $rest
 if [ "${20}" != "$want" ]; then echo "RGKILL replaced ${20}"; exit 0; fi
 if [ "$mode" = check ]; then echo "RGKILL alive"; exit 0; fi
-if kill -9 "$pid"; then echo "RGKILL killed"; else echo "RGKILL failed"; fi
+if kill -9 "$pid"; then echo "RGKILL killed $(date +%s.%N)"; else echo "RGKILL failed"; fi
 """
 
 # ---------------------------------------------------------------------------------------
@@ -1343,6 +1343,7 @@ class SlurmOrchestrator:
         job_id, pid, start = details["job"], details["pid"], details["start"]
         mode = "check" if dry_run else "kill"
         target = f"{worker.describe()} (pid {pid} on {worker.node})"
+        sent_at = self.clock.now()  # the kill happens no earlier than this
         try:
             out = self.commands.srun_on_node(
                 job_id,
@@ -1374,7 +1375,14 @@ class SlurmOrchestrator:
         )
         what = verdict[0] if verdict else "no answer"
         if what == "killed":
-            return KillResult(KillOutcome.KILLED, now, f"kill -9 {target}")
+            # The node's own time of the kill (the clock the job's lines are stamped with),
+            # else when the step was sent: never the time the answer came back, which
+            # would shorten the recovery time by the step's latency.
+            try:
+                killed_at = float(verdict[1])
+            except (IndexError, ValueError):
+                killed_at = sent_at
+            return KillResult(KillOutcome.KILLED, killed_at, f"kill -9 {target}")
         if what == "alive":
             return KillResult(KillOutcome.DRY_RUN, now, f"would kill -9 {target}; it is running")
         if what in ("gone", "replaced"):
@@ -1413,6 +1421,7 @@ class SlurmOrchestrator:
             args = ["scontrol", "requeue", job_id]
         if dry_run:
             return KillResult(KillOutcome.DRY_RUN, self.clock.now(), f"would run: {' '.join(args)}")
+        sent_at = self.clock.now()  # it acts no earlier than this
         try:
             self.commands.run_destructive(args)
         except JobGone:
@@ -1429,7 +1438,7 @@ class SlurmOrchestrator:
                 self.clock.now(),
                 f"{' '.join(args)} failed; whether it acted is unknown: {exc}",
             )
-        return KillResult(KillOutcome.KILLED, self.clock.now(), " ".join(args))
+        return KillResult(KillOutcome.KILLED, sent_at, " ".join(args))
 
     # --- watching -----------------------------------------------------------------------
 
