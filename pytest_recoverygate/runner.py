@@ -162,6 +162,8 @@ def run_drill(
         try:
             write_reports(result, config, options.report_path, options.report_dir, drill.raw_log)
         except OSError as exc:
+            if result.verdict is Verdict.INTERRUPTED:  # the interrupt is what to report
+                raise DrillInterrupted(drill.interrupted_by).with_result(result) from None
             raise ReportError(
                 f"the drill ended ({result.verdict.value}) but its report could not be "
                 f"written: {exc}",
