@@ -238,7 +238,9 @@ class DrillEngine:
         self._new_incs: set[str] = set()
         self._pending_starts: dict[str, TrainingEvent] = {}
         self._checkpoints: list[tuple[int, float]] = []  # old incarnations' completed saves
-        self._old_progress: list[tuple[int, float]] = []  # last two (step, time) of old incs
+        # The last two (step, time) progress points of old incarnations, newest last.
+        self._prev_progress: tuple[int, float] | None = None
+        self._last_progress: tuple[int, float] | None = None
         self._last_step_old: int | None = None
         self._old_restart_count = -1
         self._new_restart_count = -1
@@ -411,7 +413,8 @@ class DrillEngine:
         if kind is TrainingEventKind.PROGRESS:
             if self._last_step_old is None or step >= self._last_step_old:
                 self._last_step_old = step
-                self._old_progress = [*self._old_progress[-1:], (step, event.timestamp)]
+                self._prev_progress = self._last_progress
+                self._last_progress = (step, event.timestamp)
             if self.kill_time is None:
                 self.current_step = step
             return []
@@ -492,9 +495,9 @@ class DrillEngine:
     def _lost_steps_upper_bound(self) -> int | None:
         if self.resume_step is None or self._last_step_old is None or self.kill_time is None:
             return None
-        if len(self._old_progress) < 2:
+        if self._prev_progress is None or self._last_progress is None:
             return None
-        (s0, t0), (s1, t1) = self._old_progress
+        (s0, t0), (s1, t1) = self._prev_progress, self._last_progress
         if t1 <= t0 or s1 <= s0:
             return None
         rate = (s1 - s0) / (t1 - t0)

@@ -1355,19 +1355,14 @@ class SlurmOrchestrator:
                 mode,
                 destructive=not dry_run,
             )
-        except JobGone:
-            return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone")
-        except CommandNotStarted as exc:
-            return KillResult(
-                KillOutcome.UNCONFIRMED,
-                self.clock.now(),
-                f"the kill step for {target} never started ({exc}); nothing was killed",
-            )
-        except BackendError as exc:
-            return KillResult(
-                KillOutcome.UNCONFIRMED,
-                self.clock.now(),
-                f"the kill step for {target} may have run, its outcome is unknown: {exc}",
+        except (JobGone, BackendError) as exc:
+            return self._failed_destructive(
+                exc,
+                job_id,
+                not_started=lambda e: f"the kill step for {target} never started ({e}); "
+                "nothing was killed",
+                unknown=lambda e: f"the kill step for {target} may have run, its outcome is "
+                f"unknown: {e}",
             )
         now = self.clock.now()
         verdict = next(
@@ -1424,21 +1419,33 @@ class SlurmOrchestrator:
         sent_at = self.clock.now()  # it acts no earlier than this
         try:
             self.commands.run_destructive(args)
-        except JobGone:
-            return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone")
-        except CommandNotStarted as exc:
-            return KillResult(
-                KillOutcome.UNCONFIRMED,
-                self.clock.now(),
-                f"{' '.join(args)} never reached slurmctld ({exc}); nothing was done",
-            )
-        except BackendError as exc:
-            return KillResult(
-                KillOutcome.UNCONFIRMED,
-                self.clock.now(),
-                f"{' '.join(args)} failed; whether it acted is unknown: {exc}",
+        except (JobGone, BackendError) as exc:
+            command = " ".join(args)
+            return self._failed_destructive(
+                exc,
+                job_id,
+                not_started=lambda e: f"{command} never reached slurmctld ({e}); nothing was done",
+                unknown=lambda e: f"{command} failed; whether it acted is unknown: {e}",
             )
         return KillResult(KillOutcome.KILLED, sent_at, " ".join(args))
+
+    def _failed_destructive(
+        self,
+        exc: Exception,
+        job_id: str,
+        *,
+        not_started: Callable[[Exception], str],
+        unknown: Callable[[Exception], str],
+    ) -> KillResult:
+        """What a destructive command that raised means: the job is gone, the command
+        certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
+        since only the first is proof that nothing else was hit)."""
+        now = self.clock.now()
+        if isinstance(exc, JobGone):
+            return KillResult(KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
+        if isinstance(exc, CommandNotStarted):
+            return KillResult(KillOutcome.UNCONFIRMED, now, not_started(exc))
+        return KillResult(KillOutcome.UNCONFIRMED, now, unknown(exc))
 
     # --- watching -----------------------------------------------------------------------
 
