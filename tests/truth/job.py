@@ -1,0 +1,409 @@
+"""A torch-free training job with one switch per recovery behaviour, for the truth corpus.
+
+Launched under real torchrun, like any job a drill judges::
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 tests/truth/job.py \\
+        --ckpt-dir=/some/shared/folder [switches]
+
+Standard library only (plus ``from recoverygate import reporter``), so a worker starts in
+milliseconds and a drill costs a few seconds. The ranks never talk to each other (no
+collectives): when rank 1 is killed, rank 0 keeps stepping until torchrun tears the group
+down — a survivor that prints after the kill, as on a real cluster.
+
+A step is ``--step-time`` seconds of "work" (a wait that torchrun's SIGTERM interrupts).
+Rank 0 writes a checkpoint every ``--ckpt-every`` steps to the shared ``--ckpt-dir``,
+atomically (temporary file, fsync, ``os.replace``, fsync of the folder), as JSON::
+
+    {"step": <steps completed>, "epoch": <index of the last epoch finished>, ...}
+
+and every rank resumes from the newest one. The reporter calls follow the step contract
+(DESIGN.md): ``progress(n)`` after the n-th step, ``checkpoint_completed(n)`` once the
+durable file holds the state after n steps, ``checkpoint_loaded(n)`` once the resumed
+process holds it.
+
+Ground truth: with ``RECOVERYGATE_GROUND_TRUTH=<base>`` every process appends JSON lines
+to ``<base>.<rank>.<pid>.jsonl``, flushed per line, *before* the matching reporter call
+(the drill may end the job as soon as it reads the reporter's line)::
+
+    {"t": 1764416834.101544, "rank": 0, "pid": 4242, "restart": 1, "event": "step",
+     "step": 21, "reported": true, "label": 21}
+
+``event`` is ``start``, ``loaded``, ``step``, ``checkpoint`` or ``exit``; ``step`` is always
+in true units (steps completed, whatever the job reports); ``label`` is the number the job
+passed (or would have passed) to the reporter; ``reported`` says whether the reporter
+call was made. Every completed step is recorded, reported or not. Checkpoint records carry
+``kind`` (``regular``, ``async``, ``survivor``); exit records carry ``code`` and ``why``.
+
+The switches, each one deliberate behaviour (the defaults are a correct job):
+
+``--resume none``
+    never loads: every restart trains from scratch.
+``--die-after-load R``
+    on restart R every rank loads the checkpoint (rank 0 reports ``checkpoint_loaded``),
+    then the job "finds" the loaded state invalid (think: a post-load validation such as
+    a shape or config check fails). Rank 0 quarantines the checkpoint folder — renames it
+    to ``<ckpt-dir>.quarantine-r<R>`` — and every rank exits 1 before any step. The next
+    restart finds no checkpoint and starts from step 1. Auto-quarantining a checkpoint
+    that fails validation is a real pattern; here it turns one bad load into a silent
+    restart from scratch.
+``--reset-counter``
+    loads checkpoint n and reports ``checkpoint_loaded(n)``, then counts from step 1
+    again (a step counter or data loader that is not restored: the data is replayed).
+``--progress-every K``
+    calls ``progress`` only every K-th step (sparse progress; keep ``--ckpt-every`` a
+    multiple of K).
+``--zero-based``
+    an epoch loop that reports the index of the epoch it just finished: ``progress(0)``
+    after the first one (``progress(epoch)`` instead of ``progress(epoch + 1)``), and
+    checkpoints and loads labelled the same way. Resumes correctly; only the labels break
+    the contract.
+``--off-by-one``
+    an epoch loop that stores the index of the epoch just finished and resumes with
+    ``range(stored, ...)``: it redoes one epoch on every restart. Its reports are right
+    (``checkpoint_completed(epochs_done)``, ``checkpoint_loaded(epochs_done)``).
+``--async-lag M``
+    asynchronous checkpoints: the state of step n is snapshotted at step n and becomes
+    durable (file written, ``checkpoint_completed(n)`` reported) M steps later.
+``--steps S`` / ``--final-phase SECONDS``
+    train S steps (a final checkpoint is always saved at step S), then spend SECONDS in
+    a post-training phase (evaluation, export) and exit 0. The final phase keeps the
+    first incarnation alive after its last checkpoint so a drill triggered on it can
+    kill rank 1; a restarted job that loads the final checkpoint has nothing left to
+    train, runs the final phase again and exits 0 — it finishes right after resuming.
+``--first-ckpt-at-1``
+    also checkpoint after step 1, so a checkpoint exists from the very first step.
+``--survivor-ckpt printed|silent``
+    rank 0 watches the other ranks of its restart (their pid files in the checkpoint
+    folder, ``/proc/<pid>/stat``): when one is gone, or when torchrun's SIGTERM arrives,
+    whichever comes first, it finishes the step in flight, writes an emergency
+    checkpoint of it and stops training until it is torn down. ``printed`` reports
+    ``checkpoint_completed`` for it; ``silent`` writes the file but never prints the line
+    (the line a torn-down process never got out). The replacement loads that newest
+    checkpoint like any other.
+``--loaded no``
+    never calls ``checkpoint_loaded`` (the drill must infer the resume step from progress).
+``--term-grace SECONDS``
+    on SIGTERM keep training (and reporting) for this long before exiting — a job that
+    drains in-flight work on shutdown. Default 0: exit at once.
+
+Signals: SIGTERM is blocked and waited for inside each step's wait
+(``signal.sigtimedwait``), so a process torn down by torchrun records an ``exit`` line
+(``why: "SIGTERM"``) at a step boundary and exits 143, never in the middle of a save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from recoverygate import reporter
+
+CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{8})\.json$")
+KEEP_CHECKPOINTS = 5
+SIGTERM_EXIT = 128 + signal.SIGTERM
+TERM_WAIT_CEILING = 120.0  # a survivor that stopped training waits this long at most
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--ckpt-dir", required=True, type=Path, help="shared checkpoint folder")
+    parser.add_argument("--ckpt-every", type=int, default=20, help="checkpoint every N steps")
+    parser.add_argument("--step-time", type=float, default=0.02, help="seconds per step")
+    parser.add_argument("--steps", type=int, default=1_000_000, help="train this many steps")
+    parser.add_argument("--final-phase", type=float, default=0.0,
+                        help="seconds of post-training work after the last step")
+    parser.add_argument("--resume", choices=("latest", "none"), default="latest")
+    parser.add_argument("--die-after-load", type=int, default=None, metavar="RESTART",
+                        help="on this restart count: load, report, quarantine, exit 1")
+    parser.add_argument("--reset-counter", action="store_true",
+                        help="load checkpoint n, then count from step 1 again")
+    parser.add_argument("--progress-every", type=int, default=1, metavar="K",
+                        help="call progress only every K-th step")
+    parser.add_argument("--zero-based", action="store_true",
+                        help="report the epoch index (0 first) instead of steps completed")
+    parser.add_argument("--off-by-one", action="store_true",
+                        help="resume with range(stored_epoch_index, ...): redo one step")
+    parser.add_argument("--async-lag", type=int, default=0, metavar="M",
+                        help="a checkpoint becomes durable (and is reported) M steps later")
+    parser.add_argument("--first-ckpt-at-1", action="store_true",
+                        help="also checkpoint after step 1")
+    parser.add_argument("--survivor-ckpt", choices=("off", "printed", "silent"), default="off",
+                        help="rank 0 saves an emergency checkpoint when a peer is gone")
+    parser.add_argument("--loaded", choices=("yes", "no"), default="yes",
+                        help="whether checkpoint_loaded is reported")
+    parser.add_argument("--term-grace", type=float, default=0.0,
+                        help="seconds to keep training after SIGTERM")
+    args = parser.parse_args(argv)
+    if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
+        parser.error("--ckpt-every and --progress-every must be >= 1, --async-lag >= 0")
+    return args
+
+
+class GroundTruth:
+    """This process's own record of what it did, one flushed JSON line per event."""
+
+    def __init__(self, base: str | None, rank: int, restart: int) -> None:
+        self.rank = rank
+        self.restart = restart
+        self._handle: IO[str] | None = None
+        if base:
+            path = f"{base}.{rank}.{os.getpid()}.jsonl"
+            self._handle = open(path, "a", encoding="utf-8")  # kept open: one line per step
+
+    def record(self, event: str, step: int, *, reported: bool, **extra: Any) -> None:
+        if self._handle is None:
+            return
+        row: dict[str, Any] = {
+            "t": round(time.time(), 6),
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "restart": self.restart,
+            "event": event,
+            "step": step,
+            "reported": reported,
+            **extra,
+        }
+        self._handle.write(json.dumps(row, separators=(",", ":")) + "\n")
+        self._handle.flush()
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """Completed checkpoints, oldest first (temporary and pid files never match)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = CHECKPOINT_NAME.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is not a zombie (a SIGKILLed child is one until reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+class Terminated(Exception):
+    """torchrun (or the drill's cleanup) asked this process to stop."""
+
+
+class Job:
+    def __init__(self, args: argparse.Namespace, truth: GroundTruth, world_size: int) -> None:
+        self.args = args
+        self.truth = truth
+        self.rank = truth.rank
+        self.restart = truth.restart
+        self.world_size = world_size
+        self.folder: Path = args.ckpt_dir
+        self.done = 0  # steps completed, in true units
+        self.pending: list[tuple[int, int]] = []  # async: (durable at step, snapshot step)
+        self.peer_pids: dict[int, int] = {}
+        self.emergency_done = False
+        self.term_deadline: float | None = None  # set once SIGTERM arrived with a grace
+
+    # ---------------------------------------------------------------- labels
+
+    def label(self, steps_done: int) -> int:
+        """The number this job reports for the state after ``steps_done`` steps."""
+        return steps_done - 1 if self.args.zero_based else steps_done
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self, step: int, kind: str, *, report: bool = True) -> None:
+        """Durably write the state after ``step`` steps, record it, then report it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"ckpt-{step:08d}.json"
+        tmp = self.folder / f".ckpt-{step:08d}.json.tmp-{os.getpid()}"
+        state = {"step": step, "epoch": step - 1, "pid": os.getpid(),
+                 "restart": self.restart, "kind": kind}
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+        fsync_dir(self.folder)
+        for _, old in list_checkpoints(self.folder)[:-KEEP_CHECKPOINTS]:
+            old.unlink(missing_ok=True)
+        self.truth.record("checkpoint", step, reported=report, label=self.label(step), kind=kind)
+        if report:
+            reporter.checkpoint_completed(self.label(step))
+
+    def resume(self) -> None:
+        """Load the newest checkpoint (unless told not to) and set the step counter."""
+        if self.args.resume == "none":
+            return
+        found = list_checkpoints(self.folder)
+        if not found:
+            return
+        state = json.loads(found[-1][1].read_text(encoding="utf-8"))
+        held = int(state["step"])  # the state after this many steps
+        report = self.args.loaded == "yes"
+        # The zero-based job labels everything with the epoch index it stored.
+        label = int(state["epoch"]) if self.args.zero_based else held
+        self.truth.record("loaded", held, reported=report, label=label)
+        if report:
+            reporter.checkpoint_loaded(label)
+        if self.args.reset_counter:
+            self.done = 0
+        elif self.args.off_by_one:
+            self.done = int(state["epoch"])  # range(stored_index, ...): one epoch redone
+        else:
+            self.done = held
+
+    def quarantine_and_die(self) -> int:
+        """The loaded state "fails validation": move the folder aside and exit 1."""
+        if self.rank == 0 and self.folder.exists():
+            self.folder.rename(self.folder.with_name(
+                f"{self.folder.name}.quarantine-r{self.restart}"))
+        self.truth.record("exit", self.done, reported=False, code=1,
+                          why="checkpoint failed validation after load")
+        return 1
+
+    # ---------------------------------------------------------------- peers
+
+    def write_pid_file(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f".rank-{self.rank}.restart-{self.restart}.pid"
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, path)
+
+    def peer_gone(self) -> bool:
+        for rank in range(1, self.world_size):
+            pid = self.peer_pids.get(rank)
+            if pid is None:
+                path = self.folder / f".rank-{rank}.restart-{self.restart}.pid"
+                try:
+                    pid = int(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                self.peer_pids[rank] = pid
+            if not process_alive(pid):
+                return True
+        return False
+
+    # ---------------------------------------------------------------- steps
+
+    def wait(self, seconds: float) -> None:
+        """``seconds`` of work; raises :class:`Terminated` when SIGTERM arrives."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if self.term_deadline is not None:  # draining: SIGTERM already seen
+                time.sleep(left)
+                return
+            if signal.sigtimedwait([signal.SIGTERM], left) is not None:
+                raise Terminated
+
+    def step(self, *, interruptible: bool = True) -> None:
+        """One step of work, then the truth, then the reporter.
+
+        An uninterruptible step (the survivor's step in flight) leaves a SIGTERM pending
+        for the next wait.
+        """
+        if interruptible:
+            self.wait(self.args.step_time)
+        else:
+            time.sleep(self.args.step_time)
+        self.done += 1
+        label = self.label(self.done)
+        reported = self.done % self.args.progress_every == 0
+        self.truth.record("step", self.done, reported=reported, label=label)
+        if reported:
+            reporter.progress(label)
+        if self.rank != 0:
+            return
+        a = self.args
+        if self.done % a.ckpt_every == 0 or self.done == a.steps or (
+            a.first_ckpt_at_1 and self.done == 1
+        ):
+            if a.async_lag:
+                self.pending.append((self.done + a.async_lag, self.done))
+            else:
+                self.save(self.done, "regular")
+        while self.pending and self.pending[0][0] <= self.done:
+            _, snapshot = self.pending.pop(0)
+            self.save(snapshot, "async")
+
+    def emergency_checkpoint(self) -> None:
+        """Survivor mode: finish the step in flight, save it, stop training."""
+        self.emergency_done = True
+        self.step(interruptible=False)
+        self.save(self.done, "survivor", report=self.args.survivor_ckpt == "printed")
+
+    def train(self) -> None:
+        a = self.args
+        watch = a.survivor_ckpt != "off" and self.rank == 0 and self.world_size > 1
+        while self.done < a.steps:
+            if self.term_deadline is not None and time.monotonic() >= self.term_deadline:
+                raise Terminated
+            try:
+                self.step()
+            except Terminated:
+                if watch and not self.emergency_done:
+                    self.emergency_checkpoint()
+                    raise
+                if a.term_grace > 0 and self.term_deadline is None:
+                    self.term_deadline = time.monotonic() + a.term_grace
+                    continue
+                raise
+            if watch and not self.emergency_done and self.peer_gone():
+                self.emergency_checkpoint()
+                self.wait(TERM_WAIT_CEILING)  # stopped: wait to be torn down
+                raise Terminated
+
+    def run(self) -> int:
+        if self.rank != 0:
+            self.write_pid_file()
+        self.resume()
+        if self.args.die_after_load is not None and self.restart == self.args.die_after_load:
+            return self.quarantine_and_die()
+        try:
+            self.train()
+            self.wait(self.args.final_phase)
+        except Terminated:
+            self.truth.record("exit", self.done, reported=False, code=SIGTERM_EXIT,
+                              why="SIGTERM")
+            return SIGTERM_EXIT
+        self.truth.record("exit", self.done, reported=False, code=0, why="finished")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Blocked, and taken synchronously inside each step's wait: see the module docstring.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    truth = GroundTruth(os.environ.get("RECOVERYGATE_GROUND_TRUTH"), rank, restart)
+    truth.record("start", 0, reported=False)
+    return Job(args, truth, world_size).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
