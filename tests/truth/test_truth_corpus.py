@@ -1,0 +1,494 @@
+"""The truth corpus: real drills whose verdicts are held to the job's own ground truth.
+
+Every test launches ``tests/truth/job.py`` (torch-free, standard library + the reporter)
+under real torchrun (2 ranks, ``--standalone``), runs ``recoverygate run`` on it with the
+local backend (a real SIGKILL of rank 1), then computes what really happened from the
+records the job wrote itself (``tests/truth/truth.py``) and holds the drill's verdict,
+reasons, resume step, lost steps and recovery time to it. The tool never writes the
+truth. Each drill takes a few seconds; see tests/truth/README.md for the measured times
+and for how the old engine fares.
+
+We test these aspects:
+- a correct resume PASSes with every figure matching the truth: resume step, lost steps
+  between the drill's proven lower and upper bounds, recovery time within 50 ms,
+  restarts, the judged incarnation — with and without ``checkpoint_loaded``;
+- a replacement that loads and dies, followed by one that starts from scratch, FAILs as
+  restarted from scratch, judged on the one that trained;
+- a replacement that loads a checkpoint but counts from step 1 again FAILs as replayed;
+- sparse progress (every 20th step, as often as the checkpoints): a correct resume PASSes with the right resume step,
+  a job that never loads FAILs as restarted from scratch;
+- zero-based labels (``progress(epoch)``): a correct resume is inconclusive (ERROR) with
+  the fix named, never PASS or FAIL; the same job restarting from scratch still FAILs;
+- an off-by-one epoch resume (redoes one step) FAILs as replayed, with the resume step and
+  lost steps of the truth;
+- asynchronous checkpoints that become durable M steps late: lost steps bounded around
+  the truth, FAIL when the limit is below the lag, PASS when it is well above;
+- a job that finishes right after resuming is inconclusive (ERROR), not judged;
+- a survivor that keeps printing after the kill does not inflate the lost steps;
+- a checkpoint at step 1 (``afterCheckpoint: next``): a restart from scratch FAILs, a
+  correct resume PASSes;
+- a survivor that writes an emergency checkpoint after the kill, printed or silent: the
+  replacement resumes from it and the drill PASSes with that resume step;
+- the real example ``examples/local/train.py`` (torch DDP) PASSes held to its own records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.truth.truth import Process, Truth, compute, load_processes
+
+pytest.importorskip("torch")  # torchrun comes with torch; job.py itself needs no torch
+pytestmark = [pytest.mark.e2e, pytest.mark.local]
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "job.py"
+TRAIN = HERE.parents[1] / "examples" / "local" / "train.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+DRILL_TIMEOUT = 240  # seconds for one `recoverygate run`; every phase has its own deadline
+RECOVERY_TIME_TOLERANCE = 0.05
+REPORTING_RANK = 0
+
+
+@dataclass(frozen=True)
+class Drill:
+    """One drill: its report, what really happened, and how it ran."""
+
+    report: dict[str, Any]
+    truth: Truth
+    processes: list[Process]
+    returncode: int
+    output: str
+    wall_seconds: float
+
+    def explain(self) -> str:
+        r = self.report
+        figures = {k: r.get(k) for k in (
+            "verdict", "resumeStep", "expectedResumeStep", "loadedStep", "lostSteps",
+            "lostStepsUpperBound", "recoveryTimeSeconds", "restarts", "inconclusive",
+            "judgedIncarnation")}
+        return (
+            f"\nsummary: {r.get('summary')}\nreasons: {reasons(r)}\nfigures: {figures}"
+            f"\ntruth: {self.truth.describe()}\nexit code {self.returncode}, "
+            f"{self.wall_seconds:.1f}s"
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_job_left_behind() -> Iterator[None]:
+    """After the module, no job.py may survive: the local backend must have cleaned up."""
+    yield
+    found = subprocess.run(["pgrep", "-af", str(JOB)], capture_output=True, text=True,
+                           check=False)
+    assert found.stdout.strip() == "", f"job.py processes left behind:\n{found.stdout}"
+
+
+def run_drill(
+    tmp_path: Path,
+    job_args: list[str] | None = None,
+    *,
+    after: str = "step-20",
+    max_lost: int | None = None,
+    max_restarts: int = 3,
+    env: dict[str, str] | None = None,
+    script: Path = JOB,
+) -> Drill:
+    """Write a recovery-test.yaml, run `recoverygate run` on it, compute the truth."""
+    base = tmp_path / "truth"
+    command = [
+        str(TORCHRUN), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
+        str(script), f"--ckpt-dir={tmp_path / 'ckpt'}", *(job_args or []),
+    ]
+    expectations: dict[str, Any] = {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "60s"}
+    if max_lost is not None:
+        expectations["maxLostSteps"] = max_lost
+    config = {
+        "name": tmp_path.name,
+        "workload": {
+            "orchestrator": "local",
+            "command": command,
+            "workdir": str(script.parent),
+            "env": {
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                "RECOVERYGATE_GROUND_TRUTH": str(base),
+                **(env or {}),
+            },
+        },
+        "injectFailure": {"type": "KillWorker", "afterCheckpoint": after, "targetRank": 1},
+        "expectations": expectations,
+        "safety": {"requireConfirm": False},
+        "timeouts": {"discovery": "60s", "checkpoint": "60s", "recovery": "90s"},
+    }
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    report_path = tmp_path / "report.json"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path),
+         "--report", str(report_path), "--yes", "-q"],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=DRILL_TIMEOUT,
+        check=False,
+    )
+    wall = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
+    report = json.loads(report_path.read_text())
+    assert report.get("killTime") is not None, f"the drill never killed:\n{output}"
+    truth = compute(base, float(report["killTime"]))
+    drill = Drill(report, truth, load_processes(base), proc.returncode, output, wall)
+    log = os.environ.get("TRUTH_CORPUS_LOG")
+    if log:  # one line per drill, for the README's before/after table
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        row = {"test": test, "wall": round(wall, 2), "verdict": report.get("verdict"),
+               "summary": report.get("summary"), "reasons": reasons(report),
+               "resumeStep": report.get("resumeStep"), "lostSteps": report.get("lostSteps"),
+               "lostStepsUpperBound": report.get("lostStepsUpperBound"),
+               "recoveryTimeSeconds": report.get("recoveryTimeSeconds"),
+               "truth": truth.describe()}
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+    return drill
+
+
+# ---------------------------------------------------------------- report, new keys first
+
+
+def reasons(report: dict[str, Any]) -> list[str]:
+    """``reasons`` (new engine), else the reasons of the failed checks (old engine)."""
+    if "reasons" in report:
+        return list(report["reasons"])
+    return [c["reason"] for c in report.get("checks", []) if not c["passed"] and c["reason"]]
+
+
+def inconclusive(report: dict[str, Any]) -> bool:
+    if "inconclusive" in report:
+        return bool(report["inconclusive"])
+    return "INCONCLUSIVE" in reasons(report)
+
+
+def loaded_step(report: dict[str, Any]) -> int | None:
+    """``loadedStep``, else the first checkpoint_loaded of the timeline after the kill."""
+    if "loadedStep" in report:
+        value = report["loadedStep"]
+    else:
+        kill = report["killTime"]
+        loads = [e for e in report.get("timeline", [])
+                 if e["kind"] == "checkpoint_loaded" and e["time"] > kill]
+        value = loads[0].get("step") if loads else None
+    return None if value is None else int(value)
+
+
+def judged_pid(report: dict[str, Any], processes: list[Process]) -> int | None:
+    """The pid of the incarnation the drill judged.
+
+    New engine: ``judgedIncarnation`` looked up in ``incarnations``. Old engine: the first
+    new incarnation (its timeline's "new incarnation" start) that reported progress,
+    matched to a rank-0 process of the truth by its progress points (same step label, time
+    within 10 ms of the job's own record).
+    """
+    incarnations = {i["inc"]: i for i in report.get("incarnations", [])}
+    inc = report.get("judgedIncarnation")
+    if inc is None:
+        new = {e["detail"].split()[-1] for e in report.get("timeline", [])
+               if e["kind"] == "start" and e["detail"].startswith("new incarnation ")}
+        after = [p for p in report.get("progress", []) if p["inc"] in new]
+        if not after:
+            return None
+        inc = after[0]["inc"]
+    if inc in incarnations and incarnations[inc].get("pid") is not None:
+        return int(incarnations[inc]["pid"])
+    points = [p for p in report.get("progress", []) if p["inc"] == inc]
+    for proc in (p for p in processes if p.rank == REPORTING_RANK):
+        steps = [(r.label if r.label is not None else r.step, r.t) for r in proc.steps]
+        if any(label == p["step"] and abs(t - p["time"]) < 0.01
+               for p in points for label, t in steps):
+            return proc.pid
+    return None
+
+
+# ---------------------------------------------------------------- shared assertions
+
+
+def assert_figures_match_truth(drill: Drill) -> None:
+    """resumeStep, lost-step bounds and recovery time against the truth."""
+    r, truth, why = drill.report, drill.truth, drill.explain()
+    assert truth.judged is not None, f"nothing trained after the kill{why}"
+    assert r["resumeStep"] == truth.resume_step, why
+    assert truth.lost_steps is not None, why
+    assert r["lostSteps"] is not None, why
+    assert r["lostStepsUpperBound"] is not None, why
+    assert r["lostSteps"] <= truth.lost_steps <= r["lostStepsUpperBound"], why
+    assert truth.recovery_time is not None, why
+    assert r["recoveryTimeSeconds"] is not None, why
+    assert abs(r["recoveryTimeSeconds"] - truth.recovery_time) < RECOVERY_TIME_TOLERANCE, why
+
+
+def assert_passes_held_to_truth(drill: Drill) -> None:
+    why = drill.explain()
+    assert drill.report["verdict"] == "PASS", why
+    assert drill.returncode == 0, why
+    assert drill.truth.replayed_steps == 0, why
+    assert not drill.truth.from_scratch, why
+    assert_figures_match_truth(drill)
+    assert drill.report["restarts"] == drill.truth.restarts, why
+    assert judged_pid(drill.report, drill.processes) == drill.truth.judged.pid, why  # type: ignore[union-attr]
+
+
+def assert_fails_for(drill: Drill, reason: str) -> None:
+    why = drill.explain()
+    assert drill.report["verdict"] == "FAIL", why
+    assert drill.returncode == 1, why
+    assert reason in reasons(drill.report), why
+    assert not inconclusive(drill.report), why
+
+
+def assert_inconclusive(drill: Drill) -> None:
+    why = drill.explain()
+    assert drill.report["verdict"] == "ERROR", why
+    assert drill.returncode == 3, why
+    assert inconclusive(drill.report) is True, why
+
+
+def assert_no_checkpoint_after_the_kill(drill: Drill) -> None:
+    """Precondition of scenarios whose expectation assumes the survivor saved nothing."""
+    assert drill.truth.checkpoints_after_kill == (), (
+        "scenario precondition: the survivor checkpointed after the kill, so this run "
+        f"does not test what it claims{drill.explain()}"
+    )
+
+
+# ---------------------------------------------------------------- correct jobs
+
+
+def test_a_correct_resume_passes_and_every_figure_matches_the_truth(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path)
+    why = drill.explain()
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == drill.truth.loaded_step == 20, why
+    assert drill.report["expectedResumeStep"] == drill.truth.checkpoints_before_kill[-1], why
+    assert_passes_held_to_truth(drill)
+    assert loaded_step(drill.report) == 20, why
+
+
+def test_a_correct_resume_without_checkpoint_loaded_passes_from_progress_alone(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--loaded=no"])
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == 20, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
+def test_the_real_torch_example_passes_held_to_its_own_records(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path, ["--ckpt-every=20", "--step-time=0.02"], script=TRAIN)
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == 20, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
+# ---------------------------------------------------------------- restarts from scratch
+
+
+def test_a_replacement_that_loads_and_dies_then_one_from_scratch_fails_as_restarted_from_scratch(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--die-after-load=1"])
+    truth, why = drill.truth, drill.explain()
+    # The truth: restart 1 loaded step 20 and died before any step; restart 2 found the
+    # folder quarantined and trained from step 1. The drill must judge restart 2.
+    dead = truth.started_after_kill[0]
+    assert dead.restart == 1 and dead.loaded is not None and dead.steps == (), why
+    assert truth.judged is not None and truth.judged.restart == 2, why
+    assert truth.from_scratch and truth.resume_step == 0, why
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+    assert drill.report["resumeStep"] == 0, why
+    assert judged_pid(drill.report, drill.processes) == truth.judged.pid, why
+    assert "judgedIncarnation" in drill.report, why
+
+
+def test_sparse_progress_with_a_job_that_never_loads_fails_as_restarted_from_scratch(
+    tmp_path: Path,
+) -> None:
+    # progress only every 20th step, checkpoints every 20: the first line of the restarted
+    # job is step 20, itself the trigger checkpoint's step — yet it trained from step 1.
+    drill = run_drill(tmp_path, ["--progress-every=20", "--resume=none"])
+    assert drill.truth.from_scratch, drill.explain()
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+    assert drill.report["resumeStep"] == drill.truth.resume_step == 0, drill.explain()
+
+
+def test_zero_based_labels_with_a_job_that_never_loads_still_fail_as_restarted_from_scratch(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--zero-based", "--resume=none"])
+    assert drill.truth.from_scratch, drill.explain()
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+    assert drill.report["resumeStep"] == drill.truth.resume_step == 0, drill.explain()
+
+
+def test_a_checkpoint_at_step_1_and_a_job_that_never_loads_fails_as_restarted_from_scratch(
+    tmp_path: Path,
+) -> None:
+    # afterCheckpoint: next triggers on the checkpoint of step 1; the restarted job's first
+    # step is 1 again, which equals that checkpoint — it is a fresh start, not a resume.
+    drill = run_drill(tmp_path, ["--first-ckpt-at-1", "--resume=none"], after="next")
+    why = drill.explain()
+    assert drill.report["triggerCheckpoint"] == 1, why
+    assert drill.truth.from_scratch, why
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+    assert drill.report["resumeStep"] == 0, why
+
+
+def test_a_checkpoint_at_step_1_and_a_correct_resume_passes(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path, ["--first-ckpt-at-1", "--loaded=no"], after="next")
+    why = drill.explain()
+    assert drill.report["triggerCheckpoint"] == 1, why
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == 1, why
+    assert_passes_held_to_truth(drill)
+
+
+# ---------------------------------------------------------------- replayed steps
+
+
+def test_a_job_that_loads_but_counts_from_step_1_again_fails_as_steps_replayed(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--reset-counter"])
+    truth, why = drill.truth, drill.explain()
+    assert truth.loaded_step == 20 and truth.first_step == 1, why
+    assert truth.replayed_steps == 20, why
+    assert_fails_for(drill, "STEPS_REPLAYED")
+    assert loaded_step(drill.report) == 20, why
+
+
+def test_an_off_by_one_epoch_resume_fails_as_steps_replayed_with_the_true_resume_step(
+    tmp_path: Path,
+) -> None:
+    # Checkpoints every 2 epochs, so the true resume step (checkpoint - 1) is no
+    # checkpoint; 0.15 s epochs keep the survivor from saving again before it is torn down.
+    drill = run_drill(tmp_path, ["--off-by-one", "--ckpt-every=2", "--step-time=0.15"],
+                      after="step-8")
+    truth, why = drill.truth, drill.explain()
+    assert_no_checkpoint_after_the_kill(drill)
+    assert truth.loaded_step == 8 and truth.resume_step == 7, why
+    assert truth.replayed_steps == 1, why
+    assert truth.lost_steps is not None and truth.lost_steps >= 1, why  # the redone step
+    assert_fails_for(drill, "STEPS_REPLAYED")
+    assert drill.report["resumeStep"] == truth.resume_step, why
+    r = drill.report
+    assert r["lostSteps"] is not None and r["lostStepsUpperBound"] is not None, why
+    assert r["lostSteps"] <= truth.lost_steps <= r["lostStepsUpperBound"], why
+
+
+# ---------------------------------------------------------------- sparse and mislabelled progress
+
+
+def test_sparse_progress_with_a_correct_resume_passes_with_the_right_resume_step(
+    tmp_path: Path,
+) -> None:
+    # Triggered on the second checkpoint, so that two progress lines precede the kill.
+    drill = run_drill(tmp_path, ["--progress-every=20", "--loaded=no"], after="step-40")
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == 40, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
+def test_zero_based_labels_with_a_correct_resume_are_inconclusive_and_name_the_fix(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--zero-based"], after="step-19")
+    why = drill.explain()
+    # The job resumed correctly (in steps completed); only its labels are off by one.
+    assert drill.truth.resume_step == drill.truth.loaded_step == 20, why
+    assert_inconclusive(drill)
+    assert "progress(epoch + 1)" in drill.report["summary"], why
+
+
+# ---------------------------------------------------------------- lost steps
+
+
+def test_async_checkpoints_later_than_the_lost_step_limit_fail_as_lost_too_many_steps(
+    tmp_path: Path,
+) -> None:
+    # The checkpoint of step 20 becomes durable at step 30: about 10 steps are lost.
+    drill = run_drill(tmp_path, ["--async-lag=10"], max_lost=4)
+    truth, why = drill.truth, drill.explain()
+    assert_no_checkpoint_after_the_kill(drill)
+    assert truth.resume_step == 20 and truth.lost_steps is not None and truth.lost_steps >= 10, why
+    assert_fails_for(drill, "LOST_TOO_MANY_STEPS")
+    assert drill.report["resumeStep"] == truth.resume_step, why
+    r = drill.report
+    assert r["lostSteps"] <= truth.lost_steps <= r["lostStepsUpperBound"], why
+    assert r["lostSteps"] > 4, why
+
+
+def test_async_checkpoints_within_a_generous_lost_step_limit_pass(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path, ["--async-lag=10"], max_lost=40)
+    truth, why = drill.truth, drill.explain()
+    assert_no_checkpoint_after_the_kill(drill)
+    assert truth.lost_steps is not None and truth.lost_steps >= 10, why
+    assert_passes_held_to_truth(drill)
+    assert drill.report["lostStepsUpperBound"] < 40, why
+
+
+def test_a_survivor_printing_after_the_kill_does_not_inflate_the_lost_steps(
+    tmp_path: Path,
+) -> None:
+    # Rank 0 drains for 0.4 s after torchrun's SIGTERM, printing every step
+    # (RECOVERYGATE_PROGRESS_INTERVAL=0); the limit is the true loss + 2 at most.
+    drill = run_drill(
+        tmp_path, ["--step-time=0.04", "--ckpt-every=20", "--term-grace=0.4"],
+        max_lost=3, env={"RECOVERYGATE_PROGRESS_INTERVAL": "0"},
+    )
+    truth, why = drill.truth, drill.explain()
+    assert_no_checkpoint_after_the_kill(drill)
+    assert truth.survivor_reported_after_kill >= 5, why
+    assert truth.lost_steps is not None and truth.lost_steps + 2 <= 3, why
+    assert_passes_held_to_truth(drill)
+
+
+# ---------------------------------------------------------------- checkpoints after the kill
+
+
+@pytest.mark.parametrize("mode", ["printed", "silent"])
+def test_a_survivor_checkpoint_after_the_kill_is_the_one_the_replacement_resumes_from(
+    tmp_path: Path, mode: str,
+) -> None:
+    drill = run_drill(tmp_path, [f"--survivor-ckpt={mode}"])
+    truth, why = drill.truth, drill.explain()
+    survivor = [c for c in truth.checkpoints_after_kill if c.extra.get("kind") == "survivor"]
+    assert len(survivor) == 1 and survivor[0].reported is (mode == "printed"), why
+    assert survivor[0].step > 20, why
+    assert truth.loaded_step == truth.resume_step == survivor[0].step, why
+    assert_passes_held_to_truth(drill)
+    assert drill.report["resumeStep"] == survivor[0].step, why
+
+
+# ---------------------------------------------------------------- jobs that end
+
+
+def test_a_job_that_finishes_right_after_resuming_is_inconclusive(tmp_path: Path) -> None:
+    # 20 steps, a final checkpoint at 20, then 1 s of "evaluation": the drill kills
+    # rank 1 during the evaluation; the restarted job loads step 20, has nothing left
+    # to train, evaluates again and exits 0.
+    drill = run_drill(tmp_path, ["--steps=20", "--final-phase=1.0"])
+    truth, why = drill.truth, drill.explain()
+    assert truth.judged is None, why
+    replacement = truth.started_after_kill[0]
+    assert replacement.loaded is not None and replacement.loaded.step == 20, why
+    assert replacement.exit is not None and replacement.exit.extra.get("code") == 0, why
+    assert_inconclusive(drill)
+    assert re.search(r"(finish|ended|exit)\w* right after resum", drill.report["summary"]), why
