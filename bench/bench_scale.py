@@ -87,6 +87,7 @@ def engine_rate(quick: bool) -> tuple[float, dict[str, Any]]:
         # The trigger is beyond the stream: the engine stays in its busiest steady state.
         engine = DrillEngine(DrillSpec(max_recovery_time=60.0, after_checkpoint=10**9),
                              start)
+        engine.discovered(start, "bench")
         feed = engine.on_training_event
         t0 = time.thread_time()  # CPU time of this thread: other load does not count
         for event in events:

@@ -129,8 +129,10 @@ def print_result(result: DrillResult, stream: TextIO) -> None:
     if breakdown:
         stream.write("  recovery breakdown (s after kill): " + ", ".join(
             f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()) + "\n")
+    for note in result.notes:
+        stream.write(f"  note: {note}\n")
     for check in result.checks:
-        mark = "ok  " if check.passed else "FAIL"
+        mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
         stream.write(f"  [{mark}] {check.name}: {check.message}\n")
     stream.flush()
 

@@ -549,7 +549,8 @@ class Timeouts(_Model):
     """Deadlines of the drill's phases, in seconds.
 
     ``recovery`` left out (or 0 in Python) is derived by :class:`DrillConfig` as
-    ``2 × maxRecoveryTime + 30s``, so after validation it is always a positive number.
+    ``maxRecoveryTime + recoveryGrace``, so after validation it is always a positive number:
+    "never came back" is decided that long after the kill.
     """
 
     discovery: Annotated[float, _duration(zero_ok=False)] = Field(
@@ -560,6 +561,10 @@ class Timeouts(_Model):
     )
     recovery: Annotated[float, _duration(zero_ok=False)] = Field(
         default=0.0, json_schema_extra=_meta("a duration above 0", "recovery: 10m")
+    )
+    recovery_grace: Annotated[float, _duration(zero_ok=True)] = Field(
+        default=30.0,
+        json_schema_extra=_meta("a duration >= 0", "recoveryGrace: 30s"),
     )
 
 
@@ -658,13 +663,14 @@ class DrillConfig(_Model):
             return timeouts
         slo = expectations.max_recovery_time
         if timeouts.recovery == 0.0:
-            return timeouts.model_copy(update={"recovery": min(2 * slo + 30.0, MAX_DURATION)})
+            derived = min(slo + timeouts.recovery_grace, MAX_DURATION)
+            return timeouts.model_copy(update={"recovery": derived})
         if timeouts.recovery < slo:
             raise _rg_error(
                 f"is shorter than expectations.maxRecoveryTime ({format_duration(slo)}), "
                 "so a slow but passing recovery would be cut off",
                 f"a duration of at least {format_duration(slo)}",
-                "raise it, or leave it out for 2 x maxRecoveryTime + 30s",
+                "raise it, or leave it out for maxRecoveryTime + recoveryGrace",
                 key=("recovery",),
             )
         return timeouts
@@ -1423,6 +1429,7 @@ _DURATION_FIELDS = frozenset(
         "discovery",
         "checkpoint",
         "recovery",
+        "recovery_grace",
     }
 )
 _STEP_FIELDS = frozenset({"after_checkpoint", "resume_from_checkpoint"})

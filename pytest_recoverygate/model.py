@@ -93,6 +93,9 @@ class GroupEventKind(enum.Enum):
 
         WORKER_GONE -> RESTARTING -> REPLACEMENT_PENDING -> REPLACEMENT_RUNNING
                                    \\-> JOB_FAILED (the job will not come back)
+
+    ``JOB_SUCCEEDED``: the job ended on its own with success (torchrun exited 0, every
+    pod Succeeded, the SLURM job COMPLETED); after a kill that means it finished training.
     """
 
     WORKER_GONE = "worker_gone"
@@ -100,6 +103,7 @@ class GroupEventKind(enum.Enum):
     REPLACEMENT_PENDING = "replacement_pending"
     REPLACEMENT_RUNNING = "replacement_running"
     JOB_FAILED = "job_failed"
+    JOB_SUCCEEDED = "job_succeeded"
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,8 @@ def figures(result: DrillResult) -> dict[str, Any]:
         "recoveryTimeSeconds": result.recovery_time_seconds,
         "restarts": result.restarts,
         "triggerCheckpoint": result.trigger_checkpoint,
+        "loadedStep": result.loaded_step,
+        "inconclusive": result.inconclusive,
     }
 
 
@@ -56,7 +58,12 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "orchestrator": config.workload.orchestrator if config is not None else None,
         **figures(result),
         "summary": result.summary,
+        "reasons": [reason.name for reason in result.reasons],
+        "notes": list(result.notes),
         "lastStepBeforeKill": result.last_step_before_kill,
+        "lastStepBeforeKillUpperBound": result.last_step_before_kill_upper_bound,
+        "judgedIncarnation": result.judged_incarnation,
+        "stepContract": None if result.step_contract is None else result.step_contract.as_dict(),
         "maxRecoveryTimeSeconds": (
             config.expectations.max_recovery_time if config is not None else None
         ),
@@ -65,6 +72,8 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "finishedAt": result.finished_at,
         "malformedLines": result.malformed_lines,
         "checks": [check.as_dict() for check in result.checks],
+        "incarnations": [inc.as_dict() for inc in result.incarnations],
+        "checkpoints": [{"step": step, "time": at} for step, at in result.checkpoints],
         "breakdown": dict(result.breakdown),
         "target": None
         if target is None
@@ -170,7 +179,11 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):
         lines += ["", f"No timeline picture: {doc['timelinePictureHint']}."]
-    failed = [c for c in doc.get("checks", []) if not c["passed"]]
+    failed = [c for c in doc.get("checks", []) if c["passed"] is False]
+    undecided = [c for c in doc.get("checks", []) if c["passed"] is None]
+    if undecided:
+        lines += ["", "**Undecided checks** (the evidence cannot decide)", ""]
+        lines += [f"- `{c['name']}`: {c['message']}" for c in undecided]
     if failed:
         lines += ["", "**Failed checks**", ""]
         lines += [

@@ -40,7 +40,6 @@ from pytest_recoverygate.lock import DrillLock, job_lock
 from pytest_recoverygate.model import (
     KillOutcome,
     KillResult,
-    TimelineEntry,
     TrainingEvent,
     TrainingEventKind,
     Worker,
@@ -109,6 +108,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         max_lost_steps=config.expectations.max_lost_steps,
         checkpoint_timeout=config.timeouts.checkpoint,
         recovery_timeout=config.timeouts.recovery,
+        recovery_grace=config.timeouts.recovery_grace,
         reporting_rank=config.workload.reporting_rank,
     )
 
@@ -187,15 +187,20 @@ class _Drill:
         self.dry_run = options.dry_run or config.safety.dry_run
         self.started = clock.now()
         self.engine = DrillEngine(spec_from_config(config), self.started)
-        self.phase = Phase.DISCOVERING
         self.target: Worker | None = None
         self.source: EventSource | None = None
         self.progress: list[tuple[float, str, int]] = []
         self.raw_log: list[dict[str, Any]] = []
-        self.timeline: list[TimelineEntry] = []
         self.interrupted_by = "SIGINT"
         self._last_status = 0.0
+        self._shown_phase: Phase | None = None
+        self._killing = False
         self.lock: DrillLock | None = None
+
+    @property
+    def phase(self) -> Phase:
+        """The engine's phase (the runner keeps none of its own), or KILLING during a kill."""
+        return Phase.KILLING if self._killing else self.engine.phase
 
     def run(self) -> DrillResult:
         result: DrillResult
@@ -213,9 +218,7 @@ class _Drill:
             result = self._abort(Verdict.ERROR, str(exc))
         except Exception as exc:  # a backend bug must still end in cleanup and ERROR
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            self.timeline.append(
-                TimelineEntry(self.clock.now(), "exception", traceback.format_exc(limit=8))
-            )
+            self.engine.note(self.clock.now(), "exception", traceback.format_exc(limit=8))
             result = self._abort(
                 Verdict.ERROR, f"the drill failed in phase '{self.phase.value}': {detail}"
             )
@@ -230,7 +233,8 @@ class _Drill:
         return self._finalize(result)
 
     def _run(self) -> DrillResult:
-        self._status("discovering the workload", phase_changed=True)
+        self._shown_phase = Phase.DISCOVERING
+        self._status(self.engine.status(self.clock.now()), phase_changed=True)
         deadline = self.clock.now() + self.config.timeouts.discovery
         workload = self.orchestrator.discover(deadline)
         rank = self.config.inject_failure.target_rank
@@ -242,8 +246,9 @@ class _Drill:
                 f"(ranks present: {ranks}); set injectFailure.targetRank to one of them"
             )
         self.target = target
-        self._note("discovered", f"{workload.job}: {len(workload.workers)} worker(s); "
-                   f"target {target.describe()}")
+        discovered = (
+            f"{workload.job}: {len(workload.workers)} worker(s); target {target.describe()}"
+        )
         self.lock = job_lock(self.orchestrator.name, workload, target, self.config.source_path)
         self.lock.acquire()  # a second drill against this job: DiscoveryError, nothing touched
         if not self.dry_run and self.config.safety.require_confirm and not self.options.confirmed:
@@ -251,8 +256,8 @@ class _Drill:
             if not self.options.confirm(target, workload):
                 raise _usage_declined(target)
         self.source = self.orchestrator.events()
-        self.phase = Phase.WAITING_FOR_CHECKPOINT
-        self._status(f"waiting for {self.engine.waiting_for}", phase_changed=True)
+        self.engine.discovered(self.clock.now(), discovered)
+        self._sync_phase()
         while True:
             actions = self._pump()
             for action in actions:
@@ -276,16 +281,17 @@ class _Drill:
     def _execute(self, action: KillTarget | Finish) -> list[KillTarget | Finish]:
         assert isinstance(action, KillTarget)
         assert self.target is not None
-        self.phase = Phase.KILLING
         verb = "checking the kill of" if self.dry_run else "killing"
-        self._status(
-            f"checkpoint step {action.checkpoint_step} reached; {verb} {self.target.describe()}",
-            phase_changed=True,
+        self._sync_phase(
+            f"checkpoint step {action.checkpoint_step} reached; {verb} {self.target.describe()}"
         )
+        self._killing = True
         try:
             result = self.orchestrator.kill(self.target, dry_run=self.dry_run)
         except DrillError as exc:
             result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        finally:
+            self._killing = False
         return list(self.engine.on_kill_result(result))
 
     def _record(self, event: TrainingEvent) -> None:
@@ -303,28 +309,15 @@ class _Drill:
                 }
             )
 
-    def _sync_phase(self) -> None:
+    def _sync_phase(self, message: str | None = None) -> None:
+        """Show the engine's phase when it changed, else a fresh status line now and then."""
         phase = self.engine.phase
-        changed = phase is not self.phase
-        self.phase = phase
-        if phase is Phase.RECOVERING and changed:
-            self._status("killed; waiting for a new incarnation", phase_changed=True)
-        elif phase is Phase.VERIFYING and changed:
-            self._status(
-                f"resumed from step {self.engine.resume_step}; waiting for progress past it",
-                phase_changed=True,
-            )
+        changed = phase is not self._shown_phase
+        self._shown_phase = phase
+        if changed or message is not None:
+            self._status(message or self.engine.status(self.clock.now()), phase_changed=True)
         elif self.clock.now() - self._last_status >= self.options.status_interval:
-            self._status(self._phase_message())
-
-    def _phase_message(self) -> str:
-        if self.phase is Phase.WAITING_FOR_CHECKPOINT:
-            return f"waiting for {self.engine.waiting_for}"
-        if self.phase is Phase.RECOVERING:
-            return "waiting for a new incarnation"
-        if self.phase is Phase.VERIFYING:
-            return f"waiting for progress past step {self.engine.resume_step}"
-        return str(self.phase.value)
+            self._status(self.engine.status(self.clock.now()))
 
     def _wait(self) -> None:
         timeout = self.options.poll_interval
@@ -355,7 +348,7 @@ class _Drill:
         )
 
     def _note(self, kind: str, detail: str) -> None:
-        self.timeline.append(TimelineEntry(self.clock.now(), kind, detail))
+        self.engine.note(self.clock.now(), kind, detail)
 
     def _abort(self, verdict: Verdict, message: str) -> DrillResult:
         return self.engine.abort(self.clock.now(), verdict, message)
@@ -382,9 +375,8 @@ class _Drill:
         return "; ".join(errors) or None
 
     def _finalize(self, result: DrillResult) -> DrillResult:
-        self.phase = Phase.DONE
         malformed = self.source.malformed_lines if self.source is not None else 0
-        timeline = tuple(sorted([*result.timeline, *self.timeline], key=lambda e: e.timestamp))
+        timeline = tuple(sorted(self.engine.timeline_entries(), key=lambda e: e.timestamp))
         result = replace(
             result,
             target=self.target,

@@ -30,6 +30,7 @@ _PHASE_LABELS = {
     "replacementScheduled": "replacement scheduled",
     "replacementRunning": "replacement running",
     "processStarted": "process started",
+    "firstReport": "first report",
     "checkpointLoaded": "checkpoint loaded",
     "firstStepAfterResume": "first step after resume",
 }
@@ -109,8 +110,10 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
                        label=f"SLO window ({slo:g}s, continues right)")
             right = edge
         ax.set_xlim(left - 0.05 * span, right + 0.05 * span)
-        for row, (key, label) in enumerate(_PHASE_LABELS.items()):
-            at = (doc.get("breakdown") or {}).get(key)
+        breakdown = doc.get("breakdown") or {}
+        shown = [(k, _PHASE_LABELS[k]) for k in breakdown if k in _PHASE_LABELS]  # by time
+        for row, (key, label) in enumerate(shown):
+            at = breakdown.get(key)
             if at is not None:
                 ax.axvline(at, color="#6e7781", lw=0.8, ls="--")
                 ax.annotate(f"{label} +{at:.2f}s", (at, 1.0), xycoords=("data", "axes fraction"),

@@ -101,9 +101,11 @@ def test_a_minimal_fake_drill_loads_with_every_default(tmp_path: Path) -> None:
     assert config.timeouts.checkpoint == 3600.0
 
 
-def test_the_recovery_timeout_defaults_to_twice_the_slo_plus_30s(tmp_path: Path) -> None:
+def test_the_recovery_timeout_defaults_to_the_slo_plus_the_grace(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FAKE.replace("5m", "90s")))
-    assert config.timeouts.recovery == 2 * 90 + 30
+    assert config.timeouts.recovery == 90 + 30
+    graced = load_config(write(tmp_path, FAKE.replace("5m", "90s") + "timeouts:\n  recoveryGrace: 5s\n"))
+    assert graced.timeouts.recovery == 95
 
 
 def test_an_explicit_recovery_timeout_is_kept(tmp_path: Path) -> None:
@@ -309,7 +311,7 @@ def test_models_can_be_built_in_python_with_seconds_and_step_numbers() -> None:
         expectations=Expectations(max_recovery_time=3, resume_from_checkpoint=40),
     )
     assert config.expectations.max_recovery_time == 3.0
-    assert config.timeouts.recovery == 36.0
+    assert config.timeouts.recovery == 33.0  # maxRecoveryTime + recoveryGrace
     assert config.inject_failure.after_checkpoint == 40
 
 
@@ -325,7 +327,9 @@ def test_dump_effective_uses_yaml_names_and_the_yaml_language(tmp_path: Path) ->
         "targetRank": 1,
     }
     assert dumped["expectations"]["maxRecoveryTime"] == "5m"
-    assert dumped["timeouts"] == {"discovery": "5m", "checkpoint": "1h", "recovery": "10m30s"}
+    assert dumped["timeouts"] == {
+        "discovery": "5m", "checkpoint": "1h", "recovery": "5m30s", "recoveryGrace": "30s",
+    }
     assert dumped["workload"]["fake"]["restartDelay"] == "1s"
     assert "sourcePath" not in dumped
 

@@ -15,7 +15,10 @@ Events are generated lazily from the clock, so any clock works.
 Faults for tests: ``raise_in`` maps a method name (``discover``, ``kill``,
 ``watch_group``, ``poll``, ``cleanup``) to an exception raised by that call, and
 ``kill_outcome`` forces what a kill reports; ``progress_before_step`` makes the job
-report ``progress(step)`` before each step instead of after it (the other convention).
+report ``progress(step)`` before each step instead of after it (breaking the step
+contract: a fresh start reports 0 first); ``start_events=False`` makes it print no start
+lines (like a non-Python emitter) and ``loaded_events=False`` no ``checkpoint_loaded``
+lines, so the drill infers the resume step from the replacement's first two lines.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ class FakeOrchestrator:
         raise_in: dict[str, BaseException] | None = None,
         kill_outcome: KillOutcome | None = None,
         progress_before_step: bool = False,
+        start_events: bool = True,
+        loaded_events: bool = True,
     ) -> None:
         self.clock = clock
         self.workers = workers
@@ -113,6 +118,8 @@ class FakeOrchestrator:
         self.raise_in = dict(raise_in or {})
         self.kill_outcome = kill_outcome
         self.progress_before_step = progress_before_step
+        self.start_events = start_events
+        self.loaded_events = loaded_events
         self.kills: list[tuple[Worker, bool]] = []  # (worker, dry_run) for every kill call
         self.cleanups = 0
         self._incarnations: list[_Incarnation] = []
@@ -248,11 +255,13 @@ class FakeOrchestrator:
 
         if not inc.start_emitted and inc.start <= end:
             inc.start_emitted = True
-            out.append(event(TrainingEventKind.START, inc.start, None))
+            if self.start_events:
+                out.append(event(TrainingEventKind.START, inc.start, None))
         load_at = inc.first_step_at - 0.01
         if inc.resume_step > 0 and not inc.load_emitted and load_at <= end:
             inc.load_emitted = True
-            out.append(event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step))
+            if self.loaded_events:
+                out.append(event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step))
         while True:
             step = inc.next_step
             at = inc.first_step_at + (step - inc.resume_step) / self.steps_per_second

@@ -744,6 +744,9 @@ class LocalOrchestrator:
             drained = time.monotonic() + OUTPUT_DRAIN_TIMEOUT
             while self._source.open_streams and time.monotonic() < drained:
                 time.sleep(0.01)
+            if self._popen is not None and self._popen.poll() == 0:
+                self._emit(GroupEventKind.JOB_SUCCEEDED, failure)
+                return
             cause = _root_cause(self.raw_output())
             self._emit(GroupEventKind.JOB_FAILED, f"{failure}{': ' + cause if cause else ''}")
 

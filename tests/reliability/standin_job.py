@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.01)
     parser.add_argument("--resume", choices=["latest", "zero"], default="latest")
     parser.add_argument("--resume-pause", type=float, default=0.0,
-                        help="report progress(resume step), then wait this long")
+                        help="after checkpoint_loaded, wait this long before the first step")
     parser.add_argument("--restart-delay", type=float, default=0.1,
                         help="seconds between a failed group and the next one")
     parser.add_argument("--spawn-grandchild", action="store_true")
@@ -75,8 +75,7 @@ def worker(args: argparse.Namespace) -> int:
         step = int(args.ckpt.read_text() or 0)
         if step:
             reporter.checkpoint_loaded(step)
-            if args.resume_pause:  # "at step N" first, then a slow step: a visible VERIFYING
-                reporter.progress(step)
+            if args.resume_pause:  # loaded, then a slow first step: a visible VERIFYING
                 time.sleep(args.resume_pause)
     while True:
         step += 1

@@ -294,6 +294,7 @@ def as_events(keys: tuple[Key, ...]) -> list[TrainingEvent]:
 def verdict_of(events: list[TrainingEvent]) -> tuple[object, ...]:
     """Drive the real engine with ``events``; the kill lands at KILL_AT when asked for."""
     engine = DrillEngine(DrillSpec(max_recovery_time=10.0, after_checkpoint=20), T0)
+    engine.discovered(T0, "the stream under test")
     for event in events:
         for action in engine.on_training_event(event):
             if isinstance(action, KillTarget):
