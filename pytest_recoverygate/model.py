@@ -32,6 +32,7 @@ class TrainingEventKind(enum.Enum):
     PROGRESS = "progress"
     CHECKPOINT_COMPLETED = "checkpoint_completed"
     CHECKPOINT_LOADED = "checkpoint_loaded"
+    CHECKPOINT_STARTED = "checkpoint_started"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,8 @@ class TrainingEvent:
     pid: int | None = None
     host: str | None = None
     restart_count: int | None = None
+    digest: str | None = None
+    digest_parts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

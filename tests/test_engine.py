@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pytest_recoverygate.engine import (
@@ -836,6 +836,10 @@ def simulate(job: Job, rnd: random.Random) -> tuple[DrillResult, dict[str, objec
         "decisive": (
             not job.zero_based and job.stride == 1 and job.max_lost is None
             and job.new_steps >= 2 and job.mode != "beyond"
+            # an explicit older step with a newer checkpoint right after it: "resumed from
+            # it" and "loaded the newer one and redid a step" look alike without
+            # checkpoint_loaded, and the drill rightly says so
+            and (job.loaded or not job.expect_step)
         ),
     }
     return finishes[0].result, truth
@@ -847,6 +851,8 @@ def test_the_verdict_never_contradicts_what_the_job_truly_did(job: Job, rnd: obj
     assert isinstance(rnd, random.Random)
     result, truth = simulate(job, rnd)
     why = (result.summary, job, truth)
+    recovery = truth["recovery"]
+    assume(recovery is None or abs(recovery - job.max_recovery) > 1e-6)  # type: ignore[operator]
     if truth["recovered"]:
         assert result.verdict in (Verdict.PASS, Verdict.ERROR), why
     else:

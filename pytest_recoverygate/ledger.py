@@ -1,0 +1,785 @@
+"""The ledger of the job's own lines, and what they prove about one recovery (pure).
+
+:class:`Ledger` records every reporter line of the reporting rank (incarnations,
+progress, checkpoints started and completed, digests) and, for the kill under judgement,
+answers the questions a verdict rests on:
+
+- **the step contract**, learned from the first incarnation (its first two progress lines,
+  which the reporter always prints, give the first step and the stride);
+- **the resume step** of a replacement: its ``checkpoint_loaded`` (checked against its
+  first step: at or below it means steps were replayed) or its first step minus the
+  stride, and only where that inference is sound;
+- **the expected step**: with ``latest``, the newest checkpoint durable before the
+  replacement loaded (a survivor's checkpoint after the kill included);
+- **the last step before the kill**, proven (lines stamped at or before the kill) and
+  bounded (extrapolated at the fastest rate seen, capped by a survivor's later line);
+- **the checks** of one recovery, each passed, failed or undecided with the fix.
+
+Nothing here has a clock, a phase or an action: :mod:`pytest_recoverygate.engine` decides
+*when* to judge; this module decides *what* the evidence says.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from pytest_recoverygate.model import TrainingEvent
+from pytest_recoverygate.verdict import (
+    Check,
+    FailureReason,
+    IncarnationInfo,
+    StepContract,
+    format_seconds,
+)
+
+__all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
+
+R = FailureReason
+
+
+def steps_text(values: list[int], limit: int = 6) -> str:
+    """``10, 20, 30`` (the last ``limit``), or ``none``."""
+    shown = ", ".join(str(v) for v in values[-limit:])
+    return ("…, " if len(values) > limit else "") + shown if values else "none"
+
+
+@dataclass(slots=True)
+class Inc:
+    """What the drill knows of one process (one incarnation id)."""
+
+    id: str
+    rank: int | None
+    born: int  # kills before it was first seen; it is "new" for kill number ``born``
+    first_seen: float
+    start_time: float | None = None
+    start_seen: bool = False
+    pid: int | None = None
+    host: str | None = None
+    restart: int | None = None
+    first_line: float | None = None  # its first line that is not the start line
+    loaded: int | None = None  # checkpoint_loaded before its first progress
+    loaded_at: float | None = None
+    loaded_digest: str | None = None
+    loaded_parts: tuple[tuple[str, str], ...] = ()
+    first: tuple[int, float] | None = None  # (step, time) of its first progress line
+    second: tuple[int, float] | None = None
+    last: tuple[int, float] | None = None
+    backwards: tuple[int, int] | None = None  # its first step decrease (from, to)
+
+    def info(self) -> IncarnationInfo:
+        return IncarnationInfo(
+            inc=self.id, rank=self.rank, pid=self.pid, host=self.host, restart=self.restart,
+            new=self.born > 0, first_seen=self.first_seen, started=self.start_time,
+            loaded_step=self.loaded,
+            first_step=self.first[0] if self.first else None,
+            last_step=self.last[0] if self.last else None,
+            round=self.born,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    step: int
+    time: float
+    inc: str
+    after_kill: bool
+    digest: str | None = None
+    parts: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class Save:
+    """A checkpoint save the job announced with ``checkpoint_started``."""
+
+    step: int
+    started: float
+    rank: int | None
+    completed: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """How a replacement resumed, as far as the evidence goes."""
+
+    step: int | None  # the step it resumed counting from (first progress - stride)
+    loaded: int | None = None
+    replayed: bool = False  # it loaded ``loaded`` and then reported a step <= loaded
+    undecided: str | None = None  # why the step cannot be told, and the fix
+
+
+@dataclass(slots=True)
+class _Round:
+    """Trackers for the kill under judgement (reset when the next kill is armed)."""
+
+    kill_time: float | None = None
+    pre: tuple[int, float] | None = None  # newest progress point stamped <= the kill
+    recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=16))
+    pre_ckpt: int = -1
+    post_first: tuple[int, float] | None = None  # a survivor's first line after the kill
+    post_max: int = -1
+
+
+class Ledger:
+    """Every reporter line of the reporting rank, and what it proves about one kill."""
+
+    def __init__(self) -> None:
+        self.incs: dict[str, Inc] = {}
+        self.order: list[Inc] = []
+        self.checkpoints: list[Checkpoint] = []
+        self.saves: dict[int, Save] = {}
+        self.kills = 0  # kills so far; the one under judgement is number ``kills``
+        self.open = False  # a kill is under judgement: its replacements are "new"
+        self.round = _Round()
+        self.current_step: int | None = None
+
+    # ------------------------------------------------------------------ recording
+
+    def incarnation(self, event: TrainingEvent) -> Inc:
+        """The incarnation of ``event``, created (new or old for this kill) on first sight."""
+        inc = self.incs.get(event.incarnation)
+        if inc is None:
+            kill = self.round.kill_time
+            if kill is not None:
+                born = self.kills if event.timestamp > kill else max(self.kills - 1, 0)
+            else:  # before the first kill, or between two kills (old for the next one)
+                born = self.kills
+            inc = Inc(event.incarnation, event.rank, born, event.timestamp)
+            self.incs[event.incarnation] = inc
+            self.order.append(inc)
+        return inc
+
+    def is_new(self, inc: Inc) -> bool:
+        """A replacement for the kill under judgement."""
+        return self.open and inc.born == self.kills and self.kills > 0
+
+    def start(self, inc: Inc, event: TrainingEvent) -> None:
+        inc.start_seen = True
+        inc.start_time = event.timestamp
+        inc.pid = event.pid
+        inc.host = event.host
+
+    def loaded(self, inc: Inc, event: TrainingEvent) -> None:
+        if inc.first is None and event.step is not None:
+            inc.loaded = event.step
+            inc.loaded_at = event.timestamp
+            inc.loaded_digest = event.digest
+            inc.loaded_parts = event.digest_parts
+
+    def progress(self, inc: Inc, step: int, at: float, *, new: bool) -> None:
+        if inc.first is None:
+            inc.first = (step, at)
+        elif inc.second is None:
+            inc.second = (step, at)
+        last = inc.last
+        if last is not None and step < last[0] and inc.backwards is None:
+            inc.backwards = (last[0], step)
+        inc.last = (step, at)
+        self.current_step = step
+        if new:
+            return
+        rnd = self.round
+        kill = rnd.kill_time
+        if kill is None or at <= kill:
+            if rnd.pre is None or step >= rnd.pre[0]:
+                rnd.pre = (step, at)
+                rnd.recent.append((step, at))
+        else:  # a survivor still training after the kill
+            if rnd.post_first is None or at < rnd.post_first[1]:
+                rnd.post_first = (step, at)
+            rnd.post_max = max(rnd.post_max, step)
+
+    def checkpoint(self, inc: Inc, event: TrainingEvent, *, new: bool) -> Checkpoint:
+        assert event.step is not None
+        kill = self.round.kill_time
+        after_kill = kill is not None and event.timestamp > kill
+        ckpt = Checkpoint(event.step, event.timestamp, inc.id, after_kill, event.digest,
+                          event.digest_parts)
+        self.checkpoints.append(ckpt)
+        save = self.saves.get(event.step)
+        if save is not None and save.completed is None:
+            save.completed = event.timestamp
+        if not new and not after_kill:
+            self.round.pre_ckpt = max(self.round.pre_ckpt, event.step)
+        return ckpt
+
+    def save_started(self, inc: Inc, event: TrainingEvent) -> Save:
+        assert event.step is not None
+        save = Save(event.step, event.timestamp, event.rank if event.rank is not None
+                    else inc.rank)
+        self.saves.setdefault(event.step, save)
+        return self.saves[event.step]
+
+    # ------------------------------------------------------------------ rounds
+
+    def killed(self, at: float) -> None:
+        """A kill happened: its replacements are judged until :meth:`closed`."""
+        self.kills += 1
+        self.open = True
+        self.round.kill_time = at
+
+    def closed(self, judged: Inc | None) -> None:
+        """The kill was judged: the lineage it left is the "before" of the next kill."""
+        self.open = False
+        rnd = _Round()
+        if judged is not None:
+            for point in (judged.first, judged.second, judged.last):
+                if point is not None and (rnd.pre is None or point[0] >= rnd.pre[0]):
+                    rnd.pre = point
+                    rnd.recent.append(point)
+        self.round = rnd
+
+    # ------------------------------------------------------------------ the contract
+
+    def baseline(self) -> Inc | None:
+        """The first incarnation that reported progress before the first kill."""
+        for inc in self.order:
+            if inc.born == 0 and inc.first is not None:
+                return inc
+        return None
+
+    def contract(self) -> StepContract:
+        base = self.baseline()
+        if base is None or base.first is None:
+            return StepContract()
+        first = base.first[0]
+        # Only the first two progress calls of a process are always printed: without its
+        # start line, the first lines seen may be rate-limited ones, not its first calls.
+        if not base.start_seen and base.loaded is None:
+            return StepContract(first_step=first)
+        second = base.second[0] if base.second is not None else None
+        stride = second - first if second is not None and second > first else None
+        problem: str | None = None
+        fresh: bool | None = None
+        resumed: int | None = None
+        if second is not None and second == first:
+            problem = (
+                f"step {first} was reported twice in a row: call progress(step) once per "
+                "completed step (with gradient accumulation: once per optimizer step)"
+            )
+        elif second is not None and second < first:
+            problem = (
+                f"progress went backwards right after the start ({first}, then {second}): "
+                "report the number of steps completed"
+            )
+        if base.loaded is not None:
+            fresh, resumed = False, base.loaded
+            if first <= base.loaded:
+                problem = problem or (
+                    f"after loading checkpoint {base.loaded} the first step was reported as "
+                    f"{first}: report progress(n) after the n-th completed step (a resume "
+                    f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
+                )
+        elif base.start_seen:
+            if first == 0:
+                fresh = True
+                problem = problem or (
+                    "the first step after a fresh start was reported as 0: report "
+                    "progress(epoch + 1), not progress(epoch) — `step` is the number of "
+                    "steps completed, so a fresh start reports 1 first"
+                )
+            elif stride is not None and first > stride:
+                fresh, resumed = False, first - stride
+            elif stride is not None or first == 1:
+                fresh = True
+        return StepContract(first, stride, fresh, resumed, problem)
+
+    def indistinguishable(self, step: int) -> str | None:
+        """Why a resume from this checkpoint could not be told from a fresh start, if so."""
+        if step == 0:
+            return (
+                "checkpoint 0 holds the state of a fresh start: a resume from it cannot be "
+                "told from a restart from scratch; waiting for a later checkpoint"
+            )
+        base = self.baseline()
+        if base is None and any(i.start_seen for i in self.order):
+            return (
+                f"checkpoint {step} came before any progress line, so a resume from it might "
+                "report the same first step as a fresh start; waiting for a later checkpoint"
+            )
+        if base is not None and base.start_seen and base.first is not None and (
+            base.first[0] > step
+        ):
+            return (
+                f"the first progress line reported step {base.first[0]}, after checkpoint "
+                f"{step}: a resume from it might report the same first step as a fresh "
+                "start; waiting for a later checkpoint"
+            )
+        stride = self.contract().stride
+        if stride is not None and stride > 1 and step < stride:
+            return (
+                f"progress is reported every {stride} steps, so a resume from checkpoint "
+                f"{step} would report the same first step ({stride}) as a fresh start; "
+                f"waiting for a checkpoint at step {stride} or later"
+            )
+        return None
+
+    def stride_for(self, inc: Inc) -> int | None:
+        contract = self.contract()
+        if contract.stride is not None and contract.problem is None:
+            return contract.stride
+        if inc.first is not None and inc.second is not None and inc.second[0] > inc.first[0]:
+            return inc.second[0] - inc.first[0]
+        return None
+
+    # ------------------------------------------------------------------ the resume
+
+    def resume_of(self, inc: Inc, *, final: bool) -> Resume | None:
+        """The resume step of a replacement that reported progress (None: wait for more)."""
+        assert inc.first is not None
+        first = inc.first[0]
+        stride = self.stride_for(inc)
+        loaded = inc.loaded
+        if loaded is not None:
+            if first <= loaded:  # replayed; it counts from first - stride (if that is known)
+                counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)
+                return Resume(counts, loaded, replayed=True)
+            if stride is None:
+                if first == loaded + 1:
+                    return Resume(loaded, loaded)
+                if not final:
+                    return None
+                return Resume(loaded, loaded, undecided=(
+                    f"the replacement loaded checkpoint {loaded} and then reported step "
+                    f"{first}, and the progress stride is unknown (one progress line): let "
+                    "it train longer, or report progress every step"
+                ))
+            if first > loaded + stride:
+                return Resume(loaded, loaded, undecided=(
+                    f"the replacement reported checkpoint_loaded({loaded}) but its first step "
+                    f"was {first}, more than one progress stride ({stride}) later: report "
+                    "checkpoint_loaded(n) with the step the resumed process holds"
+                ))
+            return Resume(loaded, loaded)
+        if first <= 1 or (stride is not None and first <= stride):
+            return Resume(0)
+        if stride is None:
+            if not final:
+                return None
+            return Resume(None, undecided=(
+                f"the replacement reported one progress line (step {first}), so the "
+                "progress stride is unknown and its resume step cannot be inferred: call "
+                "reporter.checkpoint_loaded(step) after loading a checkpoint, or let it "
+                "train longer"
+            ))
+        step = first - stride
+        off_grid = [c.step for c in self.checkpoints if c.step % stride]
+        if stride > 1 and off_grid:
+            return Resume(step, undecided=(
+                f"progress is reported every {stride} steps and checkpoints "
+                f"{steps_text(off_grid, 3)} are not on that grid, so the resume step lies "
+                f"between {first - stride} and {first - 1}: call "
+                "reporter.checkpoint_loaded(step) after loading, or report progress every step"
+            ))
+        return Resume(step)
+
+    def describe_resume(self, inc: Inc, resume: Resume) -> str:
+        if resume.replayed:
+            return (
+                f"loaded checkpoint {resume.loaded}, then reported step "
+                f"{inc.first[0] if inc.first else '?'}"
+            )
+        if resume.step is None:
+            return "resume step undecided"
+        how = "checkpoint_loaded" if resume.loaded is not None else "inferred from progress"
+        return f"resumed from step {resume.step} ({how})"
+
+    def load_window(self, inc: Inc) -> tuple[float, float]:
+        """(the replacement started, it had loaded): checkpoints durable in between count."""
+        started = inc.start_time if inc.start_time is not None else inc.first_seen
+        if inc.loaded_at is not None:
+            loaded = inc.loaded_at
+        elif inc.first is not None:
+            loaded = inc.first[1]
+        else:
+            loaded = started
+        return min(started, loaded), loaded
+
+    def before(self, inc: Inc) -> list[Checkpoint]:
+        """The checkpoints completed before ``inc`` reported its first step (or loaded)."""
+        limit = inc.first[1] if inc.first is not None else self.load_window(inc)[1]
+        return [c for c in self.checkpoints if c.time <= limit]
+
+    def expected(self, inc: Inc | None, explicit: int | None) -> tuple[int | None, int | None]:
+        """(expected resume step, the newest checkpoint durable before the replacement started).
+
+        With ``latest`` the expected step is the newest checkpoint durable before the
+        replacement loaded; any checkpoint that became durable while it was starting and
+        loading (between the two) is a legitimate latest too.
+        """
+        if explicit is not None:
+            return explicit, explicit
+        if inc is None:
+            kill = self.round.kill_time
+            done = [c.step for c in self.checkpoints if kill is None or c.time <= kill]
+            return (max(done) if done else None), (max(done) if done else None)
+        started, loaded = self.load_window(inc)
+        durable = [c.step for c in self.checkpoints if c.time <= loaded]
+        before = [c.step for c in self.checkpoints if c.time <= started]
+        expected = max(durable) if durable else None
+        floor = max(before) if before else expected
+        return expected, floor
+
+    def torn(self) -> set[int]:
+        """Saves started before the kill and never completed: the torn checkpoints."""
+        kill = self.round.kill_time
+        if kill is None:
+            return set()
+        done = {c.step for c in self.checkpoints}
+        return {s.step for s in self.saves.values() if s.started <= kill and s.step not in done}
+
+    # ------------------------------------------------------------------ step bounds
+
+    def rate(self, judged: Inc | None = None) -> float | None:
+        """The fastest step rate among the last pre-kill progress lines (steps/s).
+
+        With fewer than two lines before the kill, the replacement's first two lines (the
+        same job at the same step time) stand in.
+        """
+        best: float | None = None
+        points = list(self.round.recent)
+        if len(points) < 2 and judged is not None and judged.first and judged.second:
+            points = [judged.first, judged.second]
+        for (s0, t0), (s1, t1) in itertools.pairwise(points):
+            if s1 > s0 and t1 > t0:
+                rate = (s1 - s0) / (t1 - t0)
+                best = rate if best is None else max(best, rate)
+        return best
+
+    def last_before_kill(self, judged: Inc | None = None) -> tuple[int | None, int | None]:
+        """(proven, bound) of the last step completed before the kill.
+
+        Proven: the highest step reported (progress or checkpoint) stamped at or before
+        the kill. Bound: the last pre-kill line extrapolated to the kill at the fastest
+        step rate seen just before it, capped by the first line a survivor printed after
+        the kill (that step had not completed at the kill).
+        """
+        rnd = self.round
+        if rnd.kill_time is None:
+            return None, None
+        pre_step = rnd.pre[0] if rnd.pre is not None else -1
+        proven = max(pre_step, rnd.pre_ckpt)
+        if proven < 0:
+            return None, None
+        bound: int | None = None
+        rate = self.rate(judged)
+        if rnd.pre is not None and rate is not None:
+            gap = max(rnd.kill_time - rnd.pre[1], 0.0)
+            bound = rnd.pre[0] + math.ceil(rate * gap - 1e-9)
+        if rnd.post_first is not None:
+            bound = rnd.post_first[0] if bound is None else min(bound, rnd.post_first[0])
+        if bound is not None:
+            bound = max(bound, proven)
+        return proven, bound
+
+    def reach_bound(self) -> int | None:
+        """The highest step the old incarnations can have reached.
+
+        The reporter prints at least one line per interval while training goes on, so a
+        process that reached further than one line gap (at the fastest rate seen) past its
+        last line would have printed again: the bound is the highest old step seen plus
+        the steps of the longest line gap seen, plus one stride.
+        """
+        rnd = self.round
+        kill = rnd.kill_time
+        old_ckpts = [c.step for c in self.checkpoints if kill is None or c.time <= kill
+                     or c.after_kill]
+        highest = max(rnd.post_max, rnd.pre[0] if rnd.pre else -1, rnd.pre_ckpt,
+                      max(old_ckpts, default=-1))
+        if highest < 0:
+            return None
+        rate = self.rate()
+        points = list(rnd.recent)
+        gaps = [t1 - t0 for (_, t0), (_, t1) in itertools.pairwise(points)]
+        stride = self.contract().stride or 1
+        if rate is None or not gaps:
+            return highest + stride
+        return highest + math.ceil(rate * max(gaps)) + stride
+
+    def save_seconds(self) -> float | None:
+        """The median time from checkpoint_started to checkpoint_completed seen so far."""
+        spans = [s.completed - s.started for s in self.saves.values()
+                 if s.completed is not None and s.completed >= s.started]
+        return statistics.median(spans) if spans else None
+
+    def interval(self, since: float | None = None) -> tuple[float, float] | None:
+        """(seconds, steps) between consecutive checkpoints of one process (medians).
+
+        Only checkpoints completed by the same incarnation are paired, so the time a kill
+        and its recovery took never counts as a checkpoint interval. ``None`` until two.
+        """
+        by_inc: dict[str, list[tuple[float, int]]] = {}
+        for c in self.checkpoints:
+            if since is None or c.time > since:
+                by_inc.setdefault(c.inc, []).append((c.time, c.step))
+        gaps = [(t1 - t0, s1 - s0) for done in by_inc.values()
+                for (t0, s0), (t1, s1) in itertools.pairwise(sorted(done))
+                if t1 > t0 and s1 > s0]
+        if not gaps:
+            return None
+        return (statistics.median(g[0] for g in gaps), statistics.median(g[1] for g in gaps))
+
+    # ------------------------------------------------------------------ the checks
+
+    def contract_check(self, contract: StepContract) -> Check:
+        if contract.problem is not None:
+            return Check(
+                "step_contract", None, "progress(n) after the n-th completed step",
+                contract.describe(),
+                f"the job breaks the step contract, so the resume cannot be judged: "
+                f"{contract.problem}",
+                R.INCONCLUSIVE,
+            )
+        return Check(
+            "step_contract", True, "progress(n) after the n-th completed step",
+            contract.describe(), f"step contract: {contract.describe()}",
+        )
+
+    def resume_check(
+        self, inc: Inc, resume: Resume, expected: int | None, floor: int | None, *,
+        explicit: bool, contract: StepContract,
+    ) -> Check:
+        observed = resume.step
+        first = inc.first[0] if inc.first else None
+        completed = sorted({c.step for c in self.before(inc)})
+        torn = self.torn()
+        name = "resume_step"
+
+        def check(passed: bool | None, message: str, reason: FailureReason | None) -> Check:
+            if passed and resume.loaded is None and observed is not None and first is not None:
+                # Inferred from progress alone: the first step also fits a replacement that
+                # loaded a newer checkpoint and redid steps. Only a PASS needs to rule it out.
+                inside = [c for c in completed if observed < c <= first]
+                if inside:
+                    return Check(name, None, expected, observed, (
+                        f"the replacement's first step ({first}) fits a resume from step "
+                        f"{observed} as well as one that loaded checkpoint {inside[-1]} and "
+                        "redid steps: call reporter.checkpoint_loaded(step) after loading so "
+                        "the drill knows which"
+                    ), R.INCONCLUSIVE)
+            return Check(name, passed, expected, observed, message, reason)
+
+        if resume.replayed:
+            assert first is not None
+            return check(False, (
+                f"loaded checkpoint {resume.loaded}, but the first step reported after it was "
+                f"{first}: steps {first}–{resume.loaded} were done again (progress went "
+                "backwards after the resume)"
+            ), R.STEPS_REPLAYED)
+        if observed is None:
+            return check(None, resume.undecided or "the resume step is unknown", R.INCONCLUSIVE)
+        if observed in torn and observed not in completed:
+            return check(False, (
+                f"resumed from step {observed}, expected step {expected} — the save of "
+                f"checkpoint {observed} was cut by the kill and never completed: the job "
+                "loaded a partial checkpoint (write to a temporary file, fsync, then rename)"
+            ), R.RESUMED_FROM_TORN_CHECKPOINT)
+        scratch = observed == 0 and (expected or 0) > 0
+        fresh_signature = (
+            inc.loaded is None and contract.fresh_start and first == contract.first_step
+        )
+        if contract.problem is not None and not (scratch and fresh_signature):
+            return check(None, (
+                f"the replacement resumed from step {observed} by the job's own count, but "
+                "the job breaks the step contract (see step_contract), so that count cannot "
+                "be trusted"
+            ), R.INCONCLUSIVE)
+        if resume.undecided is not None:
+            return check(None, resume.undecided, R.INCONCLUSIVE)
+        if expected is None:
+            return check(False, f"resumed from step {observed}, but no checkpoint was seen to "
+                         "expect", R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+        how = "loaded" if resume.loaded is not None else "resumed from"
+        if explicit:
+            if observed == expected:
+                return check(True, f"resumed from step {observed} as expected", None)
+            if expected not in completed:
+                return check(False, (
+                    f"resumed from step {observed}, expected step {expected} — checkpoint "
+                    f"{expected} was never completed; completed: {steps_text(completed)}"
+                ), R.CHECKPOINT_NEVER_COMPLETED)
+        else:
+            durable = {c.step for c in self.checkpoints if c.time <= self.load_window(inc)[1]}
+            lowest = floor if floor is not None else expected
+            if observed in durable and observed >= lowest:
+                return check(True, f"resumed from the latest checkpoint, step {observed}", None)
+            if observed > max(completed, default=-1):
+                reach = self.reach_bound()
+                if reach is not None and observed <= reach:
+                    return check(True, (
+                        f"{how} checkpoint {observed}, which the drill never saw completed; "
+                        f"it is newer than every checkpoint seen ({expected}) and within the "
+                        f"steps the job reached (at most {reach})"
+                    ), None)
+                return check(False, (
+                    f"resumed from step {observed}, expected step {expected} — beyond any "
+                    f"step the job can have reached"
+                    + (f" (at most {reach})" if reach is not None else "")
+                ), R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+        if observed == 0:
+            what = "loaded checkpoint 0" if resume.loaded == 0 else "loaded no checkpoint"
+            return check(False, (
+                f"resumed from step 0, expected step {expected} — the job restarted from "
+                f"scratch ({what})"
+            ), R.RESTARTED_FROM_SCRATCH)
+        if observed > expected:
+            return check(False, (
+                f"resumed from step {observed}, expected step {expected} — the job resumed "
+                "from a checkpoint newer than expected"
+            ), R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+        if observed in completed:
+            alt = (
+                "" if resume.loaded is not None
+                else " (or it loaded a newer one and redid steps: call checkpoint_loaded "
+                "to tell them apart)"
+            )
+            return check(False, (
+                f"resumed from step {observed}, expected step {expected} — the job resumed "
+                f"from an older checkpoint{alt}"
+            ), R.RESUMED_FROM_OLDER_CHECKPOINT)
+        if resume.loaded is not None:
+            return check(False, (
+                f"loaded checkpoint {observed}, expected step {expected} — no checkpoint of "
+                f"step {observed} was completed (completed: {steps_text(completed)})"
+            ), R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+        above = [c for c in completed if c > observed]
+        return check(False, (
+            f"resumed from step {observed}, expected step {expected} — no checkpoint exists "
+            f"at step {observed}, so steps {observed + 1}–{above[0] if above else expected} "
+            "were done again (a resume off by one, such as range(stored_epoch, …)?)"
+        ), R.STEPS_REPLAYED)
+
+    def no_progress_checks(
+        self, inc: Inc, expected: int | None, ended: str, finished_ok: bool
+    ) -> list[Check]:
+        if inc.loaded is None:
+            if finished_ok:
+                return [Check(
+                    "resume_step", None, expected, None,
+                    "inconclusive: the job finished right after it came back, before any "
+                    "training step; lengthen the run", R.INCONCLUSIVE,
+                )]
+            return [Check(
+                "resume_step", False, expected, None,
+                f"never came back: a new incarnation started but reported no training step "
+                f"— {ended}", R.NEVER_CAME_BACK,
+            )]
+        checks: list[Check] = []
+        if expected is not None and inc.loaded != expected:
+            checks.append(Check(
+                "resume_step", False, expected, inc.loaded,
+                f"loaded checkpoint {inc.loaded}, expected step {expected}",
+                R.RESTARTED_FROM_SCRATCH if inc.loaded == 0
+                else R.RESUMED_FROM_OLDER_CHECKPOINT if inc.loaded < expected
+                else R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+            ))
+        if finished_ok:
+            checks.append(Check(
+                "progress_after_resume", None, f"a step after {inc.loaded}", None,
+                "inconclusive: the job finished right after resuming, before any step past "
+                f"checkpoint {inc.loaded}; lengthen the run", R.INCONCLUSIVE,
+            ))
+        else:
+            checks.append(Check(
+                "progress_after_resume", False, f"a step after {inc.loaded}", None,
+                f"training stopped progressing after resuming from step {inc.loaded} ({ended})",
+                R.STOPPED_PROGRESSING,
+            ))
+        return checks
+
+    def lost(self, resume: Resume, judged: Inc | None) -> tuple[int | None, int | None]:
+        """(proven, upper bound) of the steps done before the kill and done again after it."""
+        if resume.step is None:
+            return None, None
+        proven, bound = self.last_before_kill(judged)
+        lo = None if proven is None else max(proven - resume.step, 0)
+        hi = None if bound is None else max(bound - resume.step, 0)
+        return lo, hi
+
+    @staticmethod
+    def lost_check(lost: tuple[int | None, int | None], limit: int) -> Check:
+        lo, hi = lost
+        observed = lo if hi is None or hi == lo else f"{lo}–{hi}"
+        if hi is not None and hi <= limit:
+            return Check("lost_steps", True, f"<= {limit}", observed,
+                         f"lost {observed} step(s) (limit {limit})")
+        if lo is not None and lo > limit:
+            return Check("lost_steps", False, f"<= {limit}", observed,
+                         f"lost too many steps: {lo} > {limit}"
+                         + (f" (at most {hi})" if hi is not None and hi != lo else ""),
+                         R.LOST_TOO_MANY_STEPS)
+        span = "an unknown number of" if lo is None else (
+            f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        )
+        return Check(
+            "lost_steps", None, f"<= {limit}", observed,
+            f"the job lost {span} steps against a limit of {limit}: the last step before the "
+            "kill is not known precisely enough; report progress on every step "
+            "(RECOVERYGATE_PROGRESS_INTERVAL=0) so it is",
+            R.INCONCLUSIVE,
+        )
+
+    def digest_check(self, inc: Inc, resume: Resume) -> Check | None:
+        """The loaded state against the state saved at that step (stateDigestMatches)."""
+        step = resume.loaded
+        if step is None:
+            return Check(
+                "state_digest", None, "the saved state", None,
+                "stateDigestMatches needs the replacement to report "
+                "checkpoint_loaded(step, digest=…); it reported no checkpoint_loaded",
+                R.INCONCLUSIVE,
+            )
+        saved = [c for c in self.checkpoints if c.step == step and c.digest is not None]
+        if inc.loaded_digest is None:
+            return Check(
+                "state_digest", None, saved[-1].digest if saved else None, None,
+                f"stateDigestMatches: the replacement loaded checkpoint {step} without a "
+                "digest: pass digest=reporter.state_digest(...) to checkpoint_loaded",
+                R.INCONCLUSIVE,
+            )
+        if not saved:
+            return Check(
+                "state_digest", None, None, inc.loaded_digest,
+                f"stateDigestMatches: checkpoint {step} was saved without a digest (or its "
+                "save was not seen): pass digest= to checkpoint_completed",
+                R.INCONCLUSIVE,
+            )
+        want = saved[-1]
+        if want.digest == inc.loaded_digest:
+            return Check("state_digest", True, want.digest, inc.loaded_digest,
+                         f"the loaded state equals the state saved at step {step}")
+        differ = [name for name, value in inc.loaded_parts
+                  if dict(want.parts).get(name) not in (None, value)]
+        missing = [name for name, _ in want.parts if name not in dict(inc.loaded_parts)]
+        what = ", ".join(
+            [f"{name} state differs" for name in differ]
+            + [f"{name} state missing" for name in missing]
+        ) or "the digests differ"
+        return Check(
+            "state_digest", False, want.digest, inc.loaded_digest,
+            f"loaded checkpoint {step} but the state differs from the one saved at step "
+            f"{step}: {what}",
+            R.STATE_DIFFERS,
+        )
+
+    def detection_check(self, detected: float | None, limit: float | None,
+                        deadline_passed: bool) -> Check:
+        expected = f"<= {format_seconds(limit)}" if limit is not None else "noticed"
+        if detected is None:
+            return Check(
+                "hang_detected", False if deadline_passed else None, expected, None,
+                "the job never noticed the hung worker: no rank failed and nothing was "
+                "restarted (is the collective timeout left at its 30-minute default? set "
+                "init_process_group(timeout=…) or a watchdog)",
+                R.HANG_NOT_DETECTED if deadline_passed else R.INCONCLUSIVE,
+            )
+        ok = limit is None or detected <= limit
+        return Check(
+            "hang_detected", ok, expected, round(detected, 6),
+            f"the job noticed the hung worker after {format_seconds(detected)}"
+            + ("" if ok else f" > {format_seconds(limit or 0.0)}"),
+            None if ok else R.HANG_NOT_DETECTED,
+        )

@@ -1,0 +1,480 @@
+"""The engine's fault catalogue, driven directly (no backend, no clock).
+
+We test these aspects:
+- ``delay``: a duration, a fraction of the measured checkpoint interval (which needs two
+  checkpoints, and the drill waits for them), ``beforeNextCheckpoint`` (just before the
+  next save is due, and a note when a checkpoint slipped in anyway), ``spread``;
+- ``count: N``: a kill after each verified recovery, at the first checkpoint completed
+  after it; every recovery judged; the drill stops at the first that does not pass;
+- ``count: untilBudgetExhausted``: the job survives its budget and then gives up loudly;
+  one that gives up early or late fails, one that hangs instead of failing fails;
+- KillDuringCheckpoint: the kill lands inside the save (half the measured save time, at
+  once when none was measured), aimed at the rank that reports it; resuming from the torn
+  checkpoint fails; a save that completes first moves the aim to the next save;
+- Preempt: a checkpoint completed in the grace period is the latest, and
+  ``savedOnPreempt`` requires one;
+- HangWorker: the time until the job notices is checked against ``maxDetectionTime``;
+- ``stateDigestMatches``: the loaded digest against the saved one, part by part, and a
+  trigger checkpoint without a digest refused before the kill.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import pytest
+
+from pytest_recoverygate.engine import (
+    Delay,
+    DrillEngine,
+    DrillResult,
+    DrillSpec,
+    FailureReason,
+    Finish,
+    KillTarget,
+    Phase,
+    Verdict,
+)
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    TrainingEventKind,
+)
+
+T0 = 1_800_000_000.0
+P = TrainingEventKind.PROGRESS
+C = TrainingEventKind.CHECKPOINT_COMPLETED
+L = TrainingEventKind.CHECKPOINT_LOADED
+S = TrainingEventKind.START
+ST = TrainingEventKind.CHECKPOINT_STARTED
+R = FailureReason
+
+
+def ev(kind: TrainingEventKind, t: float, inc: str, step: int | None = None, *,
+       digest: str | None = None, parts: tuple[tuple[str, str], ...] = (),
+       rank: int = 0) -> TrainingEvent:
+    return TrainingEvent(kind, T0 + t, inc, step=step, rank=rank, digest=digest,
+                         digest_parts=parts)
+
+
+def combined(parts: tuple[tuple[str, str], ...]) -> str | None:
+    """One digest over the parts (like reporter.state_digest's combined digest)."""
+    return f"{zlib.crc32(repr(parts).encode()):016x}" if parts else None
+
+
+@dataclass
+class Life:
+    """One incarnation of the simulated job."""
+
+    inc: str
+    start: float
+    resume: int  # the state it trains from
+    loaded: int | None
+    events: list[TrainingEvent] = field(default_factory=list)
+    end: float = math.inf
+
+
+class SimJob:
+    """A simulated job that reacts to the engine's kills (lines generated in time order).
+
+    It trains at ``rate`` steps/s, saves every ``every`` steps (``save`` seconds from
+    checkpoint_started to checkpoint_completed, training paused meanwhile), and after a kill
+    restarts ``restart`` seconds later from its latest completed checkpoint (``resume``:
+    ``latest``, ``zero``, ``torn``: from the save the kill cut). ``budget`` restarts, then it
+    fails (``gives_up``) or hangs. Preempt: it saves its current step ``term_save`` seconds
+    after SIGTERM (None: it ignores SIGTERM). HangWorker: the others notice after
+    ``hang_timeout`` seconds. ``digests`` sends a digest per checkpoint (and ``bad_parts``
+    loads a different optimizer).
+    """
+
+    def __init__(self, *, rate: float = 10.0, every: int = 10, save: float = 0.0,
+                 restart: float = 2.0, resume: str = "latest", budget: int = 100,
+                 gives_up: bool = True, term_save: float | None = None,
+                 hang_timeout: float = 3.0, digests: bool = False,
+                 bad_parts: bool = False) -> None:
+        self.rate, self.every, self.save, self.restart = rate, every, save, restart
+        self.resume, self.budget, self.gives_up = resume, budget, gives_up
+        self.term_save, self.hang_timeout = term_save, hang_timeout
+        self.digests, self.bad_parts = digests, bad_parts
+        self.lives = [self._life(0.0, 0, None)]
+        self.group: list[GroupEvent] = []
+        self.kills = 0
+        self.sent: set[int] = set()
+
+    def _parts(self, step: int, *, loading: bool = False) -> tuple[tuple[str, str], ...]:
+        optimizer = "f" * 16 if loading and self.bad_parts else f"{step:016x}"
+        return (("model", f"{step + 1:016x}"), ("optimizer", optimizer))
+
+    def _life(self, start: float, resume: int, loaded: int | None) -> Life:
+        life = Life(f"inc{len(getattr(self, 'lives', []))}", start, resume, loaded)
+        life.events.append(ev(S, start, life.inc))
+        if loaded is not None:
+            parts = self._parts(loaded, loading=True) if self.digests else ()
+            digest = combined(parts)
+            life.events.append(ev(L, start + 0.05, life.inc, loaded, digest=digest,
+                                  parts=parts))
+        t = start + 0.1
+        for step in range(resume + 1, resume + 2000):
+            t += 1 / self.rate
+            life.events.append(ev(P, t, life.inc, step))
+            if step % self.every == 0:
+                life.events.append(ev(ST, t + 0.001, life.inc, step))
+                parts = self._parts(step) if self.digests else ()
+                digest = combined(parts)
+                t += self.save
+                life.events.append(ev(C, t + 0.002, life.inc, step, digest=digest,
+                                      parts=parts))
+        return life
+
+    def lines_until(self, now: float) -> list[TrainingEvent]:
+        out = []
+        for life in self.lives:
+            for event in life.events:
+                key = id(event)
+                if event.timestamp - T0 <= min(now, life.end) and key not in self.sent:
+                    self.sent.add(key)
+                    out.append(event)
+        return sorted(out, key=lambda e: e.timestamp)
+
+    def group_until(self, now: float) -> list[GroupEvent]:
+        due = [g for g in self.group if g.timestamp - T0 <= now]
+        self.group = [g for g in self.group if g.timestamp - T0 > now]
+        return due
+
+    def completed(self, before: float) -> list[int]:
+        return [e.step for life in self.lives for e in life.events
+                if e.kind is C and e.step is not None and e.timestamp - T0 <= min(before, life.end)]
+
+    def kill(self, target: KillTarget, at: float) -> None:
+        life = self.lives[-1]
+        self.kills += 1
+        end = at
+        if target.fault == "Preempt" and self.term_save is not None:
+            step = max([e.step for e in life.events if e.kind is P and e.timestamp - T0 <= at
+                        and e.step is not None], default=0)
+            life.events = [e for e in life.events if e.timestamp - T0 <= at]
+            life.events.append(ev(C, at + self.term_save, life.inc, step))
+            end = at + self.term_save + 0.01
+        elif target.fault == "Preempt":
+            end = at + target.grace_period  # it ignores SIGTERM until SIGKILL
+        life.end = end
+        noticed = end + (self.hang_timeout if target.fault == "HangWorker" else 0.0)
+        if target.fault == "HangWorker":
+            life.end = at  # stopped: it prints nothing more
+        self.group.append(GroupEvent(GroupEventKind.WORKER_GONE, T0 + noticed + 0.05, "gone"))
+        if self.kills > self.budget:
+            if self.gives_up:
+                self.group.append(GroupEvent(GroupEventKind.JOB_FAILED, T0 + noticed + 0.5,
+                                             "max restarts exhausted"))
+            return
+        self.group.append(GroupEvent(GroupEventKind.RESTARTING, T0 + noticed + 0.1,
+                                     restart_count=self.kills))
+        done = self.completed(end)
+        latest = max(done, default=0)
+        if self.resume == "zero":
+            resume, loaded = 0, None
+        elif self.resume == "torn":
+            started = [e.step for e in life.events if e.kind is ST and e.step is not None
+                       and e.timestamp - T0 <= at]
+            resume = loaded = max(started, default=latest)
+        else:
+            resume, loaded = latest, (latest or None)
+        self.lives.append(self._life(noticed + self.restart, resume, loaded))
+
+
+class Drill:
+    """Runs the engine against a :class:`SimJob` on a 10 ms simulated tick."""
+
+    def __init__(self, job: SimJob | None = None, **spec: object) -> None:
+        base: dict[str, object] = {"max_recovery_time": 10.0, "after_checkpoint": 20}
+        base.update(spec)
+        self.engine = DrillEngine(DrillSpec(**base), T0)  # type: ignore[arg-type]
+        self.engine.discovered(T0, "test")
+        self.job = job or SimJob()
+        self.kills: list[KillTarget] = []
+        self.kill_times: list[float] = []
+        self.result: DrillResult | None = None
+
+    def act(self, actions: list[KillTarget | Finish], now: float) -> None:
+        for action in actions:
+            if isinstance(action, KillTarget):
+                self.kills.append(action)
+                self.kill_times.append(now)
+                self.job.kill(action, now)
+                self.act(self.engine.on_kill_result(KillResult(KillOutcome.KILLED, T0 + now)),
+                         now)
+            else:
+                self.result = action.result
+
+    def run(self, until: float = 300.0) -> DrillResult:
+        now = 0.0
+        while self.result is None and now < until:
+            now = round(now + 0.01, 6)
+            for event in self.job.lines_until(now):
+                if self.result is None:
+                    self.act(self.engine.on_training_event(event), now)
+            for group in self.job.group_until(now):
+                if self.result is None:
+                    self.act(self.engine.on_group_event(group), now)
+            if self.result is None:
+                self.act(self.engine.tick(T0 + now), now)
+        assert self.result is not None, "the drill did not end"
+        return self.result
+
+
+# ------------------------------------------------------------------ delay
+
+
+def test_a_duration_delay_kills_that_long_after_the_trigger() -> None:
+    drill = Drill(delay=Delay("seconds", 0.55, explicit=True))
+    result = drill.run()
+    assert result.verdict is Verdict.PASS, result.summary
+    assert drill.kill_times == [pytest.approx(2.102 + 0.55, abs=0.011)]
+    assert result.recoveries[0].delay_seconds == pytest.approx(0.55, abs=0.011)
+
+
+def test_a_fraction_delay_waits_for_the_interval_then_lands_inside_it() -> None:
+    drill = Drill(after_checkpoint=10, delay=Delay("fraction", 0.5, explicit=True))
+    result = drill.run()
+    # checkpoint 10 cannot be timed (no interval yet); 20 can: 50% of 1 s after it
+    assert [k.checkpoint_step for k in drill.kills] == [20]
+    assert drill.kill_times[0] == pytest.approx(2.102 + 0.5, abs=0.011)
+    assert result.recoveries[0].position == pytest.approx(0.5, abs=0.02)
+    assert any("needs the checkpoint interval" in note for note in result.notes)
+
+
+def test_before_next_checkpoint_kills_just_before_the_next_save() -> None:
+    drill = Drill(after_checkpoint=20, delay=Delay("before_next"), max_lost_steps=10)
+    result = drill.run()
+    # interval 1 s, margin max(10 %, two steps) = 0.2 s: the kill lands 0.8 s after 20
+    assert drill.kill_times[0] == pytest.approx(2.102 + 0.8, abs=0.011)
+    assert drill.kill_times[0] < 3.101  # before checkpoint 30 starts
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.lost_steps == 8  # the worst case at this interval: 8 of 10 steps
+
+
+def test_a_checkpoint_slipping_in_before_a_late_kill_is_named() -> None:
+    drill = Drill(after_checkpoint=20, delay=Delay("seconds", 1.5, explicit=True))
+    result = drill.run()
+    [recovery] = result.recoveries
+    assert recovery.fault_details["checkpointsBeforeKill"] == [30]
+    assert recovery.expected_resume_step == 30
+    assert result.verdict is Verdict.PASS, result.summary
+
+
+# ------------------------------------------------------------------ count
+
+
+def test_count_kills_again_after_each_verified_recovery_and_judges_each() -> None:
+    drill = Drill(count=3)
+    result = drill.run()
+    assert result.verdict is Verdict.PASS, result.summary
+    assert [k.index for k in drill.kills] == [1, 2, 3]
+    steps = [k.checkpoint_step for k in drill.kills]
+    assert steps[0] == 20 and steps[1] > 20 and steps[2] > steps[1]
+    assert [r.resume_step for r in result.recoveries] == steps
+    assert all(r.verdict is Verdict.PASS for r in result.recoveries)
+    assert "all 3 recoveries passed" in result.summary
+    # each later kill waits for a checkpoint completed after the previous recovery
+    for before, after in zip(result.recoveries, result.recoveries[1:], strict=False):
+        assert before.kill_time is not None and after.kill_time is not None
+        assert after.kill_time > before.kill_time + (before.recovery_time_seconds or 0)
+
+
+def test_count_stops_at_the_first_recovery_that_fails() -> None:
+    job = SimJob()
+    drill = Drill(job, count=3)
+    original = job.kill
+
+    def kill(target: KillTarget, at: float) -> None:
+        job.resume = "zero" if target.index == 2 else "latest"
+        original(target, at)
+
+    job.kill = kill  # type: ignore[method-assign]
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert [r.verdict for r in result.recoveries] == [Verdict.PASS, Verdict.FAIL]
+    assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
+    assert result.summary.startswith("kill 2 of 2: resumed from step 0")
+    assert len(drill.kills) == 2
+
+
+def test_spread_places_the_kills_evenly_through_the_interval() -> None:
+    drill = Drill(count=4, after_checkpoint=20, delay=Delay("spread"))
+    result = drill.run()
+    assert result.verdict is Verdict.PASS, result.summary
+    positions = [r.position for r in result.recoveries]
+    assert positions == pytest.approx([0.0, 0.25, 0.5, 0.75], abs=0.02)
+    lost = [r.lost_steps for r in result.recoveries]
+    assert lost == [0, 2, 5, 7]  # the job's own steps at those points of a 10-step interval
+
+
+# ------------------------------------------------------------------ until budget exhausted
+
+
+def test_until_budget_exhausted_passes_a_job_that_survives_its_budget_then_gives_up() -> None:
+    drill = Drill(SimJob(budget=2), count=None, restart_budget=2)
+    result = drill.run()
+    assert result.verdict is Verdict.PASS, result.summary
+    assert len(drill.kills) == 3
+    assert "survived 2 kill(s) and gave up loudly on kill 3" in result.summary
+    assert any(c.name == "restart_budget" and c.passed for c in result.checks)
+
+
+def test_a_job_that_gives_up_before_its_budget_fails() -> None:
+    drill = Drill(SimJob(budget=1), count=None, restart_budget=2)
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert R.RESTART_BUDGET_MISMATCH in result.reasons
+    assert "survived 1 kill(s), but restartBudget is 2" in result.summary
+
+
+def test_a_job_that_survives_more_than_its_budget_fails() -> None:
+    drill = Drill(SimJob(budget=5), count=None, restart_budget=2)
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert R.RESTART_BUDGET_MISMATCH in result.reasons
+    assert len(drill.kills) == 3  # it stops at the kill that should have been the last
+
+
+def test_a_job_that_hangs_instead_of_giving_up_fails() -> None:
+    drill = Drill(SimJob(budget=2, gives_up=False), count=None, restart_budget=2)
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert R.HUNG_INSTEAD_OF_FAILING in result.reasons
+    assert "neither came back nor failed" in result.summary
+
+
+# ------------------------------------------------------------------ KillDuringCheckpoint
+
+
+def test_kill_during_checkpoint_lands_inside_the_save_aimed_at_the_saving_rank() -> None:
+    drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=None)
+    result = drill.run()
+    [kill] = drill.kills
+    assert kill.checkpoint_step == 20 and kill.rank == 0 and kill.fault == "KillDuringCheckpoint"
+    details = result.recoveries[0].fault_details
+    assert details["intoSaveSeconds"] == pytest.approx(0.2, abs=0.011)  # half of 0.4 s
+    assert details["saveSeconds"] == pytest.approx(0.4, abs=0.01)
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == 10  # the last completed checkpoint, not the torn 20
+
+
+def test_resuming_from_the_torn_checkpoint_fails() -> None:
+    drill = Drill(SimJob(save=0.4, resume="torn"), fault="KillDuringCheckpoint",
+                  target_rank=None)
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert result.reasons == (R.RESUMED_FROM_TORN_CHECKPOINT,)
+    assert "was cut by the kill and never completed" in result.summary
+
+
+def test_the_first_save_is_hit_at_once_when_no_save_time_was_measured() -> None:
+    drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=None,
+                  after_checkpoint=10)
+    result = drill.run()
+    assert result.recoveries[0].fault_details["intoSaveSeconds"] == pytest.approx(
+        0.0, abs=0.011)
+
+
+def test_a_save_that_completes_before_the_kill_moves_the_aim_to_the_next_save() -> None:
+    drill = Drill(SimJob(save=0.3), fault="KillDuringCheckpoint", target_rank=None,
+                  delay=Delay("seconds", 0.5, explicit=True))
+    result = drill.run()
+    # 0.5 s into a 0.3 s save is always too late: the next save is hit at its start
+    assert [k.checkpoint_step for k in drill.kills] == [30]
+    assert result.recoveries[0].fault_details["intoSaveSeconds"] == pytest.approx(
+        0.0, abs=0.011)
+    assert any("aiming at the next save" in note for note in result.notes)
+
+
+def test_a_user_picked_rank_that_does_not_save_is_named() -> None:
+    drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=1)
+    result = drill.run()
+    assert drill.kills[0].rank == 1
+    assert any("rank 1 does not report the save" in note for note in result.notes)
+
+
+# ------------------------------------------------------------------ Preempt
+
+
+def test_a_checkpoint_saved_in_the_grace_period_is_the_latest_and_used() -> None:
+    drill = Drill(SimJob(term_save=0.4), fault="Preempt", grace_period=5.0,
+                  saved_on_preempt=True)
+    result = drill.run()
+    assert result.verdict is Verdict.PASS, result.summary
+    details = result.recoveries[0].fault_details
+    assert details["savedStep"] == 20
+    assert details["savedAfterSeconds"] == pytest.approx(0.4, abs=0.011)
+    assert details["savedUsed"] is True
+    assert any("after SIGTERM; the resume used it" in c.message for c in result.checks)
+
+
+def test_saved_on_preempt_fails_a_job_that_ignores_sigterm() -> None:
+    # it trains on through a 0.5 s grace period that holds no regular checkpoint
+    drill = Drill(SimJob(term_save=None), fault="Preempt", grace_period=0.5,
+                  saved_on_preempt=True)
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert result.reasons == (R.NOT_SAVED_ON_PREEMPT,)
+
+
+# ------------------------------------------------------------------ HangWorker
+
+
+def test_a_hang_noticed_in_time_passes_with_the_detection_in_the_breakdown() -> None:
+    drill = Drill(SimJob(hang_timeout=3.0), fault="HangWorker", max_detection_time=5.0,
+                  max_recovery_time=20.0)
+    result = drill.run()
+    assert result.verdict is Verdict.PASS, result.summary
+    detection = result.recoveries[0].fault_details["detectionSeconds"]
+    assert detection == pytest.approx(3.05, abs=0.02)
+    assert result.breakdown["failureDetected"] == pytest.approx(detection)
+
+
+def test_a_hang_noticed_too_late_fails() -> None:
+    drill = Drill(SimJob(hang_timeout=4.0), fault="HangWorker", max_detection_time=2.0,
+                  max_recovery_time=20.0)
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL
+    assert result.reasons == (R.HANG_NOT_DETECTED,)
+
+
+def test_a_hang_never_noticed_fails_at_the_deadline_naming_the_timeout_default() -> None:
+    drill = Drill(SimJob(hang_timeout=1800.0), fault="HangWorker", max_detection_time=2.0,
+                  max_recovery_time=20.0)
+    result = drill.run(until=200.0)
+    assert result.verdict is Verdict.FAIL
+    assert R.HANG_NOT_DETECTED in result.reasons
+    assert "30-minute default" in result.summary
+
+
+# ------------------------------------------------------------------ state digests
+
+
+def test_a_matching_digest_passes() -> None:
+    result = Drill(SimJob(digests=True), state_digest_matches=True).run()
+    assert result.verdict is Verdict.PASS, result.summary
+    assert any(c.name == "state_digest" and c.passed for c in result.checks)
+
+
+def test_a_differing_part_is_named() -> None:
+    result = Drill(SimJob(digests=True, bad_parts=True), state_digest_matches=True).run()
+    assert result.verdict is Verdict.FAIL
+    assert result.reasons == (R.STATE_DIFFERS,)
+    assert "loaded checkpoint 20 but the state differs from the one saved at step 20: " \
+           "optimizer state differs" in result.summary
+
+
+def test_state_digest_matches_without_digests_is_refused_before_the_kill() -> None:
+    drill = Drill(SimJob(digests=False), state_digest_matches=True)
+    result = drill.run()
+    assert drill.kills == []
+    assert result.verdict is Verdict.ERROR
+    assert "carried no digest" in result.summary and "nothing was killed" in result.summary
+    assert drill.engine.phase is Phase.DONE
