@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from recoverygate import __version__
 
 if TYPE_CHECKING:
+    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
     from pytest_recoverygate.model import Worker, Workload
     from pytest_recoverygate.runner import Status
@@ -28,6 +29,7 @@ __all__ = [
     "LiveStatus",
     "kubectl_main",
     "main",
+    "print_effective_config",
     "print_result",
 ]
 
@@ -135,6 +137,21 @@ def print_result(result: DrillResult, stream: TextIO) -> None:
     stream.flush()
 
 
+def print_effective_config(config: DrillConfig, stream: TextIO) -> None:
+    """``validate``'s output: that the file is valid, then the config as the drill will
+    run it, defaults filled in, as YAML (``env`` values redacted)."""
+    import yaml
+
+    from pytest_recoverygate.config import dump_effective
+
+    stream.write(
+        f"# {config.source_path}: valid ({config.workload.orchestrator} drill "
+        f"'{config.name}')\n# the effective config, defaults filled in:\n"
+    )
+    stream.write(yaml.safe_dump(dump_effective(config), sort_keys=False, allow_unicode=True))
+    stream.flush()
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``recoverygate`` and ``kubectl-recoverygate``."""
     name = prog or Path(sys.argv[0]).name or "recoverygate"
@@ -160,7 +177,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"{name}: invalid config:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "validate":
-        print(f"{args.file}: valid ({config.workload.orchestrator} drill '{config.name}')")
+        print_effective_config(config, sys.stdout)
         return EXIT_PASS
 
     from pytest_recoverygate.runner import RunOptions, run_drill

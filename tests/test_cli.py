@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_recoverygate.cli import main
 
@@ -112,6 +113,37 @@ def test_validate_checks_a_file_without_running_it(write_drill: WriteDrill) -> N
     proc = run_cli("validate", "-f", str(write_drill()))
     assert proc.returncode == 0, proc.stderr
     assert "valid" in proc.stdout
+
+
+def test_validate_prints_the_effective_config_with_the_defaults_as_yaml(
+    write_drill: WriteDrill, tmp_path: Path,
+) -> None:
+    path = write_drill({"timeouts": {}})
+    proc = run_cli("validate", "-f", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"# {path}: valid (fake drill 'recovery-test')")
+    effective = yaml.safe_load(proc.stdout)
+    # what the file left out, filled in with the defaults, in the YAML language
+    assert effective["timeouts"] == {"discovery": "5m", "checkpoint": "1h", "recovery": "5s"}
+    assert effective["injectFailure"]["targetRank"] == 1
+    assert effective["workload"]["reportingRank"] == 0
+    again = tmp_path / "again.yaml"
+    again.write_text(proc.stdout)
+    assert run_cli("validate", "-f", str(again)).returncode == 0  # it loads back
+
+
+def test_validate_never_prints_env_values(tmp_path: Path) -> None:
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump({
+        "workload": {"orchestrator": "local", "command": ["torchrun", "train.py"],
+                     "env": {"WANDB_API_KEY": "s3cret-value"}},
+        "injectFailure": {"afterCheckpoint": "next"},
+        "expectations": {"maxRecoveryTime": "1m"},
+    }))
+    proc = run_cli("validate", "-f", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret-value" not in proc.stdout
+    assert yaml.safe_load(proc.stdout)["workload"]["env"] == {"WANDB_API_KEY": "<redacted>"}
 
 
 def test_require_confirm_without_a_terminal_or_yes_exits_2_before_touching_anything(
