@@ -35,6 +35,7 @@ from pytest_recoverygate.errors import (
     DrillInterrupted,
     ReportError,
     UsageError,
+    describe_exception,
 )
 from pytest_recoverygate.lock import DrillLock, job_lock
 from pytest_recoverygate.model import (
@@ -212,7 +213,7 @@ class _Drill:
         except DrillError as exc:
             result = self._abort(Verdict.ERROR, str(exc))
         except Exception as exc:  # a backend bug must still end in cleanup and ERROR
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            detail = describe_exception(exc)  # a missing module: the pip command
             self.timeline.append(
                 TimelineEntry(self.clock.now(), "exception", traceback.format_exc(limit=8))
             )

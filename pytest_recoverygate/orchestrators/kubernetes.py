@@ -51,6 +51,7 @@ import os
 import queue
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -378,7 +379,8 @@ class KubernetesOrchestrator:
         except ImportError:
             raise UsageError(
                 "orchestrator: kubernetes needs the kubernetes client, which is not "
-                "installed: pip install 'recoverygate[kubernetes]'"
+                f"installed in the environment RecoveryGate runs in ({sys.executable}): "
+                "pip install 'kubernetes>=35' (it comes with pip install recoverygate)"
             ) from None
 
         config: Any = kubernetes.config  # untyped in some client versions
@@ -563,9 +565,9 @@ class KubernetesOrchestrator:
                 "Fix: set workload.selector to one job, "
                 'e.g. "training.kubeflow.org/job-name=my-job".'
             )
+        self._connect()  # first: it says how to install a missing client
         from kubernetes.client.exceptions import ApiException
 
-        self._connect()
         if self._main is None:
             self._main = self._new_api()
         try:
