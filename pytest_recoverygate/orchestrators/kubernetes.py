@@ -68,6 +68,7 @@ from pytest_recoverygate.errors import (
     UsageError,
 )
 from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -351,6 +352,9 @@ class KubernetesOrchestrator:
         self._seen_lines: dict[tuple[str, bytes], float] = {}
         self._last_log_time: float | None = None
         self._log_fresh = 0  # new lines the log thread's current stream delivered so far
+        # the followed pods' logs, per pod (a replacement with the pod's name shares its file)
+        self._output = OutputSplitter(lambda line: None, default="pod log")
+        self._log_labels: dict[Any, str] = {}
         self._cleaned = False
 
     @classmethod
@@ -1092,6 +1096,15 @@ class KubernetesOrchestrator:
         resp = api.read_namespaced_pod_log(_name(pod), self.namespace, **kwargs)
         self._log_fresh = 0
         stream = ("pod-log", _uid(pod))
+        label = f"pod {_name(pod)}"
+        if stream not in self._log_labels:
+            if label in self._log_labels.values():  # PyTorchJob reuses the name
+                self._output.feed(
+                    f"[recoverygate: pod {_name(pod)} was replaced; this is the log of "
+                    f"uid {_uid(pod)}]\n".encode(),
+                    label=label,
+                )
+            self._log_labels[stream] = label
         with self._tracked(resp):
             for line in _iter_lines(resp):
                 if self._feed_line(line, stream):
@@ -1122,7 +1135,18 @@ class KubernetesOrchestrator:
                 horizon = received - _LOG_DEDUPE_WINDOW
                 self._seen_lines = {k: v for k, v in self._seen_lines.items() if v >= horizon}
         self._source.feed(content + b"\n", received, stream=stream)
+        self._output.feed(content + b"\n", stream, label=self._log_labels.get(stream))
         return True
+
+    def job_output(self) -> JobOutput:
+        """The logs of the reporting rank's pods the drill followed, one file per pod."""
+        return self._output.output(
+            note=(
+                f"the logs of the reporting rank's pods (rank {self.reporting_rank}), as the "
+                "drill streamed them; other pods: kubectl logs POD (--previous for a "
+                "restarted container)"
+            )
+        )
 
     # ------------------------------------------------------------------ threads and cleanup
 
