@@ -22,6 +22,7 @@ from recoverygate import __version__
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
+    from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.runner import Status
 
 __all__ = [
@@ -65,6 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 _RESULTS = pytest.StashKey[list[tuple[str, "DrillResult"]]]()
 _SKIPPED = pytest.StashKey[list[tuple[str, str]]]()  # (test id, why) of every skipped drill
+_EVIDENCE = pytest.StashKey[dict[str, "Evidence"]]()  # test id -> the job's output, diagnoses
 _REPORT_NAMES = pytest.StashKey[dict[str, str]]()  # report folder name -> the test that has it
 
 
@@ -72,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
     config.stash[_RESULTS] = []
     config.stash[_SKIPPED] = []
+    config.stash[_EVIDENCE] = {}
     config.stash[_REPORT_NAMES] = {}
     for path in _config_paths(config):
         if not path.is_file():
@@ -111,6 +114,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line("  recovery breakdown (s after kill): " + ", ".join(
                 f"{k}={'unknown' if v is None else f'{v:.3f}'}"
                 for k, v in result.breakdown.items()))
+        evidence = config.stash.get(_EVIDENCE, {}).get(nodeid)
+        for diagnosis in evidence.diagnoses if evidence is not None else ():
+            terminalreporter.write_line(f"  diagnosis: {diagnosis.title} ({diagnosis.docs})")
 
 
 def _dry_run(config: pytest.Config) -> bool:
@@ -231,6 +237,8 @@ class RecoveryDrill:
     def __init__(self, request: pytest.FixtureRequest) -> None:
         self._request = request
         self.result: DrillResult | None = None
+        #: after run(): the job's output and the diagnoses of known failure signatures
+        self.evidence: Evidence | None = None
 
     def _marker_kwargs(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
@@ -266,6 +274,9 @@ class RecoveryDrill:
         self.result = _run_and_judge(
             self._request.node, path.resolve(), dry_run=dry,
             overrides=merged_overrides or None, raise_on_fail=check,
+        )
+        self.evidence = self._request.config.stash.get(_EVIDENCE, {}).get(
+            self._request.node.nodeid
         )
         return self.result
 
@@ -345,6 +356,10 @@ def _run_and_judge(
     pconfig = node.config
     drill_config = _load(path, overrides)
     report_dir = _report_dir(pconfig)
+
+    def keep(evidence: Evidence) -> None:
+        pconfig.stash.setdefault(_EVIDENCE, {})[node.nodeid] = evidence
+
     options = RunOptions(
         # --dry-run / drill_dry_run can only turn the kill off, never back on.
         dry_run=_dry_run(pconfig) or bool(dry_run),
@@ -354,6 +369,7 @@ def _run_and_judge(
             report_dir / _report_folder(node, drill_config.name)
             if report_dir is not None else None
         ),
+        on_evidence=keep,
     )
     try:
         result = run_drill(drill_config, options)
@@ -375,7 +391,8 @@ def _run_and_judge(
         import io
 
         buffer = io.StringIO()
-        print_result(result, buffer)
+        evidence = pconfig.stash.get(_EVIDENCE, {}).get(node.nodeid)
+        print_result(result, buffer, evidence, report_dir=options.report_dir)
         raise DrillFailed(buffer.getvalue().strip())
     return result
 

@@ -92,6 +92,39 @@ def test_github_step_summary_gets_a_markdown_summary(
     assert "| resumeStep | 0 |" in text
 
 
+def test_github_step_summary_gets_the_summary_of_a_run_without_any_report_option(
+    write_drill: WriteDrill, tmp_path: Path,
+) -> None:
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("# earlier steps\n")
+    path = write_drill({"workload": {"fake": {"resume": "zero"}}})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path), "-q"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+    )
+    assert proc.returncode == 1, proc.stderr
+    text = summary.read_text()
+    assert text.startswith("# earlier steps\n")  # appended, never overwritten
+    assert "RecoveryGate drill `recovery-test`: FAIL" in text
+    assert "| resumeStep | 0 |" in text
+    assert "**Diagnosis: checkpoints on per-process or node-local storage**" in text
+
+
+def test_a_long_message_is_shortened_on_the_terminal_with_a_marker_never_mid_word() -> None:
+    from pytest_recoverygate.cli import shorten
+
+    message = "root cause rank 1; last worker error: RuntimeError: " + "word " * 300
+    short = shorten(message, 100)
+    assert len(short) < len(message)
+    kept, _, marker = short.partition(" … [shortened here: ")
+    assert message.startswith(kept) and message[len(kept)] == " "  # cut between words
+    assert marker.endswith("more characters in the report]")
+    assert shorten("short", 100) == "short"
+    one_token = "x" * 300
+    assert shorten(one_token, 100).startswith("x" * 100 + " … [shortened here: 200 more")
+
+
 def test_an_invalid_config_exits_2_with_the_line_and_no_traceback(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("workload:\n  orchestrator: fake\ninjectFailure:\n  afterCheckpoint: soon\n")
@@ -230,9 +263,24 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_exits_3(
     write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a folder: cannot be appended to
-    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(tmp_path / "r.json")])
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    report = blocker / "r.json"  # its folder is a file: cannot be created (even as root)
+    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(report)])
     out, err = capsys.readouterr()
     assert code == 3
     assert "RecoveryGate verdict: PASS" in out
     assert "its report could not be written" in err
+
+
+def test_a_step_summary_that_cannot_be_written_warns_and_keeps_the_verdict(
+    write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a folder: cannot be appended to
+    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "RecoveryGate verdict: PASS" in out
+    assert "could not append the drill's summary to GITHUB_STEP_SUMMARY" in err
+    assert (tmp_path / "r.json").is_file()

@@ -333,3 +333,48 @@ def test_a_drill_that_cannot_run_fails_instead_of_skipping(pytester: pytest.Pyte
     result = pytester.runpytest(f"--drill-config={path}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the drill cannot run*no-such-kubeconfig*"])
+
+
+def test_a_pytest_run_appends_each_drill_to_the_github_step_summary(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    summary = pytester.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    path = drill_file(pytester, {"name": "ci-gate"})
+    result = pytester.runpytest(f"--drill-config={path}")  # no --drill-report-dir
+    result.assert_outcomes(passed=1)
+    assert "RecoveryGate drill `ci-gate`: PASS" in summary.read_text()
+
+
+def test_a_failing_drill_shows_the_diagnosis_in_the_failure_and_the_summary(
+    pytester: pytest.Pytester,
+) -> None:
+    path = drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}})
+    result = pytester.runpytest(f"--drill-config={path}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*diagnosis: checkpoints on per-process or node-local storage",
+        "*more: https://github.com/recoverygate/recoverygate/blob/main/docs/"
+        "troubleshooting.md#checkpoints-not-shared",
+        "*= recoverygate drills =*",
+        "FAIL recovery-test.yaml::drill: resumed from step 0*",
+        "  diagnosis: checkpoints on per-process or node-local storage (https://*)",
+    ])
+
+
+def test_the_fixture_exposes_the_evidence_after_run(pytester: pytest.Pytester) -> None:
+    drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}}, name="drill.yaml")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_resumes(recovery_drill):
+            result = recovery_drill.run()
+            assert result.verdict.value == "FAIL"
+            evidence = recovery_drill.evidence
+            assert [d.signature for d in evidence.diagnoses] == ["checkpoints-not-shared"]
+            assert evidence.job_output.get("rank 1") is not None
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
