@@ -96,7 +96,7 @@ class LiveStatus:
 
     @staticmethod
     def _format(status: Status) -> str:
-        parts = [f"[{status.phase.value}]", status.message]
+        parts = [f"[{status.phase.value}]", shorten(status.message)]
         if status.step is not None:
             parts.append(f"step {status.step}")
         if status.since_kill is not None and status.max_recovery_time is not None:

@@ -43,7 +43,10 @@ HELP_YES = (
     "confirm kills without asking (without it a drill whose config has "
     "safety.requireConfirm fails when named by --drill-config, and is skipped otherwise)"
 )
-HELP_REPORT_DIR = "write each drill's report.json, events.jsonl, summary and picture here"
+HELP_REPORT_DIR = (
+    "write each drill's report.json, events.jsonl, summary, picture and the job's output "
+    "here, in a folder named after the drill"
+)
 MARKER = (
     "drill(config=None, *, dry_run=None, overrides=None): a recovery drill; `config` is a "
     "recovery-test.yaml path (relative to the test file), `overrides` maps dotted YAML keys "

@@ -117,8 +117,10 @@ def test_a_fresh_venv_with_the_built_wheel_runs_a_kubernetes_drill(tmp_path: Pat
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    # nothing of this environment may leak into the fresh one (PYTHONPATH, say)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True,
-                   timeout=900)
+                   timeout=900, env=env, cwd=tmp_path)
     cli = env_dir / "bin" / "kubectl-recoverygate"
     assert cli.exists()
 
@@ -133,7 +135,6 @@ def test_a_fresh_venv_with_the_built_wheel_runs_a_kubernetes_drill(tmp_path: Pat
             path = tmp_path / "k8s.yaml"
             path.write_text(yaml.safe_dump(drill))
             report = tmp_path / "report.json"
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
             proc = subprocess.run(
                 [str(cli), "run", "-f", str(path), "--dry-run", "-q", "--report", str(report)],
                 capture_output=True, text=True, timeout=180, check=False, env=env,
