@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 PER_WORKER_LIMIT = 1024 * 1024  # bytes of one worker's output kept (head + tail)
-MAX_WORKERS = 256  # distinct workers kept apart; later ones share the last log
+MAX_WORKERS = 64  # workers kept apart (64 MiB at most); later ones share "other workers"
 MAX_PARTIAL_LINE = 64 * 1024  # an unfinished line longer than this is stored as it is
 EXCERPT_LINES = 20
 SENTINEL_TEXT = "RECOVERYGATE/v1 {"

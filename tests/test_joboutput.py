@@ -53,6 +53,7 @@ def test_a_worker_log_keeps_head_and_tail_and_marks_the_cut_on_a_line_boundary()
     assert text.endswith("line 0499\n")
     head, marker, tail = text.partition("\n[... recoverygate: ")
     assert marker, text
+    assert head.splitlines()[-1].startswith("line ")  # the head ends on what it kept
     assert "bytes of this output were cut here; the first and the last 500 bytes are kept" in tail
     after_marker = tail.split("...]\n", 1)[1]
     assert after_marker.startswith("line ")  # resumes on a whole line
@@ -141,6 +142,17 @@ def test_a_stream_that_is_one_worker_goes_to_its_label() -> None:
     output = splitter.output()
     assert [w.label for w in output.workers] == ["pod llama-0"]
     assert output.failing == "pod llama-0"
+
+
+def test_the_number_of_separate_worker_logs_is_bounded() -> None:
+    from pytest_recoverygate.joboutput import MAX_WORKERS
+
+    splitter = OutputSplitter(slurm_task_of, merged="job", limit=1024)
+    for task in range(MAX_WORKERS + 50):
+        splitter.feed(f"{task}: hello\n".encode())
+    labels = [w.label for w in splitter.output().workers]
+    assert len(labels) == MAX_WORKERS + 1  # and "other workers" shares the rest
+    assert "other workers" in labels
 
 
 def test_an_empty_job_output_has_no_excerpt() -> None:
