@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, TextIO
 from recoverygate import __version__
 
 if TYPE_CHECKING:
+    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
+    from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.model import Worker, Workload
     from pytest_recoverygate.runner import Status
 
@@ -28,7 +30,9 @@ __all__ = [
     "LiveStatus",
     "kubectl_main",
     "main",
+    "print_effective_config",
     "print_result",
+    "shorten",
 ]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -92,7 +96,7 @@ class LiveStatus:
 
     @staticmethod
     def _format(status: Status) -> str:
-        parts = [f"[{status.phase.value}]", status.message]
+        parts = [f"[{status.phase.value}]", shorten(status.message)]
         if status.step is not None:
             parts.append(f"step {status.step}")
         if status.since_kill is not None and status.max_recovery_time is not None:
@@ -115,11 +119,39 @@ def _ask(stream_in: TextIO, stream_out: TextIO) -> object:
     return confirm
 
 
-def print_result(result: DrillResult, stream: TextIO) -> None:
-    """The verdict block: a sentence, the figures, every check."""
+TERMINAL_MESSAGE_LIMIT = 600  # characters of one message in the verdict block
+TAIL_LINE_LIMIT = 400  # characters of one line of the job's output in the verdict block
+
+
+def shorten(text: str, limit: int = TERMINAL_MESSAGE_LIMIT) -> str:
+    """``text`` cut at a word boundary before ``limit``, with a visible marker saying so.
+
+    The verdict block may shorten a long message (a worker's whole exception, say); it
+    never does so silently or in the middle of a word: the report keeps it whole.
+    """
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    if cut < limit // 2:
+        cut = limit  # one long token: cut it, the marker says so
+    more = len(text) - cut
+    return f"{text[:cut].rstrip()} … [shortened here: {more} more characters in the report]"
+
+
+def print_result(
+    result: DrillResult,
+    stream: TextIO,
+    evidence: Evidence | None = None,
+    *,
+    report_dir: Path | None = None,
+) -> None:
+    """The verdict block: a sentence, the figures, every check; then the diagnoses of
+    known failure signatures and, on FAIL or ERROR, the failing worker's last lines."""
     from pytest_recoverygate.report import figures
 
-    stream.write(f"\nRecoveryGate verdict: {result.verdict.value}\n  {result.summary}\n")
+    stream.write(
+        f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n"
+    )
     if result.target is not None:
         stream.write(f"  target: {result.target.describe()}\n")
     shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
@@ -133,7 +165,53 @@ def print_result(result: DrillResult, stream: TextIO) -> None:
         stream.write(f"  note: {note}\n")
     for check in result.checks:
         mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
-        stream.write(f"  [{mark}] {check.name}: {check.message}\n")
+        stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")
+    if evidence is not None:
+        _print_evidence(result, evidence, stream, report_dir)
+    stream.flush()
+
+
+def _print_evidence(
+    result: DrillResult, evidence: Evidence, stream: TextIO, report_dir: Path | None
+) -> None:
+    import textwrap
+
+    for diagnosis in evidence.diagnoses:
+        stream.write(f"\n  diagnosis: {diagnosis.title}\n")
+        stream.write(textwrap.fill(diagnosis.text, width=100, initial_indent="    ",
+                                   subsequent_indent="    ", break_long_words=False,
+                                   break_on_hyphens=False) + "\n")
+        stream.write(f"    evidence: {shorten(diagnosis.evidence, TAIL_LINE_LIMIT)}\n")
+        stream.write(f"    more: {diagnosis.docs}\n")
+    tail = evidence.failing_tail()
+    if tail is None or result.verdict.value not in ("FAIL", "ERROR"):
+        return
+    label, lines = tail
+    from pytest_recoverygate.joboutput import file_name
+    from pytest_recoverygate.report import OUTPUT_FOLDER
+
+    where = (
+        f"whole output: {report_dir / OUTPUT_FOLDER / file_name(label)}"
+        if report_dir is not None
+        else "--report-dir keeps the whole output"
+    )
+    stream.write(f"\n  last {len(lines)} lines of {label} ({where}):\n")
+    for line in lines:
+        stream.write(f"    | {shorten(line, TAIL_LINE_LIMIT)}\n")
+
+
+def print_effective_config(config: DrillConfig, stream: TextIO) -> None:
+    """``validate``'s output: that the file is valid, then the config as the drill will
+    run it, defaults filled in, as YAML (``env`` values redacted)."""
+    import yaml
+
+    from pytest_recoverygate.config import dump_effective
+
+    stream.write(
+        f"# {config.source_path}: valid ({config.workload.orchestrator} drill "
+        f"'{config.name}')\n# the effective config, defaults filled in:\n"
+    )
+    stream.write(yaml.safe_dump(dump_effective(config), sort_keys=False, allow_unicode=True))
     stream.flush()
 
 
@@ -162,12 +240,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"{name}: invalid config:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "validate":
-        print(f"{args.file}: valid ({config.workload.orchestrator} drill '{config.name}')")
+        print_effective_config(config, sys.stdout)
         return EXIT_PASS
 
     from pytest_recoverygate.runner import RunOptions, run_drill
 
     interactive = sys.stdin.isatty()
+    kept: list[Evidence] = []
     options = RunOptions(
         dry_run=args.dry_run,
         confirmed=args.yes,
@@ -175,6 +254,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         observer=LiveStatus(sys.stderr, quiet=args.quiet),
         report_path=args.report,
         report_dir=args.report_dir,
+        on_evidence=kept.append,
     )
     try:
         result = run_drill(config, options)
@@ -185,10 +265,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"{name}: {exc}; cleanup done", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ReportError as exc:
-        print_result(exc.result, sys.stdout)  # the verdict first: it is what happened
+        # the verdict first: it is what happened
+        print_result(exc.result, sys.stdout, kept[0] if kept else None)
         print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    print_result(result, sys.stdout)
+    print_result(result, sys.stdout, kept[0] if kept else None, report_dir=args.report_dir)
     return result.exit_code
 
 

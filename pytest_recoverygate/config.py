@@ -26,6 +26,7 @@ import difflib
 import json
 import math
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -241,6 +242,20 @@ def _command(value: Any) -> Any:
     return value
 
 
+_WHOLE_NUMBER = re.compile(r"[1-9][0-9]*")
+
+
+def _id_number(value: Any) -> Any:
+    """An id written as text (``jobId: "12345"``, what envsubst or a template produces).
+
+    Only plain decimal digits without a leading zero become a number; anything else is
+    left for strict validation to refuse (``"0123"``, ``"12.0"``, ``" 12"``, ``"1e3"``).
+    """
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
+        return int(value)
+    return value
+
+
 # ------------------------------------------------------------------------- models
 
 
@@ -327,7 +342,8 @@ class LocalWorkload(_WorkloadBase):
     command: Annotated[list[str] | None, BeforeValidator(_command)] = Field(
         default=None,
         json_schema_extra=_meta(
-            "a non-empty list of strings, or one string split like a shell (no shell runs)",
+            "a non-empty list of strings (plain numbers like 2 or 0.5 count as written), "
+            "or one string split like a shell (no shell runs)",
             'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
         ),
     )
@@ -340,13 +356,19 @@ class LocalWorkload(_WorkloadBase):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
-        json_schema_extra=_meta("a mapping of names to text values", 'env: {NCCL_DEBUG: "INFO"}'),
+        json_schema_extra=_meta(
+            "a mapping of names to text values (plain numbers like 1 count as written)",
+            'env: {NCCL_DEBUG: "INFO"}',
+        ),
     )
-    attach_pid: int | None = Field(
+    attach_pid: Annotated[int | None, BeforeValidator(_id_number)] = Field(
         default=None,
         ge=1,
         le=MAX_PID,
-        json_schema_extra=_meta("the pid of a running torchrun agent", "attachPid: 1234"),
+        json_schema_extra=_meta(
+            'the pid of a running torchrun agent (a whole number, also quoted: "1234")',
+            "attachPid: 1234",
+        ),
     )
 
     @field_validator("env")
@@ -435,11 +457,13 @@ class SlurmWorkload(_WorkloadBase):
     """One SLURM job, by id or by name (+ user)."""
 
     orchestrator: Literal["slurm"] = Field(json_schema_extra=_meta("slurm", "orchestrator: slurm"))
-    job_id: int | None = Field(
+    job_id: Annotated[int | None, BeforeValidator(_id_number)] = Field(
         default=None,
         ge=1,
         le=MAX_SLURM_JOB_ID,
-        json_schema_extra=_meta("a SLURM job id (whole number)", "jobId: 12345"),
+        json_schema_extra=_meta(
+            'a SLURM job id (a whole number, also quoted: "12345")', "jobId: 12345"
+        ),
     )
     job_name: str | None = Field(
         default=None, min_length=1, json_schema_extra=_meta("a SLURM job name", "jobName: llama-ft")
@@ -826,7 +850,7 @@ class _Reader:
                 )
                 return _INVALID
             try:
-                return self.loader.construct_object(node)
+                value = self.loader.construct_object(node)
             except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
                 problem = getattr(exc, "problem", None) or str(exc)
                 self._problem(
@@ -838,6 +862,9 @@ class _Reader:
                     hint="remove the !!tag or quote the value",
                 )
                 return _INVALID
+            if _is_text_slot(path) and _is_plain_decimal(node, value):
+                return node.value  # a number in argv or env: its decimal text, as written
+            return value
         if isinstance(node, MappingNode):
             if node.tag != _MAP_TAG:
                 self._problem(
@@ -910,6 +937,26 @@ class _Reader:
                 items.append(value)
             return items
         raise AssertionError(f"unexpected YAML node {node!r}")  # pragma: no cover
+
+
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+
+
+def _is_text_slot(path: _PathKey) -> bool:
+    """An argument of ``workload.command`` or a value of ``workload.env``: always text."""
+    return len(path) == 3 and path[0] == "workload" and path[1] in ("command", "env")
+
+
+def _is_plain_decimal(node: ScalarNode, value: Any) -> bool:
+    """A bare number whose text reads the same to everyone: ``2``, ``-1``, ``0.02``.
+
+    Not ``0x10``, ``010`` (octal in YAML 1.1), ``1_000``, ``1e3``, ``+5`` or ``.inf``: YAML
+    turns those into a number whose decimal text differs from what was written, so which
+    one was meant is a guess. Booleans (``yes``, ``on``) and null are never numbers here.
+    """
+    if node.style is not None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return _DECIMAL.fullmatch(node.value) is not None
 
 
 def _key_text(key: Any) -> str:
@@ -1132,6 +1179,8 @@ def _translate(error: Mapping[str, Any], where: dict[_PathKey, _Where]) -> _Prob
         allowed = allowed or str(ctx.get("expected", ""))
     elif kind == "string_type" and spot is not None and not quoted:
         key = path[-1] if path else "key"
+        if _is_text_slot(path):
+            problem = _ambiguous_text(error.get("input"), spot.text, hidden=_is_env_value(path))
         if _is_env_value(path):
             hint = 'quote it: NAME: "value"'
         elif isinstance(key, int):
@@ -1150,6 +1199,20 @@ def _translate(error: Mapping[str, Any], where: dict[_PathKey, _Where]) -> _Prob
         got = "a value (hidden: env values may be secrets)"
     line = _line_for(path, where)
     return _Problem(line, _format_path(path), problem, got, allowed, hint)
+
+
+def _ambiguous_text(value: Any, written: str, *, hidden: bool) -> str:
+    """Why a bare YAML value cannot stand for argv or env text: what YAML made of it."""
+    if isinstance(value, bool):
+        made = "true/false"
+    elif isinstance(value, (int, float)):
+        made = "a number" if hidden else f"the number {value!r}"
+    elif value is None:
+        made = "null (nothing)"
+    else:
+        return "must be text"
+    subject = "it" if hidden else written
+    return f"must be text, and YAML reads {subject} as {made}, so what was meant is unclear"
 
 
 def _line_for(path: tuple[Any, ...], where: dict[_PathKey, _Where]) -> int:

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import sys
+import traceback
 from typing import Any
 
 __all__ = [
@@ -29,7 +31,19 @@ __all__ = [
     "RecoveryGateError",
     "ReportError",
     "UsageError",
+    "describe_exception",
+    "pip_command_for",
 ]
+
+#: Modules RecoveryGate imports only when a feature needs them, and how to get each.
+#: Anything else missing is a broken install of a dependency, named as such.
+_PIP_COMMANDS = {
+    "kubernetes": "pip install 'kubernetes>=35'",
+    "urllib3": "pip install 'kubernetes>=35'",
+    "matplotlib": "pip install 'recoverygate[plot]'",
+    "yaml": "pip install pyyaml",
+    "torch": "pip install torch",
+}
 
 
 class RecoveryGateError(Exception):
@@ -83,3 +97,24 @@ class DrillInterrupted(RecoveryGateError):
     def with_result(self, result: Any) -> DrillInterrupted:
         self.result = result
         return self
+
+
+def pip_command_for(module: str) -> str:
+    """The exact pip command that installs the top-level package ``module`` comes from."""
+    top = module.split(".", 1)[0]
+    return _PIP_COMMANDS.get(top, f"pip install {top}")
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line for an unexpected exception; a missing module says how to install it.
+
+    ``ModuleNotFoundError: No module named 'kubernetes'`` becomes "the Python package
+    'kubernetes' is not installed where RecoveryGate runs (…): pip install 'kubernetes>=35'".
+    """
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return (
+            f"the Python package {exc.name.split('.', 1)[0]!r} is not installed in the "
+            f"environment RecoveryGate runs in ({sys.executable}); install it with: "
+            f"{pip_command_for(exc.name)}"
+        )
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()

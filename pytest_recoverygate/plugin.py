@@ -14,7 +14,7 @@ with ``junit_family=xunit1``/``legacy`` the figures are also testcase properties
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 from recoverygate import __version__
@@ -22,6 +22,7 @@ from recoverygate import __version__
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
+    from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.runner import Status
 
 __all__ = [
@@ -31,14 +32,21 @@ __all__ = [
     "HELP_YES",
     "MARKER",
     "DrillFailed",
+    "DrillFile",
     "DrillItem",
     "RecoveryDrill",
 ]
 
 HELP_CONFIG = "run the drill in this recovery-test.yaml as a test item (repeatable)"
 HELP_DRY_RUN = "run drills minus the kill: no destructive call is made"
-HELP_YES = "confirm kills without asking (drills with safety.requireConfirm are skipped without it)"
-HELP_REPORT_DIR = "write each drill's report.json, events.jsonl, summary and picture here"
+HELP_YES = (
+    "confirm kills without asking (without it a drill whose config has "
+    "safety.requireConfirm fails when named by --drill-config, and is skipped otherwise)"
+)
+HELP_REPORT_DIR = (
+    "write each drill's report.json, events.jsonl, summary, picture and the job's output "
+    "here, in a folder named after the drill"
+)
 MARKER = (
     "drill(config=None, *, dry_run=None, overrides=None): a recovery drill; `config` is a "
     "recovery-test.yaml path (relative to the test file), `overrides` maps dotted YAML keys "
@@ -60,11 +68,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _RESULTS = pytest.StashKey[list[tuple[str, "DrillResult"]]]()
+_SKIPPED = pytest.StashKey[list[tuple[str, str]]]()  # (test id, why) of every skipped drill
+_EVIDENCE = pytest.StashKey[dict[str, "Evidence"]]()  # test id -> the job's output, diagnoses
+_REPORT_NAMES = pytest.StashKey[dict[str, str]]()  # report folder name -> the test that has it
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
     config.stash[_RESULTS] = []
+    config.stash[_SKIPPED] = []
+    config.stash[_EVIDENCE] = {}
+    config.stash[_REPORT_NAMES] = {}
     for path in _config_paths(config):
         if not path.is_file():
             what = "is a folder" if path.is_dir() else "does not exist"
@@ -80,13 +94,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """One block per drill: verdict, figures and the recovery breakdown."""
+    """One block per drill: verdict, figures and the recovery breakdown; then every drill
+    that was skipped, and why (shown without ``-rs``: a skipped drill proved nothing)."""
     results = config.stash.get(_RESULTS, [])
-    if not results or config.get_verbosity() < 0:
+    skipped = config.stash.get(_SKIPPED, [])
+    verbosity = config.get_verbosity()
+    if not (results and verbosity >= 0) and not (skipped and verbosity >= -1):
         return
     from pytest_recoverygate.report import figures
 
     terminalreporter.section("recoverygate drills")
+    for nodeid, why in skipped:
+        terminalreporter.write_line(f"SKIPPED {nodeid}: {why}", yellow=True)
+    if verbosity < 0:
+        return
     for nodeid, result in results:
         shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
         terminalreporter.write_line(f"{result.verdict.value} {nodeid}: {result.summary}")
@@ -96,6 +117,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line("  recovery breakdown (s after kill): " + ", ".join(
                 f"{k}={'unknown' if v is None else f'{v:.3f}'}"
                 for k, v in result.breakdown.items()))
+        evidence = config.stash.get(_EVIDENCE, {}).get(nodeid)
+        for diagnosis in evidence.diagnoses if evidence is not None else ():
+            terminalreporter.write_line(f"  diagnosis: {diagnosis.title} ({diagnosis.docs})")
 
 
 def _dry_run(config: pytest.Config) -> bool:
@@ -143,18 +167,21 @@ def _describe_config(path: Path) -> str:
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
+    """Add one item per ``--drill-config`` file, collected through a :class:`DrillFile` so
+    that pytest reports and counts it like any other ("collected N items")."""
     seen = {item.nodeid for item in items}
     for path in _config_paths(config):
         try:
             shown = path.relative_to(config.rootpath).as_posix()
         except ValueError:
             shown = path.as_posix()
-        item = DrillItem.from_parent(
-            session, name=f"drill[{path.name}]", nodeid=f"{shown}::drill", config_path=path
-        )
-        if item.nodeid not in seen:
-            items.append(item)
-            seen.add(item.nodeid)
+        if f"{shown}::drill" in seen:
+            continue
+        collector = DrillFile.from_parent(session, path=path, nodeid=shown)
+        for item in session.genitems(collector):
+            if item.nodeid not in seen:
+                items.append(item)
+                seen.add(item.nodeid)
 
 
 class DrillFailed(Exception):
@@ -165,8 +192,24 @@ class DrillFailed(Exception):
         self.text = text
 
 
+class DrillFile(pytest.File):
+    """A recovery-test.yaml named by ``--drill-config``: it holds one :class:`DrillItem`."""
+
+    def collect(self) -> list[pytest.Item]:
+        return [
+            DrillItem.from_parent(
+                self, name=f"drill[{self.path.name}]", nodeid=f"{self.nodeid}::drill",
+                config_path=self.path,
+            )
+        ]
+
+
 class DrillItem(pytest.Item):
-    """One recovery-test.yaml run as a test."""
+    """One recovery-test.yaml run as a test.
+
+    The file was asked for by name, so a drill that cannot run is a failure, never a
+    skip: a kill nobody confirmed fails with how to confirm it.
+    """
 
     def __init__(self, *, config_path: Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -174,7 +217,10 @@ class DrillItem(pytest.Item):
         self.add_marker("drill")
 
     def runtest(self) -> None:
-        _run_and_judge(self, self.config_path, dry_run=None, overrides=None, raise_on_fail=True)
+        _run_and_judge(
+            self, self.config_path, dry_run=None, overrides=None, raise_on_fail=True,
+            asked_by_file=True,
+        )
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, DrillFailed):
@@ -194,6 +240,8 @@ class RecoveryDrill:
     def __init__(self, request: pytest.FixtureRequest) -> None:
         self._request = request
         self.result: DrillResult | None = None
+        #: after run(): the job's output and the diagnoses of known failure signatures
+        self.evidence: Evidence | None = None
 
     def _marker_kwargs(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
@@ -221,7 +269,7 @@ class RecoveryDrill:
         else:
             paths = _config_paths(self._request.config)
             if not paths:
-                pytest.skip("no drill config: pass --drill-config=FILE or "
+                _skip_drill(self._request.node, "no drill config: pass --drill-config=FILE or "
                             "@pytest.mark.drill(config='recovery-test.yaml')")
             path = paths[0]
         merged_overrides = {**(kwargs.get("overrides") or {}), **(overrides or {})}
@@ -229,6 +277,9 @@ class RecoveryDrill:
         self.result = _run_and_judge(
             self._request.node, path.resolve(), dry_run=dry,
             overrides=merged_overrides or None, raise_on_fail=check,
+        )
+        self.evidence = self._request.config.stash.get(_EVIDENCE, {}).get(
+            self._request.node.nodeid
         )
         return self.result
 
@@ -252,6 +303,40 @@ def _load(path: Path, overrides: dict[str, Any] | None) -> DrillConfig:
         raise DrillFailed(f"invalid drill config:\n{exc}") from None
 
 
+def _skip_drill(node: pytest.Item, why: str) -> NoReturn:
+    """Skip a drill test, and remember it for the terminal summary."""
+    node.config.stash.setdefault(_SKIPPED, []).append((node.nodeid, why))
+    pytest.skip(why)
+
+
+def _unconfirmed(path: Path) -> str:
+    return (
+        f"{path}: safety.requireConfirm is true and nothing confirmed the kill, so the drill "
+        "did not run. Confirm kills with --drill-yes (or drill_yes = true in the pytest ini "
+        "file), set safety.requireConfirm: false in the drill config, or try it first with "
+        "--dry-run"
+    )
+
+
+def _report_folder(node: pytest.Item, drill_name: str) -> str:
+    """The drill's own folder under --drill-report-dir: its name (``name:`` in the YAML,
+    by default the file's stem), with the test's name added when two tests run it."""
+    def safe(text: str) -> str:
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip(".") or "drill"
+
+    taken = node.config.stash.setdefault(_REPORT_NAMES, {})
+    candidates = [safe(drill_name), f"{safe(drill_name)}-{safe(node.name)}"]
+    for name in candidates:
+        if taken.get(name, node.nodeid) == node.nodeid:
+            taken[name] = node.nodeid
+            return name
+    number = 2
+    while f"{candidates[-1]}-{number}" in taken:
+        number += 1
+    taken[f"{candidates[-1]}-{number}"] = node.nodeid
+    return f"{candidates[-1]}-{number}"
+
+
 def _run_and_judge(
     node: pytest.Item,
     path: Path,
@@ -259,6 +344,7 @@ def _run_and_judge(
     dry_run: bool | None,
     overrides: dict[str, Any] | None,
     raise_on_fail: bool,
+    asked_by_file: bool = False,
 ) -> DrillResult:
     from pytest_recoverygate.cli import print_result
     from pytest_recoverygate.engine import Verdict
@@ -273,18 +359,28 @@ def _run_and_judge(
     pconfig = node.config
     drill_config = _load(path, overrides)
     report_dir = _report_dir(pconfig)
-    safe_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in node.name)
+
+    def keep(evidence: Evidence) -> None:
+        pconfig.stash.setdefault(_EVIDENCE, {})[node.nodeid] = evidence
+
     options = RunOptions(
         # --dry-run / drill_dry_run can only turn the kill off, never back on.
         dry_run=_dry_run(pconfig) or bool(dry_run),
         confirmed=_confirmed(pconfig),
         observer=_TerminalProgress(pconfig, node.nodeid),
-        report_dir=report_dir / safe_name if report_dir is not None else None,
+        report_dir=(
+            report_dir / _report_folder(node, drill_config.name)
+            if report_dir is not None else None
+        ),
+        on_evidence=keep,
     )
     try:
         result = run_drill(drill_config, options)
-    except ConfirmationRequired as exc:
-        pytest.skip(str(exc))  # not opted in: a unit-test run never kills by surprise
+    except ConfirmationRequired:
+        if asked_by_file:  # a CI gate that ran nothing must not be green
+            raise DrillFailed(_unconfirmed(path)) from None
+        # a drill test in an ordinary unit-test run never kills by surprise
+        _skip_drill(node, _unconfirmed(path))
     except UsageError as exc:
         raise DrillFailed(f"the drill cannot run: {exc}") from None
     except ReportError as exc:
@@ -298,7 +394,8 @@ def _run_and_judge(
         import io
 
         buffer = io.StringIO()
-        print_result(result, buffer)
+        evidence = pconfig.stash.get(_EVIDENCE, {}).get(node.nodeid)
+        print_result(result, buffer, evidence, report_dir=options.report_dir)
         raise DrillFailed(buffer.getvalue().strip())
     return result
 

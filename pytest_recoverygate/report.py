@@ -2,8 +2,13 @@
 
 ``report.json`` keys are the contract in DESIGN.md (verdict, resumeStep,
 expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) plus the
-breakdown and bookkeeping. Files are written owner-read/write, group/other-read at most
-(never world-writable), atomically (temp file + rename).
+breakdown and bookkeeping, the diagnoses of known failure signatures, the failing
+worker's last lines and, in a report folder, the job's own output (``output/*.log``, one
+file per worker, named in ``jobOutput``). Files are written owner-read/write,
+group/other-read at most (never world-writable), atomically (temp file + rename).
+
+With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there; a step
+summary that cannot be written is reported on stderr and never costs the verdict.
 """
 
 from __future__ import annotations
@@ -11,17 +16,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_recoverygate.engine import DrillResult
+from pytest_recoverygate.errors import describe_exception
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
+    from pytest_recoverygate.evidence import Evidence
+
+OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report folder
 
 __all__ = [
+    "OUTPUT_FOLDER",
     "REPORT_VERSION",
+    "evidence_to_dict",
     "figures",
     "markdown_summary",
     "result_to_dict",
@@ -94,6 +106,59 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
     return doc
 
 
+def evidence_to_dict(
+    evidence: Evidence | None, files: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The report's keys for the job's output and the diagnoses.
+
+    ``diagnoses`` (each ``signature``, ``title``, ``diagnosis``, ``evidence``, ``docs``),
+    ``failingWorker`` and ``failingWorkerTail`` (its last lines), ``jobOutputNote`` (what
+    the backend captures) and, with ``files``, ``jobOutput`` (worker -> file in the folder).
+    """
+    if evidence is None:
+        return {}
+    doc: dict[str, Any] = {"diagnoses": [d.as_dict() for d in evidence.diagnoses]}
+    tail = evidence.failing_tail()
+    doc["failingWorker"] = tail[0] if tail else None
+    doc["failingWorkerTail"] = list(tail[1]) if tail else []
+    if evidence.job_output is not None:
+        doc["jobOutputNote"] = evidence.job_output.note
+    if files is not None:
+        doc["jobOutput"] = files
+    return doc
+
+
+def _write_job_output(evidence: Evidence | None, report_dir: Path) -> dict[str, str]:
+    """``output/<worker>.log`` for every worker with output; worker -> relative path."""
+    files: dict[str, str] = {}
+    if evidence is None or evidence.job_output is None:
+        return files
+    used: set[str] = set()
+    for worker in evidence.job_output.workers:
+        if not worker.text:
+            continue
+        name, stem, number = worker.file_name, worker.file_name[:-4], 2
+        while name in used:  # two labels that read the same as file names
+            name, number = f"{stem}-{number}.log", number + 1
+        used.add(name)
+        write_private(report_dir / OUTPUT_FOLDER / name, worker.text)
+        files[worker.label] = f"{OUTPUT_FOLDER}/{name}"
+    return files
+
+
+def _append_step_summary(doc: dict[str, Any]) -> None:
+    """Append the markdown summary to ``$GITHUB_STEP_SUMMARY``, if set; warn on failure."""
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary_file:
+        return
+    try:
+        with open(summary_file, "a", encoding="utf-8") as handle:
+            handle.write(markdown_summary(doc) + "\n")
+    except OSError as exc:
+        print(f"recoverygate: could not append the drill's summary to GITHUB_STEP_SUMMARY "
+              f"({summary_file}): {exc}", file=sys.stderr)
+
+
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` atomically with mode 0644 (never world-writable)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,9 +180,12 @@ def write_reports(
     report_path: Path | None,
     report_dir: Path | None,
     raw_log: list[dict[str, Any]],
+    *,
+    evidence: Evidence | None = None,
 ) -> list[Path]:
-    """Write the JSON report (and, with a directory, the event log, summary, picture)."""
-    doc = result_to_dict(result, config)
+    """Write the JSON report (and, with a directory, the event log, summary, picture and
+    the job's output); append the summary to ``$GITHUB_STEP_SUMMARY`` when it is set."""
+    doc = {**result_to_dict(result, config), **evidence_to_dict(evidence)}
     text = json.dumps(doc, indent=2, default=str) + "\n"
     written: list[Path] = []
     if report_path is not None:
@@ -131,21 +199,21 @@ def write_reports(
         try:
             pictures = write_timeline_picture(doc, report_dir)
         except Exception as exc:  # a plotting failure must not cost the report
-            pictures, hint = [], f"the picture could not be drawn ({type(exc).__name__}: {exc})"
+            pictures, hint = [], f"the picture could not be drawn ({describe_exception(exc)})"
         doc["timelinePicture"] = pictures[0].name if pictures else None
         if not pictures:
             doc["timelinePictureHint"] = hint
+        files = _write_job_output(evidence, report_dir)
+        doc.update(evidence_to_dict(evidence, files))
         dir_text = json.dumps(doc, indent=2, default=str) + "\n"
         write_private(report_dir / "report.json", dir_text)
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
         write_private(report_dir / "events.jsonl", events)
         write_private(report_dir / "summary.md", markdown_summary(doc))
         written += [report_dir / "report.json", report_dir / "events.jsonl",
-                    report_dir / "summary.md", *pictures]
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary_file:
-        with open(summary_file, "a", encoding="utf-8") as handle:
-            handle.write(markdown_summary(doc) + "\n")
+                    report_dir / "summary.md", *pictures,
+                    *(report_dir / path for path in files.values())]
+    _append_step_summary(doc)
     return written
 
 
@@ -191,4 +259,20 @@ def markdown_summary(doc: dict[str, Any]) -> str:
             f"{c['observed']})"
             for c in failed
         ]
+    for diagnosis in doc.get("diagnoses") or []:
+        lines += [
+            "",
+            f"**Diagnosis: {diagnosis['title']}** ([why and how to fix]({diagnosis['docs']}))",
+            "",
+            diagnosis["diagnosis"],
+            "",
+            f"Evidence: `{diagnosis['evidence'].replace('`', chr(39))}`",
+        ]
+    tail = doc.get("failingWorkerTail") or []
+    if tail and doc.get("verdict") in ("FAIL", "ERROR"):
+        where = (doc.get("jobOutput") or {}).get(doc.get("failingWorker"))
+        whole = f" (whole output: `{where}`)" if where else ""
+        fence = "~~~~" if any("```" in line for line in tail) else "```"
+        lines += ["", f"**Last lines of {doc.get('failingWorker')}**{whole}", "", fence,
+                  *tail, fence]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ the partial result attached, so callers map it to exit code 130.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -35,6 +36,7 @@ from pytest_recoverygate.errors import (
     DrillInterrupted,
     ReportError,
     UsageError,
+    describe_exception,
 )
 from pytest_recoverygate.lock import DrillLock, job_lock
 from pytest_recoverygate.model import (
@@ -49,6 +51,7 @@ from pytest_recoverygate.orchestrators.base import Clock, EventSource, Orchestra
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config import DrillConfig
+    from pytest_recoverygate.evidence import Evidence
 
 __all__ = [
     "RunOptions",
@@ -75,6 +78,7 @@ class Status:
 
 Observer = Callable[[Status], None]
 Confirm = Callable[[Worker, Workload], bool]
+EvidenceSink = Callable[["Evidence"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +87,8 @@ class RunOptions:
 
     ``confirmed`` is ``--yes``: kills need no prompt. ``confirm`` is asked otherwise when
     the config requires confirmation; without it (non-interactive) the drill is refused
-    before anything is touched.
+    before anything is touched. ``on_evidence`` receives the job's output and the
+    diagnoses once the drill has ended (before the report is written).
     """
 
     dry_run: bool = False
@@ -95,6 +100,7 @@ class RunOptions:
     report_path: Path | None = None
     report_dir: Path | None = None
     handle_signals: bool = True
+    on_evidence: EvidenceSink | None = None
 
 
 def spec_from_config(config: DrillConfig) -> DrillSpec:
@@ -156,11 +162,19 @@ def run_drill(
     drill = _Drill(config, options, clock, orchestrator)
     with _signals_raise_interrupt(options.handle_signals):
         result = drill.run()
-    if options.report_path is not None or options.report_dir is not None:
+    evidence = _keep_evidence(result, config, options, orchestrator)
+    if (
+        options.report_path is not None
+        or options.report_dir is not None
+        or os.environ.get("GITHUB_STEP_SUMMARY")  # every run appends its summary in CI
+    ):
         from pytest_recoverygate.report import write_reports
 
         try:
-            write_reports(result, config, options.report_path, options.report_dir, drill.raw_log)
+            write_reports(
+                result, config, options.report_path, options.report_dir, drill.raw_log,
+                evidence=evidence,
+            )
         except OSError as exc:
             if result.verdict is Verdict.INTERRUPTED:  # the interrupt is what to report
                 raise DrillInterrupted(drill.interrupted_by).with_result(result) from None
@@ -172,6 +186,18 @@ def run_drill(
     if result.verdict is Verdict.INTERRUPTED:
         raise DrillInterrupted(drill.interrupted_by).with_result(result)
     return result
+
+
+def _keep_evidence(
+    result: DrillResult, config: DrillConfig, options: RunOptions, orchestrator: Orchestrator
+) -> Evidence:
+    """After cleanup: the job's own output and the diagnoses, handed to ``on_evidence``."""
+    from pytest_recoverygate.evidence import gather_evidence
+
+    evidence = gather_evidence(result, orchestrator, config)
+    if options.on_evidence is not None:
+        options.on_evidence(evidence)
+    return evidence
 
 
 class _Drill:
@@ -217,7 +243,7 @@ class _Drill:
         except DrillError as exc:
             result = self._abort(Verdict.ERROR, str(exc))
         except Exception as exc:  # a backend bug must still end in cleanup and ERROR
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            detail = describe_exception(exc)  # a missing module: the pip command
             self.engine.note(self.clock.now(), "exception", traceback.format_exc(limit=8))
             result = self._abort(
                 Verdict.ERROR, f"the drill failed in phase '{self.phase.value}': {detail}"

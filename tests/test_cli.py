@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_recoverygate.cli import main
 
@@ -91,6 +92,39 @@ def test_github_step_summary_gets_a_markdown_summary(
     assert "| resumeStep | 0 |" in text
 
 
+def test_github_step_summary_gets_the_summary_of_a_run_without_any_report_option(
+    write_drill: WriteDrill, tmp_path: Path,
+) -> None:
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("# earlier steps\n")
+    path = write_drill({"workload": {"fake": {"resume": "zero"}}})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path), "-q"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+    )
+    assert proc.returncode == 1, proc.stderr
+    text = summary.read_text()
+    assert text.startswith("# earlier steps\n")  # appended, never overwritten
+    assert "RecoveryGate drill `recovery-test`: FAIL" in text
+    assert "| resumeStep | 0 |" in text
+    assert "**Diagnosis: checkpoints on per-process or node-local storage**" in text
+
+
+def test_a_long_message_is_shortened_on_the_terminal_with_a_marker_never_mid_word() -> None:
+    from pytest_recoverygate.cli import shorten
+
+    message = "root cause rank 1; last worker error: RuntimeError: " + "word " * 300
+    short = shorten(message, 100)
+    assert len(short) < len(message)
+    kept, _, marker = short.partition(" … [shortened here: ")
+    assert message.startswith(kept) and message[len(kept)] == " "  # cut between words
+    assert marker.endswith("more characters in the report]")
+    assert shorten("short", 100) == "short"
+    one_token = "x" * 300
+    assert shorten(one_token, 100).startswith("x" * 100 + " … [shortened here: 200 more")
+
+
 def test_an_invalid_config_exits_2_with_the_line_and_no_traceback(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("workload:\n  orchestrator: fake\ninjectFailure:\n  afterCheckpoint: soon\n")
@@ -112,6 +146,38 @@ def test_validate_checks_a_file_without_running_it(write_drill: WriteDrill) -> N
     proc = run_cli("validate", "-f", str(write_drill()))
     assert proc.returncode == 0, proc.stderr
     assert "valid" in proc.stdout
+
+
+def test_validate_prints_the_effective_config_with_the_defaults_as_yaml(
+    write_drill: WriteDrill, tmp_path: Path,
+) -> None:
+    path = write_drill({"timeouts": {}})
+    proc = run_cli("validate", "-f", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"# {path}: valid (fake drill 'recovery-test')")
+    effective = yaml.safe_load(proc.stdout)
+    # what the file left out, filled in with the defaults, in the YAML language
+    assert effective["timeouts"] == {"discovery": "5m", "checkpoint": "1h", "recovery": "5s",
+                                     "recoveryGrace": "30s"}
+    assert effective["injectFailure"]["targetRank"] == 1
+    assert effective["workload"]["reportingRank"] == 0
+    again = tmp_path / "again.yaml"
+    again.write_text(proc.stdout)
+    assert run_cli("validate", "-f", str(again)).returncode == 0  # it loads back
+
+
+def test_validate_never_prints_env_values(tmp_path: Path) -> None:
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump({
+        "workload": {"orchestrator": "local", "command": ["torchrun", "train.py"],
+                     "env": {"WANDB_API_KEY": "s3cret-value"}},
+        "injectFailure": {"afterCheckpoint": "next"},
+        "expectations": {"maxRecoveryTime": "1m"},
+    }))
+    proc = run_cli("validate", "-f", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret-value" not in proc.stdout
+    assert yaml.safe_load(proc.stdout)["workload"]["env"] == {"WANDB_API_KEY": "<redacted>"}
 
 
 def test_require_confirm_without_a_terminal_or_yes_exits_2_before_touching_anything(
@@ -198,9 +264,24 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_exits_3(
     write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a folder: cannot be appended to
-    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(tmp_path / "r.json")])
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    report = blocker / "r.json"  # its folder is a file: cannot be created (even as root)
+    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(report)])
     out, err = capsys.readouterr()
     assert code == 3
     assert "RecoveryGate verdict: PASS" in out
     assert "its report could not be written" in err
+
+
+def test_a_step_summary_that_cannot_be_written_warns_and_keeps_the_verdict(
+    write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a folder: cannot be appended to
+    code = main(["run", "-f", str(write_drill()), "-q", "--report", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "RecoveryGate verdict: PASS" in out
+    assert "could not append the drill's summary to GITHUB_STEP_SUMMARY" in err
+    assert (tmp_path / "r.json").is_file()

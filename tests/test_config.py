@@ -758,13 +758,33 @@ def test_it_refuses_a_command_with_unbalanced_quotes(tmp_path: Path) -> None:
     assert "No closing quotation" in text
 
 
-def test_it_refuses_a_command_argument_that_is_not_text(tmp_path: Path) -> None:
+def test_it_takes_a_plain_number_in_the_command_as_its_decimal_text(tmp_path: Path) -> None:
     path = write(
-        tmp_path, "workload:\n  orchestrator: local\n  command:\n    - python\n    - 3\n" + REST
+        tmp_path,
+        "workload:\n  orchestrator: local\n  command:\n    - torchrun\n    - --nproc-per-node\n"
+        "    - 2\n    - train.py\n    - --lr\n    - 0.50\n    - --offset\n    - -3\n" + REST,
     )
-    text = assert_problem(error_of(path), path, 5, "workload.command[1]", "3")
-    assert 'quote it: 1: "3"' not in text
-    assert "must be text" in text
+    assert load_config(path).workload.command == [  # type: ignore[union-attr]
+        "torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.50", "--offset", "-3",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("written", "made"),
+    [("0x10", "the number 16"), ("010", "the number 8"), ("1_000", "the number 1000"),
+     ("+5", "the number 5"), (".inf", "the number inf"), ("yes", "true/false"),
+     ("on", "true/false"), ("~", "null")],
+)
+def test_it_refuses_a_command_argument_yaml_reads_as_something_else(
+    tmp_path: Path, written: str, made: str,
+) -> None:
+    path = write(
+        tmp_path, f"workload:\n  orchestrator: local\n  command:\n    - python\n    - {written}\n"
+        + REST,
+    )
+    text = assert_problem(error_of(path), path, 5, "workload.command[1]", written)
+    assert f"YAML reads {written} as {made}" in text
+    assert f'quote it: - "{written}"' in text
 
 
 def test_it_refuses_both_command_and_attach_pid(tmp_path: Path) -> None:
@@ -787,15 +807,27 @@ def test_it_refuses_env_values_that_are_not_text_without_printing_them(tmp_path:
     path = write(
         tmp_path,
         "workload:\n  orchestrator: local\n  command: [x]\n"
-        "  env:\n    API_PIN: 918273\n    DEBUG: yes\n" + REST,
+        "  env:\n    API_PIN: 0x918273\n    DEBUG: yes\n" + REST,
     )
     message = error_of(path)
     text = problem_line(message, path, 5, "workload.env.API_PIN")
     assert "must be text" in text
+    assert "YAML reads it as a number" in text
     assert "hidden" in text
     assert "quote it" in text
     assert "918273" not in message
-    problem_line(message, path, 6, "workload.env.DEBUG")
+    assert "YAML reads it as true/false" in problem_line(message, path, 6, "workload.env.DEBUG")
+
+
+def test_it_takes_a_plain_number_as_an_env_value_as_written(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workload:\n  orchestrator: local\n  command: [x]\n"
+        "  env:\n    SEED: 1\n    NCCL_TIMEOUT: 1800\n    RATIO: 0.25\n" + REST,
+    )
+    assert load_config(path).workload.env == {  # type: ignore[union-attr]
+        "SEED": "1", "NCCL_TIMEOUT": "1800", "RATIO": "0.25",
+    }
 
 
 def test_it_refuses_an_env_name_with_an_equals_sign(tmp_path: Path) -> None:
@@ -823,10 +855,31 @@ def test_it_refuses_a_slurm_user_without_a_job_name(tmp_path: Path) -> None:
     )
 
 
-def test_it_refuses_a_slurm_job_id_given_as_text(tmp_path: Path) -> None:
+def test_it_takes_a_slurm_job_id_given_as_text(tmp_path: Path) -> None:
+    # what envsubst and templating produce: jobId: "${SLURM_JOB_ID}"
     path = write(tmp_path, 'workload:\n  orchestrator: slurm\n  jobId: "12345"\n' + REST)
+    assert load_config(path).workload.job_id == 12345  # type: ignore[union-attr]
+
+
+def test_it_takes_an_attach_pid_given_as_text(tmp_path: Path) -> None:
+    path = write(tmp_path, 'workload:\n  orchestrator: local\n  attachPid: "4242"\n' + REST)
+    assert load_config(path).workload.attach_pid == 4242  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("written", ['"012345"', '"12.0"', '" 12345"', '"1e3"', "12.0", "true"])
+def test_it_refuses_a_slurm_job_id_that_could_mean_two_things(
+    tmp_path: Path, written: str,
+) -> None:
+    path = write(tmp_path, f"workload:\n  orchestrator: slurm\n  jobId: {written}\n" + REST)
+    assert "must be a whole number" in assert_problem(
+        error_of(path), path, 3, "workload.jobId", written
+    )
+
+
+def test_it_stays_strict_on_a_quoted_number_where_a_count_belongs(tmp_path: Path) -> None:
+    path = write(tmp_path, FAKE + "  maxLostSteps: \"100\"\n")
     assert "remove the quotes" in assert_problem(
-        error_of(path), path, 3, "workload.jobId", '"12345"'
+        error_of(path), path, 7, "expectations.maxLostSteps", '"100"'
     )
 
 

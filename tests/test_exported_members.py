@@ -11,7 +11,8 @@ import pytest
 MODULES = [
     "recoverygate", "recoverygate.reporter", "recoverygate.wire",
     "pytest_recoverygate", "pytest_recoverygate.cli", "pytest_recoverygate.config",
-    "pytest_recoverygate.durations", "pytest_recoverygate.engine", "pytest_recoverygate.errors",
+    "pytest_recoverygate.diagnosis", "pytest_recoverygate.durations", "pytest_recoverygate.engine",
+    "pytest_recoverygate.errors", "pytest_recoverygate.evidence", "pytest_recoverygate.joboutput",
     "pytest_recoverygate.events", "pytest_recoverygate.lock", "pytest_recoverygate.model",
     "pytest_recoverygate.plugin", "pytest_recoverygate.report", "pytest_recoverygate.runner",
     "pytest_recoverygate.timeline", "pytest_recoverygate.orchestrators",

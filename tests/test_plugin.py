@@ -132,15 +132,99 @@ def test_dry_run_passes_without_killing(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*checking the kill of rank 1*", "*DRY-RUN*nothing was killed*"])
 
 
-def test_a_kill_needs_drill_yes_when_the_config_requires_confirmation(
+def test_a_drill_config_that_needs_confirmation_fails_without_drill_yes(
     pytester: pytest.Pytester,
 ) -> None:
+    # A CI gate that ran nothing must not be green: the file was asked for by name.
     path = drill_file(pytester, {"safety": {"requireConfirm": True}})
-    skipped = pytester.runpytest(f"--drill-config={path}", "-rs")
-    skipped.assert_outcomes(skipped=1)
-    skipped.stdout.fnmatch_lines(["*requireConfirm*--drill-yes*"])
+    refused = pytester.runpytest(f"--drill-config={path}")
+    refused.assert_outcomes(failed=1)
+    assert refused.ret == pytest.ExitCode.TESTS_FAILED
+    refused.stdout.fnmatch_lines([
+        "*safety.requireConfirm is true and nothing confirmed the kill, so the drill did not "
+        "run. Confirm kills with --drill-yes (or drill_yes = true in the pytest ini file), set "
+        "safety.requireConfirm: false in the drill config*",
+    ])
+    refused.stdout.no_fnmatch_line("*discovering*")  # refused before anything was touched
     confirmed = pytester.runpytest(f"--drill-config={path}", "--drill-yes")
     confirmed.assert_outcomes(passed=1)
+
+
+def test_the_ini_drill_config_that_needs_confirmation_also_fails(
+    pytester: pytest.Pytester,
+) -> None:
+    drill_file(pytester, {"safety": {"requireConfirm": True}})
+    pytester.makeini("[pytest]\ndrill_config = recovery-test.yaml\n")
+    pytester.runpytest().assert_outcomes(failed=1)
+    pytester.makeini("[pytest]\ndrill_config = recovery-test.yaml\ndrill_yes = true\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_a_marker_drill_that_needs_confirmation_skips_and_the_summary_says_why(
+    pytester: pytest.Pytester,
+) -> None:
+    drill_file(pytester, {"safety": {"requireConfirm": True}}, name="drill.yaml")
+    pytester.makepyfile(
+        test_recovery="""
+        import pytest
+
+        def test_model_unit():
+            assert True
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_resumes(recovery_drill):
+            recovery_drill.run()
+
+        def test_no_config(recovery_drill):
+            recovery_drill.run()
+        """
+    )
+    result = pytester.runpytest()  # no -rs
+    result.assert_outcomes(passed=1, skipped=2)
+    assert result.ret == pytest.ExitCode.OK  # an ordinary unit-test run may skip drills
+    result.stdout.fnmatch_lines([
+        "*= recoverygate drills =*",
+        "SKIPPED test_recovery.py::test_resumes: *drill.yaml: safety.requireConfirm is true*"
+        "--drill-yes*",
+        "SKIPPED test_recovery.py::test_no_config: no drill config: pass --drill-config=FILE*",
+    ])
+    quiet = pytester.runpytest("-q")
+    quiet.stdout.fnmatch_lines(["SKIPPED test_recovery.py::test_resumes: *--drill-yes*"])
+
+
+def test_drill_items_are_counted_as_collected(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_model="def test_model():\n    assert True\n")
+    first = drill_file(pytester)
+    second = drill_file(pytester, name="other.yaml")
+    result = pytester.runpytest(f"--drill-config={first}", f"--drill-config={second}")
+    result.stdout.fnmatch_lines(["collected 3 items"])
+    result.assert_outcomes(passed=3)
+    only = pytester.runpytest(f"--drill-config={first}", "--collect-only", "-q")
+    only.stdout.fnmatch_lines(["recovery-test.yaml::drill", "*2 tests collected*"])
+
+
+def test_the_report_folder_is_named_after_the_drill(pytester: pytest.Pytester) -> None:
+    path = drill_file(pytester, {"name": "llama-finetune"})
+    drill_file(pytester, name="drill.yaml")
+    pytester.makepyfile(
+        test_recovery="""
+        import pytest
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_one(recovery_drill):
+            recovery_drill.run()
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_two(recovery_drill):
+            recovery_drill.run()
+        """
+    )
+    out = pytester.path / "reports"
+    result = pytester.runpytest(f"--drill-config={path}", f"--drill-report-dir={out}")
+    result.assert_outcomes(passed=3)
+    # the drill's name, by default the file's stem; a second test of it adds its own name
+    assert sorted(p.name for p in out.iterdir()) == ["drill", "drill-test_two", "llama-finetune"]
+    assert (out / "llama-finetune" / "report.json").is_file()
 
 
 def test_the_header_says_what_will_run(pytester: pytest.Pytester) -> None:
@@ -249,3 +333,48 @@ def test_a_drill_that_cannot_run_fails_instead_of_skipping(pytester: pytest.Pyte
     result = pytester.runpytest(f"--drill-config={path}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the drill cannot run*no-such-kubeconfig*"])
+
+
+def test_a_pytest_run_appends_each_drill_to_the_github_step_summary(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    summary = pytester.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    path = drill_file(pytester, {"name": "ci-gate"})
+    result = pytester.runpytest(f"--drill-config={path}")  # no --drill-report-dir
+    result.assert_outcomes(passed=1)
+    assert "RecoveryGate drill `ci-gate`: PASS" in summary.read_text()
+
+
+def test_a_failing_drill_shows_the_diagnosis_in_the_failure_and_the_summary(
+    pytester: pytest.Pytester,
+) -> None:
+    path = drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}})
+    result = pytester.runpytest(f"--drill-config={path}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*diagnosis: checkpoints on per-process or node-local storage",
+        "*more: https://github.com/recoverygate/recoverygate/blob/main/docs/"
+        "troubleshooting.md#checkpoints-not-shared",
+        "*= recoverygate drills =*",
+        "FAIL recovery-test.yaml::drill: resumed from step 0*",
+        "  diagnosis: checkpoints on per-process or node-local storage (https://*)",
+    ])
+
+
+def test_the_fixture_exposes_the_evidence_after_run(pytester: pytest.Pytester) -> None:
+    drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}}, name="drill.yaml")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.drill(config="drill.yaml")
+        def test_resumes(recovery_drill):
+            result = recovery_drill.run()
+            assert result.verdict.value == "FAIL"
+            evidence = recovery_drill.evidence
+            assert [d.signature for d in evidence.diagnoses] == ["checkpoints-not-shared"]
+            assert evidence.job_output.get("rank 1") is not None
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pytest_recoverygate.orchestrators.base import (
     Clock,
     EventSource,
+    JobOutputSource,
     Orchestrator,
     RealClock,
     SimulatedClock,
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Clock",
     "EventSource",
+    "JobOutputSource",
     "Orchestrator",
     "RealClock",
     "SimulatedClock",

@@ -17,6 +17,15 @@ loop, so every method here is *non-blocking* except ``discover`` and ``kill``:
 
 Backends that run threads call ``wakeup()`` (given at construction) when something new
 arrives, so the runner reacts within milliseconds instead of a poll interval.
+
+One optional method, :class:`JobOutputSource`: ``job_output()`` returns what the job
+printed, per worker where the backend can tell them apart, each kept in bounded memory
+(:mod:`pytest_recoverygate.joboutput`). The runner calls it once, after ``cleanup()``
+(so every byte the readers got is in), to keep the job's output in the report folder,
+to show the failing worker's last lines and to diagnose known failure signatures. It
+never blocks, never raises for a job that printed nothing (an empty :class:`JobOutput`),
+and is safe to call after ``cleanup()``. Every shipped backend implements it; a backend
+without it still works, its reports just carry no job output.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
+from pytest_recoverygate.joboutput import JobOutput
 from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
 
 __all__ = [
     "Clock",
     "EventSource",
+    "JobOutputSource",
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
@@ -69,6 +80,15 @@ class Orchestrator(Protocol):
     def events(self) -> EventSource: ...
 
     def cleanup(self) -> None: ...
+
+
+@runtime_checkable
+class JobOutputSource(Protocol):
+    """Optional for a backend: the job's own output, per worker (see the module docstring)."""
+
+    def job_output(self) -> JobOutput:
+        """What the job printed so far, per worker, bounded; callable after ``cleanup()``."""
+        ...
 
 
 class Clock(Protocol):

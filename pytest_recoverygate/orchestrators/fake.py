@@ -19,13 +19,22 @@ report ``progress(step)`` before each step instead of after it (breaking the ste
 contract: a fresh start reports 0 first); ``start_events=False`` makes it print no start
 lines (like a non-Python emitter) and ``loaded_events=False`` no ``checkpoint_loaded``
 lines, so the drill infers the resume step from the replacement's first two lines.
+
+What the simulated job prints (``job_output()``): rank 0's reporter lines for starts,
+loads and checkpoints, and one line per rank for each kill and restart. ``output`` adds
+text a worker printed after the kill, by label (``{"rank 1": "Traceback …"}``): how tests
+give the fake job the output of a real failure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from recoverygate import wire
+
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -107,6 +116,7 @@ class FakeOrchestrator:
         progress_before_step: bool = False,
         start_events: bool = True,
         loaded_events: bool = True,
+        output: Mapping[str, str] | None = None,
     ) -> None:
         self.clock = clock
         self.workers = workers
@@ -120,6 +130,8 @@ class FakeOrchestrator:
         self.progress_before_step = progress_before_step
         self.start_events = start_events
         self.loaded_events = loaded_events
+        self.output = dict(output or {})
+        self._printed = OutputSplitter(lambda line: None, default="rank 0")
         self.kills: list[tuple[Worker, bool]] = []  # (worker, dry_run) for every kill call
         self.cleanups = 0
         self._incarnations: list[_Incarnation] = []
@@ -178,6 +190,11 @@ class FakeOrchestrator:
     def events(self) -> FakeEventSource:
         return self._source
 
+    def job_output(self) -> JobOutput:
+        """What the simulated workers printed, per rank (see the module docstring)."""
+        self._generate()
+        return self._printed.output(note="the fake job's simulated output, per rank")
+
     def cleanup(self) -> None:
         self.cleanups += 1
         self._running = False
@@ -215,13 +232,22 @@ class FakeOrchestrator:
             )
         )
 
+    def _print(self, rank: int, text: str) -> None:
+        self._printed.feed(text.encode("utf-8", "replace"), label=f"rank {rank}")
+
     def _after_kill(self, now: float, worker: Worker) -> None:
+        self._print(worker.rank, f"[fake job] rank {worker.rank} ({worker.instance_id}) was "
+                    "killed by SIGKILL\n")
+        for label, text in self.output.items():
+            self._printed.feed(text.encode("utf-8", "replace"), label=label)
         restart_at = now + self.restart_delay
         self._group_events += [
             GroupEvent(GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker),
             GroupEvent(GroupEventKind.RESTARTING, now + 0.15, "restarting the group", None, 1),
         ]
         if self.resume == "never":
+            for rank in range(self.workers):
+                self._print(rank, "[fake job] the group does not restart (resume: never)\n")
             return
         self._group_events.append(
             GroupEvent(GroupEventKind.REPLACEMENT_RUNNING, restart_at, "all ranks running")
@@ -257,11 +283,18 @@ class FakeOrchestrator:
             inc.start_emitted = True
             if self.start_events:
                 out.append(event(TrainingEventKind.START, inc.start, None))
+                self._print(0, wire.format_start(
+                    inc.start, inc.inc_id, pid=1000 + inc.number, host="simulated", rank=0,
+                    restart=inc.number))
+            for rank in range(self.workers):
+                self._print(rank, f"[fake job] incarnation {inc.number} started\n")
         load_at = inc.first_step_at - 0.01
         if inc.resume_step > 0 and not inc.load_emitted and load_at <= end:
             inc.load_emitted = True
             if self.loaded_events:
                 out.append(event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step))
+                self._print(0, wire.format_step(
+                    "checkpoint_loaded", load_at, inc.inc_id, inc.resume_step, rank=0))
         while True:
             step = inc.next_step
             at = inc.first_step_at + (step - inc.resume_step) / self.steps_per_second
@@ -272,5 +305,7 @@ class FakeOrchestrator:
             if step % self.checkpoint_every == 0:
                 out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, at + 1e-4, step))
                 self._checkpoints.append(step)
+                self._print(0, wire.format_step(
+                    "checkpoint_completed", at + 1e-4, inc.inc_id, step, rank=0))
             inc.next_step += 1
         return out

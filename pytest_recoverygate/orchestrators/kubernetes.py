@@ -51,6 +51,7 @@ import os
 import queue
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,7 @@ from pytest_recoverygate.errors import (
     UsageError,
 )
 from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -350,6 +352,9 @@ class KubernetesOrchestrator:
         self._seen_lines: dict[tuple[str, bytes], float] = {}
         self._last_log_time: float | None = None
         self._log_fresh = 0  # new lines the log thread's current stream delivered so far
+        # the followed pods' logs, per pod (a replacement with the pod's name shares its file)
+        self._output = OutputSplitter(lambda line: None, default="pod log")
+        self._log_labels: dict[Any, str] = {}
         self._cleaned = False
 
     @classmethod
@@ -378,7 +383,8 @@ class KubernetesOrchestrator:
         except ImportError:
             raise UsageError(
                 "orchestrator: kubernetes needs the kubernetes client, which is not "
-                "installed: pip install 'recoverygate[kubernetes]'"
+                f"installed in the environment RecoveryGate runs in ({sys.executable}): "
+                "pip install 'kubernetes>=35' (it comes with pip install recoverygate)"
             ) from None
 
         config: Any = kubernetes.config  # untyped in some client versions
@@ -563,9 +569,9 @@ class KubernetesOrchestrator:
                 "Fix: set workload.selector to one job, "
                 'e.g. "training.kubeflow.org/job-name=my-job".'
             )
+        self._connect()  # first: it says how to install a missing client
         from kubernetes.client.exceptions import ApiException
 
-        self._connect()
         if self._main is None:
             self._main = self._new_api()
         try:
@@ -1090,6 +1096,15 @@ class KubernetesOrchestrator:
         resp = api.read_namespaced_pod_log(_name(pod), self.namespace, **kwargs)
         self._log_fresh = 0
         stream = ("pod-log", _uid(pod))
+        label = f"pod {_name(pod)}"
+        if stream not in self._log_labels:
+            if label in self._log_labels.values():  # PyTorchJob reuses the name
+                self._output.feed(
+                    f"[recoverygate: pod {_name(pod)} was replaced; this is the log of "
+                    f"uid {_uid(pod)}]\n".encode(),
+                    label=label,
+                )
+            self._log_labels[stream] = label
         with self._tracked(resp):
             for line in _iter_lines(resp):
                 if self._feed_line(line, stream):
@@ -1120,7 +1135,18 @@ class KubernetesOrchestrator:
                 horizon = received - _LOG_DEDUPE_WINDOW
                 self._seen_lines = {k: v for k, v in self._seen_lines.items() if v >= horizon}
         self._source.feed(content + b"\n", received, stream=stream)
+        self._output.feed(content + b"\n", stream, label=self._log_labels.get(stream))
         return True
+
+    def job_output(self) -> JobOutput:
+        """The logs of the reporting rank's pods the drill followed, one file per pod."""
+        return self._output.output(
+            note=(
+                f"the logs of the reporting rank's pods (rank {self.reporting_rank}), as the "
+                "drill streamed them; other pods: kubectl logs POD (--previous for a "
+                "restarted container)"
+            )
+        )
 
     # ------------------------------------------------------------------ threads and cleanup
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import dataclasses
 import os
 import re
 import secrets
@@ -54,6 +55,12 @@ import psutil
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.joboutput import (
+    EXCEPTION_LINE,
+    JobOutput,
+    OutputSplitter,
+    torchrun_rank_of,
+)
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -248,6 +255,8 @@ class LocalOrchestrator:
         self._raw: deque[str] = deque()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._raw_size = 0
+        # torchrun's whole stream, plus each rank's prefixed lines ([default1]:, [rank1]:)
+        self._output = OutputSplitter(torchrun_rank_of, merged="torchrun")
         self._seen: dict[int, _Identity] = {}
         self._drill_id: str | None = None  # the marker's value in the launched job's environment
         self._marked: set[_Identity] = set()  # every process found carrying the marker
@@ -481,7 +490,32 @@ class LocalOrchestrator:
         """The last ``lines`` lines of the job's output, for error messages."""
         return "\n".join(self.raw_output().splitlines()[-lines:])
 
+    def job_output(self) -> JobOutput:
+        """torchrun's merged output as ``torchrun``; per rank, the lines with its prefix.
+
+        The failing worker is the rank torchrun names as the root cause when that rank's
+        own lines show an error (the other ranks' errors are mostly its echo), else the
+        worker of the last error line.
+        """
+        output = self._output.output(
+            note=(
+                "torchrun's stdout and stderr as one stream (torchrun); lines a rank prefix "
+                "marks ([default1]: with torchrun --tee=3, [rank1]: on torch tracebacks) "
+                "also in that rank's file"
+            ),
+            order=["torchrun"],
+        )
+        cause = _ROOT_CAUSE.search(self.raw_output()[-50000:])
+        if cause and output.failing not in (None, "torchrun"):
+            root = output.get(f"rank {cause.group(1)}")
+            if root is not None and any(
+                _ERROR_LINE.match(line) for line in root.text.splitlines()[-200:]
+            ):
+                output = dataclasses.replace(output, failing=root.label)
+        return output
+
     def _keep_output(self, chunk: bytes) -> None:
+        self._output.feed(chunk)
         text = self._decoder.decode(chunk)
         with self._lock:
             self._raw.append(text)
@@ -925,14 +959,11 @@ def _resolve_executable(program: str) -> str:
     return found
 
 
-_ERROR_LINE = re.compile(
-    r"^(?:\[\w-]+\]:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))(?::[ \t]*(.*))?$", re.M
-)
+_ERROR_LINE = re.compile(EXCEPTION_LINE.pattern, re.M)
 _ROOT_CAUSE = re.compile(
     r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S
 )
 _NO_TRACEBACK = "To enable traceback"
-_MAX_MESSAGE = 300
 
 
 def _root_cause(output: str) -> str:
@@ -940,11 +971,14 @@ def _root_cause(output: str) -> str:
 
     torchrun ends with ``ChildFailedError`` and a "Root Cause" block naming the first
     rank that failed and how (a signal, or an exit code); the worker's own exception is
-    the last other ``SomethingError: message`` line before it.
+    the last other ``SomethingError: message`` line before it, preferably one the root
+    cause rank printed (``[rank0]: …``): the other ranks' errors are often only the echo
+    of its failure ("Connection closed by peer").
     """
     tail = output[-50000:]
     errors = [
-        (m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip())
+        (m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip(), torchrun_rank_of(
+            m.group(0).encode("utf-8", "replace")))
         for m in _ERROR_LINE.finditer(tail)
     ]
     parts: list[str] = []
@@ -952,14 +986,19 @@ def _root_cause(output: str) -> str:
     if launcher is not None:
         parts.append(launcher[0])
     cause = _ROOT_CAUSE.search(tail)
+    worker_errors = [e for e in errors if e[0] != "ChildFailedError"]
     if cause:
         rank, code, trace = cause.group(1), cause.group(2), cause.group(3).strip()
         how = f" ({trace})" if trace and not trace.startswith(_NO_TRACEBACK) else ""
         parts.append(f"root cause rank {rank}, exit code {code}{how}")
-    worker = next((e for e in reversed(errors) if e[0] != "ChildFailedError"), None)
+        own = [e for e in worker_errors if e[2] == f"rank {rank}"]
+        untagged_after = worker_errors and worker_errors[-1][2] is None
+        if own and not untagged_after:  # an untagged error last: a failed init, show it
+            worker_errors = own
+    worker = worker_errors[-1] if worker_errors else None
     if worker is not None:
-        name, message = worker
+        name, message, _ = worker
         parts.append(
             f"last worker error: {name}: {message}" if message else f"last worker error: {name}"
         )
-    return "; ".join(parts)[:_MAX_MESSAGE]
+    return "; ".join(parts)  # whole: the report keeps it all, the terminal may shorten it

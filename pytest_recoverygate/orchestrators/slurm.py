@@ -64,6 +64,7 @@ from pytest_recoverygate.errors import (
     UsageError,
 )
 from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter, slurm_task_of
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -1039,6 +1040,8 @@ class SlurmEventSource:
         self._stream = stream
         self._generation = 0  # bumped by the tail's thread only
         self.tail: OutputTail | None = None
+        #: the job's output file as ``job``; per task, the lines ``srun --label`` marks
+        self.output = OutputSplitter(slurm_task_of, merged="job")
 
     def follow(
         self,
@@ -1077,9 +1080,17 @@ class SlurmEventSource:
 
     def _feed(self, chunk: bytes, received: float) -> None:
         self._stream.feed(chunk, received, stream=("slurm-output", self._generation))
+        self.output.feed(chunk, self._generation)
 
     def _started_over(self) -> None:
         self._stream.end_stream(("slurm-output", self._generation))
+        if self.tail is not None and self.tail.offset:
+            self.output.end(self._generation)
+            self.output.feed(
+                b"\n[recoverygate: the output file was rewritten (a requeue, a rotation); "
+                b"what follows is its new content]\n",
+                ("marker", self._generation),
+            )
         self._generation += 1
 
 
@@ -1462,6 +1473,17 @@ class SlurmOrchestrator:
 
     def events(self) -> EventSource:
         return self._events
+
+    def job_output(self) -> JobOutput:
+        """The job's output file as the tail read it; per task with ``srun --label``."""
+        path = self._events.tail.path if self._events.tail is not None else "not found yet"
+        return self._events.output.output(
+            note=(
+                f"the job's output file ({path}) as ``job``; lines srun --label marks "
+                "(0: …) also in that task's file"
+            ),
+            order=["job"],
+        )
 
     def cleanup(self) -> None:
         """Stop the watcher and the tail. The job itself is the user's and is left alone."""

@@ -16,13 +16,17 @@ states them:
    target WORKER_GONE; repeating the kill with the old identity never hits the replacement;
 6. events() is one EventSource whose poll() never blocks and yields TrainingEvents;
 7. watch_group() never blocks;
-8. cleanup() runs twice, leaves poll() working and no thread of the orchestrator's alive.
+8. cleanup() runs twice, leaves poll() working and no thread of the orchestrator's alive;
+9. job_output() (the optional ``JobOutputSource``, implemented by every shipped backend)
+   never blocks, holds what the job printed per worker under distinct labels, each
+   within the per-worker bound, and still holds it after cleanup().
 """
 
 from __future__ import annotations
 
 import time
 
+from pytest_recoverygate.joboutput import PER_WORKER_LIMIT, JobOutput
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -31,7 +35,7 @@ from pytest_recoverygate.model import (
     TrainingEvent,
     Worker,
 )
-from pytest_recoverygate.orchestrators.base import EventSource, Orchestrator
+from pytest_recoverygate.orchestrators.base import EventSource, JobOutputSource, Orchestrator
 from tests.contract.conftest import Harness, ThreadSpy
 
 NON_BLOCKING = 0.5  # seconds a never-blocking call may take on a loaded 2-core machine
@@ -179,3 +183,36 @@ def test_cleanup_runs_twice_leaves_poll_working_and_stops_its_threads(
     assert isinstance(orchestrator.events().poll(), list)
     leftover = [t.name for t in thread_spy.alive(job.label)]
     assert leftover == [], f"cleanup() left threads running: {leftover}"
+
+
+def test_job_output_keeps_what_the_job_printed_per_worker_even_after_cleanup(
+    disposable_backend: Harness,
+) -> None:
+    job = disposable_backend
+    orchestrator = job.orchestrator
+    assert isinstance(orchestrator, JobOutputSource)
+    orchestrator.events().poll()
+
+    def printed() -> JobOutput | None:
+        started = time.monotonic()
+        output = orchestrator.job_output()  # type: ignore[attr-defined]
+        took = time.monotonic() - started
+        assert took < NON_BLOCKING, f"job_output() blocked for {took:.2f} s"
+        orchestrator.events().poll()
+        return output if output.text.strip() else None
+
+    output = job.eventually(printed, "output in job_output()")
+    labels = [w.label for w in output.workers]
+    assert labels and len(set(labels)) == len(labels), labels
+    assert all(label.strip() for label in labels), labels
+    assert all(len(w.text.encode()) <= PER_WORKER_LIMIT + 200 for w in output.workers)
+    assert output.failing is None or output.failing in labels
+    assert isinstance(output.note, str) and output.note
+
+    job.cleaned = True
+    orchestrator.cleanup()
+    after = orchestrator.job_output()  # type: ignore[attr-defined]
+    for before in output.workers:
+        kept = after.get(before.label)
+        assert kept is not None, f"{before.label} is gone from job_output() after cleanup()"
+        assert kept.text.startswith(before.text[:200]), before.label

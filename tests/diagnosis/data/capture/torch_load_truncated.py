@@ -1,0 +1,34 @@
+"""Capture what ``torch.load`` raises on truncated checkpoint files (no torchrun needed).
+
+    python torch_load_truncated.py
+
+Saves a small model state in torch's zip format and in the legacy pickle format,
+truncates copies (to half, and to zero bytes) and prints each traceback of
+``torch.load`` as Python prints an uncaught one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+
+import torch
+
+state = {"step": 60, "model": torch.nn.Linear(16, 32).state_dict()}
+with tempfile.TemporaryDirectory() as folder:
+    for fmt, zipped in (("zip", True), ("legacy", False)):
+        whole = os.path.join(folder, f"whole-{fmt}.pt")
+        torch.save(state, whole, _use_new_zipfile_serialization=zipped)
+        size = os.path.getsize(whole)
+        for cut in (size // 2, 0):
+            path = os.path.join(folder, f"step-00000060-{fmt}-{cut}.pt")
+            with open(whole, "rb") as src, open(path, "wb") as dst:
+                dst.write(src.read(cut))
+            print(f"# torch.load of a {fmt} checkpoint truncated from {size} to {cut} bytes")
+            try:
+                torch.load(path, map_location="cpu")
+            except Exception:
+                traceback.print_exc(file=sys.stdout)
+            print()
