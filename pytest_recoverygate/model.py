@@ -30,6 +30,7 @@ class TrainingEventKind(enum.Enum):
 
     START = "start"
     PROGRESS = "progress"
+    CHECKPOINT_STARTED = "checkpoint_started"
     CHECKPOINT_COMPLETED = "checkpoint_completed"
     CHECKPOINT_LOADED = "checkpoint_loaded"
 
@@ -40,6 +41,9 @@ class TrainingEvent:
 
     ``incarnation`` is the reporter's per-process id: a restarted process has a new one,
     so a late line of the old process is never mistaken for the replacement.
+    ``digest`` and ``digest_parts`` (checkpoint completed/loaded, when the job sent them)
+    fingerprint the saved or loaded state: lower-case hex, parts as (name, digest) pairs
+    sorted by name; see docs/state-digest.md.
     """
 
     kind: TrainingEventKind
@@ -51,6 +55,8 @@ class TrainingEvent:
     pid: int | None = None
     host: str | None = None
     restart_count: int | None = None
+    digest: str | None = None
+    digest_parts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
