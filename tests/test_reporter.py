@@ -554,6 +554,7 @@ def test_the_package_root_imports_nothing_eagerly() -> None:
         "configure",
         "enabled",
         "progress",
+        "state_digest",
     }
 
 

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import SupportsInt, TextIO
 
+    from recoverygate.digest import state_digest
+
     Digest = str | Mapping[str, str] | None
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "configure",
     "enabled",
     "progress",
+    "state_digest",
 ]
 
 DEFAULT_INTERVAL = 0.1
@@ -176,6 +179,16 @@ def configure(
         _interval_setting = min_interval
         _clock = clock if clock is not None else time.time
         _reset()
+
+
+def __getattr__(name: str) -> object:
+    """``state_digest`` is loaded on first use: it needs ``hashlib``, this module must not."""
+    if name == "state_digest":
+        from recoverygate.digest import state_digest
+
+        globals()["state_digest"] = state_digest
+        return state_digest
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------- internals

@@ -70,6 +70,7 @@ __all__ = [
     "format_record",
     "format_start",
     "format_step",
+    "is_part_name",
     "json_string",
     "normalize_digest",
     "parse_text",
@@ -144,6 +145,11 @@ def combine_parts(parts: tuple[tuple[str, str], ...]) -> str:
 
     text = "".join(f"{name}={value}\n" for name, value in parts)
     return hashlib.blake2b(text.encode("ascii"), digest_size=8).hexdigest()
+
+
+def is_part_name(name: str) -> bool:
+    """Whether ``name`` may name a part on the wire (1-64 of ``A-Z a-z 0-9 _ . : / -``)."""
+    return _PART_NAME(name) is not None
 
 
 def _parts_from(value: object) -> tuple[tuple[str, str], ...] | None:
