@@ -516,6 +516,32 @@ def test_lines_from_many_threads_never_interleave(tmp_path: Path) -> None:
     assert records[0].event == "start"
 
 
+def test_no_line_overtakes_the_start_line_while_it_is_being_written() -> None:
+    class SlowFirstWrite(io.StringIO):
+        """The first write (the start line) takes a while, as on a slow pipe."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.writing = threading.Event()
+
+        def write(self, s: str) -> int:
+            if not self.writing.is_set():
+                self.writing.set()
+                time.sleep(0.2)
+            return super().write(s)
+
+    out = SlowFirstWrite()
+    reporter.configure(stream=out, min_interval=0)
+    first = threading.Thread(target=reporter.checkpoint_completed, args=(1,))
+    first.start()
+    assert out.writing.wait(10)
+    reporter.checkpoint_completed(2)  # meanwhile, from another thread
+    first.join(10)
+    assert [(r.event, r.step) for r in parsed(out)] == [
+        ("start", None), ("checkpoint_completed", 1), ("checkpoint_completed", 2)
+    ]
+
+
 # ---------------------------------------------------------------------------- isolation
 
 

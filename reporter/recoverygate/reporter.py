@@ -354,10 +354,11 @@ def _emit(parts: tuple[bytes, bytes], step: SupportsInt, now: float | None = Non
         if _start_line:  # first line of the process: the start event goes first, once
             with _lock:
                 if _start_line:
-                    line = _start_line + line
+                    # Emptied only once written: a thread that finds it empty knows the
+                    # start line is out, so its own line cannot overtake it.
+                    _write(_start_line + line)
                     _start_line = b""
-                _write(line)
-            return
+                    return
         _write(line)
     except Exception:  # closed stdout, EPIPE, odd steps: drop the line
         return
@@ -383,10 +384,9 @@ def _emit_digest(parts: tuple[bytes, bytes], step: SupportsInt, digest: object) 
         if _start_line:
             with _lock:
                 if _start_line:
-                    line = _start_line + line
+                    _write(_start_line + line)
                     _start_line = b""
-                _write(line)
-            return
+                    return
         _write(line)
     except Exception:  # closed stdout, EPIPE, odd steps: drop the line
         return
