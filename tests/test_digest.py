@@ -358,6 +358,17 @@ def test_a_sparse_tensor_digests_its_coalesced_contents() -> None:
     assert state_digest(sparse) != state_digest(sparse.to_dense())
 
 
+def test_the_device_path_and_the_host_path_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CPU tensors are summed with NumPy, tensors on an accelerator with torch on the device;
+    # forcing torch's path on the CPU shows both write the same sums (the GPU stand-in).
+    model, optimizer, _ = make_training()
+    tensors = [torch.randn(1_000_003), torch.randn(4096, 3).t(), torch.arange(7),
+               torch.randn(100_000).to(torch.bfloat16), torch.randn(2048).reshape(-1)[1:]]
+    host = state_digest(model, optimizer, tensors)
+    monkeypatch.setattr(digest_module, "_numpy", lambda: None)
+    assert state_digest(model, optimizer, tensors) == host
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_tensor_on_the_gpu_digests_like_on_the_cpu() -> None:
     tensor = torch.randn(1_000_003)

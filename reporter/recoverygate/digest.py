@@ -20,10 +20,13 @@ reporter's checkpoint calls, in contrast, never raise.)
 How tensors are read (the design, chosen by measurement; bench/bench_digest.py and
 docs/state-digest.md have the figures). Every byte is read, but not every byte is hashed:
 
-- a tensor's bytes are viewed as little 64-bit words and summed modulo 2**64 per
-  4 KiB block (512 words) with one ``sum(dim=1)`` of the ``(blocks, 512)`` view; the
-  vector of block sums, then the bytes of the last partial block, go into the hash.
-  A tensor of at most 4 KiB (biases, norms, RNG states, scalars) is hashed whole;
+- a tensor's bytes are viewed as 64-bit words and summed modulo 2**64 per 4 KiB block
+  (512 words) with one row-sum of the ``(blocks, 512)`` view; the vector of block sums,
+  then the bytes of the last partial block, go into the hash. A tensor of less than
+  4 KiB (biases, norms, RNG states, scalars) is hashed whole. On the host the sums are
+  NumPy's (single-threaded: torch's OpenMP sum ran 5x slower when other processes shared
+  the cores, and no global thread setting is touched); on an accelerator they are
+  torch's, on the device, and only the sums (1/512 of the bytes) are copied back;
 - header of every tensor: dtype and shape; device, ``requires_grad`` and storage
   sharing are not state and are left out, so the same values digest alike on any device;
 - integer sums are exact and associative: the same bytes give the same sums whatever
@@ -372,6 +375,14 @@ def _feed_tensor(put: _Put, tensor: Any, torch: Any) -> None:
             data = tensor.reshape(-1).clone().view(torch.uint8)
         except RuntimeError:
             raise _Unsupported(f"a {tensor.dtype} tensor (its bytes cannot be read)") from None
+    if data.device.type == "cpu":
+        numpy = _numpy()
+        if numpy is not None:
+            # NumPy on the host: single-threaded, so no OpenMP team to stall when other
+            # processes share the cores (torch's 2-thread sum ran 5x slower then), and
+            # no global thread setting to touch. Memory-bound either way.
+            _feed_bytes(put, data.numpy(), numpy)
+            return
     size = data.numel()
     whole = size - size % BLOCK_BYTES
     if whole:
@@ -380,12 +391,23 @@ def _feed_tensor(put: _Put, tensor: Any, torch: Any) -> None:
             words = blocks.view(torch.int64)
         except RuntimeError:  # storage offset not a multiple of 8 bytes
             words = blocks.clone().view(torch.int64)
-        sums = words.view(-1, _BLOCK_WORDS).sum(dim=1)  # exact: wraps modulo 2**64
+        sums = words.view(-1, _BLOCK_WORDS).sum(dim=1)  # on the device; wraps modulo 2**64
         put(b"S%d:" % sums.numel())
         put(_host_bytes(sums))
     put(b"R%d:" % (size - whole))
     if size > whole:
         put(_host_bytes(data[whole:]))
+
+
+def _numpy() -> Any:
+    """NumPy, if it can be imported (torch CPU tensors are read through it)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        try:
+            import numpy  # only when a CPU tensor needs it
+        except ImportError:
+            return None
+    return numpy
 
 
 def _host_bytes(tensor: Any) -> bytes | memoryview:
@@ -399,6 +421,20 @@ def _host_bytes(tensor: Any) -> bytes | memoryview:
         return struct.pack(f"<{tensor.numel()}q", *tensor.tolist())
 
 
+def _feed_bytes(put: _Put, data: Any, numpy: Any) -> None:
+    """The block sums and the tail of a 1-d uint8 array (the layout torch's path writes)."""
+    size = data.size
+    whole = size - size % BLOCK_BYTES
+    if whole:
+        words = data[:whole].view(numpy.uint64).reshape(-1, _BLOCK_WORDS)
+        sums = words.sum(axis=1, dtype=numpy.uint64)  # exact: wraps modulo 2**64
+        put(b"S%d:" % sums.size)
+        put(sums.astype("<u8", copy=False).data)
+    put(b"R%d:" % (size - whole))
+    if size > whole:
+        put(data[whole:].data)
+
+
 def _feed_array(put: _Put, array: Any, numpy: Any, depth: int) -> None:
     dtype = array.dtype
     name = dtype.str if dtype.fields is None else repr(dtype.descr)
@@ -406,14 +442,4 @@ def _feed_array(put: _Put, array: Any, numpy: Any, depth: int) -> None:
     if dtype.hasobject:
         _feed(put, array.tolist(), depth + 1)
         return
-    data = numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8)
-    size = data.size
-    whole = size - size % BLOCK_BYTES
-    if whole:
-        words = data[:whole].view(numpy.uint64).reshape(-1, _BLOCK_WORDS)
-        sums = words.sum(axis=1, dtype=numpy.uint64)  # wraps modulo 2**64, like torch
-        put(b"S%d:" % sums.size)
-        put(sums.astype("<u8", copy=False).tobytes())
-    put(b"R%d:" % (size - whole))
-    if size > whole:
-        put(data[whole:].tobytes())
+    _feed_bytes(put, numpy.ascontiguousarray(array).reshape(-1).view(numpy.uint8), numpy)
