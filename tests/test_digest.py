@@ -20,6 +20,7 @@ We test these aspects, with real torch objects (a small model, Adam, a scheduler
 from __future__ import annotations
 
 import io
+import os
 import random
 import subprocess
 import sys
@@ -510,3 +511,80 @@ def test_a_dtensor_digests_its_local_shard(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+# ---------------------------------------------------------------------------- the doc's loop
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "state-digest.md"
+
+
+def documented_loop() -> str:
+    text = DOC.read_text()
+    start = text.index("```python\n# state-digest example")
+    body = text[start:].split("\n", 1)[1]
+    return body[: body.index("```")]
+
+
+def run_loop(code: str, checkpoint: Path, total: int) -> list[wire.Record]:
+    env = {key: value for key, value in os.environ.items()
+           if key not in {"RANK", "SLURM_PROCID", "RECOVERYGATE_RANKS"}}
+    env.update(CKPT=str(checkpoint), TOTAL_STEPS=str(total), PYTHONPATH=REPORTER_PATH)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records, malformed = wire.parse_text(result.stdout)
+    assert malformed == 0
+    return records
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, wire.Record]:
+    """The documented loop run to step 200 from scratch: its checkpoint and last event."""
+    checkpoint = tmp_path_factory.mktemp("first") / "checkpoint.pt"
+    records = run_loop(documented_loop(), checkpoint, 200)
+    completed = [r for r in records if r.event == "checkpoint_completed"]
+    assert [r.step for r in completed] == [100, 200]
+    assert [r.step for r in records if r.event == "checkpoint_started"] == [100, 200]
+    return checkpoint.read_bytes(), completed[-1]
+
+
+BUGS = {
+    "none": ("", ""),
+    "model": ('    model.load_state_dict(ckpt["model"])\n',
+              '    model.load_state_dict({"module." + k: v for k, v in ckpt["model"].items()},'
+              " strict=False)\n"),
+    "optimizer": ('    optimizer.load_state_dict(ckpt["optimizer"])\n', ""),
+    "scheduler": ('    scheduler.load_state_dict(ckpt["scheduler"])\n', ""),
+    "rng": ('    torch.set_rng_state(ckpt["rng"]["torch"])\n', ""),
+}
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_the_documented_loop_resumes_with_the_saved_state_or_names_the_part_that_is_not(
+    bug: str, first_run: tuple[bytes, wire.Record], tmp_path: Path
+) -> None:
+    saved, completed = first_run
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(saved)
+    old, new = BUGS[bug]
+    code = documented_loop()
+    if old:
+        assert old in code
+        code = code.replace(old, new)
+    records = run_loop(code, checkpoint, 300)
+    loaded = next(r for r in records if r.event == "checkpoint_loaded")
+    assert loaded.step == 200
+    assert next(r.step for r in records if r.event == "progress") == 201  # the step is right
+    assert completed.parts and {name for name, _ in loaded.parts} == {
+        "model", "optimizer", "rng", "scheduler"
+    }
+    differ = {name for (name, a), (_, b) in zip(completed.parts, loaded.parts, strict=True)
+              if a != b}
+    if bug == "none":
+        assert loaded.digest == completed.digest
+        assert differ == set()
+    else:
+        assert loaded.digest != completed.digest
+        assert differ == {bug}
