@@ -228,7 +228,7 @@ def test_a_permutation_within_one_block_is_the_documented_blind_spot() -> None:
     swapped = tensor.clone()
     swapped[[8, 9]] = tensor[[9, 8]]  # both in the first 4 KiB block
     assert state_digest(swapped) == state_digest(tensor)
-    small = torch.randn(64, dtype=torch.float64)  # a tensor of at most 4 KiB is hashed whole
+    small = torch.randn(64, dtype=torch.float64)  # a tensor under 4 KiB is hashed whole
     small_swapped = small.clone()
     small_swapped[[8, 9]] = small[[9, 8]]
     assert state_digest(small_swapped) != state_digest(small)
