@@ -53,6 +53,8 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         pid=record.pid,
         host=record.host,
         restart_count=record.restart,
+        digest=record.digest,
+        digest_parts=record.parts,
     )
 
 

@@ -30,6 +30,7 @@ class TrainingEventKind(enum.Enum):
 
     START = "start"
     PROGRESS = "progress"
+    CHECKPOINT_STARTED = "checkpoint_started"
     CHECKPOINT_COMPLETED = "checkpoint_completed"
     CHECKPOINT_LOADED = "checkpoint_loaded"
     CHECKPOINT_STARTED = "checkpoint_started"
@@ -41,6 +42,9 @@ class TrainingEvent:
 
     ``incarnation`` is the reporter's per-process id: a restarted process has a new one,
     so a late line of the old process is never mistaken for the replacement.
+    ``digest`` and ``digest_parts`` (checkpoint completed/loaded, when the job sent them)
+    fingerprint the saved or loaded state: lower-case hex, parts as (name, digest) pairs
+    sorted by name; see docs/state-digest.md.
     """
 
     kind: TrainingEventKind

@@ -8,7 +8,8 @@ target of a recorded run.
 
 The parser and latency modules (about 10 s together) run in the default test run. The
 others take a minute or more (the reporter's 1M-step loops, real torchrun drills, a
-4,096-pod fake cluster) and run only with ``RECOVERYGATE_BENCH=1``; the real benchmark
+4,096-pod fake cluster, a torch model saved and digested) and run only with
+``RECOVERYGATE_BENCH=1``; the real benchmark
 runs (``python bench/run_all.py``) are never part of the test run.
 """
 
@@ -106,6 +107,14 @@ def test_the_overhead_benchmark_emits_its_targets() -> None:
 def test_the_scale_benchmark_drills_the_fake_cluster() -> None:
     doc = run_quick("scale")
     assert by_name(doc, "drill verdicts PASS")["passed"] is True
+
+
+@SLOW
+@pytest.mark.e2e
+def test_the_digest_benchmark_sees_every_planted_change() -> None:
+    doc = run_quick("digest")
+    assert by_name(doc, "planted changes seen by the shipped digest")["passed"] is True
+    assert by_name(doc, "state_digest(")["extra"]["params"] > 1_000_000
 
 
 @SLOW

@@ -61,6 +61,46 @@ def test_a_record_becomes_a_training_event_field_by_field() -> None:
     loaded = to_training_event(Record("checkpoint_loaded", 1.0, INC, step=9), None)
     assert loaded.kind is TrainingEventKind.CHECKPOINT_LOADED
     assert loaded.step == 9
+    assert (loaded.digest, loaded.digest_parts) == (None, ())
+
+
+def test_a_checkpoint_started_record_becomes_its_own_kind() -> None:
+    started = to_training_event(Record("checkpoint_started", 1.0, INC, step=40, rank=0), 1.5)
+    assert started == TrainingEvent(
+        kind=TrainingEventKind.CHECKPOINT_STARTED,
+        timestamp=1.0,
+        incarnation=INC,
+        step=40,
+        received=1.5,
+        rank=0,
+    )
+
+
+def test_the_digest_and_its_parts_reach_the_training_event() -> None:
+    parts = (("model", "0a"), ("optimizer", "0b"))
+    record = Record("checkpoint_completed", 1.0, INC, step=40, digest="ff", parts=parts)
+    event = to_training_event(record, 2.0)
+    assert (event.digest, event.digest_parts) == ("ff", parts)
+
+
+def test_every_wire_event_has_a_training_event_kind() -> None:
+    from recoverygate import wire
+
+    assert {kind.value for kind in TrainingEventKind} == set(wire.EVENT_KINDS)
+
+
+def test_a_digest_line_from_the_reporter_arrives_as_one_event() -> None:
+    source = StreamEventSource()
+    data = format_step(
+        "checkpoint_loaded", 1.0, INC, 7, 0, digest="abc", parts=(("model", "abc"),)
+    ).encode()
+    assert source.feed(data, 2.0) == 1
+    [event] = source.poll()
+    assert (event.kind, event.step, event.digest, event.digest_parts) == (
+        TrainingEventKind.CHECKPOINT_LOADED, 7, "abc", (("model", "abc"),)
+    )
+    assert source.malformed_lines == 0
+    source.close()
 
 
 def test_fed_chunks_become_events_with_their_receive_time() -> None:

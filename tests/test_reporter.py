@@ -4,7 +4,9 @@ We test these aspects:
 
 - lines: the start event comes once per process (again after a fork), before anything else;
 - rate limit: the first two progress calls always print, then one line per interval;
-  checkpoint events always print;
+  checkpoint events (started, completed, loaded) always print;
+- digests: a hex string or a mapping of parts is carried on the checkpoint line; anything
+  else is dropped and the step still printed;
 - rank filter: RANK / RECOVERYGATE_RANKS, and ``configure`` overriding them;
 - robustness: odd step values, closed stdout, a broken pipe, concurrent threads;
 - isolation: importing it loads nothing outside the standard library (not even json).
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import recoverygate
-from recoverygate import reporter
+from recoverygate import reporter, wire
 from recoverygate.wire import Record, parse_text
 
 REPORTER_PATH = str(Path(recoverygate.__file__).resolve().parent.parent)
@@ -187,11 +189,94 @@ def test_checkpoint_events_are_never_dropped() -> None:
     for step in range(1000):
         reporter.progress(step)
         if step % 10 == 0:
+            reporter.checkpoint_started(step)
             reporter.checkpoint_completed(step)
-            reporter.checkpoint_loaded(step)
+            reporter.checkpoint_loaded(step, digest="ab")
     records = parsed(out)
+    assert steps(records, "checkpoint_started") == list(range(0, 1000, 10))
     assert steps(records, "checkpoint_completed") == list(range(0, 1000, 10))
     assert steps(records, "checkpoint_loaded") == list(range(0, 1000, 10))
+
+
+# ---------------------------------------------------------------------------- digests
+
+
+def test_a_hex_digest_is_carried_on_the_checkpoint_line() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    reporter.configure(stream=out, clock=clock, rank=0)
+    reporter.checkpoint_completed(100, digest="00C0FFEE12345678")
+    reporter.checkpoint_loaded(100, "00c0ffee12345678")
+    _, completed, loaded = parsed(out)
+    assert completed == Record(
+        "checkpoint_completed", clock.now, completed.inc, step=100, rank=0,
+        digest="00c0ffee12345678",
+    )
+    assert (loaded.event, loaded.digest, loaded.parts) == (
+        "checkpoint_loaded", "00c0ffee12345678", ()
+    )
+
+
+def test_a_mapping_digest_is_carried_as_parts_with_their_combination() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out)
+    parts = {"rng": "03", "model": "01", "optimizer": "02"}
+    reporter.checkpoint_completed(5, digest=parts)
+    record = parsed(out)[1]
+    assert record.parts == (("model", "01"), ("optimizer", "02"), ("rng", "03"))
+    assert record.digest == wire.combine_parts(record.parts)
+
+
+@pytest.mark.parametrize(
+    "digest",
+    [
+        123, 1.5, b"ab", ["ab"], object(), "", "not hex", "a" * 129,
+        {}, {"model": 1}, {"bad name": "ab"}, {f"p{i}": "ab" for i in range(17)},
+    ],
+)
+def test_an_invalid_digest_is_dropped_and_the_step_still_printed(digest: object) -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out)
+    reporter.checkpoint_completed(7, digest=digest)  # type: ignore[arg-type]
+    reporter.checkpoint_loaded(7, digest=digest)  # type: ignore[arg-type]
+    records = parsed(out)
+    assert [(r.event, r.step, r.digest, r.parts) for r in records[1:]] == [
+        ("checkpoint_completed", 7, None, ()),
+        ("checkpoint_loaded", 7, None, ()),
+    ]
+
+
+def test_a_mapping_that_raises_while_read_never_reaches_training_code() -> None:
+    class Hostile(dict[str, str]):
+        def items(self):  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    out = io.StringIO()
+    reporter.configure(stream=out)
+    reporter.checkpoint_completed(3, digest=Hostile(model="ab"))
+    assert steps(parsed(out), "checkpoint_completed") == [3]
+
+
+def test_a_digest_line_is_the_first_line_after_the_start_event_too() -> None:
+    result = run_child(
+        """
+        from recoverygate import reporter
+        reporter.checkpoint_loaded(40, digest={"model": "aa", "rng": "bb"})
+        reporter.progress(41)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    records, malformed = parse_text(result.stdout)
+    assert malformed == 0
+    assert [r.event for r in records] == ["start", "checkpoint_loaded", "progress"]
+    assert records[1].parts == (("model", "aa"), ("rng", "bb"))
+
+
+def test_a_digest_on_a_rank_that_does_not_print_costs_nothing_and_prints_nothing() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, rank=3)
+    reporter.checkpoint_completed(1, digest={"model": "ab"})
+    assert out.getvalue() == ""
 
 
 def test_the_default_interval_caps_the_line_rate_on_the_real_clock() -> None:
@@ -383,8 +468,10 @@ def test_odd_step_values_are_swallowed(step: object) -> None:
     out = io.StringIO()
     reporter.configure(stream=out, min_interval=0)
     reporter.progress(step)  # type: ignore[arg-type]
+    reporter.checkpoint_started(step)  # type: ignore[arg-type]
     reporter.checkpoint_completed(step)  # type: ignore[arg-type]
     reporter.checkpoint_loaded(step)  # type: ignore[arg-type]
+    reporter.checkpoint_completed(step, digest="ab")  # type: ignore[arg-type]
     assert [r.event for r in parsed(out) if r.event != "start"] == []
 
 
@@ -429,6 +516,32 @@ def test_lines_from_many_threads_never_interleave(tmp_path: Path) -> None:
     assert records[0].event == "start"
 
 
+def test_no_line_overtakes_the_start_line_while_it_is_being_written() -> None:
+    class SlowFirstWrite(io.StringIO):
+        """The first write (the start line) takes a while, as on a slow pipe."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.writing = threading.Event()
+
+        def write(self, s: str) -> int:
+            if not self.writing.is_set():
+                self.writing.set()
+                time.sleep(0.2)
+            return super().write(s)
+
+    out = SlowFirstWrite()
+    reporter.configure(stream=out, min_interval=0)
+    first = threading.Thread(target=reporter.checkpoint_completed, args=(1,))
+    first.start()
+    assert out.writing.wait(10)
+    reporter.checkpoint_completed(2)  # meanwhile, from another thread
+    first.join(10)
+    assert [(r.event, r.step) for r in parsed(out)] == [
+        ("start", None), ("checkpoint_completed", 1), ("checkpoint_completed", 2)
+    ]
+
+
 # ---------------------------------------------------------------------------- isolation
 
 
@@ -463,9 +576,11 @@ def test_the_package_root_imports_nothing_eagerly() -> None:
     assert set(reporter.__all__) == {
         "checkpoint_completed",
         "checkpoint_loaded",
+        "checkpoint_started",
         "configure",
         "enabled",
         "progress",
+        "state_digest",
     }
 
 

@@ -3,6 +3,8 @@
 We test these aspects:
 
 - round trip: every formatted record parses back to itself (examples and hypothesis);
+- the optional state digest of checkpoint events: hex, bounded, parts sorted by name, and
+  every way it can be wrong counted as malformed (elsewhere the fields are ignored);
 - where sentinels hide: launcher prefixes, glued lines, ``\\r`` segments, several per line;
 - what is ignored (text without a sentinel) and what is counted as malformed;
 - streaming: events split at every byte boundary, sentinels split across chunks;
@@ -93,6 +95,12 @@ def test_time_keeps_microseconds() -> None:
     assert only(line).time == pytest.approx(1800000000.123456, abs=1e-6)
 
 
+def test_a_checkpoint_started_line_round_trips_through_the_shortcut() -> None:
+    line = format_step("checkpoint_started", 1.5, INC, 900, rank=0)
+    assert wire._FAST(line.encode(), len(SENTINEL) + 1) is not None
+    assert only(line) == Record("checkpoint_started", 1.5, INC, step=900, rank=0)
+
+
 def test_a_step_line_without_rank_omits_the_field() -> None:
     line = format_step("checkpoint_loaded", 1.0, INC, 7)
     assert '"rank"' not in line
@@ -134,6 +142,158 @@ def test_trailing_text_after_the_json_is_ignored() -> None:
 def test_text_without_a_sentinel_is_ignored_silently() -> None:
     noise = "loss=0.25 step=42\nRECOVERYGATE v1 {}\nrecoverygate/v1 lower case\n\x00\xff"
     assert parse_text(noise) == ([], 0)
+
+
+# ---------------------------------------------------------------------------- digests
+
+PARTS = (("model", "0123456789abcdef"), ("optimizer", "fedcba9876543210"))
+
+
+def test_a_checkpoint_line_carries_a_digest_and_its_parts() -> None:
+    digest = wire.combine_parts(PARTS)
+    line = format_step("checkpoint_completed", 2.0, INC, 40, 0, digest=digest, parts=PARTS)
+    assert json.loads(line[len(SENTINEL) + 1 :]) == {
+        "event": "checkpoint_completed",
+        "time": 2.0,
+        "inc": INC,
+        "rank": 0,
+        "step": 40,
+        "digest": digest,
+        "parts": {"model": "0123456789abcdef", "optimizer": "fedcba9876543210"},
+    }
+    assert only(line) == Record(
+        "checkpoint_completed", 2.0, INC, step=40, rank=0, digest=digest, parts=PARTS
+    )
+
+
+def test_a_digest_alone_or_parts_alone_are_both_valid() -> None:
+    alone = SENTINEL + ' {"event":"checkpoint_loaded","time":1,"inc":"ab","step":3,"digest":"00ff"}'
+    assert only(alone).digest == "00ff"
+    assert only(alone).parts == ()
+    parts = SENTINEL + (
+        ' {"event":"checkpoint_loaded","time":1,"inc":"ab","step":3,'
+        '"parts":{"rng":"02","model":"01"}}'
+    )
+    assert only(parts).digest is None
+    assert only(parts).parts == (("model", "01"), ("rng", "02"))  # sorted by name
+
+
+def test_upper_case_hex_is_read_as_lower_case() -> None:
+    line = SENTINEL + (
+        ' {"event":"checkpoint_completed","time":1,"inc":"ab","step":3,'
+        '"digest":"00FFab","parts":{"model":"ABCDEF"}}'
+    )
+    record = only(line)
+    assert (record.digest, record.parts) == ("00ffab", (("model", "abcdef"),))
+
+
+def test_the_longest_digest_line_fits_well_within_the_event_limit() -> None:
+    parts = tuple(
+        (f"{i:02d}".ljust(wire.MAX_PART_NAME_CHARS, "x"), "f" * wire.MAX_DIGEST_CHARS)
+        for i in range(wire.MAX_DIGEST_PARTS)
+    )
+    line = format_step(
+        "checkpoint_loaded", 4e9, INC, 2**63, 100_000, digest="a" * 128, parts=parts
+    )
+    assert len(line) < MAX_EVENT_BYTES
+    assert only(line).parts == parts
+
+
+def test_the_combined_digest_is_a_fixed_function_of_the_parts() -> None:
+    # Pinned: a writer in another language may compute it too (see README).
+    assert wire.combine_parts(PARTS) == wire.combine_parts(tuple(PARTS))
+    assert len(wire.combine_parts(PARTS)) == 16
+    import hashlib
+
+    expected = hashlib.blake2b(
+        b"model=0123456789abcdef\noptimizer=fedcba9876543210\n", digest_size=8
+    ).hexdigest()
+    assert wire.combine_parts(PARTS) == expected
+    assert wire.combine_parts(PARTS[:1]) != expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("ABCdef01", ("abcdef01", ())),
+        ({"rng": "2", "model": "1"}, (wire.combine_parts((("model", "1"), ("rng", "2"))),
+                                      (("model", "1"), ("rng", "2")))),
+        ("", None),
+        ("xyz", None),
+        ("a" * 129, None),
+        ("ab\n", None),
+        (b"ab", None),
+        (123, None),
+        (None, None),
+        (["ab"], None),
+        ({}, None),
+        ({"model": 1}, None),
+        ({1: "ab"}, None),
+        ({"a b": "ab"}, None),
+        ({'a"b': "ab"}, None),
+        ({"x" * 65: "ab"}, None),
+        ({f"p{i}": "ab" for i in range(17)}, None),
+    ],
+)
+def test_a_users_digest_is_normalized_or_refused(value: object, expected: object) -> None:
+    assert wire.normalize_digest(value) == expected
+
+
+def test_a_mapping_that_fails_while_read_is_refused_not_raised() -> None:
+    class Hostile(dict[str, str]):
+        def items(self):  # type: ignore[override]
+            raise RuntimeError("boom")
+
+    assert wire.normalize_digest(Hostile(model="ab")) is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        '"digest":""',
+        '"digest":"xyz"',
+        '"digest":"' + "a" * 129 + '"',
+        '"digest":12',
+        '"digest":["ab"]',
+        '"parts":"ab"',
+        '"parts":["ab"]',
+        '"parts":{}',
+        '"parts":{"model":1}',
+        '"parts":{"model":"zz"}',
+        '"parts":{"bad name":"ab"}',
+        '"parts":{"":"ab"}',
+        '"parts":{"' + "n" * 65 + '":"ab"}',
+        '"parts":{' + ",".join(f'"p{i}":"ab"' for i in range(17)) + "}",
+        '"digest":"ab","parts":{"model":{"x":"ab"}}',
+    ],
+)
+def test_a_bad_digest_on_a_checkpoint_event_is_malformed(fields: str) -> None:
+    for event in ("checkpoint_completed", "checkpoint_loaded"):
+        payload = f'{{"event":"{event}","time":1,"inc":"ab","step":3,{fields}}}'
+        assert parse_text(f"{SENTINEL} {payload}\n") == ([], 1), payload
+
+
+@pytest.mark.parametrize("event", ["progress", "checkpoint_started"])
+def test_digest_fields_on_other_events_are_unknown_fields_and_ignored(event: str) -> None:
+    payload = f'{{"event":"{event}","time":1,"inc":"ab","step":3,"digest":7,"parts":"x"}}'
+    assert only(f"{SENTINEL} {payload}") == Record(event, 1.0, "ab", step=3)
+
+
+def test_unknown_fields_next_to_a_digest_are_still_ignored() -> None:
+    line = SENTINEL + (
+        ' {"event":"checkpoint_loaded","time":1,"inc":"ab","step":3,"digest":"01",'
+        '"digest_algo":"rg1","parts":{"model":"01"},"extra":{"a":[1]}}'
+    )
+    assert only(line) == Record(
+        "checkpoint_loaded", 1.0, "ab", step=3, digest="01", parts=(("model", "01"),)
+    )
+
+
+def test_only_checkpoint_events_can_be_formatted_with_a_digest() -> None:
+    with pytest.raises(ValueError, match="progress"):
+        format_step("progress", 1.0, INC, 1, digest="ab")
+    with pytest.raises(ValueError, match="checkpoint_started"):
+        format_step("checkpoint_started", 1.0, INC, 1, parts=(("model", "ab"),))
 
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
@@ -262,20 +422,31 @@ def test_a_sentinel_split_across_chunks_after_megabytes_of_noise_is_found() -> N
     assert [r.step for r in parser.feed(line[7:])] == [42]
 
 
-records_strategy = st.builds(
-    Record,
-    event=st.sampled_from(sorted(wire.EVENT_KINDS - {"start"})),
-    time=st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000),
-    inc=st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
-    step=st.integers(0, 2**63),
-    rank=st.none() | st.integers(0, 100_000),
-    # Step events carry none of the start fields (builds() would invent them).
-    pid=st.none(),
-    host=st.none(),
-    restart=st.none(),
-    local_rank=st.none(),
-    run_id=st.none(),
-)
+hex_strategy = st.text(alphabet="0123456789abcdef", min_size=1, max_size=wire.MAX_DIGEST_CHARS)
+parts_strategy = st.dictionaries(
+    st.text(alphabet="abcXYZ019_.:/-", min_size=1, max_size=wire.MAX_PART_NAME_CHARS),
+    st.text(alphabet="0123456789abcdef", min_size=1, max_size=32),
+    min_size=1,
+    max_size=wire.MAX_DIGEST_PARTS,
+).map(lambda d: tuple(sorted(d.items())))
+
+
+@st.composite
+def records_strategy(draw: st.DrawFn) -> Record:
+    event = draw(st.sampled_from(sorted(wire.EVENT_KINDS - {"start"})))
+    digest, parts = None, ()
+    if event in wire.DIGEST_EVENTS:
+        digest = draw(st.none() | hex_strategy)
+        parts = draw(st.just(()) | parts_strategy)
+    return Record(
+        event,
+        draw(st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000)),
+        draw(st.text(alphabet="0123456789abcdef", min_size=16, max_size=16)),
+        step=draw(st.integers(0, 2**63)),
+        rank=draw(st.none() | st.integers(0, 100_000)),
+        digest=digest,
+        parts=parts,
+    )
 
 start_strategy = st.builds(
     Record,
@@ -289,11 +460,13 @@ start_strategy = st.builds(
     restart=st.none() | st.integers(0, 1000),
     local_rank=st.none() | st.integers(0, 64),
     run_id=st.none() | st.text(max_size=40),
+    digest=st.none(),  # builds() would invent them
+    parts=st.just(()),
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(records_strategy | start_strategy, min_size=1, max_size=8), st.data())
+@given(st.lists(records_strategy() | start_strategy, min_size=1, max_size=8), st.data())
 def test_random_records_round_trip_through_any_chunking(
     records: list[Record], data: st.DataObject
 ) -> None:
@@ -331,8 +504,13 @@ def test_the_documented_example_lines_parse() -> None:
         "start",
         "checkpoint_loaded",
         "progress",
+        "checkpoint_started",
         "checkpoint_completed",
     ]
+    loaded, completed = records[1], records[4]
+    assert loaded.digest is not None
+    assert {name for name, _ in completed.parts} == {"model", "optimizer", "scheduler", "rng"}
+    assert completed.digest == wire.combine_parts(completed.parts)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -351,7 +529,7 @@ def test_the_documented_shell_emitter_writes_valid_lines() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(records_strategy)
+@given(records_strategy())
 def test_the_shortcut_for_our_own_lines_agrees_with_json(record: Record) -> None:
     line = format_record(record)
     payload = json.loads(line[len(SENTINEL) + 1 :])

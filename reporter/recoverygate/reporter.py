@@ -1,9 +1,12 @@
 """Report training progress to RecoveryGate: ``from recoverygate import reporter``.
 
-Call ``reporter.progress(step)`` every step, ``reporter.checkpoint_completed(step)``
-once a checkpoint is durably saved and ``reporter.checkpoint_loaded(step)`` after a
-resume loaded one. Each call prints at most one RECOVERYGATE/v1 line (see
-:mod:`recoverygate.wire`) to stdout, where the drill reads it.
+Call ``reporter.progress(step)`` every step, ``reporter.checkpoint_started(step)`` when a
+save begins, ``reporter.checkpoint_completed(step)`` once a checkpoint is durably saved
+and ``reporter.checkpoint_loaded(step)`` after a resume loaded one. Each call prints at
+most one RECOVERYGATE/v1 line (see :mod:`recoverygate.wire`) to stdout, where the drill
+reads it. The two checkpoint calls take an optional ``digest=``, the state's fingerprint
+(a hex string, or a mapping of part name -> hex string, as ``state_digest`` returns it),
+so a drill can check that the resumed state is the saved one, not just its step.
 
 Why it is built like this:
 
@@ -15,7 +18,10 @@ Why it is built like this:
   at once and lines from several threads never interleave mid-line.
 - Nothing here may raise into training code or pull a third-party module into the job:
   only ``os``, ``sys``, ``time`` and ``_thread`` are imported; :mod:`recoverygate.wire`
-  (which needs ``json``) is imported on the first emitted line, not at import.
+  (which needs ``json``) is imported on the first emitted line, not at import, and
+  :mod:`recoverygate.digest` (``hashlib``, and torch or numpy only for their objects) on
+  the first use of ``state_digest``. A ``digest=`` that is not a valid digest is dropped;
+  the step is still printed.
 
 Environment (read on the first call, and again in a forked child):
 
@@ -41,10 +47,22 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import SupportsInt, TextIO
 
-__all__ = ["checkpoint_completed", "checkpoint_loaded", "configure", "enabled", "progress"]
+    from recoverygate.digest import state_digest
+
+    Digest = str | Mapping[str, str] | None
+
+__all__ = [
+    "checkpoint_completed",
+    "checkpoint_loaded",
+    "checkpoint_started",
+    "configure",
+    "enabled",
+    "progress",
+    "state_digest",
+]
 
 DEFAULT_INTERVAL = 0.1
 DEFAULT_RANKS = "0"
@@ -71,6 +89,7 @@ _interval = DEFAULT_INTERVAL
 _inc = ""
 _start_line = b""  # written before the first other line, then emptied
 _progress_parts = (b"", b"")  # the line around its time and step, see wire.step_line_parts
+_started_parts = (b"", b"")
 _completed_parts = (b"", b"")
 _loaded_parts = (b"", b"")
 _emitted = 0  # progress lines emitted so far (only "fewer than two" matters)
@@ -91,20 +110,42 @@ def progress(step: SupportsInt) -> None:
     _progress(step)
 
 
-def checkpoint_completed(step: SupportsInt) -> None:
-    """Report that the checkpoint of ``step`` is durably saved. Never rate-limited."""
+def checkpoint_started(step: SupportsInt) -> None:
+    """Report that a save of the state after ``step`` steps began. Never rate-limited."""
     if not _ready:
         _init()
     if _on:
-        _emit(_completed_parts, step)
+        _emit(_started_parts, step)
 
 
-def checkpoint_loaded(step: SupportsInt) -> None:
-    """Report that a resume loaded the checkpoint of ``step``. Never rate-limited."""
+def checkpoint_completed(step: SupportsInt, digest: Digest = None) -> None:
+    """Report that the checkpoint of ``step`` is durably saved. Never rate-limited.
+
+    ``digest``: the saved state's fingerprint, a hex string or a mapping of part name
+    (``"model"``, ``"optimizer"``, ...) -> hex string; see ``state_digest``.
+    """
     if not _ready:
         _init()
     if _on:
-        _emit(_loaded_parts, step)
+        if digest is None:
+            _emit(_completed_parts, step)
+        else:
+            _emit_digest(_completed_parts, step, digest)
+
+
+def checkpoint_loaded(step: SupportsInt, digest: Digest = None) -> None:
+    """Report that a resume loaded the checkpoint of ``step``. Never rate-limited.
+
+    ``digest``: the fingerprint of the state now held (after every ``load_state_dict``),
+    computed like the one passed to :func:`checkpoint_completed` for the same step.
+    """
+    if not _ready:
+        _init()
+    if _on:
+        if digest is None:
+            _emit(_loaded_parts, step)
+        else:
+            _emit_digest(_loaded_parts, step, digest)
 
 
 def enabled() -> bool:
@@ -138,6 +179,16 @@ def configure(
         _interval_setting = min_interval
         _clock = clock if clock is not None else time.time
         _reset()
+
+
+def __getattr__(name: str) -> object:
+    """``state_digest`` is loaded on first use: it needs ``hashlib``, this module must not."""
+    if name == "state_digest":
+        from recoverygate.digest import state_digest
+
+        globals()["state_digest"] = state_digest
+        return state_digest
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------- internals
@@ -183,7 +234,7 @@ def _host() -> str:
 def _init() -> None:
     """Decide whether this process prints and preformat its lines (once per process)."""
     global _ready, _on, _interval, _inc, _start_line, _emitted, _span, _skip
-    global _progress_parts, _completed_parts, _loaded_parts
+    global _progress_parts, _started_parts, _completed_parts, _loaded_parts
     with _lock:
         if _ready:
             return
@@ -210,6 +261,9 @@ def _init() -> None:
                 if not _inc:
                     _inc = os.urandom(8).hex()
                 _progress_parts = _encoded(wire.step_line_parts(wire.PROGRESS, _inc, rank))
+                _started_parts = _encoded(
+                    wire.step_line_parts(wire.CHECKPOINT_STARTED, _inc, rank)
+                )
                 _completed_parts = _encoded(
                     wire.step_line_parts(wire.CHECKPOINT_COMPLETED, _inc, rank)
                 )
@@ -300,10 +354,39 @@ def _emit(parts: tuple[bytes, bytes], step: SupportsInt, now: float | None = Non
         if _start_line:  # first line of the process: the start event goes first, once
             with _lock:
                 if _start_line:
-                    line = _start_line + line
+                    # Emptied only once written: a thread that finds it empty knows the
+                    # start line is out, so its own line cannot overtake it.
+                    _write(_start_line + line)
                     _start_line = b""
-                _write(line)
+                    return
+        _write(line)
+    except Exception:  # closed stdout, EPIPE, odd steps: drop the line
+        return
+
+
+def _emit_digest(parts: tuple[bytes, bytes], step: SupportsInt, digest: object) -> None:
+    """Like :func:`_emit`, with the ``digest``/``parts`` fields (json-free, not hot)."""
+    global _start_line
+    try:
+        value = int(step)
+        if value < 0:
             return
+        tail = b""
+        try:
+            from recoverygate import wire  # loaded by _init already: a dict lookup
+
+            fields = wire.normalize_digest(digest)
+            if fields is not None:
+                tail = wire.digest_fields(*fields).encode("ascii")
+        except Exception:  # an invalid digest is dropped; the step is still reported
+            tail = b""
+        line = b"%s%.6f%s%d%s}\n" % (parts[0], _clock(), parts[1], value, tail)
+        if _start_line:
+            with _lock:
+                if _start_line:
+                    _write(_start_line + line)
+                    _start_line = b""
+                    return
         _write(line)
     except Exception:  # closed stdout, EPIPE, odd steps: drop the line
         return

@@ -8,17 +8,30 @@ that is the literal sentinel ``RECOVERYGATE/v1``, one space, a compact JSON obje
 a newline. Fields (unknown extra fields are ignored, so the format can grow):
 
 =============== ======= =====================================================================
-``event``       str     ``start``, ``progress``, ``checkpoint_completed``, ``checkpoint_loaded``
+``event``       str     ``start``, ``progress``, ``checkpoint_started``,
+                        ``checkpoint_completed``, ``checkpoint_loaded``
 ``time``        number  POSIX seconds on the emitter's clock, microsecond resolution
 ``inc``         str     incarnation id, 16 hex chars, random per process
 ``rank``        int     global rank (``RANK``); absent when unknown
 ``step``        int     training step (>= 0); required for every event except ``start``
+``digest``      str     checkpoint_completed / checkpoint_loaded, optional: the state's
+                        fingerprint, 1 to 128 hex digits (read as lower case)
+``parts``       object  checkpoint_completed / checkpoint_loaded, optional: part name ->
+                        digest of that part (1 to 16 parts; names of 1 to 64 characters
+                        from ``A-Z a-z 0-9 _ . : / -``; values as ``digest``)
 ``pid``         int     start only: the process id
 ``host``        str     start only: the host name
 ``restart``     int     start only: ``TORCHELASTIC_RESTART_COUNT``; absent outside torchrun
 ``local_rank``  int     start only, optional: ``LOCAL_RANK``
 ``run_id``      str     start only, optional: ``TORCHELASTIC_RUN_ID``
 =============== ======= =====================================================================
+
+``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
+on it and on the other events the two fields are unknown fields, ignored. On a checkpoint
+event a ``digest`` or ``parts`` field that breaks these rules makes the event malformed,
+like any other field of the wrong type. The reporter sends ``parts`` together with ``digest`` =
+:func:`combine_parts` of them, so one comparison of ``digest`` says whether two states
+match and ``parts`` say which part differs; a writer may send either field alone.
 
 Why the reader looks like this: launchers and log collectors prefix lines
 (``[default1]:``, a kubelet timestamp, SLURM's ``0: ``), torchrun glues two ranks' lines
@@ -44,15 +57,22 @@ from typing import NamedTuple
 
 __all__ = [
     "EVENT_KINDS",
+    "MAX_DIGEST_CHARS",
+    "MAX_DIGEST_PARTS",
     "MAX_EVENT_BYTES",
+    "MAX_PART_NAME_CHARS",
     "SENTINEL",
     "SENTINEL_BYTES",
     "Record",
     "StreamParser",
+    "combine_parts",
+    "digest_fields",
     "format_record",
     "format_start",
     "format_step",
+    "is_part_name",
     "json_string",
+    "normalize_digest",
     "parse_text",
     "record_from_json",
     "step_line_parts",
@@ -62,9 +82,22 @@ SENTINEL = "RECOVERYGATE/v1"
 SENTINEL_BYTES = SENTINEL.encode("ascii")
 START = "start"
 PROGRESS = "progress"
+CHECKPOINT_STARTED = "checkpoint_started"
 CHECKPOINT_COMPLETED = "checkpoint_completed"
 CHECKPOINT_LOADED = "checkpoint_loaded"
-EVENT_KINDS = frozenset({START, PROGRESS, CHECKPOINT_COMPLETED, CHECKPOINT_LOADED})
+EVENT_KINDS = frozenset(
+    {START, PROGRESS, CHECKPOINT_STARTED, CHECKPOINT_COMPLETED, CHECKPOINT_LOADED}
+)
+#: Events that may carry ``digest`` and ``parts``.
+DIGEST_EVENTS = frozenset({CHECKPOINT_COMPLETED, CHECKPOINT_LOADED})
+
+#: Bounds of the digest fields: a line with 16 parts at their longest is still well under
+#: MAX_EVENT_BYTES (16 x (64 + 128 + 6) + ~300 bytes).
+MAX_DIGEST_CHARS = 128
+MAX_DIGEST_PARTS = 16
+MAX_PART_NAME_CHARS = 64
+_HEX = re.compile(rf"[0-9a-fA-F]{{1,{MAX_DIGEST_CHARS}}}").fullmatch
+_PART_NAME = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_PART_NAME_CHARS}}}").fullmatch
 
 #: The most bytes read after a sentinel while waiting for the end of its event. Our own
 #: lines are ~150 bytes; anything longer than this is malformed and skipped, which is
@@ -95,6 +128,79 @@ class Record(NamedTuple):
     restart: int | None = None
     local_rank: int | None = None
     run_id: str | None = None
+    digest: str | None = None
+    parts: tuple[tuple[str, str], ...] = ()  # (name, digest) sorted by name
+
+
+# ---------------------------------------------------------------------------- digests
+
+
+def combine_parts(parts: tuple[tuple[str, str], ...]) -> str:
+    """The one digest standing for all ``parts`` (valid, sorted by name), 16 hex digits.
+
+    BLAKE2b with an 8-byte digest over ``name=digest\n`` for each part in name order:
+    the same parts always combine to the same digest, whoever computed them.
+    """
+    import hashlib  # only checkpoint lines with parts need it
+
+    text = "".join(f"{name}={value}\n" for name, value in parts)
+    return hashlib.blake2b(text.encode("ascii"), digest_size=8).hexdigest()
+
+
+def is_part_name(name: str) -> bool:
+    """Whether ``name`` may name a part on the wire (1-64 of ``A-Z a-z 0-9 _ . : / -``)."""
+    return _PART_NAME(name) is not None
+
+
+def _parts_from(value: object) -> tuple[tuple[str, str], ...] | None:
+    """Valid ``parts`` as sorted pairs, or None (not a mapping of name -> hex digest)."""
+    items = getattr(value, "items", None)
+    if items is None:
+        return None
+    out = []
+    for name, digest in items():
+        if type(name) is not str or type(digest) is not str:
+            return None
+        if _PART_NAME(name) is None or _HEX(digest) is None:
+            return None
+        out.append((name, digest.lower()))
+    if not out or len(out) > MAX_DIGEST_PARTS:
+        return None
+    out.sort()
+    return tuple(out)
+
+
+def normalize_digest(value: object) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """A user's ``digest=`` as the line's ``(digest, parts)``, or None when it is invalid.
+
+    A hex string becomes ``(lower-case string, ())``; a mapping of part name -> hex
+    string becomes ``(combine_parts(parts), parts)`` with the parts sorted by name.
+    Anything else (another type, a non-hex value, a bad name, no part or more than
+    :data:`MAX_DIGEST_PARTS`) is None. Never raises.
+    """
+    try:
+        if isinstance(value, str):
+            if _HEX(value) is None:
+                return None
+            return value.lower(), ()
+        parts = _parts_from(value)
+        if parts is None:
+            return None
+        return combine_parts(parts), parts
+    except Exception:  # a mapping whose items() misbehaves
+        return None
+
+
+def digest_fields(digest: str | None, parts: tuple[tuple[str, str], ...] = ()) -> str:
+    """The text of the optional ``digest`` and ``parts`` fields, each with a leading comma.
+
+    Both must be valid already (see :func:`normalize_digest`); names and digests need
+    no JSON escaping, which is why their alphabets are restricted.
+    """
+    text = "" if digest is None else f',"digest":"{digest}"'
+    if parts:
+        text += ',"parts":{' + ",".join(f'"{name}":"{value}"' for name, value in parts) + "}"
+    return text
 
 
 # ---------------------------------------------------------------------------- writing
@@ -123,10 +229,28 @@ def step_line_parts(event: str, inc: str, rank: int | None) -> tuple[str, str]:
     return head, middle
 
 
-def format_step(event: str, time: float, inc: str, step: int, rank: int | None = None) -> str:
-    """One complete progress/checkpoint line, newline included."""
+def format_step(
+    event: str,
+    time: float,
+    inc: str,
+    step: int,
+    rank: int | None = None,
+    *,
+    digest: str | None = None,
+    parts: tuple[tuple[str, str], ...] = (),
+) -> str:
+    """One complete progress/checkpoint line, newline included.
+
+    ``digest`` and ``parts`` (checkpoint_completed and checkpoint_loaded only) must be
+    valid: lower-case hex, parts sorted by name, as :func:`normalize_digest` returns them.
+    """
     head, middle = step_line_parts(event, inc, rank)
-    return f"{head}{_time(time)}{middle}{int(step)}}}\n"
+    extra = ""
+    if digest is not None or parts:
+        if event not in DIGEST_EVENTS:
+            raise ValueError(f"a {event} event carries no digest")
+        extra = digest_fields(digest, parts)
+    return f"{head}{_time(time)}{middle}{int(step)}{extra}}}\n"
 
 
 def format_start(
@@ -170,7 +294,15 @@ def format_record(record: Record) -> str:
         )
     if record.step is None:
         raise ValueError(f"a {record.event} record needs a step")
-    return format_step(record.event, record.time, record.inc, record.step, record.rank)
+    return format_step(
+        record.event,
+        record.time,
+        record.inc,
+        record.step,
+        record.rank,
+        digest=record.digest,
+        parts=record.parts,
+    )
 
 
 # ---------------------------------------------------------------------------- reading
@@ -193,6 +325,25 @@ def _opt_str(value: object) -> str | None:
     if value is None or type(value) is str:
         return value
     raise _Bad
+
+
+def _opt_digest(value: object) -> str | None:
+    if value is None:
+        return None
+    if type(value) is not str or _HEX(value) is None:
+        raise _Bad
+    return value.lower()
+
+
+def _opt_parts(value: object) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if type(value) is not dict:
+        raise _Bad
+    parts = _parts_from(value)
+    if parts is None:
+        raise _Bad
+    return parts
 
 
 def record_from_json(obj: object) -> Record | None:
@@ -219,6 +370,11 @@ def record_from_json(obj: object) -> Record | None:
         pid = get("pid")
         if pid is not None and type(pid) is not int:
             return None
+        digest: str | None = None
+        parts: tuple[tuple[str, str], ...] = ()
+        if event in DIGEST_EVENTS:  # elsewhere the fields are unknown ones: ignored
+            digest = _opt_digest(get("digest"))
+            parts = _opt_parts(get("parts"))
         return Record(
             event,
             time,
@@ -230,6 +386,8 @@ def record_from_json(obj: object) -> Record | None:
             _opt_int(get("restart")),
             _opt_int(get("local_rank")),
             _opt_str(get("run_id")),
+            digest,
+            parts,
         )
     except _Bad:
         return None
@@ -242,7 +400,7 @@ _raw_decode = json.JSONDecoder().raw_decode
 # only a shortcut: anything else (a start event, extra fields, other emitters) goes
 # through json.
 _FAST = re.compile(
-    rb'[ \t]*\{"event":"(progress|checkpoint_completed|checkpoint_loaded)",'
+    rb'[ \t]*\{"event":"(progress|checkpoint_started|checkpoint_completed|checkpoint_loaded)",'
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
     rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})\}'
 ).match
