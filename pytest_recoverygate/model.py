@@ -33,7 +33,6 @@ class TrainingEventKind(enum.Enum):
     CHECKPOINT_STARTED = "checkpoint_started"
     CHECKPOINT_COMPLETED = "checkpoint_completed"
     CHECKPOINT_LOADED = "checkpoint_loaded"
-    CHECKPOINT_STARTED = "checkpoint_started"
 
 
 @dataclass(frozen=True, slots=True)

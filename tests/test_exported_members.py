@@ -9,11 +9,12 @@ import inspect
 import pytest
 
 MODULES = [
-    "recoverygate", "recoverygate.reporter", "recoverygate.wire",
+    "recoverygate", "recoverygate.reporter", "recoverygate.wire", "recoverygate.digest",
     "pytest_recoverygate", "pytest_recoverygate.cli", "pytest_recoverygate.config",
     "pytest_recoverygate.diagnosis", "pytest_recoverygate.durations", "pytest_recoverygate.engine",
     "pytest_recoverygate.errors", "pytest_recoverygate.evidence", "pytest_recoverygate.joboutput",
     "pytest_recoverygate.events", "pytest_recoverygate.lock", "pytest_recoverygate.model",
+    "pytest_recoverygate.ledger", "pytest_recoverygate.verdict",
     "pytest_recoverygate.plugin", "pytest_recoverygate.report", "pytest_recoverygate.runner",
     "pytest_recoverygate.timeline", "pytest_recoverygate.orchestrators",
     "pytest_recoverygate.orchestrators.base", "pytest_recoverygate.orchestrators.fake",
