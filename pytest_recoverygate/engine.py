@@ -1105,7 +1105,7 @@ class DrillEngine:
             recoveries=tuple(self._recoveries),
             notes=self._notes(contract),
             incarnations=tuple(inc.info() for inc in ev.order),
-            checkpoints=tuple((c.step, c.time) for c in ev.checkpoints),
+            checkpoints=tuple((c.step, c.time, c.inc) for c in ev.checkpoints),
             saves=saves,
             breakdown=h.breakdown if h else ({} if kill is None else self._breakdown(kill)),
             timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),

@@ -101,7 +101,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     verbosity = config.get_verbosity()
     if not (results and verbosity >= 0) and not (skipped and verbosity >= -1):
         return
-    from pytest_recoverygate.report import figures
+    from pytest_recoverygate.report import cost_line, figures
 
     terminalreporter.section("recoverygate drills")
     for nodeid, why in skipped:
@@ -117,6 +117,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line("  recovery breakdown (s after kill): " + ", ".join(
                 f"{k}={'unknown' if v is None else f'{v:.3f}'}"
                 for k, v in result.breakdown.items()))
+        costs = cost_line(result)
+        if costs:
+            terminalreporter.write_line(f"  {costs}")
         evidence = config.stash.get(_EVIDENCE, {}).get(nodeid)
         for diagnosis in evidence.diagnoses if evidence is not None else ():
             terminalreporter.write_line(f"  diagnosis: {diagnosis.title} ({diagnosis.docs})")
@@ -401,12 +404,14 @@ def _run_and_judge(
 
 
 def _record_junit(node: pytest.Item, result: DrillResult) -> None:
-    from pytest_recoverygate.report import figures
+    from pytest_recoverygate.report import cost_figures, figures
 
     values = {k: ("" if v is None else v) for k, v in figures(result).items()}
     values["summary"] = result.summary
     values.update({f"breakdown.{k}": ("" if v is None else v)
                    for k, v in result.breakdown.items()})
+    values.update({f"costs.{k}": ("" if v is None else v)
+                   for k, v in cost_figures(result).items()})
     family = str(node.config.getini("junit_family"))
     if family in ("xunit1", "legacy"):
         node.user_properties.extend(values.items())

@@ -60,6 +60,50 @@ def figures(result: DrillResult) -> dict[str, Any]:
     }
 
 
+def cost_figures(result: DrillResult) -> dict[str, Any]:
+    """The measured cost components, flat (JUnit ``costs.*`` properties, the CLI block)."""
+    costs = result.costs or {}
+    lost = costs.get("lostWorkSeconds") or {}
+    recovery = costs.get("recoveryTimeSeconds") or {}
+    return {
+        "stepTimeMedianSeconds": costs.get("stepTimeMedianSeconds"),
+        "stepTimeP95Seconds": costs.get("stepTimeP95Seconds"),
+        "saveTimeMedianSeconds": costs.get("saveTimeMedianSeconds"),
+        "saveStallMedianSeconds": costs.get("saveStallMedianSeconds"),
+        "checkpointIntervalSteps": costs.get("checkpointIntervalSteps"),
+        "checkpointIntervalSeconds": costs.get("checkpointIntervalSeconds"),
+        "lostWorkSeconds": lost.get("median"),
+        "recoveryTimeMedianSeconds": recovery.get("median") if recovery.get("count", 0) > 1
+        else None,
+    }
+
+
+def cost_line(result: DrillResult) -> str | None:
+    """One line of what a failure costs this job, or None when nothing was measured."""
+    c = cost_figures(result)
+    parts: list[str] = []
+    if c["stepTimeMedianSeconds"] is not None:
+        parts.append(f"step {c['stepTimeMedianSeconds']:.4f}s (p95 "
+                     f"{c['stepTimeP95Seconds']:.4f}s)")
+    if c["saveTimeMedianSeconds"] is not None:
+        parts.append(f"save {c['saveTimeMedianSeconds']:.3f}s")
+    if c["saveStallMedianSeconds"] is not None:
+        parts.append(f"save stall {c['saveStallMedianSeconds']:.3f}s")
+    if c["checkpointIntervalSeconds"] is not None:
+        parts.append(f"checkpoint every {c['checkpointIntervalSteps']:g} steps / "
+                     f"{c['checkpointIntervalSeconds']:.2f}s")
+    if c["lostWorkSeconds"] is not None:
+        parts.append(f"lost work {c['lostWorkSeconds']:.3f}s")
+    lost = (result.costs or {}).get("lostWorkSeconds") or {}
+    if lost.get("count", 0) > 1:
+        parts.append(f"over {lost['count']} kills: lost work {lost['min']:.3f}–"
+                     f"{lost['max']:.3f}s (p95 {lost['p95']:.3f}s)")
+    missing = (result.costs or {}).get("missing") or {}
+    if "saveTime" in missing and result.costs:
+        parts.append("save time unknown (no checkpoint_started)")
+    return "cost of a failure: " + ", ".join(parts) if parts else None
+
+
 def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> dict[str, Any]:
     """The JSON report as a plain dict."""
     target = result.target
@@ -85,7 +129,15 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "malformedLines": result.malformed_lines,
         "checks": [check.as_dict() for check in result.checks],
         "incarnations": [inc.as_dict() for inc in result.incarnations],
-        "checkpoints": [{"step": step, "time": at} for step, at in result.checkpoints],
+        "checkpoints": [
+            {"step": step, "time": at, "inc": inc} for step, at, inc in result.checkpoints
+        ],
+        "saves": [
+            {"step": step, "started": started, "completed": completed}
+            for step, started, completed in result.saves
+        ],
+        "recoveries": [recovery.as_dict() for recovery in result.recoveries],
+        "costs": dict(result.costs),
         "breakdown": dict(result.breakdown),
         "target": None
         if target is None
@@ -203,6 +255,7 @@ def write_reports(
         doc["timelinePicture"] = pictures[0].name if pictures else None
         if not pictures:
             doc["timelinePictureHint"] = hint
+        pictures += _decision_pictures(doc, report_dir)
         files = _write_job_output(evidence, report_dir)
         doc.update(evidence_to_dict(evidence, files))
         dir_text = json.dumps(doc, indent=2, default=str) + "\n"
@@ -215,6 +268,19 @@ def write_reports(
                     *(report_dir / path for path in files.values())]
     _append_step_summary(doc)
     return written
+
+
+def _decision_pictures(doc: dict[str, Any], report_dir: Path) -> list[Path]:
+    """The spread picture, for a drill that killed at two or more points of the interval."""
+    from pytest_recoverygate.charts import write_spread_picture
+
+    try:
+        spread = write_spread_picture(doc, report_dir)
+    except Exception as exc:  # a plotting failure must not cost the report
+        doc["spreadPictureHint"] = f"the picture could not be drawn ({describe_exception(exc)})"
+        return []
+    doc["spreadPicture"] = spread[0].name if spread else None
+    return spread
 
 
 def _fmt(value: Any) -> str:

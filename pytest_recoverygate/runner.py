@@ -403,12 +403,22 @@ class _Drill:
     def _finalize(self, result: DrillResult) -> DrillResult:
         malformed = self.source.malformed_lines if self.source is not None else 0
         timeline = tuple(sorted(self.engine.timeline_entries(), key=lambda e: e.timestamp))
+        from pytest_recoverygate.costs import measure
+
+        costs = measure(
+            self.progress,
+            [(step, at) for step, at, _ in result.checkpoints],
+            result.saves,
+            result.recoveries,
+            [inc for _, _, inc in result.checkpoints],
+        )
         result = replace(
             result,
             target=self.target,
             timeline=timeline,
             malformed_lines=malformed,
             progress=tuple(self.progress),
+            costs=costs.as_dict(),
         )
         self._status(f"{result.verdict.value}: {result.summary}", phase_changed=True)
         return result

@@ -315,7 +315,7 @@ class DrillResult:
     recoveries: tuple[Recovery, ...] = ()
     notes: tuple[str, ...] = ()
     incarnations: tuple[IncarnationInfo, ...] = ()
-    checkpoints: tuple[tuple[int, float], ...] = ()
+    checkpoints: tuple[tuple[int, float, str], ...] = ()  # (step, completed, incarnation)
     saves: tuple[tuple[int, float, float | None], ...] = ()  # (step, started, completed)
     costs: dict[str, Any] = field(default_factory=dict)
     breakdown: dict[str, float | None] = field(default_factory=dict)
