@@ -135,7 +135,7 @@ def test_a_report_with_only_the_save_time_assumes_a_synchronous_save() -> None:
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pytest_recoverygate.cli", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_command_projects_a_real_fake_drill_report(tmp_path: Path) -> None:
