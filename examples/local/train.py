@@ -18,8 +18,15 @@ What it does, and why each piece is here:
 - ``--ckpt-dir`` may contain ``{tmpdir}`` (the process's temporary directory) and
   ``{pid}``: ``{tmpdir}/checkpoints-{pid}`` is per-process storage, the classic
   node-local-checkpoint bug — a restarted worker has a new pid and finds nothing.
-- The reporter lines (``checkpoint_loaded``, ``progress``, ``checkpoint_completed``) are
-  how RecoveryGate sees training from the outside.
+- The reporter lines (``checkpoint_loaded``, ``progress``, ``checkpoint_started``,
+  ``checkpoint_completed``) are how RecoveryGate sees training from the outside; the
+  checkpoint lines carry a state digest (model, optimizer, LR scheduler, RNG) so a drill
+  with ``stateDigestMatches: true`` proves the resumed job holds the state that was saved.
+  ``--restore no-optimizer`` and ``--restore no-scheduler`` are the broken twins: the
+  step and the weights come back, the optimizer moments or the LR schedule do not.
+- ``--save-mode direct`` is the torn-checkpoint twin: ``torch.save`` straight to the final
+  path and a ``latest`` pointer written before the file is complete, so a kill during the
+  save leaves a partial checkpoint that the restart then loads.
 - torchrun's shared rendezvous TCP store keeps the previous attempt's keys; a restarted
   group can read the dead rank's old gloo address and hang or fail again (pytorch issue
   135712). The script gives every restart attempt its own key prefix (``--store-prefix
@@ -36,7 +43,9 @@ import datetime
 import json
 import os
 import re
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -79,6 +88,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="give each restart attempt its own rendezvous key prefix (none shows the bug)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="gloo timeout in seconds")
+    parser.add_argument(
+        "--restore",
+        choices=("all", "no-optimizer", "no-scheduler"),
+        default="all",
+        help="what a resume restores (the last two are deliberate bugs)",
+    )
+    parser.add_argument(
+        "--save-mode",
+        choices=("atomic", "direct"),
+        default="atomic",
+        help="atomic: temp file, fsync, rename; direct: torch.save to the final path (a bug)",
+    )
+    parser.add_argument(
+        "--save-pad",
+        type=int,
+        default=0,
+        help="extra bytes written into each checkpoint (makes saves slow enough to tear)",
+    )
+    parser.add_argument(
+        "--save-on-sigterm",
+        action="store_true",
+        help="on SIGTERM, finish the current step, save a checkpoint and exit 0",
+    )
     return parser.parse_args(argv)
 
 
@@ -88,9 +120,18 @@ def checkpoint_dir(template: str) -> Path:
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """Completed checkpoints, oldest first (temporary files never match the name)."""
+    """Completed checkpoints, oldest first (temporary files never match the name).
+
+    With a ``latest`` pointer (the direct-save twin writes one), the pointer decides.
+    """
     if not folder.is_dir():
         return []
+    pointer = folder / "latest"
+    if pointer.exists():
+        named = folder / pointer.read_text().strip()
+        match = CHECKPOINT_NAME.match(named.name)
+        if match and named.exists():
+            return [(int(match.group(1)), named)]
     found = []
     for path in folder.iterdir():
         match = CHECKPOINT_NAME.match(path.name)
@@ -99,15 +140,46 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(
-    folder: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer
-) -> None:
-    """Write to a temporary file, fsync, then rename: a reader never sees a partial file."""
+def training_state(
+    step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, pad: int = 0
+) -> dict[str, Any]:
+    """Everything a resume must restore: weights, optimizer moments, LR schedule, RNG."""
+    state: dict[str, Any] = {
+        "step": step,
+        "model": model.state_dict(),
+        "opt": opt.state_dict(),
+        "sched": sched.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
+    if pad:
+        state["pad"] = torch.zeros(pad, dtype=torch.uint8)
+    return state
+
+
+def state_digest(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> Any:
+    """The state's fingerprint by part, as the drill compares it (saved vs loaded)."""
+    return reporter.state_digest(
+        {"model": model, "optimizer": opt, "scheduler": sched, "rng": torch.get_rng_state()},
+        parts=True,
+    )
+
+
+def save_checkpoint(folder: Path, step: int, state: dict[str, Any], mode: str) -> None:
+    """atomic: temp file, fsync, rename (a reader never sees a partial file).
+
+    direct: the bug this example's torn-checkpoint twin shows — a ``latest`` pointer moved
+    first and ``torch.save`` straight to the final path, so a kill mid-save leaves a
+    partial file that the restart loads.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:08d}.pt"
+    if mode == "direct":
+        (folder / "latest").write_text(final.name)
+        torch.save(state, final)
+        return
     tmp = folder / f".step-{step:08d}.pt.tmp-{os.getpid()}"
     with open(tmp, "wb") as handle:
-        torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, handle)
+        torch.save(state, handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, final)
@@ -116,7 +188,12 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    folder: Path, which: str, model: torch.nn.Module, opt: torch.optim.Optimizer
+    folder: Path,
+    which: str,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    restore: str = "all",
 ) -> int:
     """Load the chosen checkpoint and return its step (0: start from scratch)."""
     if which == "none":
@@ -128,7 +205,12 @@ def load_checkpoint(
     _, path = found[index]
     state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
+    if restore != "no-optimizer":  # the bug: an optimizer re-created, its moments lost
+        opt.load_state_dict(state["opt"])
+    if restore != "no-scheduler" and "sched" in state:  # the bug: the schedule starts over
+        sched.load_state_dict(state["sched"])
+    if "rng" in state:
+        torch.set_rng_state(state["rng"])
     return int(state["step"])
 
 
@@ -161,6 +243,20 @@ def init_distributed(store_prefix: str, timeout: float) -> None:
     dist.init_process_group(
         "gloo", store=prefixed, rank=rank, world_size=world_size, timeout=pg_timeout
     )
+
+
+def install_sigterm_handler() -> threading.Event:
+    """SIGTERM sets a flag; the loop finishes its step, saves and exits (a graceful job)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    return stop
+
+
+def preempted(stop: threading.Event) -> bool:
+    """Whether any rank got SIGTERM (agreed by all ranks, so rank 0 saves for a peer)."""
+    flag = torch.tensor([1 if stop.is_set() else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 class GroundTruth:
@@ -208,9 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     model = torch.nn.Sequential(
         torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
     )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
     folder = checkpoint_dir(args.ckpt_dir)
-    loaded = load_checkpoint(folder, args.resume, model, opt)
+    stop = install_sigterm_handler() if args.save_on_sigterm else None
+    loaded = load_checkpoint(folder, args.resume, model, opt, sched, args.restore)
     # Every rank must run the same steps; rank 0's checkpoint is the authority.
     start = torch.tensor([loaded], dtype=torch.int64)
     dist.broadcast(start, src=0)
@@ -218,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ground truth first: the drill may end the job as soon as it reads the reporter's line.
     truth.record("loaded", step)
     if step:
-        reporter.checkpoint_loaded(step)
+        reporter.checkpoint_loaded(step, digest=state_digest(model, opt, sched))
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
 
     loss_fn = torch.nn.MSELoss()
@@ -228,13 +326,26 @@ def main(argv: list[str] | None = None) -> None:
         loss = loss_fn(ddp(x), y)
         loss.backward()
         opt.step()
+        sched.step()
         step += 1
         truth.record("step", step)
         reporter.progress(step)
-        if rank == 0 and step % args.ckpt_every == 0:
-            save_checkpoint(folder, step, model, opt)
+        stopping = stop is not None and preempted(stop)
+        if rank == 0 and (step % args.ckpt_every == 0 or stopping):
+            digest = state_digest(model, opt, sched)
+            truth.record("save_started", step)
+            reporter.checkpoint_started(step)
+            save_checkpoint(
+                folder, step, training_state(step, model, opt, sched, args.save_pad),
+                args.save_mode,
+            )
             truth.record("checkpoint", step)
-            reporter.checkpoint_completed(step)
+            reporter.checkpoint_completed(step, digest=digest)
+        if stopping:
+            truth.record("exit", step)
+            # Saved on SIGTERM. Exit non-zero: torchrun restarts a group with a failed
+            # worker, but a group whose workers all exit 0 counts as finished (see README).
+            os._exit(143)
         if args.step_time > 0:
             time.sleep(args.step_time)
     dist.destroy_process_group()
