@@ -251,9 +251,16 @@ def project(
     )
 
 
+def _seconds(value: float) -> str:
+    """A duration for the projection's lines: milliseconds below a second."""
+    from pytest_recoverygate.verdict import format_seconds
+
+    return f"{value * 1000:.1f}ms" if value < 1 else format_seconds(value)
+
+
 def format_projection(p: Projection) -> list[str]:
     """The projection as terminal lines (the ``goodput`` command's output)."""
-    from pytest_recoverygate.verdict import format_seconds
+    format_seconds = _seconds
 
     i = p.inputs
     per_step = (i.interval_seconds / i.interval_steps) if i.interval_steps else None
