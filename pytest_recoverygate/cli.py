@@ -28,6 +28,7 @@ __all__ = [
     "DESCRIPTION",
     "EPILOG",
     "LiveStatus",
+    "goodput_command",
     "kubectl_main",
     "main",
     "print_effective_config",

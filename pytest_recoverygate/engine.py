@@ -38,7 +38,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_recoverygate.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.ledger import Inc, Ledger
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -47,6 +47,14 @@ from pytest_recoverygate.model import (
     TimelineEntry,
     TrainingEvent,
     TrainingEventKind,
+)
+from pytest_recoverygate.recovery import (
+    KillRecord,
+    breakdown,
+    hung,
+    judge,
+    overall,
+    restarts,
 )
 from pytest_recoverygate.verdict import (
     BREAKDOWN_PHASES,
@@ -208,26 +216,6 @@ class _Armed:
     save_started: float | None = None  # KillDuringCheckpoint: the save it aims into
 
 
-@dataclass(slots=True)
-class _Kill:
-    """The kill under judgement and what the backend and the job showed since."""
-
-    index: int
-    step: int
-    trigger_time: float
-    time: float
-    rank: int | None
-    position: float | None = None
-    group_seen: dict[GroupEventKind, float] = field(default_factory=dict)
-    group_restarts: int = 0
-    judged: Inc | None = None
-    resume: Resume | None = None
-    job_ended: tuple[float, str, bool] | None = None  # (time, detail, succeeded)
-    detected: float | None = None  # HangWorker: when the job noticed
-    details: dict[str, Any] = field(default_factory=dict)
-    slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
-
-
 class DrillEngine:
     """One drill's state machine. Feed it; it tells you what to do."""
 
@@ -244,7 +232,7 @@ class DrillEngine:
         self._armed: _Armed | None = None
         self._slipped: list[int] = []  # checkpoints completed while the armed kill waited
         self._torn_retry = False
-        self._kill: _Kill | None = None
+        self._kill: KillRecord | None = None
         self._recoveries: list[Recovery] = []
         self._gave_up: tuple[int, float, str] | None = None  # (kill index, time, detail)
         self.known_budget: int | None = None
@@ -416,7 +404,7 @@ class DrillEngine:
         if result.outcome is KillOutcome.KILLED:
             assert armed is not None
             index = len(self._recoveries) + 1
-            self._kill = _Kill(index, armed.step, armed.trigger_time, result.timestamp,
+            self._kill = KillRecord(index, armed.step, armed.trigger_time, result.timestamp,
                                armed.rank)
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
@@ -700,7 +688,7 @@ class DrillEngine:
             return None
         return round(min(max((kill_time - trigger_time) / interval[0], 0.0), 1.0), 4)
 
-    def _fault_details_at_kill(self, kill: _Kill, armed: _Armed) -> None:
+    def _fault_details_at_kill(self, kill: KillRecord, armed: _Armed) -> None:
         kill.slipped = list(self._slipped)
         if kill.slipped:
             kill.details["checkpointsBeforeKill"] = list(kill.slipped)
@@ -724,27 +712,6 @@ class DrillEngine:
             return trained[-1]
         return new[-1] if new else None
 
-    def _restarts(self, kill: _Kill) -> int:
-        ev = self.ledger
-        counted = [kill.group_restarts]
-        olds = [i.restart for i in ev.order if i.born < kill.index and i.restart is not None]
-        news = [i.restart for i in ev.order if i.born == kill.index and i.restart is not None]
-        if news and olds:
-            counted.append(max(news) - max(olds))
-        per_rank: dict[int | None, int] = {}
-        for inc in ev.order:
-            if inc.born == kill.index:
-                per_rank[inc.rank] = per_rank.get(inc.rank, 0) + 1
-        counted.append(max(per_rank.values(), default=0))
-        return max(counted)
-
-    def _ended_how(self, kill: _Kill, now: float) -> str:
-        if kill.job_ended is not None:
-            _, detail, ok = kill.job_ended
-            what = "the job finished" if ok else "the job failed"
-            return f"{what} ({detail})" if detail else what
-        return f"within {format_seconds(now - kill.time)} of the kill"
-
     def _judge(self, now: float) -> list[Action]:
         """Judge the kill under judgement; then the next kill, or the drill's verdict."""
         kill = self._kill
@@ -755,10 +722,10 @@ class DrillEngine:
             self._gave_up = (kill.index, kill.job_ended[0], kill.job_ended[1])
             return self._finish_overall(now)
         if budget_mode and inc is None and kill.job_ended is None:
-            recovery = self._hung(kill, now)
+            recovery = hung(self.ledger, self.spec, kill, now)
             self._recoveries.append(recovery)
             return self._finish_overall(now)
-        recovery = self._recovery(kill, inc, now)
+        recovery = judge(self.ledger, self.spec, kill, inc, now=now, note=self.note)
         self._recoveries.append(recovery)
         more = (
             recovery.verdict is Verdict.PASS
@@ -781,273 +748,16 @@ class DrillEngine:
             return []
         return self._finish_overall(now)
 
-    def _hung(self, kill: _Kill, now: float) -> Recovery:
-        check = Check(
-            "gave_up_loudly", False, "a replacement, or the job ends non-zero", None,
-            f"the job neither came back nor failed within "
-            f"{format_seconds(now - kill.time)} of kill {kill.index}: it hangs (a job that "
-            "gives up must end non-zero, or the backend must mark it failed)",
-            R.HUNG_INSTEAD_OF_FAILING,
-        )
-        return Recovery(kill.index, self.spec.fault, Verdict.FAIL, check.message, (check,),
-                        trigger_checkpoint=kill.step, kill_time=kill.time,
-                        restarts=self._restarts(kill), breakdown=self._breakdown(kill))
-
-    def _recovery(self, kill: _Kill, inc: Inc | None, now: float) -> Recovery:
-        spec, ev = self.spec, self.ledger
-        resume = kill.resume
-        if resume is None and inc is not None and inc.first is not None:
-            resume = ev.resume_of(inc, final=True)
-        elif resume is None and inc is not None and inc.loaded is not None:
-            resume = Resume(inc.loaded, inc.loaded)  # it holds that state, but never trained
-        kill.judged = inc
-        kill.resume = resume
-        finished_ok = kill.job_ended is not None and kill.job_ended[2]
-        ended = self._ended_how(kill, now)
-        contract = ev.contract()
-        restarts = self._restarts(kill)
-        checks: list[Check] = []
-        came_back = inc is not None
-        checks.append(Check(
-            "new_incarnation",
-            True if came_back else (None if finished_ok else False),
-            "a new incarnation reports training events",
-            f"{sum(1 for i in ev.order if i.born == kill.index)} new incarnation(s), "
-            f"{restarts} restart(s)",
-            (
-                f"a new incarnation came back after {restarts} restart(s)" if came_back
-                else "inconclusive: the job finished before a replacement reported; "
-                "lengthen the run so it is still training at the kill" if finished_ok
-                else f"never came back: no new incarnation reported — {ended}"
-            ),
-            None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
-        ))
-        checks.append(ev.contract_check(contract))
-        explicit = spec.expected_resume_step is not None and kill.index == 1
-        expected, floor = ev.expected(inc, spec.expected_resume_step if explicit else None)
-        recovery_time: float | None = None
-        lost: tuple[int | None, int | None] = (None, None)
-        if spec.fault == "HangWorker":
-            detected = None if kill.detected is None else kill.detected - kill.time
-            checks.append(ev.detection_check(detected, spec.max_detection_time,
-                                             deadline_passed=True))
-            kill.details["detectionSeconds"] = (
-                None if detected is None else round(detected, 6))
-        if inc is not None and inc.first is None:
-            checks += ev.no_progress_checks(inc, expected, ended, finished_ok)
-        elif inc is not None and resume is not None:
-            checks.append(ev.resume_check(inc, resume, expected, floor, explicit=explicit,
-                                          contract=contract))
-            assert inc.first is not None
-            recovery_time = inc.first[1] - kill.time
-            ok = recovery_time <= spec.max_recovery_time
-            checks.append(Check(
-                "recovery_time", ok, f"<= {format_seconds(spec.max_recovery_time)}",
-                round(recovery_time, 6),
-                (
-                    f"recovered in {format_seconds(recovery_time)} "
-                    f"(limit {format_seconds(spec.max_recovery_time)})" if ok
-                    else f"came back too slowly: {format_seconds(recovery_time)} > "
-                    f"{format_seconds(spec.max_recovery_time)}"
-                ),
-                None if ok else R.TOO_SLOW,
-            ))
-            lost = ev.lost(resume, inc)
-            if spec.max_lost_steps is not None:
-                checks.append(ev.lost_check(lost, spec.max_lost_steps))
-            if spec.state_digest_matches:
-                digest = ev.digest_check(inc, resume)
-                if digest is not None:
-                    checks.append(digest)
-        if spec.fault == "Preempt":
-            checks += self._preempt_checks(kill, resume)
-        failed = [c for c in checks if c.passed is False]
-        undecided = [c for c in checks if c.passed is None]
-        if failed:
-            verdict, summary = Verdict.FAIL, "; ".join(c.message for c in failed)
-        elif undecided:
-            verdict = Verdict.ERROR
-            summary = "; ".join(
-                c.message if c.message.startswith("inconclusive") else f"inconclusive: {c.message}"
-                for c in undecided
-            )
-        else:
-            assert recovery_time is not None
-            assert resume is not None
-            verdict = Verdict.PASS
-            summary = (
-                f"resumed from step {resume.step} as expected and recovered in "
-                f"{format_seconds(recovery_time)}"
-            )
-        proven, bound = ev.last_before_kill(inc)
-        if resume is not None and resume.undecided and resume.step is not None:
-            self.note(now, "note", resume.undecided)
-        self.note(now, "recovery", f"kill {kill.index}: {verdict.value}: {summary}")
-        return Recovery(
-            index=kill.index, fault=spec.fault, verdict=verdict, summary=summary,
-            checks=tuple(checks), trigger_checkpoint=kill.step, kill_time=kill.time,
-            delay_seconds=round(kill.time - kill.trigger_time, 6), position=kill.position,
-            resume_step=resume.step if resume is not None else None,
-            expected_resume_step=expected,
-            loaded_step=(resume.loaded if resume is not None
-                         else inc.loaded if inc is not None else None),
-            last_step_before_kill=proven, last_step_before_kill_upper_bound=bound,
-            lost_steps=lost[0], lost_steps_upper_bound=lost[1],
-            recovery_time_seconds=round(recovery_time, 6) if recovery_time is not None else None,
-            restarts=restarts, judged_incarnation=inc.id if inc is not None else None,
-            breakdown=self._breakdown(kill), fault_details=dict(kill.details),
-        )
-
-    def _preempt_checks(self, kill: _Kill, resume: Resume | None) -> list[Check]:
-        saved = kill.details.get("savedStep")
-        used = resume is not None and saved is not None and resume.step == saved
-        kill.details["savedUsed"] = used if saved is not None else None
-        if not self.spec.saved_on_preempt:
-            return []
-        grace = format_seconds(self.spec.grace_period)
-        if saved is None:
-            return [Check(
-                "saved_on_preempt", False, f"a checkpoint completed within {grace}", None,
-                f"no checkpoint was completed within the {grace} grace period after SIGTERM "
-                "(save on SIGTERM, and keep the save shorter than the grace period)",
-                R.NOT_SAVED_ON_PREEMPT,
-            )]
-        after = format_seconds(kill.details["savedAfterSeconds"])
-        return [Check(
-            "saved_on_preempt", True, f"a checkpoint completed within {grace}", saved,
-            f"checkpoint {saved} was completed {after} after SIGTERM"
-            + ("; the resume used it" if used else "; the resume did not use it"),
-        )]
-
-    def _breakdown(self, kill: _Kill) -> dict[str, float | None]:
-        seen = kill.group_seen
-        judged = kill.judged
-        scheduled = [
-            seen[k] for k in (GroupEventKind.RESTARTING, GroupEventKind.REPLACEMENT_PENDING)
-            if k in seen
-        ]
-        detected = seen.get(GroupEventKind.WORKER_GONE)
-        if self.spec.fault == "HangWorker":
-            detected = kill.detected
-        times: dict[str, float | None] = dict.fromkeys(BREAKDOWN_PHASES)
-        times["failureDetected"] = detected
-        times["replacementScheduled"] = min(scheduled) if scheduled else None
-        times["replacementRunning"] = seen.get(GroupEventKind.REPLACEMENT_RUNNING)
-        if judged is not None:
-            times["processStarted"] = judged.start_time
-            times["firstReport"] = judged.first_line
-            times["checkpointLoaded"] = judged.loaded_at
-            if judged.first is not None and kill.resume is not None:
-                times["firstStepAfterResume"] = judged.first[1]
-        relative = {
-            k: (round(v - kill.time, 6) if v is not None else None) for k, v in times.items()
-        }
-        order = sorted(
-            BREAKDOWN_PHASES,
-            key=lambda k: (relative[k] is None, relative[k] or 0.0, BREAKDOWN_PHASES.index(k)),
-        )
-        return {k: relative[k] for k in order}
-
     # ------------------------------------------------------------------ the verdict
 
-    def _budget_checks(self) -> list[Check]:
-        """``count: untilBudgetExhausted``: the job survives its budget, then gives up loudly."""
-        survived = sum(1 for r in self._recoveries if r.verdict is Verdict.PASS)
-        budget = self.spec.restart_budget
-        known = self.known_budget
-        read = f"; its launcher allows {known} restart(s)" if known is not None else (
-            "; the job's own restart budget could not be read")
-        checks: list[Check] = []
-        if self._gave_up is not None:
-            index, _, detail = self._gave_up
-            how = f" ({detail})" if detail else ""
-            checks.append(Check(
-                "gave_up_loudly", True, "the job ends non-zero once its budget is used", index,
-                f"the job survived {survived} kill(s) and gave up loudly on kill {index}{how}",
-            ))
-            if budget is not None:
-                ok = survived == budget
-                checks.append(Check(
-                    "restart_budget", ok, budget, survived,
-                    (f"it survived exactly restartBudget = {budget} kills{read}" if ok else
-                     f"it survived {survived} kill(s), but restartBudget is {budget}{read}"),
-                    None if ok else R.RESTART_BUDGET_MISMATCH,
-                ))
-            return checks
-        last = self._recoveries[-1] if self._recoveries else None
-        if last is not None and last.verdict is Verdict.PASS and budget is not None and (
-            survived > budget
-        ):
-            checks.append(Check(
-                "restart_budget", False, budget, survived,
-                f"the job survived {survived} kills, more than restartBudget = {budget}{read}",
-                R.RESTART_BUDGET_MISMATCH,
-            ))
-        elif last is not None and last.verdict is Verdict.PASS:
-            checks.append(Check(
-                "gave_up_loudly", None, "the job gives up within the drill", survived,
-                f"inconclusive: the job survived {survived} kills without giving up; set "
-                "expectations.restartBudget (or a smaller restart budget in the job)",
-                R.INCONCLUSIVE,
-            ))
-        return checks
+    # ------------------------------------------------------------------ output
 
     def _finish_overall(self, now: float, *, error: str | None = None) -> list[Action]:
-        recoveries = self._recoveries
         if error is not None:
             return self._finish(now, Verdict.ERROR, error, ())
-        budget_mode = self.spec.count is None
-        headline = next((r for r in recoveries if r.verdict is not Verdict.PASS),
-                        recoveries[-1] if recoveries else None)
-        checks: list[Check] = list(headline.checks) if headline is not None else []
-        if budget_mode:
-            if headline is not None and headline.verdict is Verdict.PASS:
-                checks = []
-            checks += self._budget_checks()
-        elif len(recoveries) > 1 or (self.spec.count or 1) > 1:
-            passed = sum(1 for r in recoveries if r.verdict is Verdict.PASS)
-            checks.append(Check(
-                "recoveries", passed == len(recoveries), f"{self.spec.count} verified",
-                passed, f"{passed} of {len(recoveries)} recoveries passed",
-                None if passed == len(recoveries) else (
-                    headline.checks[0].reason if headline and headline.failed_checks and
-                    headline.failed_checks[0].reason else None),
-            ))
-        failed = [c for c in checks if c.passed is False]
-        undecided = [c for c in checks if c.passed is None]
-        if failed:
-            verdict = Verdict.FAIL
-        elif undecided:
-            verdict = Verdict.ERROR
-        else:
-            verdict = Verdict.PASS
-        summary = self._summary(verdict, headline, failed, undecided)
-        return self._finish(now, verdict, summary, tuple(checks), headline=headline)
-
-    def _summary(self, verdict: Verdict, headline: Recovery | None, failed: list[Check],
-                 undecided: list[Check]) -> str:
-        recoveries = self._recoveries
-        many = len(recoveries) > 1 or self.spec.count != 1
-        if verdict is Verdict.PASS and many:
-            times = [r.recovery_time_seconds for r in recoveries
-                     if r.recovery_time_seconds is not None]
-            spread = (f"; recovery {format_seconds(min(times))}–{format_seconds(max(times))}"
-                      if times else "")
-            if self._gave_up is not None:
-                return "; ".join(c.message for c in self._budget_checks())
-            return f"all {len(recoveries)} recoveries passed{spread}"
-        if headline is not None and headline.verdict is not Verdict.PASS:
-            prefix = f"kill {headline.index} of {len(recoveries)}: " if many else ""
-            extra = [c.message for c in failed + undecided if c not in headline.checks
-                     and c.name != "recoveries"]
-            return prefix + "; ".join([headline.summary, *extra])
-        if failed:
-            return "; ".join(c.message for c in failed)
-        if undecided:
-            return "; ".join(c.message for c in undecided)
-        return headline.summary if headline is not None else "no recovery was judged"
-
-    # ------------------------------------------------------------------ output
+        verdict, summary, checks, headline = overall(
+            self.spec, self._recoveries, self._gave_up, self.known_budget)
+        return self._finish(now, verdict, summary, checks, headline=headline)
 
     def _finish_error(self, now: float, message: str) -> list[Action]:
         return self._finish(now, Verdict.ERROR, message, ())
@@ -1097,7 +807,7 @@ class DrillEngine:
             lost_steps=h.lost_steps if h else None,
             lost_steps_upper_bound=h.lost_steps_upper_bound if h else None,
             recovery_time_seconds=h.recovery_time_seconds if h else None,
-            restarts=(h.restarts if h else self._restarts(kill) if kill else None),
+            restarts=(h.restarts if h else restarts(self.ledger, kill) if kill else None),
             trigger_checkpoint=h.trigger_checkpoint if h else self.trigger_step,
             kill_time=h.kill_time if h else self.kill_time,
             judged_incarnation=h.judged_incarnation if h else None,
@@ -1107,7 +817,7 @@ class DrillEngine:
             incarnations=tuple(inc.info() for inc in ev.order),
             checkpoints=tuple((c.step, c.time, c.inc) for c in ev.checkpoints),
             saves=saves,
-            breakdown=h.breakdown if h else ({} if kill is None else self._breakdown(kill)),
+            breakdown=h.breakdown if h else ({} if kill is None else breakdown(self.spec, kill)),
             timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),
             started_at=self.started_at,
             finished_at=now,

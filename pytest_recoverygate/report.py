@@ -33,6 +33,8 @@ OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report fo
 __all__ = [
     "OUTPUT_FOLDER",
     "REPORT_VERSION",
+    "cost_figures",
+    "cost_line",
     "evidence_to_dict",
     "figures",
     "markdown_summary",
