@@ -1,0 +1,227 @@
+"""Every fault of the catalogue, end to end on real torchrun, with its broken twin.
+
+We test these aspects, each with a shipped example under examples/local/faults/ run as a
+user would (`recoverygate run -f …`), the job writing its own ground truth
+(``RECOVERYGATE_GROUND_TRUTH``) so the figures are held to what really happened:
+- KillDuringCheckpoint: an atomic save survives a kill mid-save (resume from the last
+  completed checkpoint); a save straight to the final path crash-loops on the partial file;
+- Preempt: a job that saves on SIGTERM resumes from the checkpoint it saved in the grace
+  period; one that does not fails ``savedOnPreempt``;
+- HangWorker: a short process-group timeout is noticed within ``maxDetectionTime``; the
+  30-minute default is not, and the stopped worker is never left stopped;
+- count: N kills, each at the first checkpoint after the previous recovery, all judged;
+- count: untilBudgetExhausted against torchrun's --max-restarts, and a mismatched budget;
+- delay: beforeNextCheckpoint (the worst case) and spread (four kills across the
+  interval), per-kill lost work held to the job's own records;
+- stateDigestMatches: the state digest catches an optimizer re-created and a scheduler
+  never restored, while every other check passes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.truth.truth import Truth, compute
+
+pytestmark = [pytest.mark.e2e, pytest.mark.local]
+
+FAULTS = Path(__file__).resolve().parents[2] / "examples" / "local" / "faults"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+@dataclass(frozen=True)
+class Run:
+    report: dict[str, Any]
+    code: int
+    output: str
+    truths: list[Truth]
+    wall: float
+
+    def explain(self) -> str:
+        return (f"\nexit {self.code} in {self.wall:.1f}s\nsummary: {self.report.get('summary')}"
+                f"\nreasons: {self.report.get('reasons')}\noutput tail:\n"
+                + "\n".join(self.output.splitlines()[-25:]))
+
+
+def drill(name: str, tmp_path: Path) -> Run:
+    """Run examples/local/faults/<name> with ground truth on; the truth of every kill."""
+    config = yaml.safe_load((FAULTS / name).read_text())
+    command = config["workload"]["command"]
+    command[0] = str(TORCHRUN)
+    command[:] = [str(FAULTS.parent / "train.py") if c == "../train.py" else c for c in command]
+    config["workload"]["workdir"] = str(tmp_path)
+    base = tmp_path / "truth"
+    config["workload"].setdefault("env", {})["RECOVERYGATE_GROUND_TRUTH"] = str(base)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    report_path = tmp_path / "report.json"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path),
+         "--report", str(report_path), "--yes", "-q"],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600, check=False,
+    )
+    wall = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
+    report = json.loads(report_path.read_text())
+    kills = [r["killTime"] for r in report.get("recoveries", []) if r.get("killTime")]
+    truths = [compute(base, float(kill)) for kill in kills]
+    return Run(report, proc.returncode, output, truths, wall)
+
+
+def assert_passes(run: Run) -> None:
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    for recovery, truth in zip(run.report["recoveries"], run.truths, strict=True):
+        assert recovery["resumeStep"] == truth.resume_step, (recovery, truth.describe())
+        lo, hi = recovery["lostSteps"], recovery["lostStepsUpperBound"]
+        assert truth.lost_steps is not None
+        assert lo <= truth.lost_steps <= (hi if hi is not None else lo), truth.describe()
+
+
+# ------------------------------------------------------------------ KillDuringCheckpoint
+
+
+def test_a_kill_mid_save_of_an_atomic_checkpoint_resumes_from_the_last_completed(
+    tmp_path: Path,
+) -> None:
+    run = drill("torn-checkpoint.yaml", tmp_path)
+    assert_passes(run)
+    [recovery] = run.report["recoveries"]
+    details = recovery["faultDetails"]
+    assert details["tornStep"] == 60
+    assert 0 <= details["intoSaveSeconds"] <= details["saveSeconds"] * 1.5, details
+    assert recovery["resumeStep"] == 40, run.explain()  # the torn 60 never completed
+
+
+def test_a_kill_mid_save_of_a_direct_save_crash_loops_and_fails(tmp_path: Path) -> None:
+    run = drill("torn-checkpoint-direct-save.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] in ("NEVER_CAME_BACK", "RESUMED_FROM_TORN_CHECKPOINT"), \
+        run.explain()
+    diagnoses = [d["id"] for d in run.report.get("diagnoses", [])]
+    if run.report["reasons"][0] == "NEVER_CAME_BACK":
+        assert "torch-load-truncated" in diagnoses, run.explain()
+
+
+# ------------------------------------------------------------------ Preempt
+
+
+def test_a_job_that_saves_on_sigterm_resumes_from_that_checkpoint(tmp_path: Path) -> None:
+    run = drill("preempt-save-on-sigterm.yaml", tmp_path)
+    assert_passes(run)
+    details = run.report["recoveries"][0]["faultDetails"]
+    assert details["savedStep"] is not None and details["savedUsed"] is True, details
+    assert 0 < details["savedAfterSeconds"] < 10.0
+    assert details["savedStep"] % 20 != 0  # saved on SIGTERM, not a regular checkpoint
+
+
+def test_a_job_that_ignores_sigterm_fails_saved_on_preempt(tmp_path: Path) -> None:
+    run = drill("preempt-no-save.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"] == ["NOT_SAVED_ON_PREEMPT"], run.explain()
+
+
+# ------------------------------------------------------------------ HangWorker
+
+
+def test_a_hang_with_a_short_collective_timeout_is_noticed_and_recovers(tmp_path: Path) -> None:
+    run = drill("hang-with-timeout.yaml", tmp_path)
+    assert_passes(run)
+    detection = run.report["recoveries"][0]["faultDetails"]["detectionSeconds"]
+    assert 4.0 <= detection <= 30.0, run.explain()  # gloo's 5 s timeout, then the teardown
+
+
+def test_a_hang_with_the_default_timeout_is_never_noticed_and_fails(tmp_path: Path) -> None:
+    run = drill("hang-default-timeout.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert "HANG_NOT_DETECTED" in run.report["reasons"], run.explain()
+    found = subprocess.run(["pgrep", "-af", "examples/local/train.py"], capture_output=True,
+                           text=True, check=False)
+    assert found.stdout.strip() == "", f"left behind:\n{found.stdout}"
+
+
+# ------------------------------------------------------------------ count
+
+
+def test_three_kills_each_judged_each_after_the_previous_recovery(tmp_path: Path) -> None:
+    run = drill("repeated-failures.yaml", tmp_path)
+    assert_passes(run)
+    recoveries = run.report["recoveries"]
+    assert len(recoveries) == 3
+    steps = [r["triggerCheckpoint"] for r in recoveries]
+    assert steps == sorted(steps) and len(set(steps)) == 3
+
+
+def test_the_job_survives_its_restart_budget_then_gives_up_loudly(tmp_path: Path) -> None:
+    run = drill("restart-budget.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS", run.explain()
+    assert "survived 2 kill(s) and gave up loudly on kill 3" in run.report["summary"]
+    assert "launcher allows 2 restart(s)" in json.dumps(run.report["checks"])
+
+
+def test_a_restart_budget_other_than_the_launchers_fails(tmp_path: Path) -> None:
+    run = drill("restart-budget-mismatch.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert "RESTART_BUDGET_MISMATCH" in run.report["reasons"]
+
+
+# ------------------------------------------------------------------ delay
+
+
+def test_a_kill_just_before_the_next_checkpoint_loses_the_worst_case(tmp_path: Path) -> None:
+    run = drill("worst-case-timing.yaml", tmp_path)
+    assert_passes(run)
+    [recovery] = run.report["recoveries"]
+    assert 10 <= run.truths[0].lost_steps <= 20, run.truths[0].describe()  # type: ignore[operator]
+    assert recovery["position"] is not None and recovery["position"] > 0.6
+
+
+def test_four_kills_spread_over_the_interval_give_the_cost_distribution(tmp_path: Path) -> None:
+    run = drill("failure-cost-spread.yaml", tmp_path)
+    assert_passes(run)
+    per_kill = run.report["costs"]["perKill"]
+    assert len(per_kill) == 4
+    positions = [k["position"] for k in per_kill]
+    assert positions == pytest.approx([0.0, 0.25, 0.5, 0.75], abs=0.15), positions
+    step = run.report["costs"]["stepTimeMedianSeconds"]
+    for kill, truth in zip(per_kill, run.truths, strict=True):
+        assert truth.lost_steps is not None
+        true_work = truth.lost_steps * step
+        assert kill["lostWorkSeconds"] <= true_work + 1e-9, (kill, truth.describe())
+        assert true_work <= kill["lostWorkUpperBoundSeconds"] + 1e-9, (kill, truth.describe())
+    spread = run.report["costs"]["lostWorkSeconds"]
+    assert spread["count"] == 4 and spread["min"] <= spread["median"] <= spread["max"]
+
+
+# ------------------------------------------------------------------ state digests
+
+
+def test_matching_digests_pass(tmp_path: Path) -> None:
+    run = drill("state-digest.yaml", tmp_path)
+    assert_passes(run)
+    assert any(c["name"] == "state_digest" and c["passed"] for c in run.report["checks"])
+
+
+@pytest.mark.parametrize(("name", "part"), [
+    ("state-digest-fresh-optimizer.yaml", "optimizer"),
+    ("state-digest-reset-scheduler.yaml", "scheduler"),
+])
+def test_a_resume_that_loses_part_of_the_state_fails_on_that_part(
+    name: str, part: str, tmp_path: Path,
+) -> None:
+    run = drill(name, tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"] == ["STATE_DIFFERS"], run.explain()
+    assert f"{part} state differs" in run.report["summary"]
+    others = [c for c in run.report["checks"] if c["name"] != "state_digest"]
+    assert all(c["passed"] for c in others), others  # the step came back right
