@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
+import sys
 import tempfile
 import time
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import DDPStrategy
+
+# ``--package=pytorch_lightning`` runs the same job on the other package name (its own
+# class tree); the drill tests use it to cover both.
+PACKAGE = "pytorch_lightning" if "--package=pytorch_lightning" in sys.argv else "lightning.pytorch"
+pl = importlib.import_module(PACKAGE)
+ModelCheckpoint = importlib.import_module(f"{PACKAGE}.callbacks").ModelCheckpoint
+DDPStrategy = importlib.import_module(f"{PACKAGE}.strategies").DDPStrategy
 
 FEATURES = 16
 
 
-class Regression(pl.LightningModule):
+class Regression(pl.LightningModule):  # type: ignore[name-defined,misc]
     def __init__(self, step_time: float) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
@@ -79,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", choices=("last", "none"), default="last")
     parser.add_argument("--no-callback", action="store_true",
                         help="leave the callback out (for RECOVERYGATE_AUTO=1)")
+    parser.add_argument("--package", choices=("lightning", "pytorch_lightning"),
+                        default="lightning", help="import lightning.pytorch or pytorch_lightning")
     return parser.parse_args(argv)
 
 
@@ -86,11 +94,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ckpt_dir = args.ckpt_dir.format(tmpdir=tempfile.gettempdir(), pid=os.getpid())
     pl.seed_everything(0, verbose=False)
-    callbacks: list[pl.Callback] = [ModelCheckpoint(
+    callbacks: list[object] = [ModelCheckpoint(
         dirpath=ckpt_dir, filename="{step}", every_n_train_steps=args.save_steps,
         save_top_k=-1, save_last=True)]
     if not args.no_callback:
-        from recoverygate.integrations.lightning import RecoveryGateCallback
+        if PACKAGE == "pytorch_lightning":
+            from recoverygate.integrations.pytorch_lightning import RecoveryGateCallback
+        else:
+            from recoverygate.integrations.lightning import RecoveryGateCallback
 
         callbacks.append(RecoveryGateCallback())
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
