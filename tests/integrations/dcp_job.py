@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from recoverygate import reporter
+from recoverygate.integrations import dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel
-
-from recoverygate import reporter
-from recoverygate.integrations import dcp
 
 FOLDER = re.compile(r"^step-(\d{8})$")
 
