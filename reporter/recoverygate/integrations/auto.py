@@ -29,11 +29,13 @@ running process.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported: this module loads at interpreter start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 __all__ = ["ENV", "install", "installed", "patched", "uninstall", "wanted"]
 
@@ -86,6 +88,8 @@ def _add_lightning(namespace: str, trainer: Any) -> None:
 
 def _patch(module: Any, add: Callable[[Any], None]) -> None:
     """Wrap ``module.Trainer.__init__`` so that ``add(trainer)`` runs after it returns."""
+    import functools
+
     cls = module.Trainer
     original = cls.__dict__["__init__"]
     if hasattr(original, _MARK):
@@ -108,7 +112,7 @@ def _patch_module(name: str, module: Any) -> None:
     if framework == "transformers":
         _patch(module, _add_transformers)
     else:
-        _patch(module, functools.partial(_add_lightning, namespace))
+        _patch(module, lambda trainer: _add_lightning(namespace, trainer))
 
 
 class _PatchingLoader:
