@@ -101,6 +101,13 @@ def hf_trainer(output_dir: Path, *, max_steps: int, callback: Any = None,
                                 callbacks=[callback or RecoveryGateCallback()])
 
 
+def test_hf_runs_on_the_expected_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    expected = os.environ.get("RECOVERYGATE_EXPECT_TRANSFORMERS")  # set by scripts/test
+    if expected:
+        assert transformers.__version__ == expected
+
+
 def test_hf_reports_each_optimizer_step_once_and_a_checkpoint_only_when_complete(
     tmp_path: Path, lines: Callable[..., CheckingStream],
 ) -> None:
