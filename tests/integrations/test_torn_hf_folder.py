@@ -27,8 +27,8 @@ from typing import Any
 
 import psutil
 import pytest
-
 from recoverygate.integrations._common import MARKER_NAME
+
 from tests.integrations._drill import HF_TRAIN, SENTINEL, TORCHRUN
 
 pytest.importorskip("transformers")
@@ -111,7 +111,7 @@ def test_a_torn_folder_is_skipped_by_last_complete_checkpoint(tmp_path: Path) ->
     after = incarnation_events(events, 1)
     loaded = [e["step"] for e in after if e["event"] == "checkpoint_loaded"]
     assert loaded == [10], output[-3000:]
-    assert [e["step"] for e in after if e["event"] == "progress"][0] == 11
+    assert next(e["step"] for e in after if e["event"] == "progress") == 11
     assert code == 0, output[-3000:]
     assert completed_20, "the restart saved step 20 again"
 
