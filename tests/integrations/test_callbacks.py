@@ -378,3 +378,22 @@ def test_the_integration_modules_import_no_framework_until_a_class_is_used() -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+def test_a_digest_everywhere_runs_on_a_silent_rank_and_is_sent_by_none(
+    lines: Callable[..., CheckingStream],
+) -> None:
+    calls = []
+
+    class Gathering:  # a state_dict() that would be a collective under FSDP
+        def state_dict(self) -> dict[str, int]:
+            calls.append(1)
+            return {"x": 1}
+
+    reporter.configure(stream=CheckingStream(), ranks="1", rank=0)  # this rank is silent
+    assert _common.digest_of({"model": Gathering()}, "t") is None
+    assert calls == []
+    assert _common.digest_of({"model": Gathering()}, "t", everywhere=True) is None
+    assert calls == [1]
+    lines()  # this rank prints again
+    assert set(_common.digest_of({"model": Gathering()}, "t") or {}) == {"model"}

@@ -166,19 +166,25 @@ def is_complete_marker(folder: str, step: int | None = None) -> bool:
     return isinstance(data, dict) and (step is None or data.get("step") == step)
 
 
-def digest_of(parts: Mapping[str, object], what: str) -> dict[str, str] | None:
+def digest_of(parts: Mapping[str, object], what: str, *,
+              everywhere: bool = False) -> dict[str, str] | None:
     """The state digest of ``parts`` (name -> object), on a rank that prints; else None.
 
+    ``everywhere``: compute it on every rank and return it only where it prints -- for
+    state whose ``state_dict()`` is a collective (FSDP full state dicts, DeepSpeed, a DCP
+    ``Stateful`` that gathers), which would hang if only the printing rank called it.
     Parts that are None are left out. A digest that cannot be computed is reported once
     and dropped: the step is still reported.
     """
-    if not reporter.enabled():
+    printing = reporter.enabled()
+    if not printing and not everywhere:
         return None
     named = {name: value for name, value in parts.items() if value is not None}
     if not named:
         return None
     try:
-        return reporter.state_digest(named, parts=True)
+        digest = reporter.state_digest(named, parts=True)
     except Exception as error:
         warn_once(f"{what}: no state digest", error)
         return None
+    return digest if printing else None

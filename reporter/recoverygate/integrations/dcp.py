@@ -19,7 +19,8 @@ Drop-in wrappers of ``save``, ``async_save`` and ``load`` that take the step as 
 - ``checkpoint_loaded(step)`` after ``load`` returned.
 
 ``digest=True`` sends a state digest of ``state_dict`` (its keys are the part names)
-with the completed and loaded events, computed on the ranks that print: for a save,
+with the completed and loaded events, computed on every rank (a ``Stateful``'s
+``state_dict()`` may be a collective) and sent by the ranks that print: for a save,
 right before it starts (so ``async_save`` pays it before returning); for a load, after
 it. Every other argument goes to DCP unchanged, and DCP's own exceptions reach the
 caller as they would without the wrapper; the reporting itself never raises.
@@ -43,9 +44,11 @@ def _dcp() -> Any:
 def _digest(state_dict: Any, enabled: bool, what: str) -> dict[str, str] | None:
     if not enabled:
         return None
+    # Computed on every rank: a Stateful's state_dict() may be a collective (it gathers a
+    # full state dict), which would hang if only the printing rank called it.
     if not isinstance(state_dict, dict):
-        return _common.digest_of({"state": state_dict}, what)
-    return _common.digest_of(state_dict, what)
+        return _common.digest_of({"state": state_dict}, what, everywhere=True)
+    return _common.digest_of(state_dict, what, everywhere=True)
 
 
 @_common.safe("recoverygate.integrations.dcp")

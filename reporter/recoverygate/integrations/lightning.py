@@ -119,10 +119,13 @@ class _Hooks:
         optimizers = list(getattr(trainer, "optimizers", []) or [])
         schedulers = [config.scheduler
                       for config in getattr(trainer, "lr_scheduler_configs", []) or []]
+        # Under FSDP, DeepSpeed or model parallelism state_dict() is a collective.
+        strategy = type(getattr(trainer, "strategy", None)).__name__
+        sharded = any(kind in strategy for kind in ("FSDP", "DeepSpeed", "ModelParallel"))
         return _common.digest_of(
             {"model": pl_module, "optimizer": optimizers or None,
              "scheduler": schedulers or None},
-            what,
+            what, everywhere=sharded,
         )
 
     @_common.safe("RecoveryGateCallback")

@@ -18,7 +18,8 @@ against transformers 5.x and 4.x; docs/frameworks.md):
 - ``checkpoint_loaded(state.global_step)`` in ``on_train_begin`` of a resumed run: the
   Trainer restores the model, optimizer, scheduler and ``state`` before it.
 - state digests of ``model``, ``optimizer`` and ``scheduler`` (``digest=True``), computed
-  only on a rank that prints: at ``on_save`` (nothing has changed since the save) and at
+  on the ranks that print (on every rank under FSDP or DeepSpeed, whose ``state_dict()``
+  is a collective): at ``on_save`` (nothing has changed since the save) and at
   ``on_train_begin`` of a resumed run (everything restored). The RNG states are not
   digested: the Trainer restores them only after ``on_train_begin``.
 
@@ -91,20 +92,22 @@ class _Hooks:
         return (f"RecoveryGateCallback(digest={self.digest}, fsync={self.fsync}, "
                 f"marker={self.marker})")
 
-    def _digest(self, kwargs: dict[str, Any], what: str) -> dict[str, str] | None:
+    def _digest(self, args: Any, kwargs: dict[str, Any], what: str) -> dict[str, str] | None:
         if not self.digest:
             return None
+        # Under FSDP or DeepSpeed state_dict() is a collective: every rank must take part.
+        sharded = bool(getattr(args, "fsdp", None)) or getattr(args, "deepspeed", None) is not None
         return _common.digest_of(
             {"model": kwargs.get("model"), "optimizer": kwargs.get("optimizer"),
              "scheduler": kwargs.get("lr_scheduler")},
-            what,
+            what, everywhere=sharded,
         )
 
     @_common.safe("RecoveryGateCallback")
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
         if step > 0:  # a resumed run: the state is restored before on_train_begin
-            reporter.checkpoint_loaded(step, digest=self._digest(kwargs, "checkpoint_loaded"))
+            reporter.checkpoint_loaded(step, digest=self._digest(args, kwargs, "checkpoint_loaded"))
 
     @_common.safe("RecoveryGateCallback")
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -138,7 +141,8 @@ class _Hooks:
                 _common.write_marker(folder, step, fsync=self.fsync)
             if not _common.barrier():  # nobody reports before the marker is in place
                 return
-        reporter.checkpoint_completed(step, digest=self._digest(kwargs, "checkpoint_completed"))
+        digest = self._digest(args, kwargs, "checkpoint_completed")
+        reporter.checkpoint_completed(step, digest=digest)
 
 
 def _checkpoint_folder(args: Any, step: int) -> str | None:
