@@ -86,6 +86,12 @@ def test_the_latency_benchmark_reports_pipe_and_file_tail_percentiles() -> None:
     assert by_name(doc, "file tail")["limit"] == 250.0
 
 
+def test_the_auto_hook_benchmark_finds_the_unset_line_costs_one_lookup() -> None:
+    doc = run_quick("auto")
+    assert by_name(doc, "modules imported by the line")["measured"] == 0
+    assert by_name(doc, "the .pth line, variable unset")["limit"] > 0
+
+
 @SLOW
 @pytest.mark.e2e
 def test_the_reporter_benchmark_emits_its_targets() -> None:

@@ -1,0 +1,134 @@
+"""An HF Trainer job for RecoveryGate drills: a tiny GPT-2 on synthetic tokens, on CPU.
+
+Run it under torchrun (2 ranks; accelerate picks gloo on CPU)::
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 train.py --output-dir=./out
+
+What it shows:
+
+- one line makes it drillable: ``callbacks=[RecoveryGateCallback()]`` (progress per
+  optimizer step, a checkpoint reported only once every rank's part is written, the
+  resume step and state digests). ``--no-callback`` leaves it out: the job is then an
+  unmodified HF script, drillable with ``RECOVERYGATE_AUTO=1`` in its environment;
+- resuming: ``--resume=complete`` (the default) resumes from
+  ``last_complete_checkpoint(output_dir)``, which skips a partial newest folder;
+  ``--resume=hf`` uses ``get_last_checkpoint`` (returns a partial folder after a torn
+  save); ``--resume=none`` never resumes (a bug a drill must catch);
+- ``--output-dir`` may contain ``{tmpdir}`` and ``{pid}``: ``{tmpdir}/out-{pid}`` is
+  per-process storage, the node-local-checkpoint bug (a restarted worker finds nothing).
+
+Nothing is downloaded: the model is built from a ``GPT2Config`` and the data are random
+tokens that depend only on the example's index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing to download; never try
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+SEQUENCE = 16
+VOCAB = 128
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Random tokens, a pure function of the index: a resumed run sees the same data."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(index)
+        ids = torch.randint(0, VOCAB, (SEQUENCE,), generator=generator)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+class StepTime(TrainerCallback):
+    """Sleep after each optimizer step, so a drill has time to watch the run."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if self.seconds > 0:
+            time.sleep(self.seconds)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", default="./out",
+                        help="the Trainer's output_dir; {tmpdir} and {pid} expand")
+    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--save-steps", type=int, default=10)
+    parser.add_argument("--grad-accum", type=int, default=2,
+                        help="gradient accumulation: micro-batches per optimizer step")
+    parser.add_argument("--step-time", type=float, default=0.05,
+                        help="seconds of sleep after each optimizer step")
+    parser.add_argument("--resume", choices=("complete", "hf", "none"), default="complete")
+    parser.add_argument("--no-callback", action="store_true",
+                        help="leave the callback out (for RECOVERYGATE_AUTO=1)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    output_dir = args.output_dir.format(tmpdir=tempfile.gettempdir(), pid=os.getpid())
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(
+        n_layer=1, n_head=2, n_embd=32, n_positions=SEQUENCE, vocab_size=VOCAB,
+        bos_token_id=0, eos_token_id=0,
+    ))
+    training_args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=3,
+        logging_steps=1_000_000,
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo" if "RANK" in os.environ else None,
+        ddp_timeout=60,  # the default, 1800 s, leaves a survivor hanging for 30 minutes
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+    )
+    callbacks: list[TrainerCallback] = [StepTime(args.step_time)]
+    if not args.no_callback:
+        from recoverygate.integrations.transformers import RecoveryGateCallback
+
+        callbacks.append(RecoveryGateCallback())
+    trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(100_000),
+                      callbacks=callbacks)
+    resume: str | None = None
+    if args.resume == "complete":
+        from recoverygate.integrations.transformers import last_complete_checkpoint
+
+        resume = last_complete_checkpoint(output_dir)
+    elif args.resume == "hf" and os.path.isdir(output_dir):
+        resume = get_last_checkpoint(output_dir)
+    trainer.train(resume_from_checkpoint=resume)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Zero lines: with ``RECOVERYGATE_AUTO=1`` every HF and Lightning ``Trainer`` gets the callback.
+
+The reporter distribution installs ``recoverygate-auto.pth`` into site-packages. Python
+runs its one line at start-up; with ``RECOVERYGATE_AUTO`` unset (or empty, or ``0``) that
+line is one environment lookup and nothing else (bench/bench_auto.py measures it).
+Otherwise it calls :func:`install`, which puts one finder at the front of
+``sys.meta_path``. The finder does nothing until one of these modules is imported, and
+then patches exactly one thing in it, once the module has run:
+
+============================================  ===============================================
+module                                        patched
+============================================  ===============================================
+``transformers.trainer``                      ``Trainer.__init__``: after it returns,
+                                              ``self.add_callback(RecoveryGateCallback())``
+``lightning.pytorch.trainer.trainer``         ``Trainer.__init__``: after it returns,
+                                              ``self.callbacks.append(RecoveryGateCallback())``
+``pytorch_lightning.trainer.trainer``         the same, with the ``pytorch_lightning`` callback
+============================================  ===============================================
+
+A trainer that already has a ``RecoveryGateCallback`` (added by hand) gets no second one.
+Nothing else is changed: the resume logic, the checkpoint folder and the process group
+are the job's own -- a drill is there to see them as they are.
+
+``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers`` and
+``lightning`` (``lightning`` covers both Lightning packages), or ``0``/empty/unset (off).
+To turn it off, unset it; :func:`uninstall` removes the finder and the patches in a
+running process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing is not imported: this module loads at interpreter start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = ["ENV", "install", "installed", "patched", "uninstall", "wanted"]
+
+ENV = "RECOVERYGATE_AUTO"
+_OFF = {"", "0", "false", "no", "off"}
+_ON = {"1", "true", "yes", "on", "all"}
+_FRAMEWORKS = ("transformers", "lightning")
+_MARK = "__recoverygate_original__"
+
+#: module name -> (framework, what to patch in it)
+_TARGETS: dict[str, tuple[str, str]] = {
+    "transformers.trainer": ("transformers", "transformers"),
+    "lightning.pytorch.trainer.trainer": ("lightning", "lightning.pytorch"),
+    "pytorch_lightning.trainer.trainer": ("lightning", "pytorch_lightning"),
+}
+
+
+def wanted(value: str | None = None) -> frozenset[str]:
+    """The frameworks ``RECOVERYGATE_AUTO`` (or ``value``) asks for; empty when off."""
+    text = (os.environ.get(ENV, "") if value is None else value).strip().lower()
+    if text in _OFF:
+        return frozenset()
+    if text in _ON:
+        return frozenset(_FRAMEWORKS)
+    names = {part.strip() for part in text.split(",") if part.strip()}
+    return frozenset(name for name in names if name in _FRAMEWORKS)
+
+
+def _warn(error: BaseException | str) -> None:
+    from recoverygate.integrations._common import warn_once
+
+    warn_once(f"{ENV}: the callback was not added", error)
+
+
+def _add_transformers(trainer: Any) -> None:
+    from recoverygate.integrations.transformers import callback_class
+
+    cls = callback_class()
+    if not any(isinstance(cb, cls) for cb in trainer.callback_handler.callbacks):
+        trainer.add_callback(cls())
+
+
+def _add_lightning(namespace: str, trainer: Any) -> None:
+    from recoverygate.integrations.lightning import callback_class
+
+    cls = callback_class(namespace)
+    if not any(isinstance(cb, cls) for cb in trainer.callbacks):
+        trainer.callbacks.append(cls())
+
+
+def _patch(module: Any, add: Callable[[Any], None]) -> None:
+    """Wrap ``module.Trainer.__init__`` so that ``add(trainer)`` runs after it returns."""
+    import functools
+
+    cls = module.Trainer
+    original = cls.__dict__["__init__"]
+    if hasattr(original, _MARK):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            add(self)  # a subclass calling super().__init__ gets here once: add checks
+        except Exception as error:  # never raise into the job's own code
+            _warn(error)
+
+    setattr(__init__, _MARK, original)
+    cls.__init__ = __init__
+
+
+def _patch_module(name: str, module: Any) -> None:
+    framework, namespace = _TARGETS[name]
+    if framework == "transformers":
+        _patch(module, _add_transformers)
+    else:
+        _patch(module, lambda trainer: _add_lightning(namespace, trainer))
+
+
+class _PatchingLoader:
+    """The real loader, plus the patch once the module has run."""
+
+    def __init__(self, loader: Any, name: str) -> None:
+        self._loader = loader
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:  # get_source, is_package, ...: the real loader's
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)  # the framework's own errors propagate as usual
+        try:
+            _patch_module(self._name, module)
+        except Exception as error:
+            _warn(error)
+
+
+class _Finder:
+    """A meta-path finder that only ever answers for the trainer modules of :data:`_TARGETS`."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader, name)
+        return spec
+
+
+def installed() -> bool:
+    """Whether the finder is on ``sys.meta_path``."""
+    return any(isinstance(finder, _Finder) for finder in sys.meta_path)
+
+
+def install(value: str | None = None) -> bool:
+    """Add the finder for the frameworks ``RECOVERYGATE_AUTO`` (or ``value``) names.
+
+    Modules already imported are patched at once. Returns whether anything is watched.
+    Called by ``recoverygate-auto.pth``; never raises.
+    """
+    try:
+        frameworks = wanted(value)
+        names = frozenset(name for name, (fw, _) in _TARGETS.items() if fw in frameworks)
+        if not names or installed():
+            return bool(names)
+        sys.meta_path.insert(0, _Finder(names))
+        for name in names:
+            module = sys.modules.get(name)
+            if module is not None and hasattr(module, "Trainer"):
+                _patch_module(name, module)
+        return True
+    except Exception as error:
+        _warn(error)
+        return False
+
+
+def patched() -> list[str]:
+    """The trainer modules whose ``Trainer.__init__`` is patched in this process."""
+    found = []
+    for name in _TARGETS:
+        module = sys.modules.get(name)
+        init = getattr(getattr(module, "Trainer", None), "__dict__", {}).get("__init__")
+        if init is not None and hasattr(init, _MARK):
+            found.append(name)
+    return found
+
+
+def uninstall() -> None:
+    """Remove the finder and restore every patched ``Trainer.__init__``."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+    for name in patched():
+        cls = sys.modules[name].Trainer
+        cls.__init__ = getattr(cls.__dict__["__init__"], _MARK)

@@ -1,0 +1,145 @@
+"""Run a real drill on a framework job and read what the job itself printed.
+
+Like tests/truth: a ``recovery-test.yaml`` written into ``tmp_path``, ``recoverygate run``
+in a subprocess (local backend, real torchrun, a real SIGKILL), then the report and the
+job's own RECOVERYGATE/v1 lines from the report folder's ``output/`` -- the lines are
+the job's ground truth for what it saved and loaded, digests included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+HF_TRAIN = ROOT / "examples" / "transformers" / "train.py"
+LIGHTNING_TRAIN = ROOT / "examples" / "lightning" / "train.py"
+DCP_JOB = Path(__file__).resolve().parent / "dcp_job.py"
+DRILL_TIMEOUT = 300
+SENTINEL = "RECOVERYGATE/v1 "
+
+
+@dataclass
+class Drill:
+    report: dict[str, Any]
+    returncode: int
+    output: str
+    wall_seconds: float
+    lines: list[dict[str, Any]] = field(default_factory=list)  # the job's events, in order
+
+    @property
+    def verdict(self) -> str:
+        return str(self.report.get("verdict"))
+
+    def explain(self) -> str:
+        r = self.report
+        figures = {k: r.get(k) for k in (
+            "verdict", "resumeStep", "expectedResumeStep", "loadedStep", "lostSteps",
+            "recoveryTimeSeconds", "restarts", "inconclusive", "reasons")}
+        failed = [(c.get("name"), c.get("message")) for c in r.get("checks", [])
+                  if not c.get("passed")]
+        return (f"\nsummary: {r.get('summary')}\nfigures: {figures}\nfailed checks: {failed}"
+                f"\nexit {self.returncode}, {self.wall_seconds:.1f}s\n"
+                f"--- drill output (tail) ---\n{self.output[-3000:]}")
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.lines if e.get("event") == kind]
+
+    def incarnations(self) -> list[str]:
+        seen: list[str] = []
+        for e in self.lines:
+            if e.get("inc") not in seen:
+                seen.append(e["inc"])
+        return seen
+
+
+def job_lines(report_dir: Path) -> list[dict[str, Any]]:
+    """Every RECOVERYGATE/v1 event the job printed (from the kept job output), by time."""
+    found: dict[tuple[str, str, float], dict[str, Any]] = {}
+    for log in sorted((report_dir / "output").glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            at = line.find(SENTINEL)
+            if at < 0:
+                continue
+            try:
+                event = json.loads(line[at + len(SENTINEL):])
+            except ValueError:
+                continue
+            found[(event.get("inc", ""), event.get("event", ""), event.get("time", 0.0))] = event
+    return sorted(found.values(), key=lambda e: e.get("time", 0.0))
+
+
+def run_drill(
+    tmp_path: Path,
+    script: Path,
+    job_args: list[str],
+    *,
+    after: str = "step-20",
+    fault: str = "KillWorker",
+    target_rank: int | None = 1,
+    env: dict[str, str] | None = None,
+    max_recovery: str = "90s",
+    extra_expectations: dict[str, Any] | None = None,
+) -> Drill:
+    command = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", "--max-restarts=3",
+               str(script), *job_args]
+    inject: dict[str, Any] = {"type": fault, "afterCheckpoint": after}
+    if target_rank is not None:
+        inject["targetRank"] = target_rank
+    config = {
+        "name": tmp_path.name,
+        "workload": {
+            "orchestrator": "local",
+            "command": command,
+            "workdir": str(script.parent),
+            "env": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "HF_HUB_OFFLINE": "1",
+                    **(env or {})},
+        },
+        "injectFailure": inject,
+        "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": max_recovery,
+                         "maxLostSteps": 100, **(extra_expectations or {})},
+        "safety": {"requireConfirm": False},
+        "timeouts": {"discovery": "2m", "checkpoint": "2m", "recovery": "3m"},
+    }
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    report_dir = tmp_path / "report"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path),
+         "--report-dir", str(report_dir), "--yes", "-q"],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=DRILL_TIMEOUT,
+        check=False, env={k: v for k, v in os.environ.items() if k != "RECOVERYGATE_AUTO"},
+    )
+    wall = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    report_path = report_dir / "report.json"
+    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
+    report = json.loads(report_path.read_text())
+    return Drill(report, proc.returncode, output, wall, job_lines(report_dir))
+
+
+def validate_accepts(tmp_path: Path, inject: dict[str, Any],
+                     expectations: dict[str, Any] | None = None) -> tuple[bool, str]:
+    """Whether this checkout's ``recoverygate validate`` accepts a drill with these keys."""
+    config = {
+        "workload": {"orchestrator": "local", "command": ["true"]},
+        "injectFailure": inject,
+        "expectations": {"maxRecoveryTime": "1m", **(expectations or {})},
+        "safety": {"requireConfirm": False},
+    }
+    path = tmp_path / "probe.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "pytest_recoverygate.cli", "validate",
+                           "-f", str(path)], capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    return proc.returncode == 0, proc.stdout + proc.stderr
