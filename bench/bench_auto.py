@@ -62,13 +62,26 @@ def line_cost(quick: bool) -> list[Result]:
     exec(code, {})
     imported = sorted(set(sys.modules) - before)
     return [
-        Result("the .pth line, variable unset (compiled once)", min(line), 2 * min(lookup), "ns",
-               baseline=f"2x os.environ.get ({min(lookup):.0f} ns)",
-               note=f"{min(line) / min(lookup):.2f}x one environment lookup"),
-        info("  as site runs it: compile + exec of the line", min(compiled), "ns",
-             note=f"compile + exec of 'pass' alone: {empty:.0f} ns"),
-        info("modules imported by the line, variable unset (must be 0)", float(len(imported)),
-             "modules", note=", ".join(imported) or "none"),
+        Result(
+            "the .pth line, variable unset (compiled once)",
+            min(line),
+            2 * min(lookup),
+            "ns",
+            baseline=f"2x os.environ.get ({min(lookup):.0f} ns)",
+            note=f"{min(line) / min(lookup):.2f}x one environment lookup",
+        ),
+        info(
+            "  as site runs it: compile + exec of the line",
+            min(compiled),
+            "ns",
+            note=f"compile + exec of 'pass' alone: {empty:.0f} ns",
+        ),
+        info(
+            "modules imported by the line, variable unset (must be 0)",
+            float(len(imported)),
+            "modules",
+            note=", ".join(imported) or "none",
+        ),
     ]
 
 
@@ -104,26 +117,34 @@ def startup_cost(quick: bool) -> list[Result]:
         starts.append(time.perf_counter() - t0)
     start_us = median(starts) * 1e6
     return [
-        Result("the .pth file at start-up, variable unset", file_us, 0.01 * start_us, "µs",
-               baseline=f"1% of python -c pass ({start_us / 1e3:.1f} ms)",
-               note=f"site.addsitedir with it {median(a) / 1e3:.1f} µs, "
-               f"without {median(b) / 1e3:.1f} µs (medians of {reps})"),
+        Result(
+            "the .pth file at start-up, variable unset",
+            file_us,
+            0.01 * start_us,
+            "µs",
+            baseline=f"1% of python -c pass ({start_us / 1e3:.1f} ms)",
+            note=f"site.addsitedir with it {median(a) / 1e3:.1f} µs, "
+            f"without {median(b) / 1e3:.1f} µs (medians of {reps})",
+        ),
     ]
 
 
 def enabled_cost(quick: bool) -> list[Result]:
-    code = ("import time; t0 = time.perf_counter(); "
-            "import recoverygate.integrations.auto as a; t1 = time.perf_counter(); "
-            "a.install('1'); t2 = time.perf_counter(); "
-            "print((t1 - t0) * 1e6, (t2 - t1) * 1e6)")
+    code = (
+        "import time; t0 = time.perf_counter(); "
+        "import recoverygate.integrations.auto as a; t1 = time.perf_counter(); "
+        "a.install('1'); t2 = time.perf_counter(); "
+        "print((t1 - t0) * 1e6, (t2 - t1) * 1e6)"
+    )
     with tempfile.TemporaryDirectory(prefix="rg-bench-pycache-") as pycache:
         env = subprocess_env(PYTHONPYCACHEPREFIX=pycache)  # bytecode cached, as installed
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.pop("RECOVERYGATE_AUTO", None)
         samples = []
         for _ in range(3 if quick else 11):
-            out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                 capture_output=True, text=True).stdout.split()
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+            ).stdout.split()
             samples.append((float(out[0]), float(out[1])))
     import_us = median([s[0] for s in samples[1:]])
     install_us = median([s[1] for s in samples[1:]])
@@ -131,14 +152,20 @@ def enabled_cost(quick: bool) -> list[Result]:
 
     finder = auto._Finder(frozenset({"transformers.trainer"}))
     number = 20_000 if quick else 200_000
-    miss = min(timeit.repeat(lambda: finder.find_spec("json.decoder", None), number=number,
-                             repeat=5)) / number * 1e9
+    miss = (
+        min(timeit.repeat(lambda: finder.find_spec("json.decoder", None), number=number, repeat=5))
+        / number
+        * 1e9
+    )
     return [
-        info("RECOVERYGATE_AUTO=1: import of the hook module (bytecode cached)", import_us,
-             "µs"),
+        info("RECOVERYGATE_AUTO=1: import of the hook module (bytecode cached)", import_us, "µs"),
         info("RECOVERYGATE_AUTO=1: install() (one finder on sys.meta_path)", install_us, "µs"),
-        info("RECOVERYGATE_AUTO=1: the finder on an import it does not watch", miss, "ns",
-             note="one set lookup per import of a module not yet loaded"),
+        info(
+            "RECOVERYGATE_AUTO=1: the finder on an import it does not watch",
+            miss,
+            "ns",
+            note="one set lookup per import of a module not yet loaded",
+        ),
     ]
 
 

@@ -253,7 +253,7 @@ def run(quick: bool) -> list[Result]:
         on_dicts: list[float] = []
         for i in range(rounds):
             order = [save, shipped, shipped_on_state_dicts]
-            order = order[i % 3:] + order[: i % 3]
+            order = order[i % 3 :] + order[: i % 3]
             times = {fn.__name__: _time(fn) for fn in order}
             saves.append(times["save"])
             digests.append(times["shipped"])
@@ -274,8 +274,12 @@ def run(quick: bool) -> list[Result]:
                 f"paired ratios {min(ratios) * 100:.1f}-{max(ratios) * 100:.1f} % over "
                 f"{rounds} rounds",
                 extra={
-                    "params": params, "bytes": size, "tensors": len(tensors),
-                    "digest_s": digests, "save_s": saves, "ratios": ratios,
+                    "params": params,
+                    "bytes": size,
+                    "tensors": len(tensors),
+                    "digest_s": digests,
+                    "save_s": saves,
+                    "ratios": ratios,
                     "ratio_iqr": [percentile(ratios, 25), percentile(ratios, 75)],
                 },
             )

@@ -48,7 +48,8 @@ def spread_points(doc: dict[str, Any]) -> list[tuple[float, float | None, float 
     kills = ((doc.get("costs") or {}).get("perKill")) or []
     return [
         (k["position"], k.get("recoveryTimeSeconds"), k.get("lostWorkSeconds"))
-        for k in kills if k.get("position") is not None
+        for k in kills
+        if k.get("position") is not None
     ]
 
 
@@ -63,15 +64,28 @@ def build_spread_figure(doc: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=100)
     nan = float("nan")  # a kill without the figure leaves a gap
     xs = [p for p, _, _ in points]
-    ax.plot(xs, [nan if r is None else r for _, r, _ in points], "o-", color="#0969da",
-            label="recovery time (s)")
-    ax.plot(xs, [nan if w is None else w for _, _, w in points], "s--", color="#cf222e",
-            label="lost work (s)")
+    ax.plot(
+        xs,
+        [nan if r is None else r for _, r, _ in points],
+        "o-",
+        color="#0969da",
+        label="recovery time (s)",
+    )
+    ax.plot(
+        xs,
+        [nan if w is None else w for _, _, w in points],
+        "s--",
+        color="#cf222e",
+        label="lost work (s)",
+    )
     ax.set_xlim(-0.05, 1.05)
     ax.set_xlabel("where the kill landed in the checkpoint interval (0 = right after a save)")
     ax.set_ylabel("seconds")
-    ax.set_title(f"{doc.get('verdict', '')}: the cost of a failure across the interval "
-                 f"({len(points)} kills)", fontsize=10)
+    ax.set_title(
+        f"{doc.get('verdict', '')}: the cost of a failure across the interval "
+        f"({len(points)} kills)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.25)
     ax.legend(fontsize=8, loc="upper left")
     return fig
@@ -101,10 +115,18 @@ def build_goodput_figure(projection: Projection) -> Any:
     ys = [useful_fraction(x, i.stall, i.recovery, mtbf) for x in xs]
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=100)
     ax.plot([x / 60 for x in xs], ys, color="#1a7f37")
-    ax.axvline(projection.current_interval / 60, color="#57606a", ls="--",
-               label=f"today: {projection.current_goodput:.1%}")
-    ax.axvline(projection.optimal_interval / 60, color="#8250df", ls=":",
-               label=f"optimal: {projection.optimal_goodput:.1%}")
+    ax.axvline(
+        projection.current_interval / 60,
+        color="#57606a",
+        ls="--",
+        label=f"today: {projection.current_goodput:.1%}",
+    )
+    ax.axvline(
+        projection.optimal_interval / 60,
+        color="#8250df",
+        ls=":",
+        label=f"optimal: {projection.optimal_goodput:.1%}",
+    )
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (minutes of training, log scale)")
     ax.set_ylabel("expected goodput")

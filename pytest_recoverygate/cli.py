@@ -52,24 +52,37 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="run a drill", description="Run the drill a config describes.",
-                         epilog=EPILOG)
+    run = sub.add_parser(
+        "run", help="run a drill", description="Run the drill a config describes.", epilog=EPILOG
+    )
     run.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
-    run.add_argument("--dry-run", action="store_true",
-                     help="run the whole flow minus the kill; issue no destructive call")
-    run.add_argument("--yes", "-y", action="store_true",
-                     help="confirm the kill without asking (needed when not on a terminal "
-                     "and safety.requireConfirm is true)")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the whole flow minus the kill; issue no destructive call",
+    )
+    run.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="confirm the kill without asking (needed when not on a terminal "
+        "and safety.requireConfirm is true)",
+    )
     run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
-    run.add_argument("--report-dir", type=Path, metavar="DIR",
-                     help="write report.json, events.jsonl, summary.md and the timeline "
-                     "picture into DIR")
-    run.add_argument("-q", "--quiet", action="store_true",
-                     help="no live progress; print only the verdict block")
+    run.add_argument(
+        "--report-dir",
+        type=Path,
+        metavar="DIR",
+        help="write report.json, events.jsonl, summary.md and the timeline picture into DIR",
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no live progress; print only the verdict block"
+    )
     validate = sub.add_parser("validate", help="check a config without touching anything")
     validate.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
     goodput = sub.add_parser(
-        "goodput", help="project a drill's measured failure cost to a large run",
+        "goodput",
+        help="project a drill's measured failure cost to a large run",
         description="From a drill's report.json (its measured step time, checkpoint "
         "interval, save stall and recovery time), the expected goodput of the job at a "
         "scale and the checkpoint interval that maximises it (docs/goodput.md).",
@@ -77,15 +90,29 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     goodput.add_argument("report", type=Path, help="a drill's report.json")
     goodput.add_argument("--gpus", type=int, required=True, help="GPUs of the projected run")
     rate = goodput.add_mutually_exclusive_group()
-    rate.add_argument("--mtbf-hours", type=float, metavar="H",
-                      help="mean time between failures of the whole job at that scale")
-    rate.add_argument("--failures-per-gpu-hour", type=float, metavar="F",
-                      help="failures per GPU-hour (default: Llama 3 405B's, 419 in 54 days "
-                      "on 16,384 GPUs)")
-    goodput.add_argument("--interval", metavar="DURATION|Nsteps",
-                         help="also evaluate this checkpoint interval (e.g. 30m, 500steps)")
-    goodput.add_argument("--plot", type=Path, metavar="DIR",
-                         help="write goodput.png/.svg (goodput against the interval) here")
+    rate.add_argument(
+        "--mtbf-hours",
+        type=float,
+        metavar="H",
+        help="mean time between failures of the whole job at that scale",
+    )
+    rate.add_argument(
+        "--failures-per-gpu-hour",
+        type=float,
+        metavar="F",
+        help="failures per GPU-hour (default: Llama 3 405B's, 419 in 54 days on 16,384 GPUs)",
+    )
+    goodput.add_argument(
+        "--interval",
+        metavar="DURATION|Nsteps",
+        help="also evaluate this checkpoint interval (e.g. 30m, 500steps)",
+    )
+    goodput.add_argument(
+        "--plot",
+        type=Path,
+        metavar="DIR",
+        help="write goodput.png/.svg (goodput against the interval) here",
+    )
     return parser
 
 
@@ -113,18 +140,26 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
             text = args.interval.replace(" ", "")
             if text.endswith("steps") and text[:-5].isdigit():
                 if not inputs.interval_steps:
-                    raise ProjectionError("--interval in steps needs the checkpoint interval "
-                                          "in steps, which the report lacks")
+                    raise ProjectionError(
+                        "--interval in steps needs the checkpoint interval "
+                        "in steps, which the report lacks"
+                    )
                 interval = int(text[:-5]) * inputs.interval_seconds / inputs.interval_steps
             else:
                 try:
                     interval = parse_duration(text)
                 except ValueError as exc:
-                    raise ProjectionError(f"--interval {args.interval!r}: {exc}; write a "
-                                          "duration (30m) or a step count (500steps)") from None
-        projection = project(inputs, args.gpus, mtbf_hours=args.mtbf_hours,
-                             failures_per_gpu_hour=args.failures_per_gpu_hour,
-                             interval=interval)
+                    raise ProjectionError(
+                        f"--interval {args.interval!r}: {exc}; write a "
+                        "duration (30m) or a step count (500steps)"
+                    ) from None
+        projection = project(
+            inputs,
+            args.gpus,
+            mtbf_hours=args.mtbf_hours,
+            failures_per_gpu_hour=args.failures_per_gpu_hour,
+            interval=interval,
+        )
     except ProjectionError as exc:
         print(f"{name} goodput: {args.report}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -133,8 +168,11 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
         from pytest_recoverygate.charts import PLOT_HINT, write_goodput_picture
 
         pictures = write_goodput_picture(projection, args.plot)
-        print(f"  picture: {', '.join(str(p) for p in pictures)}" if pictures
-              else f"  no picture: {PLOT_HINT}")
+        print(
+            f"  picture: {', '.join(str(p) for p in pictures)}"
+            if pictures
+            else f"  no picture: {PLOT_HINT}"
+        )
     return EXIT_PASS
 
 
@@ -217,9 +255,7 @@ def print_result(
     known failure signatures and, on FAIL or ERROR, the failing worker's last lines."""
     from pytest_recoverygate.report import cost_line, figures
 
-    stream.write(
-        f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n"
-    )
+    stream.write(f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n")
     if result.target is not None:
         stream.write(f"  target: {result.target.describe()}\n")
     shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
@@ -227,8 +263,13 @@ def print_result(
         stream.write("  " + "  ".join(f"{k}={v}" for k, v in shown.items()) + "\n")
     breakdown = dict(result.breakdown)
     if breakdown:
-        stream.write("  recovery breakdown (s after kill): " + ", ".join(
-            f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()) + "\n")
+        stream.write(
+            "  recovery breakdown (s after kill): "
+            + ", ".join(
+                f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()
+            )
+            + "\n"
+        )
     costs = cost_line(result)
     if costs:
         stream.write(f"  {costs}\n")
@@ -249,9 +290,17 @@ def _print_evidence(
 
     for diagnosis in evidence.diagnoses:
         stream.write(f"\n  diagnosis: {diagnosis.title}\n")
-        stream.write(textwrap.fill(diagnosis.text, width=100, initial_indent="    ",
-                                   subsequent_indent="    ", break_long_words=False,
-                                   break_on_hyphens=False) + "\n")
+        stream.write(
+            textwrap.fill(
+                diagnosis.text,
+                width=100,
+                initial_indent="    ",
+                subsequent_indent="    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            + "\n"
+        )
         stream.write(f"    evidence: {shorten(diagnosis.evidence, TAIL_LINE_LIMIT)}\n")
         stream.write(f"    more: {diagnosis.docs}\n")
     tail = evidence.failing_tail()

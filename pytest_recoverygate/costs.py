@@ -57,13 +57,16 @@ class Spread:
         data = [float(v) for v in values]
         if not data:
             return None
-        return cls(len(data), min(data), statistics.median(data), percentile(data, 95),
-                   max(data))
+        return cls(len(data), min(data), statistics.median(data), percentile(data, 95), max(data))
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"count": self.count, "min": round(self.min, 6),
-                "median": round(self.median, 6), "p95": round(self.p95, 6),
-                "max": round(self.max, 6)}
+        return {
+            "count": self.count,
+            "min": round(self.min, 6),
+            "median": round(self.median, 6),
+            "p95": round(self.p95, 6),
+            "max": round(self.max, 6),
+        }
 
 
 @dataclass(frozen=True)
@@ -103,15 +106,18 @@ class Costs:
             "recoveryTimeSeconds": self.recovery_time.as_dict() if self.recovery_time else None,
             "lostSteps": self.lost_steps.as_dict() if self.lost_steps else None,
             "lostWorkSeconds": (
-                self.lost_work_seconds.as_dict() if self.lost_work_seconds else None),
+                self.lost_work_seconds.as_dict() if self.lost_work_seconds else None
+            ),
             "lostWorkUpperBoundSeconds": (
-                self.lost_work_upper_seconds.as_dict() if self.lost_work_upper_seconds else None),
+                self.lost_work_upper_seconds.as_dict() if self.lost_work_upper_seconds else None
+            ),
             "perKill": [dict(k) for k in self.per_kill],
             "missing": dict(self.missing),
         }
 
     def flat(self) -> dict[str, float | int | None]:
         """The headline figures, flat (JUnit properties, the CLI block)."""
+
         def med(spread: Spread | None) -> float | None:
             return None if spread is None else round(spread.median, 6)
 
@@ -126,8 +132,9 @@ class Costs:
         }
 
 
-def _spans(saves: Sequence[tuple[int, float, float | None]],
-           kills: Sequence[float]) -> list[tuple[float, float]]:
+def _spans(
+    saves: Sequence[tuple[int, float, float | None]], kills: Sequence[float]
+) -> list[tuple[float, float]]:
     spans = [(start, done) for _, start, done in saves if done is not None]
     spans += [(k, k) for k in kills]
     return spans
@@ -175,8 +182,7 @@ def measure(
     elif not save_times:
         missing["saveTime"] = "no save was seen from checkpoint_started to checkpoint_completed"
     stalls: list[float] = []
-    windows = ([(a, c) for _, a, c in done] if done
-               else [(t, t) for _, t in checkpoints])
+    windows = [(a, c) for _, a, c in done] if done else [(t, t) for _, t in checkpoints]
     if step_median is not None:
         for start, end in windows:
             for points in by_inc.values():
@@ -192,13 +198,13 @@ def measure(
     if not stalls:
         missing["saveStall"] = (
             "no save was bracketed by progress lines of one process"
-            if step_median is not None else "the step time is unknown"
+            if step_median is not None
+            else "the step time is unknown"
         )
     interval_steps: float | None = None
     interval_seconds: float | None = None
     if checkpoints:
-        owners = list(checkpoint_incs) if checkpoint_incs is not None else [""] * len(
-            checkpoints)
+        owners = list(checkpoint_incs) if checkpoint_incs is not None else [""] * len(checkpoints)
         groups: dict[str, list[tuple[float, int]]] = {}
         for (step, at), owner in zip(checkpoints, owners, strict=False):
             groups.setdefault(owner, []).append((at, step))
@@ -217,28 +223,36 @@ def measure(
     lost_work: list[float] = []
     lost_upper: list[float] = []
     for rec in recoveries:
-        work = (rec.lost_steps * step_median
-                if rec.lost_steps is not None and step_median is not None else None)
-        upper = (rec.lost_steps_upper_bound * step_median
-                 if rec.lost_steps_upper_bound is not None and step_median is not None
-                 else None)
+        work = (
+            rec.lost_steps * step_median
+            if rec.lost_steps is not None and step_median is not None
+            else None
+        )
+        upper = (
+            rec.lost_steps_upper_bound * step_median
+            if rec.lost_steps_upper_bound is not None and step_median is not None
+            else None
+        )
         if work is not None:
             lost_work.append(work)
         if upper is not None:
             lost_upper.append(upper)
-        per_kill.append({
-            "index": rec.index,
-            "position": rec.position,
-            "recoveryTimeSeconds": rec.recovery_time_seconds,
-            "lostSteps": rec.lost_steps,
-            "lostStepsUpperBound": rec.lost_steps_upper_bound,
-            "lostWorkSeconds": None if work is None else round(work, 6),
-            "lostWorkUpperBoundSeconds": None if upper is None else round(upper, 6),
-            "verdict": rec.verdict.value,
-        })
+        per_kill.append(
+            {
+                "index": rec.index,
+                "position": rec.position,
+                "recoveryTimeSeconds": rec.recovery_time_seconds,
+                "lostSteps": rec.lost_steps,
+                "lostStepsUpperBound": rec.lost_steps_upper_bound,
+                "lostWorkSeconds": None if work is None else round(work, 6),
+                "lostWorkUpperBoundSeconds": None if upper is None else round(upper, 6),
+                "verdict": rec.verdict.value,
+            }
+        )
     if recoveries and not lost_work:
         missing["lostWork"] = (
-            "the step time or the lost steps are unknown" if step_median is None
+            "the step time or the lost steps are unknown"
+            if step_median is None
             else "no kill has a measured number of lost steps"
         )
     return Costs(
@@ -251,8 +265,9 @@ def measure(
         saves_measured=len(stalls),
         checkpoint_interval_steps=interval_steps,
         checkpoint_interval_seconds=interval_seconds,
-        recovery_time=Spread.of(r.recovery_time_seconds for r in recoveries
-                                if r.recovery_time_seconds is not None),
+        recovery_time=Spread.of(
+            r.recovery_time_seconds for r in recoveries if r.recovery_time_seconds is not None
+        ),
         lost_steps=Spread.of(r.lost_steps for r in recoveries if r.lost_steps is not None),
         lost_work_seconds=Spread.of(lost_work),
         lost_work_upper_seconds=Spread.of(lost_upper),

@@ -310,8 +310,10 @@ class DrillEngine:
         if self.phase is Phase.WAITING_FOR_CHECKPOINT:
             armed = self._armed
             if armed is not None:
-                return (f"{armed.why}; the kill lands in "
-                        f"{format_seconds(max(armed.fire_at - now, 0.0))}")
+                return (
+                    f"{armed.why}; the kill lands in "
+                    f"{format_seconds(max(armed.fire_at - now, 0.0))}"
+                )
             last = ev.checkpoints[-1].step if ev.checkpoints else None
             seen = f"; last checkpoint step {last}" if last is not None else ""
             return f"waiting for {self.waiting_for}{seen}"
@@ -381,7 +383,9 @@ class DrillEngine:
             return []
         kill.group_seen.setdefault(event.kind, event.timestamp)
         if kill.detected is None and event.kind in (
-            GroupEventKind.WORKER_GONE, GroupEventKind.RESTARTING, GroupEventKind.JOB_FAILED
+            GroupEventKind.WORKER_GONE,
+            GroupEventKind.RESTARTING,
+            GroupEventKind.JOB_FAILED,
         ):
             kill.detected = event.timestamp
         if event.kind is GroupEventKind.RESTARTING:
@@ -391,7 +395,9 @@ class DrillEngine:
                 kill.group_restarts += 1
         if ended:
             kill.job_ended = (
-                event.timestamp, event.detail, event.kind is GroupEventKind.JOB_SUCCEEDED
+                event.timestamp,
+                event.detail,
+                event.kind is GroupEventKind.JOB_SUCCEEDED,
             )
             return self._judge(event.timestamp)
         return []
@@ -404,8 +410,9 @@ class DrillEngine:
         if result.outcome is KillOutcome.KILLED:
             assert armed is not None
             index = len(self._recoveries) + 1
-            self._kill = KillRecord(index, armed.step, armed.trigger_time, result.timestamp,
-                               armed.rank)
+            self._kill = KillRecord(
+                index, armed.step, armed.trigger_time, result.timestamp, armed.rank
+            )
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
             self.ledger.killed(result.timestamp)
@@ -415,11 +422,15 @@ class DrillEngine:
         if result.outcome is KillOutcome.DRY_RUN:
             self.note(result.timestamp, "kill:dry-run", result.detail)
             check = Check(
-                "kill_allowed", True, "the kill is allowed", result.detail or "allowed",
+                "kill_allowed",
+                True,
+                "the kill is allowed",
+                result.detail or "allowed",
                 "dry run: the trigger checkpoint was reached and the kill would be allowed",
             )
             return self._finish(
-                result.timestamp, Verdict.DRY_RUN,
+                result.timestamp,
+                Verdict.DRY_RUN,
                 f"dry run: reached checkpoint step {self.trigger_step}; "
                 "the kill would be allowed; nothing was killed",
                 (check,),
@@ -435,8 +446,10 @@ class DrillEngine:
 
     def tick(self, now: float) -> list[Action]:
         armed = self._armed
-        if self.phase is Phase.WAITING_FOR_CHECKPOINT and armed is not None and (
-            now >= armed.fire_at
+        if (
+            self.phase is Phase.WAITING_FOR_CHECKPOINT
+            and armed is not None
+            and (now >= armed.fire_at)
         ):
             return self._fire(now)
         deadline = self.deadline
@@ -444,8 +457,10 @@ class DrillEngine:
             return []
         if self.phase is Phase.WAITING_FOR_CHECKPOINT:
             last = self.ledger.checkpoints[-1].step if self.ledger.checkpoints else None
-            seen = f"the last checkpoint seen was step {last}" if last is not None else (
-                "no checkpoint was seen at all"
+            seen = (
+                f"the last checkpoint seen was step {last}"
+                if last is not None
+                else ("no checkpoint was seen at all")
             )
             return self._finish_error(
                 now,
@@ -473,8 +488,12 @@ class DrillEngine:
             inc.restart = event.restart_count
         if kind is TrainingEventKind.START:
             ev.start(inc, event)
-            self.note(event.timestamp, "start",
-                      f"{'new incarnation' if new else 'incarnation'} {inc.id}", pid=event.pid)
+            self.note(
+                event.timestamp,
+                "start",
+                f"{'new incarnation' if new else 'incarnation'} {inc.id}",
+                pid=event.pid,
+            )
             if new:
                 self._detected(event.timestamp)
             return []
@@ -503,20 +522,30 @@ class DrillEngine:
             if new and self.phase is Phase.RECOVERING:
                 self._move(Phase.VERIFYING)  # it resumed: now it must train past the step
             if inc.born == 0 and not ev.kills and inc.first is None:
-                self.note(event.timestamp, "note",
-                          f"the job resumed from step {step} when the drill started")
+                self.note(
+                    event.timestamp,
+                    "note",
+                    f"the job resumed from step {step} when the drill started",
+                )
         return []
 
     def _on_checkpoint(self, inc: Inc, event: TrainingEvent, *, new: bool) -> list[Action]:
         assert event.step is not None
         step, at = event.step, event.timestamp
         ckpt = self.ledger.checkpoint(inc, event, new=new)
-        detail = (f"replacement checkpoint step {step}" if new else f"step {step}"
-                  + (" (completed after the kill)" if ckpt.after_kill else ""))
+        detail = (
+            f"replacement checkpoint step {step}"
+            if new
+            else f"step {step}" + (" (completed after the kill)" if ckpt.after_kill else "")
+        )
         self.note(at, "checkpoint", detail, step=step)
         kill = self._kill
-        if kill is not None and self.ledger.open and not new and ckpt.after_kill and (
-            self.spec.fault == "Preempt" and at <= kill.time + self.spec.grace_period
+        if (
+            kill is not None
+            and self.ledger.open
+            and not new
+            and ckpt.after_kill
+            and (self.spec.fault == "Preempt" and at <= kill.time + self.spec.grace_period)
         ):
             kill.details.setdefault("savedStep", step)
             kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
@@ -526,13 +555,21 @@ class DrillEngine:
                 # The save finished before the kill landed: aim at the next one, at once.
                 self._armed = None
                 self._torn_retry = True
-                self.note(at, "note", f"the save of checkpoint {step} completed "
-                          f"{format_seconds(at - armed.trigger_time)} after it started, before "
-                          "the kill landed; aiming at the next save, right at its start")
+                self.note(
+                    at,
+                    "note",
+                    f"the save of checkpoint {step} completed "
+                    f"{format_seconds(at - armed.trigger_time)} after it started, before "
+                    "the kill landed; aiming at the next save, right at its start",
+                )
                 return []
             if armed.save_started is None and step > armed.step:
-                self.note(at, "note", f"checkpoint {step} completed before the delayed kill "
-                          "landed: the kill is not before the next checkpoint")
+                self.note(
+                    at,
+                    "note",
+                    f"checkpoint {step} completed before the delayed kill "
+                    "landed: the kill is not before the next checkpoint",
+                )
                 self._slipped.append(step)
         if new or self.spec.fault == "KillDuringCheckpoint":
             return []
@@ -563,7 +600,8 @@ class DrillEngine:
         detail = f": {event.detail}" if event.detail else ""
         if not self._recoveries:
             fix = (
-                "" if event.kind is GroupEventKind.JOB_FAILED
+                ""
+                if event.kind is GroupEventKind.JOB_FAILED
                 else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
             )
             return self._finish_error(
@@ -571,10 +609,13 @@ class DrillEngine:
                 f"the job {how}{step} before the drill could kill anything{detail}{fix}",
             )
         done = len(self._recoveries)
-        return self._finish_overall(event.timestamp, error=(
-            f"the job {how}{step} after {done} verified recover{'y' if done == 1 else 'ies'}, "
-            f"before the next kill{detail}; lengthen the run"
-        ))
+        return self._finish_overall(
+            event.timestamp,
+            error=(
+                f"the job {how}{step} after {done} verified recover{'y' if done == 1 else 'ies'}, "
+                f"before the next kill{detail}; lengthen the run"
+            ),
+        )
 
     # ------------------------------------------------------------------ triggers
 
@@ -599,12 +640,15 @@ class DrillEngine:
         if self.spec.state_digest_matches and not torn:
             ckpt = self.ledger.checkpoints[-1]
             if ckpt.step == step and ckpt.digest is None:
-                return self._finish_error(at, (
-                    f"expectations.stateDigestMatches is set but checkpoint {step} carried no "
-                    "digest, so the loaded state could never be compared: pass "
-                    "digest=reporter.state_digest(model, optimizer, scheduler) to "
-                    "checkpoint_completed (and to checkpoint_loaded); nothing was killed"
-                ))
+                return self._finish_error(
+                    at,
+                    (
+                        f"expectations.stateDigestMatches is set but checkpoint {step} carried no "
+                        "digest, so the loaded state could never be compared: pass "
+                        "digest=reporter.state_digest(model, optimizer, scheduler) to "
+                        "checkpoint_completed (and to checkpoint_loaded); nothing was killed"
+                    ),
+                )
         timing = self._fire_time(step, at)
         if timing is None:
             return []  # the interval is not known yet: wait for another checkpoint
@@ -613,8 +657,12 @@ class DrillEngine:
         if torn and rank is None:
             rank = save_rank
         elif torn and save_rank is not None and rank != save_rank and not self._recoveries:
-            self.note(at, "note", f"rank {rank} does not report the save (rank {save_rank} "
-                      "does): killing it can tear the checkpoint only if it writes part of it")
+            self.note(
+                at,
+                "note",
+                f"rank {rank} does not report the save (rank {save_rank} "
+                "does): killing it can tear the checkpoint only if it writes part of it",
+            )
         self._armed = _Armed(fire_at, step, at, rank, why, save_started=at if torn else None)
         self._slipped.clear()
         self.trigger_step = step
@@ -649,21 +697,27 @@ class DrillEngine:
         if interval is None:
             if step not in self._skipped_triggers:
                 self._skipped_triggers.add(step)
-                self.note(at, "note", f"delay {delay.describe()} needs the checkpoint interval: "
-                          f"waiting for another checkpoint after step {step} to measure it")
+                self.note(
+                    at,
+                    "note",
+                    f"delay {delay.describe()} needs the checkpoint interval: "
+                    f"waiting for another checkpoint after step {step} to measure it",
+                )
             return None
         seconds, steps = interval
         if delay.kind == "fraction":
             return at + delay.value * seconds, (
                 f"checkpoint {step} completed; the kill lands {delay.value:.0%} into the "
-                f"{format_seconds(seconds)} checkpoint interval")
+                f"{format_seconds(seconds)} checkpoint interval"
+            )
         if delay.kind == "spread":
             total = spec.count or 1
             index = len(self._recoveries)
             fraction = index / total
             return at + fraction * seconds, (
                 f"checkpoint {step} completed; kill {index + 1} of {total} lands at "
-                f"{fraction:.0%} of the {format_seconds(seconds)} checkpoint interval")
+                f"{fraction:.0%} of the {format_seconds(seconds)} checkpoint interval"
+            )
         save = ev.save_seconds() or 0.0
         rate = ev.rate()
         step_time = 1.0 / rate if rate else 0.0
@@ -672,14 +726,22 @@ class DrillEngine:
         return at + offset, (
             f"checkpoint {step} completed; the kill lands {format_seconds(offset)} later, "
             f"just before the next save is due (interval {format_seconds(seconds)}, "
-            f"{steps:g} steps)")
+            f"{steps:g} steps)"
+        )
 
     def _fire(self, now: float) -> list[Action]:
         armed = self._armed
         assert armed is not None
         self._move(Phase.KILLING)
-        return [KillTarget(armed.step, len(self._recoveries) + 1, self.spec.fault, armed.rank,
-                           self.spec.grace_period)]
+        return [
+            KillTarget(
+                armed.step,
+                len(self._recoveries) + 1,
+                self.spec.fault,
+                armed.rank,
+                self.spec.grace_period,
+            )
+        ]
 
     def _position(self, trigger_time: float, kill_time: float) -> float | None:
         """Where in the checkpoint interval the kill landed (0 right after a checkpoint)."""
@@ -727,9 +789,8 @@ class DrillEngine:
             return self._finish_overall(now)
         recovery = judge(self.ledger, self.spec, kill, inc, now=now, note=self.note)
         self._recoveries.append(recovery)
-        more = (
-            recovery.verdict is Verdict.PASS
-            and (self.spec.count is None or len(self._recoveries) < self.spec.count)
+        more = recovery.verdict is Verdict.PASS and (
+            self.spec.count is None or len(self._recoveries) < self.spec.count
         )
         if budget_mode and recovery.verdict is Verdict.PASS:
             budget = self.spec.restart_budget
@@ -743,8 +804,9 @@ class DrillEngine:
             self._waiting_since = now
             self._torn_retry = False
             self._move(Phase.WAITING_FOR_CHECKPOINT)
-            self.note(now, "note", f"recovery {kill.index} verified; waiting for "
-                      f"{self.waiting_for}")
+            self.note(
+                now, "note", f"recovery {kill.index} verified; waiting for {self.waiting_for}"
+            )
             return []
         return self._finish_overall(now)
 
@@ -756,14 +818,20 @@ class DrillEngine:
         if error is not None:
             return self._finish(now, Verdict.ERROR, error, ())
         verdict, summary, checks, headline = overall(
-            self.spec, self._recoveries, self._gave_up, self.known_budget)
+            self.spec, self._recoveries, self._gave_up, self.known_budget
+        )
         return self._finish(now, verdict, summary, checks, headline=headline)
 
     def _finish_error(self, now: float, message: str) -> list[Action]:
         return self._finish(now, Verdict.ERROR, message, ())
 
     def _finish(
-        self, now: float, verdict: Verdict, summary: str, checks: tuple[Check, ...], *,
+        self,
+        now: float,
+        verdict: Verdict,
+        summary: str,
+        checks: tuple[Check, ...],
+        *,
         headline: Recovery | None = None,
     ) -> list[Action]:
         self.note(now, "verdict", f"{verdict.value}: {summary}")
@@ -774,14 +842,24 @@ class DrillEngine:
     def _notes(self, contract: StepContract) -> tuple[str, ...]:
         notes: list[str] = []
         if contract.resumed_from is not None:
-            notes.append(f"the job resumed from step {contract.resumed_from} when the drill "
-                         "started (a checkpoint left by an earlier run)")
-        notes += [e.detail for e in self._timeline if e.kind == "note"
-                  and not e.detail.startswith("recovery ")]
+            notes.append(
+                f"the job resumed from step {contract.resumed_from} when the drill "
+                "started (a checkpoint left by an earlier run)"
+            )
+        notes += [
+            e.detail
+            for e in self._timeline
+            if e.kind == "note" and not e.detail.startswith("recovery ")
+        ]
         return tuple(dict.fromkeys(notes))
 
     def _result(
-        self, now: float, verdict: Verdict, summary: str, checks: tuple[Check, ...], *,
+        self,
+        now: float,
+        verdict: Verdict,
+        summary: str,
+        checks: tuple[Check, ...],
+        *,
         headline: Recovery | None = None,
     ) -> DrillResult:
         ev = self.ledger
@@ -801,8 +879,9 @@ class DrillEngine:
             resume_step=h.resume_step if h else None,
             expected_resume_step=expected,
             loaded_step=h.loaded_step if h else None,
-            last_step_before_kill=(h.last_step_before_kill if h
-                                   else ev.last_before_kill()[0] if kill else None),
+            last_step_before_kill=(
+                h.last_step_before_kill if h else ev.last_before_kill()[0] if kill else None
+            ),
             last_step_before_kill_upper_bound=h.last_step_before_kill_upper_bound if h else None,
             lost_steps=h.lost_steps if h else None,
             lost_steps_upper_bound=h.lost_steps_upper_bound if h else None,
@@ -822,4 +901,3 @@ class DrillEngine:
             started_at=self.started_at,
             finished_at=now,
         )
-

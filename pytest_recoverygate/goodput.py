@@ -114,18 +114,20 @@ def inputs_from_report(doc: Mapping[str, Any]) -> Inputs:
         need.append(f"the step time ({missing.get('stepTime', 'not measured')})")
     if interval is None:
         need.append(
-            f"the checkpoint interval ({missing.get('checkpointInterval', 'not measured')})")
+            f"the checkpoint interval ({missing.get('checkpointInterval', 'not measured')})"
+        )
     if stall is None and save is None:
         need.append(
             f"the save stall ({missing.get('saveStall', 'not measured')}; "
-            f"{missing.get('saveTime', 'no save time either')})")
-    if recovery is None:
-        need.append("the recovery time (no kill of this drill recovered: a PASS or FAIL "
-                    "report with a measured recovery is needed)")
-    if need or step is None or interval is None or recovery is None:
-        raise ProjectionError(
-            "this report lacks what the projection needs: " + "; ".join(need)
+            f"{missing.get('saveTime', 'no save time either')})"
         )
+    if recovery is None:
+        need.append(
+            "the recovery time (no kill of this drill recovered: a PASS or FAIL "
+            "report with a measured recovery is needed)"
+        )
+    if need or step is None or interval is None or recovery is None:
+        raise ProjectionError("this report lacks what the projection needs: " + "; ".join(need))
     if stall is not None:
         stall_value, stall_source = float(stall), "measured gap in progress around saves"
     else:
@@ -173,14 +175,17 @@ class Projection:
             "currentGoodput": round(self.current_goodput, 6),
             "optimalIntervalSeconds": round(self.optimal_interval, 6),
             "optimalIntervalSteps": (
-                None if per_step is None else round(self.optimal_interval / per_step)),
+                None if per_step is None else round(self.optimal_interval / per_step)
+            ),
             "optimalGoodput": round(self.optimal_goodput, 6),
             "youngIntervalSeconds": round(self.young_interval, 6),
             "table": [
                 {"intervalSeconds": round(i, 6), "goodput": round(g, 6), "label": label}
                 for i, g, label in self.table
             ],
-            "evaluated": None if self.evaluated is None else {
+            "evaluated": None
+            if self.evaluated is None
+            else {
                 "intervalSeconds": round(self.evaluated[0], 6),
                 "goodput": round(self.evaluated[1], 6),
             },
@@ -244,10 +249,17 @@ def project(
         rows.append((value, useful_fraction(value, d, r, m), label))
     evaluated = None if interval is None else (interval, useful_fraction(interval, d, r, m))
     return Projection(
-        gpus=gpus, mtbf_hours=mtbf, rate_source=source, inputs=inputs,
-        current_interval=current, current_goodput=useful_fraction(current, d, r, m),
-        optimal_interval=best, optimal_goodput=useful_fraction(best, d, r, m),
-        young_interval=young, table=tuple(rows), evaluated=evaluated,
+        gpus=gpus,
+        mtbf_hours=mtbf,
+        rate_source=source,
+        inputs=inputs,
+        current_interval=current,
+        current_goodput=useful_fraction(current, d, r, m),
+        optimal_interval=best,
+        optimal_goodput=useful_fraction(best, d, r, m),
+        young_interval=young,
+        table=tuple(rows),
+        evaluated=evaluated,
     )
 
 
@@ -283,8 +295,10 @@ def format_projection(p: Projection) -> list[str]:
         "  interval            goodput",
     ]
     for value, goodput, label in p.table:
-        mark = f"  ← {label}" if any(n in label for n in ("today", "optimal", "asked")) and (
-            "×" not in label) else ""
+        mark = (
+            f"  ← {label}"
+            if any(n in label for n in ("today", "optimal", "asked")) and ("×" not in label)
+            else ""
+        )
         lines.append(f"  {format_seconds(value):>10}{steps(value):>16}  {goodput:7.2%}{mark}")
     return lines
-

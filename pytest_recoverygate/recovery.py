@@ -63,8 +63,6 @@ class KillRecord:
     slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
 
 
-
-
 def restarts(ledger: Ledger, kill: KillRecord) -> int:
     ev = ledger
     counted = [kill.group_restarts]
@@ -90,19 +88,35 @@ def ended_how(kill: KillRecord, now: float) -> str:
 
 def hung(ledger: Ledger, spec: DrillSpec, kill: KillRecord, now: float) -> Recovery:
     check = Check(
-        "gave_up_loudly", False, "a replacement, or the job ends non-zero", None,
+        "gave_up_loudly",
+        False,
+        "a replacement, or the job ends non-zero",
+        None,
         f"the job neither came back nor failed within "
         f"{format_seconds(now - kill.time)} of kill {kill.index}: it hangs (a job that "
         "gives up must end non-zero, or the backend must mark it failed)",
         R.HUNG_INSTEAD_OF_FAILING,
     )
-    return Recovery(kill.index, spec.fault, Verdict.FAIL, check.message, (check,),
-                    trigger_checkpoint=kill.step, kill_time=kill.time,
-                    restarts=restarts(ledger, kill), breakdown=breakdown(spec, kill))
+    return Recovery(
+        kill.index,
+        spec.fault,
+        Verdict.FAIL,
+        check.message,
+        (check,),
+        trigger_checkpoint=kill.step,
+        kill_time=kill.time,
+        restarts=restarts(ledger, kill),
+        breakdown=breakdown(spec, kill),
+    )
 
 
 def judge(
-    ledger: Ledger, spec: DrillSpec, kill: KillRecord, inc: Inc | None, *, now: float,
+    ledger: Ledger,
+    spec: DrillSpec,
+    kill: KillRecord,
+    inc: Inc | None,
+    *,
+    now: float,
     note: Note,
 ) -> Recovery:
     ev = ledger
@@ -119,20 +133,24 @@ def judge(
     restart_count = restarts(ledger, kill)
     checks: list[Check] = []
     came_back = inc is not None
-    checks.append(Check(
-        "new_incarnation",
-        True if came_back else (None if finished_ok else False),
-        "a new incarnation reports training events",
-        f"{sum(1 for i in ev.order if i.born == kill.index)} new incarnation(s), "
-        f"{restart_count} restart(s)",
-        (
-            f"a new incarnation came back after {restart_count} restart(s)" if came_back
-            else "inconclusive: the job finished before a replacement reported; "
-            "lengthen the run so it is still training at the kill" if finished_ok
-            else f"never came back: no new incarnation reported — {ended}"
-        ),
-        None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
-    ))
+    checks.append(
+        Check(
+            "new_incarnation",
+            True if came_back else (None if finished_ok else False),
+            "a new incarnation reports training events",
+            f"{sum(1 for i in ev.order if i.born == kill.index)} new incarnation(s), "
+            f"{restart_count} restart(s)",
+            (
+                f"a new incarnation came back after {restart_count} restart(s)"
+                if came_back
+                else "inconclusive: the job finished before a replacement reported; "
+                "lengthen the run so it is still training at the kill"
+                if finished_ok
+                else f"never came back: no new incarnation reported — {ended}"
+            ),
+            None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
+        )
+    )
     checks.append(ev.contract_check(contract))
     explicit = spec.expected_resume_step is not None and kill.index == 1
     expected, floor = ev.expected(inc, spec.expected_resume_step if explicit else None)
@@ -140,29 +158,33 @@ def judge(
     lost: tuple[int | None, int | None] = (None, None)
     if spec.fault == "HangWorker":
         detected = None if kill.detected is None else kill.detected - kill.time
-        checks.append(ev.detection_check(detected, spec.max_detection_time,
-                                         deadline_passed=True))
-        kill.details["detectionSeconds"] = (
-            None if detected is None else round(detected, 6))
+        checks.append(ev.detection_check(detected, spec.max_detection_time, deadline_passed=True))
+        kill.details["detectionSeconds"] = None if detected is None else round(detected, 6)
     if inc is not None and inc.first is None:
         checks += ev.no_progress_checks(inc, expected, ended, finished_ok)
     elif inc is not None and resume is not None:
-        checks.append(ev.resume_check(inc, resume, expected, floor, explicit=explicit,
-                                      contract=contract))
+        checks.append(
+            ev.resume_check(inc, resume, expected, floor, explicit=explicit, contract=contract)
+        )
         assert inc.first is not None
         recovery_time = inc.first[1] - kill.time
         ok = recovery_time <= spec.max_recovery_time
-        checks.append(Check(
-            "recovery_time", ok, f"<= {format_seconds(spec.max_recovery_time)}",
-            round(recovery_time, 6),
-            (
-                f"recovered in {format_seconds(recovery_time)} "
-                f"(limit {format_seconds(spec.max_recovery_time)})" if ok
-                else f"came back too slowly: {format_seconds(recovery_time)} > "
-                f"{format_seconds(spec.max_recovery_time)}"
-            ),
-            None if ok else R.TOO_SLOW,
-        ))
+        checks.append(
+            Check(
+                "recovery_time",
+                ok,
+                f"<= {format_seconds(spec.max_recovery_time)}",
+                round(recovery_time, 6),
+                (
+                    f"recovered in {format_seconds(recovery_time)} "
+                    f"(limit {format_seconds(spec.max_recovery_time)})"
+                    if ok
+                    else f"came back too slowly: {format_seconds(recovery_time)} > "
+                    f"{format_seconds(spec.max_recovery_time)}"
+                ),
+                None if ok else R.TOO_SLOW,
+            )
+        )
         lost = ev.lost(resume, inc)
         if spec.max_lost_steps is not None:
             checks.append(ev.lost_check(lost, spec.max_lost_steps))
@@ -195,18 +217,29 @@ def judge(
         note(now, "note", resume.undecided)
     note(now, "recovery", f"kill {kill.index}: {verdict.value}: {summary}")
     return Recovery(
-        index=kill.index, fault=spec.fault, verdict=verdict, summary=summary,
-        checks=tuple(checks), trigger_checkpoint=kill.step, kill_time=kill.time,
-        delay_seconds=round(kill.time - kill.trigger_time, 6), position=kill.position,
+        index=kill.index,
+        fault=spec.fault,
+        verdict=verdict,
+        summary=summary,
+        checks=tuple(checks),
+        trigger_checkpoint=kill.step,
+        kill_time=kill.time,
+        delay_seconds=round(kill.time - kill.trigger_time, 6),
+        position=kill.position,
         resume_step=resume.step if resume is not None else None,
         expected_resume_step=expected,
-        loaded_step=(resume.loaded if resume is not None
-                     else inc.loaded if inc is not None else None),
-        last_step_before_kill=proven, last_step_before_kill_upper_bound=bound,
-        lost_steps=lost[0], lost_steps_upper_bound=lost[1],
+        loaded_step=(
+            resume.loaded if resume is not None else inc.loaded if inc is not None else None
+        ),
+        last_step_before_kill=proven,
+        last_step_before_kill_upper_bound=bound,
+        lost_steps=lost[0],
+        lost_steps_upper_bound=lost[1],
         recovery_time_seconds=round(recovery_time, 6) if recovery_time is not None else None,
-        restarts=restart_count, judged_incarnation=inc.id if inc is not None else None,
-        breakdown=breakdown(spec, kill), fault_details=dict(kill.details),
+        restarts=restart_count,
+        judged_incarnation=inc.id if inc is not None else None,
+        breakdown=breakdown(spec, kill),
+        fault_details=dict(kill.details),
     )
 
 
@@ -218,25 +251,36 @@ def preempt_checks(spec: DrillSpec, kill: KillRecord, resume: Resume | None) -> 
         return []
     grace = format_seconds(spec.grace_period)
     if saved is None:
-        return [Check(
-            "saved_on_preempt", False, f"a checkpoint completed within {grace}", None,
-            f"no checkpoint was completed within the {grace} grace period after SIGTERM "
-            "(save on SIGTERM, and keep the save shorter than the grace period)",
-            R.NOT_SAVED_ON_PREEMPT,
-        )]
+        return [
+            Check(
+                "saved_on_preempt",
+                False,
+                f"a checkpoint completed within {grace}",
+                None,
+                f"no checkpoint was completed within the {grace} grace period after SIGTERM "
+                "(save on SIGTERM, and keep the save shorter than the grace period)",
+                R.NOT_SAVED_ON_PREEMPT,
+            )
+        ]
     after = format_seconds(kill.details["savedAfterSeconds"])
-    return [Check(
-        "saved_on_preempt", True, f"a checkpoint completed within {grace}", saved,
-        f"checkpoint {saved} was completed {after} after SIGTERM"
-        + ("; the resume used it" if used else "; the resume did not use it"),
-    )]
+    return [
+        Check(
+            "saved_on_preempt",
+            True,
+            f"a checkpoint completed within {grace}",
+            saved,
+            f"checkpoint {saved} was completed {after} after SIGTERM"
+            + ("; the resume used it" if used else "; the resume did not use it"),
+        )
+    ]
 
 
 def breakdown(spec: DrillSpec, kill: KillRecord) -> dict[str, float | None]:
     seen = kill.group_seen
     judged = kill.judged
     scheduled = [
-        seen[k] for k in (GroupEventKind.RESTARTING, GroupEventKind.REPLACEMENT_PENDING)
+        seen[k]
+        for k in (GroupEventKind.RESTARTING, GroupEventKind.REPLACEMENT_PENDING)
         if k in seen
     ]
     detected = seen.get(GroupEventKind.WORKER_GONE)
@@ -252,9 +296,7 @@ def breakdown(spec: DrillSpec, kill: KillRecord) -> dict[str, float | None]:
         times["checkpointLoaded"] = judged.loaded_at
         if judged.first is not None and kill.resume is not None:
             times["firstStepAfterResume"] = judged.first[1]
-    relative = {
-        k: (round(v - kill.time, 6) if v is not None else None) for k, v in times.items()
-    }
+    relative = {k: (round(v - kill.time, 6) if v is not None else None) for k, v in times.items()}
     order = sorted(
         BREAKDOWN_PHASES,
         key=lambda k: (relative[k] is None, relative[k] or 0.0, BREAKDOWN_PHASES.index(k)),
@@ -263,48 +305,79 @@ def breakdown(spec: DrillSpec, kill: KillRecord) -> dict[str, float | None]:
 
 
 def budget_checks(
-    spec: DrillSpec, recoveries: Sequence[Recovery], gave_up: tuple[int, float, str] | None,
+    spec: DrillSpec,
+    recoveries: Sequence[Recovery],
+    gave_up: tuple[int, float, str] | None,
     known_budget: int | None,
 ) -> list[Check]:
     """``count: untilBudgetExhausted``: the job survives its budget, then gives up loudly."""
     survived = sum(1 for r in recoveries if r.verdict is Verdict.PASS)
     budget = spec.restart_budget
     known = known_budget
-    read = f"; its launcher allows {known} restart(s)" if known is not None else (
-        "; the job's own restart budget could not be read")
+    read = (
+        f"; its launcher allows {known} restart(s)"
+        if known is not None
+        else ("; the job's own restart budget could not be read")
+    )
     checks: list[Check] = []
     if gave_up is not None:
         index, _, detail = gave_up
         how = f" ({detail})" if detail else ""
-        checks.append(Check(
-            "gave_up_loudly", True, "the job ends non-zero once its budget is used", index,
-            f"the job survived {survived} kill(s) and gave up loudly on kill {index}{how}",
-        ))
+        checks.append(
+            Check(
+                "gave_up_loudly",
+                True,
+                "the job ends non-zero once its budget is used",
+                index,
+                f"the job survived {survived} kill(s) and gave up loudly on kill {index}{how}",
+            )
+        )
         if budget is not None:
             ok = survived == budget
-            checks.append(Check(
-                "restart_budget", ok, budget, survived,
-                (f"it survived exactly restartBudget = {budget} kills{read}" if ok else
-                 f"it survived {survived} kill(s), but restartBudget is {budget}{read}"),
-                None if ok else R.RESTART_BUDGET_MISMATCH,
-            ))
+            checks.append(
+                Check(
+                    "restart_budget",
+                    ok,
+                    budget,
+                    survived,
+                    (
+                        f"it survived exactly restartBudget = {budget} kills{read}"
+                        if ok
+                        else f"it survived {survived} kill(s), but restartBudget is {budget}{read}"
+                    ),
+                    None if ok else R.RESTART_BUDGET_MISMATCH,
+                )
+            )
         return checks
     last = recoveries[-1] if recoveries else None
-    if last is not None and last.verdict is Verdict.PASS and budget is not None and (
-        survived > budget
+    if (
+        last is not None
+        and last.verdict is Verdict.PASS
+        and budget is not None
+        and (survived > budget)
     ):
-        checks.append(Check(
-            "restart_budget", False, budget, survived,
-            f"the job survived {survived} kills, more than restartBudget = {budget}{read}",
-            R.RESTART_BUDGET_MISMATCH,
-        ))
+        checks.append(
+            Check(
+                "restart_budget",
+                False,
+                budget,
+                survived,
+                f"the job survived {survived} kills, more than restartBudget = {budget}{read}",
+                R.RESTART_BUDGET_MISMATCH,
+            )
+        )
     elif last is not None and last.verdict is Verdict.PASS:
-        checks.append(Check(
-            "gave_up_loudly", None, "the job gives up within the drill", survived,
-            f"inconclusive: the job survived {survived} kills without giving up; set "
-            "expectations.restartBudget (or a smaller restart budget in the job)",
-            R.INCONCLUSIVE,
-        ))
+        checks.append(
+            Check(
+                "gave_up_loudly",
+                None,
+                "the job gives up within the drill",
+                survived,
+                f"inconclusive: the job survived {survived} kills without giving up; set "
+                "expectations.restartBudget (or a smaller restart budget in the job)",
+                R.INCONCLUSIVE,
+            )
+        )
     return checks
 
 
@@ -320,8 +393,10 @@ def overall(
     ``recoveries`` check; ``untilBudgetExhausted`` judges the budget instead.
     """
     budget_mode = spec.count is None
-    headline = next((r for r in recoveries if r.verdict is not Verdict.PASS),
-                    recoveries[-1] if recoveries else None)
+    headline = next(
+        (r for r in recoveries if r.verdict is not Verdict.PASS),
+        recoveries[-1] if recoveries else None,
+    )
     checks: list[Check] = list(headline.checks) if headline is not None else []
     if budget_mode:
         if headline is not None and headline.verdict is Verdict.PASS:
@@ -330,11 +405,16 @@ def overall(
     elif len(recoveries) > 1 or (spec.count or 1) > 1:
         passed = sum(1 for r in recoveries if r.verdict is Verdict.PASS)
         first = headline.failed_checks[0] if headline and headline.failed_checks else None
-        checks.append(Check(
-            "recoveries", passed == len(recoveries), f"{spec.count} verified",
-            passed, f"{passed} of {len(recoveries)} recoveries passed",
-            None if passed == len(recoveries) or first is None else first.reason,
-        ))
+        checks.append(
+            Check(
+                "recoveries",
+                passed == len(recoveries),
+                f"{spec.count} verified",
+                passed,
+                f"{passed} of {len(recoveries)} recoveries passed",
+                None if passed == len(recoveries) or first is None else first.reason,
+            )
+        )
     failed = [c for c in checks if c.passed is False]
     undecided = [c for c in checks if c.passed is None]
     verdict = Verdict.FAIL if failed else Verdict.ERROR if undecided else Verdict.PASS
@@ -343,15 +423,22 @@ def overall(
         if gave_up is not None:
             summary = "; ".join(c.message for c in checks)
         else:
-            times = [r.recovery_time_seconds for r in recoveries
-                     if r.recovery_time_seconds is not None]
-            spread = (f"; recovery {format_seconds(min(times))}–{format_seconds(max(times))}"
-                      if times else "")
+            times = [
+                r.recovery_time_seconds for r in recoveries if r.recovery_time_seconds is not None
+            ]
+            spread = (
+                f"; recovery {format_seconds(min(times))}–{format_seconds(max(times))}"
+                if times
+                else ""
+            )
             summary = f"all {len(recoveries)} recoveries passed{spread}"
     elif headline is not None and headline.verdict is not Verdict.PASS:
         prefix = f"kill {headline.index} of {len(recoveries)}: " if many else ""
-        extra = [c.message for c in failed + undecided
-                 if c not in headline.checks and c.name != "recoveries"]
+        extra = [
+            c.message
+            for c in failed + undecided
+            if c not in headline.checks and c.name != "recoveries"
+        ]
         summary = prefix + "; ".join([headline.summary, *extra])
     elif failed or undecided:
         summary = "; ".join(c.message for c in failed + undecided)

@@ -75,7 +75,8 @@ def cost_figures(result: DrillResult) -> dict[str, Any]:
         "checkpointIntervalSteps": costs.get("checkpointIntervalSteps"),
         "checkpointIntervalSeconds": costs.get("checkpointIntervalSeconds"),
         "lostWorkSeconds": lost.get("median"),
-        "recoveryTimeMedianSeconds": recovery.get("median") if recovery.get("count", 0) > 1
+        "recoveryTimeMedianSeconds": recovery.get("median")
+        if recovery.get("count", 0) > 1
         else None,
     }
 
@@ -85,21 +86,24 @@ def cost_line(result: DrillResult) -> str | None:
     c = cost_figures(result)
     parts: list[str] = []
     if c["stepTimeMedianSeconds"] is not None:
-        parts.append(f"step {c['stepTimeMedianSeconds']:.4f}s (p95 "
-                     f"{c['stepTimeP95Seconds']:.4f}s)")
+        parts.append(f"step {c['stepTimeMedianSeconds']:.4f}s (p95 {c['stepTimeP95Seconds']:.4f}s)")
     if c["saveTimeMedianSeconds"] is not None:
         parts.append(f"save {c['saveTimeMedianSeconds']:.3f}s")
     if c["saveStallMedianSeconds"] is not None:
         parts.append(f"save stall {c['saveStallMedianSeconds']:.3f}s")
     if c["checkpointIntervalSeconds"] is not None:
-        parts.append(f"checkpoint every {c['checkpointIntervalSteps']:g} steps / "
-                     f"{c['checkpointIntervalSeconds']:.2f}s")
+        parts.append(
+            f"checkpoint every {c['checkpointIntervalSteps']:g} steps / "
+            f"{c['checkpointIntervalSeconds']:.2f}s"
+        )
     if c["lostWorkSeconds"] is not None:
         parts.append(f"lost work {c['lostWorkSeconds']:.3f}s")
     lost = (result.costs or {}).get("lostWorkSeconds") or {}
     if lost.get("count", 0) > 1:
-        parts.append(f"over {lost['count']} kills: lost work {lost['min']:.3f}–"
-                     f"{lost['max']:.3f}s (p95 {lost['p95']:.3f}s)")
+        parts.append(
+            f"over {lost['count']} kills: lost work {lost['min']:.3f}–"
+            f"{lost['max']:.3f}s (p95 {lost['p95']:.3f}s)"
+        )
     missing = (result.costs or {}).get("missing") or {}
     if "saveTime" in missing and result.costs:
         parts.append("save time unknown (no checkpoint_started)")
@@ -153,9 +157,7 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
             {"time": e.timestamp, "kind": e.kind, "detail": e.detail, **e.data}
             for e in result.timeline
         ],
-        "progress": [
-            {"time": t, "inc": inc, "step": step} for t, inc, step in result.progress
-        ],
+        "progress": [{"time": t, "inc": inc, "step": step} for t, inc, step in result.progress],
     }
     return doc
 
@@ -209,8 +211,11 @@ def _append_step_summary(doc: dict[str, Any]) -> None:
         with open(summary_file, "a", encoding="utf-8") as handle:
             handle.write(markdown_summary(doc) + "\n")
     except OSError as exc:
-        print(f"recoverygate: could not append the drill's summary to GITHUB_STEP_SUMMARY "
-              f"({summary_file}): {exc}", file=sys.stderr)
+        print(
+            f"recoverygate: could not append the drill's summary to GITHUB_STEP_SUMMARY "
+            f"({summary_file}): {exc}",
+            file=sys.stderr,
+        )
 
 
 def write_private(path: Path, text: str) -> None:
@@ -265,9 +270,13 @@ def write_reports(
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
         write_private(report_dir / "events.jsonl", events)
         write_private(report_dir / "summary.md", markdown_summary(doc))
-        written += [report_dir / "report.json", report_dir / "events.jsonl",
-                    report_dir / "summary.md", *pictures,
-                    *(report_dir / path for path in files.values())]
+        written += [
+            report_dir / "report.json",
+            report_dir / "events.jsonl",
+            report_dir / "summary.md",
+            *pictures,
+            *(report_dir / path for path in files.values()),
+        ]
     _append_step_summary(doc)
     return written
 
@@ -304,8 +313,14 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         "| figure | value |",
         "| --- | --- |",
     ]
-    for key in ("resumeStep", "expectedResumeStep", "lostSteps", "recoveryTimeSeconds",
-                "maxRecoveryTimeSeconds", "restarts"):
+    for key in (
+        "resumeStep",
+        "expectedResumeStep",
+        "lostSteps",
+        "recoveryTimeSeconds",
+        "maxRecoveryTimeSeconds",
+        "restarts",
+    ):
         lines.append(f"| {key} | {_fmt(doc.get(key))} |")
     breakdown = doc.get("breakdown") or {}
     if breakdown:
@@ -323,8 +338,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if failed:
         lines += ["", "**Failed checks**", ""]
         lines += [
-            f"- `{c['name']}`: {c['message']} (expected {c['expected']}, observed "
-            f"{c['observed']})"
+            f"- `{c['name']}`: {c['message']} (expected {c['expected']}, observed {c['observed']})"
             for c in failed
         ]
     for diagnosis in doc.get("diagnoses") or []:
@@ -341,6 +355,12 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         where = (doc.get("jobOutput") or {}).get(doc.get("failingWorker"))
         whole = f" (whole output: `{where}`)" if where else ""
         fence = "~~~~" if any("```" in line for line in tail) else "```"
-        lines += ["", f"**Last lines of {doc.get('failingWorker')}**{whole}", "", fence,
-                  *tail, fence]
+        lines += [
+            "",
+            f"**Last lines of {doc.get('failingWorker')}**{whole}",
+            "",
+            fence,
+            *tail,
+            fence,
+        ]
     return "\n".join(lines) + "\n"

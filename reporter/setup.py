@@ -22,8 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class BuildPyWithPth(build_py):
     def run(self) -> None:
         super().run()
-        self.copy_file(os.path.join(HERE, PTH), os.path.join(self.build_lib, PTH),
-                       preserve_mode=0)
+        self.copy_file(os.path.join(HERE, PTH), os.path.join(self.build_lib, PTH), preserve_mode=0)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:  # type: ignore[override]
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
@@ -34,8 +33,9 @@ class EditableWheelWithPth(editable_wheel):
     # >= 64); everything put there is installed into site-packages.
     def _install_namespaces(self, installation_dir: str, pth_prefix: str) -> None:
         super()._install_namespaces(installation_dir, pth_prefix)
-        self.copy_file(os.path.join(HERE, PTH), os.path.join(installation_dir, PTH),
-                       preserve_mode=0)
+        self.copy_file(
+            os.path.join(HERE, PTH), os.path.join(installation_dir, PTH), preserve_mode=0
+        )
 
 
 setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})

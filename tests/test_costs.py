@@ -17,9 +17,16 @@ from pytest_recoverygate.costs import Spread, measure, percentile
 from pytest_recoverygate.verdict import Recovery, Verdict
 
 
-def job(*, saves_block: bool, save: float = 0.5, steps: int = 60, every: int = 10,
-        step: float = 0.1, inc: str = "a", start: float = 0.0) -> tuple[
-            list[tuple[float, str, int]], list[tuple[int, float]], list[tuple[int, float, float]]]:
+def job(
+    *,
+    saves_block: bool,
+    save: float = 0.5,
+    steps: int = 60,
+    every: int = 10,
+    step: float = 0.1,
+    inc: str = "a",
+    start: float = 0.0,
+) -> tuple[list[tuple[float, str, int]], list[tuple[int, float]], list[tuple[int, float, float]]]:
     """Progress every step; a save every ``every`` steps that blocks training or not."""
     progress, checkpoints, saves = [], [], []
     t = start
@@ -64,15 +71,29 @@ def test_without_checkpoint_started_the_stall_is_read_around_the_completion() ->
 
 def test_lost_work_is_the_redone_steps_times_the_step_time_with_its_spread() -> None:
     progress, checkpoints, saves = job(saves_block=False)
-    kills = [Recovery(i, "KillWorker", Verdict.PASS, "", lost_steps=lost,
-                      lost_steps_upper_bound=lost + 1, recovery_time_seconds=rt,
-                      kill_time=100.0 + i, position=pos)
-             for i, (lost, rt, pos) in enumerate([(0, 2.0, 0.0), (5, 3.0, 0.5), (9, 2.5, 0.9)],
-                                                 start=1)]
+    kills = [
+        Recovery(
+            i,
+            "KillWorker",
+            Verdict.PASS,
+            "",
+            lost_steps=lost,
+            lost_steps_upper_bound=lost + 1,
+            recovery_time_seconds=rt,
+            kill_time=100.0 + i,
+            position=pos,
+        )
+        for i, (lost, rt, pos) in enumerate([(0, 2.0, 0.0), (5, 3.0, 0.5), (9, 2.5, 0.9)], start=1)
+    ]
     costs = measure(progress, checkpoints, saves, kills, ["a"] * len(checkpoints))
     assert costs.lost_work_seconds is not None
     assert costs.lost_work_seconds.as_dict() == {
-        "count": 3, "min": 0.0, "median": 0.5, "p95": pytest.approx(0.86), "max": 0.9}
+        "count": 3,
+        "min": 0.0,
+        "median": 0.5,
+        "p95": pytest.approx(0.86),
+        "max": 0.9,
+    }
     assert costs.recovery_time == Spread(3, 2.0, 2.5, pytest.approx(2.95), 3.0)
     assert [k["lostWorkSeconds"] for k in costs.per_kill] == [0.0, 0.5, 0.9]
     assert [k["position"] for k in costs.per_kill] == [0.0, 0.5, 0.9]

@@ -363,8 +363,13 @@ def test_the_device_path_and_the_host_path_agree(monkeypatch: pytest.MonkeyPatch
     # CPU tensors are summed with NumPy, tensors on an accelerator with torch on the device;
     # forcing torch's path on the CPU shows both write the same sums (the GPU stand-in).
     model, optimizer, _ = make_training()
-    tensors = [torch.randn(1_000_003), torch.randn(4096, 3).t(), torch.arange(7),
-               torch.randn(100_000).to(torch.bfloat16), torch.randn(2048).reshape(-1)[1:]]
+    tensors = [
+        torch.randn(1_000_003),
+        torch.randn(4096, 3).t(),
+        torch.arange(7),
+        torch.randn(100_000).to(torch.bfloat16),
+        torch.randn(2048).reshape(-1)[1:],
+    ]
     host = state_digest(model, optimizer, tensors)
     monkeypatch.setattr(digest_module, "_numpy", lambda: None)
     assert state_digest(model, optimizer, tensors) == host
@@ -472,7 +477,10 @@ def test_the_reporter_loads_the_digest_module_only_when_it_is_used() -> None:
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env={"PYTHONPATH": REPORTER_PATH, "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if not line.startswith("RECOVERYGATE")]
@@ -526,11 +534,18 @@ def documented_loop() -> str:
 
 
 def run_loop(code: str, checkpoint: Path, total: int) -> list[wire.Record]:
-    env = {key: value for key, value in os.environ.items()
-           if key not in {"RANK", "SLURM_PROCID", "RECOVERYGATE_RANKS"}}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"RANK", "SLURM_PROCID", "RECOVERYGATE_RANKS"}
+    }
     env.update(CKPT=str(checkpoint), TOTAL_STEPS=str(total), PYTHONPATH=REPORTER_PATH)
     result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -552,9 +567,11 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, wire.Rec
 
 BUGS = {
     "none": ("", ""),
-    "model": ('    model.load_state_dict(ckpt["model"])\n',
-              '    model.load_state_dict({"module." + k: v for k, v in ckpt["model"].items()},'
-              " strict=False)\n"),
+    "model": (
+        '    model.load_state_dict(ckpt["model"])\n',
+        '    model.load_state_dict({"module." + k: v for k, v in ckpt["model"].items()},'
+        " strict=False)\n",
+    ),
     "optimizer": ('    optimizer.load_state_dict(ckpt["optimizer"])\n', ""),
     "scheduler": ('    scheduler.load_state_dict(ckpt["scheduler"])\n', ""),
     "rng": ('    torch.set_rng_state(ckpt["rng"]["torch"])\n', ""),
@@ -578,10 +595,14 @@ def test_the_documented_loop_resumes_with_the_saved_state_or_names_the_part_that
     assert loaded.step == 200
     assert next(r.step for r in records if r.event == "progress") == 201  # the step is right
     assert completed.parts and {name for name, _ in loaded.parts} == {
-        "model", "optimizer", "rng", "scheduler"
+        "model",
+        "optimizer",
+        "rng",
+        "scheduler",
     }
-    differ = {name for (name, a), (_, b) in zip(completed.parts, loaded.parts, strict=True)
-              if a != b}
+    differ = {
+        name for (name, a), (_, b) in zip(completed.parts, loaded.parts, strict=True) if a != b
+    }
     if bug == "none":
         assert loaded.digest == completed.digest
         assert differ == set()

@@ -97,7 +97,10 @@ def test_a_digest_line_from_the_reporter_arrives_as_one_event() -> None:
     assert source.feed(data, 2.0) == 1
     [event] = source.poll()
     assert (event.kind, event.step, event.digest, event.digest_parts) == (
-        TrainingEventKind.CHECKPOINT_LOADED, 7, "abc", (("model", "abc"),)
+        TrainingEventKind.CHECKPOINT_LOADED,
+        7,
+        "abc",
+        (("model", "abc"),),
     )
     assert source.malformed_lines == 0
     source.close()

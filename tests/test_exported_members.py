@@ -9,17 +9,37 @@ import inspect
 import pytest
 
 MODULES = [
-    "recoverygate", "recoverygate.reporter", "recoverygate.wire", "recoverygate.digest",
-    "pytest_recoverygate", "pytest_recoverygate.cli", "pytest_recoverygate.config",
-    "pytest_recoverygate.diagnosis", "pytest_recoverygate.durations", "pytest_recoverygate.engine",
-    "pytest_recoverygate.errors", "pytest_recoverygate.evidence", "pytest_recoverygate.joboutput",
-    "pytest_recoverygate.events", "pytest_recoverygate.lock", "pytest_recoverygate.model",
-    "pytest_recoverygate.ledger", "pytest_recoverygate.verdict", "pytest_recoverygate.recovery",
-    "pytest_recoverygate.costs", "pytest_recoverygate.goodput", "pytest_recoverygate.charts",
-    "pytest_recoverygate.plugin", "pytest_recoverygate.report", "pytest_recoverygate.runner",
-    "pytest_recoverygate.timeline", "pytest_recoverygate.orchestrators",
-    "pytest_recoverygate.orchestrators.base", "pytest_recoverygate.orchestrators.fake",
-    "pytest_recoverygate.orchestrators.local", "pytest_recoverygate.orchestrators.kubernetes",
+    "recoverygate",
+    "recoverygate.reporter",
+    "recoverygate.wire",
+    "recoverygate.digest",
+    "pytest_recoverygate",
+    "pytest_recoverygate.cli",
+    "pytest_recoverygate.config",
+    "pytest_recoverygate.diagnosis",
+    "pytest_recoverygate.durations",
+    "pytest_recoverygate.engine",
+    "pytest_recoverygate.errors",
+    "pytest_recoverygate.evidence",
+    "pytest_recoverygate.joboutput",
+    "pytest_recoverygate.events",
+    "pytest_recoverygate.lock",
+    "pytest_recoverygate.model",
+    "pytest_recoverygate.ledger",
+    "pytest_recoverygate.verdict",
+    "pytest_recoverygate.recovery",
+    "pytest_recoverygate.costs",
+    "pytest_recoverygate.goodput",
+    "pytest_recoverygate.charts",
+    "pytest_recoverygate.plugin",
+    "pytest_recoverygate.report",
+    "pytest_recoverygate.runner",
+    "pytest_recoverygate.timeline",
+    "pytest_recoverygate.orchestrators",
+    "pytest_recoverygate.orchestrators.base",
+    "pytest_recoverygate.orchestrators.fake",
+    "pytest_recoverygate.orchestrators.local",
+    "pytest_recoverygate.orchestrators.kubernetes",
     "pytest_recoverygate.orchestrators.slurm",
 ]
 
@@ -32,7 +52,8 @@ def test_all_is_complete_and_resolves(name: str) -> None:
     for member in exported:
         assert hasattr(module, member), f"{name}.__all__ names {member}, which does not exist"
     defined = {
-        attr for attr, value in vars(module).items()
+        attr
+        for attr, value in vars(module).items()
         if not attr.startswith("_")
         and (inspect.isclass(value) or inspect.isfunction(value))
         and getattr(value, "__module__", None) == name

@@ -69,12 +69,21 @@ def test_the_reported_optimum_is_within_one_percent_of_a_brute_force_scan(
     fine = [best * (0.9 + 0.2 * k / 4000) for k in range(4001)]
     scanned = max(fine, key=lambda t: useful_fraction(t, stall, restart, mtbf))
     assert reported == pytest.approx(scanned, rel=0.01)
-    assert useful_fraction(reported, stall, restart, mtbf) >= useful_fraction(
-        scanned, stall, restart, mtbf) - 1e-9
+    assert (
+        useful_fraction(reported, stall, restart, mtbf)
+        >= useful_fraction(scanned, stall, restart, mtbf) - 1e-9
+    )
 
 
-INPUTS = Inputs(step_time=0.5, interval_seconds=600.0, interval_steps=1200.0, stall=30.0,
-                stall_source="measured", recovery=120.0, recovery_source="median of 1 kill(s)")
+INPUTS = Inputs(
+    step_time=0.5,
+    interval_seconds=600.0,
+    interval_steps=1200.0,
+    stall=30.0,
+    stall_source="measured",
+    recovery=120.0,
+    recovery_source="median of 1 kill(s)",
+)
 
 
 def test_the_default_failure_rate_is_llama3_and_is_named() -> None:
@@ -107,12 +116,19 @@ def test_more_gpus_means_more_failures_and_less_goodput() -> None:
 def test_a_report_without_the_needed_figures_is_refused_with_what_is_missing() -> None:
     with pytest.raises(ProjectionError, match="no 'costs' section"):
         inputs_from_report({"verdict": "PASS"})
-    doc = {"costs": {"stepTimeMedianSeconds": 0.1, "checkpointIntervalSeconds": None,
-                     "saveStallMedianSeconds": None, "saveTimeMedianSeconds": None,
-                     "recoveryTimeSeconds": None,
-                     "missing": {"checkpointInterval": "fewer than two checkpoints of one "
-                                 "process were seen",
-                                 "saveTime": "the job reports no checkpoint_started"}}}
+    doc = {
+        "costs": {
+            "stepTimeMedianSeconds": 0.1,
+            "checkpointIntervalSeconds": None,
+            "saveStallMedianSeconds": None,
+            "saveTimeMedianSeconds": None,
+            "recoveryTimeSeconds": None,
+            "missing": {
+                "checkpointInterval": "fewer than two checkpoints of one process were seen",
+                "saveTime": "the job reports no checkpoint_started",
+            },
+        }
+    }
     with pytest.raises(ProjectionError) as info:
         inputs_from_report(doc)
     message = str(info.value)
@@ -122,10 +138,17 @@ def test_a_report_without_the_needed_figures_is_refused_with_what_is_missing() -
 
 
 def test_a_report_with_only_the_save_time_assumes_a_synchronous_save() -> None:
-    doc = {"costs": {"stepTimeMedianSeconds": 0.1, "checkpointIntervalSeconds": 60.0,
-                     "checkpointIntervalSteps": 600, "saveStallMedianSeconds": None,
-                     "saveTimeMedianSeconds": 4.0,
-                     "recoveryTimeSeconds": {"median": 30.0, "count": 1}, "missing": {}}}
+    doc = {
+        "costs": {
+            "stepTimeMedianSeconds": 0.1,
+            "checkpointIntervalSeconds": 60.0,
+            "checkpointIntervalSteps": 600,
+            "saveStallMedianSeconds": None,
+            "saveTimeMedianSeconds": 4.0,
+            "recoveryTimeSeconds": {"median": 30.0, "count": 1},
+            "missing": {},
+        }
+    }
     inputs = inputs_from_report(doc)
     assert inputs.stall == 4.0 and "assumed synchronous" in inputs.stall_source
 
@@ -134,8 +157,13 @@ def test_a_report_with_only_the_save_time_assumes_a_synchronous_save() -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_recoverygate.cli", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_the_command_projects_a_real_fake_drill_report(tmp_path: Path) -> None:
@@ -151,8 +179,16 @@ def test_the_command_projects_a_real_fake_drill_report(tmp_path: Path) -> None:
     costs = json.loads(report.read_text())["costs"]
     assert costs["stepTimeMedianSeconds"] == pytest.approx(0.05, rel=0.01)
     assert costs["checkpointIntervalSteps"] == 10
-    done = cli("goodput", str(report), "--gpus", "16384", "--interval", "40steps",
-               "--plot", str(tmp_path / "plots"))
+    done = cli(
+        "goodput",
+        str(report),
+        "--gpus",
+        "16384",
+        "--interval",
+        "40steps",
+        "--plot",
+        str(tmp_path / "plots"),
+    )
     assert done.returncode == 0, done.stderr
     assert "Goodput of this job on 16,384 GPUs" in done.stdout
     assert "Llama 3 405B" in done.stdout
@@ -162,12 +198,25 @@ def test_the_command_projects_a_real_fake_drill_report(tmp_path: Path) -> None:
 
 def test_the_command_refuses_a_report_without_the_figures_it_needs(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
-    report.write_text(json.dumps({"verdict": "ERROR", "costs": {
-        "stepTimeMedianSeconds": None, "checkpointIntervalSeconds": None,
-        "saveStallMedianSeconds": None, "saveTimeMedianSeconds": None,
-        "recoveryTimeSeconds": None, "missing": {"stepTime": "fewer than two progress lines"}}}))
+    report.write_text(
+        json.dumps(
+            {
+                "verdict": "ERROR",
+                "costs": {
+                    "stepTimeMedianSeconds": None,
+                    "checkpointIntervalSeconds": None,
+                    "saveStallMedianSeconds": None,
+                    "saveTimeMedianSeconds": None,
+                    "recoveryTimeSeconds": None,
+                    "missing": {"stepTime": "fewer than two progress lines"},
+                },
+            }
+        )
+    )
     done = cli("goodput", str(report), "--gpus", "1024")
     assert done.returncode == 2
-    assert "lacks what the projection needs: the step time (fewer than two progress lines)" \
+    assert (
+        "lacks what the projection needs: the step time (fewer than two progress lines)"
         in done.stderr
+    )
     assert "Traceback" not in done.stderr

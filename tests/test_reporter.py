@@ -209,11 +209,17 @@ def test_a_hex_digest_is_carried_on_the_checkpoint_line() -> None:
     reporter.checkpoint_loaded(100, "00c0ffee12345678")
     _, completed, loaded = parsed(out)
     assert completed == Record(
-        "checkpoint_completed", clock.now, completed.inc, step=100, rank=0,
+        "checkpoint_completed",
+        clock.now,
+        completed.inc,
+        step=100,
+        rank=0,
         digest="00c0ffee12345678",
     )
     assert (loaded.event, loaded.digest, loaded.parts) == (
-        "checkpoint_loaded", "00c0ffee12345678", ()
+        "checkpoint_loaded",
+        "00c0ffee12345678",
+        (),
     )
 
 
@@ -230,8 +236,18 @@ def test_a_mapping_digest_is_carried_as_parts_with_their_combination() -> None:
 @pytest.mark.parametrize(
     "digest",
     [
-        123, 1.5, b"ab", ["ab"], object(), "", "not hex", "a" * 129,
-        {}, {"model": 1}, {"bad name": "ab"}, {f"p{i}": "ab" for i in range(17)},
+        123,
+        1.5,
+        b"ab",
+        ["ab"],
+        object(),
+        "",
+        "not hex",
+        "a" * 129,
+        {},
+        {"model": 1},
+        {"bad name": "ab"},
+        {f"p{i}": "ab" for i in range(17)},
     ],
 )
 def test_an_invalid_digest_is_dropped_and_the_step_still_printed(digest: object) -> None:
@@ -538,7 +554,9 @@ def test_no_line_overtakes_the_start_line_while_it_is_being_written() -> None:
     reporter.checkpoint_completed(2)  # meanwhile, from another thread
     first.join(10)
     assert [(r.event, r.step) for r in parsed(out)] == [
-        ("start", None), ("checkpoint_completed", 1), ("checkpoint_completed", 2)
+        ("start", None),
+        ("checkpoint_completed", 1),
+        ("checkpoint_completed", 2),
     ]
 
 
@@ -595,10 +613,14 @@ def test_the_start_event_is_stamped_with_the_process_start_not_the_first_report(
         "time.sleep(0.4)  # imports and initialization before the first step\n"
         "reporter.progress(1)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
-    events = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
-              if line.startswith("RECOVERYGATE/v1 ")]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    events = [
+        json.loads(line.split(" ", 1)[1])
+        for line in out.splitlines()
+        if line.startswith("RECOVERYGATE/v1 ")
+    ]
     start, progress = events[0], events[1]
     assert start["event"] == "start"
     assert progress["time"] - start["time"] >= 0.35

@@ -192,9 +192,7 @@ def test_the_longest_digest_line_fits_well_within_the_event_limit() -> None:
         (f"{i:02d}".ljust(wire.MAX_PART_NAME_CHARS, "x"), "f" * wire.MAX_DIGEST_CHARS)
         for i in range(wire.MAX_DIGEST_PARTS)
     )
-    line = format_step(
-        "checkpoint_loaded", 4e9, INC, 2**63, 100_000, digest="a" * 128, parts=parts
-    )
+    line = format_step("checkpoint_loaded", 4e9, INC, 2**63, 100_000, digest="a" * 128, parts=parts)
     assert len(line) < MAX_EVENT_BYTES
     assert only(line).parts == parts
 
@@ -216,8 +214,10 @@ def test_the_combined_digest_is_a_fixed_function_of_the_parts() -> None:
     ("value", "expected"),
     [
         ("ABCdef01", ("abcdef01", ())),
-        ({"rng": "2", "model": "1"}, (wire.combine_parts((("model", "1"), ("rng", "2"))),
-                                      (("model", "1"), ("rng", "2")))),
+        (
+            {"rng": "2", "model": "1"},
+            (wire.combine_parts((("model", "1"), ("rng", "2"))), (("model", "1"), ("rng", "2"))),
+        ),
         ("", None),
         ("xyz", None),
         ("a" * 129, None),
@@ -447,6 +447,7 @@ def records_strategy(draw: st.DrawFn) -> Record:
         digest=digest,
         parts=parts,
     )
+
 
 start_strategy = st.builds(
     Record,

@@ -43,7 +43,8 @@ class Regression(pl.LightningModule):  # type: ignore[name-defined,misc]
     def __init__(self, step_time: float) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+            torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+        )
         self.step_time = step_time
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
@@ -57,8 +58,10 @@ class Regression(pl.LightningModule):  # type: ignore[name-defined,misc]
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.9)
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 class Synthetic(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -78,15 +81,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ckpt-dir", default="./ckpt", help="{tmpdir} and {pid} expand")
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--save-steps", type=int, default=10)
-    parser.add_argument("--grad-accum", type=int, default=2,
-                        help="accumulate_grad_batches: micro-batches per optimizer step")
-    parser.add_argument("--step-time", type=float, default=0.02,
-                        help="seconds of sleep after each micro-batch")
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=2,
+        help="accumulate_grad_batches: micro-batches per optimizer step",
+    )
+    parser.add_argument(
+        "--step-time", type=float, default=0.02, help="seconds of sleep after each micro-batch"
+    )
     parser.add_argument("--resume", choices=("last", "none"), default="last")
-    parser.add_argument("--no-callback", action="store_true",
-                        help="leave the callback out (for RECOVERYGATE_AUTO=1)")
-    parser.add_argument("--package", choices=("lightning", "pytorch_lightning"),
-                        default="lightning", help="import lightning.pytorch or pytorch_lightning")
+    parser.add_argument(
+        "--no-callback",
+        action="store_true",
+        help="leave the callback out (for RECOVERYGATE_AUTO=1)",
+    )
+    parser.add_argument(
+        "--package",
+        choices=("lightning", "pytorch_lightning"),
+        default="lightning",
+        help="import lightning.pytorch or pytorch_lightning",
+    )
     return parser.parse_args(argv)
 
 
@@ -94,9 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ckpt_dir = args.ckpt_dir.format(tmpdir=tempfile.gettempdir(), pid=os.getpid())
     pl.seed_everything(0, verbose=False)
-    callbacks: list[object] = [ModelCheckpoint(
-        dirpath=ckpt_dir, filename="{step}", every_n_train_steps=args.save_steps,
-        save_top_k=-1, save_last=True)]
+    callbacks: list[object] = [
+        ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="{step}",
+            every_n_train_steps=args.save_steps,
+            save_top_k=-1,
+            save_last=True,
+        )
+    ]
     if not args.no_callback:
         if PACKAGE == "pytorch_lightning":
             from recoverygate.integrations.pytorch_lightning import RecoveryGateCallback
@@ -109,8 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", "1")) if distributed else 1,
-        strategy=DDPStrategy(process_group_backend="gloo",
-                             timeout=datetime.timedelta(seconds=60)) if distributed else "auto",
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=60))
+        if distributed
+        else "auto",
         max_steps=args.max_steps,
         accumulate_grad_batches=args.grad_accum,
         callbacks=callbacks,
@@ -120,8 +142,11 @@ def main(argv: list[str] | None = None) -> None:
         limit_val_batches=0,
     )
     loader = torch.utils.data.DataLoader(Synthetic(), batch_size=8, num_workers=0)
-    resume = "last" if args.resume == "last" and os.path.exists(
-        os.path.join(ckpt_dir, "last.ckpt")) else None
+    resume = (
+        "last"
+        if args.resume == "last" and os.path.exists(os.path.join(ckpt_dir, "last.ckpt"))
+        else None
+    )
     trainer.fit(Regression(args.step_time), train_dataloaders=loader, ckpt_path=resume)
 
 

@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> None:
             truth.record("save_started", step)
             reporter.checkpoint_started(step)
             save_checkpoint(
-                folder, step, training_state(step, model, opt, sched, args.save_pad),
+                folder,
+                step,
+                training_state(step, model, opt, sched, args.save_pad),
                 args.save_mode,
             )
             truth.record("checkpoint", step)

@@ -73,17 +73,26 @@ class StepTime(TrainerCallback):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", default="./out",
-                        help="the Trainer's output_dir; {tmpdir} and {pid} expand")
+    parser.add_argument(
+        "--output-dir", default="./out", help="the Trainer's output_dir; {tmpdir} and {pid} expand"
+    )
     parser.add_argument("--max-steps", type=int, default=100_000)
     parser.add_argument("--save-steps", type=int, default=10)
-    parser.add_argument("--grad-accum", type=int, default=2,
-                        help="gradient accumulation: micro-batches per optimizer step")
-    parser.add_argument("--step-time", type=float, default=0.05,
-                        help="seconds of sleep after each optimizer step")
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=2,
+        help="gradient accumulation: micro-batches per optimizer step",
+    )
+    parser.add_argument(
+        "--step-time", type=float, default=0.05, help="seconds of sleep after each optimizer step"
+    )
     parser.add_argument("--resume", choices=("complete", "hf", "none"), default="complete")
-    parser.add_argument("--no-callback", action="store_true",
-                        help="leave the callback out (for RECOVERYGATE_AUTO=1)")
+    parser.add_argument(
+        "--no-callback",
+        action="store_true",
+        help="leave the callback out (for RECOVERYGATE_AUTO=1)",
+    )
     return parser.parse_args(argv)
 
 
@@ -91,10 +100,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     output_dir = args.output_dir.format(tmpdir=tempfile.gettempdir(), pid=os.getpid())
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(
-        n_layer=1, n_head=2, n_embd=32, n_positions=SEQUENCE, vocab_size=VOCAB,
-        bos_token_id=0, eos_token_id=0,
-    ))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=1,
+            n_head=2,
+            n_embd=32,
+            n_positions=SEQUENCE,
+            vocab_size=VOCAB,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
     training_args = TrainingArguments(
         output_dir=output_dir,
         max_steps=args.max_steps,
@@ -118,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         from recoverygate.integrations.transformers import RecoveryGateCallback
 
         callbacks.append(RecoveryGateCallback())
-    trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(100_000),
-                      callbacks=callbacks)
+    trainer = Trainer(
+        model=model, args=training_args, train_dataset=Tokens(100_000), callbacks=callbacks
+    )
     resume: str | None = None
     if args.resume == "complete":
         from recoverygate.integrations.transformers import last_complete_checkpoint

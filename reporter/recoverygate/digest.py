@@ -236,9 +236,7 @@ def _feed_mapping(put: _Put, obj: Mapping[Any, Any], depth: int) -> None:
     put(b"}")
 
 
-def _feed_sequence(
-    put: _Put, obj: list[Any] | tuple[Any, ...], depth: int, tag: bytes
-) -> None:
+def _feed_sequence(put: _Put, obj: list[Any] | tuple[Any, ...], depth: int, tag: bytes) -> None:
     _check_depth(depth)
     if len(obj) > 8 and all(type(item) is int for item in obj):
         # Long runs of ints (random.getstate(), sampler permutations): one token.

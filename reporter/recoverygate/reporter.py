@@ -261,9 +261,7 @@ def _init() -> None:
                 if not _inc:
                     _inc = os.urandom(8).hex()
                 _progress_parts = _encoded(wire.step_line_parts(wire.PROGRESS, _inc, rank))
-                _started_parts = _encoded(
-                    wire.step_line_parts(wire.CHECKPOINT_STARTED, _inc, rank)
-                )
+                _started_parts = _encoded(wire.step_line_parts(wire.CHECKPOINT_STARTED, _inc, rank))
                 _completed_parts = _encoded(
                     wire.step_line_parts(wire.CHECKPOINT_COMPLETED, _inc, rank)
                 )

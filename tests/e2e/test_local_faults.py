@@ -47,9 +47,11 @@ class Run:
     wall: float
 
     def explain(self) -> str:
-        return (f"\nexit {self.code} in {self.wall:.1f}s\nsummary: {self.report.get('summary')}"
-                f"\nreasons: {self.report.get('reasons')}\noutput tail:\n"
-                + "\n".join(self.output.splitlines()[-25:]))
+        return (
+            f"\nexit {self.code} in {self.wall:.1f}s\nsummary: {self.report.get('summary')}"
+            f"\nreasons: {self.report.get('reasons')}\noutput tail:\n"
+            + "\n".join(self.output.splitlines()[-25:])
+        )
 
 
 def drill(name: str, tmp_path: Path) -> Run:
@@ -66,9 +68,23 @@ def drill(name: str, tmp_path: Path) -> Run:
     report_path = tmp_path / "report.json"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path),
-         "--report", str(report_path), "--yes", "-q"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest_recoverygate.cli",
+            "run",
+            "-f",
+            str(path),
+            "--report",
+            str(report_path),
+            "--yes",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+        check=False,
     )
     wall = time.monotonic() - started
     output = proc.stdout + proc.stderr
@@ -106,8 +122,9 @@ def test_a_kill_mid_save_of_an_atomic_checkpoint_resumes_from_the_last_completed
 def test_a_kill_mid_save_of_a_direct_save_crash_loops_and_fails(tmp_path: Path) -> None:
     run = drill("torn-checkpoint-direct-save.yaml", tmp_path)
     assert run.report["verdict"] == "FAIL", run.explain()
-    assert run.report["reasons"][0] in ("NEVER_CAME_BACK", "RESUMED_FROM_TORN_CHECKPOINT"), \
+    assert run.report["reasons"][0] in ("NEVER_CAME_BACK", "RESUMED_FROM_TORN_CHECKPOINT"), (
         run.explain()
+    )
     diagnoses = [d["id"] for d in run.report.get("diagnoses", [])]
     if run.report["reasons"][0] == "NEVER_CAME_BACK":
         assert "torch-load-truncated" in diagnoses, run.explain()
@@ -145,8 +162,9 @@ def test_a_hang_with_the_default_timeout_is_never_noticed_and_fails(tmp_path: Pa
     run = drill("hang-default-timeout.yaml", tmp_path)
     assert run.report["verdict"] == "FAIL", run.explain()
     assert "HANG_NOT_DETECTED" in run.report["reasons"], run.explain()
-    found = subprocess.run(["pgrep", "-af", "examples/local/train.py"], capture_output=True,
-                           text=True, check=False)
+    found = subprocess.run(
+        ["pgrep", "-af", "examples/local/train.py"], capture_output=True, text=True, check=False
+    )
     assert found.stdout.strip() == "", f"left behind:\n{found.stdout}"
 
 
@@ -212,12 +230,17 @@ def test_matching_digests_pass(tmp_path: Path) -> None:
     assert any(c["name"] == "state_digest" and c["passed"] for c in run.report["checks"])
 
 
-@pytest.mark.parametrize(("name", "part"), [
-    ("state-digest-fresh-optimizer.yaml", "optimizer"),
-    ("state-digest-reset-scheduler.yaml", "scheduler"),
-])
+@pytest.mark.parametrize(
+    ("name", "part"),
+    [
+        ("state-digest-fresh-optimizer.yaml", "optimizer"),
+        ("state-digest-reset-scheduler.yaml", "scheduler"),
+    ],
+)
 def test_a_resume_that_loses_part_of_the_state_fails_on_that_part(
-    name: str, part: str, tmp_path: Path,
+    name: str,
+    part: str,
+    tmp_path: Path,
 ) -> None:
     run = drill(name, tmp_path)
     assert run.report["verdict"] == "FAIL", run.explain()

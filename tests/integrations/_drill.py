@@ -42,14 +42,28 @@ class Drill:
 
     def explain(self) -> str:
         r = self.report
-        figures = {k: r.get(k) for k in (
-            "verdict", "resumeStep", "expectedResumeStep", "loadedStep", "lostSteps",
-            "recoveryTimeSeconds", "restarts", "inconclusive", "reasons")}
-        failed = [(c.get("name"), c.get("message")) for c in r.get("checks", [])
-                  if not c.get("passed")]
-        return (f"\nsummary: {r.get('summary')}\nfigures: {figures}\nfailed checks: {failed}"
-                f"\nexit {self.returncode}, {self.wall_seconds:.1f}s\n"
-                f"--- drill output (tail) ---\n{self.output[-3000:]}")
+        figures = {
+            k: r.get(k)
+            for k in (
+                "verdict",
+                "resumeStep",
+                "expectedResumeStep",
+                "loadedStep",
+                "lostSteps",
+                "recoveryTimeSeconds",
+                "restarts",
+                "inconclusive",
+                "reasons",
+            )
+        }
+        failed = [
+            (c.get("name"), c.get("message")) for c in r.get("checks", []) if not c.get("passed")
+        ]
+        return (
+            f"\nsummary: {r.get('summary')}\nfigures: {figures}\nfailed checks: {failed}"
+            f"\nexit {self.returncode}, {self.wall_seconds:.1f}s\n"
+            f"--- drill output (tail) ---\n{self.output[-3000:]}"
+        )
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.lines if e.get("event") == kind]
@@ -71,7 +85,7 @@ def job_lines(report_dir: Path) -> list[dict[str, Any]]:
             if at < 0:
                 continue
             try:
-                event = json.loads(line[at + len(SENTINEL):])
+                event = json.loads(line[at + len(SENTINEL) :])
             except ValueError:
                 continue
             found[(event.get("inc", ""), event.get("event", ""), event.get("time", 0.0))] = event
@@ -90,8 +104,14 @@ def run_drill(
     max_recovery: str = "90s",
     extra_expectations: dict[str, Any] | None = None,
 ) -> Drill:
-    command = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", "--max-restarts=3",
-               str(script), *job_args]
+    command = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=3",
+        str(script),
+        *job_args,
+    ]
     inject: dict[str, Any] = {"type": fault, "afterCheckpoint": after}
     if target_rank is not None:
         inject["targetRank"] = target_rank
@@ -101,12 +121,19 @@ def run_drill(
             "orchestrator": "local",
             "command": command,
             "workdir": str(script.parent),
-            "env": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "HF_HUB_OFFLINE": "1",
-                    **(env or {})},
+            "env": {
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                "HF_HUB_OFFLINE": "1",
+                **(env or {}),
+            },
         },
         "injectFailure": inject,
-        "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": max_recovery,
-                         "maxLostSteps": 100, **(extra_expectations or {})},
+        "expectations": {
+            "resumeFromCheckpoint": "latest",
+            "maxRecoveryTime": max_recovery,
+            "maxLostSteps": 100,
+            **(extra_expectations or {}),
+        },
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "2m", "checkpoint": "2m", "recovery": "3m"},
     }
@@ -115,10 +142,24 @@ def run_drill(
     report_dir = tmp_path / "report"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path),
-         "--report-dir", str(report_dir), "--yes", "-q"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=DRILL_TIMEOUT,
-        check=False, env={k: v for k, v in os.environ.items() if k != "RECOVERYGATE_AUTO"},
+        [
+            sys.executable,
+            "-m",
+            "pytest_recoverygate.cli",
+            "run",
+            "-f",
+            str(path),
+            "--report-dir",
+            str(report_dir),
+            "--yes",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=DRILL_TIMEOUT,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "RECOVERYGATE_AUTO"},
     )
     wall = time.monotonic() - started
     output = proc.stdout + proc.stderr
@@ -128,8 +169,9 @@ def run_drill(
     return Drill(report, proc.returncode, output, wall, job_lines(report_dir))
 
 
-def validate_accepts(tmp_path: Path, inject: dict[str, Any],
-                     expectations: dict[str, Any] | None = None) -> tuple[bool, str]:
+def validate_accepts(
+    tmp_path: Path, inject: dict[str, Any], expectations: dict[str, Any] | None = None
+) -> tuple[bool, str]:
     """Whether this checkout's ``recoverygate validate`` accepts a drill with these keys."""
     config = {
         "workload": {"orchestrator": "local", "command": ["true"]},
@@ -139,7 +181,12 @@ def validate_accepts(tmp_path: Path, inject: dict[str, Any],
     }
     path = tmp_path / "probe.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "pytest_recoverygate.cli", "validate",
-                           "-f", str(path)], capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", "validate", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
     return proc.returncode == 0, proc.stdout + proc.stderr

@@ -43,8 +43,12 @@ class AppState(Stateful):
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, object]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
 
 
 def newest_complete(folder: Path) -> tuple[int, Path] | None:
@@ -71,8 +75,9 @@ def main() -> None:
     rank = dist.get_rank()
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     state = {"app": AppState(model, optimizer)}
     folder = Path(args.ckpt_dir)
@@ -101,8 +106,13 @@ def main() -> None:
             else:
                 if pending is not None:
                     pending.result()  # one save in flight at a time
-                pending = dcp.async_save(state, step=step, digest=True,
-                                         checkpoint_id=checkpoint_id, process_group=save_group)
+                pending = dcp.async_save(
+                    state,
+                    step=step,
+                    digest=True,
+                    checkpoint_id=checkpoint_id,
+                    process_group=save_group,
+                )
         time.sleep(args.step_time)
     if pending is not None:
         pending.result()

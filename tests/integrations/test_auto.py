@@ -33,38 +33,72 @@ FINDER_ON = (
 )
 
 
-def python(code: str, *, auto_value: str | None, exe: str = sys.executable,
-           timeout: float = 120) -> str:
+def python(
+    code: str, *, auto_value: str | None, exe: str = sys.executable, timeout: float = 120
+) -> str:
     env = {k: v for k, v in os.environ.items() if k != auto.ENV}
     env["HF_HUB_OFFLINE"] = "1"
     if auto_value is not None:
         env[auto.ENV] = auto_value
-    proc = subprocess.run([exe, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False, cwd="/")
+    proc = subprocess.run(
+        [exe, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+        cwd="/",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.strip().splitlines()[-1]
 
 
 def fresh_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120
+    )
     return path / "bin" / "python"
 
 
 def pip_into(target_python: Path, *args: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(target_python), "install", "--quiet",
-         "--no-deps", *args],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(target_python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_wheel_carries_the_hook_at_its_root(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "-w", str(tmp_path), str(REPORTER)], check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(tmp_path),
+            str(REPORTER),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("recoverygate_reporter-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read("recoverygate-auto.pth") == PTH.read_bytes()
@@ -75,7 +109,8 @@ def test_the_wheel_carries_the_hook_at_its_root(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
 def test_an_install_runs_the_hook_only_when_the_variable_is_set(
-    tmp_path: Path, editable: bool,
+    tmp_path: Path,
+    editable: bool,
 ) -> None:
     exe = fresh_venv(tmp_path / "venv")
     pip_into(exe, *(["-e", str(REPORTER)] if editable else [str(REPORTER)]))
@@ -84,8 +119,11 @@ def test_an_install_runs_the_hook_only_when_the_variable_is_set(
     assert python(FINDER_ON, auto_value="1", exe=str(exe)) == "True True"
     assert python(FINDER_ON, auto_value=None, exe=str(exe)) == "False False"
     assert python(FINDER_ON, auto_value="0", exe=str(exe)) == "False False"
-    located = python("import recoverygate.integrations.auto as a; print(a.__file__)",
-                     auto_value=None, exe=str(exe))
+    located = python(
+        "import recoverygate.integrations.auto as a; print(a.__file__)",
+        auto_value=None,
+        exe=str(exe),
+    )
     assert located.startswith(str(REPORTER) if editable else str(site))
 
 
@@ -123,15 +161,20 @@ def test_a_callback_added_by_hand_is_not_doubled() -> None:
     pytest.importorskip("transformers")
     code = HF_TRAINER.format(
         extra="from recoverygate.integrations.transformers import RecoveryGateCallback",
-        callbacks=", callbacks=[RecoveryGateCallback(digest=False)]")
+        callbacks=", callbacks=[RecoveryGateCallback(digest=False)]",
+    )
     assert python(code, auto_value="1") == "['RecoveryGateCallback']"
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("package", "on", "off"), [
-    ("lightning.pytorch", "1", "transformers"), ("pytorch_lightning", "lightning", None)])
+@pytest.mark.parametrize(
+    ("package", "on", "off"),
+    [("lightning.pytorch", "1", "transformers"), ("pytorch_lightning", "lightning", None)],
+)
 def test_an_unmodified_lightning_trainer_gets_exactly_one_callback(
-    package: str, on: str, off: str | None,
+    package: str,
+    on: str,
+    off: str | None,
 ) -> None:
     pytest.importorskip(package)
     code = LIGHTNING_TRAINER.format(package=package)
@@ -151,8 +194,7 @@ def test_uninstall_restores_the_original_init() -> None:
         "print(patched, auto.patched(), auto.installed(),"
         " sum('RecoveryGate' in type(cb).__name__ for cb in trainer.callbacks))\n"
     )
-    assert python(code, auto_value="1") == (
-        "['lightning.pytorch.trainer.trainer'] [] False 0")
+    assert python(code, auto_value="1") == ("['lightning.pytorch.trainer.trainer'] [] False 0")
 
 
 def test_wanted_reads_the_variable() -> None:

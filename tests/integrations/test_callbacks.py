@@ -48,7 +48,7 @@ class CheckingStream(io.TextIOBase):
     def write(self, text: str) -> int:
         for line in text.splitlines():
             if line.startswith(SENTINEL):
-                event = json.loads(line[len(SENTINEL):])
+                event = json.loads(line[len(SENTINEL) :])
                 self.events.append(event)
                 if self.check is not None:
                     try:
@@ -75,8 +75,9 @@ def lines() -> Iterator[Callable[..., CheckingStream]]:
 # ------------------------------------------------------------------------- transformers
 
 
-def hf_trainer(output_dir: Path, *, max_steps: int, callback: Any = None,
-               grad_accum: int = 3) -> Any:
+def hf_trainer(
+    output_dir: Path, *, max_steps: int, callback: Any = None, grad_accum: int = 3
+) -> Any:
     transformers = pytest.importorskip("transformers")
     import torch
     from recoverygate.integrations.transformers import RecoveryGateCallback
@@ -90,15 +91,29 @@ def hf_trainer(output_dir: Path, *, max_steps: int, callback: Any = None,
             return {"input_ids": ids, "labels": ids.clone()}
 
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=64))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=64)
+    )
     args = transformers.TrainingArguments(
-        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=2,
-        gradient_accumulation_steps=grad_accum, save_strategy="steps", save_steps=2,
-        logging_steps=10_000, report_to=[], use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=0, seed=0)
-    return transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
-                                callbacks=[callback or RecoveryGateCallback()])
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=grad_accum,
+        save_strategy="steps",
+        save_steps=2,
+        logging_steps=10_000,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    return transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens(),
+        callbacks=[callback or RecoveryGateCallback()],
+    )
 
 
 def test_hf_runs_on_the_expected_transformers() -> None:
@@ -109,7 +124,8 @@ def test_hf_runs_on_the_expected_transformers() -> None:
 
 
 def test_hf_reports_each_optimizer_step_once_and_a_checkpoint_only_when_complete(
-    tmp_path: Path, lines: Callable[..., CheckingStream],
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
 ) -> None:
     def folder_is_complete(event: dict[str, Any]) -> None:
         if event["event"] == "checkpoint_completed":
@@ -125,12 +141,12 @@ def test_hf_reports_each_optimizer_step_once_and_a_checkpoint_only_when_complete
     assert [e["step"] for e in stream.of("checkpoint_completed")] == [2, 4]
     kinds = [e["event"] for e in stream.events if e["event"] != "start"]
     assert kinds.index("checkpoint_started") < kinds.index("checkpoint_completed")
-    assert set(stream.of("checkpoint_completed")[0]["parts"]) == {"model", "optimizer",
-                                                                   "scheduler"}
+    assert set(stream.of("checkpoint_completed")[0]["parts"]) == {"model", "optimizer", "scheduler"}
 
 
 def test_hf_resume_reports_the_restored_step_with_the_saved_digest(
-    tmp_path: Path, lines: Callable[..., CheckingStream],
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
 ) -> None:
     from recoverygate.integrations.transformers import last_complete_checkpoint
 
@@ -148,7 +164,8 @@ def test_hf_resume_reports_the_restored_step_with_the_saved_digest(
 
 
 def test_an_hf_hook_that_fails_never_raises_into_training(
-    capsys: pytest.CaptureFixture[str], lines: Callable[..., CheckingStream],
+    capsys: pytest.CaptureFixture[str],
+    lines: Callable[..., CheckingStream],
 ) -> None:
     pytest.importorskip("transformers")
     from recoverygate.integrations.transformers import RecoveryGateCallback
@@ -160,8 +177,9 @@ def test_an_hf_hook_that_fails_never_raises_into_training(
     assert err.count("recoverygate: RecoveryGateCallback (on_step_end)") == 1
 
 
-def make_folder(root: Path, step: int, *, marker: bool = False,
-                trainer_state: str | None = None) -> Path:
+def make_folder(
+    root: Path, step: int, *, marker: bool = False, trainer_state: str | None = None
+) -> Path:
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(b"\0" * 16)
@@ -199,8 +217,13 @@ def test_last_complete_checkpoint_without_markers_reads_the_trainer_state(
 # ---------------------------------------------------------------------------- lightning
 
 
-def lightning_fit(ckpt_dir: Path, *, max_steps: int, ckpt_path: str | None = None,
-                  plugins: list[Any] | None = None) -> None:
+def lightning_fit(
+    ckpt_dir: Path,
+    *,
+    max_steps: int,
+    ckpt_path: str | None = None,
+    plugins: list[Any] | None = None,
+) -> None:
     pl = pytest.importorskip("lightning.pytorch")
     import torch
     from recoverygate.integrations.lightning import RecoveryGateCallback
@@ -221,19 +244,32 @@ def lightning_fit(ckpt_dir: Path, *, max_steps: int, ckpt_path: str | None = Non
     data = torch.utils.data.TensorDataset(torch.randn(400, 4))
     pl.seed_everything(0, verbose=False)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=max_steps, accumulate_grad_batches=2,
-        callbacks=[pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="{step}",
-                                                every_n_train_steps=2, save_top_k=-1,
-                                                save_last=True),
-                   RecoveryGateCallback()],
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, plugins=plugins)
-    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4),
-                ckpt_path=ckpt_path)
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        accumulate_grad_batches=2,
+        callbacks=[
+            pl.callbacks.ModelCheckpoint(
+                dirpath=ckpt_dir,
+                filename="{step}",
+                every_n_train_steps=2,
+                save_top_k=-1,
+                save_last=True,
+            ),
+            RecoveryGateCallback(),
+        ],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        plugins=plugins,
+    )
+    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
 
 
 def test_lightning_reports_each_optimizer_step_once_and_a_checkpoint_once_written(
-    tmp_path: Path, lines: Callable[..., CheckingStream],
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
 ) -> None:
     def file_is_written(event: dict[str, Any]) -> None:
         if event["event"] == "checkpoint_completed":
@@ -257,7 +293,8 @@ def test_lightning_reports_each_optimizer_step_once_and_a_checkpoint_once_writte
 
 
 def test_lightning_async_checkpoint_io_is_reported_once_the_file_is_written(
-    tmp_path: Path, lines: Callable[..., CheckingStream],
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
 ) -> None:
     pytest.importorskip("lightning")
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
@@ -278,8 +315,9 @@ def test_lightning_async_checkpoint_io_is_reported_once_the_file_is_written(
 @pytest.fixture
 def process_group(tmp_path: Path) -> Iterator[None]:
     dist = pytest.importorskip("torch.distributed")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     yield
     dist.destroy_process_group()
 
@@ -293,7 +331,9 @@ def dcp_state() -> dict[str, Any]:
 
 
 def test_dcp_save_reports_started_before_any_file_and_completed_after_the_metadata(
-    tmp_path: Path, lines: Callable[..., CheckingStream], process_group: None,
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
+    process_group: None,
 ) -> None:
     from recoverygate.integrations import dcp
 
@@ -309,15 +349,16 @@ def test_dcp_save_reports_started_before_any_file_and_completed_after_the_metada
     state = dcp_state()
     dcp.save(state, step=7, digest=True, checkpoint_id=str(folder))
     assert stream.failures == []
-    assert [e["event"] for e in stream.events][1:] == ["checkpoint_started",
-                                                      "checkpoint_completed"]
+    assert [e["event"] for e in stream.events][1:] == ["checkpoint_started", "checkpoint_completed"]
     saved = stream.of("checkpoint_completed")[0]
     assert set(saved["parts"]) == {"model", "extra"}
 
     import torch
 
-    restored = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
-                "extra": torch.zeros(4, dtype=torch.int64)}
+    restored = {
+        "model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
+        "extra": torch.zeros(4, dtype=torch.int64),
+    }
     dcp.load(restored, step=7, digest=True, checkpoint_id=str(folder))
     loaded = stream.of("checkpoint_loaded")
     assert loaded[0]["step"] == 7
@@ -325,7 +366,9 @@ def test_dcp_save_reports_started_before_any_file_and_completed_after_the_metada
 
 
 def test_dcp_async_save_reports_completed_only_when_the_future_resolves(
-    tmp_path: Path, lines: Callable[..., CheckingStream], process_group: None,
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
+    process_group: None,
 ) -> None:
     from recoverygate.integrations import dcp
 
@@ -347,7 +390,9 @@ def test_dcp_async_save_reports_completed_only_when_the_future_resolves(
 
 
 def test_a_failed_dcp_async_save_is_never_reported_completed(
-    tmp_path: Path, lines: Callable[..., CheckingStream], process_group: None,
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
+    process_group: None,
 ) -> None:
     from recoverygate.integrations import dcp
 
@@ -375,8 +420,14 @@ def test_the_integration_modules_import_no_framework_until_a_class_is_used() -> 
         "print(heavy)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RECOVERYGATE_AUTO"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=60,
+    ).stdout
     assert out.strip() == "[]"
 
 

@@ -54,8 +54,9 @@ def test_a_dcp_job_passes_and_its_lines_follow_the_files(tmp_path: Path, mode: s
     assert drill.verdict == "PASS", drill.explain()
     assert drill.report["resumeStep"] == drill.report["expectedResumeStep"] == 20
     first = drill.incarnations()[0]
-    saved = [e for e in drill.events("checkpoint_completed")
-             if e["inc"] == first and e["step"] == 20]
+    saved = [
+        e for e in drill.events("checkpoint_completed") if e["inc"] == first and e["step"] == 20
+    ]
     loaded = [e for e in drill.events("checkpoint_loaded") if e["inc"] != first]
     assert saved and loaded and loaded[0]["step"] == 20, drill.explain()
     assert loaded[0]["digest"] == saved[0]["digest"], drill.explain()

@@ -6,10 +6,15 @@ import pytest
 
 from tests import test_exported_members as members
 
-MODULES = ["recoverygate.integrations", "recoverygate.integrations._common",
-           "recoverygate.integrations.auto", "recoverygate.integrations.dcp",
-           "recoverygate.integrations.transformers", "recoverygate.integrations.lightning",
-           "recoverygate.integrations.pytorch_lightning"]
+MODULES = [
+    "recoverygate.integrations",
+    "recoverygate.integrations._common",
+    "recoverygate.integrations.auto",
+    "recoverygate.integrations.dcp",
+    "recoverygate.integrations.transformers",
+    "recoverygate.integrations.lightning",
+    "recoverygate.integrations.pytorch_lightning",
+]
 
 
 @pytest.mark.filterwarnings("ignore")  # resolving RecoveryGateCallback imports the framework

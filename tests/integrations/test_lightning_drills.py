@@ -30,8 +30,9 @@ ARGS = ["--ckpt-dir={tmpdir}/ckpt", "--save-steps=10", "--step-time=0.02"]
 
 def assert_resumed_with_the_saved_state(drill: Drill, step: int) -> None:
     first = drill.incarnations()[0]
-    saved = [e for e in drill.events("checkpoint_completed")
-             if e["inc"] == first and e["step"] == step]
+    saved = [
+        e for e in drill.events("checkpoint_completed") if e["inc"] == first and e["step"] == step
+    ]
     loaded = [e for e in drill.events("checkpoint_loaded") if e["inc"] != first]
     assert saved and loaded, drill.explain()
     assert loaded[0]["step"] == step
@@ -54,8 +55,9 @@ def test_a_lightning_fit_with_the_callback_passes_and_resumes_the_saved_state(
 
 
 def test_an_unmodified_lightning_script_with_recoverygate_auto_passes(tmp_path: Path) -> None:
-    drill = run_drill(tmp_path, LIGHTNING_TRAIN, [*ARGS, "--no-callback"],
-                      env={"RECOVERYGATE_AUTO": "1"})
+    drill = run_drill(
+        tmp_path, LIGHTNING_TRAIN, [*ARGS, "--no-callback"], env={"RECOVERYGATE_AUTO": "1"}
+    )
     assert drill.verdict == "PASS", drill.explain()
     assert drill.report["resumeStep"] == 20
     assert_resumed_with_the_saved_state(drill, 20)
@@ -63,9 +65,12 @@ def test_an_unmodified_lightning_script_with_recoverygate_auto_passes(tmp_path: 
 
 def test_the_pytorch_lightning_package_with_recoverygate_auto_passes(tmp_path: Path) -> None:
     pytest.importorskip("pytorch_lightning")
-    drill = run_drill(tmp_path, LIGHTNING_TRAIN,
-                      [*ARGS, "--no-callback", "--package=pytorch_lightning"],
-                      env={"RECOVERYGATE_AUTO": "lightning"})
+    drill = run_drill(
+        tmp_path,
+        LIGHTNING_TRAIN,
+        [*ARGS, "--no-callback", "--package=pytorch_lightning"],
+        env={"RECOVERYGATE_AUTO": "lightning"},
+    )
     assert drill.verdict == "PASS", drill.explain()
     assert_resumed_with_the_saved_state(drill, 20)
 

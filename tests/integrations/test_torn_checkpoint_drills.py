@@ -34,37 +34,51 @@ TORN = {"type": "KillDuringCheckpoint", "afterCheckpoint": "step-20"}
 def torn_checkpoint_fault_is_wired(tmp_path_factory: pytest.TempPathFactory) -> None:
     accepted, why = validate_accepts(tmp_path_factory.mktemp("probe"), TORN)
     if not accepted:
-        pytest.skip("this checkout's drill config refuses injectFailure.type "
-                    f"KillDuringCheckpoint (not wired yet): {why.strip()[:400]}")
+        pytest.skip(
+            "this checkout's drill config refuses injectFailure.type "
+            f"KillDuringCheckpoint (not wired yet): {why.strip()[:400]}"
+        )
 
 
 def test_an_hf_trainer_resuming_from_the_last_complete_checkpoint_passes(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("transformers")
-    drill = run_drill(tmp_path, HF_TRAIN,
-                      ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05"],
-                      fault="KillDuringCheckpoint", target_rank=None)
+    drill = run_drill(
+        tmp_path,
+        HF_TRAIN,
+        ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05"],
+        fault="KillDuringCheckpoint",
+        target_rank=None,
+    )
     assert drill.verdict == "PASS", drill.explain()
     assert drill.report["resumeStep"] == drill.report["expectedResumeStep"] == 10
     first = drill.incarnations()[0]
-    assert 20 not in [e["step"] for e in drill.events("checkpoint_completed")
-                      if e["inc"] == first], "the kill did not tear the save of step 20"
+    assert 20 not in [
+        e["step"] for e in drill.events("checkpoint_completed") if e["inc"] == first
+    ], "the kill did not tear the save of step 20"
 
 
 def test_an_hf_trainer_resuming_from_get_last_checkpoint_fails(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    drill = run_drill(tmp_path, HF_TRAIN,
-                      ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05",
-                       "--resume=hf"],
-                      fault="KillDuringCheckpoint", target_rank=None)
+    drill = run_drill(
+        tmp_path,
+        HF_TRAIN,
+        ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05", "--resume=hf"],
+        fault="KillDuringCheckpoint",
+        target_rank=None,
+    )
     assert drill.verdict == "FAIL", drill.explain()
 
 
 def test_a_lightning_fit_resuming_from_last_passes(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    drill = run_drill(tmp_path, LIGHTNING_TRAIN,
-                      ["--ckpt-dir={tmpdir}/ckpt", "--save-steps=10", "--step-time=0.02"],
-                      fault="KillDuringCheckpoint", target_rank=None)
+    drill = run_drill(
+        tmp_path,
+        LIGHTNING_TRAIN,
+        ["--ckpt-dir={tmpdir}/ckpt", "--save-steps=10", "--step-time=0.02"],
+        fault="KillDuringCheckpoint",
+        target_rank=None,
+    )
     assert drill.verdict == "PASS", drill.explain()
     assert drill.report["resumeStep"] == drill.report["expectedResumeStep"] == 10

@@ -35,20 +35,40 @@ pytest.importorskip("transformers")
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
 
-def tear_the_save_of_step_20(tmp_path: Path, resume: str) -> tuple[list[dict[str, Any]], int,
-                                                                      str, bool]:
+def tear_the_save_of_step_20(
+    tmp_path: Path, resume: str
+) -> tuple[list[dict[str, Any]], int, str, bool]:
     import json
 
     out = tmp_path / "out"
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "HF_HUB_OFFLINE": "1",
-           "RECOVERYGATE_PROGRESS_INTERVAL": "0", "RECOVERYGATE_RANKS": "all"}
+    env = {
+        **os.environ,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "RECOVERYGATE_PROGRESS_INTERVAL": "0",
+        "RECOVERYGATE_RANKS": "all",
+    }
     env.pop("RECOVERYGATE_AUTO", None)
     proc = subprocess.Popen(
-        [str(TORCHRUN), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
-         str(HF_TRAIN), f"--output-dir={out}", "--save-steps=10", "--step-time=0.05",
-         "--max-steps=24", f"--resume={resume}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        stdin=subprocess.DEVNULL, start_new_session=True)
+        [
+            str(TORCHRUN),
+            "--standalone",
+            "--nproc-per-node=2",
+            "--max-restarts=1",
+            str(HF_TRAIN),
+            f"--output-dir={out}",
+            "--save-steps=10",
+            "--step-time=0.05",
+            "--max-steps=24",
+            f"--resume={resume}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     events: list[dict[str, Any]] = []
     text: list[str] = []
@@ -60,7 +80,7 @@ def tear_the_save_of_step_20(tmp_path: Path, resume: str) -> tuple[list[dict[str
             text.append(line)
             at = line.find(SENTINEL)
             if at >= 0:
-                event = json.loads(line[at + len(SENTINEL):])
+                event = json.loads(line[at + len(SENTINEL) :])
                 events.append(event)
                 if event["event"] == "checkpoint_started" and event["step"] == 20:
                     started.set()
@@ -73,8 +93,9 @@ def tear_the_save_of_step_20(tmp_path: Path, resume: str) -> tuple[list[dict[str
         deadline = time.monotonic() + 10
         while not folder.exists() and time.monotonic() < deadline:
             time.sleep(0.001)
-        (rank0,) = [p for p in psutil.Process(proc.pid).children()
-                    if p.environ().get("RANK") == "0"]
+        (rank0,) = [
+            p for p in psutil.Process(proc.pid).children() if p.environ().get("RANK") == "0"
+        ]
         rank0.send_signal(signal.SIGKILL)
         unmarked = folder.exists() and not (folder / MARKER_NAME).exists()
         proc.wait(timeout=180)
@@ -98,8 +119,11 @@ def incarnation_events(events: list[dict[str, Any]], index: int) -> list[dict[st
 
 def test_a_torn_folder_is_skipped_by_last_complete_checkpoint(tmp_path: Path) -> None:
     events, code, output, unmarked = tear_the_save_of_step_20(tmp_path, "complete")
-    completed_20 = [e for e in incarnation_events(events, 1)
-                    if e["event"] == "checkpoint_completed" and e["step"] == 20]
+    completed_20 = [
+        e
+        for e in incarnation_events(events, 1)
+        if e["event"] == "checkpoint_completed" and e["step"] == 20
+    ]
     before = incarnation_events(events, 0)
     assert not [e for e in before if e["event"] == "checkpoint_completed" and e["step"] == 20]
     assert unmarked, "the kill found checkpoint-20 already complete: no torn folder"

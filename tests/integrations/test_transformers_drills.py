@@ -31,8 +31,9 @@ ARGS = ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05"]
 def assert_resumed_with_the_saved_state(drill: Drill, step: int) -> None:
     """The replacement's checkpoint_loaded carries the digest saved at ``step``."""
     first = drill.incarnations()[0]
-    saved = [e for e in drill.events("checkpoint_completed")
-             if e["inc"] == first and e["step"] == step]
+    saved = [
+        e for e in drill.events("checkpoint_completed") if e["inc"] == first and e["step"] == step
+    ]
     loaded = [e for e in drill.events("checkpoint_loaded") if e["inc"] != first]
     assert saved and loaded, drill.explain()
     assert loaded[0]["step"] == step
@@ -58,8 +59,9 @@ def test_a_trainer_with_the_callback_passes_and_resumes_the_saved_state(
 
 
 def test_an_unmodified_trainer_with_recoverygate_auto_passes(tmp_path: Path) -> None:
-    drill = run_drill(tmp_path, HF_TRAIN, [*ARGS, "--no-callback", "--resume=hf"],
-                      env={"RECOVERYGATE_AUTO": "1"})
+    drill = run_drill(
+        tmp_path, HF_TRAIN, [*ARGS, "--no-callback", "--resume=hf"], env={"RECOVERYGATE_AUTO": "1"}
+    )
     assert drill.verdict == "PASS", drill.explain()
     assert drill.report["resumeStep"] == 20
     assert_resumed_with_the_saved_state(drill, 20)
@@ -75,7 +77,11 @@ def test_a_per_process_output_dir_fails_as_a_restart_from_scratch(tmp_path: Path
 
 
 def test_a_trainer_that_never_resumes_fails_as_a_restart_from_scratch(tmp_path: Path) -> None:
-    drill = run_drill(tmp_path, HF_TRAIN, [*ARGS, "--resume=none", "--no-callback"],
-                      env={"RECOVERYGATE_AUTO": "1"})
+    drill = run_drill(
+        tmp_path,
+        HF_TRAIN,
+        [*ARGS, "--resume=none", "--no-callback"],
+        env={"RECOVERYGATE_AUTO": "1"},
+    )
     assert drill.verdict == "FAIL", drill.explain()
     assert drill.report["reasons"][0] == "RESTARTED_FROM_SCRATCH", drill.explain()

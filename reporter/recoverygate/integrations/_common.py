@@ -166,8 +166,9 @@ def is_complete_marker(folder: str, step: int | None = None) -> bool:
     return isinstance(data, dict) and (step is None or data.get("step") == step)
 
 
-def digest_of(parts: Mapping[str, object], what: str, *,
-              everywhere: bool = False) -> dict[str, str] | None:
+def digest_of(
+    parts: Mapping[str, object], what: str, *, everywhere: bool = False
+) -> dict[str, str] | None:
     """The state digest of ``parts`` (name -> object), on a rank that prints; else None.
 
     ``everywhere``: compute it on every rank and return it only where it prints -- for

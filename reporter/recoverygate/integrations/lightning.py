@@ -55,9 +55,15 @@ def callback_class(namespace: str = "lightning.pytorch") -> type:
     cls = _classes.get(namespace)
     if cls is None:
         base = importlib.import_module(namespace).Callback
-        cls = type("RecoveryGateCallback", (_Hooks, base), {
-            "__module__": __name__, "__qualname__": "RecoveryGateCallback",
-            "__doc__": _Hooks.__doc__})
+        cls = type(
+            "RecoveryGateCallback",
+            (_Hooks, base),
+            {
+                "__module__": __name__,
+                "__qualname__": "RecoveryGateCallback",
+                "__doc__": _Hooks.__doc__,
+            },
+        )
         _classes[namespace] = cls
     return cls
 
@@ -117,15 +123,16 @@ class _Hooks:
         if not self.digest:
             return None
         optimizers = list(getattr(trainer, "optimizers", []) or [])
-        schedulers = [config.scheduler
-                      for config in getattr(trainer, "lr_scheduler_configs", []) or []]
+        schedulers = [
+            config.scheduler for config in getattr(trainer, "lr_scheduler_configs", []) or []
+        ]
         # Under FSDP, DeepSpeed or model parallelism state_dict() is a collective.
         strategy = type(getattr(trainer, "strategy", None)).__name__
         sharded = any(kind in strategy for kind in ("FSDP", "DeepSpeed", "ModelParallel"))
         return _common.digest_of(
-            {"model": pl_module, "optimizer": optimizers or None,
-             "scheduler": schedulers or None},
-            what, everywhere=sharded,
+            {"model": pl_module, "optimizer": optimizers or None, "scheduler": schedulers or None},
+            what,
+            everywhere=sharded,
         )
 
     @_common.safe("RecoveryGateCallback")
@@ -134,16 +141,19 @@ class _Hooks:
         self._last_step = step
         if step > 0:  # a resumed fit: everything is restored before on_train_start
             reporter.checkpoint_loaded(
-                step, digest=self._digest(trainer, pl_module, "checkpoint_loaded"))
+                step, digest=self._digest(trainer, pl_module, "checkpoint_loaded")
+            )
 
     @_common.safe("RecoveryGateCallback")
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                             batch_idx: int, *args: Any) -> None:
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, *args: Any
+    ) -> None:
         self._flush(trainer)
 
     @_common.safe("RecoveryGateCallback")
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                           batch_idx: int, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, *args: Any
+    ) -> None:
         self._flush(trainer)
         step = int(trainer.global_step)
         if step != self._last_step:  # an optimizer step happened in this batch
@@ -204,8 +214,7 @@ class _Hooks:
         reporter.checkpoint_completed(step, digest=digest)
 
 
-def _report_async(step: int, digest: dict[str, str] | None, fsync: bool,
-                  paths: list[str]) -> None:
+def _report_async(step: int, digest: dict[str, str] | None, fsync: bool, paths: list[str]) -> None:
     """Run in AsyncCheckpointIO's executor, after the save queued before it. Never raises."""
     try:
         if fsync:

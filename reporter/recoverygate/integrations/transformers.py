@@ -55,9 +55,15 @@ def callback_class() -> type:
     global _class  # noqa: PLW0603
     if _class is None:
         base = importlib.import_module("transformers").TrainerCallback
-        _class = type("RecoveryGateCallback", (_Hooks, base), {
-            "__module__": __name__, "__qualname__": "RecoveryGateCallback",
-            "__doc__": _Hooks.__doc__})
+        _class = type(
+            "RecoveryGateCallback",
+            (_Hooks, base),
+            {
+                "__module__": __name__,
+                "__qualname__": "RecoveryGateCallback",
+                "__doc__": _Hooks.__doc__,
+            },
+        )
     return _class
 
 
@@ -89,8 +95,9 @@ class _Hooks:
         self._save_started: int | None = None
 
     def __repr__(self) -> str:
-        return (f"RecoveryGateCallback(digest={self.digest}, fsync={self.fsync}, "
-                f"marker={self.marker})")
+        return (
+            f"RecoveryGateCallback(digest={self.digest}, fsync={self.fsync}, marker={self.marker})"
+        )
 
     def _digest(self, args: Any, kwargs: dict[str, Any], what: str) -> dict[str, str] | None:
         if not self.digest:
@@ -98,9 +105,13 @@ class _Hooks:
         # Under FSDP or DeepSpeed state_dict() is a collective: every rank must take part.
         sharded = bool(getattr(args, "fsdp", None)) or getattr(args, "deepspeed", None) is not None
         return _common.digest_of(
-            {"model": kwargs.get("model"), "optimizer": kwargs.get("optimizer"),
-             "scheduler": kwargs.get("lr_scheduler")},
-            what, everywhere=sharded,
+            {
+                "model": kwargs.get("model"),
+                "optimizer": kwargs.get("optimizer"),
+                "scheduler": kwargs.get("lr_scheduler"),
+            },
+            what,
+            everywhere=sharded,
         )
 
     @_common.safe("RecoveryGateCallback")
