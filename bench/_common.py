@@ -181,7 +181,8 @@ def maxrss_mib() -> float:
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment plus a PYTHONPATH that imports the checkout."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = PYTHONPATH + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                      else "")
+    env["PYTHONPATH"] = PYTHONPATH + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     env.update(extra)
     return env

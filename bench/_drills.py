@@ -90,13 +90,17 @@ def _records(base: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def ground_truth(rows: list[dict[str, Any]], kill_time: float, target_rank: int = 1,
-                 reporting_rank: int = 0) -> dict[str, Any]:
+def ground_truth(
+    rows: list[dict[str, Any]], kill_time: float, target_rank: int = 1, reporting_rank: int = 0
+) -> dict[str, Any]:
     """What really happened, from train.py's per-step records around the kill."""
     old = [r for r in rows if r["t"] <= kill_time]
     old_restart = max((r["restart"] for r in old), default=0)
-    victim_steps = [r for r in old if r["rank"] == target_rank and r["event"] == "step"
-                    and r["restart"] == old_restart]
+    victim_steps = [
+        r
+        for r in old
+        if r["rank"] == target_rank and r["event"] == "step" and r["restart"] == old_restart
+    ]
     victim_last = max(victim_steps, key=lambda r: r["t"]) if victim_steps else None
     new = [r for r in rows if r["restart"] > old_restart and r["rank"] == reporting_rank]
     # the generation that trained again (a restart that failed before training has no steps)
@@ -106,15 +110,18 @@ def ground_truth(rows: list[dict[str, Any]], kill_time: float, target_rank: int 
         gen = [r for r in new if r["restart"] == trained[0]]
         loaded = [r for r in gen if r["event"] == "loaded"]
         resume = loaded[0]["step"] if loaded else None
-        after = sorted((r for r in gen if r["event"] == "step" and resume is not None
-                        and r["step"] > resume), key=lambda r: r["t"])
+        after = sorted(
+            (r for r in gen if r["event"] == "step" and resume is not None and r["step"] > resume),
+            key=lambda r: r["t"],
+        )
         first = after[0]["t"] if after else None
     return {
         "victim_last_step": victim_last["step"] if victim_last else None,
         "victim_last_beat": victim_last["t"] if victim_last else None,
         "resume": resume,
         "recovery": None if first is None else first - kill_time,
-        "lost": None if victim_last is None or resume is None
+        "lost": None
+        if victim_last is None or resume is None
         else max(0, victim_last["step"] - resume),
     }
 

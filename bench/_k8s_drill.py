@@ -108,30 +108,41 @@ timeouts:
         rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         c0, t0 = _cpu(), time.monotonic()
         backend = _Phases(build_orchestrator(config, clock))
-        result = run_drill(config, RunOptions(handle_signals=False), clock=clock,
-                           orchestrator=backend)
+        result = run_drill(
+            config, RunOptions(handle_signals=False), clock=clock, orchestrator=backend
+        )
         cpu, wall = _cpu() - c0, time.monotonic() - t0
     m = backend.marks
-    print(json.dumps({
-        "verdict": result.verdict.value,
-        "summary": result.summary,
-        "cpu_s": cpu,
-        "wall_s": wall,
-        "discover_cpu_s": m.get("discover_cpu_s"),
-        "discover_wall_s": m.get("discover_wall_s"),
-        "wait_cpu_s": m["kill_at_cpu_s"] - c0 - m["discover_cpu_s"] if "kill_at_cpu_s" in m
-        else None,
-        "recover_cpu_s": m["verdict_at_cpu_s"] - m["kill_at_cpu_s"]
-        if "verdict_at_cpu_s" in m and "kill_at_cpu_s" in m else None,
-        "recover_wall_s": m["verdict_at_wall"] - m["kill_at_wall"]
-        if "verdict_at_wall" in m and "kill_at_wall" in m else None,
-        "cleanup_cpu_s": c0 + cpu - m["verdict_at_cpu_s"] if "verdict_at_cpu_s" in m else None,
-        "rss_start_mib": rss_start,
-        "import_cpu_s": IMPORT_CPU,
-        "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "workers": len((result.target and [result.target]) or []),
-        "target": result.target.instance_id if result.target else None,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "verdict": result.verdict.value,
+                "summary": result.summary,
+                "cpu_s": cpu,
+                "wall_s": wall,
+                "discover_cpu_s": m.get("discover_cpu_s"),
+                "discover_wall_s": m.get("discover_wall_s"),
+                "wait_cpu_s": m["kill_at_cpu_s"] - c0 - m["discover_cpu_s"]
+                if "kill_at_cpu_s" in m
+                else None,
+                "recover_cpu_s": m["verdict_at_cpu_s"] - m["kill_at_cpu_s"]
+                if "verdict_at_cpu_s" in m and "kill_at_cpu_s" in m
+                else None,
+                "recover_wall_s": m["verdict_at_wall"] - m["kill_at_wall"]
+                if "verdict_at_wall" in m and "kill_at_wall" in m
+                else None,
+                "cleanup_cpu_s": c0 + cpu - m["verdict_at_cpu_s"]
+                if "verdict_at_cpu_s" in m
+                else None,
+                "rss_start_mib": rss_start,
+                "import_cpu_s": IMPORT_CPU,
+                "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "workers": len((result.target and [result.target]) or []),
+                "target": result.target.instance_id if result.target else None,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

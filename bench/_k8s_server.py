@@ -32,9 +32,18 @@ def main() -> None:
         job = FakeTrainingJob(server, nodes=nodes, step_time=0.02, checkpoint_every=10)
         job.start()
         setup = time.monotonic() - t0
-        print(json.dumps({"ready": True, "selector": job.selector, "namespace": NAMESPACE,
-                          "victim_uid": job.pod(1)["metadata"]["uid"], "setup_s": setup}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "ready": True,
+                    "selector": job.selector,
+                    "namespace": NAMESPACE,
+                    "victim_uid": job.pod(1)["metadata"]["uid"],
+                    "setup_s": setup,
+                }
+            ),
+            flush=True,
+        )
         sys.stdin.read()  # until the benchmark closes our stdin
         ru = resource.getrusage(resource.RUSAGE_SELF)
         deletes = len(server.deletes(acted_only=True))

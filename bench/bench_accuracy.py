@@ -33,18 +33,23 @@ def summarize(outcomes: list[DrillOutcome]) -> list[Result]:
     n = len(outcomes)
     rec_err = [o.recovery_error_ms for o in outcomes if o.recovery_error_ms is not None]
     lost_err = [o.lost_error for o in outcomes if o.lost_error is not None]
-    resumes_ok = sum(1 for o in outcomes if o.reported_resume is not None
-                     and o.reported_resume == o.true_resume)
+    resumes_ok = sum(
+        1 for o in outcomes if o.reported_resume is not None and o.reported_resume == o.true_resume
+    )
     passed = sum(1 for o in outcomes if o.verdict == "PASS")
     recoveries = [o.reported_recovery for o in outcomes if o.reported_recovery is not None]
-    beats = [(o.kill_time - o.victim_last_beat) * 1e3 for o in outcomes
-             if o.victim_last_beat is not None and o.kill_time is not None]
+    beats = [
+        (o.kill_time - o.victim_last_beat) * 1e3
+        for o in outcomes
+        if o.victim_last_beat is not None and o.kill_time is not None
+    ]
     latencies = [o.verdict_latency * 1e3 for o in outcomes if o.verdict_latency is not None]
     # The same recovery measured from the victim's last heartbeat instead of the kill.
     from_beat = [
         abs(o.reported_recovery - (o.kill_time + o.true_recovery - o.victim_last_beat)) * 1e3
         for o in outcomes
-        if o.reported_recovery is not None and o.true_recovery is not None
+        if o.reported_recovery is not None
+        and o.true_recovery is not None
         and o.victim_last_beat is not None
     ]
     compared = f"{len(rec_err)} of {n} drills compared"
@@ -56,7 +61,8 @@ def summarize(outcomes: list[DrillOutcome]) -> list[Result]:
             "ms",
             note=f"{compared}; median error {median(rec_err) if rec_err else float('nan'):.3f} "
             f"ms; reported recovery {min(recoveries):.2f}..{max(recoveries):.2f} s"
-            if recoveries else compared,
+            if recoveries
+            else compared,
             extra={"errors_ms": rec_err},
         ),
         Result(
@@ -79,17 +85,30 @@ def summarize(outcomes: list[DrillOutcome]) -> list[Result]:
             note=f"reported {[o.reported_resume for o in outcomes]} vs true "
             f"{[o.true_resume for o in outcomes]}",
         ),
-        info("  recovery time error vs the victim's last heartbeat, worst",
-             max(from_beat) if from_beat else float("nan"), "ms",
-             note="true recovery counted from the victim's last step record instead of "
-             "killTime: the error is the gap between the two"),
-        info("  drills that PASSed", passed, "drills",
-             note="; ".join(sorted({o.summary for o in outcomes if o.verdict != 'PASS'}))),
-        info("  victim's last heartbeat before the kill (median)",
-             median(beats) if beats else float("nan"), "ms"),
-        info("  verdict after the deciding event (median)",
-             median(latencies) if latencies else float("nan"), "ms",
-             note=f"max {max(latencies):.2f} ms" if latencies else ""),
+        info(
+            "  recovery time error vs the victim's last heartbeat, worst",
+            max(from_beat) if from_beat else float("nan"),
+            "ms",
+            note="true recovery counted from the victim's last step record instead of "
+            "killTime: the error is the gap between the two",
+        ),
+        info(
+            "  drills that PASSed",
+            passed,
+            "drills",
+            note="; ".join(sorted({o.summary for o in outcomes if o.verdict != "PASS"})),
+        ),
+        info(
+            "  victim's last heartbeat before the kill (median)",
+            median(beats) if beats else float("nan"),
+            "ms",
+        ),
+        info(
+            "  verdict after the deciding event (median)",
+            median(latencies) if latencies else float("nan"),
+            "ms",
+            note=f"max {max(latencies):.2f} ms" if latencies else "",
+        ),
         info("  drill wall time (median)", median([o.wall_s for o in outcomes]), "s"),
     ]
     return out
@@ -100,9 +119,12 @@ def run(quick: bool) -> list[Result]:
     outcomes = []
     for i in range(drills):
         outcome = run_local_drill()
-        print(f"  drill {i + 1}/{drills}: {outcome.verdict} in {outcome.wall_s:.1f} s, "
-              f"recovery {outcome.reported_recovery} s (true {outcome.true_recovery}), "
-              f"lost {outcome.reported_lost} (true {outcome.true_lost})", flush=True)
+        print(
+            f"  drill {i + 1}/{drills}: {outcome.verdict} in {outcome.wall_s:.1f} s, "
+            f"recovery {outcome.reported_recovery} s (true {outcome.true_recovery}), "
+            f"lost {outcome.reported_lost} (true {outcome.true_lost})",
+            flush=True,
+        )
         outcomes.append(outcome)
     return summarize(outcomes)
 

@@ -37,8 +37,9 @@ WRITER = Path(__file__).resolve().parent / "_latency_writer.py"
 RUNNER_POLL = 0.05  # RunOptions.poll_interval, the runner's default
 
 
-def _start_writer(where: str, count: int, lo: float, hi: float, times: Path,
-                  stdout: Any = None) -> subprocess.Popen[bytes]:
+def _start_writer(
+    where: str, count: int, lo: float, hi: float, times: Path, stdout: Any = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(WRITER), where, str(count), str(lo), str(hi), str(times)],
         stdout=stdout,
@@ -46,8 +47,13 @@ def _start_writer(where: str, count: int, lo: float, hi: float, times: Path,
     )
 
 
-def _drain(source: StreamEventSource, clock: RealClock, proc: subprocess.Popen[bytes],
-           count: int, timeout: float) -> dict[int, float]:
+def _drain(
+    source: StreamEventSource,
+    clock: RealClock,
+    proc: subprocess.Popen[bytes],
+    count: int,
+    timeout: float,
+) -> dict[int, float]:
     """The runner's loop: wait (woken early by the source), poll, note when each step shows."""
     seen: dict[int, float] = {}
     deadline = time.monotonic() + timeout
@@ -130,29 +136,40 @@ def run(quick: bool) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="rg-bench-latency-") as tmp_name:
         tmp = Path(tmp_name)
         lat = pipe_case(n_pipe, tmp)
-        out.append(Result(
-            "pipe -> StreamEventSource -> poll(), p50",
-            _ms(lat, 50), 5.0, "ms",
-            note=f"{len(lat)} lines; p99 {_ms(lat, 99):.2f} ms, max {max(lat) * 1e3:.2f} ms",
-            extra={"p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99), "max_ms": max(lat) * 1e3},
-        ))
+        out.append(
+            Result(
+                "pipe -> StreamEventSource -> poll(), p50",
+                _ms(lat, 50),
+                5.0,
+                "ms",
+                note=f"{len(lat)} lines; p99 {_ms(lat, 99):.2f} ms, max {max(lat) * 1e3:.2f} ms",
+                extra={"p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99), "max_ms": max(lat) * 1e3},
+            )
+        )
         inotify = sys.platform.startswith("linux")
         lat = file_case(n_inotify if inotify else n_file, tmp, slurm_interval, inotify=inotify)
-        out.append(Result(
-            f"file tail (SLURM OutputTail, interval {slurm_interval} s"
-            f"{', inotify' if inotify else ''}), p99",
-            _ms(lat, 99), slurm_interval * 1e3, "ms",
-            note=f"{len(lat)} lines; p50 {_ms(lat, 50):.2f} ms, max {max(lat) * 1e3:.2f} ms",
-            extra={"p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99), "max_ms": max(lat) * 1e3},
-        ))
+        out.append(
+            Result(
+                f"file tail (SLURM OutputTail, interval {slurm_interval} s"
+                f"{', inotify' if inotify else ''}), p99",
+                _ms(lat, 99),
+                slurm_interval * 1e3,
+                "ms",
+                note=f"{len(lat)} lines; p50 {_ms(lat, 50):.2f} ms, max {max(lat) * 1e3:.2f} ms",
+                extra={"p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99), "max_ms": max(lat) * 1e3},
+            )
+        )
         lat = file_case(n_file, tmp, slurm_interval, inotify=False)
-        out.append(info(
-            "  the same tail without inotify (NFS/Lustre: polling only), p50",
-            _ms(lat, 50), "ms",
-            note=f"{len(lat)} lines; p99 {_ms(lat, 99):.1f} ms (about half the interval at "
-            "p50; the interval bounds it)",
-            extra={"p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99)},
-        ))
+        out.append(
+            info(
+                "  the same tail without inotify (NFS/Lustre: polling only), p50",
+                _ms(lat, 50),
+                "ms",
+                note=f"{len(lat)} lines; p99 {_ms(lat, 99):.1f} ms (about half the interval at "
+                "p50; the interval bounds it)",
+                extra={"p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99)},
+            )
+        )
     return out
 
 

@@ -47,8 +47,11 @@ def cli_start(quick: bool, pycache: str) -> list[Result]:
     reps = 5 if quick else 15
     exe = Path(sys.executable)
     script = exe.parent / "recoverygate"
-    cli = [str(script), "--help"] if script.exists() else (
-        [shutil.which("recoverygate") or "recoverygate", "--help"])
+    cli = (
+        [str(script), "--help"]
+        if script.exists()
+        else ([shutil.which("recoverygate") or "recoverygate", "--help"])
+    )
     env = _installed_env(pycache)
     cases = {
         "cli": cli,
@@ -63,13 +66,23 @@ def cli_start(quick: bool, pycache: str) -> list[Result]:
             times[name].append(_time(cmd, env))
     cli_s, pass_s, yaml_s = (median(times[k]) for k in ("cli", "pass", "yaml"))
     return [
-        Result("recoverygate --help, wall", cli_s * 1e3, 300.0, "ms",
-               note=f"median of {reps}; python -c pass {pass_s * 1e3:.1f} ms, "
-               f"python -c 'import yaml' {yaml_s * 1e3:.1f} ms",
-               extra={"cli_ms": [t * 1e3 for t in times["cli"]]}),
-        Result("recoverygate --help vs python -c 'import yaml'", cli_s * 1e3, 2 * yaml_s * 1e3,
-               "ms", baseline=f"2x python -c 'import yaml' ({yaml_s * 1e3:.1f} ms)",
-               note=f"{cli_s / yaml_s:.2f}x; {cli_s / pass_s:.2f}x python -c pass"),
+        Result(
+            "recoverygate --help, wall",
+            cli_s * 1e3,
+            300.0,
+            "ms",
+            note=f"median of {reps}; python -c pass {pass_s * 1e3:.1f} ms, "
+            f"python -c 'import yaml' {yaml_s * 1e3:.1f} ms",
+            extra={"cli_ms": [t * 1e3 for t in times["cli"]]},
+        ),
+        Result(
+            "recoverygate --help vs python -c 'import yaml'",
+            cli_s * 1e3,
+            2 * yaml_s * 1e3,
+            "ms",
+            baseline=f"2x python -c 'import yaml' ({yaml_s * 1e3:.1f} ms)",
+            note=f"{cli_s / yaml_s:.2f}x; {cli_s / pass_s:.2f}x python -c pass",
+        ),
     ]
 
 
@@ -77,7 +90,10 @@ def _importtime(env: dict[str, str]) -> float:
     """Cumulative microseconds of the recoverygate package and recoverygate.reporter."""
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import recoverygate.reporter"],
-        env=env, check=True, capture_output=True, text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     total = 0
     for line in proc.stderr.splitlines():
@@ -103,18 +119,38 @@ def reporter_import(quick: bool, pycache: str) -> list[Result]:
         diffs.append(_time(imp, env) - _time(bare, env))
     importtime = median([_importtime(env) for _ in range(reps)]) / 1e3
     proc = subprocess.run(
-        [exe, "-c", "import sys; before = set(sys.modules); import recoverygate.reporter; "
-         "print(sorted(set(sys.modules) - before))"],
-        env=env, check=True, capture_output=True, text=True,
+        [
+            exe,
+            "-c",
+            "import sys; before = set(sys.modules); import recoverygate.reporter; "
+            "print(sorted(set(sys.modules) - before))",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return [
-        Result("import recoverygate.reporter (-X importtime, cumulative)", importtime, 5.0, "ms",
-               note=f"median of {reps}; new modules: {proc.stdout.strip()}"),
-        info("  import recoverygate.reporter (subprocess minus python -c pass)",
-             median(diffs) * 1e3, "ms", note=f"median of {reps} paired differences"),
-        info("  import recoverygate.reporter without a bytecode cache (-X importtime)",
-             compiling, "ms", note="PYTHONDONTWRITEBYTECODE=1: the sources are compiled "
-             "at every start; an installed package has its .pyc"),
+        Result(
+            "import recoverygate.reporter (-X importtime, cumulative)",
+            importtime,
+            5.0,
+            "ms",
+            note=f"median of {reps}; new modules: {proc.stdout.strip()}",
+        ),
+        info(
+            "  import recoverygate.reporter (subprocess minus python -c pass)",
+            median(diffs) * 1e3,
+            "ms",
+            note=f"median of {reps} paired differences",
+        ),
+        info(
+            "  import recoverygate.reporter without a bytecode cache (-X importtime)",
+            compiling,
+            "ms",
+            note="PYTHONDONTWRITEBYTECODE=1: the sources are compiled "
+            "at every start; an installed package has its .pyc",
+        ),
     ]
 
 
@@ -129,17 +165,21 @@ def verdict_latency(quick: bool) -> list[Result]:
             latencies.append(outcome.verdict_latency * 1e3)
     worst = max(latencies) if latencies else float("inf")
     return [
-        Result("verdict after the deciding event (local drill, worst)", worst, 100.0, "ms",
-               note=f"{len(latencies)} of {drills} real drills: "
-               + ", ".join(f"{x:.2f}" for x in latencies) + " ms"),
+        Result(
+            "verdict after the deciding event (local drill, worst)",
+            worst,
+            100.0,
+            "ms",
+            note=f"{len(latencies)} of {drills} real drills: "
+            + ", ".join(f"{x:.2f}" for x in latencies)
+            + " ms",
+        ),
     ]
 
 
 def run(quick: bool) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="rg-bench-pycache-") as pycache:
-        return cli_start(quick, pycache) + reporter_import(quick, pycache) + verdict_latency(
-            quick
-        )
+        return cli_start(quick, pycache) + reporter_import(quick, pycache) + verdict_latency(quick)
 
 
 if __name__ == "__main__":

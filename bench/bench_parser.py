@@ -45,13 +45,16 @@ def _grep(path: Path, out: Path) -> float:
     env = {**os.environ, "LC_ALL": "C"}
     before = cpu_children()
     with open(out, "wb") as sink:
-        subprocess.run(["grep", "-F", SENTINEL_BYTES.decode(), str(path)], stdout=sink,
-                       env=env, check=True)
+        subprocess.run(
+            ["grep", "-F", SENTINEL_BYTES.decode(), str(path)], stdout=sink, env=env, check=True
+        )
     return cpu_children() - before
 
 
-def _parse(path: Path, make: type[StreamParser] = StreamParser,
-           ) -> tuple[float, list[int], int, int]:
+def _parse(
+    path: Path,
+    make: type[StreamParser] = StreamParser,
+) -> tuple[float, list[int], int, int]:
     """CPU seconds, the steps found, the malformed count, the most bytes held between chunks."""
     before = cpu_self()
     parser = make()
@@ -158,8 +161,13 @@ def throughput(quick: bool, tmp: Path) -> list[Result]:
             note=f"parser {gbs / p:.2f} GB/CPU-s ({p:.3f} s) vs grep {gbs / g:.2f} GB/CPU-s "
             f"({g:.3f} s), medians of {reps}; {events:,} events + {planted.malformed:,} "
             f"truncated = one per {planted.size / (events + planted.malformed) / 1024:.1f} KiB",
-            extra={"parser_cpu_s": [x[0] for x in parses], "grep_cpu_s": greps,
-                   "bytes": planted.size, "events": events, "generate_s": gen_s},
+            extra={
+                "parser_cpu_s": [x[0] for x in parses],
+                "grep_cpu_s": greps,
+                "bytes": planted.size,
+                "events": events,
+                "generate_s": gen_s,
+            },
         ),
         Result(
             "events found exactly as planted (valid, in order; truncated counted)",
@@ -171,8 +179,9 @@ def throughput(quick: bool, tmp: Path) -> list[Result]:
             f"{planted.malformed:,}; grep printed {grep_lines:,} lines",
         ),
         Result(
-            "parser memory held between chunks (1 GiB log)" if not quick else
-            "parser memory held between chunks",
+            "parser memory held between chunks (1 GiB log)"
+            if not quick
+            else "parser memory held between chunks",
             held / 1024,
             4 + 15 / 1024,
             "KiB",

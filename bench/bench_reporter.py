@@ -57,8 +57,13 @@ def _configured(**kwargs: Any) -> Iterator[None]:
         reporter.configure()
 
 
-def _best_pair(stmt_a: str, stmt_b: str, env: dict[str, Any], number: int, repeat: int,
-               ) -> tuple[float, float]:
+def _best_pair(
+    stmt_a: str,
+    stmt_b: str,
+    env: dict[str, Any],
+    number: int,
+    repeat: int,
+) -> tuple[float, float]:
     """Best per-call seconds of two statements, repetitions interleaved a, b, a, b ..."""
     ta, tb = timeit.Timer(stmt_a, globals=env), timeit.Timer(stmt_b, globals=env)
     best_a = best_b = float("inf")
@@ -124,10 +129,9 @@ def emitting(quick: bool) -> list[Result]:
             line, ckpt = _best_pair("progress(123456)", "ckpt(123456)", env, number, repeat)
         fd = devnull.fileno()
         head = 'RECOVERYGATE/v1 {"event":"progress","time":'
-        env2 = {"os": os, "fd": fd, "time": time, "head": head, "json": json,
-                "devnull": devnull}
+        env2 = {"os": os, "fd": fd, "time": time, "head": head, "json": json, "devnull": devnull}
         fstring, jdump = _best_pair(
-            "os.write(fd, f'{head}{time.time():.6f},\"inc\":\"0123456789abcdef\",\"step\":"
+            'os.write(fd, f\'{head}{time.time():.6f},"inc":"0123456789abcdef","step":'
             "{123456}}}\\n'.encode())",
             "print('RECOVERYGATE/v1', json.dumps({'event': 'progress', 'time': time.time(), "
             "'inc': '0123456789abcdef', 'step': 123456}), file=devnull, flush=True)",
@@ -143,8 +147,11 @@ def emitting(quick: bool) -> list[Result]:
             "us/line",
             note=f"checkpoint_completed: {ckpt * 1e6:.2f} us; reference f-string + os.write "
             f"{fstring * 1e6:.2f} us, json.dumps + print(flush) {jdump * 1e6:.2f} us",
-            extra={"checkpoint_us": ckpt * 1e6, "fstring_write_us": fstring * 1e6,
-                   "json_print_us": jdump * 1e6},
+            extra={
+                "checkpoint_us": ckpt * 1e6,
+                "fstring_write_us": fstring * 1e6,
+                "json_print_us": jdump * 1e6,
+            },
         )
     )
     return out
@@ -170,7 +177,7 @@ def line_rate(quick: bool) -> list[Result]:
     lines = len(times)
     free = 2  # the first two progress lines of a process always print (documented)
     per_100ms = max(lines - free, 0) / (duration / 0.1)
-    gaps = [b - a for a, b in zip(times[free - 1:], times[free:], strict=False)]
+    gaps = [b - a for a, b in zip(times[free - 1 :], times[free:], strict=False)]
     return [
         Result(
             "progress lines per 100 ms (default interval, back-to-back calls)",
@@ -178,7 +185,9 @@ def line_rate(quick: bool) -> list[Result]:
             1.0,
             "lines/100ms",
             note=f"{lines} lines from {calls:,} calls in {duration} s; smallest gap "
-            f"{min(gaps) * 1e3:.1f} ms" if gaps else f"{lines} lines from {calls:,} calls",
+            f"{min(gaps) * 1e3:.1f} ms"
+            if gaps
+            else f"{lines} lines from {calls:,} calls",
             extra={"lines": lines, "calls": calls, "min_gap_s": min(gaps) if gaps else None},
         )
     ]
@@ -288,7 +297,7 @@ def _paired(loops: dict[str, Loop], steps: int, rounds: int) -> dict[str, dict[s
         loop(max(steps // 20, 1))  # warm up
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(rounds):
-        order = names[i % len(names):] + names[: i % len(names)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         for name in order:
             times[name].append(loops[name](steps))
     out: dict[str, dict[str, float]] = {}
@@ -308,8 +317,13 @@ def _paired(loops: dict[str, Loop], steps: int, rounds: int) -> dict[str, dict[s
     return out
 
 
-def _loop_results(make: Callable[[Callable[[int], None]], tuple[Loop, Loop, str]], steps: int,
-                  rounds: int, *, c_call: bool = False) -> tuple[str, dict[str, dict[str, float]]]:
+def _loop_results(
+    make: Callable[[Callable[[int], None]], tuple[Loop, Loop, str]],
+    steps: int,
+    rounds: int,
+    *,
+    c_call: bool = False,
+) -> tuple[str, dict[str, dict[str, float]]]:
     base, with_progress, label = make(reporter.progress)
     _, with_noop, _ = make(_noop)
     loops = {"base": base, "progress": with_progress, "noop": with_noop}

@@ -30,8 +30,10 @@ class Planted:
 
 
 def _kubelet(rng: random.Random) -> str:
-    return (f"2026-11-29T11:{rng.randrange(60):02d}:{rng.randrange(60):02d}."
-            f"{rng.randrange(10**9):09d}Z ")
+    return (
+        f"2026-11-29T11:{rng.randrange(60):02d}:{rng.randrange(60):02d}."
+        f"{rng.randrange(10**9):09d}Z "
+    )
 
 
 def _noise_line(rng: random.Random) -> str:
@@ -47,28 +49,40 @@ def _noise_line(rng: random.Random) -> str:
             done = min(total, i * total // 50)
             pct = done * 100 // total
             bar = "\u2588" * (pct // 10) + "\u258c" * (pct % 10 > 4) + " " * (10 - pct // 10)
-            segs.append(f"{pct:3d}%|{bar}| {done}/{total} [00:{i:02d}<01:{59 - i % 60:02d}, "
-                        f"{rng.uniform(1, 80):.2f}it/s, loss={rng.uniform(0, 3):.4f}]")
+            segs.append(
+                f"{pct:3d}%|{bar}| {done}/{total} [00:{i:02d}<01:{59 - i % 60:02d}, "
+                f"{rng.uniform(1, 80):.2f}it/s, loss={rng.uniform(0, 3):.4f}]"
+            )
         return prefix + "\r".join(segs) + "\n"
     if kind < 0.45:
-        return (f"{prefix}[rank{rank}]:[W1129 11:47:{rng.randrange(60):02d}."
-                f"{rng.randrange(10**6):06d} {rng.randrange(1000, 99999)} "
-                "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:1011] Warning: "
-                "something about the process group that nobody reads (function operator())\n")
+        return (
+            f"{prefix}[rank{rank}]:[W1129 11:47:{rng.randrange(60):02d}."
+            f"{rng.randrange(10**6):06d} {rng.randrange(1000, 99999)} "
+            "torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:1011] Warning: "
+            "something about the process group that nobody reads (function operator())\n"
+        )
     if kind < 0.8:
-        return (f"{prefix}epoch {rng.randrange(100)} step {rng.randrange(10**6)} "
-                f"loss={rng.uniform(0, 5):.6f} lr={rng.uniform(1e-5, 1e-3):.3e} "
-                f"grad_norm={rng.uniform(0, 10):.3f} tokens/s={rng.randrange(10**6)}\n")
+        return (
+            f"{prefix}epoch {rng.randrange(100)} step {rng.randrange(10**6)} "
+            f"loss={rng.uniform(0, 5):.6f} lr={rng.uniform(1e-5, 1e-3):.3e} "
+            f"grad_norm={rng.uniform(0, 10):.3f} tokens/s={rng.randrange(10**6)}\n"
+        )
     if kind < 0.9:
-        return (f"{prefix}NCCL INFO Channel {rng.randrange(32):02d}/0 : {rank}[{rank}] -> "
-                f"{(rank + 1) % 8}[{(rank + 1) % 8}] via P2P/IPC/read\n")
-    return (f"{prefix}  File \"/opt/venv/lib/python3.11/site-packages/torch/nn/modules/"
-            f"module.py\", line {rng.randrange(2000)}, in _call_impl\n")
+        return (
+            f"{prefix}NCCL INFO Channel {rng.randrange(32):02d}/0 : {rank}[{rank}] -> "
+            f"{(rank + 1) % 8}[{(rank + 1) % 8}] via P2P/IPC/read\n"
+        )
+    return (
+        f'{prefix}  File "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/'
+        f'module.py", line {rng.randrange(2000)}, in _call_impl\n'
+    )
 
 
 def _event(event: str, step: int, extra: str = "") -> str:
-    return (f'{SENTINEL} {{"event":"{event}","time":1764416834.{step % 10**6:06d},'
-            f'"inc":"{INC}","rank":0,"step":{step}{extra}}}')
+    return (
+        f'{SENTINEL} {{"event":"{event}","time":1764416834.{step % 10**6:06d},'
+        f'"inc":"{INC}","rank":0,"step":{step}{extra}}}'
+    )
 
 
 def generate(path: Path, size: int, *, seed: int = 1, block: int = 16 * 1024) -> Planted:
@@ -97,12 +111,16 @@ def generate(path: Path, size: int, *, seed: int = 1, block: int = 16 * 1024) ->
                 text = f"{_kubelet(rng)}[default0]:{_event('progress', step)}\n"
                 planted.steps.append(step)
             elif shape < 0.55:
-                text = f"[default0]: 42%|\u2588\u2588\u2588\u2588| 42/100 [00:01]\r" \
-                       f"{_event('progress', step)}\n"
+                text = (
+                    f"[default0]: 42%|\u2588\u2588\u2588\u2588| 42/100 [00:01]\r"
+                    f"{_event('progress', step)}\n"
+                )
                 planted.steps.append(step)
             elif shape < 0.7:  # torchrun glued two ranks' lines together
-                text = f"[default0]:{_event('checkpoint_completed', step)}" \
-                       f"[default1]:{_event('progress', step + 1)}\n"
+                text = (
+                    f"[default0]:{_event('checkpoint_completed', step)}"
+                    f"[default1]:{_event('progress', step + 1)}\n"
+                )
                 planted.steps += [step, step + 1]
                 step += 1
             elif shape < 0.8:  # another emitter's layout: goes through json
@@ -152,5 +170,8 @@ if __name__ == "__main__":
 
     target = Path(sys.argv[1])
     result = generate(target, int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20)
-    print(json.dumps({"size": result.size, "events": len(result.steps),
-                      "malformed": result.malformed}))
+    print(
+        json.dumps(
+            {"size": result.size, "events": len(result.steps), "malformed": result.malformed}
+        )
+    )

@@ -50,20 +50,31 @@ def render(doc: dict[str, Any]) -> str:
                 f"{r['op']} {_num(r['limit'])} | {_num(r['ratio'])} | {verdict} |"
             )
     for bench in doc["benchmarks"]:
-        out += ["", f"### {bench['bench']} ({bench['seconds']} s, load at the end "
-                f"{bench['machine']['loadavg']})", ""]
+        out += [
+            "",
+            f"### {bench['bench']} ({bench['seconds']} s, load at the end "
+            f"{bench['machine']['loadavg']})",
+            "",
+        ]
         for r in bench["results"]:
             tag = "info" if r["passed"] is None else ("pass" if r["passed"] else "MISS")
             limit = "" if r["limit"] is None else f" (limit {r['op']} {_num(r['limit'])})"
             note = f" — {r['note']}" if r["note"] else ""
-            out.append(f"- [{tag}] {r['name'].strip()}: {_num(r['measured'])} {r['unit']}"
-                       f"{limit}{note}")
+            out.append(
+                f"- [{tag}] {r['name'].strip()}: {_num(r['measured'])} {r['unit']}{limit}{note}"
+            )
         if bench["bench"] == "scale":
-            rows = [r["extra"] for r in bench["results"]
-                    if r["passed"] is None and "nodes" in r.get("extra", {})]
-            out += ["", "| pods | verdict | drill CPU s | discovery CPU s | kill→verdict CPU s "
-                    "| kill→verdict wall s | peak RSS MiB | fake server CPU s |",
-                    "|---|---|---|---|---|---|---|---|"]
+            rows = [
+                r["extra"]
+                for r in bench["results"]
+                if r["passed"] is None and "nodes" in r.get("extra", {})
+            ]
+            out += [
+                "",
+                "| pods | verdict | drill CPU s | discovery CPU s | kill→verdict CPU s "
+                "| kill→verdict wall s | peak RSS MiB | fake server CPU s |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
             for e in rows:
                 out.append(
                     f"| {e['nodes']:,} | {e['verdict']} | {e['cpu_s']:.3f} | "

@@ -34,7 +34,7 @@ def run_one(name: str, quick: bool) -> dict[str, Any] | None:
     doc: dict[str, Any] | None = None
     for line in proc.stdout:
         if line.startswith("BENCH-JSON "):
-            doc = json.loads(line[len("BENCH-JSON "):])
+            doc = json.loads(line[len("BENCH-JSON ") :])
         print(line, end="", flush=True)
     proc.wait()
     if proc.returncode != 0 or doc is None:
@@ -46,8 +46,13 @@ def run_one(name: str, quick: bool) -> dict[str, Any] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
-    parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
-                        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=BENCHMARKS,
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
     parser.add_argument("--json", type=Path, help="write every benchmark's document here")
     args = parser.parse_args(argv)
     names = args.only or list(BENCHMARKS)
@@ -67,13 +72,19 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             verdict = "pass" if r["passed"] else "MISS"
             ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-            print(f"{verdict:4}  {doc['bench']:9} {r['name']}: {r['measured']:.4g} "
-                  f"{r['op']} {r['limit']:.4g} {r['unit']} (ratio {ratio})")
+            print(
+                f"{verdict:4}  {doc['bench']:9} {r['name']}: {r['measured']:.4g} "
+                f"{r['op']} {r['limit']:.4g} {r['unit']} (ratio {ratio})"
+            )
     for name in crashed:
         print(f"CRASH {name}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"machine": machine(), "quick": args.quick,
-                                         "benchmarks": docs, "crashed": crashed}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {"machine": machine(), "quick": args.quick, "benchmarks": docs, "crashed": crashed},
+                indent=1,
+            )
+        )
     if crashed:
         return 2
     return 0 if all(doc["passed"] for doc in docs) else 1

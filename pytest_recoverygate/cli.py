@@ -51,20 +51,32 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="run a drill", description="Run the drill a config describes.",
-                         epilog=EPILOG)
+    run = sub.add_parser(
+        "run", help="run a drill", description="Run the drill a config describes.", epilog=EPILOG
+    )
     run.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
-    run.add_argument("--dry-run", action="store_true",
-                     help="run the whole flow minus the kill; issue no destructive call")
-    run.add_argument("--yes", "-y", action="store_true",
-                     help="confirm the kill without asking (needed when not on a terminal "
-                     "and safety.requireConfirm is true)")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the whole flow minus the kill; issue no destructive call",
+    )
+    run.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="confirm the kill without asking (needed when not on a terminal "
+        "and safety.requireConfirm is true)",
+    )
     run.add_argument("--report", type=Path, metavar="PATH", help="write the JSON report here")
-    run.add_argument("--report-dir", type=Path, metavar="DIR",
-                     help="write report.json, events.jsonl, summary.md and the timeline "
-                     "picture into DIR")
-    run.add_argument("-q", "--quiet", action="store_true",
-                     help="no live progress; print only the verdict block")
+    run.add_argument(
+        "--report-dir",
+        type=Path,
+        metavar="DIR",
+        help="write report.json, events.jsonl, summary.md and the timeline picture into DIR",
+    )
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="no live progress; print only the verdict block"
+    )
     validate = sub.add_parser("validate", help="check a config without touching anything")
     validate.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
     return parser
@@ -149,9 +161,7 @@ def print_result(
     known failure signatures and, on FAIL or ERROR, the failing worker's last lines."""
     from pytest_recoverygate.report import figures
 
-    stream.write(
-        f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n"
-    )
+    stream.write(f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n")
     if result.target is not None:
         stream.write(f"  target: {result.target.describe()}\n")
     shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
@@ -159,8 +169,13 @@ def print_result(
         stream.write("  " + "  ".join(f"{k}={v}" for k, v in shown.items()) + "\n")
     breakdown = dict(result.breakdown)
     if breakdown:
-        stream.write("  recovery breakdown (s after kill): " + ", ".join(
-            f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()) + "\n")
+        stream.write(
+            "  recovery breakdown (s after kill): "
+            + ", ".join(
+                f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()
+            )
+            + "\n"
+        )
     for note in result.notes:
         stream.write(f"  note: {note}\n")
     for check in result.checks:
@@ -178,9 +193,17 @@ def _print_evidence(
 
     for diagnosis in evidence.diagnoses:
         stream.write(f"\n  diagnosis: {diagnosis.title}\n")
-        stream.write(textwrap.fill(diagnosis.text, width=100, initial_indent="    ",
-                                   subsequent_indent="    ", break_long_words=False,
-                                   break_on_hyphens=False) + "\n")
+        stream.write(
+            textwrap.fill(
+                diagnosis.text,
+                width=100,
+                initial_indent="    ",
+                subsequent_indent="    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            + "\n"
+        )
         stream.write(f"    evidence: {shorten(diagnosis.evidence, TAIL_LINE_LIMIT)}\n")
         stream.write(f"    more: {diagnosis.docs}\n")
     tail = evidence.failing_tail()

@@ -235,8 +235,7 @@ def _not_shared_match(clues: Clues) -> str | None:
     if not saved:
         return None
     evidence = (
-        f"resumed from step 0 although the checkpoint of step {saved} was completed "
-        "before the kill"
+        f"resumed from step 0 although the checkpoint of step {saved} was completed before the kill"
     )
     where = next(
         (found.group(1) for part in clues.command if (found := _LOCAL_PATH.search(part))),
@@ -367,9 +366,7 @@ SIGNATURES: tuple[Signature, ...] = (
 )
 
 
-def clues_from(
-    result: DrillResult, output: str = "", config: DrillConfig | None = None
-) -> Clues:
+def clues_from(result: DrillResult, output: str = "", config: DrillConfig | None = None) -> Clues:
     """The clues of one drill: its result, the job's output and (local) what it launched."""
     env: Mapping[str, str] = {}
     command: tuple[str, ...] = ()
@@ -407,7 +404,8 @@ def diagnose(clues: Clues) -> tuple[Diagnosis, ...]:
         evidence = signature.match(clues)
         if evidence is not None:
             found.append(
-                Diagnosis(signature.id, signature.title, signature.explain(clues, evidence),
-                          evidence)
+                Diagnosis(
+                    signature.id, signature.title, signature.explain(clues, evidence), evidence
+                )
             )
     return tuple(found)

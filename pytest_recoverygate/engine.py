@@ -322,8 +322,10 @@ class DrillEngine:
         if self.phase is Phase.WAITING_FOR_CHECKPOINT:
             armed = self._armed
             if armed is not None:
-                return (f"{armed.why}; the kill lands in "
-                        f"{format_seconds(max(armed.fire_at - now, 0.0))}")
+                return (
+                    f"{armed.why}; the kill lands in "
+                    f"{format_seconds(max(armed.fire_at - now, 0.0))}"
+                )
             last = ev.checkpoints[-1].step if ev.checkpoints else None
             seen = f"; last checkpoint step {last}" if last is not None else ""
             return f"waiting for {self.waiting_for}{seen}"
@@ -393,7 +395,9 @@ class DrillEngine:
             return []
         kill.group_seen.setdefault(event.kind, event.timestamp)
         if kill.detected is None and event.kind in (
-            GroupEventKind.WORKER_GONE, GroupEventKind.RESTARTING, GroupEventKind.JOB_FAILED
+            GroupEventKind.WORKER_GONE,
+            GroupEventKind.RESTARTING,
+            GroupEventKind.JOB_FAILED,
         ):
             kill.detected = event.timestamp
         if event.kind is GroupEventKind.RESTARTING:
@@ -403,7 +407,9 @@ class DrillEngine:
                 kill.group_restarts += 1
         if ended:
             kill.job_ended = (
-                event.timestamp, event.detail, event.kind is GroupEventKind.JOB_SUCCEEDED
+                event.timestamp,
+                event.detail,
+                event.kind is GroupEventKind.JOB_SUCCEEDED,
             )
             return self._judge(event.timestamp)
         return []
@@ -416,8 +422,7 @@ class DrillEngine:
         if result.outcome is KillOutcome.KILLED:
             assert armed is not None
             index = len(self._recoveries) + 1
-            self._kill = _Kill(index, armed.step, armed.trigger_time, result.timestamp,
-                               armed.rank)
+            self._kill = _Kill(index, armed.step, armed.trigger_time, result.timestamp, armed.rank)
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
             self.ledger.killed(result.timestamp)
@@ -427,11 +432,15 @@ class DrillEngine:
         if result.outcome is KillOutcome.DRY_RUN:
             self.note(result.timestamp, "kill:dry-run", result.detail)
             check = Check(
-                "kill_allowed", True, "the kill is allowed", result.detail or "allowed",
+                "kill_allowed",
+                True,
+                "the kill is allowed",
+                result.detail or "allowed",
                 "dry run: the trigger checkpoint was reached and the kill would be allowed",
             )
             return self._finish(
-                result.timestamp, Verdict.DRY_RUN,
+                result.timestamp,
+                Verdict.DRY_RUN,
                 f"dry run: reached checkpoint step {self.trigger_step}; "
                 "the kill would be allowed; nothing was killed",
                 (check,),
@@ -447,8 +456,10 @@ class DrillEngine:
 
     def tick(self, now: float) -> list[Action]:
         armed = self._armed
-        if self.phase is Phase.WAITING_FOR_CHECKPOINT and armed is not None and (
-            now >= armed.fire_at
+        if (
+            self.phase is Phase.WAITING_FOR_CHECKPOINT
+            and armed is not None
+            and (now >= armed.fire_at)
         ):
             return self._fire(now)
         deadline = self.deadline
@@ -456,8 +467,10 @@ class DrillEngine:
             return []
         if self.phase is Phase.WAITING_FOR_CHECKPOINT:
             last = self.ledger.checkpoints[-1].step if self.ledger.checkpoints else None
-            seen = f"the last checkpoint seen was step {last}" if last is not None else (
-                "no checkpoint was seen at all"
+            seen = (
+                f"the last checkpoint seen was step {last}"
+                if last is not None
+                else ("no checkpoint was seen at all")
             )
             return self._finish_error(
                 now,
@@ -485,8 +498,12 @@ class DrillEngine:
             inc.restart = event.restart_count
         if kind is TrainingEventKind.START:
             ev.start(inc, event)
-            self.note(event.timestamp, "start",
-                      f"{'new incarnation' if new else 'incarnation'} {inc.id}", pid=event.pid)
+            self.note(
+                event.timestamp,
+                "start",
+                f"{'new incarnation' if new else 'incarnation'} {inc.id}",
+                pid=event.pid,
+            )
             if new:
                 self._detected(event.timestamp)
             return []
@@ -515,20 +532,30 @@ class DrillEngine:
             if new and self.phase is Phase.RECOVERING:
                 self._move(Phase.VERIFYING)  # it resumed: now it must train past the step
             if inc.born == 0 and not ev.kills and inc.first is None:
-                self.note(event.timestamp, "note",
-                          f"the job resumed from step {step} when the drill started")
+                self.note(
+                    event.timestamp,
+                    "note",
+                    f"the job resumed from step {step} when the drill started",
+                )
         return []
 
     def _on_checkpoint(self, inc: Inc, event: TrainingEvent, *, new: bool) -> list[Action]:
         assert event.step is not None
         step, at = event.step, event.timestamp
         ckpt = self.ledger.checkpoint(inc, event, new=new)
-        detail = (f"replacement checkpoint step {step}" if new else f"step {step}"
-                  + (" (completed after the kill)" if ckpt.after_kill else ""))
+        detail = (
+            f"replacement checkpoint step {step}"
+            if new
+            else f"step {step}" + (" (completed after the kill)" if ckpt.after_kill else "")
+        )
         self.note(at, "checkpoint", detail, step=step)
         kill = self._kill
-        if kill is not None and self.ledger.open and not new and ckpt.after_kill and (
-            self.spec.fault == "Preempt" and at <= kill.time + self.spec.grace_period
+        if (
+            kill is not None
+            and self.ledger.open
+            and not new
+            and ckpt.after_kill
+            and (self.spec.fault == "Preempt" and at <= kill.time + self.spec.grace_period)
         ):
             kill.details.setdefault("savedStep", step)
             kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
@@ -538,13 +565,21 @@ class DrillEngine:
                 # The save finished before the kill landed: aim at the next one, at once.
                 self._armed = None
                 self._torn_retry = True
-                self.note(at, "note", f"the save of checkpoint {step} completed "
-                          f"{format_seconds(at - armed.trigger_time)} after it started, before "
-                          "the kill landed; aiming at the next save, right at its start")
+                self.note(
+                    at,
+                    "note",
+                    f"the save of checkpoint {step} completed "
+                    f"{format_seconds(at - armed.trigger_time)} after it started, before "
+                    "the kill landed; aiming at the next save, right at its start",
+                )
                 return []
             if armed.save_started is None and step > armed.step:
-                self.note(at, "note", f"checkpoint {step} completed before the delayed kill "
-                          "landed: the kill is not before the next checkpoint")
+                self.note(
+                    at,
+                    "note",
+                    f"checkpoint {step} completed before the delayed kill "
+                    "landed: the kill is not before the next checkpoint",
+                )
                 self._slipped.append(step)
         if new or self.spec.fault == "KillDuringCheckpoint":
             return []
@@ -575,7 +610,8 @@ class DrillEngine:
         detail = f": {event.detail}" if event.detail else ""
         if not self._recoveries:
             fix = (
-                "" if event.kind is GroupEventKind.JOB_FAILED
+                ""
+                if event.kind is GroupEventKind.JOB_FAILED
                 else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
             )
             return self._finish_error(
@@ -583,10 +619,13 @@ class DrillEngine:
                 f"the job {how}{step} before the drill could kill anything{detail}{fix}",
             )
         done = len(self._recoveries)
-        return self._finish_overall(event.timestamp, error=(
-            f"the job {how}{step} after {done} verified recover{'y' if done == 1 else 'ies'}, "
-            f"before the next kill{detail}; lengthen the run"
-        ))
+        return self._finish_overall(
+            event.timestamp,
+            error=(
+                f"the job {how}{step} after {done} verified recover{'y' if done == 1 else 'ies'}, "
+                f"before the next kill{detail}; lengthen the run"
+            ),
+        )
 
     # ------------------------------------------------------------------ triggers
 
@@ -611,12 +650,15 @@ class DrillEngine:
         if self.spec.state_digest_matches and not torn:
             ckpt = self.ledger.checkpoints[-1]
             if ckpt.step == step and ckpt.digest is None:
-                return self._finish_error(at, (
-                    f"expectations.stateDigestMatches is set but checkpoint {step} carried no "
-                    "digest, so the loaded state could never be compared: pass "
-                    "digest=reporter.state_digest(model, optimizer, scheduler) to "
-                    "checkpoint_completed (and to checkpoint_loaded); nothing was killed"
-                ))
+                return self._finish_error(
+                    at,
+                    (
+                        f"expectations.stateDigestMatches is set but checkpoint {step} carried no "
+                        "digest, so the loaded state could never be compared: pass "
+                        "digest=reporter.state_digest(model, optimizer, scheduler) to "
+                        "checkpoint_completed (and to checkpoint_loaded); nothing was killed"
+                    ),
+                )
         timing = self._fire_time(step, at)
         if timing is None:
             return []  # the interval is not known yet: wait for another checkpoint
@@ -625,8 +667,12 @@ class DrillEngine:
         if torn and rank is None:
             rank = save_rank
         elif torn and save_rank is not None and rank != save_rank and not self._recoveries:
-            self.note(at, "note", f"rank {rank} does not report the save (rank {save_rank} "
-                      "does): killing it can tear the checkpoint only if it writes part of it")
+            self.note(
+                at,
+                "note",
+                f"rank {rank} does not report the save (rank {save_rank} "
+                "does): killing it can tear the checkpoint only if it writes part of it",
+            )
         self._armed = _Armed(fire_at, step, at, rank, why, save_started=at if torn else None)
         self._slipped.clear()
         self.trigger_step = step
@@ -661,21 +707,27 @@ class DrillEngine:
         if interval is None:
             if step not in self._skipped_triggers:
                 self._skipped_triggers.add(step)
-                self.note(at, "note", f"delay {delay.describe()} needs the checkpoint interval: "
-                          f"waiting for another checkpoint after step {step} to measure it")
+                self.note(
+                    at,
+                    "note",
+                    f"delay {delay.describe()} needs the checkpoint interval: "
+                    f"waiting for another checkpoint after step {step} to measure it",
+                )
             return None
         seconds, steps = interval
         if delay.kind == "fraction":
             return at + delay.value * seconds, (
                 f"checkpoint {step} completed; the kill lands {delay.value:.0%} into the "
-                f"{format_seconds(seconds)} checkpoint interval")
+                f"{format_seconds(seconds)} checkpoint interval"
+            )
         if delay.kind == "spread":
             total = spec.count or 1
             index = len(self._recoveries)
             fraction = index / total
             return at + fraction * seconds, (
                 f"checkpoint {step} completed; kill {index + 1} of {total} lands at "
-                f"{fraction:.0%} of the {format_seconds(seconds)} checkpoint interval")
+                f"{fraction:.0%} of the {format_seconds(seconds)} checkpoint interval"
+            )
         save = ev.save_seconds() or 0.0
         rate = ev.rate()
         step_time = 1.0 / rate if rate else 0.0
@@ -684,14 +736,22 @@ class DrillEngine:
         return at + offset, (
             f"checkpoint {step} completed; the kill lands {format_seconds(offset)} later, "
             f"just before the next save is due (interval {format_seconds(seconds)}, "
-            f"{steps:g} steps)")
+            f"{steps:g} steps)"
+        )
 
     def _fire(self, now: float) -> list[Action]:
         armed = self._armed
         assert armed is not None
         self._move(Phase.KILLING)
-        return [KillTarget(armed.step, len(self._recoveries) + 1, self.spec.fault, armed.rank,
-                           self.spec.grace_period)]
+        return [
+            KillTarget(
+                armed.step,
+                len(self._recoveries) + 1,
+                self.spec.fault,
+                armed.rank,
+                self.spec.grace_period,
+            )
+        ]
 
     def _position(self, trigger_time: float, kill_time: float) -> float | None:
         """Where in the checkpoint interval the kill landed (0 right after a checkpoint)."""
@@ -760,9 +820,8 @@ class DrillEngine:
             return self._finish_overall(now)
         recovery = self._recovery(kill, inc, now)
         self._recoveries.append(recovery)
-        more = (
-            recovery.verdict is Verdict.PASS
-            and (self.spec.count is None or len(self._recoveries) < self.spec.count)
+        more = recovery.verdict is Verdict.PASS and (
+            self.spec.count is None or len(self._recoveries) < self.spec.count
         )
         if budget_mode and recovery.verdict is Verdict.PASS:
             budget = self.spec.restart_budget
@@ -776,22 +835,34 @@ class DrillEngine:
             self._waiting_since = now
             self._torn_retry = False
             self._move(Phase.WAITING_FOR_CHECKPOINT)
-            self.note(now, "note", f"recovery {kill.index} verified; waiting for "
-                      f"{self.waiting_for}")
+            self.note(
+                now, "note", f"recovery {kill.index} verified; waiting for {self.waiting_for}"
+            )
             return []
         return self._finish_overall(now)
 
     def _hung(self, kill: _Kill, now: float) -> Recovery:
         check = Check(
-            "gave_up_loudly", False, "a replacement, or the job ends non-zero", None,
+            "gave_up_loudly",
+            False,
+            "a replacement, or the job ends non-zero",
+            None,
             f"the job neither came back nor failed within "
             f"{format_seconds(now - kill.time)} of kill {kill.index}: it hangs (a job that "
             "gives up must end non-zero, or the backend must mark it failed)",
             R.HUNG_INSTEAD_OF_FAILING,
         )
-        return Recovery(kill.index, self.spec.fault, Verdict.FAIL, check.message, (check,),
-                        trigger_checkpoint=kill.step, kill_time=kill.time,
-                        restarts=self._restarts(kill), breakdown=self._breakdown(kill))
+        return Recovery(
+            kill.index,
+            self.spec.fault,
+            Verdict.FAIL,
+            check.message,
+            (check,),
+            trigger_checkpoint=kill.step,
+            kill_time=kill.time,
+            restarts=self._restarts(kill),
+            breakdown=self._breakdown(kill),
+        )
 
     def _recovery(self, kill: _Kill, inc: Inc | None, now: float) -> Recovery:
         spec, ev = self.spec, self.ledger
@@ -808,20 +879,24 @@ class DrillEngine:
         restarts = self._restarts(kill)
         checks: list[Check] = []
         came_back = inc is not None
-        checks.append(Check(
-            "new_incarnation",
-            True if came_back else (None if finished_ok else False),
-            "a new incarnation reports training events",
-            f"{sum(1 for i in ev.order if i.born == kill.index)} new incarnation(s), "
-            f"{restarts} restart(s)",
-            (
-                f"a new incarnation came back after {restarts} restart(s)" if came_back
-                else "inconclusive: the job finished before a replacement reported; "
-                "lengthen the run so it is still training at the kill" if finished_ok
-                else f"never came back: no new incarnation reported — {ended}"
-            ),
-            None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
-        ))
+        checks.append(
+            Check(
+                "new_incarnation",
+                True if came_back else (None if finished_ok else False),
+                "a new incarnation reports training events",
+                f"{sum(1 for i in ev.order if i.born == kill.index)} new incarnation(s), "
+                f"{restarts} restart(s)",
+                (
+                    f"a new incarnation came back after {restarts} restart(s)"
+                    if came_back
+                    else "inconclusive: the job finished before a replacement reported; "
+                    "lengthen the run so it is still training at the kill"
+                    if finished_ok
+                    else f"never came back: no new incarnation reported — {ended}"
+                ),
+                None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
+            )
+        )
         checks.append(ev.contract_check(contract))
         explicit = spec.expected_resume_step is not None and kill.index == 1
         expected, floor = ev.expected(inc, spec.expected_resume_step if explicit else None)
@@ -829,29 +904,35 @@ class DrillEngine:
         lost: tuple[int | None, int | None] = (None, None)
         if spec.fault == "HangWorker":
             detected = None if kill.detected is None else kill.detected - kill.time
-            checks.append(ev.detection_check(detected, spec.max_detection_time,
-                                             deadline_passed=True))
-            kill.details["detectionSeconds"] = (
-                None if detected is None else round(detected, 6))
+            checks.append(
+                ev.detection_check(detected, spec.max_detection_time, deadline_passed=True)
+            )
+            kill.details["detectionSeconds"] = None if detected is None else round(detected, 6)
         if inc is not None and inc.first is None:
             checks += ev.no_progress_checks(inc, expected, ended, finished_ok)
         elif inc is not None and resume is not None:
-            checks.append(ev.resume_check(inc, resume, expected, floor, explicit=explicit,
-                                          contract=contract))
+            checks.append(
+                ev.resume_check(inc, resume, expected, floor, explicit=explicit, contract=contract)
+            )
             assert inc.first is not None
             recovery_time = inc.first[1] - kill.time
             ok = recovery_time <= spec.max_recovery_time
-            checks.append(Check(
-                "recovery_time", ok, f"<= {format_seconds(spec.max_recovery_time)}",
-                round(recovery_time, 6),
-                (
-                    f"recovered in {format_seconds(recovery_time)} "
-                    f"(limit {format_seconds(spec.max_recovery_time)})" if ok
-                    else f"came back too slowly: {format_seconds(recovery_time)} > "
-                    f"{format_seconds(spec.max_recovery_time)}"
-                ),
-                None if ok else R.TOO_SLOW,
-            ))
+            checks.append(
+                Check(
+                    "recovery_time",
+                    ok,
+                    f"<= {format_seconds(spec.max_recovery_time)}",
+                    round(recovery_time, 6),
+                    (
+                        f"recovered in {format_seconds(recovery_time)} "
+                        f"(limit {format_seconds(spec.max_recovery_time)})"
+                        if ok
+                        else f"came back too slowly: {format_seconds(recovery_time)} > "
+                        f"{format_seconds(spec.max_recovery_time)}"
+                    ),
+                    None if ok else R.TOO_SLOW,
+                )
+            )
             lost = ev.lost(resume, inc)
             if spec.max_lost_steps is not None:
                 checks.append(ev.lost_check(lost, spec.max_lost_steps))
@@ -884,18 +965,29 @@ class DrillEngine:
             self.note(now, "note", resume.undecided)
         self.note(now, "recovery", f"kill {kill.index}: {verdict.value}: {summary}")
         return Recovery(
-            index=kill.index, fault=spec.fault, verdict=verdict, summary=summary,
-            checks=tuple(checks), trigger_checkpoint=kill.step, kill_time=kill.time,
-            delay_seconds=round(kill.time - kill.trigger_time, 6), position=kill.position,
+            index=kill.index,
+            fault=spec.fault,
+            verdict=verdict,
+            summary=summary,
+            checks=tuple(checks),
+            trigger_checkpoint=kill.step,
+            kill_time=kill.time,
+            delay_seconds=round(kill.time - kill.trigger_time, 6),
+            position=kill.position,
             resume_step=resume.step if resume is not None else None,
             expected_resume_step=expected,
-            loaded_step=(resume.loaded if resume is not None
-                         else inc.loaded if inc is not None else None),
-            last_step_before_kill=proven, last_step_before_kill_upper_bound=bound,
-            lost_steps=lost[0], lost_steps_upper_bound=lost[1],
+            loaded_step=(
+                resume.loaded if resume is not None else inc.loaded if inc is not None else None
+            ),
+            last_step_before_kill=proven,
+            last_step_before_kill_upper_bound=bound,
+            lost_steps=lost[0],
+            lost_steps_upper_bound=lost[1],
             recovery_time_seconds=round(recovery_time, 6) if recovery_time is not None else None,
-            restarts=restarts, judged_incarnation=inc.id if inc is not None else None,
-            breakdown=self._breakdown(kill), fault_details=dict(kill.details),
+            restarts=restarts,
+            judged_incarnation=inc.id if inc is not None else None,
+            breakdown=self._breakdown(kill),
+            fault_details=dict(kill.details),
         )
 
     def _preempt_checks(self, kill: _Kill, resume: Resume | None) -> list[Check]:
@@ -906,24 +998,35 @@ class DrillEngine:
             return []
         grace = format_seconds(self.spec.grace_period)
         if saved is None:
-            return [Check(
-                "saved_on_preempt", False, f"a checkpoint completed within {grace}", None,
-                f"no checkpoint was completed within the {grace} grace period after SIGTERM "
-                "(save on SIGTERM, and keep the save shorter than the grace period)",
-                R.NOT_SAVED_ON_PREEMPT,
-            )]
+            return [
+                Check(
+                    "saved_on_preempt",
+                    False,
+                    f"a checkpoint completed within {grace}",
+                    None,
+                    f"no checkpoint was completed within the {grace} grace period after SIGTERM "
+                    "(save on SIGTERM, and keep the save shorter than the grace period)",
+                    R.NOT_SAVED_ON_PREEMPT,
+                )
+            ]
         after = format_seconds(kill.details["savedAfterSeconds"])
-        return [Check(
-            "saved_on_preempt", True, f"a checkpoint completed within {grace}", saved,
-            f"checkpoint {saved} was completed {after} after SIGTERM"
-            + ("; the resume used it" if used else "; the resume did not use it"),
-        )]
+        return [
+            Check(
+                "saved_on_preempt",
+                True,
+                f"a checkpoint completed within {grace}",
+                saved,
+                f"checkpoint {saved} was completed {after} after SIGTERM"
+                + ("; the resume used it" if used else "; the resume did not use it"),
+            )
+        ]
 
     def _breakdown(self, kill: _Kill) -> dict[str, float | None]:
         seen = kill.group_seen
         judged = kill.judged
         scheduled = [
-            seen[k] for k in (GroupEventKind.RESTARTING, GroupEventKind.REPLACEMENT_PENDING)
+            seen[k]
+            for k in (GroupEventKind.RESTARTING, GroupEventKind.REPLACEMENT_PENDING)
             if k in seen
         ]
         detected = seen.get(GroupEventKind.WORKER_GONE)
@@ -955,41 +1058,70 @@ class DrillEngine:
         survived = sum(1 for r in self._recoveries if r.verdict is Verdict.PASS)
         budget = self.spec.restart_budget
         known = self.known_budget
-        read = f"; its launcher allows {known} restart(s)" if known is not None else (
-            "; the job's own restart budget could not be read")
+        read = (
+            f"; its launcher allows {known} restart(s)"
+            if known is not None
+            else ("; the job's own restart budget could not be read")
+        )
         checks: list[Check] = []
         if self._gave_up is not None:
             index, _, detail = self._gave_up
             how = f" ({detail})" if detail else ""
-            checks.append(Check(
-                "gave_up_loudly", True, "the job ends non-zero once its budget is used", index,
-                f"the job survived {survived} kill(s) and gave up loudly on kill {index}{how}",
-            ))
+            checks.append(
+                Check(
+                    "gave_up_loudly",
+                    True,
+                    "the job ends non-zero once its budget is used",
+                    index,
+                    f"the job survived {survived} kill(s) and gave up loudly on kill {index}{how}",
+                )
+            )
             if budget is not None:
                 ok = survived == budget
-                checks.append(Check(
-                    "restart_budget", ok, budget, survived,
-                    (f"it survived exactly restartBudget = {budget} kills{read}" if ok else
-                     f"it survived {survived} kill(s), but restartBudget is {budget}{read}"),
-                    None if ok else R.RESTART_BUDGET_MISMATCH,
-                ))
+                checks.append(
+                    Check(
+                        "restart_budget",
+                        ok,
+                        budget,
+                        survived,
+                        (
+                            f"it survived exactly restartBudget = {budget} kills{read}"
+                            if ok
+                            else f"it survived {survived} kill(s), but restartBudget is {budget}{read}"
+                        ),
+                        None if ok else R.RESTART_BUDGET_MISMATCH,
+                    )
+                )
             return checks
         last = self._recoveries[-1] if self._recoveries else None
-        if last is not None and last.verdict is Verdict.PASS and budget is not None and (
-            survived > budget
+        if (
+            last is not None
+            and last.verdict is Verdict.PASS
+            and budget is not None
+            and (survived > budget)
         ):
-            checks.append(Check(
-                "restart_budget", False, budget, survived,
-                f"the job survived {survived} kills, more than restartBudget = {budget}{read}",
-                R.RESTART_BUDGET_MISMATCH,
-            ))
+            checks.append(
+                Check(
+                    "restart_budget",
+                    False,
+                    budget,
+                    survived,
+                    f"the job survived {survived} kills, more than restartBudget = {budget}{read}",
+                    R.RESTART_BUDGET_MISMATCH,
+                )
+            )
         elif last is not None and last.verdict is Verdict.PASS:
-            checks.append(Check(
-                "gave_up_loudly", None, "the job gives up within the drill", survived,
-                f"inconclusive: the job survived {survived} kills without giving up; set "
-                "expectations.restartBudget (or a smaller restart budget in the job)",
-                R.INCONCLUSIVE,
-            ))
+            checks.append(
+                Check(
+                    "gave_up_loudly",
+                    None,
+                    "the job gives up within the drill",
+                    survived,
+                    f"inconclusive: the job survived {survived} kills without giving up; set "
+                    "expectations.restartBudget (or a smaller restart budget in the job)",
+                    R.INCONCLUSIVE,
+                )
+            )
         return checks
 
     def _finish_overall(self, now: float, *, error: str | None = None) -> list[Action]:
@@ -997,8 +1129,10 @@ class DrillEngine:
         if error is not None:
             return self._finish(now, Verdict.ERROR, error, ())
         budget_mode = self.spec.count is None
-        headline = next((r for r in recoveries if r.verdict is not Verdict.PASS),
-                        recoveries[-1] if recoveries else None)
+        headline = next(
+            (r for r in recoveries if r.verdict is not Verdict.PASS),
+            recoveries[-1] if recoveries else None,
+        )
         checks: list[Check] = list(headline.checks) if headline is not None else []
         if budget_mode:
             if headline is not None and headline.verdict is Verdict.PASS:
@@ -1006,13 +1140,22 @@ class DrillEngine:
             checks += self._budget_checks()
         elif len(recoveries) > 1 or (self.spec.count or 1) > 1:
             passed = sum(1 for r in recoveries if r.verdict is Verdict.PASS)
-            checks.append(Check(
-                "recoveries", passed == len(recoveries), f"{self.spec.count} verified",
-                passed, f"{passed} of {len(recoveries)} recoveries passed",
-                None if passed == len(recoveries) else (
-                    headline.checks[0].reason if headline and headline.failed_checks and
-                    headline.failed_checks[0].reason else None),
-            ))
+            checks.append(
+                Check(
+                    "recoveries",
+                    passed == len(recoveries),
+                    f"{self.spec.count} verified",
+                    passed,
+                    f"{passed} of {len(recoveries)} recoveries passed",
+                    None
+                    if passed == len(recoveries)
+                    else (
+                        headline.checks[0].reason
+                        if headline and headline.failed_checks and headline.failed_checks[0].reason
+                        else None
+                    ),
+                )
+            )
         failed = [c for c in checks if c.passed is False]
         undecided = [c for c in checks if c.passed is None]
         if failed:
@@ -1024,22 +1167,34 @@ class DrillEngine:
         summary = self._summary(verdict, headline, failed, undecided)
         return self._finish(now, verdict, summary, tuple(checks), headline=headline)
 
-    def _summary(self, verdict: Verdict, headline: Recovery | None, failed: list[Check],
-                 undecided: list[Check]) -> str:
+    def _summary(
+        self,
+        verdict: Verdict,
+        headline: Recovery | None,
+        failed: list[Check],
+        undecided: list[Check],
+    ) -> str:
         recoveries = self._recoveries
         many = len(recoveries) > 1 or self.spec.count != 1
         if verdict is Verdict.PASS and many:
-            times = [r.recovery_time_seconds for r in recoveries
-                     if r.recovery_time_seconds is not None]
-            spread = (f"; recovery {format_seconds(min(times))}–{format_seconds(max(times))}"
-                      if times else "")
+            times = [
+                r.recovery_time_seconds for r in recoveries if r.recovery_time_seconds is not None
+            ]
+            spread = (
+                f"; recovery {format_seconds(min(times))}–{format_seconds(max(times))}"
+                if times
+                else ""
+            )
             if self._gave_up is not None:
                 return "; ".join(c.message for c in self._budget_checks())
             return f"all {len(recoveries)} recoveries passed{spread}"
         if headline is not None and headline.verdict is not Verdict.PASS:
             prefix = f"kill {headline.index} of {len(recoveries)}: " if many else ""
-            extra = [c.message for c in failed + undecided if c not in headline.checks
-                     and c.name != "recoveries"]
+            extra = [
+                c.message
+                for c in failed + undecided
+                if c not in headline.checks and c.name != "recoveries"
+            ]
             return prefix + "; ".join([headline.summary, *extra])
         if failed:
             return "; ".join(c.message for c in failed)
@@ -1053,7 +1208,12 @@ class DrillEngine:
         return self._finish(now, Verdict.ERROR, message, ())
 
     def _finish(
-        self, now: float, verdict: Verdict, summary: str, checks: tuple[Check, ...], *,
+        self,
+        now: float,
+        verdict: Verdict,
+        summary: str,
+        checks: tuple[Check, ...],
+        *,
         headline: Recovery | None = None,
     ) -> list[Action]:
         self.note(now, "verdict", f"{verdict.value}: {summary}")
@@ -1064,14 +1224,24 @@ class DrillEngine:
     def _notes(self, contract: StepContract) -> tuple[str, ...]:
         notes: list[str] = []
         if contract.resumed_from is not None:
-            notes.append(f"the job resumed from step {contract.resumed_from} when the drill "
-                         "started (a checkpoint left by an earlier run)")
-        notes += [e.detail for e in self._timeline if e.kind == "note"
-                  and not e.detail.startswith("recovery ")]
+            notes.append(
+                f"the job resumed from step {contract.resumed_from} when the drill "
+                "started (a checkpoint left by an earlier run)"
+            )
+        notes += [
+            e.detail
+            for e in self._timeline
+            if e.kind == "note" and not e.detail.startswith("recovery ")
+        ]
         return tuple(dict.fromkeys(notes))
 
     def _result(
-        self, now: float, verdict: Verdict, summary: str, checks: tuple[Check, ...], *,
+        self,
+        now: float,
+        verdict: Verdict,
+        summary: str,
+        checks: tuple[Check, ...],
+        *,
         headline: Recovery | None = None,
     ) -> DrillResult:
         ev = self.ledger
@@ -1091,8 +1261,9 @@ class DrillEngine:
             resume_step=h.resume_step if h else None,
             expected_resume_step=expected,
             loaded_step=h.loaded_step if h else None,
-            last_step_before_kill=(h.last_step_before_kill if h
-                                   else ev.last_before_kill()[0] if kill else None),
+            last_step_before_kill=(
+                h.last_step_before_kill if h else ev.last_before_kill()[0] if kill else None
+            ),
             last_step_before_kill_upper_bound=h.last_step_before_kill_upper_bound if h else None,
             lost_steps=h.lost_steps if h else None,
             lost_steps_upper_bound=h.lost_steps_upper_bound if h else None,
@@ -1112,4 +1283,3 @@ class DrillEngine:
             started_at=self.started_at,
             finished_at=now,
         )
-

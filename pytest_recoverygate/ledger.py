@@ -72,8 +72,14 @@ class Inc:
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(
-            inc=self.id, rank=self.rank, pid=self.pid, host=self.host, restart=self.restart,
-            new=self.born > 0, first_seen=self.first_seen, started=self.start_time,
+            inc=self.id,
+            rank=self.rank,
+            pid=self.pid,
+            host=self.host,
+            restart=self.restart,
+            new=self.born > 0,
+            first_seen=self.first_seen,
+            started=self.start_time,
             loaded_step=self.loaded,
             first_step=self.first[0] if self.first else None,
             last_step=self.last[0] if self.last else None,
@@ -196,8 +202,9 @@ class Ledger:
         assert event.step is not None
         kill = self.round.kill_time
         after_kill = kill is not None and event.timestamp > kill
-        ckpt = Checkpoint(event.step, event.timestamp, inc.id, after_kill, event.digest,
-                          event.digest_parts)
+        ckpt = Checkpoint(
+            event.step, event.timestamp, inc.id, after_kill, event.digest, event.digest_parts
+        )
         self.checkpoints.append(ckpt)
         save = self.saves.get(event.step)
         if save is not None and save.completed is None:
@@ -208,8 +215,7 @@ class Ledger:
 
     def save_started(self, inc: Inc, event: TrainingEvent) -> Save:
         assert event.step is not None
-        save = Save(event.step, event.timestamp, event.rank if event.rank is not None
-                    else inc.rank)
+        save = Save(event.step, event.timestamp, event.rank if event.rank is not None else inc.rank)
         self.saves.setdefault(event.step, save)
         return self.saves[event.step]
 
@@ -300,8 +306,11 @@ class Ledger:
                 f"checkpoint {step} came before any progress line, so a resume from it might "
                 "report the same first step as a fresh start; waiting for a later checkpoint"
             )
-        if base is not None and base.start_seen and base.first is not None and (
-            base.first[0] > step
+        if (
+            base is not None
+            and base.start_seen
+            and base.first is not None
+            and (base.first[0] > step)
         ):
             return (
                 f"the first progress line reported step {base.first[0]}, after checkpoint "
@@ -342,38 +351,52 @@ class Ledger:
                     return Resume(loaded, loaded)
                 if not final:
                     return None
-                return Resume(loaded, loaded, undecided=(
-                    f"the replacement loaded checkpoint {loaded} and then reported step "
-                    f"{first}, and the progress stride is unknown (one progress line): let "
-                    "it train longer, or report progress every step"
-                ))
+                return Resume(
+                    loaded,
+                    loaded,
+                    undecided=(
+                        f"the replacement loaded checkpoint {loaded} and then reported step "
+                        f"{first}, and the progress stride is unknown (one progress line): let "
+                        "it train longer, or report progress every step"
+                    ),
+                )
             if first > loaded + stride:
-                return Resume(loaded, loaded, undecided=(
-                    f"the replacement reported checkpoint_loaded({loaded}) but its first step "
-                    f"was {first}, more than one progress stride ({stride}) later: report "
-                    "checkpoint_loaded(n) with the step the resumed process holds"
-                ))
+                return Resume(
+                    loaded,
+                    loaded,
+                    undecided=(
+                        f"the replacement reported checkpoint_loaded({loaded}) but its first step "
+                        f"was {first}, more than one progress stride ({stride}) later: report "
+                        "checkpoint_loaded(n) with the step the resumed process holds"
+                    ),
+                )
             return Resume(loaded, loaded)
         if first <= 1 or (stride is not None and first <= stride):
             return Resume(0)
         if stride is None:
             if not final:
                 return None
-            return Resume(None, undecided=(
-                f"the replacement reported one progress line (step {first}), so the "
-                "progress stride is unknown and its resume step cannot be inferred: call "
-                "reporter.checkpoint_loaded(step) after loading a checkpoint, or let it "
-                "train longer"
-            ))
+            return Resume(
+                None,
+                undecided=(
+                    f"the replacement reported one progress line (step {first}), so the "
+                    "progress stride is unknown and its resume step cannot be inferred: call "
+                    "reporter.checkpoint_loaded(step) after loading a checkpoint, or let it "
+                    "train longer"
+                ),
+            )
         step = first - stride
         off_grid = [c.step for c in self.checkpoints if c.step % stride]
         if stride > 1 and off_grid:
-            return Resume(step, undecided=(
-                f"progress is reported every {stride} steps and checkpoints "
-                f"{steps_text(off_grid, 3)} are not on that grid, so the resume step lies "
-                f"between {first - stride} and {first - 1}: call "
-                "reporter.checkpoint_loaded(step) after loading, or report progress every step"
-            ))
+            return Resume(
+                step,
+                undecided=(
+                    f"progress is reported every {stride} steps and checkpoints "
+                    f"{steps_text(off_grid, 3)} are not on that grid, so the resume step lies "
+                    f"between {first - stride} and {first - 1}: call "
+                    "reporter.checkpoint_loaded(step) after loading, or report progress every step"
+                ),
+            )
         return Resume(step)
 
     def describe_resume(self, inc: Inc, resume: Resume) -> str:
@@ -485,10 +508,12 @@ class Ledger:
         """
         rnd = self.round
         kill = rnd.kill_time
-        old_ckpts = [c.step for c in self.checkpoints if kill is None or c.time <= kill
-                     or c.after_kill]
-        highest = max(rnd.post_max, rnd.pre[0] if rnd.pre else -1, rnd.pre_ckpt,
-                      max(old_ckpts, default=-1))
+        old_ckpts = [
+            c.step for c in self.checkpoints if kill is None or c.time <= kill or c.after_kill
+        ]
+        highest = max(
+            rnd.post_max, rnd.pre[0] if rnd.pre else -1, rnd.pre_ckpt, max(old_ckpts, default=-1)
+        )
         if highest < 0:
             return None
         rate = self.rate()
@@ -501,8 +526,11 @@ class Ledger:
 
     def save_seconds(self) -> float | None:
         """The median time from checkpoint_started to checkpoint_completed seen so far."""
-        spans = [s.completed - s.started for s in self.saves.values()
-                 if s.completed is not None and s.completed >= s.started]
+        spans = [
+            s.completed - s.started
+            for s in self.saves.values()
+            if s.completed is not None and s.completed >= s.started
+        ]
         return statistics.median(spans) if spans else None
 
     def interval(self, since: float | None = None) -> tuple[float, float] | None:
@@ -515,9 +543,12 @@ class Ledger:
         for c in self.checkpoints:
             if since is None or c.time > since:
                 by_inc.setdefault(c.inc, []).append((c.time, c.step))
-        gaps = [(t1 - t0, s1 - s0) for done in by_inc.values()
-                for (t0, s0), (t1, s1) in itertools.pairwise(sorted(done))
-                if t1 > t0 and s1 > s0]
+        gaps = [
+            (t1 - t0, s1 - s0)
+            for done in by_inc.values()
+            for (t0, s0), (t1, s1) in itertools.pairwise(sorted(done))
+            if t1 > t0 and s1 > s0
+        ]
         if not gaps:
             return None
         return (statistics.median(g[0] for g in gaps), statistics.median(g[1] for g in gaps))
@@ -527,20 +558,31 @@ class Ledger:
     def contract_check(self, contract: StepContract) -> Check:
         if contract.problem is not None:
             return Check(
-                "step_contract", None, "progress(n) after the n-th completed step",
+                "step_contract",
+                None,
+                "progress(n) after the n-th completed step",
                 contract.describe(),
                 f"the job breaks the step contract, so the resume cannot be judged: "
                 f"{contract.problem}",
                 R.INCONCLUSIVE,
             )
         return Check(
-            "step_contract", True, "progress(n) after the n-th completed step",
-            contract.describe(), f"step contract: {contract.describe()}",
+            "step_contract",
+            True,
+            "progress(n) after the n-th completed step",
+            contract.describe(),
+            f"step contract: {contract.describe()}",
         )
 
     def resume_check(
-        self, inc: Inc, resume: Resume, expected: int | None, floor: int | None, *,
-        explicit: bool, contract: StepContract,
+        self,
+        inc: Inc,
+        resume: Resume,
+        expected: int | None,
+        floor: int | None,
+        *,
+        explicit: bool,
+        contract: StepContract,
     ) -> Check:
         observed = resume.step
         first = inc.first[0] if inc.first else None
@@ -554,53 +596,79 @@ class Ledger:
                 # loaded a newer checkpoint and redid steps. Only a PASS needs to rule it out.
                 inside = [c for c in completed if observed < c <= first]
                 if inside:
-                    return Check(name, None, expected, observed, (
-                        f"the replacement's first step ({first}) fits a resume from step "
-                        f"{observed} as well as one that loaded checkpoint {inside[-1]} and "
-                        "redid steps: call reporter.checkpoint_loaded(step) after loading so "
-                        "the drill knows which"
-                    ), R.INCONCLUSIVE)
+                    return Check(
+                        name,
+                        None,
+                        expected,
+                        observed,
+                        (
+                            f"the replacement's first step ({first}) fits a resume from step "
+                            f"{observed} as well as one that loaded checkpoint {inside[-1]} and "
+                            "redid steps: call reporter.checkpoint_loaded(step) after loading so "
+                            "the drill knows which"
+                        ),
+                        R.INCONCLUSIVE,
+                    )
             return Check(name, passed, expected, observed, message, reason)
 
         if resume.replayed:
             assert first is not None
-            return check(False, (
-                f"loaded checkpoint {resume.loaded}, but the first step reported after it was "
-                f"{first}: steps {first}–{resume.loaded} were done again (progress went "
-                "backwards after the resume)"
-            ), R.STEPS_REPLAYED)
+            return check(
+                False,
+                (
+                    f"loaded checkpoint {resume.loaded}, but the first step reported after it was "
+                    f"{first}: steps {first}–{resume.loaded} were done again (progress went "
+                    "backwards after the resume)"
+                ),
+                R.STEPS_REPLAYED,
+            )
         if observed is None:
             return check(None, resume.undecided or "the resume step is unknown", R.INCONCLUSIVE)
         if observed in torn and observed not in completed:
-            return check(False, (
-                f"resumed from step {observed}, expected step {expected} — the save of "
-                f"checkpoint {observed} was cut by the kill and never completed: the job "
-                "loaded a partial checkpoint (write to a temporary file, fsync, then rename)"
-            ), R.RESUMED_FROM_TORN_CHECKPOINT)
+            return check(
+                False,
+                (
+                    f"resumed from step {observed}, expected step {expected} — the save of "
+                    f"checkpoint {observed} was cut by the kill and never completed: the job "
+                    "loaded a partial checkpoint (write to a temporary file, fsync, then rename)"
+                ),
+                R.RESUMED_FROM_TORN_CHECKPOINT,
+            )
         scratch = observed == 0 and (expected or 0) > 0
         fresh_signature = (
             inc.loaded is None and contract.fresh_start and first == contract.first_step
         )
         if contract.problem is not None and not (scratch and fresh_signature):
-            return check(None, (
-                f"the replacement resumed from step {observed} by the job's own count, but "
-                "the job breaks the step contract (see step_contract), so that count cannot "
-                "be trusted"
-            ), R.INCONCLUSIVE)
+            return check(
+                None,
+                (
+                    f"the replacement resumed from step {observed} by the job's own count, but "
+                    "the job breaks the step contract (see step_contract), so that count cannot "
+                    "be trusted"
+                ),
+                R.INCONCLUSIVE,
+            )
         if resume.undecided is not None:
             return check(None, resume.undecided, R.INCONCLUSIVE)
         if expected is None:
-            return check(False, f"resumed from step {observed}, but no checkpoint was seen to "
-                         "expect", R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+            return check(
+                False,
+                f"resumed from step {observed}, but no checkpoint was seen to expect",
+                R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+            )
         how = "loaded" if resume.loaded is not None else "resumed from"
         if explicit:
             if observed == expected:
                 return check(True, f"resumed from step {observed} as expected", None)
             if expected not in completed:
-                return check(False, (
-                    f"resumed from step {observed}, expected step {expected} — checkpoint "
-                    f"{expected} was never completed; completed: {steps_text(completed)}"
-                ), R.CHECKPOINT_NEVER_COMPLETED)
+                return check(
+                    False,
+                    (
+                        f"resumed from step {observed}, expected step {expected} — checkpoint "
+                        f"{expected} was never completed; completed: {steps_text(completed)}"
+                    ),
+                    R.CHECKPOINT_NEVER_COMPLETED,
+                )
         else:
             durable = {c.step for c in self.checkpoints if c.time <= self.load_window(inc)[1]}
             lowest = floor if floor is not None else expected
@@ -609,85 +677,144 @@ class Ledger:
             if observed > max(completed, default=-1):
                 reach = self.reach_bound()
                 if reach is not None and observed <= reach:
-                    return check(True, (
-                        f"{how} checkpoint {observed}, which the drill never saw completed; "
-                        f"it is newer than every checkpoint seen ({expected}) and within the "
-                        f"steps the job reached (at most {reach})"
-                    ), None)
-                return check(False, (
-                    f"resumed from step {observed}, expected step {expected} — beyond any "
-                    f"step the job can have reached"
-                    + (f" (at most {reach})" if reach is not None else "")
-                ), R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+                    return check(
+                        True,
+                        (
+                            f"{how} checkpoint {observed}, which the drill never saw completed; "
+                            f"it is newer than every checkpoint seen ({expected}) and within the "
+                            f"steps the job reached (at most {reach})"
+                        ),
+                        None,
+                    )
+                return check(
+                    False,
+                    (
+                        f"resumed from step {observed}, expected step {expected} — beyond any "
+                        f"step the job can have reached"
+                        + (f" (at most {reach})" if reach is not None else "")
+                    ),
+                    R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+                )
         if observed == 0:
             what = "loaded checkpoint 0" if resume.loaded == 0 else "loaded no checkpoint"
-            return check(False, (
-                f"resumed from step 0, expected step {expected} — the job restarted from "
-                f"scratch ({what})"
-            ), R.RESTARTED_FROM_SCRATCH)
+            return check(
+                False,
+                (
+                    f"resumed from step 0, expected step {expected} — the job restarted from "
+                    f"scratch ({what})"
+                ),
+                R.RESTARTED_FROM_SCRATCH,
+            )
         if observed > expected:
-            return check(False, (
-                f"resumed from step {observed}, expected step {expected} — the job resumed "
-                "from a checkpoint newer than expected"
-            ), R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+            return check(
+                False,
+                (
+                    f"resumed from step {observed}, expected step {expected} — the job resumed "
+                    "from a checkpoint newer than expected"
+                ),
+                R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+            )
         if observed in completed:
             alt = (
-                "" if resume.loaded is not None
+                ""
+                if resume.loaded is not None
                 else " (or it loaded a newer one and redid steps: call checkpoint_loaded "
                 "to tell them apart)"
             )
-            return check(False, (
-                f"resumed from step {observed}, expected step {expected} — the job resumed "
-                f"from an older checkpoint{alt}"
-            ), R.RESUMED_FROM_OLDER_CHECKPOINT)
+            return check(
+                False,
+                (
+                    f"resumed from step {observed}, expected step {expected} — the job resumed "
+                    f"from an older checkpoint{alt}"
+                ),
+                R.RESUMED_FROM_OLDER_CHECKPOINT,
+            )
         if resume.loaded is not None:
-            return check(False, (
-                f"loaded checkpoint {observed}, expected step {expected} — no checkpoint of "
-                f"step {observed} was completed (completed: {steps_text(completed)})"
-            ), R.RESUMED_FROM_UNEXPECTED_CHECKPOINT)
+            return check(
+                False,
+                (
+                    f"loaded checkpoint {observed}, expected step {expected} — no checkpoint of "
+                    f"step {observed} was completed (completed: {steps_text(completed)})"
+                ),
+                R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+            )
         above = [c for c in completed if c > observed]
-        return check(False, (
-            f"resumed from step {observed}, expected step {expected} — no checkpoint exists "
-            f"at step {observed}, so steps {observed + 1}–{above[0] if above else expected} "
-            "were done again (a resume off by one, such as range(stored_epoch, …)?)"
-        ), R.STEPS_REPLAYED)
+        return check(
+            False,
+            (
+                f"resumed from step {observed}, expected step {expected} — no checkpoint exists "
+                f"at step {observed}, so steps {observed + 1}–{above[0] if above else expected} "
+                "were done again (a resume off by one, such as range(stored_epoch, …)?)"
+            ),
+            R.STEPS_REPLAYED,
+        )
 
     def no_progress_checks(
         self, inc: Inc, expected: int | None, ended: str, finished_ok: bool
     ) -> list[Check]:
         if inc.loaded is None:
             if finished_ok:
-                return [Check(
-                    "resume_step", None, expected, None,
-                    "inconclusive: the job finished right after it came back, before any "
-                    "training step; lengthen the run", R.INCONCLUSIVE,
-                )]
-            return [Check(
-                "resume_step", False, expected, None,
-                f"never came back: a new incarnation started but reported no training step "
-                f"— {ended}", R.NEVER_CAME_BACK,
-            )]
+                return [
+                    Check(
+                        "resume_step",
+                        None,
+                        expected,
+                        None,
+                        "inconclusive: the job finished right after it came back, before any "
+                        "training step; lengthen the run",
+                        R.INCONCLUSIVE,
+                    )
+                ]
+            return [
+                Check(
+                    "resume_step",
+                    False,
+                    expected,
+                    None,
+                    f"never came back: a new incarnation started but reported no training step "
+                    f"— {ended}",
+                    R.NEVER_CAME_BACK,
+                )
+            ]
         checks: list[Check] = []
         if expected is not None and inc.loaded != expected:
-            checks.append(Check(
-                "resume_step", False, expected, inc.loaded,
-                f"loaded checkpoint {inc.loaded}, expected step {expected}",
-                R.RESTARTED_FROM_SCRATCH if inc.loaded == 0
-                else R.RESUMED_FROM_OLDER_CHECKPOINT if inc.loaded < expected
-                else R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
-            ))
+            checks.append(
+                Check(
+                    "resume_step",
+                    False,
+                    expected,
+                    inc.loaded,
+                    f"loaded checkpoint {inc.loaded}, expected step {expected}",
+                    R.RESTARTED_FROM_SCRATCH
+                    if inc.loaded == 0
+                    else R.RESUMED_FROM_OLDER_CHECKPOINT
+                    if inc.loaded < expected
+                    else R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+                )
+            )
         if finished_ok:
-            checks.append(Check(
-                "progress_after_resume", None, f"a step after {inc.loaded}", None,
-                "inconclusive: the job finished right after resuming, before any step past "
-                f"checkpoint {inc.loaded}; lengthen the run", R.INCONCLUSIVE,
-            ))
+            checks.append(
+                Check(
+                    "progress_after_resume",
+                    None,
+                    f"a step after {inc.loaded}",
+                    None,
+                    "inconclusive: the job finished right after resuming, before any step past "
+                    f"checkpoint {inc.loaded}; lengthen the run",
+                    R.INCONCLUSIVE,
+                )
+            )
         else:
-            checks.append(Check(
-                "progress_after_resume", False, f"a step after {inc.loaded}", None,
-                f"training stopped progressing after resuming from step {inc.loaded} ({ended})",
-                R.STOPPED_PROGRESSING,
-            ))
+            checks.append(
+                Check(
+                    "progress_after_resume",
+                    False,
+                    f"a step after {inc.loaded}",
+                    None,
+                    f"training stopped progressing after resuming from step {inc.loaded} ({ended})",
+                    R.STOPPED_PROGRESSING,
+                )
+            )
         return checks
 
     def lost(self, resume: Resume, judged: Inc | None) -> tuple[int | None, int | None]:
@@ -704,18 +831,33 @@ class Ledger:
         lo, hi = lost
         observed = lo if hi is None or hi == lo else f"{lo}–{hi}"
         if hi is not None and hi <= limit:
-            return Check("lost_steps", True, f"<= {limit}", observed,
-                         f"lost {observed} step(s) (limit {limit})")
+            return Check(
+                "lost_steps",
+                True,
+                f"<= {limit}",
+                observed,
+                f"lost {observed} step(s) (limit {limit})",
+            )
         if lo is not None and lo > limit:
-            return Check("lost_steps", False, f"<= {limit}", observed,
-                         f"lost too many steps: {lo} > {limit}"
-                         + (f" (at most {hi})" if hi is not None and hi != lo else ""),
-                         R.LOST_TOO_MANY_STEPS)
-        span = "an unknown number of" if lo is None else (
-            f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+            return Check(
+                "lost_steps",
+                False,
+                f"<= {limit}",
+                observed,
+                f"lost too many steps: {lo} > {limit}"
+                + (f" (at most {hi})" if hi is not None and hi != lo else ""),
+                R.LOST_TOO_MANY_STEPS,
+            )
+        span = (
+            "an unknown number of"
+            if lo is None
+            else (f"at least {lo}" if hi is None else f"between {lo} and {hi}")
         )
         return Check(
-            "lost_steps", None, f"<= {limit}", observed,
+            "lost_steps",
+            None,
+            f"<= {limit}",
+            observed,
             f"the job lost {span} steps against a limit of {limit}: the last step before the "
             "kill is not known precisely enough; report progress on every step "
             "(RECOVERYGATE_PROGRESS_INTERVAL=0) so it is",
@@ -727,7 +869,10 @@ class Ledger:
         step = resume.loaded
         if step is None:
             return Check(
-                "state_digest", None, "the saved state", None,
+                "state_digest",
+                None,
+                "the saved state",
+                None,
                 "stateDigestMatches needs the replacement to report "
                 "checkpoint_loaded(step, digest=…); it reported no checkpoint_loaded",
                 R.INCONCLUSIVE,
@@ -735,42 +880,66 @@ class Ledger:
         saved = [c for c in self.checkpoints if c.step == step and c.digest is not None]
         if inc.loaded_digest is None:
             return Check(
-                "state_digest", None, saved[-1].digest if saved else None, None,
+                "state_digest",
+                None,
+                saved[-1].digest if saved else None,
+                None,
                 f"stateDigestMatches: the replacement loaded checkpoint {step} without a "
                 "digest: pass digest=reporter.state_digest(...) to checkpoint_loaded",
                 R.INCONCLUSIVE,
             )
         if not saved:
             return Check(
-                "state_digest", None, None, inc.loaded_digest,
+                "state_digest",
+                None,
+                None,
+                inc.loaded_digest,
                 f"stateDigestMatches: checkpoint {step} was saved without a digest (or its "
                 "save was not seen): pass digest= to checkpoint_completed",
                 R.INCONCLUSIVE,
             )
         want = saved[-1]
         if want.digest == inc.loaded_digest:
-            return Check("state_digest", True, want.digest, inc.loaded_digest,
-                         f"the loaded state equals the state saved at step {step}")
-        differ = [name for name, value in inc.loaded_parts
-                  if dict(want.parts).get(name) not in (None, value)]
+            return Check(
+                "state_digest",
+                True,
+                want.digest,
+                inc.loaded_digest,
+                f"the loaded state equals the state saved at step {step}",
+            )
+        differ = [
+            name
+            for name, value in inc.loaded_parts
+            if dict(want.parts).get(name) not in (None, value)
+        ]
         missing = [name for name, _ in want.parts if name not in dict(inc.loaded_parts)]
-        what = ", ".join(
-            [f"{name} state differs" for name in differ]
-            + [f"{name} state missing" for name in missing]
-        ) or "the digests differ"
+        what = (
+            ", ".join(
+                [f"{name} state differs" for name in differ]
+                + [f"{name} state missing" for name in missing]
+            )
+            or "the digests differ"
+        )
         return Check(
-            "state_digest", False, want.digest, inc.loaded_digest,
+            "state_digest",
+            False,
+            want.digest,
+            inc.loaded_digest,
             f"loaded checkpoint {step} but the state differs from the one saved at step "
             f"{step}: {what}",
             R.STATE_DIFFERS,
         )
 
-    def detection_check(self, detected: float | None, limit: float | None,
-                        deadline_passed: bool) -> Check:
+    def detection_check(
+        self, detected: float | None, limit: float | None, deadline_passed: bool
+    ) -> Check:
         expected = f"<= {format_seconds(limit)}" if limit is not None else "noticed"
         if detected is None:
             return Check(
-                "hang_detected", False if deadline_passed else None, expected, None,
+                "hang_detected",
+                False if deadline_passed else None,
+                expected,
+                None,
                 "the job never noticed the hung worker: no rank failed and nothing was "
                 "restarted (is the collective timeout left at its 30-minute default? set "
                 "init_process_group(timeout=…) or a watchdog)",
@@ -778,7 +947,10 @@ class Ledger:
             )
         ok = limit is None or detected <= limit
         return Check(
-            "hang_detected", ok, expected, round(detected, 6),
+            "hang_detected",
+            ok,
+            expected,
+            round(detected, 6),
             f"the job noticed the hung worker after {format_seconds(detected)}"
             + ("" if ok else f" > {format_seconds(limit or 0.0)}"),
             None if ok else R.HANG_NOT_DETECTED,

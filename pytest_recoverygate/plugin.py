@@ -56,8 +56,7 @@ MARKER = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("recoverygate", "RecoveryGate recovery drills")
-    group.addoption("--drill-config", action="append", default=[], metavar="FILE",
-                    help=HELP_CONFIG)
+    group.addoption("--drill-config", action="append", default=[], metavar="FILE", help=HELP_CONFIG)
     group.addoption("--dry-run", action="store_true", default=None, help=HELP_DRY_RUN)
     group.addoption("--drill-yes", action="store_true", default=None, help=HELP_YES)
     group.addoption("--drill-report-dir", default=None, metavar="DIR", help=HELP_REPORT_DIR)
@@ -114,9 +113,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         if shown:
             terminalreporter.write_line("  " + "  ".join(f"{k}={v}" for k, v in shown.items()))
         if result.breakdown:
-            terminalreporter.write_line("  recovery breakdown (s after kill): " + ", ".join(
-                f"{k}={'unknown' if v is None else f'{v:.3f}'}"
-                for k, v in result.breakdown.items()))
+            terminalreporter.write_line(
+                "  recovery breakdown (s after kill): "
+                + ", ".join(
+                    f"{k}={'unknown' if v is None else f'{v:.3f}'}"
+                    for k, v in result.breakdown.items()
+                )
+            )
         evidence = config.stash.get(_EVIDENCE, {}).get(nodeid)
         for diagnosis in evidence.diagnoses if evidence is not None else ():
             terminalreporter.write_line(f"  diagnosis: {diagnosis.title} ({diagnosis.docs})")
@@ -145,9 +148,15 @@ def _report_dir(config: pytest.Config) -> Path | None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     paths = _config_paths(config)
     drills = ", ".join(_describe_config(p) for p in paths) if paths else "from markers only"
-    kills = "dry run (no kill)" if _dry_run(config) else (
-        "confirmed (--drill-yes)" if _confirmed(config) else "need --drill-yes unless "
-        "safety.requireConfirm is false")
+    kills = (
+        "dry run (no kill)"
+        if _dry_run(config)
+        else (
+            "confirmed (--drill-yes)"
+            if _confirmed(config)
+            else "need --drill-yes unless safety.requireConfirm is false"
+        )
+    )
     return [f"recoverygate {__version__}: drills: {drills}; kills: {kills}"]
 
 
@@ -198,7 +207,9 @@ class DrillFile(pytest.File):
     def collect(self) -> list[pytest.Item]:
         return [
             DrillItem.from_parent(
-                self, name=f"drill[{self.path.name}]", nodeid=f"{self.nodeid}::drill",
+                self,
+                name=f"drill[{self.path.name}]",
+                nodeid=f"{self.nodeid}::drill",
                 config_path=self.path,
             )
         ]
@@ -218,7 +229,11 @@ class DrillItem(pytest.Item):
 
     def runtest(self) -> None:
         _run_and_judge(
-            self, self.config_path, dry_run=None, overrides=None, raise_on_fail=True,
+            self,
+            self.config_path,
+            dry_run=None,
+            overrides=None,
+            raise_on_fail=True,
             asked_by_file=True,
         )
 
@@ -269,18 +284,22 @@ class RecoveryDrill:
         else:
             paths = _config_paths(self._request.config)
             if not paths:
-                _skip_drill(self._request.node, "no drill config: pass --drill-config=FILE or "
-                            "@pytest.mark.drill(config='recovery-test.yaml')")
+                _skip_drill(
+                    self._request.node,
+                    "no drill config: pass --drill-config=FILE or "
+                    "@pytest.mark.drill(config='recovery-test.yaml')",
+                )
             path = paths[0]
         merged_overrides = {**(kwargs.get("overrides") or {}), **(overrides or {})}
         dry = dry_run if dry_run is not None else kwargs.get("dry_run")
         self.result = _run_and_judge(
-            self._request.node, path.resolve(), dry_run=dry,
-            overrides=merged_overrides or None, raise_on_fail=check,
+            self._request.node,
+            path.resolve(),
+            dry_run=dry,
+            overrides=merged_overrides or None,
+            raise_on_fail=check,
         )
-        self.evidence = self._request.config.stash.get(_EVIDENCE, {}).get(
-            self._request.node.nodeid
-        )
+        self.evidence = self._request.config.stash.get(_EVIDENCE, {}).get(self._request.node.nodeid)
         return self.result
 
 
@@ -321,6 +340,7 @@ def _unconfirmed(path: Path) -> str:
 def _report_folder(node: pytest.Item, drill_name: str) -> str:
     """The drill's own folder under --drill-report-dir: its name (``name:`` in the YAML,
     by default the file's stem), with the test's name added when two tests run it."""
+
     def safe(text: str) -> str:
         return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip(".") or "drill"
 
@@ -369,8 +389,7 @@ def _run_and_judge(
         confirmed=_confirmed(pconfig),
         observer=_TerminalProgress(pconfig, node.nodeid),
         report_dir=(
-            report_dir / _report_folder(node, drill_config.name)
-            if report_dir is not None else None
+            report_dir / _report_folder(node, drill_config.name) if report_dir is not None else None
         ),
         on_evidence=keep,
     )
@@ -405,8 +424,7 @@ def _record_junit(node: pytest.Item, result: DrillResult) -> None:
 
     values = {k: ("" if v is None else v) for k, v in figures(result).items()}
     values["summary"] = result.summary
-    values.update({f"breakdown.{k}": ("" if v is None else v)
-                   for k, v in result.breakdown.items()})
+    values.update({f"breakdown.{k}": ("" if v is None else v) for k, v in result.breakdown.items()})
     family = str(node.config.getini("junit_family"))
     if family in ("xunit1", "legacy"):
         node.user_properties.extend(values.items())

@@ -99,9 +99,7 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
             {"time": e.timestamp, "kind": e.kind, "detail": e.detail, **e.data}
             for e in result.timeline
         ],
-        "progress": [
-            {"time": t, "inc": inc, "step": step} for t, inc, step in result.progress
-        ],
+        "progress": [{"time": t, "inc": inc, "step": step} for t, inc, step in result.progress],
     }
     return doc
 
@@ -155,8 +153,11 @@ def _append_step_summary(doc: dict[str, Any]) -> None:
         with open(summary_file, "a", encoding="utf-8") as handle:
             handle.write(markdown_summary(doc) + "\n")
     except OSError as exc:
-        print(f"recoverygate: could not append the drill's summary to GITHUB_STEP_SUMMARY "
-              f"({summary_file}): {exc}", file=sys.stderr)
+        print(
+            f"recoverygate: could not append the drill's summary to GITHUB_STEP_SUMMARY "
+            f"({summary_file}): {exc}",
+            file=sys.stderr,
+        )
 
 
 def write_private(path: Path, text: str) -> None:
@@ -210,9 +211,13 @@ def write_reports(
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
         write_private(report_dir / "events.jsonl", events)
         write_private(report_dir / "summary.md", markdown_summary(doc))
-        written += [report_dir / "report.json", report_dir / "events.jsonl",
-                    report_dir / "summary.md", *pictures,
-                    *(report_dir / path for path in files.values())]
+        written += [
+            report_dir / "report.json",
+            report_dir / "events.jsonl",
+            report_dir / "summary.md",
+            *pictures,
+            *(report_dir / path for path in files.values()),
+        ]
     _append_step_summary(doc)
     return written
 
@@ -236,8 +241,14 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         "| figure | value |",
         "| --- | --- |",
     ]
-    for key in ("resumeStep", "expectedResumeStep", "lostSteps", "recoveryTimeSeconds",
-                "maxRecoveryTimeSeconds", "restarts"):
+    for key in (
+        "resumeStep",
+        "expectedResumeStep",
+        "lostSteps",
+        "recoveryTimeSeconds",
+        "maxRecoveryTimeSeconds",
+        "restarts",
+    ):
         lines.append(f"| {key} | {_fmt(doc.get(key))} |")
     breakdown = doc.get("breakdown") or {}
     if breakdown:
@@ -255,8 +266,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if failed:
         lines += ["", "**Failed checks**", ""]
         lines += [
-            f"- `{c['name']}`: {c['message']} (expected {c['expected']}, observed "
-            f"{c['observed']})"
+            f"- `{c['name']}`: {c['message']} (expected {c['expected']}, observed {c['observed']})"
             for c in failed
         ]
     for diagnosis in doc.get("diagnoses") or []:
@@ -273,6 +283,12 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         where = (doc.get("jobOutput") or {}).get(doc.get("failingWorker"))
         whole = f" (whole output: `{where}`)" if where else ""
         fence = "~~~~" if any("```" in line for line in tail) else "```"
-        lines += ["", f"**Last lines of {doc.get('failingWorker')}**{whole}", "", fence,
-                  *tail, fence]
+        lines += [
+            "",
+            f"**Last lines of {doc.get('failingWorker')}**{whole}",
+            "",
+            fence,
+            *tail,
+            fence,
+        ]
     return "\n".join(lines) + "\n"

@@ -136,8 +136,10 @@ def check_report_paths(options: RunOptions) -> None:
     """Refuse, before anything is touched, report paths that cannot be written."""
     if options.report_path is not None and options.report_path.is_dir():
         raise UsageError(f"--report {options.report_path} is a folder; give a file path")
-    if options.report_dir is not None and options.report_dir.exists() and (
-        not options.report_dir.is_dir()
+    if (
+        options.report_dir is not None
+        and options.report_dir.exists()
+        and (not options.report_dir.is_dir())
     ):
         raise UsageError(f"--report-dir {options.report_dir} is a file; give a folder")
 
@@ -172,7 +174,11 @@ def run_drill(
 
         try:
             write_reports(
-                result, config, options.report_path, options.report_dir, drill.raw_log,
+                result,
+                config,
+                options.report_path,
+                options.report_dir,
+                drill.raw_log,
                 evidence=evidence,
             )
         except OSError as exc:
@@ -465,6 +471,9 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         _deferred.active = False
         if _deferred.pending is not None:
-            print(f"recoverygate: {_deferred.pending} received during cleanup; "
-                  "cleanup finished first", file=sys.stderr)
+            print(
+                f"recoverygate: {_deferred.pending} received during cleanup; "
+                "cleanup finished first",
+                file=sys.stderr,
+            )
             _deferred.pending = None

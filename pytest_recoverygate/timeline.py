@@ -86,12 +86,24 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
     series = series_by_incarnation(doc, origin)
     for number, (inc, points) in enumerate(series.items()):
         xs, ys = zip(*points, strict=True)
-        ax.plot(xs, ys, lw=1.6, marker="." if len(points) < 30 else None,
-                label=f"incarnation {number + 1} ({inc})")
+        ax.plot(
+            xs,
+            ys,
+            lw=1.6,
+            marker="." if len(points) < 30 else None,
+            label=f"incarnation {number + 1} ({inc})",
+        )
     checkpoints = [e for e in doc["timeline"] if e["kind"] == "checkpoint" and "step" in e]
     if checkpoints:
-        ax.scatter([e["time"] - origin for e in checkpoints], [e["step"] for e in checkpoints],
-                   marker="D", s=22, color="#0969da", zorder=3, label="checkpoint saved")
+        ax.scatter(
+            [e["time"] - origin for e in checkpoints],
+            [e["step"] for e in checkpoints],
+            marker="D",
+            s=22,
+            color="#0969da",
+            zorder=3,
+            label="checkpoint saved",
+        )
     kill = doc.get("killTime")
     if kill is not None:
         ax.axvline(0.0, color="#cf222e", lw=2, label="kill")
@@ -106,8 +118,13 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
             right = max(right, slo)
         elif slo:  # a generous SLO would squash the picture: show where it goes on
             edge = right + 0.15 * span
-            ax.axvspan(0.0, edge, color="#2da44e", alpha=0.08,
-                       label=f"SLO window ({slo:g}s, continues right)")
+            ax.axvspan(
+                0.0,
+                edge,
+                color="#2da44e",
+                alpha=0.08,
+                label=f"SLO window ({slo:g}s, continues right)",
+            )
             right = edge
         ax.set_xlim(left - 0.05 * span, right + 0.05 * span)
         breakdown = doc.get("breakdown") or {}
@@ -116,20 +133,33 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
             at = breakdown.get(key)
             if at is not None:
                 ax.axvline(at, color="#6e7781", lw=0.8, ls="--")
-                ax.annotate(f"{label} +{at:.2f}s", (at, 1.0), xycoords=("data", "axes fraction"),
-                            xytext=(3, -12 - 11 * row), textcoords="offset points",
-                            fontsize=7, color="#57606a")
+                ax.annotate(
+                    f"{label} +{at:.2f}s",
+                    (at, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(3, -12 - 11 * row),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color="#57606a",
+                )
     resume, last = doc.get("resumeStep"), doc.get("lastStepBeforeKill")
     if resume is not None:
         ax.axhline(resume, color="#8250df", lw=0.8, ls=":")
         first = (doc.get("breakdown") or {}).get("firstStepAfterResume")
         if first is not None:
-            ax.scatter([first], [resume], color="#8250df", zorder=4,
-                       label=f"resume at step {resume}")
+            ax.scatter(
+                [first], [resume], color="#8250df", zorder=4, label=f"resume at step {resume}"
+            )
         if last is not None and last > resume and kill is not None:
             right = first if first is not None else ax.get_xlim()[1]
-            ax.fill_between([0.0, right], resume, last, color="#cf222e", alpha=0.12,
-                            label=f"lost steps ({last - resume})")
+            ax.fill_between(
+                [0.0, right],
+                resume,
+                last,
+                color="#cf222e",
+                alpha=0.12,
+                label=f"lost steps ({last - resume})",
+            )
     title = f"{verdict}: {doc['summary']}"
     if len(title) > 110:
         title = title[:107] + "..."

@@ -154,12 +154,17 @@ class StepContract:
         if self.first_step is None:
             return "no progress seen before the kill"
         cadence = (
-            "stride unknown" if self.stride is None
-            else "every step" if self.stride == 1 else f"every {self.stride} steps"
+            "stride unknown"
+            if self.stride is None
+            else "every step"
+            if self.stride == 1
+            else f"every {self.stride} steps"
         )
         start = (
-            "a fresh start" if self.fresh_start
-            else f"resumed from step {self.resumed_from}" if self.resumed_from is not None
+            "a fresh start"
+            if self.fresh_start
+            else f"resumed from step {self.resumed_from}"
+            if self.resumed_from is not None
             else "start not seen"
         )
         return f"first step {self.first_step} ({start}), progress {cadence}"

@@ -16,12 +16,16 @@ pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per sessio
 FAKE_DRILL: dict[str, Any] = {
     "workload": {
         "orchestrator": "fake",
-        "fake": {"workers": 2, "stepsPerSecond": 100, "checkpointEvery": 20,
-                 "restartDelay": "500ms", "resume": "latest"},
+        "fake": {
+            "workers": 2,
+            "stepsPerSecond": 100,
+            "checkpointEvery": 20,
+            "restartDelay": "500ms",
+            "resume": "latest",
+        },
     },
     "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-40"},
-    "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "2s",
-                     "maxLostSteps": 40},
+    "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "2s", "maxLostSteps": 40},
     "safety": {"requireConfirm": False},
     "timeouts": {"recovery": "5s"},
 }

@@ -36,12 +36,16 @@ SLOW = pytest.mark.skipif(
 def run_quick(name: str, timeout: float = 600) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / f"bench_{name}.py"), "--quick"],
-        capture_output=True, text=True, env=subprocess_env(), timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=timeout,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("BENCH-JSON ")]
     assert len(lines) == 1, proc.stdout[-3000:]
-    doc: dict[str, Any] = json.loads(lines[0][len("BENCH-JSON "):])
+    doc: dict[str, Any] = json.loads(lines[0][len("BENCH-JSON ") :])
     assert doc["bench"] == name
     assert doc["quick"] is True
     assert {"nproc", "cpu", "python", "loadavg", "date"} <= set(doc["machine"])
@@ -54,8 +58,11 @@ def run_quick(name: str, timeout: float = 600) -> dict[str, Any]:
         assert math.isfinite(result["measured"]), result
         assert result["limit"] > 0, result
         assert result["ratio"] == pytest.approx(result["measured"] / result["limit"])
-        expected = (result["measured"] <= result["limit"] if result["op"] == "<="
-                    else result["measured"] >= result["limit"])
+        expected = (
+            result["measured"] <= result["limit"]
+            if result["op"] == "<="
+            else result["measured"] >= result["limit"]
+        )
         assert result["passed"] is expected
     assert doc["passed"] is all(r["passed"] for r in targets)
     return doc
@@ -122,7 +129,7 @@ def test_the_results_tables_render_every_target_of_a_run_all_document() -> None:
     doc = json.loads((ROOT / "bench" / "results.json").read_text())
     text = render(doc)
     targets = [r for b in doc["benchmarks"] for r in b["results"] if r["passed"] is not None]
-    summary = text[text.index("| benchmark |"):text.index("\n### ")]
+    summary = text[text.index("| benchmark |") : text.index("\n### ")]
     rows = [line for line in summary.splitlines() if line.startswith("| ")][1:]  # no header
     assert len(rows) == len(targets)
     assert text.count("**MISS**") == sum(1 for r in targets if not r["passed"])

@@ -26,7 +26,11 @@ WriteDrill = Callable[..., Path]
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest_recoverygate.cli", *args],
-        capture_output=True, text=True, timeout=120, input=stdin, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        input=stdin,
+        check=False,
     )
 
 
@@ -42,33 +46,47 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
     ids=["pass", "zero", "older", "never", "too-slow"],
 )
 def test_run_exits_0_on_pass_and_1_on_fail(
-    write_drill: WriteDrill, fake: dict[str, str], code: int,
+    write_drill: WriteDrill,
+    fake: dict[str, str],
+    code: int,
 ) -> None:
     path = write_drill({"workload": {"fake": fake}, "timeouts": {"recovery": "3s"}})
     assert main(["run", "-f", str(path), "-q"]) == code
 
 
 def test_run_writes_the_json_report_with_the_contract_keys(
-    write_drill: WriteDrill, tmp_path: Path,
+    write_drill: WriteDrill,
+    tmp_path: Path,
 ) -> None:
     report = tmp_path / "out" / "report.json"
     assert main(["run", "-f", str(write_drill()), "-q", "--report", str(report)]) == 0
     doc = json.loads(report.read_text())
-    for key in ("verdict", "resumeStep", "expectedResumeStep", "lostSteps",
-                "recoveryTimeSeconds", "checks", "target", "timeline", "breakdown"):
+    for key in (
+        "verdict",
+        "resumeStep",
+        "expectedResumeStep",
+        "lostSteps",
+        "recoveryTimeSeconds",
+        "checks",
+        "target",
+        "timeline",
+        "breakdown",
+    ):
         assert key in doc, key
     assert doc["verdict"] == "PASS"
     assert doc["resumeStep"] == doc["expectedResumeStep"]
     assert {c["name"] for c in doc["checks"]} >= {"resume_step", "recovery_time"}
-    assert all(set(c) >= {"name", "passed", "expected", "observed", "message"}
-               for c in doc["checks"])
+    assert all(
+        set(c) >= {"name", "passed", "expected", "observed", "message"} for c in doc["checks"]
+    )
     assert doc["target"]["rank"] == 1
     assert any(e["kind"] == "kill" for e in doc["timeline"])
     assert not stat.S_IMODE(report.stat().st_mode) & stat.S_IWOTH
 
 
 def test_a_report_dir_holds_report_events_summary_and_picture(
-    write_drill: WriteDrill, tmp_path: Path,
+    write_drill: WriteDrill,
+    tmp_path: Path,
 ) -> None:
     out = tmp_path / "drill"
     assert main(["run", "-f", str(write_drill()), "-q", "--report-dir", str(out)]) == 0
@@ -80,7 +98,9 @@ def test_a_report_dir_holds_report_events_summary_and_picture(
 
 
 def test_github_step_summary_gets_a_markdown_summary(
-    write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    write_drill: WriteDrill,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -93,14 +113,18 @@ def test_github_step_summary_gets_a_markdown_summary(
 
 
 def test_github_step_summary_gets_the_summary_of_a_run_without_any_report_option(
-    write_drill: WriteDrill, tmp_path: Path,
+    write_drill: WriteDrill,
+    tmp_path: Path,
 ) -> None:
     summary = tmp_path / "step-summary.md"
     summary.write_text("# earlier steps\n")
     path = write_drill({"workload": {"fake": {"resume": "zero"}}})
     proc = subprocess.run(
         [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path), "-q"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
     )
     assert proc.returncode == 1, proc.stderr
@@ -149,7 +173,8 @@ def test_validate_checks_a_file_without_running_it(write_drill: WriteDrill) -> N
 
 
 def test_validate_prints_the_effective_config_with_the_defaults_as_yaml(
-    write_drill: WriteDrill, tmp_path: Path,
+    write_drill: WriteDrill,
+    tmp_path: Path,
 ) -> None:
     path = write_drill({"timeouts": {}})
     proc = run_cli("validate", "-f", str(path))
@@ -157,8 +182,12 @@ def test_validate_prints_the_effective_config_with_the_defaults_as_yaml(
     assert proc.stdout.startswith(f"# {path}: valid (fake drill 'recovery-test')")
     effective = yaml.safe_load(proc.stdout)
     # what the file left out, filled in with the defaults, in the YAML language
-    assert effective["timeouts"] == {"discovery": "5m", "checkpoint": "1h", "recovery": "5s",
-                                     "recoveryGrace": "30s"}
+    assert effective["timeouts"] == {
+        "discovery": "5m",
+        "checkpoint": "1h",
+        "recovery": "5s",
+        "recoveryGrace": "30s",
+    }
     assert effective["injectFailure"]["targetRank"] == 1
     assert effective["workload"]["reportingRank"] == 0
     again = tmp_path / "again.yaml"
@@ -168,12 +197,19 @@ def test_validate_prints_the_effective_config_with_the_defaults_as_yaml(
 
 def test_validate_never_prints_env_values(tmp_path: Path) -> None:
     path = tmp_path / "local.yaml"
-    path.write_text(yaml.safe_dump({
-        "workload": {"orchestrator": "local", "command": ["torchrun", "train.py"],
-                     "env": {"WANDB_API_KEY": "s3cret-value"}},
-        "injectFailure": {"afterCheckpoint": "next"},
-        "expectations": {"maxRecoveryTime": "1m"},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "workload": {
+                    "orchestrator": "local",
+                    "command": ["torchrun", "train.py"],
+                    "env": {"WANDB_API_KEY": "s3cret-value"},
+                },
+                "injectFailure": {"afterCheckpoint": "next"},
+                "expectations": {"maxRecoveryTime": "1m"},
+            }
+        )
+    )
     proc = run_cli("validate", "-f", str(path))
     assert proc.returncode == 0, proc.stderr
     assert "s3cret-value" not in proc.stdout
@@ -198,8 +234,7 @@ def test_yes_confirms_the_kill(write_drill: WriteDrill) -> None:
 
 
 def test_dry_run_exits_0_and_says_nothing_was_killed(write_drill: WriteDrill) -> None:
-    proc = run_cli("run", "-f", str(write_drill({"safety": {"requireConfirm": True}})),
-                   "--dry-run")
+    proc = run_cli("run", "-f", str(write_drill({"safety": {"requireConfirm": True}})), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "nothing was killed" in proc.stdout
 
@@ -211,7 +246,9 @@ def test_sigint_mid_drill_exits_130_after_cleanup(write_drill: WriteDrill) -> No
     path = write_drill({"injectFailure": {"afterCheckpoint": "step-100000"}})
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 30
     assert proc.stderr is not None
@@ -232,8 +269,9 @@ def test_help_does_not_import_kubernetes_torch_or_pydantic() -> None:
         "heavy = [m for m in ('kubernetes', 'torch', 'pydantic', 'psutil') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert "HEAVY []" in proc.stdout
     assert "exit codes" in proc.stdout
 
@@ -252,7 +290,8 @@ def test_the_console_scripts_are_installed() -> None:
 
 
 def test_a_report_path_that_is_a_folder_is_refused_before_the_drill(
-    write_drill: WriteDrill, tmp_path: Path,
+    write_drill: WriteDrill,
+    tmp_path: Path,
 ) -> None:
     proc = run_cli("run", "-f", str(write_drill()), "--report", str(tmp_path))
     assert proc.returncode == 2
@@ -261,7 +300,9 @@ def test_a_report_path_that_is_a_folder_is_refused_before_the_drill(
 
 
 def test_a_report_that_cannot_be_written_keeps_the_verdict_and_exits_3(
-    write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    write_drill: WriteDrill,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     blocker = tmp_path / "not-a-folder"
@@ -275,7 +316,9 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_exits_3(
 
 
 def test_a_step_summary_that_cannot_be_written_warns_and_keeps_the_verdict(
-    write_drill: WriteDrill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    write_drill: WriteDrill,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a folder: cannot be appended to

@@ -104,7 +104,9 @@ def test_a_minimal_fake_drill_loads_with_every_default(tmp_path: Path) -> None:
 def test_the_recovery_timeout_defaults_to_the_slo_plus_the_grace(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FAKE.replace("5m", "90s")))
     assert config.timeouts.recovery == 90 + 30
-    graced = load_config(write(tmp_path, FAKE.replace("5m", "90s") + "timeouts:\n  recoveryGrace: 5s\n"))
+    graced = load_config(
+        write(tmp_path, FAKE.replace("5m", "90s") + "timeouts:\n  recoveryGrace: 5s\n")
+    )
     assert graced.timeouts.recovery == 95
 
 
@@ -328,7 +330,10 @@ def test_dump_effective_uses_yaml_names_and_the_yaml_language(tmp_path: Path) ->
     }
     assert dumped["expectations"]["maxRecoveryTime"] == "5m"
     assert dumped["timeouts"] == {
-        "discovery": "5m", "checkpoint": "1h", "recovery": "5m30s", "recoveryGrace": "30s",
+        "discovery": "5m",
+        "checkpoint": "1h",
+        "recovery": "5m30s",
+        "recoveryGrace": "30s",
     }
     assert dumped["workload"]["fake"]["restartDelay"] == "1s"
     assert "sourcePath" not in dumped
@@ -765,22 +770,38 @@ def test_it_takes_a_plain_number_in_the_command_as_its_decimal_text(tmp_path: Pa
         "    - 2\n    - train.py\n    - --lr\n    - 0.50\n    - --offset\n    - -3\n" + REST,
     )
     assert load_config(path).workload.command == [  # type: ignore[union-attr]
-        "torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.50", "--offset", "-3",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        "--lr",
+        "0.50",
+        "--offset",
+        "-3",
     ]
 
 
 @pytest.mark.parametrize(
     ("written", "made"),
-    [("0x10", "the number 16"), ("010", "the number 8"), ("1_000", "the number 1000"),
-     ("+5", "the number 5"), (".inf", "the number inf"), ("yes", "true/false"),
-     ("on", "true/false"), ("~", "null")],
+    [
+        ("0x10", "the number 16"),
+        ("010", "the number 8"),
+        ("1_000", "the number 1000"),
+        ("+5", "the number 5"),
+        (".inf", "the number inf"),
+        ("yes", "true/false"),
+        ("on", "true/false"),
+        ("~", "null"),
+    ],
 )
 def test_it_refuses_a_command_argument_yaml_reads_as_something_else(
-    tmp_path: Path, written: str, made: str,
+    tmp_path: Path,
+    written: str,
+    made: str,
 ) -> None:
     path = write(
-        tmp_path, f"workload:\n  orchestrator: local\n  command:\n    - python\n    - {written}\n"
-        + REST,
+        tmp_path,
+        f"workload:\n  orchestrator: local\n  command:\n    - python\n    - {written}\n" + REST,
     )
     text = assert_problem(error_of(path), path, 5, "workload.command[1]", written)
     assert f"YAML reads {written} as {made}" in text
@@ -826,7 +847,9 @@ def test_it_takes_a_plain_number_as_an_env_value_as_written(tmp_path: Path) -> N
         "  env:\n    SEED: 1\n    NCCL_TIMEOUT: 1800\n    RATIO: 0.25\n" + REST,
     )
     assert load_config(path).workload.env == {  # type: ignore[union-attr]
-        "SEED": "1", "NCCL_TIMEOUT": "1800", "RATIO": "0.25",
+        "SEED": "1",
+        "NCCL_TIMEOUT": "1800",
+        "RATIO": "0.25",
     }
 
 
@@ -868,7 +891,8 @@ def test_it_takes_an_attach_pid_given_as_text(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("written", ['"012345"', '"12.0"', '" 12345"', '"1e3"', "12.0", "true"])
 def test_it_refuses_a_slurm_job_id_that_could_mean_two_things(
-    tmp_path: Path, written: str,
+    tmp_path: Path,
+    written: str,
 ) -> None:
     path = write(tmp_path, f"workload:\n  orchestrator: slurm\n  jobId: {written}\n" + REST)
     assert "must be a whole number" in assert_problem(
@@ -877,7 +901,7 @@ def test_it_refuses_a_slurm_job_id_that_could_mean_two_things(
 
 
 def test_it_stays_strict_on_a_quoted_number_where_a_count_belongs(tmp_path: Path) -> None:
-    path = write(tmp_path, FAKE + "  maxLostSteps: \"100\"\n")
+    path = write(tmp_path, FAKE + '  maxLostSteps: "100"\n')
     assert "remove the quotes" in assert_problem(
         error_of(path), path, 7, "expectations.maxLostSteps", '"100"'
     )

@@ -63,8 +63,9 @@ S = TrainingEventKind.START
 R = FailureReason
 
 
-def ev(kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
-       rank: int | None = 0) -> TrainingEvent:
+def ev(
+    kind: TrainingEventKind, t: float, inc: str, step: int | None = None, rank: int | None = 0
+) -> TrainingEvent:
     return TrainingEvent(kind, T0 + t, inc, step=step, rank=rank)
 
 
@@ -80,8 +81,15 @@ def engine_for(**kw: object) -> DrillEngine:
     return engine
 
 
-def old_run(until_step: int, every: int = 10, rate: float = 10.0, *, start: bool = True,
-            zero_based: bool = False, inc: str = "old") -> list[TrainingEvent]:
+def old_run(
+    until_step: int,
+    every: int = 10,
+    rate: float = 10.0,
+    *,
+    start: bool = True,
+    zero_based: bool = False,
+    inc: str = "old",
+) -> list[TrainingEvent]:
     """The first incarnation: steps 1..until_step at ``rate``/s, checkpoints every ``every``."""
     events = [ev(S, 0.0, inc)] if start else []
     shift = 1 if zero_based else 0
@@ -92,24 +100,38 @@ def old_run(until_step: int, every: int = 10, rate: float = 10.0, *, start: bool
     return events
 
 
-def drive(engine: DrillEngine, events: list[TrainingEvent], kill_at: float | None = None,
-          ) -> list[Finish]:
+def drive(
+    engine: DrillEngine,
+    events: list[TrainingEvent],
+    kill_at: float | None = None,
+) -> list[Finish]:
     """Feed events; when the engine asks for the kill, kill at ``kill_at`` (or the event time)."""
     finished: list[Finish] = []
     for event in events:
         for action in engine.on_training_event(event):
             if isinstance(action, KillTarget):
                 at = T0 + kill_at if kill_at is not None else event.timestamp
-                finished += [a for a in engine.on_kill_result(
-                    KillResult(KillOutcome.KILLED, at)) if isinstance(a, Finish)]
+                finished += [
+                    a
+                    for a in engine.on_kill_result(KillResult(KillOutcome.KILLED, at))
+                    if isinstance(a, Finish)
+                ]
             elif isinstance(action, Finish):
                 finished.append(action)
     return finished
 
 
-def new_run(start: float, resume: int, steps: int = 5, rate: float = 10.0, *,
-            loaded: bool = True, inc: str = "new", first: int | None = None,
-            stride: int = 1) -> list[TrainingEvent]:
+def new_run(
+    start: float,
+    resume: int,
+    steps: int = 5,
+    rate: float = 10.0,
+    *,
+    loaded: bool = True,
+    inc: str = "new",
+    first: int | None = None,
+    stride: int = 1,
+) -> list[TrainingEvent]:
     """A replacement: start line, checkpoint_loaded(resume), progress from ``first``."""
     events = [ev(S, start, inc)]
     if loaded and resume:
@@ -120,8 +142,12 @@ def new_run(start: float, resume: int, steps: int = 5, rate: float = 10.0, *,
     return events
 
 
-def verdict_of(engine: DrillEngine, events: list[TrainingEvent], *, tick: float = 10_000.0,
-               ) -> DrillResult:
+def verdict_of(
+    engine: DrillEngine,
+    events: list[TrainingEvent],
+    *,
+    tick: float = 10_000.0,
+) -> DrillResult:
     finishes = drive(engine, events)
     if not finishes:
         finishes = [a for a in engine.tick(T0 + tick) if isinstance(a, Finish)]
@@ -187,7 +213,9 @@ def test_it_fails_a_restart_from_scratch_with_the_reason_and_both_steps() -> Non
     result = verdict_of(engine, new_run(5.0, resume=0, loaded=False))
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (R.RESTARTED_FROM_SCRATCH,)
-    assert "resumed from step 0, expected step 20 — the job restarted from scratch" in result.summary
+    assert (
+        "resumed from step 0, expected step 20 — the job restarted from scratch" in result.summary
+    )
     assert result.exit_code == 1
 
 
@@ -225,8 +253,11 @@ def test_it_ignores_lines_from_ranks_other_than_the_reporting_rank() -> None:
 
 @pytest.mark.parametrize(
     ("outcome", "verdict"),
-    [(KillOutcome.DRY_RUN, Verdict.DRY_RUN), (KillOutcome.ALREADY_GONE, Verdict.ERROR),
-     (KillOutcome.UNCONFIRMED, Verdict.ERROR)],
+    [
+        (KillOutcome.DRY_RUN, Verdict.DRY_RUN),
+        (KillOutcome.ALREADY_GONE, Verdict.ERROR),
+        (KillOutcome.UNCONFIRMED, Verdict.ERROR),
+    ],
 )
 def test_a_kill_that_did_not_happen_ends_the_drill(outcome: KillOutcome, verdict: Verdict) -> None:
     engine = engine_for()
@@ -265,8 +296,10 @@ def test_checkpoint_zero_is_never_a_trigger_because_it_is_a_fresh_start() -> Non
     events = [ev(S, 0.0, "old"), ev(C, 0.01, "old", 0), *old_run(25)[1:]]
     kills = [a for e in events for a in engine.on_training_event(e) if isinstance(a, KillTarget)]
     assert [k.checkpoint_step for k in kills] == [10]
-    assert any("checkpoint 0 holds the state of a fresh start" in e.detail
-               for e in engine.timeline_entries())
+    assert any(
+        "checkpoint 0 holds the state of a fresh start" in e.detail
+        for e in engine.timeline_entries()
+    )
 
 
 def test_with_sparse_progress_a_checkpoint_below_the_stride_is_not_a_trigger() -> None:
@@ -293,8 +326,10 @@ def test_a_zero_based_job_is_never_passed_and_is_told_the_fix() -> None:
     result = verdict_of(engine, new_run(5.0, resume=19, loaded=False))
     assert result.verdict is Verdict.ERROR
     assert result.inconclusive
-    assert "the first step after a fresh start was reported as 0: report progress(epoch + 1), " \
-           "not progress(epoch)" in result.summary
+    assert (
+        "the first step after a fresh start was reported as 0: report progress(epoch + 1), "
+        "not progress(epoch)" in result.summary
+    )
     assert result.step_contract is not None and result.step_contract.problem
 
 
@@ -309,8 +344,12 @@ def test_a_zero_based_job_that_restarts_from_scratch_still_fails() -> None:
 
 def test_a_job_reporting_the_same_step_twice_breaks_the_contract() -> None:
     engine = engine_for()
-    events = [ev(S, 0.0, "old"), ev(P, 0.1, "old", 1), ev(P, 0.15, "old", 1),
-              *[e for e in old_run(25)[1:] if e.step and e.step > 1]]
+    events = [
+        ev(S, 0.0, "old"),
+        ev(P, 0.1, "old", 1),
+        ev(P, 0.15, "old", 1),
+        *[e for e in old_run(25)[1:] if e.step and e.step > 1],
+    ]
     drive(engine, events, kill_at=2.5)
     result = verdict_of(engine, new_run(5.0, resume=20))
     assert result.verdict is Verdict.ERROR
@@ -546,8 +585,10 @@ def test_never_came_back_is_decided_at_the_slo_plus_the_grace() -> None:
     [finish] = engine.tick(T0 + 2.5 + 120.0)
     assert isinstance(finish, Finish)
     assert finish.result.reasons == (R.NEVER_CAME_BACK,)
-    assert "never came back: no new incarnation reported — within 2m00s of the kill" \
+    assert (
+        "never came back: no new incarnation reported — within 2m00s of the kill"
         in finish.result.summary
+    )
 
 
 def test_timeouts_recovery_still_overrides_the_grace() -> None:
@@ -560,11 +601,14 @@ def test_it_fails_promptly_when_the_orchestrator_reports_the_job_failed() -> Non
     engine = engine_for()
     drive(engine, old_run(25), kill_at=2.5)
     [finish] = engine.on_group_event(
-        GroupEvent(GroupEventKind.JOB_FAILED, T0 + 3.0, "agent exited with code 1"))
+        GroupEvent(GroupEventKind.JOB_FAILED, T0 + 3.0, "agent exited with code 1")
+    )
     assert isinstance(finish, Finish)
     assert finish.result.reasons == (R.NEVER_CAME_BACK,)
-    assert "no new incarnation reported — the job failed (agent exited with code 1)" \
+    assert (
+        "no new incarnation reported — the job failed (agent exited with code 1)"
         in finish.result.summary
+    )
 
 
 def test_it_fails_when_training_stops_after_the_resume() -> None:
@@ -581,7 +625,8 @@ def test_a_job_that_finishes_right_after_resuming_is_inconclusive() -> None:
     drive(engine, old_run(20), kill_at=2.002)
     drive(engine, [ev(S, 3.0, "new"), ev(L, 3.5, "new", 20)])
     [finish] = engine.on_group_event(
-        GroupEvent(GroupEventKind.JOB_SUCCEEDED, T0 + 3.6, "the torchrun agent exited with code 0"))
+        GroupEvent(GroupEventKind.JOB_SUCCEEDED, T0 + 3.6, "the torchrun agent exited with code 0")
+    )
     assert isinstance(finish, Finish)
     result = finish.result
     assert result.verdict is Verdict.ERROR and result.inconclusive
@@ -594,8 +639,9 @@ def test_a_job_that_ends_before_the_kill_is_an_error_saying_so() -> None:
     drive(engine, old_run(25))
     [finish] = engine.on_group_event(GroupEvent(GroupEventKind.JOB_SUCCEEDED, T0 + 3, "exit 0"))
     assert isinstance(finish, Finish)
-    assert "the job finished at step 25 before the drill could kill anything" \
-        in finish.result.summary
+    assert (
+        "the job finished at step 25 before the drill could kill anything" in finish.result.summary
+    )
 
 
 def test_restarts_are_counted_for_jobs_without_start_lines() -> None:
@@ -711,8 +757,9 @@ def jobs(draw: st.DrawFn) -> Job:
         kill_delay=draw(st.floats(0.0, 0.3)),
         survivor=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
         dying=draw(st.integers(0, 2)),
-        mode=draw(st.sampled_from(["latest", "latest", "zero", "older", "reset",
-                                   "off_by_one", "beyond"])),
+        mode=draw(
+            st.sampled_from(["latest", "latest", "zero", "older", "reset", "off_by_one", "beyond"])
+        ),
         loaded=draw(st.booleans()),
         new_steps=draw(st.integers(0, 4)),
         restart_delay=draw(st.floats(0.5, 20.0)),
@@ -743,10 +790,15 @@ def simulate(job: Job, rnd: random.Random) -> tuple[DrillResult, dict[str, objec
     """Run the job against the engine; return the result and the truth."""
     shift = 1 if job.zero_based else 0
     expected_step = None
-    engine = DrillEngine(DrillSpec(
-        max_recovery_time=job.max_recovery, after_checkpoint=job.trigger,
-        max_lost_steps=job.max_lost, recovery_timeout=100.0,
-    ), T0)
+    engine = DrillEngine(
+        DrillSpec(
+            max_recovery_time=job.max_recovery,
+            after_checkpoint=job.trigger,
+            max_lost_steps=job.max_lost,
+            recovery_timeout=100.0,
+        ),
+        T0,
+    )
     engine.discovered(T0, "sim")
     # The old run: steps at a constant rate, durable saves every `every` steps (+ lag).
     old: list[TrainingEvent] = [ev(S, 0.0, "old")]
@@ -771,8 +823,11 @@ def simulate(job: Job, rnd: random.Random) -> tuple[DrillResult, dict[str, objec
         for action in engine.on_training_event(event):
             if isinstance(action, KillTarget):
                 kill = event.timestamp + job.kill_delay
-                finishes += [a for a in engine.on_kill_result(
-                    KillResult(KillOutcome.KILLED, kill)) if isinstance(a, Finish)]
+                finishes += [
+                    a
+                    for a in engine.on_kill_result(KillResult(KillOutcome.KILLED, kill))
+                    if isinstance(a, Finish)
+                ]
     assert kill is not None, "the trigger is always reached within the horizon"
     kill_rel = kill - T0
     last_before = math.floor(kill_rel * job.rate + 1e-9)  # steps completed by the kill
@@ -792,10 +847,22 @@ def simulate(job: Job, rnd: random.Random) -> tuple[DrillResult, dict[str, objec
         t += 0.3
     start = max(t, kill_rel + job.survivor + job.restart_delay - 1.0)
     older = max([0, *[s for s in durable if s < latest]])
-    holds = {"latest": latest, "zero": 0, "older": older, "reset": latest,
-             "off_by_one": latest, "beyond": latest}[job.mode]  # the state it trains on
-    counts_from = {"latest": latest, "zero": 0, "older": older, "reset": 0,
-                   "off_by_one": max(latest - 1, 0), "beyond": latest + 500}[job.mode]
+    holds = {
+        "latest": latest,
+        "zero": 0,
+        "older": older,
+        "reset": latest,
+        "off_by_one": latest,
+        "beyond": latest,
+    }[job.mode]  # the state it trains on
+    counts_from = {
+        "latest": latest,
+        "zero": 0,
+        "older": older,
+        "reset": 0,
+        "off_by_one": max(latest - 1, 0),
+        "beyond": latest + 500,
+    }[job.mode]
     if job.mode == "reset" and not job.loaded:
         holds = 0  # without checkpoint_loaded a reset is a restart from scratch by every count
     post.append(ev(S, start, "final"))
@@ -829,13 +896,17 @@ def simulate(job: Job, rnd: random.Random) -> tuple[DrillResult, dict[str, objec
         "recovery": None if first_line is None else first_line - kill_rel,
         "recovered": (
             first_line is not None
-            and holds == want and counts_from == holds
+            and holds == want
+            and counts_from == holds
             and first_line - kill_rel <= job.max_recovery
             and (job.max_lost is None or max(last_before - counts_from, 0) <= job.max_lost)
         ),
         "decisive": (
-            not job.zero_based and job.stride == 1 and job.max_lost is None
-            and job.new_steps >= 2 and job.mode != "beyond"
+            not job.zero_based
+            and job.stride == 1
+            and job.max_lost is None
+            and job.new_steps >= 2
+            and job.mode != "beyond"
             # an explicit older step with a newer checkpoint right after it: "resumed from
             # it" and "loaded the newer one and redid a step" look alike without
             # checkpoint_loaded, and the drill rightly says so
@@ -867,8 +938,11 @@ def test_the_verdict_never_contradicts_what_the_job_truly_did(job: Job, rnd: obj
         assert result.verdict is not Verdict.ERROR, why
     resume_check = next((c for c in result.checks if c.name == "resume_step"), None)
     decided = resume_check is not None and resume_check.passed is not None
-    if decided and not job.zero_based and truth["counts_from"] is not None and (
-        resume_check.observed is not None
+    if (
+        decided
+        and not job.zero_based
+        and truth["counts_from"] is not None
+        and (resume_check.observed is not None)
     ):
         # With progress every k steps the first line after the resume pins the resume step
         # to a window of k steps; the figure is its start (exact for a resume on the grid).

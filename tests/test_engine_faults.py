@@ -55,11 +55,17 @@ ST = TrainingEventKind.CHECKPOINT_STARTED
 R = FailureReason
 
 
-def ev(kind: TrainingEventKind, t: float, inc: str, step: int | None = None, *,
-       digest: str | None = None, parts: tuple[tuple[str, str], ...] = (),
-       rank: int = 0) -> TrainingEvent:
-    return TrainingEvent(kind, T0 + t, inc, step=step, rank=rank, digest=digest,
-                         digest_parts=parts)
+def ev(
+    kind: TrainingEventKind,
+    t: float,
+    inc: str,
+    step: int | None = None,
+    *,
+    digest: str | None = None,
+    parts: tuple[tuple[str, str], ...] = (),
+    rank: int = 0,
+) -> TrainingEvent:
+    return TrainingEvent(kind, T0 + t, inc, step=step, rank=rank, digest=digest, digest_parts=parts)
 
 
 def combined(parts: tuple[tuple[str, str], ...]) -> str | None:
@@ -92,11 +98,21 @@ class SimJob:
     loads a different optimizer).
     """
 
-    def __init__(self, *, rate: float = 10.0, every: int = 10, save: float = 0.0,
-                 restart: float = 2.0, resume: str = "latest", budget: int = 100,
-                 gives_up: bool = True, term_save: float | None = None,
-                 hang_timeout: float = 3.0, digests: bool = False,
-                 bad_parts: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        rate: float = 10.0,
+        every: int = 10,
+        save: float = 0.0,
+        restart: float = 2.0,
+        resume: str = "latest",
+        budget: int = 100,
+        gives_up: bool = True,
+        term_save: float | None = None,
+        hang_timeout: float = 3.0,
+        digests: bool = False,
+        bad_parts: bool = False,
+    ) -> None:
         self.rate, self.every, self.save, self.restart = rate, every, save, restart
         self.resume, self.budget, self.gives_up = resume, budget, gives_up
         self.term_save, self.hang_timeout = term_save, hang_timeout
@@ -116,8 +132,7 @@ class SimJob:
         if loaded is not None:
             parts = self._parts(loaded, loading=True) if self.digests else ()
             digest = combined(parts)
-            life.events.append(ev(L, start + 0.05, life.inc, loaded, digest=digest,
-                                  parts=parts))
+            life.events.append(ev(L, start + 0.05, life.inc, loaded, digest=digest, parts=parts))
         t = start + 0.1
         for step in range(resume + 1, resume + 2000):
             t += 1 / self.rate
@@ -127,8 +142,7 @@ class SimJob:
                 parts = self._parts(step) if self.digests else ()
                 digest = combined(parts)
                 t += self.save
-                life.events.append(ev(C, t + 0.002, life.inc, step, digest=digest,
-                                      parts=parts))
+                life.events.append(ev(C, t + 0.002, life.inc, step, digest=digest, parts=parts))
         return life
 
     def lines_until(self, now: float) -> list[TrainingEvent]:
@@ -147,16 +161,26 @@ class SimJob:
         return due
 
     def completed(self, before: float) -> list[int]:
-        return [e.step for life in self.lives for e in life.events
-                if e.kind is C and e.step is not None and e.timestamp - T0 <= min(before, life.end)]
+        return [
+            e.step
+            for life in self.lives
+            for e in life.events
+            if e.kind is C and e.step is not None and e.timestamp - T0 <= min(before, life.end)
+        ]
 
     def kill(self, target: KillTarget, at: float) -> None:
         life = self.lives[-1]
         self.kills += 1
         end = at
         if target.fault == "Preempt" and self.term_save is not None:
-            step = max([e.step for e in life.events if e.kind is P and e.timestamp - T0 <= at
-                        and e.step is not None], default=0)
+            step = max(
+                [
+                    e.step
+                    for e in life.events
+                    if e.kind is P and e.timestamp - T0 <= at and e.step is not None
+                ],
+                default=0,
+            )
             life.events = [e for e in life.events if e.timestamp - T0 <= at]
             life.events.append(ev(C, at + self.term_save, life.inc, step))
             end = at + self.term_save + 0.01
@@ -169,18 +193,25 @@ class SimJob:
         self.group.append(GroupEvent(GroupEventKind.WORKER_GONE, T0 + noticed + 0.05, "gone"))
         if self.kills > self.budget:
             if self.gives_up:
-                self.group.append(GroupEvent(GroupEventKind.JOB_FAILED, T0 + noticed + 0.5,
-                                             "max restarts exhausted"))
+                self.group.append(
+                    GroupEvent(
+                        GroupEventKind.JOB_FAILED, T0 + noticed + 0.5, "max restarts exhausted"
+                    )
+                )
             return
-        self.group.append(GroupEvent(GroupEventKind.RESTARTING, T0 + noticed + 0.1,
-                                     restart_count=self.kills))
+        self.group.append(
+            GroupEvent(GroupEventKind.RESTARTING, T0 + noticed + 0.1, restart_count=self.kills)
+        )
         done = self.completed(end)
         latest = max(done, default=0)
         if self.resume == "zero":
             resume, loaded = 0, None
         elif self.resume == "torn":
-            started = [e.step for e in life.events if e.kind is ST and e.step is not None
-                       and e.timestamp - T0 <= at]
+            started = [
+                e.step
+                for e in life.events
+                if e.kind is ST and e.step is not None and e.timestamp - T0 <= at
+            ]
             resume = loaded = max(started, default=latest)
         else:
             resume, loaded = latest, (latest or None)
@@ -206,8 +237,7 @@ class Drill:
                 self.kills.append(action)
                 self.kill_times.append(now)
                 self.job.kill(action, now)
-                self.act(self.engine.on_kill_result(KillResult(KillOutcome.KILLED, T0 + now)),
-                         now)
+                self.act(self.engine.on_kill_result(KillResult(KillOutcome.KILLED, T0 + now)), now)
             else:
                 self.result = action.result
 
@@ -366,8 +396,7 @@ def test_kill_during_checkpoint_lands_inside_the_save_aimed_at_the_saving_rank()
 
 
 def test_resuming_from_the_torn_checkpoint_fails() -> None:
-    drill = Drill(SimJob(save=0.4, resume="torn"), fault="KillDuringCheckpoint",
-                  target_rank=None)
+    drill = Drill(SimJob(save=0.4, resume="torn"), fault="KillDuringCheckpoint", target_rank=None)
     result = drill.run()
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (R.RESUMED_FROM_TORN_CHECKPOINT,)
@@ -375,21 +404,24 @@ def test_resuming_from_the_torn_checkpoint_fails() -> None:
 
 
 def test_the_first_save_is_hit_at_once_when_no_save_time_was_measured() -> None:
-    drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=None,
-                  after_checkpoint=10)
+    drill = Drill(
+        SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=None, after_checkpoint=10
+    )
     result = drill.run()
-    assert result.recoveries[0].fault_details["intoSaveSeconds"] == pytest.approx(
-        0.0, abs=0.011)
+    assert result.recoveries[0].fault_details["intoSaveSeconds"] == pytest.approx(0.0, abs=0.011)
 
 
 def test_a_save_that_completes_before_the_kill_moves_the_aim_to_the_next_save() -> None:
-    drill = Drill(SimJob(save=0.3), fault="KillDuringCheckpoint", target_rank=None,
-                  delay=Delay("seconds", 0.5, explicit=True))
+    drill = Drill(
+        SimJob(save=0.3),
+        fault="KillDuringCheckpoint",
+        target_rank=None,
+        delay=Delay("seconds", 0.5, explicit=True),
+    )
     result = drill.run()
     # 0.5 s into a 0.3 s save is always too late: the next save is hit at its start
     assert [k.checkpoint_step for k in drill.kills] == [30]
-    assert result.recoveries[0].fault_details["intoSaveSeconds"] == pytest.approx(
-        0.0, abs=0.011)
+    assert result.recoveries[0].fault_details["intoSaveSeconds"] == pytest.approx(0.0, abs=0.011)
     assert any("aiming at the next save" in note for note in result.notes)
 
 
@@ -404,8 +436,7 @@ def test_a_user_picked_rank_that_does_not_save_is_named() -> None:
 
 
 def test_a_checkpoint_saved_in_the_grace_period_is_the_latest_and_used() -> None:
-    drill = Drill(SimJob(term_save=0.4), fault="Preempt", grace_period=5.0,
-                  saved_on_preempt=True)
+    drill = Drill(SimJob(term_save=0.4), fault="Preempt", grace_period=5.0, saved_on_preempt=True)
     result = drill.run()
     assert result.verdict is Verdict.PASS, result.summary
     details = result.recoveries[0].fault_details
@@ -417,8 +448,7 @@ def test_a_checkpoint_saved_in_the_grace_period_is_the_latest_and_used() -> None
 
 def test_saved_on_preempt_fails_a_job_that_ignores_sigterm() -> None:
     # it trains on through a 0.5 s grace period that holds no regular checkpoint
-    drill = Drill(SimJob(term_save=None), fault="Preempt", grace_period=0.5,
-                  saved_on_preempt=True)
+    drill = Drill(SimJob(term_save=None), fault="Preempt", grace_period=0.5, saved_on_preempt=True)
     result = drill.run()
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (R.NOT_SAVED_ON_PREEMPT,)
@@ -428,8 +458,9 @@ def test_saved_on_preempt_fails_a_job_that_ignores_sigterm() -> None:
 
 
 def test_a_hang_noticed_in_time_passes_with_the_detection_in_the_breakdown() -> None:
-    drill = Drill(SimJob(hang_timeout=3.0), fault="HangWorker", max_detection_time=5.0,
-                  max_recovery_time=20.0)
+    drill = Drill(
+        SimJob(hang_timeout=3.0), fault="HangWorker", max_detection_time=5.0, max_recovery_time=20.0
+    )
     result = drill.run()
     assert result.verdict is Verdict.PASS, result.summary
     detection = result.recoveries[0].fault_details["detectionSeconds"]
@@ -438,16 +469,21 @@ def test_a_hang_noticed_in_time_passes_with_the_detection_in_the_breakdown() -> 
 
 
 def test_a_hang_noticed_too_late_fails() -> None:
-    drill = Drill(SimJob(hang_timeout=4.0), fault="HangWorker", max_detection_time=2.0,
-                  max_recovery_time=20.0)
+    drill = Drill(
+        SimJob(hang_timeout=4.0), fault="HangWorker", max_detection_time=2.0, max_recovery_time=20.0
+    )
     result = drill.run()
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (R.HANG_NOT_DETECTED,)
 
 
 def test_a_hang_never_noticed_fails_at_the_deadline_naming_the_timeout_default() -> None:
-    drill = Drill(SimJob(hang_timeout=1800.0), fault="HangWorker", max_detection_time=2.0,
-                  max_recovery_time=20.0)
+    drill = Drill(
+        SimJob(hang_timeout=1800.0),
+        fault="HangWorker",
+        max_detection_time=2.0,
+        max_recovery_time=20.0,
+    )
     result = drill.run(until=200.0)
     assert result.verdict is Verdict.FAIL
     assert R.HANG_NOT_DETECTED in result.reasons
@@ -467,8 +503,10 @@ def test_a_differing_part_is_named() -> None:
     result = Drill(SimJob(digests=True, bad_parts=True), state_digest_matches=True).run()
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (R.STATE_DIFFERS,)
-    assert "loaded checkpoint 20 but the state differs from the one saved at step 20: " \
-           "optimizer state differs" in result.summary
+    assert (
+        "loaded checkpoint 20 but the state differs from the one saved at step 20: "
+        "optimizer state differs" in result.summary
+    )
 
 
 def test_state_digest_matches_without_digests_is_refused_before_the_kill() -> None:

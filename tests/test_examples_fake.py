@@ -23,7 +23,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "fake"
     ],
 )
 def test_each_fake_example_reaches_its_verdict(
-    name: str, code: int, reason: str | None, tmp_path: Path,
+    name: str,
+    code: int,
+    reason: str | None,
+    tmp_path: Path,
 ) -> None:
     report = tmp_path / "report.json"
     assert main(["run", "-f", str(EXAMPLES / name), "-q", "--report", str(report)]) == code

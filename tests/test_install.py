@@ -31,8 +31,11 @@ from pytest_recoverygate.runner import RunOptions, run_drill
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBE_DRILL = {
-    "workload": {"orchestrator": "kubernetes", "selector": "training-run=llama",
-                 "namespace": "default"},
+    "workload": {
+        "orchestrator": "kubernetes",
+        "selector": "training-run=llama",
+        "namespace": "default",
+    },
     "injectFailure": {"afterCheckpoint": "next"},
     "expectations": {"maxRecoveryTime": "1m"},
     "safety": {"requireConfirm": False},
@@ -59,8 +62,13 @@ def test_a_kubernetes_drill_without_the_client_names_the_pip_command(tmp_path: P
         "import sys; sys.modules['kubernetes'] = None; "  # as if it were not installed
         "from pytest_recoverygate.cli import main; sys.exit(main(['run', '-f', sys.argv[1]]))"
     )
-    proc = subprocess.run([sys.executable, "-c", blocked, str(path)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", blocked, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     output = proc.stdout + proc.stderr
     assert "pip install 'kubernetes>=35'" in output, output
     assert "ModuleNotFoundError" not in output, output
@@ -70,14 +78,21 @@ def test_a_kubernetes_drill_without_the_client_names_the_pip_command(tmp_path: P
 def test_any_module_missing_during_a_drill_is_named_with_the_pip_command(tmp_path: Path) -> None:
     missing = ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
     config_path = tmp_path / "drill.yaml"
-    config_path.write_text(yaml.safe_dump({
-        "workload": {"orchestrator": "fake"}, "injectFailure": {"afterCheckpoint": "next"},
-        "expectations": {"maxRecoveryTime": "5s"}, "safety": {"requireConfirm": False},
-    }))
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "workload": {"orchestrator": "fake"},
+                "injectFailure": {"afterCheckpoint": "next"},
+                "expectations": {"maxRecoveryTime": "5s"},
+                "safety": {"requireConfirm": False},
+            }
+        )
+    )
     clock = SimulatedClock()
     fake = FakeOrchestrator(clock=clock, raise_in={"discover": missing})
-    result = run_drill(load_config(config_path), RunOptions(handle_signals=False),
-                       clock=clock, orchestrator=fake)
+    result = run_drill(
+        load_config(config_path), RunOptions(handle_signals=False), clock=clock, orchestrator=fake
+    )
     assert result.verdict is Verdict.ERROR
     assert "pip install 'recoverygate[plot]'" in result.summary, result.summary
     assert "ModuleNotFoundError" not in result.summary
@@ -85,11 +100,13 @@ def test_any_module_missing_during_a_drill_is_named_with_the_pip_command(tmp_pat
 
 @pytest.mark.parametrize(
     ("module", "command"),
-    [("kubernetes", "pip install 'kubernetes>=35'"),
-     ("kubernetes.client.exceptions", "pip install 'kubernetes>=35'"),
-     ("matplotlib.pyplot", "pip install 'recoverygate[plot]'"),
-     ("yaml", "pip install pyyaml"),
-     ("tenacity", "pip install tenacity")],
+    [
+        ("kubernetes", "pip install 'kubernetes>=35'"),
+        ("kubernetes.client.exceptions", "pip install 'kubernetes>=35'"),
+        ("matplotlib.pyplot", "pip install 'recoverygate[plot]'"),
+        ("yaml", "pip install pyyaml"),
+        ("tenacity", "pip install tenacity"),
+    ],
 )
 def test_each_missing_module_maps_to_its_pip_command(module: str, command: str) -> None:
     assert pip_command_for(module) == command
@@ -111,16 +128,24 @@ def test_a_fresh_venv_with_the_built_wheel_runs_a_kubernetes_drill(tmp_path: Pat
     from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
 
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        timeout=300,
+    )
     wheel = next(wheels.glob("recoverygate-*.whl"))
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
     # nothing of this environment may leak into the fresh one (PYTHONPATH, say)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True,
-                   timeout=900, env=env, cwd=tmp_path)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(wheel)],
+        check=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
     cli = env_dir / "bin" / "kubectl-recoverygate"
     assert cli.exists()
 
@@ -129,15 +154,25 @@ def test_a_fresh_venv_with_the_built_wheel_runs_a_kubernetes_drill(tmp_path: Pat
         job = FakeTrainingJob(server, nodes=2, step_time=0.02)
         try:
             job.start(wait_for_checkpoint=10)
-            drill = {**KUBE_DRILL, "workload": {
-                "orchestrator": "kubernetes", "selector": job.selector,
-                "namespace": NAMESPACE, "kubeconfig": str(kubeconfig)}}
+            drill = {
+                **KUBE_DRILL,
+                "workload": {
+                    "orchestrator": "kubernetes",
+                    "selector": job.selector,
+                    "namespace": NAMESPACE,
+                    "kubeconfig": str(kubeconfig),
+                },
+            }
             path = tmp_path / "k8s.yaml"
             path.write_text(yaml.safe_dump(drill))
             report = tmp_path / "report.json"
             proc = subprocess.run(
                 [str(cli), "run", "-f", str(path), "--dry-run", "-q", "--report", str(report)],
-                capture_output=True, text=True, timeout=180, check=False, env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+                check=False,
+                env=env,
                 cwd=tmp_path,
             )
         finally:

@@ -99,7 +99,9 @@ def test_torchruns_merged_output_stays_whole_and_each_rank_gets_its_lines() -> N
     assert output.failing == "rank 0"
 
 
-def test_an_untagged_error_after_the_ranks_lines_makes_the_launcher_stream_the_failing_one() -> None:
+def test_an_untagged_error_after_the_ranks_lines_makes_the_launcher_stream_the_failing_one() -> (
+    None
+):
     # the restarted group failed in init_process_group, before torch tags its lines
     splitter = OutputSplitter(torchrun_rank_of, merged="torchrun")
     feed_in_chunks(splitter, (DATA / "torchrun-shared-tcp-store.log").read_bytes())
@@ -120,8 +122,10 @@ def test_the_excerpt_ends_at_the_workers_error_and_leaves_out_reporter_lines() -
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
         "=====\nRoot Cause (first observed failure):\n=====\n"
     )
-    assert failure_excerpt(text, 2) == ('  File "train.py", line 1, in <module>',
-                                        "RuntimeError: boom")
+    assert failure_excerpt(text, 2) == (
+        '  File "train.py", line 1, in <module>',
+        "RuntimeError: boom",
+    )
     assert "RECOVERYGATE/v1" not in "\n".join(failure_excerpt(text, 20))
     assert failure_excerpt("a\nb\nc\n", 2) == ("b", "c")  # no error: the last lines
 
@@ -161,7 +165,8 @@ def test_an_empty_job_output_has_no_excerpt() -> None:
 
 
 def test_the_report_folder_keeps_one_file_per_worker_named_in_report_json(
-    write_drill: object, tmp_path: Path,
+    write_drill: object,
+    tmp_path: Path,
 ) -> None:
     from pytest_recoverygate.cli import main
 

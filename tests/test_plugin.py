@@ -20,8 +20,9 @@ from tests.conftest import FAKE_DRILL, merge
 WriteDrill = Callable[..., Path]
 
 
-def drill_file(pytester: pytest.Pytester, changes: dict | None = None,
-               name: str = "recovery-test.yaml") -> Path:
+def drill_file(
+    pytester: pytest.Pytester, changes: dict | None = None, name: str = "recovery-test.yaml"
+) -> Path:
     path = pytester.path / name
     path.write_text(yaml.safe_dump(merge(FAKE_DRILL, changes or {})))
     return path
@@ -46,10 +47,12 @@ def test_a_failing_drill_fails_the_test_with_the_verdict(pytester: pytest.Pytest
     result = pytester.runpytest(f"--drill-config={path}")
     result.assert_outcomes(failed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([
-        "*RecoveryGate verdict: FAIL*",
-        "*resumed from step 0, expected step 40*the job restarted from scratch*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*RecoveryGate verdict: FAIL*",
+            "*resumed from step 0, expected step 40*the job restarted from scratch*",
+        ]
+    )
 
 
 def test_junit_xml_carries_the_verdict_and_figures(pytester: pytest.Pytester) -> None:
@@ -73,8 +76,9 @@ def test_junit_xml_carries_the_verdict_and_figures(pytester: pytest.Pytester) ->
 def test_junit_xunit1_also_gets_testcase_properties(pytester: pytest.Pytester) -> None:
     path = drill_file(pytester, {"workload": {"fake": {"resume": "older"}}})
     out = pytester.path / "out.xml"
-    result = pytester.runpytest(f"--drill-config={path}", f"--junitxml={out}",
-                                "-o", "junit_family=xunit1")
+    result = pytester.runpytest(
+        f"--drill-config={path}", f"--junitxml={out}", "-o", "junit_family=xunit1"
+    )
     result.assert_outcomes(failed=1)
     [case] = ET.parse(out).getroot().iter("testcase")
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -140,11 +144,13 @@ def test_a_drill_config_that_needs_confirmation_fails_without_drill_yes(
     refused = pytester.runpytest(f"--drill-config={path}")
     refused.assert_outcomes(failed=1)
     assert refused.ret == pytest.ExitCode.TESTS_FAILED
-    refused.stdout.fnmatch_lines([
-        "*safety.requireConfirm is true and nothing confirmed the kill, so the drill did not "
-        "run. Confirm kills with --drill-yes (or drill_yes = true in the pytest ini file), set "
-        "safety.requireConfirm: false in the drill config*",
-    ])
+    refused.stdout.fnmatch_lines(
+        [
+            "*safety.requireConfirm is true and nothing confirmed the kill, so the drill did not "
+            "run. Confirm kills with --drill-yes (or drill_yes = true in the pytest ini file), set "
+            "safety.requireConfirm: false in the drill config*",
+        ]
+    )
     refused.stdout.no_fnmatch_line("*discovering*")  # refused before anything was touched
     confirmed = pytester.runpytest(f"--drill-config={path}", "--drill-yes")
     confirmed.assert_outcomes(passed=1)
@@ -182,12 +188,14 @@ def test_a_marker_drill_that_needs_confirmation_skips_and_the_summary_says_why(
     result = pytester.runpytest()  # no -rs
     result.assert_outcomes(passed=1, skipped=2)
     assert result.ret == pytest.ExitCode.OK  # an ordinary unit-test run may skip drills
-    result.stdout.fnmatch_lines([
-        "*= recoverygate drills =*",
-        "SKIPPED test_recovery.py::test_resumes: *drill.yaml: safety.requireConfirm is true*"
-        "--drill-yes*",
-        "SKIPPED test_recovery.py::test_no_config: no drill config: pass --drill-config=FILE*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= recoverygate drills =*",
+            "SKIPPED test_recovery.py::test_resumes: *drill.yaml: safety.requireConfirm is true*"
+            "--drill-yes*",
+            "SKIPPED test_recovery.py::test_no_config: no drill config: pass --drill-config=FILE*",
+        ]
+    )
     quiet = pytester.runpytest("-q")
     quiet.stdout.fnmatch_lines(["SKIPPED test_recovery.py::test_resumes: *--drill-yes*"])
 
@@ -230,7 +238,9 @@ def test_the_report_folder_is_named_after_the_drill(pytester: pytest.Pytester) -
 def test_the_header_says_what_will_run(pytester: pytest.Pytester) -> None:
     path = drill_file(pytester)
     result = pytester.runpytest(f"--drill-config={path}", "--dry-run", "--co")
-    result.stdout.fnmatch_lines(["recoverygate *: drills: *recovery-test.yaml (fake); kills: dry run*"])
+    result.stdout.fnmatch_lines(
+        ["recoverygate *: drills: *recovery-test.yaml (fake); kills: dry run*"]
+    )
 
 
 def test_phase_lines_show_without_dash_s_and_quiet_hides_them(
@@ -238,11 +248,13 @@ def test_phase_lines_show_without_dash_s_and_quiet_hides_them(
 ) -> None:
     path = drill_file(pytester)
     loud = pytester.runpytest(f"--drill-config={path}")
-    loud.stdout.fnmatch_lines([
-        "*[[]waiting for checkpoint[]] waiting for checkpoint >= step 40*",
-        "*[[]recovering[]]*",
-        "*[[]done[]] PASS*",
-    ])
+    loud.stdout.fnmatch_lines(
+        [
+            "*[[]waiting for checkpoint[]] waiting for checkpoint >= step 40*",
+            "*[[]recovering[]]*",
+            "*[[]done[]] PASS*",
+        ]
+    )
     quiet = pytester.runpytest(f"--drill-config={path}", "-q")
     assert "[recovering]" not in quiet.stdout.str()
 
@@ -286,12 +298,14 @@ def test_the_terminal_summary_lists_each_drill_with_its_breakdown(
 ) -> None:
     path = drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}})
     result = pytester.runpytest(f"--drill-config={path}")
-    result.stdout.fnmatch_lines([
-        "*= recoverygate drills =*",
-        "FAIL recovery-test.yaml::drill: resumed from step 0, expected step 40*",
-        "*resumeStep=0*expectedResumeStep=40*",
-        "*recovery breakdown (s after kill): failureDetected=0.100*checkpointLoaded=unknown*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= recoverygate drills =*",
+            "FAIL recovery-test.yaml::drill: resumed from step 0, expected step 40*",
+            "*resumeStep=0*expectedResumeStep=40*",
+            "*recovery breakdown (s after kill): failureDetected=0.100*checkpointLoaded=unknown*",
+        ]
+    )
 
 
 def test_a_drill_config_that_does_not_exist_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -323,20 +337,28 @@ def test_dry_run_on_the_command_line_wins_over_a_marker_that_asks_for_the_kill(
 
 def test_a_drill_that_cannot_run_fails_instead_of_skipping(pytester: pytest.Pytester) -> None:
     path = pytester.path / "k8s.yaml"
-    path.write_text(yaml.safe_dump({
-        "workload": {"orchestrator": "kubernetes", "selector": "training-run=x",
-                     "kubeconfig": "no-such-kubeconfig"},
-        "injectFailure": {"afterCheckpoint": "next"},
-        "expectations": {"maxRecoveryTime": "1m"},
-        "safety": {"requireConfirm": False},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "workload": {
+                    "orchestrator": "kubernetes",
+                    "selector": "training-run=x",
+                    "kubeconfig": "no-such-kubeconfig",
+                },
+                "injectFailure": {"afterCheckpoint": "next"},
+                "expectations": {"maxRecoveryTime": "1m"},
+                "safety": {"requireConfirm": False},
+            }
+        )
+    )
     result = pytester.runpytest(f"--drill-config={path}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the drill cannot run*no-such-kubeconfig*"])
 
 
 def test_a_pytest_run_appends_each_drill_to_the_github_step_summary(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     summary = pytester.path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -352,14 +374,16 @@ def test_a_failing_drill_shows_the_diagnosis_in_the_failure_and_the_summary(
     path = drill_file(pytester, {"workload": {"fake": {"resume": "zero"}}})
     result = pytester.runpytest(f"--drill-config={path}")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*diagnosis: checkpoints on per-process or node-local storage",
-        "*more: https://github.com/recoverygate/recoverygate/blob/main/docs/"
-        "troubleshooting.md#checkpoints-not-shared",
-        "*= recoverygate drills =*",
-        "FAIL recovery-test.yaml::drill: resumed from step 0*",
-        "  diagnosis: checkpoints on per-process or node-local storage (https://*)",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*diagnosis: checkpoints on per-process or node-local storage",
+            "*more: https://github.com/recoverygate/recoverygate/blob/main/docs/"
+            "troubleshooting.md#checkpoints-not-shared",
+            "*= recoverygate drills =*",
+            "FAIL recovery-test.yaml::drill: resumed from step 0*",
+            "  diagnosis: checkpoints on per-process or node-local storage (https://*)",
+        ]
+    )
 
 
 def test_the_fixture_exposes_the_evidence_after_run(pytester: pytest.Pytester) -> None:

@@ -480,10 +480,14 @@ def test_the_start_event_is_stamped_with_the_process_start_not_the_first_report(
         "time.sleep(0.4)  # imports and initialization before the first step\n"
         "reporter.progress(1)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
-    events = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
-              if line.startswith("RECOVERYGATE/v1 ")]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    events = [
+        json.loads(line.split(" ", 1)[1])
+        for line in out.splitlines()
+        if line.startswith("RECOVERYGATE/v1 ")
+    ]
     start, progress = events[0], events[1]
     assert start["event"] == "start"
     assert progress["time"] - start["time"] >= 0.35

@@ -34,8 +34,10 @@ ConfigFactory = Callable[..., DrillConfig]
 def fake(clock: SimulatedClock, config: DrillConfig, **kw: Any) -> FakeOrchestrator:
     spec = config.workload.fake  # type: ignore[union-attr]
     params: dict[str, Any] = {
-        "workers": spec.workers, "steps_per_second": spec.steps_per_second,
-        "checkpoint_every": spec.checkpoint_every, "restart_delay": spec.restart_delay,
+        "workers": spec.workers,
+        "steps_per_second": spec.steps_per_second,
+        "checkpoint_every": spec.checkpoint_every,
+        "restart_delay": spec.restart_delay,
         "resume": spec.resume,
     }
     params.update(kw)
@@ -58,7 +60,10 @@ def test_the_fake_backend_satisfies_the_orchestrator_protocol() -> None:
     ],
 )
 def test_a_simulated_drill_reaches_the_verdict_the_job_deserves(
-    fake_config: ConfigFactory, resume: str, delay: str, verdict: Verdict,
+    fake_config: ConfigFactory,
+    resume: str,
+    delay: str,
+    verdict: Verdict,
     reason: FailureReason | None,
 ) -> None:
     config = fake_config({"workload": {"fake": {"resume": resume, "restartDelay": delay}}})
@@ -137,8 +142,7 @@ def test_a_kill_that_cannot_be_confirmed_is_an_error_not_a_verdict(
 
 
 def test_a_missing_target_rank_is_an_error(fake_config: ConfigFactory) -> None:
-    config = fake_config({"injectFailure": {"targetRank": 7},
-                          "workload": {"fake": {"workers": 8}}})
+    config = fake_config({"injectFailure": {"targetRank": 7}, "workload": {"fake": {"workers": 8}}})
     clock = SimulatedClock()
     backend = fake(clock, config, workers=2)  # the job is smaller than the config says
     result = run_drill(config, clock=clock, orchestrator=backend)
@@ -150,8 +154,13 @@ def test_a_missing_target_rank_is_an_error(fake_config: ConfigFactory) -> None:
 
 # ------------------------------------------------------------ cleanup table
 
-PHASES = [Phase.DISCOVERING, Phase.WAITING_FOR_CHECKPOINT, Phase.KILLING, Phase.RECOVERING,
-          Phase.VERIFYING]
+PHASES = [
+    Phase.DISCOVERING,
+    Phase.WAITING_FOR_CHECKPOINT,
+    Phase.KILLING,
+    Phase.RECOVERING,
+    Phase.VERIFYING,
+]
 # way out -> (exit code, raises DrillInterrupted)
 WAYS_OUT = {
     "orchestrator-exception": 3,
@@ -179,8 +188,7 @@ class Injector:
             os.kill(os.getpid(), signal.SIGTERM)
             return
         error: BaseException = (
-            BackendError("the backend broke") if self.way == "drill-error"
-            else RuntimeError("boom")
+            BackendError("the backend broke") if self.way == "drill-error" else RuntimeError("boom")
         )
         if self.phase is Phase.KILLING:
             # The observer runs just before the kill call: break the kill itself.
@@ -194,7 +202,9 @@ class Injector:
 @pytest.mark.parametrize("way", list(WAYS_OUT))
 @pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.name.lower())
 def test_cleanup_runs_once_on_every_way_out_of_every_phase(
-    fake_config: ConfigFactory, phase: Phase, way: str,
+    fake_config: ConfigFactory,
+    phase: Phase,
+    way: str,
 ) -> None:
     config = fake_config()
     clock = SimulatedClock()
@@ -223,10 +233,13 @@ def test_cleanup_runs_once_on_every_way_out_of_every_phase(
 
 
 @pytest.mark.parametrize(
-    ("resume", "exit_code"), [("latest", 0), ("zero", 1), ("never", 1)],
+    ("resume", "exit_code"),
+    [("latest", 0), ("zero", 1), ("never", 1)],
 )
 def test_cleanup_runs_once_when_the_drill_ends_with_a_verdict(
-    fake_config: ConfigFactory, resume: str, exit_code: int,
+    fake_config: ConfigFactory,
+    resume: str,
+    exit_code: int,
 ) -> None:
     config = fake_config({"workload": {"fake": {"resume": resume}}})
     clock = SimulatedClock()

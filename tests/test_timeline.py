@@ -15,7 +15,8 @@ pytest.importorskip("matplotlib")
 
 
 def test_each_incarnation_is_drawn_with_exactly_the_reported_points(
-    write_drill: Callable[..., Path], tmp_path: Path,
+    write_drill: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     out = tmp_path / "report"
     path = write_drill({"workload": {"fake": {"resume": "older"}}})
@@ -29,8 +30,11 @@ def test_each_incarnation_is_drawn_with_exactly_the_reported_points(
     fig = build_figure(doc)
     try:
         [ax] = fig.axes
-        drawn = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata(), strict=True))
-                 for line in ax.get_lines() if line.get_label().startswith("incarnation")}
+        drawn = {
+            line.get_label(): list(zip(line.get_xdata(), line.get_ydata(), strict=True))
+            for line in ax.get_lines()
+            if line.get_label().startswith("incarnation")
+        }
         assert ax.get_title().startswith("FAIL: resumed from step 20, expected step 40")
     finally:
         plt.close(fig)
@@ -45,7 +49,9 @@ def test_each_incarnation_is_drawn_with_exactly_the_reported_points(
 
 
 def test_without_matplotlib_the_report_says_how_to_get_the_picture(
-    write_drill: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    write_drill: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import pytest_recoverygate.timeline as timeline
 
@@ -60,7 +66,8 @@ def test_without_matplotlib_the_report_says_how_to_get_the_picture(
 
 
 def test_with_matplotlib_the_report_names_its_picture(
-    write_drill: Callable[..., Path], tmp_path: Path,
+    write_drill: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     out = tmp_path / "report"
     assert main(["run", "-f", str(write_drill()), "-q", "--report-dir", str(out)]) == 0

@@ -236,8 +236,10 @@ class FakeOrchestrator:
         self._printed.feed(text.encode("utf-8", "replace"), label=f"rank {rank}")
 
     def _after_kill(self, now: float, worker: Worker) -> None:
-        self._print(worker.rank, f"[fake job] rank {worker.rank} ({worker.instance_id}) was "
-                    "killed by SIGKILL\n")
+        self._print(
+            worker.rank,
+            f"[fake job] rank {worker.rank} ({worker.instance_id}) was killed by SIGKILL\n",
+        )
         for label, text in self.output.items():
             self._printed.feed(text.encode("utf-8", "replace"), label=label)
         restart_at = now + self.restart_delay
@@ -275,17 +277,32 @@ class FakeOrchestrator:
 
         def event(kind: TrainingEventKind, at: float, step: int | None) -> TrainingEvent:
             return TrainingEvent(
-                kind, at, inc.inc_id, step=step, received=now, rank=0, pid=1000 + inc.number,
-                host="simulated", restart_count=inc.number,
+                kind,
+                at,
+                inc.inc_id,
+                step=step,
+                received=now,
+                rank=0,
+                pid=1000 + inc.number,
+                host="simulated",
+                restart_count=inc.number,
             )
 
         if not inc.start_emitted and inc.start <= end:
             inc.start_emitted = True
             if self.start_events:
                 out.append(event(TrainingEventKind.START, inc.start, None))
-                self._print(0, wire.format_start(
-                    inc.start, inc.inc_id, pid=1000 + inc.number, host="simulated", rank=0,
-                    restart=inc.number))
+                self._print(
+                    0,
+                    wire.format_start(
+                        inc.start,
+                        inc.inc_id,
+                        pid=1000 + inc.number,
+                        host="simulated",
+                        rank=0,
+                        restart=inc.number,
+                    ),
+                )
             for rank in range(self.workers):
                 self._print(rank, f"[fake job] incarnation {inc.number} started\n")
         load_at = inc.first_step_at - 0.01
@@ -293,8 +310,12 @@ class FakeOrchestrator:
             inc.load_emitted = True
             if self.loaded_events:
                 out.append(event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step))
-                self._print(0, wire.format_step(
-                    "checkpoint_loaded", load_at, inc.inc_id, inc.resume_step, rank=0))
+                self._print(
+                    0,
+                    wire.format_step(
+                        "checkpoint_loaded", load_at, inc.inc_id, inc.resume_step, rank=0
+                    ),
+                )
         while True:
             step = inc.next_step
             at = inc.first_step_at + (step - inc.resume_step) / self.steps_per_second
@@ -305,7 +326,8 @@ class FakeOrchestrator:
             if step % self.checkpoint_every == 0:
                 out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, at + 1e-4, step))
                 self._checkpoints.append(step)
-                self._print(0, wire.format_step(
-                    "checkpoint_completed", at + 1e-4, inc.inc_id, step, rank=0))
+                self._print(
+                    0, wire.format_step("checkpoint_completed", at + 1e-4, inc.inc_id, step, rank=0)
+                )
             inc.next_step += 1
         return out

@@ -977,8 +977,11 @@ def _root_cause(output: str) -> str:
     """
     tail = output[-50000:]
     errors = [
-        (m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip(), torchrun_rank_of(
-            m.group(0).encode("utf-8", "replace")))
+        (
+            m.group(1).rsplit(".", 1)[-1],
+            (m.group(2) or "").strip(),
+            torchrun_rank_of(m.group(0).encode("utf-8", "replace")),
+        )
         for m in _ERROR_LINE.finditer(tail)
     ]
     parts: list[str] = []

@@ -1370,10 +1370,12 @@ class SlurmOrchestrator:
             return self._failed_destructive(
                 exc,
                 job_id,
-                not_started=lambda e: f"the kill step for {target} never started ({e}); "
-                "nothing was killed",
-                unknown=lambda e: f"the kill step for {target} may have run, its outcome is "
-                f"unknown: {e}",
+                not_started=lambda e: (
+                    f"the kill step for {target} never started ({e}); nothing was killed"
+                ),
+                unknown=lambda e: (
+                    f"the kill step for {target} may have run, its outcome is unknown: {e}"
+                ),
             )
         now = self.clock.now()
         verdict = next(

@@ -55,14 +55,30 @@ def main() -> int:
         return 1
     procs = []
     for rank in range(args.nproc):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": str(args.nproc), "LOCAL_WORLD_SIZE": str(args.nproc),
-               "TORCHELASTIC_RESTART_COUNT": "0", "PYTHONUNBUFFERED": "1"}
-        procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(rank), "--ckpt-every",
-             str(args.ckpt_every)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        ))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(args.nproc),
+            "LOCAL_WORLD_SIZE": str(args.nproc),
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    str(rank),
+                    "--ckpt-every",
+                    str(args.ckpt_every),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     import threading
 
     def relay(rank: int, proc: subprocess.Popen[bytes]) -> None:
@@ -71,8 +87,7 @@ def main() -> int:
             sys.stdout.buffer.write(f"[default{rank}]:".encode() + line)
             sys.stdout.buffer.flush()
 
-    relays = [threading.Thread(target=relay, args=(r, p), daemon=True)
-              for r, p in enumerate(procs)]
+    relays = [threading.Thread(target=relay, args=(r, p), daemon=True) for r, p in enumerate(procs)]
     for thread in relays:
         thread.start()
     signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs] and sys.exit(143))

@@ -43,8 +43,12 @@ def sample(name: str) -> str:
 def failed_after_kill(output: str, **changes: object) -> Clues:
     """A drill that killed a worker and then FAILed (never came back)."""
     fields: dict[str, object] = {
-        "output": output, "verdict": Verdict.FAIL, "killed": True, "restarts": 3,
-        "reasons": (FailureReason.NEVER_CAME_BACK,), "checkpoints_before_kill": 100,
+        "output": output,
+        "verdict": Verdict.FAIL,
+        "killed": True,
+        "restarts": 3,
+        "reasons": (FailureReason.NEVER_CAME_BACK,),
+        "checkpoints_before_kill": 100,
         "expected_resume_step": 100,
     }
     fields.update(changes)
@@ -63,11 +67,16 @@ def from_report(doc: dict[str, object], output: str) -> Clues:
     reasons = tuple(FailureReason[c["reason"]] for c in checks if c["reason"])
     config = yaml.safe_load((ROOT / "examples/local/recovery-test-node-local.yaml").read_text())
     return Clues(
-        output=output, verdict=Verdict(doc["verdict"]), reasons=reasons, killed=True,
-        restarts=doc["restarts"], resume_step=doc["resumeStep"],  # type: ignore[arg-type]
+        output=output,
+        verdict=Verdict(doc["verdict"]),
+        reasons=reasons,
+        killed=True,
+        restarts=doc["restarts"],
+        resume_step=doc["resumeStep"],  # type: ignore[arg-type]
         expected_resume_step=doc["expectedResumeStep"],  # type: ignore[arg-type]
         checkpoints_before_kill=doc["triggerCheckpoint"],  # type: ignore[arg-type]
-        env=config["workload"]["env"], command=tuple(config["workload"]["command"]),
+        env=config["workload"]["env"],
+        command=tuple(config["workload"]["command"]),
     )
 
 
@@ -75,7 +84,8 @@ NODE_LOCAL = json.loads((DATA / "checkpoints-not-shared-report.json").read_text(
 
 CASES = {
     "torchrun-shared-tcp-store.log": (
-        failed_after_kill(sample("torchrun-shared-tcp-store.log")), {"torchrun-shared-tcp-store"}
+        failed_after_kill(sample("torchrun-shared-tcp-store.log")),
+        {"torchrun-shared-tcp-store"},
     ),
     "collective-timeout-default.log": (
         failed_after_kill(sample("collective-timeout-default.log")),
@@ -83,32 +93,40 @@ CASES = {
     ),
     "collective-timeout-5s.log": (failed_after_kill(sample("collective-timeout-5s.log")), set()),
     "torch-load-truncated-resume.log": (
-        failed_after_kill(sample("torch-load-truncated-resume.log")), {"torch-load-truncated"}
+        failed_after_kill(sample("torch-load-truncated-resume.log")),
+        {"torch-load-truncated"},
     ),
     "torch-load-zip-half.log": (
-        failed_after_kill(sample("torch-load-zip-half.log")), {"torch-load-truncated"}
+        failed_after_kill(sample("torch-load-zip-half.log")),
+        {"torch-load-truncated"},
     ),
     "torch-load-zip-empty.log": (
-        failed_after_kill(sample("torch-load-zip-empty.log")), {"torch-load-truncated"}
+        failed_after_kill(sample("torch-load-zip-empty.log")),
+        {"torch-load-truncated"},
     ),
     "torch-load-legacy-half.log": (
-        failed_after_kill(sample("torch-load-legacy-half.log")), {"torch-load-truncated"}
+        failed_after_kill(sample("torch-load-legacy-half.log")),
+        {"torch-load-truncated"},
     ),
     "torch-load-legacy-empty.log": (
-        failed_after_kill(sample("torch-load-legacy-empty.log")), {"torch-load-truncated"}
+        failed_after_kill(sample("torch-load-legacy-empty.log")),
+        {"torch-load-truncated"},
     ),
     "checkpoints-not-shared-report.json": (
-        from_report(NODE_LOCAL, sample("checkpoints-not-shared.log")), {"checkpoints-not-shared"}
+        from_report(NODE_LOCAL, sample("checkpoints-not-shared.log")),
+        {"checkpoints-not-shared"},
     ),
     "missing-checkpoint-dir-listdir.log": (
         error_before_kill(sample("missing-checkpoint-dir-listdir.log")),
         {"missing-checkpoint-dir"},
     ),
     "missing-checkpoint-dir-save.log": (
-        error_before_kill(sample("missing-checkpoint-dir-save.log")), {"missing-checkpoint-dir"}
+        error_before_kill(sample("missing-checkpoint-dir-save.log")),
+        {"missing-checkpoint-dir"},
     ),
     "missing-python-package.log": (
-        error_before_kill(sample("missing-python-package.log")), {"missing-python-package"}
+        error_before_kill(sample("missing-python-package.log")),
+        {"missing-python-package"},
     ),
 }
 
@@ -145,8 +163,7 @@ def test_a_diagnosis_is_one_paragraph_with_a_fix_its_evidence_and_its_link(name:
         assert "Fix" in diagnosis.text
         assert diagnosis.evidence and "\n" not in diagnosis.evidence
         assert diagnosis.docs == f"{DOCS_PAGE}#{diagnosis.signature}"
-        assert set(diagnosis.as_dict()) == {"signature", "title", "diagnosis", "evidence",
-                                            "docs"}
+        assert set(diagnosis.as_dict()) == {"signature", "title", "diagnosis", "evidence", "docs"}
 
 
 # ------------------------------------------------------------------- the guards
@@ -160,8 +177,9 @@ def test_the_tcp_store_diagnosis_names_both_fixes() -> None:
 
 
 def test_the_tcp_store_is_not_blamed_when_its_fix_is_set() -> None:
-    clues = failed_after_kill(sample("torchrun-shared-tcp-store.log"),
-                              env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    clues = failed_after_kill(
+        sample("torchrun-shared-tcp-store.log"), env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    )
     assert "torchrun-shared-tcp-store" not in ids(clues)
 
 
@@ -191,11 +209,13 @@ def test_a_folder_that_held_a_checkpoint_was_no_missing_folder() -> None:
 
 
 def test_a_missing_file_that_is_no_checkpoint_folder_is_not_diagnosed() -> None:
-    output = ("[rank0]: Traceback (most recent call last):\n"
-              "[rank0]:   File \"train.py\", line 3, in <module>\n"
-              "[rank0]:     open('config/tokenizer.json')\n"
-              "[rank0]: FileNotFoundError: [Errno 2] No such file or directory: "
-              "'config/tokenizer.json'\n")
+    output = (
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "train.py", line 3, in <module>\n'
+        "[rank0]:     open('config/tokenizer.json')\n"
+        "[rank0]: FileNotFoundError: [Errno 2] No such file or directory: "
+        "'config/tokenizer.json'\n"
+    )
     assert "missing-checkpoint-dir" not in ids(error_before_kill(output))
 
 
@@ -207,15 +227,19 @@ def test_the_node_local_diagnosis_quotes_the_path_from_the_command() -> None:
 
 
 def test_a_restart_from_scratch_without_any_checkpoint_is_not_blamed_on_storage() -> None:
-    clues = Clues(verdict=Verdict.FAIL, reasons=(FailureReason.RESTARTED_FROM_SCRATCH,),
-                  killed=True, resume_step=0, expected_resume_step=None)
+    clues = Clues(
+        verdict=Verdict.FAIL,
+        reasons=(FailureReason.RESTARTED_FROM_SCRATCH,),
+        killed=True,
+        resume_step=0,
+        expected_resume_step=None,
+    )
     assert ids(clues) == set()
 
 
 def test_nothing_is_diagnosed_without_a_failure() -> None:
     for name, (clues, _) in CASES.items():
-        passed = Clues(output=clues.output, verdict=Verdict.PASS, killed=clues.killed,
-                       restarts=1)
+        passed = Clues(output=clues.output, verdict=Verdict.PASS, killed=clues.killed, restarts=1)
         assert diagnose(passed) == (), name
 
 
@@ -225,22 +249,33 @@ def test_nothing_is_diagnosed_without_a_failure() -> None:
 def local_drill(tmp_path: Path, *replay_args: str) -> Path:
     path = tmp_path / "replay-drill.yaml"
     reporter_root = str(ROOT / "reporter")
-    path.write_text(yaml.safe_dump({
-        "name": "replay",
-        "workload": {"orchestrator": "local",
-                     "command": [sys.executable, str(REPLAY), "--nproc", "2", *replay_args],
-                     "env": {"PYTHONPATH": reporter_root}},
-        "injectFailure": {"afterCheckpoint": "step-20", "targetRank": 1},
-        "expectations": {"maxRecoveryTime": "5s"},
-        "safety": {"requireConfirm": False},
-        "timeouts": {"discovery": "30s", "checkpoint": "30s", "recovery": "10s"},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "replay",
+                "workload": {
+                    "orchestrator": "local",
+                    "command": [sys.executable, str(REPLAY), "--nproc", "2", *replay_args],
+                    "env": {"PYTHONPATH": reporter_root},
+                },
+                "injectFailure": {"afterCheckpoint": "step-20", "targetRank": 1},
+                "expectations": {"maxRecoveryTime": "5s"},
+                "safety": {"requireConfirm": False},
+                "timeouts": {"discovery": "30s", "checkpoint": "30s", "recovery": "10s"},
+            }
+        )
+    )
     return path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_recoverygate.cli", *args],
-                          capture_output=True, text=True, timeout=180, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_recoverygate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 @pytest.mark.local
@@ -254,8 +289,9 @@ def test_the_cli_shows_the_diagnosis_and_the_failing_workers_last_lines(tmp_path
     assert "diagnosis: torch.load on a truncated checkpoint" in text
     assert f"more: {DOCS_PAGE}#torch-load-truncated" in text
     # the failing worker's own lines, ending at its error, with where the rest is
-    tail = re.search(r"last (\d+) lines of (rank \d) \(whole output: (\S+)\):\n((?:    \| .*\n)+)",
-                     text)
+    tail = re.search(
+        r"last (\d+) lines of (rank \d) \(whole output: (\S+)\):\n((?:    \| .*\n)+)", text
+    )
     assert tail is not None, text
     assert 10 <= int(tail.group(1)) <= 20
     assert "Traceback (most recent call last)" in tail.group(4)
@@ -272,8 +308,10 @@ def test_the_cli_shows_the_diagnosis_and_the_failing_workers_last_lines(tmp_path
     assert "[default0]:RECOVERYGATE/v1" in merged and "ChildFailedError" in merged
     assert [d["signature"] for d in doc["diagnoses"]] == ["torch-load-truncated"]
     # the root cause is whole in the report
-    assert "if the checkpoint was not saved properly, was transferred incorrectly, or the " \
-           "file was modified after saving." in doc["summary"]
+    assert (
+        "if the checkpoint was not saved properly, was transferred incorrectly, or the "
+        "file was modified after saving." in doc["summary"]
+    )
     summary = (out / "summary.md").read_text()
     assert "**Diagnosis: torch.load on a truncated checkpoint**" in summary
     assert f"**Last lines of {tail.group(2)}** (whole output: `output/" in summary
@@ -283,8 +321,9 @@ def test_the_cli_shows_the_diagnosis_and_the_failing_workers_last_lines(tmp_path
 def test_a_job_failing_on_its_first_start_gets_the_missing_folder_diagnosis(
     tmp_path: Path,
 ) -> None:
-    config = local_drill(tmp_path, "--at-start", "--replay",
-                         str(DATA / "missing-checkpoint-dir-listdir.log"))
+    config = local_drill(
+        tmp_path, "--at-start", "--replay", str(DATA / "missing-checkpoint-dir-listdir.log")
+    )
     proc = run_cli("run", "-f", str(config), "-q")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "diagnosis: no checkpoint folder on the first start" in proc.stdout

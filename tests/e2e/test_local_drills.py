@@ -38,8 +38,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "local"
 PASSING = EXAMPLES / "recovery-test.yaml"
 NODE_LOCAL = EXAMPLES / "recovery-test-node-local.yaml"
 BASE_COMMAND = [
-    "torchrun", "--standalone", "--nproc-per-node=2", "--max-restarts=3", "train.py",
-    "--ckpt-dir={tmpdir}/checkpoints", "--ckpt-every=20", "--step-time=0.02",
+    "torchrun",
+    "--standalone",
+    "--nproc-per-node=2",
+    "--max-restarts=3",
+    "train.py",
+    "--ckpt-dir={tmpdir}/checkpoints",
+    "--ckpt-every=20",
+    "--step-time=0.02",
 ]
 # Trigger earlier than the example (step 40, not 100): the same drill, 1-2 s shorter.
 FAST = {"injectFailure.afterCheckpoint": "step-40"}
@@ -104,8 +110,14 @@ def test_a_job_with_shared_checkpoints_passes_and_the_figures_match_ground_truth
     assert result.lost_steps is not None
     assert abs(result.lost_steps - (max(before) - 40)) <= 1
     # Every recovery phase the local backend can see was seen.
-    for phase in ("failureDetected", "replacementScheduled", "replacementRunning",
-                  "processStarted", "checkpointLoaded", "firstStepAfterResume"):
+    for phase in (
+        "failureDetected",
+        "replacementScheduled",
+        "replacementRunning",
+        "processStarted",
+        "checkpointLoaded",
+        "firstStepAfterResume",
+    ):
         assert result.breakdown[phase] is not None, phase
 
 
@@ -134,8 +146,9 @@ def test_a_recovery_slower_than_the_slo_fails(tmp_path: Path) -> None:
 
 def test_a_job_that_may_not_restart_fails_promptly(tmp_path: Path) -> None:
     command = [c if c != "--max-restarts=3" else "--max-restarts=0" for c in BASE_COMMAND]
-    result, _ = drill(tmp_path, **{"workload.command": command,
-                                   "expectations.maxRecoveryTime": "2m"})
+    result, _ = drill(
+        tmp_path, **{"workload.command": command, "expectations.maxRecoveryTime": "2m"}
+    )
     assert result.verdict is Verdict.FAIL
     assert result.reasons[0] is FailureReason.NEVER_CAME_BACK
     assert result.kill_time is not None
@@ -161,7 +174,9 @@ def test_a_dry_run_kills_nothing(tmp_path: Path) -> None:
 def cli(*args: str, env_marker: str | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pytest_recoverygate.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         stdin=subprocess.DEVNULL,
     )
 
@@ -187,7 +202,8 @@ def write_config(tmp_path: Path, **changes: Any) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_drill_exits_130_with_no_process_left(
-    tmp_path: Path, sig: signal.Signals,
+    tmp_path: Path,
+    sig: signal.Signals,
 ) -> None:
     path, mark = write_config(tmp_path, **{"injectFailure.afterCheckpoint": "step-100000"})
     proc = cli("run", "-f", str(path))
@@ -215,7 +231,10 @@ def test_require_confirm_without_a_terminal_refuses_before_starting_the_job(
 def test_pytest_runs_the_example_drill_and_writes_junit(pytester: pytest.Pytester) -> None:
     out = pytester.path / "out.xml"
     result = pytester.runpytest_subprocess(
-        f"--drill-config={PASSING}", f"--junitxml={out}", "-p", "no:cacheprovider",
+        f"--drill-config={PASSING}",
+        f"--junitxml={out}",
+        "-p",
+        "no:cacheprovider",
     )
     result.assert_outcomes(passed=1)
     props = {p.get("name"): p.get("value") for p in ET.parse(out).getroot().iter("property")}
@@ -226,8 +245,10 @@ def test_pytest_runs_the_example_drill_and_writes_junit(pytester: pytest.Pyteste
 
 def test_environment_is_not_leaked_into_the_report(tmp_path: Path) -> None:
     secret = "s3cr3t-" + uuid.uuid4().hex
-    path, _ = write_config(tmp_path, **{"workload.env.RG_SECRET_TOKEN": secret,
-                                        "injectFailure.afterCheckpoint": "step-40"})
+    path, _ = write_config(
+        tmp_path,
+        **{"workload.env.RG_SECRET_TOKEN": secret, "injectFailure.afterCheckpoint": "step-40"},
+    )
     proc = cli("run", "-f", str(path), "--report-dir", str(tmp_path / "r"), "-q")
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, out + err

@@ -1214,8 +1214,10 @@ class _Handler(BaseHTTPRequestHandler):
             if expire_after is not None and sent >= expire_after:
                 message = "too old resource version: the watch cache dropped this watcher"
                 self._chunk(
-                    json.dumps({"type": "ERROR", "object": _status(410, "Expired", message)})
-                    .encode() + b"\n"
+                    json.dumps(
+                        {"type": "ERROR", "object": _status(410, "Expired", message)}
+                    ).encode()
+                    + b"\n"
                 )
                 self._end_chunked()
                 raise _Expired
@@ -1224,8 +1226,9 @@ class _Handler(BaseHTTPRequestHandler):
             entry.lines_sent = sent
 
         try:
-            self._watch_stream(namespace, requirements, initial, cursor, generation, deadline,
-                               bookmarks, emit)
+            self._watch_stream(
+                namespace, requirements, initial, cursor, generation, deadline, bookmarks, emit
+            )
         except _Expired:
             return
 

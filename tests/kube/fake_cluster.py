@@ -261,9 +261,7 @@ class FakeTrainingJob:
 
     def _emit(self, line: str) -> None:
         text, now = line.rstrip("\n"), time.time()
-        if self.server.append_log(
-            self.namespace, self.pod_name(self.reporting_rank), text, ts=now
-        ):
+        if self.server.append_log(self.namespace, self.pod_name(self.reporting_rank), text, ts=now):
             self.written.append((now, text))
 
     def _start_incarnation(self, restart: int) -> str:

@@ -423,9 +423,7 @@ def test_a_silent_stream_ends_on_the_server_once_the_client_hangs_up(
             NAMESPACE, watch=True, timeout_seconds=3600, _preload_content=False
         )
     else:
-        resp = core_api.read_namespaced_pod_log(
-            "a", NAMESPACE, follow=True, _preload_content=False
-        )
+        resp = core_api.read_namespaced_pod_log("a", NAMESPACE, follow=True, _preload_content=False)
     time.sleep(0.2)
     assert len(apiserver._connections) == 1
     resp.close()  # closes the connection: the server sees the client's FIN

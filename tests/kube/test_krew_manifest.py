@@ -49,8 +49,9 @@ def krew_problems(name: str, doc: dict[str, Any]) -> list[str]:
         if not platform.get("bin"):
             problems.append("bin")
         files = platform.get("files")
-        if files is not None and (not files or any(not f.get("from") or not f.get("to")
-                                                   for f in files)):
+        if files is not None and (
+            not files or any(not f.get("from") or not f.get("to") for f in files)
+        ):
             problems.append("files")
         selector = platform.get("selector") or {}
         keys = list((selector.get("matchLabels") or {}).keys())
@@ -75,8 +76,12 @@ def test_the_validator_catches_what_krew_rejects() -> None:
 
 def test_the_manifest_sha256_is_that_of_the_reproducible_archive(tmp_path: Path) -> None:
     archive = tmp_path / "kubectl-recoverygate.tar.gz"
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "krew-archive"), "-o",
-                          str(archive)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "krew-archive"), "-o", str(archive)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     assert out.strip() == digest
     [platform] = yaml.safe_load(MANIFEST.read_text())["spec"]["platforms"]
@@ -89,7 +94,13 @@ def test_the_manifest_sha256_is_that_of_the_reproducible_archive(tmp_path: Path)
 
 def test_the_shim_runs_the_cli_with_the_configured_python() -> None:
     env = {**os.environ, "RECOVERYGATE_PYTHON": sys.executable}
-    proc = subprocess.run([str(ROOT / ".krew" / "kubectl-recoverygate"), "--help"],
-                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    proc = subprocess.run(
+        [str(ROOT / ".krew" / "kubectl-recoverygate"), "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "kubectl recoverygate" in proc.stdout

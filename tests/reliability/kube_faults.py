@@ -90,8 +90,9 @@ class Heartbeat:
     ) -> None:
         self.server, self.namespace, self.pod, self.interval = server, namespace, pod, interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{namespace}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{namespace}", daemon=True
+        )
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -173,8 +174,10 @@ class InstantController:
 
     def __call__(self, event: str, pod: Pod) -> None:
         uid = pod["metadata"]["uid"]
-        gone = event == "DELETED" if self.kind == "pytorchjob" else bool(
-            pod["metadata"].get("deletionTimestamp")
+        gone = (
+            event == "DELETED"
+            if self.kind == "pytorchjob"
+            else bool(pod["metadata"].get("deletionTimestamp"))
         )
         with self._lock:
             rank = self.rank_of.get(uid)
@@ -202,9 +205,7 @@ def audit(server: FakeApiServer, namespace: str) -> KillAudit:
     acted = [r for r in deletes if r.acted]
     first_acted = min((r.seq for r in acted), default=None)
     after = [r for r in deletes if first_acted is not None and r.seq > first_acted]
-    outside = [
-        r for r in server.requests_outside(RBAC_DRILL_RULES) if r.namespace == namespace
-    ]
+    outside = [r for r in server.requests_outside(RBAC_DRILL_RULES) if r.namespace == namespace]
     return KillAudit(
         deletes=len(deletes),
         acted=len(acted),

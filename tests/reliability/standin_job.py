@@ -45,20 +45,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--step-time", type=float, default=0.01)
     parser.add_argument("--resume", choices=["latest", "zero"], default="latest")
-    parser.add_argument("--resume-pause", type=float, default=0.0,
-                        help="after checkpoint_loaded, wait this long before the first step")
-    parser.add_argument("--restart-delay", type=float, default=0.1,
-                        help="seconds between a failed group and the next one")
+    parser.add_argument(
+        "--resume-pause",
+        type=float,
+        default=0.0,
+        help="after checkpoint_loaded, wait this long before the first step",
+    )
+    parser.add_argument(
+        "--restart-delay",
+        type=float,
+        default=0.1,
+        help="seconds between a failed group and the next one",
+    )
     parser.add_argument("--spawn-grandchild", action="store_true")
-    parser.add_argument("--orphan-on-term", action="store_true",
-                        help="on SIGTERM, start one more worker in its own session and exit "
-                        "without stopping anything (an agent caught mid-restart)")
-    parser.add_argument("--die-mid-restart", action="store_true",
-                        help="on the first restart, start the new group's workers, then "
-                        "SIGKILL the agent itself before it records or stops anything")
-    parser.add_argument("--stop-mid-restart", action="store_true",
-                        help="on the first restart, start the new group's workers, then "
-                        "SIGSTOP the agent itself (a debugger, a frozen node, ^Z)")
+    parser.add_argument(
+        "--orphan-on-term",
+        action="store_true",
+        help="on SIGTERM, start one more worker in its own session and exit "
+        "without stopping anything (an agent caught mid-restart)",
+    )
+    parser.add_argument(
+        "--die-mid-restart",
+        action="store_true",
+        help="on the first restart, start the new group's workers, then "
+        "SIGKILL the agent itself before it records or stops anything",
+    )
+    parser.add_argument(
+        "--stop-mid-restart",
+        action="store_true",
+        help="on the first restart, start the new group's workers, then "
+        "SIGSTOP the agent itself (a debugger, a frozen node, ^Z)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -104,8 +121,11 @@ def agent(args: argparse.Namespace) -> int:
 
     def on_term(signum: int, frame: object) -> None:
         if args.orphan_on_term:
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
-                             env=dict(os.environ, RANK="0"), start_new_session=True)
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(3600)"],
+                env=dict(os.environ, RANK="0"),
+                start_new_session=True,
+            )
             os._exit(143)
         stop_workers()
         sys.exit(128 + signum)
@@ -114,16 +134,24 @@ def agent(args: argparse.Namespace) -> int:
     for restart in range(args.max_restarts + 1):
         procs = []
         for rank in range(args.nproc):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc),
-                       TORCHELASTIC_RESTART_COUNT=str(restart))
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(args.nproc),
+                LOCAL_WORLD_SIZE=str(args.nproc),
+                TORCHELASTIC_RESTART_COUNT=str(restart),
+            )
             # SIGTERM waits until the new worker is on the list it stops (a well-behaved
             # agent; see test_cleanup_local's orphan test for one that is not).
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--worker", *sys.argv[1:]],
-                env=env, start_new_session=True,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "--worker", *sys.argv[1:]],
+                    env=env,
+                    start_new_session=True,
+                )
+            )
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         if restart and args.die_mid_restart:
             # The new workers are up, in sessions of their own, when the agent dies: a scan

@@ -46,14 +46,27 @@ MIB = 1 << 20
 INC = "0123456789abcdef"
 VALID = wire.format_step("progress", 1_800_000_000.123456, INC, 7, 0).rstrip("\n").encode()
 PIECES = [
-    VALID, b"\n", b"\r", b"\x00", b"RECOVERYGATE/v1", b"RECOVERYGATE/v", b"RECOVERYGATE/v1 {",
-    b'{"event":"progress"', b"[default1]:", b"2026-11-29T11:47:14.123456789Z ", b"0: ",
-    b"\xff\xfe", "é".encode(), b"}", b" ", b"x" * 5000,
+    VALID,
+    b"\n",
+    b"\r",
+    b"\x00",
+    b"RECOVERYGATE/v1",
+    b"RECOVERYGATE/v",
+    b"RECOVERYGATE/v1 {",
+    b'{"event":"progress"',
+    b"[default1]:",
+    b"2026-11-29T11:47:14.123456789Z ",
+    b"0: ",
+    b"\xff\xfe",
+    "é".encode(),
+    b"}",
+    b" ",
+    b"x" * 5000,
 ]
 
-byte_soup = st.lists(
-    st.one_of(st.sampled_from(PIECES), st.binary(max_size=64)), max_size=40
-).map(b"".join)
+byte_soup = st.lists(st.one_of(st.sampled_from(PIECES), st.binary(max_size=64)), max_size=40).map(
+    b"".join
+)
 
 
 def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -65,8 +78,7 @@ def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
     return out
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=byte_soup, cuts=st.lists(st.integers(min_value=0, max_value=1 << 16), max_size=12))
 def test_random_bytes_never_crash_the_parser_and_chunking_changes_nothing(
     data: bytes, cuts: list[int], figures: Figures
@@ -107,7 +119,7 @@ def test_the_event_source_never_raises_and_counts_what_it_cannot_read(
         (b"RECOVERYGATE/v\n", 0, 0),  # not a sentinel at all
         (b"RECOVERYGATE/v1\n", 0, 1),
         (b"RECOVERYGATE/v1 {\n", 0, 1),
-        (b"RECOVERYGATE/v1 {\"event\":\"progress\"}\n", 0, 1),  # no time, no inc
+        (b'RECOVERYGATE/v1 {"event":"progress"}\n', 0, 1),  # no time, no inc
         (VALID.replace(b"progress", b"progr\x00ss") + b"\n", 0, 1),
         (b"\x00" * 100 + VALID + b"\x00\n", 1, 0),
         (VALID[:-1] + VALID + b"\n", 1, 1),  # a line cut short, glued to the next
@@ -133,7 +145,7 @@ def test_a_one_gib_line_is_never_held_whole(with_sentinel: bool, figures: Figure
     try:
         base, _ = tracemalloc.get_traced_memory()
         if with_sentinel:
-            source.feed(b"RECOVERYGATE/v1 {\"event\":", stream="giant")
+            source.feed(b'RECOVERYGATE/v1 {"event":', stream="giant")
         for _ in range(GIB // MIB):
             source.feed(chunk, stream="giant")
         source.feed(b"\n" + VALID + b"\n", stream="giant")
@@ -151,8 +163,11 @@ def test_a_one_gib_line_is_never_held_whole(with_sentinel: bool, figures: Figure
 # ---------------------------------------------------------------------- forged sentinels
 
 
-def forged_source(backend: FakeOrchestrator, forge: Callable[[list[TrainingEvent]], list[bytes]],
-                  parsed: StreamEventSource) -> FakeEventSource:
+def forged_source(
+    backend: FakeOrchestrator,
+    forge: Callable[[list[TrainingEvent]], list[bytes]],
+    parsed: StreamEventSource,
+) -> FakeEventSource:
     """The fake job's events, plus forged RECOVERYGATE/v1 lines parsed by the real parser."""
     real_poll = backend.events().poll
 
@@ -170,10 +185,12 @@ def another_rank(events: list[TrainingEvent]) -> list[bytes]:
     """Rank 3 claims huge steps and checkpoints, with incarnations of its own."""
     out = []
     for e in events:
-        out.append(wire.format_step("progress", e.timestamp, "f" * 16, 10_000 + (e.step or 0),
-                                    3).encode())
-        out.append(wire.format_step("checkpoint_completed", e.timestamp, "e" * 16, 99_999,
-                                    3).encode())
+        out.append(
+            wire.format_step("progress", e.timestamp, "f" * 16, 10_000 + (e.step or 0), 3).encode()
+        )
+        out.append(
+            wire.format_step("checkpoint_completed", e.timestamp, "e" * 16, 99_999, 3).encode()
+        )
     return out
 
 
@@ -181,23 +198,26 @@ def old_incarnation(events: list[TrainingEvent]) -> list[bytes]:
     """Late lines of the first incarnation (the killed one), stamped after the kill."""
     late = [e for e in events if e.incarnation != "fake-incarnation-0"]
     return [
-        wire.format_step("checkpoint_loaded", e.timestamp + 0.001, "fake-incarnation-0", 0,
-                         0).encode()
+        wire.format_step(
+            "checkpoint_loaded", e.timestamp + 0.001, "fake-incarnation-0", 0, 0
+        ).encode()
         for e in late[:3]
     ]
 
 
 @pytest.mark.parametrize("forge", [another_rank, old_incarnation])
 def test_forged_sentinels_do_not_change_the_verdict(
-    fake_config: Callable[..., DrillConfig], forge: Callable[[list[TrainingEvent]], list[bytes]],
+    fake_config: Callable[..., DrillConfig],
+    forge: Callable[[list[TrainingEvent]], list[bytes]],
     figures: Figures,
 ) -> None:
     config = fake_config()
 
     def drill(forged: bool) -> Any:
         clock = SimulatedClock()
-        backend = FakeOrchestrator(clock=clock, workers=2, steps_per_second=100,
-                                   checkpoint_every=20, restart_delay=0.5)
+        backend = FakeOrchestrator(
+            clock=clock, workers=2, steps_per_second=100, checkpoint_every=20, restart_delay=0.5
+        )
         if forged:
             forged_source(backend, forge, StreamEventSource(clock=clock.now))
         return run_drill(config, RunOptions(), clock=clock, orchestrator=backend)
@@ -205,7 +225,10 @@ def test_forged_sentinels_do_not_change_the_verdict(
     honest, forged = drill(False), drill(True)
     assert honest.verdict is Verdict.PASS
     assert (forged.verdict, forged.resume_step, forged.expected_resume_step) == (
-        honest.verdict, honest.resume_step, honest.expected_resume_step)
+        honest.verdict,
+        honest.resume_step,
+        honest.expected_resume_step,
+    )
     figures.add("drills_run", 2)
 
 
@@ -214,23 +237,29 @@ def test_malformed_lines_are_counted_in_the_report(
 ) -> None:
     config = fake_config()
     clock = SimulatedClock()
-    backend = FakeOrchestrator(clock=clock, workers=2, steps_per_second=100,
-                               checkpoint_every=20, restart_delay=0.5)
+    backend = FakeOrchestrator(
+        clock=clock, workers=2, steps_per_second=100, checkpoint_every=20, restart_delay=0.5
+    )
     parsed = StreamEventSource(clock=clock.now)
     bad = [b"RECOVERYGATE/v1 {broken", b"RECOVERYGATE/v1 " + b"x" * 10_000, b"RECOVERYGATE/v1"]
     sent: list[bytes] = []
 
     def forge(events: list[TrainingEvent]) -> list[bytes]:
-        lines = bad[len(sent):len(sent) + 1] if events else []
+        lines = bad[len(sent) : len(sent) + 1] if events else []
         sent.extend(lines)
         return lines
 
     source = forged_source(backend, forge, parsed)
     type(source).malformed_lines = property(  # type: ignore[assignment]
-        lambda self: parsed.malformed_lines)
+        lambda self: parsed.malformed_lines
+    )
     try:
-        result = run_drill(config, RunOptions(report_path=tmp_path / "report.json"),
-                           clock=clock, orchestrator=backend)
+        result = run_drill(
+            config,
+            RunOptions(report_path=tmp_path / "report.json"),
+            clock=clock,
+            orchestrator=backend,
+        )
     finally:
         type(source).malformed_lines = property(lambda self: 0)  # type: ignore[assignment]
     assert result.verdict is Verdict.PASS
@@ -244,8 +273,7 @@ def test_malformed_lines_are_counted_in_the_report(
 GOOD = {
     "workload": {"orchestrator": "kubernetes", "selector": "training-run=x", "namespace": "ns"},
     "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-10"},
-    "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "5m",
-                     "maxLostSteps": 10},
+    "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "5m", "maxLostSteps": 10},
     "safety": {"requireConfirm": False},
 }
 
@@ -261,9 +289,11 @@ def bad_config(tmp_path: Path, case: str) -> tuple[Path, str]:
         return path, "UTF-8"
     if case == "yaml-bomb":
         lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-        lines += [f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},"
-                  f"*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)}]"
-                  for i in range(8)]
+        lines += [
+            f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},"
+            f"*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)},*{chr(97 + i)}]"
+            for i in range(8)
+        ]
         path.write_text("\n".join(lines) + "\n")
         return path, "alias"
     doc = json.loads(json.dumps(GOOD))
@@ -284,10 +314,14 @@ def bad_config(tmp_path: Path, case: str) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("command", ["validate", "run"])
 @pytest.mark.parametrize(
-    "case", ["a-directory", "non-utf8", "yaml-bomb", "huge-number", "negative-duration",
-             "empty-selector"])
+    "case",
+    ["a-directory", "non-utf8", "yaml-bomb", "huge-number", "negative-duration", "empty-selector"],
+)
 def test_the_cli_refuses_a_bad_config_with_exit_2_and_a_message(
-    tmp_path: Path, case: str, command: str, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    case: str,
+    command: str,
+    capsys: pytest.CaptureFixture[str],
     figures: Figures,
 ) -> None:
     path, needle = bad_config(tmp_path, case)

@@ -47,8 +47,10 @@ def test_cleanup_stops_the_threads_even_mid_request(
 
     server.fault_hook = hook
     orchestrator = KubernetesOrchestrator(
-        selector="training-run=job", namespace="ns",
-        kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), watch_timeout_seconds=3600,
+        selector="training-run=job",
+        namespace="ns",
+        kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"),
+        watch_timeout_seconds=3600,
     )
     orchestrator.discover(time.time() + 10)
     time.sleep(SLOW_ANSWER / 5)  # both threads have sent their request; one waits for it

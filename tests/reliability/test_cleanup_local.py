@@ -69,26 +69,49 @@ STANDIN = HERE / "standin_job.py"
 REPORTER_ROOT = str(Path(recoverygate.__file__).resolve().parent.parent)
 
 
-def drill_yaml(tmp: Path, *, resume: str = "latest", target_rank: int = 1,
-               command: list[str] | None = None, extra_env: dict[str, str] | None = None,
-               checkpoint: str = "step-10", resume_pause: float = 0.5,
-               standin_args: tuple[str, ...] = ()) -> Path:
+def drill_yaml(
+    tmp: Path,
+    *,
+    resume: str = "latest",
+    target_rank: int = 1,
+    command: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
+    checkpoint: str = "step-10",
+    resume_pause: float = 0.5,
+    standin_args: tuple[str, ...] = (),
+) -> Path:
     doc: dict[str, Any] = {
         "name": "cleanup-row",
         "workload": {
             "orchestrator": "local",
-            "command": command or [sys.executable, str(STANDIN), "--nproc", "2",
-                                   "--ckpt", str(tmp / "ckpt"), "--resume", resume,
-                                   "--spawn-grandchild", "--resume-pause", str(resume_pause),
-                                   *standin_args],
+            "command": command
+            or [
+                sys.executable,
+                str(STANDIN),
+                "--nproc",
+                "2",
+                "--ckpt",
+                str(tmp / "ckpt"),
+                "--resume",
+                resume,
+                "--spawn-grandchild",
+                "--resume-pause",
+                str(resume_pause),
+                *standin_args,
+            ],
             "workdir": str(tmp),
-            "env": {"PYTHONPATH": os.pathsep.join([REPORTER_ROOT, str(REPO)]),
-                    **(extra_env or {})},
+            "env": {"PYTHONPATH": os.pathsep.join([REPORTER_ROOT, str(REPO)]), **(extra_env or {})},
         },
-        "injectFailure": {"type": "KillWorker", "afterCheckpoint": checkpoint,
-                          "targetRank": target_rank},
-        "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "20s",
-                         "maxLostSteps": 1000},
+        "injectFailure": {
+            "type": "KillWorker",
+            "afterCheckpoint": checkpoint,
+            "targetRank": target_rank,
+        },
+        "expectations": {
+            "resumeFromCheckpoint": "latest",
+            "maxRecoveryTime": "20s",
+            "maxLostSteps": 1000,
+        },
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "30s", "checkpoint": "30s", "recovery": "20s"},
     }
@@ -214,8 +237,13 @@ def pytest_timeout_handler(signum: int, frame: Any) -> None:
 
 #: seconds the restarted workers stay at the resume step in VERIFYING rows (> recovery timeout)
 RESUME_HOLD = 60.0
-PHASES = [Phase.DISCOVERING, Phase.WAITING_FOR_CHECKPOINT, Phase.KILLING, Phase.RECOVERING,
-          Phase.VERIFYING]
+PHASES = [
+    Phase.DISCOVERING,
+    Phase.WAITING_FOR_CHECKPOINT,
+    Phase.KILLING,
+    Phase.RECOVERING,
+    Phase.VERIFYING,
+]
 #: way out -> what the caller sees: an exit code, or the exception type that escapes.
 WAYS_OUT: dict[str, int | type[BaseException]] = {
     "orchestrator-exception": 3,
@@ -234,19 +262,23 @@ def no_leftovers(figures: Figures) -> Callable[[Sabotaged], None]:
 
     def check(backend: Sabotaged) -> None:
         assert backend.cleanups == 1, f"cleanup ran {backend.cleanups} times"
-        left_threads = [t.name for t in set(threading.enumerate()) - threads_before
-                        if t.is_alive()]
+        left_threads = [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]
         left_procs = []
         for pid, created in backend.pids:
             try:
                 proc = psutil.Process(pid)
-                if abs(proc.create_time() - created) < 0.01 and \
-                        proc.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    abs(proc.create_time() - created) < 0.01
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     left_procs.append(pid)
             except psutil.NoSuchProcess:
                 continue
-        children = [c.pid for c in psutil.Process().children(recursive=True)
-                    if c.status() != psutil.STATUS_ZOMBIE]
+        children = [
+            c.pid
+            for c in psutil.Process().children(recursive=True)
+            if c.status() != psutil.STATUS_ZOMBIE
+        ]
         figures.add("local_processes_tracked", len(backend.pids))
         figures.add("leftovers_found", len(left_threads) + len(left_procs) + len(children))
         leftovers = [*left_procs, *children]
@@ -267,9 +299,11 @@ def describe(pids: list[int]) -> str:
         try:
             proc = psutil.Process(pid)
             env = proc.environ()
-            out.append(f"pid {pid} sid {os.getsid(pid)} rank {env.get('RANK', '-')} "
-                       f"restart {env.get('TORCHELASTIC_RESTART_COUNT', '-')}: "
-                       f"{' '.join(proc.cmdline())[:120]}")
+            out.append(
+                f"pid {pid} sid {os.getsid(pid)} rank {env.get('RANK', '-')} "
+                f"restart {env.get('TORCHELASTIC_RESTART_COUNT', '-')}: "
+                f"{' '.join(proc.cmdline())[:120]}"
+            )
         except (psutil.Error, OSError):
             out.append(f"pid {pid} (gone)")
     return "; ".join(out)
@@ -278,8 +312,9 @@ def describe(pids: list[int]) -> str:
 def run_row(config: DrillConfig, backend: Sabotaged) -> int | type[BaseException]:
     previous = signal.signal(signal.SIGALRM, pytest_timeout_handler)
     try:
-        result = run_drill(config, RunOptions(observer=backend.observe, poll_interval=0.02),
-                           orchestrator=backend)
+        result = run_drill(
+            config, RunOptions(observer=backend.observe, poll_interval=0.02), orchestrator=backend
+        )
         return result.exit_code
     except DrillInterrupted as exc:
         assert exc.result is not None
@@ -293,7 +328,10 @@ def run_row(config: DrillConfig, backend: Sabotaged) -> int | type[BaseException
 @pytest.mark.parametrize("way", list(WAYS_OUT))
 @pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.name.lower())
 def test_every_way_out_of_every_phase_cleans_up_once_and_leaves_nothing(
-    tmp_path: Path, phase: Phase, way: str, no_leftovers: Callable[[Sabotaged], None],
+    tmp_path: Path,
+    phase: Phase,
+    way: str,
+    no_leftovers: Callable[[Sabotaged], None],
     figures: Figures,
 ) -> None:
     # VERIFYING lasts from the first progress line at the resume step to the next one.
@@ -317,8 +355,12 @@ def test_every_way_out_of_every_phase_cleans_up_once_and_leaves_nothing(
     ids=["pass", "fail-restarted-from-scratch", "error-no-such-rank"],
 )
 def test_each_verdict_cleans_up_once_and_leaves_nothing(
-    tmp_path: Path, resume: str, target_rank: int, exit_code: int,
-    no_leftovers: Callable[[Sabotaged], None], figures: Figures,
+    tmp_path: Path,
+    resume: str,
+    target_rank: int,
+    exit_code: int,
+    no_leftovers: Callable[[Sabotaged], None],
+    figures: Figures,
 ) -> None:
     config = load_config(drill_yaml(tmp_path, resume=resume, target_rank=target_rank))
     backend = Sabotaged(LocalOrchestrator.from_config(config, RealClock()), None, "verdict")
@@ -363,17 +405,31 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 @pytest.mark.parametrize("front", ["cli", "pytest"])
 def test_a_signal_to_the_drill_process_ends_it_cleanly_with_nothing_left(
-    tmp_path: Path, sig: signal.Signals, front: str, figures: Figures,
+    tmp_path: Path,
+    sig: signal.Signals,
+    front: str,
+    figures: Figures,
 ) -> None:
     config = drill_yaml(tmp_path, checkpoint="step-100000")  # never reached: we interrupt
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), REPORTER_ROOT]))
     if front == "cli":
         args = [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(config), "-q"]
     else:
-        args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                f"--drill-config={config}", "--drill-yes", "--rootdir", str(tmp_path)]
-    proc = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+        args = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--drill-config={config}",
+            "--drill-yes",
+            "--rootdir",
+            str(tmp_path),
+        ]
+    proc = subprocess.Popen(
+        args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
         wait_for((tmp_path / "ckpt").exists, 60, "the job's first checkpoint")
         seen = job_pids(proc.pid)
@@ -403,17 +459,37 @@ def test_a_real_torchrun_drill_interrupted_by_sigterm_leaves_nothing(
     tmp_path: Path, figures: Figures
 ) -> None:
     train = REPO / "examples" / "local" / "train.py"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "--max-restarts=3", str(train),
-               f"--ckpt-dir={tmp_path / 'checkpoints'}", "--ckpt-every=20", "--step-time=0.02"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=3",
+        str(train),
+        f"--ckpt-dir={tmp_path / 'checkpoints'}",
+        "--ckpt-every=20",
+        "--step-time=0.02",
+    ]
     config = drill_yaml(tmp_path, command=command, checkpoint="step-100000")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), REPORTER_ROOT]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(config), "-q"],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_for(lambda: any((tmp_path / "checkpoints").glob("*")) if
-                 (tmp_path / "checkpoints").exists() else False, 120, "a torch checkpoint")
+        wait_for(
+            lambda: (
+                any((tmp_path / "checkpoints").glob("*"))
+                if (tmp_path / "checkpoints").exists()
+                else False
+            ),
+            120,
+            "a torch checkpoint",
+        )
         seen = job_pids(proc.pid)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -443,8 +519,9 @@ def test_a_worker_started_while_the_agent_stops_is_cleaned_up_too(
 ) -> None:
     """The agent answers the drill's SIGTERM by starting one more worker and exiting."""
     config = load_config(drill_yaml(tmp_path, standin_args=("--orphan-on-term",)))
-    backend = Sabotaged(LocalOrchestrator.from_config(config, RealClock()),
-                        Phase.WAITING_FOR_CHECKPOINT, "ctrl-c")
+    backend = Sabotaged(
+        LocalOrchestrator.from_config(config, RealClock()), Phase.WAITING_FOR_CHECKPOINT, "ctrl-c"
+    )
     assert run_row(config, backend) == 130
     no_leftovers(backend)
     figures.add("cleanup_rows")
@@ -458,8 +535,11 @@ def adopted_workers(before: set[int], restart: str) -> list[psutil.Process]:
         if child.pid in before:
             continue
         with contextlib.suppress(psutil.Error):
-            if ("--worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE
-                    and child.environ().get("TORCHELASTIC_RESTART_COUNT") == restart):
+            if (
+                "--worker" in child.cmdline()
+                and child.status() != psutil.STATUS_ZOMBIE
+                and child.environ().get("TORCHELASTIC_RESTART_COUNT") == restart
+            ):
                 found.append(child)
     return found
 
@@ -482,8 +562,11 @@ def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
         target = workload.by_rank(1)
         assert target is not None
         assert backend.kill(target, dry_run=False).outcome is KillOutcome.KILLED
-        wait_for(lambda: any(e.kind is GroupEventKind.JOB_FAILED
-                             for e in backend.watch_group()), 30, "the agent's death")
+        wait_for(
+            lambda: any(e.kind is GroupEventKind.JOB_FAILED for e in backend.watch_group()),
+            30,
+            "the agent's death",
+        )
 
         def two_adopted() -> bool:
             orphans[:] = adopted_workers(before, restart="1")
@@ -499,12 +582,16 @@ def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
     assert_nothing_left(tracked, before, figures)
 
 
-def assert_nothing_left(tracked: set[tuple[int, float]], before: set[int],
-                        figures: Figures) -> None:
+def assert_nothing_left(
+    tracked: set[tuple[int, float]], before: set[int], figures: Figures
+) -> None:
     """No tracked process alive, and no child of this process that was not there before."""
     left = alive(tracked)
-    late = [c.pid for c in psutil.Process().children(recursive=True)
-            if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+    late = [
+        c.pid
+        for c in psutil.Process().children(recursive=True)
+        if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE
+    ]
     left_text, late_text = describe(left), describe(late)
     for pid in {*left, *late}:  # never let one row's leftovers fail the next rows
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -535,20 +622,28 @@ def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
         assert target is not None and backend.agent_pid is not None
         agent = psutil.Process(backend.agent_pid)
         assert backend.kill(target, dry_run=False).outcome is KillOutcome.KILLED
-        wait_for(lambda: agent.status() == psutil.STATUS_STOPPED, 30,
-                 "the agent to stop mid-restart")
+        wait_for(
+            lambda: agent.status() == psutil.STATUS_STOPPED, 30, "the agent to stop mid-restart"
+        )
         new_group: list[psutil.Process] = []
 
         def two_started() -> bool:
-            new_group[:] = [c for c in agent.children() if "--worker" in c.cmdline()
-                            and c.environ().get("TORCHELASTIC_RESTART_COUNT") == "1"]
+            new_group[:] = [
+                c
+                for c in agent.children()
+                if "--worker" in c.cmdline()
+                and c.environ().get("TORCHELASTIC_RESTART_COUNT") == "1"
+            ]
             return len(new_group) == 2
 
         wait_for(two_started, 30, "the new group's workers")
         if then == "killed":
             agent.kill()
-            wait_for(lambda: len(adopted_workers(before, restart="1")) == 2, 30,
-                     "the new group's workers, adopted by this process")
+            wait_for(
+                lambda: len(adopted_workers(before, restart="1")) == 2,
+                30,
+                "the new group's workers, adopted by this process",
+            )
         tracked = {(p.pid, p.create_time()) for p in [agent, *new_group]}
         for worker in new_group:
             tracked |= {(c.pid, c.create_time()) for c in worker.children(recursive=True)}
@@ -574,17 +669,25 @@ def test_cleanup_never_touches_a_process_without_the_drills_marker(
     try:
         backend.discover(time.time() + 30)
         spawner = subprocess.run(
-            [sys.executable, "-c", "import subprocess, sys; "
-             f"print(subprocess.Popen({sleeper!r}, start_new_session=True, "
-             "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
-            capture_output=True, text=True, check=True)
+            [
+                sys.executable,
+                "-c",
+                "import subprocess, sys; "
+                f"print(subprocess.Popen({sleeper!r}, start_new_session=True, "
+                "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         orphan = psutil.Process(int(spawner.stdout))
         assert orphan.ppid() == os.getpid(), "the orphan was adopted by the drill's process"
         backend.cleanup()
         time.sleep(0.2)
         assert bystander.poll() is None, "the drill's own unrelated child was killed"
-        assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE, \
+        assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE, (
             "an adopted orphan without the marker was killed"
+        )
         figures.add("cleanup_rows")
     finally:
         backend.cleanup()

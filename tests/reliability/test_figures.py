@@ -35,8 +35,16 @@ def table() -> dict[str, tuple[str, int]]:
 
 def test_the_document_meets_its_own_minimums() -> None:
     rows = table()
-    assert {"k8s_kill_scenarios", "k8s_full_drills", "faults_injected", "kills_observed",
-            "cleanup_rows", "fuzz_cases", "double_kills", "leftovers_found"} <= set(rows)
+    assert {
+        "k8s_kill_scenarios",
+        "k8s_full_drills",
+        "faults_injected",
+        "kills_observed",
+        "cleanup_rows",
+        "fuzz_cases",
+        "double_kills",
+        "leftovers_found",
+    } <= set(rows)
     documented = {name: value for name, (_, value) in rows.items()}
     assert checker().problems(rows, documented) == []
 
@@ -60,9 +68,16 @@ def test_the_checker_rejects_a_document_that_claims_too_much() -> None:
     rows = {"k8s_kill_scenarios": ("1,000", 1_000_000), "double_kills": ("= 0", 0)}
     run = {"k8s_kill_scenarios": 1_000, "double_kills": 0}
     assert any("order of magnitude" in p for p in module.problems(rows, run))
-    assert any("below the stated minimum" in p for p in module.problems(
-        {"k8s_kill_scenarios": ("1,000", 999)}, {"k8s_kill_scenarios": 999}))
-    assert any("must be 0" in p for p in module.problems(
-        {"double_kills": ("= 0", 0)}, {"double_kills": 1}))
-    assert module.problems({"k8s_kill_scenarios": ("1,000", 1_200)},
-                           {"k8s_kill_scenarios": 1_000}) == []
+    assert any(
+        "below the stated minimum" in p
+        for p in module.problems(
+            {"k8s_kill_scenarios": ("1,000", 999)}, {"k8s_kill_scenarios": 999}
+        )
+    )
+    assert any(
+        "must be 0" in p for p in module.problems({"double_kills": ("= 0", 0)}, {"double_kills": 1})
+    )
+    assert (
+        module.problems({"k8s_kill_scenarios": ("1,000", 1_200)}, {"k8s_kill_scenarios": 1_000})
+        == []
+    )

@@ -58,20 +58,38 @@ def private_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def k8s_yaml(tmp_path: Path, server: FakeApiServer, *, selector: str, namespace: str = "ns",
-             target_rank: int = 1, confirm: bool = False, context: str | None = None,
-             kubeconfig: Path | None = None) -> Path:
+def k8s_yaml(
+    tmp_path: Path,
+    server: FakeApiServer,
+    *,
+    selector: str,
+    namespace: str = "ns",
+    target_rank: int = 1,
+    confirm: bool = False,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+) -> Path:
     kubeconfig = kubeconfig or server.write_kubeconfig(tmp_path / "kubeconfig")
-    workload = {"orchestrator": "kubernetes", "selector": selector, "namespace": namespace,
-                "kubeconfig": str(kubeconfig)}
+    workload = {
+        "orchestrator": "kubernetes",
+        "selector": selector,
+        "namespace": namespace,
+        "kubeconfig": str(kubeconfig),
+    }
     if context:
         workload["context"] = context
     doc = {
         "workload": workload,
-        "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-10",
-                          "targetRank": target_rank},
-        "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "10s",
-                         "maxLostSteps": 100},
+        "injectFailure": {
+            "type": "KillWorker",
+            "afterCheckpoint": "step-10",
+            "targetRank": target_rank,
+        },
+        "expectations": {
+            "resumeFromCheckpoint": "latest",
+            "maxRecoveryTime": "10s",
+            "maxLostSteps": 100,
+        },
         "safety": {"requireConfirm": confirm},
         "timeouts": {"discovery": "5s", "checkpoint": "10s", "recovery": "10s"},
     }
@@ -96,17 +114,26 @@ def assert_untouched(server: FakeApiServer) -> None:
 @pytest.mark.kubernetes
 @pytest.mark.parametrize(
     ("case", "needle"),
-    [("two-jobs", "matches pods of 2 jobs"), ("no-such-rank", "target rank 7"),
-     ("no-pods", "no pods match")],
+    [
+        ("two-jobs", "matches pods of 2 jobs"),
+        ("no-such-rank", "target rank 7"),
+        ("no-pods", "no pods match"),
+    ],
 )
 def test_an_unsafe_target_is_refused_before_any_delete(
     server: FakeApiServer, tmp_path: Path, case: str, needle: str, figures: Figures
 ) -> None:
     two_jobs(server)
-    selector = {"two-jobs": "team=ml", "no-such-rank": "training-run=a",
-                "no-pods": "training-run=nope"}[case]
-    config = load_config(k8s_yaml(tmp_path, server, selector=selector,
-                                  target_rank=7 if case == "no-such-rank" else 1))
+    selector = {
+        "two-jobs": "team=ml",
+        "no-such-rank": "training-run=a",
+        "no-pods": "training-run=nope",
+    }[case]
+    config = load_config(
+        k8s_yaml(
+            tmp_path, server, selector=selector, target_rank=7 if case == "no-such-rank" else 1
+        )
+    )
     result = run_drill(config, RunOptions(handle_signals=False))
     assert result.verdict is Verdict.ERROR
     assert needle in result.summary
@@ -124,8 +151,9 @@ def test_an_empty_selector_is_refused_by_the_config_and_by_the_adapter(
     from pytest_recoverygate.errors import DiscoveryError
     from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 
-    adapter = KubernetesOrchestrator(selector=" ", namespace="ns",
-                                     kubeconfig=server.write_kubeconfig(tmp_path / "kc"))
+    adapter = KubernetesOrchestrator(
+        selector=" ", namespace="ns", kubeconfig=server.write_kubeconfig(tmp_path / "kc")
+    )
     with pytest.raises(DiscoveryError, match="empty label selector"):
         adapter.discover(time.time() + 5)
     adapter.cleanup()
@@ -141,7 +169,11 @@ def test_require_confirm_without_a_terminal_touches_nothing(
     path = k8s_yaml(tmp_path, server, selector="training-run=a", confirm=True)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path)],
-        check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "reporter")])),
     )
     assert proc.returncode == 2, proc.stderr
@@ -161,21 +193,30 @@ def test_a_second_drill_against_the_same_job_is_refused_while_the_first_runs(
         config = load_config(path)
         # The first drill: another live process holding the job's lock, as run_drill takes it.
         holder = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys, time\nfrom pytest_recoverygate.lock import DrillLock\n"
-             "key = chr(0).join(sys.argv[1:4])\n"
-             "lock = DrillLock(key, job='ns/PyTorchJob/llama', config_path=sys.argv[4])\n"
-             "lock.acquire(); print('held', flush=True); time.sleep(60)",
-             "kubernetes", "ns", "PyTorchJob/llama", "/first/recovery-test.yaml"],
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-c",
+                "import sys, time\nfrom pytest_recoverygate.lock import DrillLock\n"
+                "key = chr(0).join(sys.argv[1:4])\n"
+                "lock = DrillLock(key, job='ns/PyTorchJob/llama', config_path=sys.argv[4])\n"
+                "lock.acquire(); print('held', flush=True); time.sleep(60)",
+                "kubernetes",
+                "ns",
+                "PyTorchJob/llama",
+                "/first/recovery-test.yaml",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
             env=dict(os.environ, PYTHONPATH=str(REPO), RECOVERYGATE_LOCK_DIR=str(private_locks)),
         )
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
             result = run_drill(config, RunOptions(handle_signals=False))
             assert result.verdict is Verdict.ERROR
-            assert f"another drill (pid {holder.pid}, config /first/recovery-test.yaml)" \
+            assert (
+                f"another drill (pid {holder.pid}, config /first/recovery-test.yaml)"
                 in result.summary
+            )
             assert "ns/PyTorchJob/llama" in result.summary
             assert_untouched(server)
         finally:
@@ -222,8 +263,9 @@ def test_the_context_named_in_the_config_is_the_one_used(
     good["current-context"] = "prod"  # the user's shell points at production
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps(good))
-    config = load_config(k8s_yaml(tmp_path, server, selector="training-run=a", context="fake",
-                                  kubeconfig=kubeconfig))
+    config = load_config(
+        k8s_yaml(tmp_path, server, selector="training-run=a", context="fake", kubeconfig=kubeconfig)
+    )
     try:
         result = run_drill(config, RunOptions(handle_signals=False, dry_run=True))
     finally:
@@ -232,8 +274,11 @@ def test_the_context_named_in_the_config_is_the_one_used(
     assert server.deletes(acted_only=True) == []
     # A context the kubeconfig does not have: a usage error, nothing sent anywhere.
     requests = len(server.requests)
-    missing = load_config(k8s_yaml(tmp_path, server, selector="training-run=a",
-                                   context="staging", kubeconfig=kubeconfig))
+    missing = load_config(
+        k8s_yaml(
+            tmp_path, server, selector="training-run=a", context="staging", kubeconfig=kubeconfig
+        )
+    )
     from pytest_recoverygate.errors import UsageError
 
     with pytest.raises(UsageError, match="staging"):

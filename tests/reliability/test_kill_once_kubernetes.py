@@ -97,8 +97,9 @@ def one_scenario(
     namespace = f"kill-{seed}"
     kind = rng.choice(["pytorchjob", "trainjob"])
     controller = InstantController(server, namespace, kind, job=f"job-{seed}")
-    plan = FaultPlan(namespace, seed, probability=rng.choice([0.2, 0.4, 0.6]),
-                     read_timeout=READ_TIMEOUT)
+    plan = FaultPlan(
+        namespace, seed, probability=rng.choice([0.2, 0.4, 0.6]), read_timeout=READ_TIMEOUT
+    )
     router.add(plan, controller)
     pods = [controller.create(rank) for rank in range(3)]
     victim = pods[1]["metadata"]["uid"]
@@ -112,8 +113,12 @@ def attack(
     namespace = plan.namespace
     plan.active = True
     orchestrator = FastBackoffOrchestrator(
-        selector=f"training-run=job-{seed}", namespace=namespace, kubeconfig=kubeconfig,
-        target_rank=1, watch_timeout_seconds=2, request_timeout=READ_TIMEOUT,
+        selector=f"training-run=job-{seed}",
+        namespace=namespace,
+        kubeconfig=kubeconfig,
+        target_rank=1,
+        watch_timeout_seconds=2,
+        request_timeout=READ_TIMEOUT,
     )
     try:
         try:
@@ -141,8 +146,10 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
     outcomes: Counter[str] = Counter()
     runs = []
     with ThreadPoolExecutor(KILL_SCENARIOS_AT_ONCE) as pool:  # they mostly wait on sockets
-        accounts = pool.map(lambda s: (s, *one_scenario(server, router, kubeconfig, s)),
-                            range(SEED, SEED + KILL_SCENARIOS))
+        accounts = pool.map(
+            lambda s: (s, *one_scenario(server, router, kubeconfig, s)),
+            range(SEED, SEED + KILL_SCENARIOS),
+        )
         for seed, outcome, controller, plan, victim in accounts:
             outcomes[outcome] += 1
             runs.append((seed, outcome, controller, plan, victim))
@@ -168,15 +175,21 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
     assert SLOW_CLEANUPS == [] and left == [], (SLOW_CLEANUPS, left)
     figures.add("k8s_kill_scenarios", KILL_SCENARIOS)
     figures.add("threads_left", len(left))
-    figures.add("faults_injected", sum(injected.values()) + sum(
-        r[3].compactions for r in runs))
+    figures.add("faults_injected", sum(injected.values()) + sum(r[3].compactions for r in runs))
     figures.add("kills_observed", kills)
     figures.add("double_kills", 0)
     # The suite must exercise the dangerous paths, not only the happy one.
     assert outcomes[KillOutcome.KILLED.value] > KILL_SCENARIOS // 2, outcomes
     assert outcomes[KillOutcome.UNCONFIRMED.value] > 0, outcomes
-    for name in ("reset-after-acting", "reset-before-acting", "429+Retry-After", "read-timeout",
-                 "500", "drop-after-lines", "410"):
+    for name in (
+        "reset-after-acting",
+        "reset-before-acting",
+        "429+Retry-After",
+        "read-timeout",
+        "500",
+        "drop-after-lines",
+        "410",
+    ):
         assert injected[name] > 0, f"no {name} fault was ever injected: {injected}"
 
 
@@ -214,9 +227,18 @@ def one_full_drill(
     rng = random.Random(seed)
     namespace = f"drill-{seed}"
     kind = rng.choice(["pytorchjob", "trainjob"])
-    job = FakeTrainingJob(server, kind=kind, name=f"job-{seed}", namespace=namespace, nodes=2,
-                          step_time=0.01, checkpoint_every=5, recreate_delay=0.02,
-                          start_delay=0.05, finalizer_delay=0.1)
+    job = FakeTrainingJob(
+        server,
+        kind=kind,
+        name=f"job-{seed}",
+        namespace=namespace,
+        nodes=2,
+        step_time=0.01,
+        checkpoint_every=5,
+        recreate_delay=0.02,
+        start_delay=0.05,
+        finalizer_delay=0.1,
+    )
     plan = FaultPlan(namespace, seed, probability=rng.choice([0.1, 0.2, 0.3]), read_timeout=1.0)
     router.add(plan)
     try:
@@ -229,12 +251,20 @@ def one_full_drill(
         result = run_drill(parse_config(text, path), RunOptions(handle_signals=False))
         plan.active = False
         kill_entries = [e.kind for e in result.timeline if e.kind.startswith("kill")]
-        late = any("so the delete took effect" in e.detail for e in result.timeline
-                   if e.kind == "kill")
+        late = any(
+            "so the delete took effect" in e.detail for e in result.timeline if e.kind == "kill"
+        )
         kill_entries += ["late-confirm"] if late else []
         replacements = {uid for uid, rank in job.uids.items() if rank == 1} - {victim}
-        return (result.verdict.value, result.summary, plan, victim, replacements,
-                ",".join(kill_entries), len(job.incarnations))
+        return (
+            result.verdict.value,
+            result.summary,
+            plan,
+            victim,
+            replacements,
+            ",".join(kill_entries),
+            len(job.incarnations),
+        )
     finally:
         plan.active = False
         job.stop()
@@ -242,13 +272,17 @@ def one_full_drill(
 
 @pytest.mark.e2e
 def test_hundreds_of_whole_drills_under_faults_kill_once_and_never_misjudge(
-    server: FakeApiServer, router: FaultRouter, kubeconfig: Path, figures: Figures,
+    server: FakeApiServer,
+    router: FaultRouter,
+    kubeconfig: Path,
+    figures: Figures,
     tmp_path: Path,
 ) -> None:
     seeds = range(SEED + 100_000, SEED + 100_000 + FULL_DRILLS)
     with ThreadPoolExecutor(FULL_DRILLS_AT_ONCE) as pool:
-        runs = list(pool.map(
-            lambda s: one_full_drill(server, router, kubeconfig, s, tmp_path), seeds))
+        runs = list(
+            pool.map(lambda s: one_full_drill(server, router, kubeconfig, s, tmp_path), seeds)
+        )
     time.sleep(1.5)  # delayed handlers finish acting
     verdicts: Counter[str] = Counter()
     injected: Counter[str] = Counter()
@@ -272,7 +306,8 @@ def test_hundreds_of_whole_drills_under_faults_kill_once_and_never_misjudge(
         # stamped after the replacement started, which then counted as old).
         assert verdict != "FAIL", (
             f"faults changed the verdict ({incarnations} incarnations, kill {kill_entries}): "
-            f"{where}\n{request_trace(server, plan.namespace)}")
+            f"{where}\n{request_trace(server, plan.namespace)}"
+        )
         if verdict == "PASS":
             assert log.acted == 1 and kill_entries.split(",")[0] == "kill", where
         if "kill:unconfirmed" in kill_entries or "kill:already_gone" in kill_entries:

@@ -145,15 +145,20 @@ def acted(env: dict[str, str]) -> int:
 
 
 def slurm_worker() -> Worker:
-    return Worker(1, "2.0 rank 1", "2.0/4242@123", node="node1",
-                  details=(("job", "2"), ("step", "0"), ("pid", "4242"), ("start", "123"),
-                           ("restarts", "0")))
+    return Worker(
+        1,
+        "2.0 rank 1",
+        "2.0/4242@123",
+        node="node1",
+        details=(("job", "2"), ("step", "0"), ("pid", "4242"), ("start", "123"), ("restarts", "0")),
+    )
 
 
 def slurm_kill(env: dict[str, str], fault: str, figures: Figures) -> tuple[KillOutcome, str]:
     """One kill through the real adapter against the fake clients; checks one action."""
-    backend = SlurmOrchestrator(job_id="2", fault=fault, clock=RealClock(), env=env,
-                                command_timeout=0.5)
+    backend = SlurmOrchestrator(
+        job_id="2", fault=fault, clock=RealClock(), env=env, command_timeout=0.5
+    )
     backend.commands.backoff = lambda attempt: 0.01  # retry waits are not under test here
     try:
         result = backend.kill(slurm_worker(), dry_run=False)

@@ -35,10 +35,23 @@ TOKEN = "eyJhbGciOiJSUzI1NiJ9.tok3n-b7c2d9"
 def run_cli(config: Path, report_dir: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "reporter")]))
     return subprocess.run(
-        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(config),
-         "--report-dir", str(report_dir)],
-        check=False, capture_output=True, text=True, timeout=120, env=env,
-        stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "pytest_recoverygate.cli",
+            "run",
+            "-f",
+            str(config),
+            "--report-dir",
+            str(report_dir),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_clean(report_dir: Path, proc: subprocess.CompletedProcess[str], secret: str) -> None:
@@ -70,11 +83,18 @@ def test_a_kubeconfig_token_reaches_no_report_and_no_output(
         try:
             kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
             doc = {
-                "workload": {"orchestrator": "kubernetes", "selector": job.selector,
-                             "namespace": "ns", "kubeconfig": str(kubeconfig)},
+                "workload": {
+                    "orchestrator": "kubernetes",
+                    "selector": job.selector,
+                    "namespace": "ns",
+                    "kubeconfig": str(kubeconfig),
+                },
                 "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-10"},
-                "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "10s",
-                                 "maxLostSteps": 100},
+                "expectations": {
+                    "resumeFromCheckpoint": "latest",
+                    "maxRecoveryTime": "10s",
+                    "maxLostSteps": 100,
+                },
                 "safety": {"requireConfirm": False},
             }
             config = tmp_path / "recovery-test.yaml"
@@ -90,14 +110,21 @@ def test_a_kubeconfig_token_reaches_no_report_and_no_output(
 UNSAFE = [
     (re.compile(r"shell\s*=\s*True"), "shell=True"),
     (re.compile(r"\bos\.(system|popen)\s*\("), "os.system/os.popen"),
-    (re.compile(r"\byaml\.load\((?![^)]*(SafeLoader|CSafeLoader))"), "yaml.load without SafeLoader"),
+    (
+        re.compile(r"\byaml\.load\((?![^)]*(SafeLoader|CSafeLoader))"),
+        "yaml.load without SafeLoader",
+    ),
     (re.compile(r"\byaml\.(unsafe_load|full_load)\s*\("), "yaml.unsafe_load/full_load"),
 ]
 
 
 def test_the_source_tree_has_no_shell_and_no_unsafe_yaml() -> None:
-    roots = [REPO / "pytest_recoverygate", REPO / "reporter" / "recoverygate", REPO / "scripts",
-             REPO / "examples"]
+    roots = [
+        REPO / "pytest_recoverygate",
+        REPO / "reporter" / "recoverygate",
+        REPO / "scripts",
+        REPO / "examples",
+    ]
     me = Path(__file__).resolve()
     hits = []
     for root in roots:

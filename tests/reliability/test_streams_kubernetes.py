@@ -71,18 +71,46 @@ def log_cut(k: int, replay: int = 0) -> Fault:
 
 ROWS = [
     Row("no faults"),
-    *[Row(f"log cut {k} lines after its replay", log=log_cut(k), reopened_logs=3)
-      for k in (1, 3, 10)],
-    *[Row(f"log cut {k} lines after its replay, replay resent backwards",
-          log=log_cut(k, REPLAY), reopened_logs=3) for k in (1, 10)],
-    *[Row(f"watch cut every {k} events", watch=Fault(drop_after_lines=k), rewatched=2)
-      for k in (1, 3, 10)],
-    *[Row(f"watch ends with 410 after {k} events", watch=Fault(expire_after_lines=k),
-          rewatched=2, relisted=1) for k in (1, 3)],
-    Row("everything at once", log=log_cut(3, REPLAY), watch=Fault(drop_after_lines=2),
-        reopened_logs=3, rewatched=2),
-    Row("everything at once, 410s", log=log_cut(1, REPLAY), watch=Fault(expire_after_lines=2),
-        reopened_logs=3, rewatched=2, relisted=1),
+    *[
+        Row(f"log cut {k} lines after its replay", log=log_cut(k), reopened_logs=3)
+        for k in (1, 3, 10)
+    ],
+    *[
+        Row(
+            f"log cut {k} lines after its replay, replay resent backwards",
+            log=log_cut(k, REPLAY),
+            reopened_logs=3,
+        )
+        for k in (1, 10)
+    ],
+    *[
+        Row(f"watch cut every {k} events", watch=Fault(drop_after_lines=k), rewatched=2)
+        for k in (1, 3, 10)
+    ],
+    *[
+        Row(
+            f"watch ends with 410 after {k} events",
+            watch=Fault(expire_after_lines=k),
+            rewatched=2,
+            relisted=1,
+        )
+        for k in (1, 3)
+    ],
+    Row(
+        "everything at once",
+        log=log_cut(3, REPLAY),
+        watch=Fault(drop_after_lines=2),
+        reopened_logs=3,
+        rewatched=2,
+    ),
+    Row(
+        "everything at once, 410s",
+        log=log_cut(1, REPLAY),
+        watch=Fault(expire_after_lines=2),
+        reopened_logs=3,
+        rewatched=2,
+        relisted=1,
+    ),
 ]
 
 
@@ -165,9 +193,17 @@ def test_every_event_is_seen_exactly_once_and_the_verdict_holds(
     server: FakeApiServer, router: Router, row: Row, tmp_path: Path, figures: Figures
 ) -> None:
     namespace = "streams-" + str(ROWS.index(row))
-    job = FakeTrainingJob(server, kind="pytorchjob", name=f"job-{namespace}", namespace=namespace,
-                          nodes=2, step_time=0.01, checkpoint_every=5, recreate_delay=0.02,
-                          start_delay=REPLACEMENT_PENDING_FOR[row.watch is not None])
+    job = FakeTrainingJob(
+        server,
+        kind="pytorchjob",
+        name=f"job-{namespace}",
+        namespace=namespace,
+        nodes=2,
+        step_time=0.01,
+        checkpoint_every=5,
+        recreate_delay=0.02,
+        start_delay=REPLACEMENT_PENDING_FOR[row.watch is not None],
+    )
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     router.rows[namespace] = row
     try:
@@ -176,8 +212,9 @@ def test_every_event_is_seen_exactly_once_and_the_verdict_holds(
         path = tmp_path / "recovery-test.yaml"
         path.write_text(text)
         report = tmp_path / "report"
-        result = run_drill(parse_config(text, path),
-                           RunOptions(handle_signals=False, report_dir=report))
+        result = run_drill(
+            parse_config(text, path), RunOptions(handle_signals=False, report_dir=report)
+        )
     finally:
         router.rows.pop(namespace, None)
         job.stop()

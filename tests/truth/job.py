@@ -118,29 +118,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ckpt-every", type=int, default=20, help="checkpoint every N steps")
     parser.add_argument("--step-time", type=float, default=0.02, help="seconds per step")
     parser.add_argument("--steps", type=int, default=1_000_000, help="train this many steps")
-    parser.add_argument("--final-phase", type=float, default=0.0,
-                        help="seconds of post-training work after the last step")
+    parser.add_argument(
+        "--final-phase",
+        type=float,
+        default=0.0,
+        help="seconds of post-training work after the last step",
+    )
     parser.add_argument("--resume", choices=("latest", "none"), default="latest")
-    parser.add_argument("--die-after-load", type=int, default=None, metavar="RESTART",
-                        help="on this restart count: load, report, quarantine, exit 1")
-    parser.add_argument("--reset-counter", action="store_true",
-                        help="load checkpoint n, then count from step 1 again")
-    parser.add_argument("--progress-every", type=int, default=1, metavar="K",
-                        help="call progress only every K-th step")
-    parser.add_argument("--zero-based", action="store_true",
-                        help="report the epoch index (0 first) instead of steps completed")
-    parser.add_argument("--off-by-one", action="store_true",
-                        help="resume with range(stored_epoch_index, ...): redo one step")
-    parser.add_argument("--async-lag", type=int, default=0, metavar="M",
-                        help="a checkpoint becomes durable (and is reported) M steps later")
-    parser.add_argument("--first-ckpt-at-1", action="store_true",
-                        help="also checkpoint after step 1")
-    parser.add_argument("--survivor-ckpt", choices=("off", "printed", "silent"), default="off",
-                        help="rank 0 saves an emergency checkpoint when a peer is gone")
-    parser.add_argument("--loaded", choices=("yes", "no"), default="yes",
-                        help="whether checkpoint_loaded is reported")
-    parser.add_argument("--term-grace", type=float, default=0.0,
-                        help="seconds to keep training after SIGTERM")
+    parser.add_argument(
+        "--die-after-load",
+        type=int,
+        default=None,
+        metavar="RESTART",
+        help="on this restart count: load, report, quarantine, exit 1",
+    )
+    parser.add_argument(
+        "--reset-counter",
+        action="store_true",
+        help="load checkpoint n, then count from step 1 again",
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=int,
+        default=1,
+        metavar="K",
+        help="call progress only every K-th step",
+    )
+    parser.add_argument(
+        "--zero-based",
+        action="store_true",
+        help="report the epoch index (0 first) instead of steps completed",
+    )
+    parser.add_argument(
+        "--off-by-one",
+        action="store_true",
+        help="resume with range(stored_epoch_index, ...): redo one step",
+    )
+    parser.add_argument(
+        "--async-lag",
+        type=int,
+        default=0,
+        metavar="M",
+        help="a checkpoint becomes durable (and is reported) M steps later",
+    )
+    parser.add_argument(
+        "--first-ckpt-at-1", action="store_true", help="also checkpoint after step 1"
+    )
+    parser.add_argument(
+        "--survivor-ckpt",
+        choices=("off", "printed", "silent"),
+        default="off",
+        help="rank 0 saves an emergency checkpoint when a peer is gone",
+    )
+    parser.add_argument(
+        "--loaded",
+        choices=("yes", "no"),
+        default="yes",
+        help="whether checkpoint_loaded is reported",
+    )
+    parser.add_argument(
+        "--term-grace", type=float, default=0.0, help="seconds to keep training after SIGTERM"
+    )
     args = parser.parse_args(argv)
     if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
         parser.error("--ckpt-every and --progress-every must be >= 1, --async-lag >= 0")
@@ -236,8 +274,13 @@ class Job:
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"ckpt-{step:08d}.json"
         tmp = self.folder / f".ckpt-{step:08d}.json.tmp-{os.getpid()}"
-        state = {"step": step, "epoch": step - 1, "pid": os.getpid(),
-                 "restart": self.restart, "kind": kind}
+        state = {
+            "step": step,
+            "epoch": step - 1,
+            "pid": os.getpid(),
+            "restart": self.restart,
+            "kind": kind,
+        }
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(state, handle)
             handle.flush()
@@ -275,10 +318,12 @@ class Job:
     def quarantine_and_die(self) -> int:
         """The loaded state "fails validation": move the folder aside and exit 1."""
         if self.rank == 0 and self.folder.exists():
-            self.folder.rename(self.folder.with_name(
-                f"{self.folder.name}.quarantine-r{self.restart}"))
-        self.truth.record("exit", self.done, reported=False, code=1,
-                          why="checkpoint failed validation after load")
+            self.folder.rename(
+                self.folder.with_name(f"{self.folder.name}.quarantine-r{self.restart}")
+            )
+        self.truth.record(
+            "exit", self.done, reported=False, code=1, why="checkpoint failed validation after load"
+        )
         return 1
 
     # ---------------------------------------------------------------- peers
@@ -338,8 +383,10 @@ class Job:
         if self.rank != 0:
             return
         a = self.args
-        if self.done % a.ckpt_every == 0 or self.done == a.steps or (
-            a.first_ckpt_at_1 and self.done == 1
+        if (
+            self.done % a.ckpt_every == 0
+            or self.done == a.steps
+            or (a.first_ckpt_at_1 and self.done == 1)
         ):
             if a.async_lag:
                 self.pending.append((self.done + a.async_lag, self.done))
@@ -386,8 +433,7 @@ class Job:
             self.train()
             self.wait(self.args.final_phase)
         except Terminated:
-            self.truth.record("exit", self.done, reported=False, code=SIGTERM_EXIT,
-                              why="SIGTERM")
+            self.truth.record("exit", self.done, reported=False, code=SIGTERM_EXIT, why="SIGTERM")
             return SIGTERM_EXIT
         self.truth.record("exit", self.done, reported=False, code=0, why="finished")
         return 0

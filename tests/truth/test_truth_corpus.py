@@ -75,10 +75,21 @@ class Drill:
 
     def explain(self) -> str:
         r = self.report
-        figures = {k: r.get(k) for k in (
-            "verdict", "resumeStep", "expectedResumeStep", "loadedStep", "lostSteps",
-            "lostStepsUpperBound", "recoveryTimeSeconds", "restarts", "inconclusive",
-            "judgedIncarnation")}
+        figures = {
+            k: r.get(k)
+            for k in (
+                "verdict",
+                "resumeStep",
+                "expectedResumeStep",
+                "loadedStep",
+                "lostSteps",
+                "lostStepsUpperBound",
+                "recoveryTimeSeconds",
+                "restarts",
+                "inconclusive",
+                "judgedIncarnation",
+            )
+        }
         return (
             f"\nsummary: {r.get('summary')}\nreasons: {reasons(r)}\nfigures: {figures}"
             f"\ntruth: {self.truth.describe()}\nexit code {self.returncode}, "
@@ -90,8 +101,7 @@ class Drill:
 def no_job_left_behind() -> Iterator[None]:
     """After the module, no job.py may survive: the local backend must have cleaned up."""
     yield
-    found = subprocess.run(["pgrep", "-af", str(JOB)], capture_output=True, text=True,
-                           check=False)
+    found = subprocess.run(["pgrep", "-af", str(JOB)], capture_output=True, text=True, check=False)
     assert found.stdout.strip() == "", f"job.py processes left behind:\n{found.stdout}"
 
 
@@ -108,8 +118,13 @@ def run_drill(
     """Write a recovery-test.yaml, run `recoverygate run` on it, compute the truth."""
     base = tmp_path / "truth"
     command = [
-        str(TORCHRUN), "--standalone", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
-        str(script), f"--ckpt-dir={tmp_path / 'ckpt'}", *(job_args or []),
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--max-restarts={max_restarts}",
+        str(script),
+        f"--ckpt-dir={tmp_path / 'ckpt'}",
+        *(job_args or []),
     ]
     expectations: dict[str, Any] = {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "60s"}
     if max_lost is not None:
@@ -136,9 +151,22 @@ def run_drill(
     report_path = tmp_path / "report.json"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path),
-         "--report", str(report_path), "--yes", "-q"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=DRILL_TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "pytest_recoverygate.cli",
+            "run",
+            "-f",
+            str(path),
+            "--report",
+            str(report_path),
+            "--yes",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=DRILL_TIMEOUT,
         check=False,
     )
     wall = time.monotonic() - started
@@ -151,12 +179,18 @@ def run_drill(
     log = os.environ.get("TRUTH_CORPUS_LOG")
     if log:  # one line per drill, for the README's before/after table
         test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-        row = {"test": test, "wall": round(wall, 2), "verdict": report.get("verdict"),
-               "summary": report.get("summary"), "reasons": reasons(report),
-               "resumeStep": report.get("resumeStep"), "lostSteps": report.get("lostSteps"),
-               "lostStepsUpperBound": report.get("lostStepsUpperBound"),
-               "recoveryTimeSeconds": report.get("recoveryTimeSeconds"),
-               "truth": truth.describe()}
+        row = {
+            "test": test,
+            "wall": round(wall, 2),
+            "verdict": report.get("verdict"),
+            "summary": report.get("summary"),
+            "reasons": reasons(report),
+            "resumeStep": report.get("resumeStep"),
+            "lostSteps": report.get("lostSteps"),
+            "lostStepsUpperBound": report.get("lostStepsUpperBound"),
+            "recoveryTimeSeconds": report.get("recoveryTimeSeconds"),
+            "truth": truth.describe(),
+        }
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
     return drill
@@ -184,8 +218,11 @@ def loaded_step(report: dict[str, Any]) -> int | None:
         value = report["loadedStep"]
     else:
         kill = report["killTime"]
-        loads = [e for e in report.get("timeline", [])
-                 if e["kind"] == "checkpoint_loaded" and e["time"] > kill]
+        loads = [
+            e
+            for e in report.get("timeline", [])
+            if e["kind"] == "checkpoint_loaded" and e["time"] > kill
+        ]
         value = loads[0].get("step") if loads else None
     return None if value is None else int(value)
 
@@ -201,8 +238,11 @@ def judged_pid(report: dict[str, Any], processes: list[Process]) -> int | None:
     incarnations = {i["inc"]: i for i in report.get("incarnations", [])}
     inc = report.get("judgedIncarnation")
     if inc is None:
-        new = {e["detail"].split()[-1] for e in report.get("timeline", [])
-               if e["kind"] == "start" and e["detail"].startswith("new incarnation ")}
+        new = {
+            e["detail"].split()[-1]
+            for e in report.get("timeline", [])
+            if e["kind"] == "start" and e["detail"].startswith("new incarnation ")
+        }
         after = [p for p in report.get("progress", []) if p["inc"] in new]
         if not after:
             return None
@@ -212,8 +252,9 @@ def judged_pid(report: dict[str, Any], processes: list[Process]) -> int | None:
     points = [p for p in report.get("progress", []) if p["inc"] == inc]
     for proc in (p for p in processes if p.rank == REPORTING_RANK):
         steps = [(r.label if r.label is not None else r.step, r.t) for r in proc.steps]
-        if any(label == p["step"] and abs(t - p["time"]) < 0.01
-               for p in points for label, t in steps):
+        if any(
+            label == p["step"] and abs(t - p["time"]) < 0.01 for p in points for label, t in steps
+        ):
             return proc.pid
     return None
 
@@ -379,8 +420,9 @@ def test_an_off_by_one_epoch_resume_fails_as_steps_replayed_with_the_true_resume
 ) -> None:
     # Checkpoints every 2 epochs, so the true resume step (checkpoint - 1) is no
     # checkpoint; 0.15 s epochs keep the survivor from saving again before it is torn down.
-    drill = run_drill(tmp_path, ["--off-by-one", "--ckpt-every=2", "--step-time=0.15"],
-                      after="step-8")
+    drill = run_drill(
+        tmp_path, ["--off-by-one", "--ckpt-every=2", "--step-time=0.15"], after="step-8"
+    )
     truth, why = drill.truth, drill.explain()
     assert_no_checkpoint_after_the_kill(drill)
     assert truth.loaded_step == 8 and truth.resume_step == 7, why
@@ -450,8 +492,10 @@ def test_a_survivor_printing_after_the_kill_does_not_inflate_the_lost_steps(
     # Rank 0 drains for 0.4 s after torchrun's SIGTERM, printing every step
     # (RECOVERYGATE_PROGRESS_INTERVAL=0); the limit is the true loss + 2 at most.
     drill = run_drill(
-        tmp_path, ["--step-time=0.04", "--ckpt-every=20", "--term-grace=0.4"],
-        max_lost=3, env={"RECOVERYGATE_PROGRESS_INTERVAL": "0"},
+        tmp_path,
+        ["--step-time=0.04", "--ckpt-every=20", "--term-grace=0.4"],
+        max_lost=3,
+        env={"RECOVERYGATE_PROGRESS_INTERVAL": "0"},
     )
     truth, why = drill.truth, drill.explain()
     assert_no_checkpoint_after_the_kill(drill)
@@ -465,7 +509,8 @@ def test_a_survivor_printing_after_the_kill_does_not_inflate_the_lost_steps(
 
 @pytest.mark.parametrize("mode", ["printed", "silent"])
 def test_a_survivor_checkpoint_after_the_kill_is_the_one_the_replacement_resumes_from(
-    tmp_path: Path, mode: str,
+    tmp_path: Path,
+    mode: str,
 ) -> None:
     drill = run_drill(tmp_path, [f"--survivor-ckpt={mode}"])
     truth, why = drill.truth, drill.explain()

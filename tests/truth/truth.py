@@ -155,8 +155,10 @@ class Truth:
             f"checkpoints before the kill {list(self.checkpoints_before_kill)[-3:]}",
         ]
         if self.checkpoints_after_kill:
-            parts.append("checkpoints after the kill by the old process "
-                         f"{[(c.step, c.extra.get('kind'), c.reported) for c in self.checkpoints_after_kill]}")
+            parts.append(
+                "checkpoints after the kill by the old process "
+                f"{[(c.step, c.extra.get('kind'), c.reported) for c in self.checkpoints_after_kill]}"
+            )
         if self.survivor is not None:
             survivor_exit = self.survivor.exit
             parts.append(
@@ -194,8 +196,9 @@ def compute(base: Path, kill_time: float, rank: int = 0) -> Truth:
     old = [p for p in processes if p.started <= kill_time]
     new = tuple(p for p in processes if p.started > kill_time)
     before = [r.step for p in old for r in p.steps if r.t <= kill_time]
-    checkpoints_before = tuple(sorted(
-        r.step for p in old for r in p.checkpoints if r.t <= kill_time))
+    checkpoints_before = tuple(
+        sorted(r.step for p in old for r in p.checkpoints if r.t <= kill_time)
+    )
     checkpoints_after = tuple(r for p in old for r in p.checkpoints if r.t > kill_time)
     survivors = [p for p in old if p.last_t > kill_time]
     survivor = survivors[-1] if survivors else None
@@ -212,8 +215,7 @@ def compute(base: Path, kill_time: float, rank: int = 0) -> Truth:
         loaded = judged.loaded.step if judged.loaded is not None else None
         if last_before is not None:
             lost = max(0, last_before - resume)
-        first_reported = next(
-            (r for r in judged.steps if r.reported and r.step > resume), None)
+        first_reported = next((r for r in judged.steps if r.reported and r.step > resume), None)
         if first_reported is not None:
             recovery = first_reported.t - kill_time
     return Truth(

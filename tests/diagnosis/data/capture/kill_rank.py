@@ -32,8 +32,13 @@ args = parser.parse_args(sys.argv[1:split])
 command = sys.argv[split + 1 :]
 
 out = open(args.out, "wb")
-proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+proc = subprocess.Popen(
+    command,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    start_new_session=True,
+)
 checkpoints: list[int] = []
 last_line_at = [time.time()]
 
