@@ -1087,7 +1087,8 @@ class DrillEngine:
                         (
                             f"it survived exactly restartBudget = {budget} kills{read}"
                             if ok
-                            else f"it survived {survived} kill(s), but restartBudget is {budget}{read}"
+                            else f"it survived {survived} kill(s), "
+                            f"but restartBudget is {budget}{read}"
                         ),
                         None if ok else R.RESTART_BUDGET_MISMATCH,
                     )
