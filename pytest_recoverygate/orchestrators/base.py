@@ -13,7 +13,8 @@ loop, so every method here is *non-blocking* except ``discover`` and ``kill``:
   With ``dry_run=True`` it checks that the kill would be allowed and touches nothing.
 - ``watch_group()`` returns the group events observed since the previous call.
 - ``events()`` returns the backend's :class:`EventSource` (same object every call).
-- ``cleanup()`` releases everything the backend started; it may be called twice.
+- ``cleanup()`` releases everything the backend started; it may be called twice (and
+  from two threads): decorate it with :func:`cleanup_once` and only the first call runs.
 
 Backends that run threads call ``wakeup()`` (given at construction) when something new
 arrives, so the runner reacts within milliseconds instead of a poll interval.
@@ -30,9 +31,11 @@ without it still works, its reports just carry no job output.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from pytest_recoverygate.joboutput import JobOutput
 from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
@@ -44,7 +47,32 @@ __all__ = [
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
+    "cleanup_once",
 ]
+
+S = TypeVar("S")
+R = TypeVar("R")
+_ONCE_LOCK = threading.Lock()
+
+
+def cleanup_once(method: Callable[[S], R]) -> Callable[[S], R | None]:
+    """Make a cleanup idempotent: the first call runs ``method``, every later one (a
+    second ``cleanup()``, another thread's) returns None at once.
+
+    The first call counts as done when it starts, so a cleanup that raised is not run a
+    second time half-way: what it could not release, it reported.
+    """
+    flag = f"_{method.__name__}_started"
+
+    @functools.wraps(method)
+    def once(self: S) -> R | None:
+        with _ONCE_LOCK:
+            if getattr(self, flag, False):
+                return None
+            setattr(self, flag, True)
+        return method(self)
+
+    return once
 
 
 @runtime_checkable
