@@ -7,7 +7,7 @@ orchestrator under test*:
 
 - fake: :class:`FakeOrchestrator` on a :class:`SimulatedClock`. Its world is its own
   simulation, so there ``discover()`` (idempotent for the fake) is the view of the world;
-- local: real torchrun with examples/local/train.py (built as tests/test_local_orchestrator
+- local: real torchrun with examples/local/train.py (built as tests/local/test_local_orchestrator
   builds it); processes are checked with psutil by ``pid`` + start time;
 - kubernetes: the real client against tests/kube's fake API server, the pods played by its
   :class:`FakeTrainingJob`; pods are checked in the server's own table by name and uid;
@@ -214,7 +214,7 @@ def _process_alive(pid: int, created: str) -> bool:
 
 def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
     from pytest_recoverygate.orchestrators.local import LocalOrchestrator
-    from tests.test_local_orchestrator import job_env, torchrun
+    from tests.local.test_local_orchestrator import job_env, torchrun
 
     clock = RealClock()
     harness_stack = contextlib.ExitStack()
