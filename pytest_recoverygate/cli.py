@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, TextIO
 from recoverygate import __version__
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
     from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.model import Worker, Workload
     from pytest_recoverygate.runner import Status
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "DESCRIPTION",

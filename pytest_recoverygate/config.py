@@ -1,4 +1,5 @@
-"""Load ``recovery-test.yaml`` into a validated, typed :class:`DrillConfig`.
+"""Load ``recovery-test.yaml`` into a validated, typed :class:`DrillConfig`: the YAML
+read with its line numbers, and every problem rewritten in our words.
 
 A drill config points a destructive tool at an expensive job, so it is checked strictly
 and every problem is reported at once, each on its own line, in the form::
@@ -9,695 +10,79 @@ How: the YAML is *composed* (not loaded) with pyyaml's safe loader, so every key
 the line it was written on; anchors and aliases are refused while composing (a "billion
 laughs" document never expands), nesting depth and file size are bounded. The node tree
 is then turned into plain Python values by hand, which also catches duplicate keys,
-complex keys and unknown tags. Pydantic v2 (strict, ``extra="forbid"``, camelCase
-aliases) validates the values, and its errors are rewritten in our words with the line
-numbers found while composing. Nothing here touches the cluster or the job: checking a
-config is safe to run anywhere (``recoverygate validate``).
+complex keys and unknown tags. The schema (:mod:`pytest_recoverygate.schema`, the
+``workload`` section from the backend the file names) validates the values, and pydantic's
+errors are rewritten in our words with the line numbers found while composing, using
+each field's :func:`~pytest_recoverygate.schema.meta`. Nothing here touches the cluster
+or the job: checking a config is safe to run anywhere (``recoverygate validate``).
 
 In YAML the keys are camelCase (``injectFailure.afterCheckpoint``); in Python the
-attributes are snake_case (``config.inject_failure.after_checkpoint``). Models can also
-be built in Python by field name; there durations may be plain seconds and step
-references plain ints, while YAML insists on ``90s`` and ``step-1000``.
+attributes are snake_case (``config.inject_failure.after_checkpoint``).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, get_args
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 from yaml.events import AliasEvent, CollectionStartEvent, Event, ScalarEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from pytest_recoverygate.durations import (
-    DurationSyntaxError,
-    StepRefSyntaxError,
-    format_duration,
-    format_step_ref,
-    parse_duration,
-    parse_step_ref,
+from pytest_recoverygate.durations import format_duration, format_step_ref
+from pytest_recoverygate.errors import ConfigError, UsageError
+from pytest_recoverygate.schema import (
+    MAX_DURATION,
+    DrillConfig,
+    Expectations,
+    InjectFailure,
+    Safety,
+    Section,
+    Timeouts,
+    WorkloadBase,
+    fault_refusal,
+    fault_types,
+    spec_from_config,
 )
-from pytest_recoverygate.errors import ConfigError
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
     "DrillConfig",
     "Expectations",
-    "FakeJobSpec",
-    "FakeWorkload",
     "InjectFailure",
-    "KubernetesWorkload",
-    "LocalWorkload",
     "Safety",
-    "SlurmWorkload",
     "Timeouts",
-    "WorkloadConfig",
     "dump_effective",
     "load_config",
     "parse_config",
     "schema_keys",
 ]
 
-#: Bounds that turn absurd values into errors instead of overflows or endless waits.
+#: Bounds that turn absurd files into errors before anything is read.
 MAX_CONFIG_BYTES = 256 * 1024
 MAX_DEPTH = 32
-MAX_DURATION = 30 * 24 * 3600.0  # 30 days
-MAX_RANK = 1_000_000
-MAX_STEP = 2**63 - 1
-MAX_PID = 4_194_304  # Linux PID_MAX_LIMIT on 64-bit
-MAX_SLURM_JOB_ID = 2**32 - 1
 
-Orchestrator = Literal["fake", "local", "kubernetes", "slurm"]
-ResumeMode = Literal["latest", "zero", "older", "never"]
-FailureType = Literal["KillWorker", "KillStep", "Requeue"]
-ORCHESTRATORS: tuple[str, ...] = get_args(Orchestrator)
-SLURM_ONLY_FAILURES = ("KillStep", "Requeue")
-
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _ROOT_ONLY_IN_PYTHON = ("sourcePath", "source_path")
 
 
-# --------------------------------------------------------------------------- values
+def _workload_model(tag: Any) -> type[WorkloadBase] | None:
+    """The model of the backend ``tag`` names, when there is one that loads."""
+    from pytest_recoverygate.orchestrators import backend_names, get_backend
 
-
-def _meta(allowed: str, example: str) -> dict[str, Any]:
-    """Field metadata the error messages and docs use: what is allowed, and an example."""
-    return {"allowed": allowed, "example": example}
-
-
-def _rg_error(
-    problem: str,
-    allowed: str = "",
-    hint: str = "",
-    key: tuple[str, ...] = (),
-    got: str | None = None,
-) -> PydanticCustomError:
-    """An error in our own words; ``key`` extends the error's location (model checks)."""
-    ctx: dict[str, Any] = {"problem": problem, "allowed": allowed, "hint": hint, "key": key}
-    if got is not None:
-        ctx["got"] = got
-    return PydanticCustomError("recoverygate", "{problem}", ctx)
-
-
-def _from_yaml(info: ValidationInfo) -> bool:
-    return isinstance(info.context, Mapping) and bool(info.context.get("yaml"))
-
-
-def _base_dir(info: ValidationInfo) -> Path:
-    if isinstance(info.context, Mapping):
-        base = info.context.get("base_dir")
-        if isinstance(base, Path):
-            return base
-    return Path.cwd()
-
-
-def _duration(
-    minimum: float = 0.0, maximum: float = MAX_DURATION, *, zero_ok: bool = True
-) -> BeforeValidator:
-    """A validator turning ``90s``/``5m``/``1h30m``/``250ms`` into float seconds within bounds."""
-    low = format_duration(minimum)
-    if minimum == 0 and not zero_ok:
-        allowed = f"a duration above 0 and at most {format_duration(maximum)}, like 90s, 5m, 1h30m"
-    else:
-        allowed = f"a duration from {low} to {format_duration(maximum)}, like 90s, 5m, 1h30m"
-
-    def check(value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool):
-            raise _rg_error("must be a duration, not true/false", allowed)
-        if isinstance(value, (int, float)):
-            if _from_yaml(info):
-                hint = f"write {value}s" if value >= 0 else "durations are never negative"
-                raise _rg_error("a duration needs a unit", allowed, hint)
-            seconds = float(value)
-        elif isinstance(value, str):
-            try:
-                seconds = parse_duration(value)
-            except DurationSyntaxError as exc:
-                raise _rg_error(f"is not a valid duration ({exc})", allowed) from None
-        else:
-            raise _rg_error("must be a duration", allowed)
-        if not math.isfinite(seconds) or seconds < minimum or seconds > maximum:
-            raise _rg_error("is out of range", allowed)
-        if seconds == 0 and not zero_ok:
-            raise _rg_error("must be longer than zero", allowed)
-        return seconds
-
-    return BeforeValidator(check)
-
-
-def _step_ref(literal: str) -> BeforeValidator:
-    """A validator turning ``step-N`` into N and passing ``literal`` (``latest``/``next``)."""
-    allowed = f"step-N (N a whole number >= 0) or {literal}"
-
-    def check(value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, str):
-            if value.strip() == literal:
-                return literal
-            try:
-                return parse_step_ref(value)
-            except StepRefSyntaxError:
-                raise _rg_error("is not a step reference", allowed) from None
-        if isinstance(value, int) and not isinstance(value, bool):
-            if _from_yaml(info):
-                raise _rg_error(
-                    "a step reference is written step-N", allowed, f"write step-{value}"
-                )
-            if 0 <= value <= MAX_STEP:
-                return value
-            raise _rg_error("is out of range", allowed)
-        raise _rg_error("is not a step reference", allowed)
-
-    return BeforeValidator(check)
-
-
-def _path(*, must_be_dir: bool = False, optional: bool = True) -> BeforeValidator:
-    """A validator turning a path string (``~`` expanded, relative to the config's folder)
-    into an absolute, resolved :class:`~pathlib.Path`."""
-
-    def check(value: Any, info: ValidationInfo) -> Any:
-        if value is None and optional:  # an optional path left out (or written as null)
-            return None
-        if isinstance(value, Path):  # the default, or a model built in Python
-            raw = str(value)
-        elif isinstance(value, str):
-            raw = value
-        else:
-            raise _rg_error("must be a path (text)", "a file or folder path", 'quote it: "…"')
-        if not raw.strip() or "\x00" in raw:
-            raise _rg_error("is not a usable path", "a non-empty path")
-        path = Path(raw).expanduser()
-        if not path.is_absolute():
-            path = _base_dir(info) / path
-        path = path.resolve()
-        if must_be_dir and not path.is_dir():
-            what = "does not exist" if not path.exists() else "is not a folder"
-            raise _rg_error(
-                f"{what}: {path}",
-                "an existing folder, relative to the config file's folder",
-                "create it or fix the path",
-            )
-        return path
-
-    return BeforeValidator(check)
-
-
-def _command(value: Any) -> Any:
-    """Accept a list of strings or one string split like a shell would (no shell runs)."""
-    allowed = 'a list of strings like ["torchrun", "train.py"], or one string'
-    if value is None:
+    if not isinstance(tag, str) or tag not in backend_names():
         return None
-    if isinstance(value, str):
-        try:
-            value = shlex.split(value)
-        except ValueError as exc:
-            raise _rg_error(f"cannot be split into arguments ({exc})", allowed) from None
-    if isinstance(value, list):
-        if not value:
-            raise _rg_error("must not be empty", allowed)
-        for index, item in enumerate(value):
-            if isinstance(item, str) and "\x00" in item:
-                raise _rg_error(f"argument {index} contains a NUL byte", allowed)
-        if isinstance(value[0], str) and not value[0].strip():
-            raise _rg_error("the program (first item) is empty", allowed)
-    return value
-
-
-_WHOLE_NUMBER = re.compile(r"[1-9][0-9]*")
-
-
-def _id_number(value: Any) -> Any:
-    """An id written as text (``jobId: "12345"``, what envsubst or a template produces).
-
-    Only plain decimal digits without a leading zero become a number; anything else is
-    left for strict validation to refuse (``"0123"``, ``"12.0"``, ``" 12"``, ``"1e3"``).
-    """
-    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
-        return int(value)
-    return value
-
-
-# ------------------------------------------------------------------------- models
-
-
-class _Model(BaseModel):
-    """Strict, frozen, camelCase in YAML and snake_case in Python."""
-
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        frozen=True,
-    )
-
-
-class FakeJobSpec(_Model):
-    """The simulated training job of ``orchestrator: fake`` (the whole block is optional)."""
-
-    workers: int = Field(
-        default=2,
-        ge=2,
-        le=1024,
-        json_schema_extra=_meta("a whole number from 2 to 1024", "workers: 2"),
-    )
-    steps_per_second: float = Field(
-        default=50.0,
-        gt=0,
-        le=1_000_000,
-        allow_inf_nan=False,
-        json_schema_extra=_meta("a number above 0 and at most 1000000", "stepsPerSecond: 50"),
-    )
-    checkpoint_every: int = Field(
-        default=20,
-        ge=1,
-        le=MAX_STEP,
-        json_schema_extra=_meta("a whole number >= 1 (steps)", "checkpointEvery: 20"),
-    )
-    restart_delay: Annotated[float, _duration()] = Field(
-        default=1.0, json_schema_extra=_meta("a duration like 1s", "restartDelay: 1s")
-    )
-    resume: ResumeMode = Field(
-        default="latest", json_schema_extra=_meta("latest, zero, older or never", "resume: latest")
-    )
-    startup_delay: Annotated[float, _duration()] = Field(
-        default=0.0, json_schema_extra=_meta("a duration like 0s", "startupDelay: 0s")
-    )
-
-
-class _WorkloadBase(_Model):
-    reporting_rank: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_RANK,
-        json_schema_extra=_meta("a whole number >= 0", "reportingRank: 0"),
-    )
-
-
-class FakeWorkload(_WorkloadBase):
-    """An in-memory simulated job: try the whole tool with no infrastructure."""
-
-    orchestrator: Literal["fake"] = Field(json_schema_extra=_meta("fake", "orchestrator: fake"))
-    fake: FakeJobSpec = Field(
-        default_factory=FakeJobSpec,
-        json_schema_extra=_meta("a mapping of the fake job's settings", "fake: {workers: 2}"),
-    )
-
-    @model_validator(mode="after")
-    def _reporting_rank_exists(self) -> FakeWorkload:
-        if self.reporting_rank >= self.fake.workers:
-            raise _rg_error(
-                f"rank {self.reporting_rank} does not exist "
-                f"in a job of {self.fake.workers} workers",
-                f"a rank from 0 to {self.fake.workers - 1}",
-                key=("reportingRank",),
-                got=str(self.reporting_rank),
-            )
-        return self
-
-
-class LocalWorkload(_WorkloadBase):
-    """A torchrun job on this machine, launched by the drill or attached to by pid."""
-
-    orchestrator: Literal["local"] = Field(json_schema_extra=_meta("local", "orchestrator: local"))
-    command: Annotated[list[str] | None, BeforeValidator(_command)] = Field(
-        default=None,
-        json_schema_extra=_meta(
-            "a non-empty list of strings (plain numbers like 2 or 0.5 count as written), "
-            "or one string split like a shell (no shell runs)",
-            'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-        ),
-    )
-    workdir: Annotated[Path, _path(must_be_dir=True, optional=False)] = Field(
-        default=Path(),
-        validate_default=True,
-        json_schema_extra=_meta(
-            "an existing folder, relative to the config file's folder", "workdir: ."
-        ),
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        json_schema_extra=_meta(
-            "a mapping of names to text values (plain numbers like 1 count as written)",
-            'env: {NCCL_DEBUG: "INFO"}',
-        ),
-    )
-    attach_pid: Annotated[int | None, BeforeValidator(_id_number)] = Field(
-        default=None,
-        ge=1,
-        le=MAX_PID,
-        json_schema_extra=_meta(
-            'the pid of a running torchrun agent (a whole number, also quoted: "1234")',
-            "attachPid: 1234",
-        ),
-    )
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not name or "=" in name or "\x00" in name:
-                raise _rg_error(
-                    "is not a usable environment variable name",
-                    "names without '=' or NUL, like NCCL_DEBUG",
-                    key=(name,),
-                    got=repr(name),
-                )
-        return env
-
-    @model_validator(mode="after")
-    def _command_xor_attach(self) -> LocalWorkload:
-        if self.command is None and self.attach_pid is None:
-            raise _rg_error(
-                "required key is missing",
-                "command (the job to launch) or attachPid (a torchrun agent already running)",
-                'e.g. command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-                key=("command",),
-                got="nothing",
-            )
-        if self.command is not None and self.attach_pid is not None:
-            raise _rg_error(
-                "attachPid and command cannot both be set",
-                "either command (launch) or attachPid (attach)",
-                "remove command to attach to the running job, or attachPid to launch one",
-                key=("attachPid",),
-                got=str(self.attach_pid),
-            )
-        return self
-
-
-class KubernetesWorkload(_WorkloadBase):
-    """Pods of one training job (e.g. a Kubeflow PyTorchJob), found by label selector."""
-
-    orchestrator: Literal["kubernetes"] = Field(
-        json_schema_extra=_meta("kubernetes", "orchestrator: kubernetes")
-    )
-    selector: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
-        json_schema_extra=_meta("a non-empty label selector", 'selector: "training-run=llama"')
-    )
-    namespace: str | None = Field(
-        default=None,
-        pattern=_DNS_LABEL,
-        json_schema_extra=_meta(
-            "a namespace name (lowercase letters, digits, '-')", "namespace: default"
-        ),
-    )
-    context: str | None = Field(
-        default=None,
-        min_length=1,
-        json_schema_extra=_meta("a kubeconfig context name", "context: my-ctx"),
-    )
-    kubeconfig: Annotated[Path | None, _path()] = Field(
-        default=None,
-        json_schema_extra=_meta("a path to a kubeconfig file", "kubeconfig: ~/.kube/config"),
-    )
-    container: str | None = Field(
-        default=None,
-        pattern=_DNS_LABEL,
-        json_schema_extra=_meta(
-            "a container name (lowercase letters, digits, '-')", "container: pytorch"
-        ),
-    )
-
-    @field_validator("selector", mode="before")
-    @classmethod
-    def _strip_selector(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            stripped = value.strip()
-            if not stripped:
-                raise _rg_error(
-                    "must not be empty (an empty selector matches every pod)",
-                    "a label selector naming one job",
-                    'e.g. selector: "training-run=llama"',
-                )
-            return stripped
-        return value
-
-
-class SlurmWorkload(_WorkloadBase):
-    """One SLURM job, by id or by name (+ user)."""
-
-    orchestrator: Literal["slurm"] = Field(json_schema_extra=_meta("slurm", "orchestrator: slurm"))
-    job_id: Annotated[int | None, BeforeValidator(_id_number)] = Field(
-        default=None,
-        ge=1,
-        le=MAX_SLURM_JOB_ID,
-        json_schema_extra=_meta(
-            'a SLURM job id (a whole number, also quoted: "12345")', "jobId: 12345"
-        ),
-    )
-    job_name: str | None = Field(
-        default=None, min_length=1, json_schema_extra=_meta("a SLURM job name", "jobName: llama-ft")
-    )
-    user: str | None = Field(
-        default=None, min_length=1, json_schema_extra=_meta("a user name", "user: alice")
-    )
-    partition: str | None = Field(
-        default=None, min_length=1, json_schema_extra=_meta("a partition name", "partition: gpu")
-    )
-    output: Annotated[Path | None, _path()] = Field(
-        default=None,
-        json_schema_extra=_meta(
-            "the job's stdout file (SLURM patterns like %j allowed)", "output: slurm-%j.out"
-        ),
-    )
-    poll_interval: Annotated[float, _duration(0.1, 60.0)] = Field(
-        default=1.0, json_schema_extra=_meta("a duration from 100ms to 1m", "pollInterval: 1s")
-    )
-
-    @model_validator(mode="after")
-    def _one_job(self) -> SlurmWorkload:
-        if self.job_id is None and self.job_name is None:
-            raise _rg_error(
-                "required key is missing",
-                "jobId or jobName (exactly one)",
-                "e.g. jobId: 12345",
-                key=("jobId",),
-                got="nothing",
-            )
-        if self.job_id is not None and self.job_name is not None:
-            raise _rg_error(
-                "jobId and jobName cannot both be set",
-                "exactly one of jobId / jobName",
-                "keep the one that names the job",
-                key=("jobName",),
-                got=self.job_name,
-            )
-        if self.user is not None and self.job_name is None:
-            raise _rg_error(
-                "user only applies with jobName",
-                "user together with jobName",
-                "remove user: a job id is unique",
-                key=("user",),
-                got=self.user,
-            )
-        return self
-
-
-WorkloadConfig = FakeWorkload | LocalWorkload | KubernetesWorkload | SlurmWorkload
-_WORKLOAD_BY_TAG: dict[str, type[_WorkloadBase]] = {
-    "fake": FakeWorkload,
-    "local": LocalWorkload,
-    "kubernetes": KubernetesWorkload,
-    "slurm": SlurmWorkload,
-}
-
-
-class InjectFailure(_Model):
-    """What to break, and when."""
-
-    type: FailureType = Field(
-        default="KillWorker",
-        json_schema_extra=_meta(
-            "KillWorker, KillStep or Requeue (the last two with slurm only)", "type: KillWorker"
-        ),
-    )
-    after_checkpoint: Annotated[int | Literal["next"], _step_ref("next")] = Field(
-        json_schema_extra=_meta("step-N or next", "afterCheckpoint: step-1000")
-    )
-    target_rank: int = Field(
-        default=1,
-        ge=0,
-        le=MAX_RANK,
-        json_schema_extra=_meta("a whole number >= 0", "targetRank: 1"),
-    )
-
-
-class Expectations(_Model):
-    """What a successful recovery looks like (the drill's pass criteria)."""
-
-    resume_from_checkpoint: Annotated[int | Literal["latest"], _step_ref("latest")] = Field(
-        default="latest",
-        json_schema_extra=_meta("step-N or latest", "resumeFromCheckpoint: latest"),
-    )
-    max_recovery_time: Annotated[float, _duration(zero_ok=False)] = Field(
-        json_schema_extra=_meta("a duration above 0, like 5m", "maxRecoveryTime: 5m")
-    )
-    max_lost_steps: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_STEP,
-        json_schema_extra=_meta("a whole number >= 0", "maxLostSteps: 100"),
-    )
-
-
-class Safety(_Model):
-    """Interlocks before anything is destroyed."""
-
-    require_confirm: bool = Field(
-        default=True, json_schema_extra=_meta("true or false", "requireConfirm: true")
-    )
-    dry_run: bool = Field(default=False, json_schema_extra=_meta("true or false", "dryRun: false"))
-
-
-class Timeouts(_Model):
-    """Deadlines of the drill's phases, in seconds.
-
-    ``recovery`` left out (or 0 in Python) is derived by :class:`DrillConfig` as
-    ``maxRecoveryTime + recoveryGrace``, so after validation it is always a positive number:
-    "never came back" is decided that long after the kill.
-    """
-
-    discovery: Annotated[float, _duration(zero_ok=False)] = Field(
-        default=300.0, json_schema_extra=_meta("a duration above 0", "discovery: 5m")
-    )
-    checkpoint: Annotated[float, _duration(zero_ok=False)] = Field(
-        default=3600.0, json_schema_extra=_meta("a duration above 0", "checkpoint: 1h")
-    )
-    recovery: Annotated[float, _duration(zero_ok=False)] = Field(
-        default=0.0, json_schema_extra=_meta("a duration above 0", "recovery: 10m")
-    )
-    recovery_grace: Annotated[float, _duration(zero_ok=True)] = Field(
-        default=30.0,
-        json_schema_extra=_meta("a duration >= 0", "recoveryGrace: 30s"),
-    )
-
-
-class DrillConfig(_Model):
-    """One drill: the workload, the failure to inject, the expectations and the guards."""
-
-    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")] = (
-        Field(
-            default="drill",
-            json_schema_extra=_meta("a short name (default: the file's name)", "name: llama-drill"),
-        )
-    )
-    workload: WorkloadConfig = Field(
-        discriminator="orchestrator",
-        json_schema_extra=_meta(
-            "a mapping with orchestrator: fake | local | kubernetes | slurm "
-            "and that backend's keys",
-            "workload: {orchestrator: fake}",
-        ),
-    )
-    inject_failure: InjectFailure = Field(
-        json_schema_extra=_meta(
-            "a mapping with afterCheckpoint (and type, targetRank)",
-            "injectFailure: {afterCheckpoint: next}",
-        )
-    )
-    expectations: Expectations = Field(
-        json_schema_extra=_meta(
-            "a mapping with maxRecoveryTime (and resumeFromCheckpoint, maxLostSteps)",
-            "expectations: {maxRecoveryTime: 5m}",
-        )
-    )
-    safety: Safety = Field(
-        default_factory=Safety,
-        json_schema_extra=_meta("a mapping with requireConfirm, dryRun", "safety: {dryRun: true}"),
-    )
-    timeouts: Timeouts = Field(
-        default_factory=Timeouts,
-        validate_default=True,
-        json_schema_extra=_meta(
-            "a mapping with discovery, checkpoint, recovery", "timeouts: {discovery: 5m}"
-        ),
-    )
-    source_path: Path = Field(
-        default=Path("recovery-test.yaml"),
-        json_schema_extra=_meta("set by the loader", ""),
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_the_file(cls, data: Any, info: ValidationInfo) -> Any:
-        """Fill in what the file implies: its path and, by default, its stem as the name."""
-        if isinstance(data, dict) and isinstance(info.context, Mapping):
-            source = info.context.get("source")
-            if isinstance(source, Path):
-                data = dict(data)
-                data["sourcePath"] = source
-                data.setdefault("name", source.stem or "drill")
-        return data
-
-    @field_validator("name", mode="before")
-    @classmethod
-    def _strip_name(cls, value: Any) -> Any:
-        return value.strip() if isinstance(value, str) else value
-
-    @field_validator("inject_failure")
-    @classmethod
-    def _failure_fits_workload(cls, failure: InjectFailure, info: ValidationInfo) -> InjectFailure:
-        workload = info.data.get("workload")
-        if workload is None:
-            return failure
-        if failure.type in SLURM_ONLY_FAILURES and not isinstance(workload, SlurmWorkload):
-            orchestrator = getattr(workload, "orchestrator", "?")
-            raise _rg_error(
-                f"{failure.type} needs orchestrator: slurm (this drill uses {orchestrator})",
-                "KillWorker with this orchestrator",
-                "use type: KillWorker",
-                key=("type",),
-                got=failure.type,
-            )
-        if isinstance(workload, FakeWorkload) and failure.target_rank >= workload.fake.workers:
-            raise _rg_error(
-                f"rank {failure.target_rank} does not exist "
-                f"in a job of {workload.fake.workers} workers",
-                f"a rank from 0 to {workload.fake.workers - 1}",
-                key=("targetRank",),
-                got=str(failure.target_rank),
-            )
-        return failure
-
-    @field_validator("timeouts")
-    @classmethod
-    def _derive_recovery(cls, timeouts: Timeouts, info: ValidationInfo) -> Timeouts:
-        expectations = info.data.get("expectations")
-        if expectations is None:
-            return timeouts
-        slo = expectations.max_recovery_time
-        if timeouts.recovery == 0.0:
-            derived = min(slo + timeouts.recovery_grace, MAX_DURATION)
-            return timeouts.model_copy(update={"recovery": derived})
-        if timeouts.recovery < slo:
-            raise _rg_error(
-                f"is shorter than expectations.maxRecoveryTime ({format_duration(slo)}), "
-                "so a slow but passing recovery would be cut off",
-                f"a duration of at least {format_duration(slo)}",
-                "raise it, or leave it out for maxRecoveryTime + recoveryGrace",
-                key=("recovery",),
-            )
-        return timeouts
+    try:
+        return get_backend(tag).workload
+    except UsageError:
+        return None
 
 
 # ------------------------------------------------------------------- YAML reading
@@ -1058,33 +443,36 @@ def _field_named(model: type[BaseModel], key: Any) -> tuple[str, FieldInfo] | No
     return None
 
 
-def _locate(loc: tuple[Any, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
-    """The model holding the last key of ``loc`` and that key's field (None if unknown)."""
+def _inner_model(
+    model: type[BaseModel], name: str, field: FieldInfo, workload: type[WorkloadBase] | None
+) -> type[BaseModel] | None:
+    """The model a field's value is validated by: the backend's for ``workload``."""
+    if model is DrillConfig and name == "workload":
+        return workload
+    inner = _models_in(field.annotation)
+    return inner[0] if len(inner) == 1 else None
+
+
+def _locate(
+    loc: tuple[Any, ...], workload: type[WorkloadBase] | None
+) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The model holding the last key of ``loc`` and that key's field (None if unknown).
+
+    ``workload`` is the model of the backend the file names (None when it names none).
+    """
     model: type[BaseModel] | None = DrillConfig
     parent: type[BaseModel] | None = None
     field: FieldInfo | None = None
-    index = 0
-    while index < len(loc) and model is not None:
+    for key in loc:
+        if model is None:
+            break
         parent = model
-        found = _field_named(model, loc[index])
+        found = _field_named(model, key)
         if found is None:
             return parent, None
-        field = found[1]
-        inner = _models_in(field.annotation)
-        if len(inner) > 1 and index + 1 < len(loc) and loc[index + 1] in _WORKLOAD_BY_TAG:
-            model = _WORKLOAD_BY_TAG[loc[index + 1]]
-            index += 2
-            continue
-        model = inner[0] if len(inner) == 1 else None
-        index += 1
+        name, field = found
+        model = _inner_model(model, name, field, workload)
     return parent, field
-
-
-def _display_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Drop the tag pydantic inserts: ('workload', 'local', 'command') → ('workload', 'command')."""
-    if len(loc) > 1 and loc[0] == "workload" and loc[1] in _WORKLOAD_BY_TAG:
-        return (loc[0], *loc[2:])
-    return loc
 
 
 def _allowed_keys(model: type[BaseModel]) -> list[str]:
@@ -1106,16 +494,33 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
 
 def _elsewhere(key: str) -> str:
     """Name the backends where an unknown workload key would be valid."""
-    owners = [tag for tag, model in _WORKLOAD_BY_TAG.items() if key in _allowed_keys(model)]
+    from pytest_recoverygate.orchestrators import all_backends
+
+    owners = [
+        name for name, backend in all_backends().items() if key in _allowed_keys(backend.workload)
+    ]
     return f"{key} belongs to orchestrator: {' / '.join(owners)}" if owners else ""
+
+
+def _allowed_text(meta: Mapping[str, Any]) -> str:
+    """A field's ``allowed`` text (a function, where it depends on the installed backends)."""
+    allowed = meta.get("allowed", "")
+    return str(allowed() if callable(allowed) else allowed)
 
 
 def _is_env_value(path: tuple[Any, ...]) -> bool:
     return len(path) == 3 and path[0] == "workload" and path[1] == "env"
 
 
-def _translate(error: Mapping[str, Any], where: dict[_PathKey, _Where]) -> _Problem:
-    """One pydantic error, rewritten with its line, key path, value, what is allowed and a fix."""
+def _translate(
+    error: Mapping[str, Any],
+    where: dict[_PathKey, _Where],
+    workload: type[WorkloadBase] | None,
+) -> _Problem:
+    """One pydantic error, rewritten with its line, key path, value, what is allowed and a fix.
+
+    ``workload`` is the model of the backend the file names (None when it names none).
+    """
     kind = str(error["type"])
     loc = tuple(error["loc"])
     ctx: Mapping[str, Any] = error.get("ctx") or {}
@@ -1124,14 +529,14 @@ def _translate(error: Mapping[str, Any], where: dict[_PathKey, _Where]) -> _Prob
         kind = "invalid_key"
     if kind == "recoverygate":
         loc = (*loc, *ctx.get("key", ()))
-    parent, field = _locate(loc)
-    path = _display_loc(loc)
+    parent, field = _locate(loc, workload)
+    path = loc
     meta: Mapping[str, Any] = (
         field.json_schema_extra
         if field is not None and isinstance(field.json_schema_extra, dict)
         else {}
     )
-    allowed = str(meta.get("allowed", ""))
+    allowed = _allowed_text(meta)
     example = str(meta.get("example", ""))
     hint = f"e.g. {example}" if example else ""
     problem = _TYPE_PROBLEMS.get(kind, str(error.get("msg", "is not valid")))
@@ -1141,19 +546,19 @@ def _translate(error: Mapping[str, Any], where: dict[_PathKey, _Where]) -> _Prob
     quoted = spot is not None and spot.text.startswith(("'", '"'))
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):
+        from pytest_recoverygate.orchestrators import backend_names
+
+        names = list(backend_names())
         path = (*path, "orchestrator")
         spot = where.get(path)
-        allowed = ", ".join(ORCHESTRATORS)
+        allowed = ", ".join(names)
         if kind == "union_tag_not_found":
             problem, got = "required key is missing", "nothing"
             hint = "say which backend runs the job, e.g. orchestrator: fake"
         else:
             problem = "is not a known orchestrator"
             got = spot.text if spot is not None else _describe(ctx.get("tag"))
-            hint = (
-                _did_you_mean(str(ctx.get("tag", "")), list(ORCHESTRATORS))
-                or "e.g. orchestrator: kubernetes"
-            )
+            hint = _did_you_mean(str(ctx.get("tag", "")), names) or "e.g. orchestrator: kubernetes"
     elif kind == "missing":
         got = "nothing"
         hint = f"add {example}" if example else ""
@@ -1363,9 +768,13 @@ def parse_config(
     try:
         config = DrillConfig.model_validate(data, context=context, by_alias=True, by_name=False)
     except ValidationError as exc:
+        section = data.get("workload")
+        workload = (
+            _workload_model(section.get("orchestrator")) if isinstance(section, dict) else None
+        )
         for error in exc.errors(include_url=False):
             if error.get("input") is not _INVALID:
-                problems.append(_translate(error, reader.where))
+                problems.append(_translate(error, reader.where, workload))
         problems.extend(_cross_checks(data, reader.where, problems))
     if problems or config is None:
         unique = sorted(set(problems))
@@ -1389,22 +798,21 @@ def _cross_checks(
         return extra
     orchestrator, kind = workload.get("orchestrator"), failure.get("type")
     already = any(p.path == "injectFailure.type" for p in found)
-    if (
-        not already
-        and isinstance(orchestrator, str)
-        and isinstance(kind, str)
-        and orchestrator in _WORKLOAD_BY_TAG
-        and orchestrator != "slurm"
-        and kind in SLURM_ONLY_FAILURES
-    ):
+    if already or not isinstance(kind, str) or kind not in fault_types():
+        return extra
+    if not isinstance(orchestrator, str) or _workload_model(orchestrator) is None:
+        return extra  # reported at workload.orchestrator
+    refused = fault_refusal(orchestrator, kind)
+    if refused is not None:
+        problem, allowed, hint = refused
         extra.append(
             _Problem(
                 _line_for(("injectFailure", "type"), where),
                 "injectFailure.type",
-                f"{kind} needs orchestrator: slurm (this drill uses {orchestrator})",
-                str(kind),
-                "KillWorker with this orchestrator",
-                "use type: KillWorker",
+                problem,
+                kind,
+                allowed,
+                hint,
             )
         )
     return extra
@@ -1457,12 +865,18 @@ def load_config(
 def dump_effective(config: DrillConfig) -> dict[str, Any]:
     """The normalized config in YAML key names, defaults filled in, for headers and ``validate``.
 
-    Durations come back as ``5m``, step numbers as ``step-N``, paths as absolute strings.
-    Environment values of the job are never included (they may be secrets): each shows
-    as ``<redacted>``.
+    Durations come back as ``5m``, step numbers as ``step-N``, paths as absolute strings;
+    ``timeouts.recovery`` left out shows the deadline the drill derives from the SLO
+    (:attr:`~pytest_recoverygate.engine.DrillSpec.effective_recovery_timeout`). Environment
+    values of the job are never included (they may be secrets): each shows as
+    ``<redacted>``.
     """
     dumped = config.model_dump(mode="json", by_alias=True, exclude={"source_path"})
-    _rewrite(dumped, type(config))
+    _rewrite(dumped, type(config), type(config.workload))
+    timeouts = dumped.get("timeouts")
+    if isinstance(timeouts, dict) and config.timeouts.recovery is None:
+        effective = spec_from_config(config).effective_recovery_timeout
+        timeouts["recovery"] = format_duration(min(effective, MAX_DURATION))  # loads back
     workload = dumped.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("env"), dict):
         workload["env"] = dict.fromkeys(workload["env"], "<redacted>")
@@ -1483,54 +897,51 @@ def _format_seconds(value: Any) -> Any:
     )
 
 
-_DURATION_FIELDS = frozenset(
-    {
-        "restart_delay",
-        "startup_delay",
-        "poll_interval",
-        "max_recovery_time",
-        "discovery",
-        "checkpoint",
-        "recovery",
-        "recovery_grace",
-    }
-)
-_STEP_FIELDS = frozenset({"after_checkpoint", "resume_from_checkpoint"})
+def _kind(info: FieldInfo) -> str | None:
+    """``duration`` or ``step`` for a field validated by the schema's helpers of that name."""
+    for item in info.metadata:
+        kind = getattr(getattr(item, "func", None), "kind", None)
+        if isinstance(kind, str):
+            return kind
+    return None
 
 
-def _rewrite(dumped: dict[str, Any], model: type[BaseModel]) -> None:
+def _rewrite(
+    dumped: dict[str, Any], model: type[BaseModel], workload: type[WorkloadBase] | None
+) -> None:
     """Format durations and step numbers of a dumped model back into the YAML language."""
     for name, info in model.model_fields.items():
         key = info.alias or name
         if key not in dumped:
             continue
         value = dumped[key]
-        if name in _DURATION_FIELDS:
+        kind = _kind(info)
+        if kind == "duration":
             dumped[key] = _format_seconds(value)
-        elif name in _STEP_FIELDS:
+        elif kind == "step":
             dumped[key] = _format_step(value)
         elif isinstance(value, dict):
-            inner = _models_in(info.annotation)
-            if len(inner) > 1:
-                inner = (
-                    [_WORKLOAD_BY_TAG[value["orchestrator"]]]
-                    if value.get("orchestrator") in _WORKLOAD_BY_TAG
-                    else []
-                )
-            if inner:
-                _rewrite(value, inner[0])
+            inner = (
+                _inner_model(model, name, info, workload) if issubclass(model, Section) else None
+            )
+            if inner is not None:
+                _rewrite(value, inner, None)
 
 
 def schema_keys() -> list[tuple[str, str, str]]:
-    """Every key of the schema as (section, YAML key, what is allowed), in schema order.
+    """Every key of the schema as (section, YAML key, what is allowed), in schema order,
+    with each installed backend's ``workload`` keys (and its nested sections).
 
     The reference in ``docs/config.md`` is checked against this list, so a key added to a
     model without documentation fails a test.
     """
-    sections: list[tuple[str, type[BaseModel]]] = [
-        ("", DrillConfig),
-        *((f"workload ({tag})", model) for tag, model in _WORKLOAD_BY_TAG.items()),
-        ("workload.fake", FakeJobSpec),
+    from pytest_recoverygate.orchestrators import all_backends
+
+    sections: list[tuple[str, type[BaseModel]]] = [("", DrillConfig)]
+    for name, backend in all_backends().items():
+        sections.append((f"workload ({name})", backend.workload))
+        sections += _nested_sections("workload", backend.workload)
+    sections += [
         ("injectFailure", InjectFailure),
         ("expectations", Expectations),
         ("safety", Safety),
@@ -1542,5 +953,16 @@ def schema_keys() -> list[tuple[str, str, str]]:
             if name == "source_path":
                 continue
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            keys.append((section, info.alias or name, str(extra.get("allowed", ""))))
+            keys.append((section, info.alias or name, _allowed_text(extra)))
     return keys
+
+
+def _nested_sections(prefix: str, model: type[BaseModel]) -> list[tuple[str, type[BaseModel]]]:
+    """A backend's own nested sections (``workload.fake``), depth first."""
+    found: list[tuple[str, type[BaseModel]]] = []
+    for name, info in model.model_fields.items():
+        inner = _models_in(info.annotation)
+        if len(inner) == 1 and issubclass(inner[0], Section):
+            section = f"{prefix}.{info.alias or name}"
+            found += [(section, inner[0]), *_nested_sections(section, inner[0])]
+    return found

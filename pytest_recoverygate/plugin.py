@@ -20,10 +20,10 @@ import pytest
 from recoverygate import __version__
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
     from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.runner import Status
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "HELP_CONFIG",

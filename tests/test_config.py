@@ -3,7 +3,8 @@
 We test these aspects:
 
 - the happy path of every backend, with defaults filled in (name from the file's stem,
-  ``timeouts.recovery`` derived from ``maxRecoveryTime``), relative paths resolved
+  the recovery deadline derived from ``maxRecoveryTime`` when ``timeouts.recovery`` is
+  left out), relative paths resolved
   against the config file's folder, a string ``command`` split like a shell would;
 - every error path: each test asserts that the message names the file, the line, the
   key path and the offending value (``FILE:LINE: key.path: problem — got VALUE; …``);
@@ -20,21 +21,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_recoverygate.config import (
-    DrillConfig,
-    Expectations,
-    FakeWorkload,
-    InjectFailure,
-    KubernetesWorkload,
-    LocalWorkload,
-    SlurmWorkload,
-    dump_effective,
-    load_config,
-    parse_config,
-    schema_keys,
-)
+from pytest_recoverygate.config import dump_effective, load_config, parse_config, schema_keys
 from pytest_recoverygate.durations import format_duration, parse_duration
 from pytest_recoverygate.errors import ConfigError
+from pytest_recoverygate.orchestrators.fake import FakeWorkload
+from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
+from pytest_recoverygate.orchestrators.local import LocalWorkload
+from pytest_recoverygate.orchestrators.slurm import SlurmWorkload
+from pytest_recoverygate.schema import DrillConfig, Expectations, InjectFailure, spec_from_config
 
 REST = """\
 injectFailure:
@@ -103,16 +97,18 @@ def test_a_minimal_fake_drill_loads_with_every_default(tmp_path: Path) -> None:
 
 def test_the_recovery_timeout_defaults_to_the_slo_plus_the_grace(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FAKE.replace("5m", "90s")))
-    assert config.timeouts.recovery == 90 + 30
+    assert config.timeouts.recovery is None  # left out: derived in one place, the engine's
+    assert spec_from_config(config).effective_recovery_timeout == 90 + 30
     graced = load_config(
         write(tmp_path, FAKE.replace("5m", "90s") + "timeouts:\n  recoveryGrace: 5s\n")
     )
-    assert graced.timeouts.recovery == 95
+    assert spec_from_config(graced).effective_recovery_timeout == 95
 
 
 def test_an_explicit_recovery_timeout_is_kept(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FAKE + "timeouts: {recovery: 1h, discovery: 30s}\n"))
     assert config.timeouts.recovery == 3600.0
+    assert spec_from_config(config).effective_recovery_timeout == 3600.0
     assert config.timeouts.discovery == 30.0
 
 
@@ -313,7 +309,7 @@ def test_models_can_be_built_in_python_with_seconds_and_step_numbers() -> None:
         expectations=Expectations(max_recovery_time=3, resume_from_checkpoint=40),
     )
     assert config.expectations.max_recovery_time == 3.0
-    assert config.timeouts.recovery == 33.0  # maxRecoveryTime + recoveryGrace
+    assert spec_from_config(config).effective_recovery_timeout == 33.0  # SLO + recoveryGrace
     assert config.inject_failure.after_checkpoint == 40
 
 
@@ -343,7 +339,13 @@ def test_dump_effective_loads_back_to_the_same_config(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FAKE.replace("step-100", "next")))
     dumped = dump_effective(config)
     again = parse_config(yaml.safe_dump(dumped), tmp_path / "drill.yaml")
-    assert again == config
+    # the same drill, with the derived recovery deadline now written out
+    derived = spec_from_config(config).effective_recovery_timeout
+    assert again.timeouts.recovery == derived
+    assert again == config.model_copy(
+        update={"timeouts": config.timeouts.model_copy(update={"recovery": derived})}
+    )
+    assert dump_effective(again) == dumped
 
 
 def test_dump_effective_never_shows_env_values(tmp_path: Path) -> None:

@@ -82,20 +82,6 @@ class KubernetesOrchestrator:
         )
         self._main: Any = None
 
-    @classmethod
-    def from_config(cls, config: Any, clock: Clock) -> KubernetesOrchestrator:
-        workload = config.workload
-        return cls(
-            selector=workload.selector,
-            namespace=workload.namespace,
-            context=workload.context,
-            kubeconfig=workload.kubeconfig,
-            container=workload.container,
-            target_rank=config.inject_failure.target_rank,
-            reporting_rank=workload.reporting_rank,
-            clock=clock,
-        )
-
     @property
     def namespace(self) -> str | None:
         """The namespace (from the config, the kubeconfig's context, or ``default``)."""

@@ -158,28 +158,6 @@ class LocalOrchestrator:
 
     # ------------------------------------------------------------------ construction
 
-    @classmethod
-    def from_config(cls, config: Any, clock: Clock) -> LocalOrchestrator:
-        """Build from a validated DrillConfig (``workload`` and ``inject_failure`` sections)."""
-        workload = config.workload
-        command = workload.command
-        if isinstance(command, str):
-            command = shlex.split(command)
-        workdir = getattr(workload, "workdir", None) or Path.cwd()
-        env = {str(k): str(v) for k, v in (getattr(workload, "env", None) or {}).items()}
-        reporting_rank = getattr(workload, "reporting_rank", 0) or 0
-        if reporting_rank and "RECOVERYGATE_RANKS" not in os.environ:
-            env.setdefault("RECOVERYGATE_RANKS", str(reporting_rank))  # the reporter's rank filter
-        target = getattr(config.inject_failure, "target_rank", None)
-        return cls(
-            list(command or []),
-            Path(workdir),
-            env,
-            target_rank=1 if target is None else int(target),
-            clock=clock,
-            attach_pid=getattr(workload, "attach_pid", None),
-        )
-
     # ------------------------------------------------------------------ Orchestrator
 
     def discover(self, deadline: float) -> Workload:

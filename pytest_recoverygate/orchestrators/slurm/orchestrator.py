@@ -40,7 +40,6 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_recoverygate.errors import (
     BackendError,
@@ -59,6 +58,7 @@ from pytest_recoverygate.model import (
     Workload,
 )
 from pytest_recoverygate.orchestrators.base import Clock, EventSource, cleanup_once
+from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
 from pytest_recoverygate.orchestrators.slurm.commands import (
     CommandNotStarted,
     JobGone,
@@ -83,10 +83,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_slurm_marker,
 )
 
-__all__ = ["FAULT_TYPES", "SlurmOrchestrator"]
-
-#: What this backend can inject.
-FAULT_TYPES: tuple[str, ...] = ("KillWorker", "KillStep", "Requeue")
+__all__ = ["SlurmOrchestrator"]
 _INSTANCE_ID = re.compile(r"(?P<job>[^./@]+)\.(?P<step>[^/@]+)/(?P<pid>\d+)@(?P<start>\d+)")
 
 
@@ -165,27 +162,6 @@ class SlurmOrchestrator:
         self._pending_reported = False
         self._replacement: Worker | None = None
         self._ended = False
-
-    @classmethod
-    def from_config(cls, config: Any, clock: Clock) -> SlurmOrchestrator:
-        """Build from a validated DrillConfig (``workload`` and ``inject_failure`` sections)."""
-        workload = config.workload
-        inject = config.inject_failure
-        poll = getattr(workload, "poll_interval", None)
-        target = getattr(inject, "target_rank", None)
-        return cls(
-            job_id=getattr(workload, "job_id", None),
-            job_name=getattr(workload, "job_name", None),
-            user=getattr(workload, "user", None),
-            partition=getattr(workload, "partition", None),
-            output=str(workload.output) if getattr(workload, "output", None) else None,
-            poll_interval=float(poll) if poll else 1.0,
-            fault=str(getattr(inject, "type", "KillWorker") or "KillWorker"),
-            target_rank=int(target) if target is not None else 1,
-            reporting_rank=getattr(workload, "reporting_rank", None),
-            clock=clock,
-            slurm_conf=getattr(workload, "slurm_conf", None),
-        )
 
     # --- discovery ----------------------------------------------------------------------
 
