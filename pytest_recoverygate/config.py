@@ -6,15 +6,13 @@ and every problem is reported at once, each on its own line, in the form::
 
     FILE:LINE: key.path: problem — got VALUE; allowed: … (fix hint)
 
-How: the YAML is *composed* (not loaded) with pyyaml's safe loader, so every key keeps
-the line it was written on; anchors and aliases are refused while composing (a "billion
-laughs" document never expands), nesting depth and file size are bounded. The node tree
-is then turned into plain Python values by hand, which also catches duplicate keys,
-complex keys and unknown tags. The schema (:mod:`pytest_recoverygate.schema`, the
-``workload`` section from the backend the file names) validates the values, and pydantic's
-errors are rewritten in our words with the line numbers found while composing, using
-each field's :func:`~pytest_recoverygate.schema.meta`. Nothing here touches the cluster
-or the job: checking a config is safe to run anywhere (``recoverygate validate``).
+How: :mod:`pytest_recoverygate.yamlfile` reads the YAML with the line of every value
+(anchors, aliases, deep nesting and oversized files refused while composing). The schema
+(:mod:`pytest_recoverygate.schema`, the ``workload`` section from the backend the file
+names) validates the values, and pydantic's errors are rewritten here in our words with
+those lines, using each field's :func:`~pytest_recoverygate.schema.meta`. Nothing here
+touches the cluster or the job: checking a config is safe to run anywhere
+(``recoverygate validate``).
 
 In YAML the keys are camelCase (``injectFailure.afterCheckpoint``); in Python the
 attributes are snake_case (``config.inject_failure.after_checkpoint``).
@@ -23,19 +21,13 @@ attributes are snake_case (``config.inject_failure.after_checkpoint``).
 from __future__ import annotations
 
 import difflib
-import json
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from yaml.events import AliasEvent, CollectionStartEvent, Event, ScalarEvent
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from pytest_recoverygate.durations import format_duration, format_step_ref
 from pytest_recoverygate.errors import ConfigError, UsageError
@@ -52,6 +44,19 @@ from pytest_recoverygate.schema import (
     fault_types,
     spec_from_config,
 )
+from pytest_recoverygate.yamlfile import (
+    INVALID,
+    MAX_CONFIG_BYTES,
+    PathKey,
+    Problem,
+    Where,
+    describe,
+    format_path,
+    is_text_slot,
+    key_text,
+    line_for,
+    read_document,
+)
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -66,10 +71,6 @@ __all__ = [
     "schema_keys",
 ]
 
-#: Bounds that turn absurd files into errors before anything is read.
-MAX_CONFIG_BYTES = 256 * 1024
-MAX_DEPTH = 32
-
 _ROOT_ONLY_IN_PYTHON = ("sourcePath", "source_path")
 
 
@@ -83,319 +84,6 @@ def _workload_model(tag: Any) -> type[WorkloadBase] | None:
         return get_backend(tag).workload
     except UsageError:
         return None
-
-
-# ------------------------------------------------------------------- YAML reading
-
-
-class _Refused(Exception):
-    """A YAML feature we refuse on purpose (anchors, aliases, deep nesting)."""
-
-    def __init__(self, line: int, problem: str, hint: str) -> None:
-        super().__init__(problem)
-        self.line = line
-        self.problem = problem
-        self.hint = hint
-
-
-class _Loader(yaml.SafeLoader):
-    """pyyaml's safe loader that refuses anchors, aliases and deep nesting while composing.
-
-    Refusing at compose time means a "billion laughs" document costs what its text costs:
-    no alias is ever followed.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        event: Event = self.peek_event()  # type: ignore[no-untyped-call]
-        line = event.start_mark.line + 1 if event.start_mark else 1
-        if isinstance(event, AliasEvent):
-            raise _Refused(
-                line,
-                f"YAML aliases (*{event.anchor}) are not allowed",
-                "write the value out in full; anchors and aliases are refused so a config "
-                "cannot expand into a YAML bomb",
-            )
-        if isinstance(event, (ScalarEvent, CollectionStartEvent)) and event.anchor is not None:
-            raise _Refused(
-                line,
-                f"YAML anchors (&{event.anchor}) are not allowed",
-                "remove the anchor and write values out in full; anchors and aliases are "
-                "refused so a config cannot expand into a YAML bomb",
-            )
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise _Refused(
-                    line,
-                    f"nesting is deeper than {MAX_DEPTH} levels",
-                    "a drill config is a few levels deep",
-                )
-            node: Node | None = super().compose_node(parent, index)
-            return node
-        finally:
-            self._depth -= 1
-
-
-@dataclass(frozen=True)
-class _Where:
-    """Where a value sits in the file, and how it was written."""
-
-    line: int
-    text: str  # the value as written (scalars), or a short description (collections)
-
-
-@dataclass(frozen=True, order=True)
-class _Problem:
-    line: int
-    path: str
-    problem: str
-    got: str
-    allowed: str
-    hint: str
-
-    def render(self, file: str) -> str:
-        where = f"{file}:{self.line}" if self.line else f"{file} (override)"
-        text = f"{where}: {self.path}: {self.problem} — got {self.got}"
-        if self.allowed:
-            text += f"; allowed: {self.allowed}"
-        if self.hint:
-            text += f" ({self.hint})"
-        return text
-
-
-_PathKey = tuple[Any, ...]
-_INVALID = object()  # stands in for a value that could not be read (already reported)
-
-_MAP_TAG = "tag:yaml.org,2002:map"
-_SEQ_TAG = "tag:yaml.org,2002:seq"
-_SCALAR_TAGS = frozenset(
-    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "timestamp")
-)
-
-
-def _shorten(text: str, limit: int = 80) -> str:
-    """One line, printable, at most ``limit`` characters."""
-    printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return printable if len(printable) <= limit else printable[: limit - 1] + "…"
-
-
-def _scalar_text(node: ScalarNode) -> str:
-    if node.style in ('"', "'"):
-        return _shorten(f"{node.style}{node.value}{node.style}")
-    if node.value == "" and node.tag == "tag:yaml.org,2002:null":
-        return "nothing (empty value)"
-    return _shorten(str(node.value))
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, dict):
-        keys = ", ".join(_shorten(str(k), 20) for k in list(value)[:4])
-        return (
-            f"a mapping ({keys}{', …' if len(value) > 4 else ''})" if value else "an empty mapping"
-        )
-    if isinstance(value, list):
-        if not value:
-            return "[] (an empty list)"
-        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return _shorten(repr(value) if isinstance(value, str) else str(value))
-
-
-class _Reader:
-    """Turns a composed YAML node tree into Python values, remembering where each was."""
-
-    def __init__(self, loader: _Loader) -> None:
-        self.loader = loader
-        self.where: dict[_PathKey, _Where] = {}
-        self.problems: list[_Problem] = []
-
-    def _problem(
-        self, line: int, path: _PathKey, problem: str, *, got: str, allowed: str, hint: str = ""
-    ) -> None:
-        self.problems.append(_Problem(line, _format_path(path), problem, got, allowed, hint))
-
-    def read(self, node: Node, path: _PathKey) -> Any:
-        line = node.start_mark.line + 1
-        if isinstance(node, ScalarNode):
-            if node.tag not in _SCALAR_TAGS:
-                self._problem(
-                    line,
-                    path,
-                    f"YAML tag {node.tag} is not supported",
-                    got=_scalar_text(node),
-                    allowed="plain YAML values (text, numbers, true/false)",
-                    hint="remove the tag",
-                )
-                return _INVALID
-            try:
-                value = self.loader.construct_object(node)
-            except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
-                problem = getattr(exc, "problem", None) or str(exc)
-                self._problem(
-                    line,
-                    path,
-                    f"cannot be read ({_shorten(str(problem), 100)})",
-                    got=_scalar_text(node),
-                    allowed="plain YAML values (text, numbers, true/false)",
-                    hint="remove the !!tag or quote the value",
-                )
-                return _INVALID
-            if _is_text_slot(path) and _is_plain_decimal(node, value):
-                return node.value  # a number in argv or env: its decimal text, as written
-            return value
-        if isinstance(node, MappingNode):
-            if node.tag != _MAP_TAG:
-                self._problem(
-                    line,
-                    path,
-                    f"YAML tag {node.tag} is not supported",
-                    got="a tagged mapping",
-                    allowed="a plain mapping",
-                    hint="remove the tag",
-                )
-                return _INVALID
-            result: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key_line = key_node.start_mark.line + 1
-                if not isinstance(key_node, ScalarNode):
-                    self._problem(
-                        key_line,
-                        path,
-                        "a key must be a plain word, not a list or mapping",
-                        got="a complex key",
-                        allowed="key: value pairs",
-                        hint="write the key as a word",
-                    )
-                    continue
-                key = self.read(key_node, (*path, key_node.value))
-                if key is _INVALID:
-                    continue
-                child = (*path, key)
-                if key in result:
-                    first = self.where[child].line
-                    self._problem(
-                        key_line,
-                        child,
-                        f"key appears twice (first on line {first})",
-                        got=_scalar_text(key_node),
-                        allowed="each key once",
-                        hint="remove one of them",
-                    )
-                    continue
-                value = self.read(value_node, child)
-                text = (
-                    _scalar_text(value_node)
-                    if isinstance(value_node, ScalarNode)
-                    else _describe(value)
-                )
-                self.where[child] = _Where(key_line, text)
-                result[key] = value
-            return result
-        if isinstance(node, SequenceNode):
-            if node.tag != _SEQ_TAG:
-                self._problem(
-                    line,
-                    path,
-                    f"YAML tag {node.tag} is not supported",
-                    got="a tagged list",
-                    allowed="a plain list",
-                    hint="remove the tag",
-                )
-                return _INVALID
-            items: list[Any] = []
-            for index, item_node in enumerate(node.value):
-                child = (*path, index)
-                value = self.read(item_node, child)
-                text = (
-                    _scalar_text(item_node)
-                    if isinstance(item_node, ScalarNode)
-                    else _describe(value)
-                )
-                self.where[child] = _Where(item_node.start_mark.line + 1, text)
-                items.append(value)
-            return items
-        raise AssertionError(f"unexpected YAML node {node!r}")  # pragma: no cover
-
-
-_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
-
-
-def _is_text_slot(path: _PathKey) -> bool:
-    """An argument of ``workload.command`` or a value of ``workload.env``: always text."""
-    return len(path) == 3 and path[0] == "workload" and path[1] in ("command", "env")
-
-
-def _is_plain_decimal(node: ScalarNode, value: Any) -> bool:
-    """A bare number whose text reads the same to everyone: ``2``, ``-1``, ``0.02``.
-
-    Not ``0x10``, ``010`` (octal in YAML 1.1), ``1_000``, ``1e3``, ``+5`` or ``.inf``: YAML
-    turns those into a number whose decimal text differs from what was written, so which
-    one was meant is a guess. Booleans (``yes``, ``on``) and null are never numbers here.
-    """
-    if node.style is not None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return _DECIMAL.fullmatch(node.value) is not None
-
-
-def _key_text(key: Any) -> str:
-    """A key as it reads in a message: quoted when it is blank or has spaces or dots."""
-    text = str(key)
-    if not text or any(c.isspace() or c == "." or not c.isprintable() for c in text):
-        return _shorten(json.dumps(text, ensure_ascii=False), 40)
-    return _shorten(text, 40)
-
-
-def _format_path(path: _PathKey) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int) and not isinstance(part, bool):
-            out += f"[{part}]"
-        else:
-            word = _key_text(part)
-            out += f".{word}" if out else word
-    return out or "(top level)"
-
-
-def _syntax_problem(exc: yaml.YAMLError, text: str) -> _Problem:
-    """A YAML syntax error as a problem line: where, what, and the line itself."""
-    lines = text.splitlines()
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    if mark is not None:
-        line, column = mark.line + 1, mark.column + 1
-    elif isinstance(exc, yaml.reader.ReaderError):
-        line = text.count("\n", 0, exc.position) + 1
-        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-    else:  # pragma: no cover - every pyyaml error has a mark or a position
-        line, column = 1, 1
-    what = " ".join(
-        str(p) for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p
-    )
-    if isinstance(exc, yaml.reader.ReaderError):
-        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
-        what = f"character {char!r} (U+{ord(char):04X}) is not allowed in YAML"
-    what = what or str(exc)
-    hint = f"fix the YAML near column {column}"
-    if "\t" in what or "'\\t'" in what:
-        hint = "YAML indents with spaces, not tabs"
-    elif "expected a single document" in what:
-        hint = "one drill per file: remove the extra '---' document"
-    got = _shorten(repr(lines[line - 1])) if 0 < line <= len(lines) else "the end of the file"
-    return _Problem(line, "(YAML syntax)", _shorten(what, 160), got, "well-formed YAML", hint)
-
-
-def _compose(text: str) -> Node | None:
-    loader = _Loader(text)
-    try:
-        return loader.get_single_node()
-    finally:
-        loader.dispose()
 
 
 # ----------------------------------------------------------------- error wording
@@ -514,9 +202,9 @@ def _is_env_value(path: tuple[Any, ...]) -> bool:
 
 def _translate(
     error: Mapping[str, Any],
-    where: dict[_PathKey, _Where],
+    where: dict[PathKey, Where],
     workload: type[WorkloadBase] | None,
-) -> _Problem:
+) -> Problem:
     """One pydantic error, rewritten with its line, key path, value, what is allowed and a fix.
 
     ``workload`` is the model of the backend the file names (None when it names none).
@@ -542,7 +230,7 @@ def _translate(
     problem = _TYPE_PROBLEMS.get(kind, str(error.get("msg", "is not valid")))
 
     spot = where.get(path)
-    got = spot.text if spot is not None else _describe(error.get("input"))
+    got = spot.text if spot is not None else describe(error.get("input"))
     quoted = spot is not None and spot.text.startswith(("'", '"'))
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):
@@ -557,7 +245,7 @@ def _translate(
             hint = "say which backend runs the job, e.g. orchestrator: fake"
         else:
             problem = "is not a known orchestrator"
-            got = spot.text if spot is not None else _describe(ctx.get("tag"))
+            got = spot.text if spot is not None else describe(ctx.get("tag"))
             hint = _did_you_mean(str(ctx.get("tag", "")), names) or "e.g. orchestrator: kubernetes"
     elif kind == "missing":
         got = "nothing"
@@ -566,13 +254,13 @@ def _translate(
         key = str(loc[-1])
         candidates = _allowed_keys(parent) if parent is not None else []
         allowed = ", ".join(candidates)
-        got = _key_text(loc[-1])
+        got = key_text(loc[-1])
         hint = _did_you_mean(key, candidates)
         if not hint and len(path) == 2 and path[0] == "workload":
             hint = _elsewhere(key)
         hint = hint or "remove it"
     elif kind == "invalid_key":
-        got = _describe(loc[-1] if loc else error.get("input"))
+        got = describe(loc[-1] if loc else error.get("input"))
         hint = 'quote the key: "…": value'
     elif kind == "recoverygate":
         problem = str(ctx.get("problem", problem))
@@ -584,7 +272,7 @@ def _translate(
         allowed = allowed or str(ctx.get("expected", ""))
     elif kind == "string_type" and spot is not None and not quoted:
         key = path[-1] if path else "key"
-        if _is_text_slot(path):
+        if is_text_slot(path):
             problem = _ambiguous_text(error.get("input"), spot.text, hidden=_is_env_value(path))
         if _is_env_value(path):
             hint = 'quote it: NAME: "value"'
@@ -602,8 +290,8 @@ def _translate(
     names_the_value = kind in ("extra_forbidden", "invalid_key") or "got" in ctx
     if _is_env_value(path) and not names_the_value:
         got = "a value (hidden: env values may be secrets)"
-    line = _line_for(path, where)
-    return _Problem(line, _format_path(path), problem, got, allowed, hint)
+    line = line_for(path, where)
+    return Problem(line, format_path(path), problem, got, allowed, hint)
 
 
 def _ambiguous_text(value: Any, written: str, *, hidden: bool) -> str:
@@ -618,16 +306,6 @@ def _ambiguous_text(value: Any, written: str, *, hidden: bool) -> str:
         return "must be text"
     subject = "it" if hidden else written
     return f"must be text, and YAML reads {subject} as {made}, so what was meant is unclear"
-
-
-def _line_for(path: tuple[Any, ...], where: dict[_PathKey, _Where]) -> int:
-    """The line of ``path``, or of its nearest parent that exists (where a missing key goes)."""
-    for end in range(len(path), 0, -1):
-        spot = where.get(path[:end])
-        if spot is not None:
-            return spot.line
-    root = where.get(())
-    return root.line if root is not None else 1
 
 
 # ------------------------------------------------------------------- public API
@@ -648,92 +326,7 @@ def parse_config(
     """
     source = Path(source)
     file = str(source)
-    if len(text) > MAX_CONFIG_BYTES:
-        unit = "bytes" if isinstance(text, bytes) else "characters"
-        raise ConfigError(
-            _Problem(
-                1,
-                "(file)",
-                "is too large for a drill config",
-                f"more than {MAX_CONFIG_BYTES} {unit}",
-                f"at most {MAX_CONFIG_BYTES} {unit} (a drill config is a few hundred)",
-                "is this the right file?",
-            ).render(file)
-        )
-    if isinstance(text, bytes):
-        raw = text
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw.count(b"\n", 0, exc.start) + 1
-            raise ConfigError(
-                _Problem(
-                    line,
-                    "(file)",
-                    "is not UTF-8 text",
-                    f"byte 0x{raw[exc.start]:02x} at offset {exc.start}",
-                    "a UTF-8 encoded YAML file",
-                    "save the file as UTF-8",
-                ).render(file)
-            ) from None
-    text = text.removeprefix("\ufeff")
-
-    try:
-        node = _compose(text)
-    except _Refused as exc:
-        raise ConfigError(
-            _Problem(
-                exc.line,
-                "(YAML)",
-                exc.problem,
-                _source_line(text, exc.line),
-                "plain YAML",
-                exc.hint,
-            ).render(file)
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(_syntax_problem(exc, text).render(file)) from None
-    except RecursionError:  # pragma: no cover - depth is bounded while composing
-        raise ConfigError(
-            _Problem(1, "(YAML)", "is nested too deeply", "", "plain YAML", "").render(file)
-        ) from None
-
-    if node is None:
-        raise ConfigError(
-            _Problem(
-                1,
-                "(file)",
-                "is empty",
-                "no YAML content",
-                "a mapping with workload, injectFailure and expectations",
-                "see docs/config.md for a complete example",
-            ).render(file)
-        )
-
-    reader = _Reader(_Loader(""))
-    data = reader.read(node, ())
-    if data is _INVALID:  # the whole document was refused (e.g. a tagged root)
-        raise ConfigError("\n".join(p.render(file) for p in sorted(reader.problems)))
-    reader.where[()] = _Where(node.start_mark.line + 1, _describe(data))
-    if not isinstance(data, dict):
-        raise ConfigError(
-            "\n".join(
-                p.render(file)
-                for p in sorted(
-                    [
-                        *reader.problems,
-                        _Problem(
-                            node.start_mark.line + 1,
-                            "(top level)",
-                            "must be a mapping of keys",
-                            _describe(data),
-                            "a mapping with workload, injectFailure and expectations",
-                            "start the file with workload:",
-                        ),
-                    ]
-                )
-            )
-        )
+    data, where, problems = read_document(text, file)
 
     for dotted, value in (overrides or {}).items():
         node_data: Any = data
@@ -745,14 +338,14 @@ def parse_config(
                 node_data[key] = child
             node_data = child
         node_data[last] = value
-        reader.where[tuple(dotted.split("."))] = _Where(0, _describe(value))
+        where[tuple(dotted.split("."))] = Where(0, describe(value))
 
     for reserved in _ROOT_ONLY_IN_PYTHON:
         if reserved in data:
-            where = reader.where[(reserved,)]
-            reader.problems.append(
-                _Problem(
-                    where.line,
+            spot = where[(reserved,)]
+            problems.append(
+                Problem(
+                    spot.line,
                     reserved,
                     "unknown key",
                     reserved,
@@ -762,7 +355,6 @@ def parse_config(
             )
             del data[reserved]
 
-    problems = list(reader.problems)
     context = {"yaml": True, "source": source.absolute(), "base_dir": source.absolute().parent}
     config: DrillConfig | None = None
     try:
@@ -773,26 +365,26 @@ def parse_config(
             _workload_model(section.get("orchestrator")) if isinstance(section, dict) else None
         )
         for error in exc.errors(include_url=False):
-            if error.get("input") is not _INVALID:
-                problems.append(_translate(error, reader.where, workload))
-        problems.extend(_cross_checks(data, reader.where, problems))
+            if error.get("input") is not INVALID:
+                problems.append(_translate(error, where, workload))
+        problems.extend(_cross_checks(data, where, problems))
     if problems or config is None:
         unique = sorted(set(problems))
         if not unique:  # pragma: no cover - a failed validation always yields a problem
-            unique = [_Problem(1, "(top level)", "is not a valid drill config", "", "", "")]
+            unique = [Problem(1, "(top level)", "is not a valid drill config", "", "", "")]
         raise ConfigError("\n".join(p.render(file) for p in unique))
     return config
 
 
 def _cross_checks(
-    data: dict[Any, Any], where: dict[_PathKey, _Where], found: list[_Problem]
-) -> list[_Problem]:
+    data: dict[Any, Any], where: dict[PathKey, Where], found: list[Problem]
+) -> list[Problem]:
     """Checks across sections that pydantic skips when a section itself is invalid.
 
     The same checks run inside the models when everything else is valid; here they run on
     the raw values so that one run of ``validate`` lists every problem.
     """
-    extra: list[_Problem] = []
+    extra: list[Problem] = []
     workload, failure = data.get("workload"), data.get("injectFailure")
     if not (isinstance(workload, dict) and isinstance(failure, dict)):
         return extra
@@ -806,8 +398,8 @@ def _cross_checks(
     if refused is not None:
         problem, allowed, hint = refused
         extra.append(
-            _Problem(
-                _line_for(("injectFailure", "type"), where),
+            Problem(
+                line_for(("injectFailure", "type"), where),
                 "injectFailure.type",
                 problem,
                 kind,
@@ -816,11 +408,6 @@ def _cross_checks(
             )
         )
     return extra
-
-
-def _source_line(text: str, line: int) -> str:
-    lines = text.splitlines()
-    return _shorten(repr(lines[line - 1])) if 0 < line <= len(lines) else "the end of the file"
 
 
 def load_config(
@@ -836,7 +423,7 @@ def load_config(
             found = sorted(p.name for p in source.iterdir() if p.suffix in (".yaml", ".yml"))[:5]
             hint = f"e.g. {source / found[0]}" if found else "pass the YAML file itself"
             raise ConfigError(
-                _Problem(
+                Problem(
                     0, "(file)", "is a folder, not a file", file, "a recovery-test.yaml file", hint
                 )
                 .render(file)
