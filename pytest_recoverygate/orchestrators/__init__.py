@@ -9,9 +9,9 @@ unit tests never pay for ``kubernetes`` or ``psutil``. A third-party backend ins
 a pytest plugin: its distribution declares ::
 
     [project.entry-points."recoverygate.backends"]
-    procgroup = "rg_procgroup:BACKEND"
+    mybackend = "my_backend:BACKEND"
 
-and ``orchestrator: procgroup`` works, with its keys validated and its errors worded like
+and ``orchestrator: mybackend`` works, with its keys validated and its errors worded like
 a built-in backend's (docs/backends.md). Nothing else names a backend: the config schema,
 the runner and the drill lock ask the registry.
 """
