@@ -65,12 +65,13 @@ def test_the_builtin_backends_are_listed_in_order_and_answer_to_their_names() ->
 
 
 def _required(name: str) -> dict[str, Any]:
-    return {
+    required: dict[str, dict[str, Any]] = {
         "fake": {},
         "local": {"command": ["torchrun", "t.py"]},
         "kubernetes": {"selector": "a=b"},
         "slurm": {"job_id": 1},
-    }[name]
+    }
+    return required[name]
 
 
 def test_importing_the_entries_imports_no_cluster_client_and_no_psutil() -> None:

@@ -8,6 +8,7 @@ after ``restart_delay``; otherwise the job has failed.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -135,13 +136,16 @@ class ProcGroupOrchestrator:
                 start_new_session=True,
             )
             assert proc.stdout is not None
-            label = f"rank {rank}"
             self._source.attach_pipe(
                 proc.stdout,
                 stream=(rank, self._generation),
-                on_chunk=lambda chunk, label=label: self._output.feed(chunk, label, label=label),
+                on_chunk=functools.partial(self._keep, f"rank {rank}"),
             )
             self._group[rank] = proc
+
+    def _keep(self, label: str, chunk: bytes) -> None:
+        """What a worker printed, for the report (``job_output``)."""
+        self._output.feed(chunk, label, label=label)
 
     def _end_group(self) -> None:
         for proc in self._group.values():
