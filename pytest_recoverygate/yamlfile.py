@@ -143,7 +143,7 @@ def shorten(text: str, limit: int = 80) -> str:
     return printable if len(printable) <= limit else printable[: limit - 1] + "…"
 
 
-def scalar_text(node: ScalarNode) -> str:
+def _scalar_text(node: ScalarNode) -> str:
     if node.style in ('"', "'"):
         return shorten(f"{node.style}{node.value}{node.style}")
     if node.value == "" and node.tag == "tag:yaml.org,2002:null":
@@ -189,7 +189,7 @@ class Reader:
                     line,
                     path,
                     f"YAML tag {node.tag} is not supported",
-                    got=scalar_text(node),
+                    got=_scalar_text(node),
                     allowed="plain YAML values (text, numbers, true/false)",
                     hint="remove the tag",
                 )
@@ -202,12 +202,12 @@ class Reader:
                     line,
                     path,
                     f"cannot be read ({shorten(str(problem), 100)})",
-                    got=scalar_text(node),
+                    got=_scalar_text(node),
                     allowed="plain YAML values (text, numbers, true/false)",
                     hint="remove the !!tag or quote the value",
                 )
                 return INVALID
-            if is_text_slot(path) and is_plain_decimal(node, value):
+            if is_text_slot(path) and _is_plain_decimal(node, value):
                 return node.value  # a number in argv or env: its decimal text, as written
             return value
         if isinstance(node, MappingNode):
@@ -244,14 +244,14 @@ class Reader:
                         key_line,
                         child,
                         f"key appears twice (first on line {first})",
-                        got=scalar_text(key_node),
+                        got=_scalar_text(key_node),
                         allowed="each key once",
                         hint="remove one of them",
                     )
                     continue
                 value = self.read(value_node, child)
                 text = (
-                    scalar_text(value_node)
+                    _scalar_text(value_node)
                     if isinstance(value_node, ScalarNode)
                     else describe(value)
                 )
@@ -274,7 +274,9 @@ class Reader:
                 child = (*path, index)
                 value = self.read(item_node, child)
                 text = (
-                    scalar_text(item_node) if isinstance(item_node, ScalarNode) else describe(value)
+                    _scalar_text(item_node)
+                    if isinstance(item_node, ScalarNode)
+                    else describe(value)
                 )
                 self.where[child] = Where(item_node.start_mark.line + 1, text)
                 items.append(value)
@@ -290,7 +292,7 @@ def is_text_slot(path: PathKey) -> bool:
     return len(path) == 3 and path[0] == "workload" and path[1] in ("command", "env")
 
 
-def is_plain_decimal(node: ScalarNode, value: Any) -> bool:
+def _is_plain_decimal(node: ScalarNode, value: Any) -> bool:
     """A bare number whose text reads the same to everyone: ``2``, ``-1``, ``0.02``.
 
     Not ``0x10``, ``010`` (octal in YAML 1.1), ``1_000``, ``1e3``, ``+5`` or ``.inf``: YAML
@@ -321,7 +323,7 @@ def format_path(path: PathKey) -> str:
     return out or "(top level)"
 
 
-def syntax_problem(exc: yaml.YAMLError, text: str) -> Problem:
+def _syntax_problem(exc: yaml.YAMLError, text: str) -> Problem:
     """A YAML syntax error as a problem line: where, what, and the line itself."""
     lines = text.splitlines()
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -348,7 +350,7 @@ def syntax_problem(exc: yaml.YAMLError, text: str) -> Problem:
     return Problem(line, "(YAML syntax)", shorten(what, 160), got, "well-formed YAML", hint)
 
 
-def compose(text: str) -> Node | None:
+def _compose(text: str) -> Node | None:
     loader = YamlLoader(text)
     try:
         return loader.get_single_node()
@@ -411,7 +413,7 @@ def read_document(
     text = text.removeprefix("\ufeff")
 
     try:
-        node = compose(text)
+        node = _compose(text)
     except Refused as exc:
         raise ConfigError(
             Problem(
@@ -424,7 +426,7 @@ def read_document(
             ).render(file)
         ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(syntax_problem(exc, text).render(file)) from None
+        raise ConfigError(_syntax_problem(exc, text).render(file)) from None
     except RecursionError:  # pragma: no cover - depth is bounded while composing
         raise ConfigError(
             Problem(1, "(YAML)", "is nested too deeply", "", "plain YAML", "").render(file)

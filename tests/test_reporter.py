@@ -399,13 +399,17 @@ def test_steps_that_convert_to_int_are_converted() -> None:
 
 
 def test_a_stream_that_fails_is_swallowed() -> None:
+    attempts: list[str] = []
+
     class Broken(io.StringIO):
         def write(self, s: str) -> int:
+            attempts.append(s)
             raise OSError("disk full")
 
     reporter.configure(stream=Broken(), min_interval=0)
-    reporter.progress(1)
-    reporter.checkpoint_completed(1)
+    assert reporter.progress(1) is None  # no exception reached the training loop
+    assert reporter.checkpoint_completed(1) is None
+    assert attempts, "the reporter never tried to write, so nothing was swallowed"
 
 
 def test_lines_from_many_threads_never_interleave(tmp_path: Path) -> None:
