@@ -263,8 +263,8 @@ def test_a_fresh_venv_with_the_built_wheels_runs_a_kubernetes_drill(
     a Kubernetes dry run against the fake API server: the client is there, and the drill
     reaches its verdict."""
     pytest.importorskip("kubernetes")
-    from tests.kube.fake_apiserver import FakeApiServer
-    from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
+    from tests.kubernetes.fake_apiserver import FakeApiServer
+    from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
 
     wheel = wheels["recoverygate"]
     env_dir = tmp_path / "venv"

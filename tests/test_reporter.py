@@ -407,8 +407,8 @@ def test_a_stream_that_fails_is_swallowed() -> None:
             raise OSError("disk full")
 
     reporter.configure(stream=Broken(), min_interval=0)
-    assert reporter.progress(1) is None  # no exception reached the training loop
-    assert reporter.checkpoint_completed(1) is None
+    reporter.progress(1)  # no exception may reach the training loop
+    reporter.checkpoint_completed(1)
     assert attempts, "the reporter never tried to write, so nothing was swallowed"
 
 

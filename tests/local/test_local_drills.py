@@ -32,7 +32,7 @@ from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.e2e, pytest.mark.local]
+pytestmark = [pytest.mark.local, pytest.mark.e2e]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "local"
 PASSING = EXAMPLES / "recovery-test.yaml"

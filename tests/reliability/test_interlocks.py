@@ -33,8 +33,8 @@ from pytest_recoverygate.engine import Verdict
 from pytest_recoverygate.lock import DrillLock, lock_path
 from pytest_recoverygate.model import KillResult, Worker
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import InstantController
 from tests.reliability.test_cleanup_local import drill_yaml as local_drill_yaml

@@ -40,8 +40,8 @@ from pytest_recoverygate.model import KillOutcome
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob, drill_yaml
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import (
     FaultPlan,
@@ -198,28 +198,15 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
 
 
 def drill_text(job: FakeTrainingJob, kubeconfig: Path) -> str:
-    return f"""
-name: fault-drill
-workload:
-  orchestrator: kubernetes
-  selector: "{job.selector}"
-  namespace: {job.namespace}
-  kubeconfig: {kubeconfig}
-injectFailure:
-  type: KillWorker
-  afterCheckpoint: step-10
-  targetRank: 1
-expectations:
-  resumeFromCheckpoint: latest
-  maxRecoveryTime: 20s
-  maxLostSteps: 10000
-safety:
-  requireConfirm: false
-timeouts:
-  discovery: 20s
-  checkpoint: 20s
-  recovery: 20s
-"""
+    return drill_yaml(
+        job.selector,
+        job.namespace,
+        kubeconfig,
+        name="fault-drill",
+        after=10,
+        max_recovery="20s",
+        max_lost_steps=10000,
+    )
 
 
 def one_full_drill(

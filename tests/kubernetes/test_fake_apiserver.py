@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube.fake_apiserver import FakeApiServer, Fault, parse_selector, selector_matches
-from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
+from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, parse_selector, selector_matches
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
 
 pytestmark = pytest.mark.kubernetes
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
 
 pytest.importorskip("kubernetes")
 
