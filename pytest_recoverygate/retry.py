@@ -92,18 +92,14 @@ def retry_read(
     error is not transient, or when the next wait would end past ``deadline`` (on the
     ``now`` clock).
     """
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return call()
-        except Exception as exc:
-            if attempt >= policy.attempts or not transient(exc):
-                raise
-            wait = policy.wait(attempt, exc)
-            if deadline is not None and now() + wait > deadline:
-                raise
-            sleep(wait)
+
+    def again(attempt: int, exc: Exception) -> float | None:
+        wait = policy.wait(attempt, exc)
+        if not transient(exc) or (deadline is not None and now() + wait > deadline):
+            return None
+        return wait
+
+    return _tries(call, again, policy.attempts, sleep)
 
 
 def send_destructive(
@@ -119,12 +115,28 @@ def send_destructive(
     Every other failure is re-raised at once: the action may have acted, and sending it
     again could act twice (requeue the replacement, delete what came after).
     """
+
+    def again(attempt: int, exc: Exception) -> float | None:
+        return policy.wait(attempt, exc) if never_acted(exc) else None
+
+    return _tries(call, again, policy.attempts, sleep)
+
+
+def _tries(
+    call: Callable[[], T],
+    again: Callable[[int, Exception], float | None],
+    attempts: int,
+    sleep: Callable[[float], None],
+) -> T:
+    """``call()`` up to ``attempts`` times; after a failure, ``again`` gives the wait
+    before the next try, or None to re-raise it now."""
     attempt = 0
     while True:
         attempt += 1
         try:
             return call()
         except Exception as exc:
-            if attempt >= policy.attempts or not never_acted(exc):
+            wait = again(attempt, exc) if attempt < attempts else None
+            if wait is None:
                 raise
-            sleep(policy.wait(attempt, exc))
+            sleep(wait)

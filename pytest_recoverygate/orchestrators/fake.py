@@ -118,24 +118,19 @@ class FakeWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _reporting_rank_exists(self) -> FakeWorkload:
-        if self.reporting_rank >= self.fake.workers:
-            raise refuse(
-                f"rank {self.reporting_rank} does not exist "
-                f"in a job of {self.fake.workers} workers",
-                f"a rank from 0 to {self.fake.workers - 1}",
-                key=("reportingRank",),
-                got=str(self.reporting_rank),
-            )
+        self._rank_exists(self.reporting_rank, "reportingRank")
         return self
 
     def check_failure(self, failure: InjectFailure) -> None:
-        if failure.target_rank >= self.fake.workers:
+        self._rank_exists(failure.target_rank, "targetRank")
+
+    def _rank_exists(self, rank: int, key: str) -> None:
+        if rank >= self.fake.workers:
             raise refuse(
-                f"rank {failure.target_rank} does not exist "
-                f"in a job of {self.fake.workers} workers",
+                f"rank {rank} does not exist in a job of {self.fake.workers} workers",
                 f"a rank from 0 to {self.fake.workers - 1}",
-                key=("targetRank",),
-                got=str(failure.target_rank),
+                key=(key,),
+                got=str(rank),
             )
 
 

@@ -71,6 +71,11 @@ timeouts:
 """
 
 
+def job_drill_yaml(job: FakeTrainingJob, kubeconfig: Path | str, **options: Any) -> str:
+    """:func:`drill_yaml` for the pods of ``job``."""
+    return drill_yaml(job.selector, job.namespace, kubeconfig, **options)
+
+
 def _container(name: str, rank_env: int | None = None) -> dict[str, Any]:
     container: dict[str, Any] = {"name": name, "image": "ghcr.io/example/train:1"}
     if rank_env is not None:

@@ -17,7 +17,7 @@ from pytest_recoverygate.config import parse_config
 from pytest_recoverygate.engine import DrillResult, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer
-from tests.kubernetes.fake_cluster import FakeTrainingJob, drill_yaml
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
 
@@ -32,9 +32,7 @@ def drill(
     dry_run: bool = False,
     max_recovery: str = "10s",
 ) -> DrillResult:
-    text = drill_yaml(
-        job.selector, job.namespace, kubeconfig, name=f"k8s-{job.kind}", max_recovery=max_recovery
-    )
+    text = job_drill_yaml(job, kubeconfig, name=f"k8s-{job.kind}", max_recovery=max_recovery)
     path = tmp_path / "recovery-test.yaml"
     path.write_text(text)
     config = parse_config(text, path)

@@ -41,7 +41,7 @@ from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer
-from tests.kubernetes.fake_cluster import FakeTrainingJob, drill_yaml
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import (
     FaultPlan,
@@ -198,15 +198,8 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
 
 
 def drill_text(job: FakeTrainingJob, kubeconfig: Path) -> str:
-    return drill_yaml(
-        job.selector,
-        job.namespace,
-        kubeconfig,
-        name="fault-drill",
-        after=10,
-        max_recovery="20s",
-        max_lost_steps=10000,
-    )
+    options = {"after": 10, "max_recovery": "20s", "max_lost_steps": 10000}
+    return job_drill_yaml(job, kubeconfig, name="fault-drill", **options)
 
 
 def one_full_drill(

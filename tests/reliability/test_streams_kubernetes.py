@@ -41,7 +41,7 @@ from pytest_recoverygate.config import parse_config
 from pytest_recoverygate.engine import Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
-from tests.kubernetes.fake_cluster import FakeTrainingJob, drill_yaml
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
 from tests.reliability.conftest import Figures
 
 pytestmark = pytest.mark.kubernetes
@@ -150,15 +150,8 @@ def router(server: FakeApiServer) -> Router:
 
 
 def drill_text(job: FakeTrainingJob, kubeconfig: Path) -> str:
-    return drill_yaml(
-        job.selector,
-        job.namespace,
-        kubeconfig,
-        name="stream-drill",
-        after=60,
-        max_recovery="20s",
-        max_lost_steps=10000,
-    )
+    options = {"after": 60, "max_recovery": "20s", "max_lost_steps": 10000}
+    return job_drill_yaml(job, kubeconfig, name="stream-drill", **options)
 
 
 Key = tuple[str, str, "int | None"]  # (incarnation, event, step)
