@@ -35,6 +35,7 @@ from pytest_recoverygate.config import parse_config  # noqa: E402
 from pytest_recoverygate.orchestrators import build_orchestrator  # noqa: E402
 from pytest_recoverygate.orchestrators.base import RealClock  # noqa: E402
 from pytest_recoverygate.runner import RunOptions, run_drill  # noqa: E402
+from tests.kubernetes.fake_cluster import drill_yaml  # noqa: E402
 
 
 def _cpu() -> float:
@@ -78,28 +79,15 @@ class _Phases:
 
 def main() -> None:
     kubeconfig, selector, namespace = sys.argv[1:4]
-    text = f"""
-name: scale
-workload:
-  orchestrator: kubernetes
-  selector: "{selector}"
-  namespace: {namespace}
-  kubeconfig: {kubeconfig}
-injectFailure:
-  type: KillWorker
-  afterCheckpoint: step-20
-  targetRank: 1
-expectations:
-  resumeFromCheckpoint: latest
-  maxRecoveryTime: 30s
-  maxLostSteps: 50
-safety:
-  requireConfirm: false
-timeouts:
-  discovery: 60s
-  checkpoint: 60s
-  recovery: 60s
-"""
+    text = drill_yaml(
+        selector,
+        namespace,
+        kubeconfig,
+        name="scale",
+        max_recovery="30s",
+        deadline="60s",
+        recovery="60s",
+    )
     with tempfile.TemporaryDirectory(prefix="rg-bench-k8s-") as tmp:
         path = Path(tmp) / "recovery-test.yaml"
         path.write_text(text)

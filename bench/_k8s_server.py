@@ -1,7 +1,7 @@
 """Child process of bench_scale: the fake Kubernetes API server with one big PyTorchJob.
 
-``python _k8s_server.py NODES KUBECONFIG``: starts :class:`tests.kube.fake_apiserver.
-FakeApiServer` with a :class:`tests.kube.fake_cluster.FakeTrainingJob` of NODES pods
+``python _k8s_server.py NODES KUBECONFIG``: starts :class:`tests.kubernetes.fake_apiserver.
+FakeApiServer` with a :class:`tests.kubernetes.fake_cluster.FakeTrainingJob` of NODES pods
 (PyTorchJob: a master and NODES-1 workers; rank 0 writes RECOVERYGATE/v1 lines to its log,
 a checkpoint every 10 steps of 20 ms), writes a kubeconfig for it, prints ``READY`` and
 serves until its stdin closes. Running it in its own process keeps the server's CPU time
@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "reporter")]
 
-from tests.kube.fake_apiserver import FakeApiServer  # noqa: E402
-from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob  # noqa: E402
+from tests.kubernetes.fake_apiserver import FakeApiServer  # noqa: E402
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob  # noqa: E402
 
 
 def main() -> None:

@@ -110,11 +110,11 @@ def startup_cost(quick: bool) -> list[Result]:
     runs = 5 if quick else 21
     env = subprocess_env()
     env.pop("RECOVERYGATE_AUTO", None)
-    starts = []
+    starts: list[float] = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        began = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
-        starts.append(time.perf_counter() - t0)
+        starts.append(time.perf_counter() - began)
     start_us = median(starts) * 1e6
     return [
         Result(

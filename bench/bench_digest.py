@@ -28,6 +28,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,18 @@ def sampled(tensors: list[Any]) -> str:
 
 
 # ---------------------------------------------------------------------- measuring
+
+
+def _run_on_state(fn: Callable[[list[Any]], str], state: Callable[[], Any]) -> str:
+    """One alternative design over the tensors of the current state."""
+    return fn(_tensors(state(), []))
+
+
+def _design(fn: Callable[[list[Any]], str], state: Callable[[], Any], scheduler: Any) -> str:
+    """An alternative design's digest, with the scheduler read like the shipped digest."""
+    from recoverygate.digest import state_digest
+
+    return fn(_tensors(state(), [])) + str(state_digest(scheduler))
 
 
 def _time(fn: Callable[[], object]) -> float:
@@ -317,7 +330,7 @@ def run(quick: bool) -> list[Result]:
     costs: dict[str, float] = {}
     for name, fn in alternatives:
         costs[name] = median(
-            [_time(lambda fn=fn: fn(_tensors(state(), []))) for _ in range(2 if quick else 3)]
+            [_time(partial(_run_on_state, fn, state)) for _ in range(2 if quick else 3)]
         )
 
     # Planted changes: which designs see them (each change is undone right after). The
@@ -326,7 +339,7 @@ def run(quick: bool) -> list[Result]:
         "shipped": lambda: state_digest(model, optimizer, scheduler)
     }
     for name, fn in alternatives:
-        designs[name] = lambda fn=fn: fn(_tensors(state(), [])) + state_digest(scheduler)
+        designs[name] = partial(_design, fn, state, scheduler)
     before = {name: fn() for name, fn in designs.items()}
     seen = dict.fromkeys(designs, 0)
     planted = _planted(model, optimizer, scheduler)
@@ -334,8 +347,8 @@ def run(quick: bool) -> list[Result]:
     for label, change in planted:
         undo = change()
         try:
-            for name, fn in designs.items():
-                if fn() != before[name]:
+            for name, design in designs.items():
+                if design() != before[name]:
                     seen[name] += 1
                 else:
                     missed[name].append(label)

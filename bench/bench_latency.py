@@ -100,7 +100,7 @@ def pipe_case(count: int, tmp: Path) -> list[float]:
 
 
 def file_case(count: int, tmp: Path, interval: float, *, inotify: bool) -> list[float]:
-    from pytest_recoverygate.orchestrators.slurm import OutputTail
+    from pytest_recoverygate.filetail import OutputTail
 
     clock = RealClock()
     source = StreamEventSource(wakeup=clock.wakeup)

@@ -245,8 +245,8 @@ def giant(quick: bool, tmp: Path) -> list[Result]:
 def _slurm_tail(path: Path) -> Result:
     """The SLURM adapter's OutputTail (a file tail in front of the same parser), same file."""
     from pytest_recoverygate.events import StreamEventSource
+    from pytest_recoverygate.filetail import OutputTail
     from pytest_recoverygate.orchestrators.base import RealClock
-    from pytest_recoverygate.orchestrators.slurm import OutputTail
 
     source = StreamEventSource()
     tail = OutputTail(str(path), source.feed, RealClock(), interval=0.05)

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, TextIO
 
 from recoverygate import __version__
 
+from pytest_recoverygate.terminal import print_result, shorten
+from pytest_recoverygate.verdict import EXIT_CODES, EXIT_USAGE, Verdict
+
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
-    from pytest_recoverygate.engine import DrillResult
     from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.model import Worker, Workload
     from pytest_recoverygate.runner import Status
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "DESCRIPTION",
@@ -36,7 +38,10 @@ __all__ = [
     "shorten",
 ]
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: The exit codes, from the one table (:data:`pytest_recoverygate.verdict.EXIT_CODES`).
+EXIT_PASS = EXIT_CODES[Verdict.PASS]
+EXIT_ERROR = EXIT_CODES[Verdict.ERROR]
+EXIT_INTERRUPTED = EXIT_CODES[Verdict.INTERRUPTED]
 
 DESCRIPTION = (
     "Chaos drills for distributed training: kill one worker of a running job and prove it "
@@ -223,101 +228,6 @@ def _ask(stream_in: TextIO, stream_out: TextIO) -> object:
         return answer in ("y", "yes")
 
     return confirm
-
-
-TERMINAL_MESSAGE_LIMIT = 600  # characters of one message in the verdict block
-TAIL_LINE_LIMIT = 400  # characters of one line of the job's output in the verdict block
-
-
-def shorten(text: str, limit: int = TERMINAL_MESSAGE_LIMIT) -> str:
-    """``text`` cut at a word boundary before ``limit``, with a visible marker saying so.
-
-    The verdict block may shorten a long message (a worker's whole exception, say); it
-    never does so silently or in the middle of a word: the report keeps it whole.
-    """
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    if cut < limit // 2:
-        cut = limit  # one long token: cut it, the marker says so
-    more = len(text) - cut
-    return f"{text[:cut].rstrip()} … [shortened here: {more} more characters in the report]"
-
-
-def print_result(
-    result: DrillResult,
-    stream: TextIO,
-    evidence: Evidence | None = None,
-    *,
-    report_dir: Path | None = None,
-) -> None:
-    """The verdict block: a sentence, the figures, every check; then the diagnoses of
-    known failure signatures and, on FAIL or ERROR, the failing worker's last lines."""
-    from pytest_recoverygate.report import cost_line, figures
-
-    stream.write(f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n")
-    if result.target is not None:
-        stream.write(f"  target: {result.target.describe()}\n")
-    shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
-    if shown:
-        stream.write("  " + "  ".join(f"{k}={v}" for k, v in shown.items()) + "\n")
-    breakdown = dict(result.breakdown)
-    if breakdown:
-        stream.write(
-            "  recovery breakdown (s after kill): "
-            + ", ".join(
-                f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in breakdown.items()
-            )
-            + "\n"
-        )
-    costs = cost_line(result)
-    if costs:
-        stream.write(f"  {costs}\n")
-    for note in result.notes:
-        stream.write(f"  note: {note}\n")
-    for check in result.checks:
-        mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
-        stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")
-    if evidence is not None:
-        _print_evidence(result, evidence, stream, report_dir)
-    stream.flush()
-
-
-def _print_evidence(
-    result: DrillResult, evidence: Evidence, stream: TextIO, report_dir: Path | None
-) -> None:
-    import textwrap
-
-    for diagnosis in evidence.diagnoses:
-        stream.write(f"\n  diagnosis: {diagnosis.title}\n")
-        stream.write(
-            textwrap.fill(
-                diagnosis.text,
-                width=100,
-                initial_indent="    ",
-                subsequent_indent="    ",
-                break_long_words=False,
-                break_on_hyphens=False,
-            )
-            + "\n"
-        )
-        stream.write(f"    evidence: {shorten(diagnosis.evidence, TAIL_LINE_LIMIT)}\n")
-        stream.write(f"    more: {diagnosis.docs}\n")
-    tail = evidence.failing_tail()
-    if tail is None or result.verdict.value not in ("FAIL", "ERROR"):
-        return
-    label, lines = tail
-    from pytest_recoverygate.joboutput import file_name
-    from pytest_recoverygate.report import OUTPUT_FOLDER
-
-    where = (
-        f"whole output: {report_dir / OUTPUT_FOLDER / file_name(label)}"
-        if report_dir is not None
-        else "--report-dir keeps the whole output"
-    )
-    stream.write(f"\n  last {len(lines)} lines of {label} ({where}):\n")
-    for line in lines:
-        stream.write(f"    | {shorten(line, TAIL_LINE_LIMIT)}\n")
 
 
 def print_effective_config(config: DrillConfig, stream: TextIO) -> None:

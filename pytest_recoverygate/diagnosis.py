@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "DOCS_PAGE",
@@ -367,13 +367,11 @@ SIGNATURES: tuple[Signature, ...] = (
 
 
 def clues_from(result: DrillResult, output: str = "", config: DrillConfig | None = None) -> Clues:
-    """The clues of one drill: its result, the job's output and (local) what it launched."""
+    """The clues of one drill: its result, the job's output and what the drill launched."""
     env: Mapping[str, str] = {}
     command: tuple[str, ...] = ()
-    workload = config.workload if config is not None else None
-    if workload is not None and workload.orchestrator == "local":
-        env = dict(getattr(workload, "env", None) or {})
-        command = tuple(getattr(workload, "command", None) or ())
+    if config is not None:
+        command, env = config.workload.launched_with()
     checkpoints: list[int] = [
         step
         for e in result.timeline

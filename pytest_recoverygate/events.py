@@ -208,8 +208,6 @@ class StreamEventSource:
         thread.start()
         return thread
 
-    read_fd_in_thread = attach_pipe
-
     # ------------------------------------------------------------------ reader thread
 
     def _read(

@@ -19,8 +19,8 @@ from pytest_recoverygate.joboutput import EXCERPT_LINES, JobOutput
 from pytest_recoverygate.orchestrators.base import JobOutputSource
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.orchestrators.base import Orchestrator
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = ["Evidence", "gather_evidence"]
 

@@ -25,12 +25,13 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.model import Worker, Workload
 
-__all__ = ["DrillLock", "job_lock", "lock_dir", "lock_path"]
+__all__ = ["DrillLock", "LockScope", "job_lock", "job_scope", "lock_dir", "lock_path"]
 
 _ATTEMPTS = 5  # re-tries after locking a file another holder unlinked meanwhile
 
@@ -50,17 +51,31 @@ def lock_path(key: str, directory: Path | None = None) -> Path:
     return (directory or lock_dir()) / f"recoverygate-{digest}.lock"
 
 
-def job_lock(backend: str, workload: Workload, target: Worker, config_path: object) -> DrillLock:
-    """The lock of the job a drill found: backend kind + namespace (when known) + job.
+@dataclass(frozen=True, slots=True)
+class LockScope:
+    """What "one drill at a time" covers: one job, within a namespace where a backend has
+    them (a Kubernetes namespace). Each backend says what it is for the job it found
+    (:attr:`~pytest_recoverygate.orchestrators.base.Backend.lock_scope`)."""
 
-    The fake backend's job lives inside one orchestrator object, so no other drill can
-    reach it: its lock is a no-op (fake drills may run side by side in one process).
+    job: str
+    namespace: str = ""
+
+
+def job_scope(workload: Workload, target: Worker) -> LockScope:
+    """The default scope: the job discovery found, by the name the backend gave it."""
+    return LockScope(workload.job)
+
+
+def job_lock(backend: str, scope: LockScope | None, config_path: object) -> DrillLock:
+    """The lock of the job a drill found: backend name + namespace (if any) + job.
+
+    ``scope`` None is a job no other drill can reach (the fake backend's lives inside one
+    orchestrator object): its lock is a no-op, so such drills may run side by side.
     """
-    if backend == "fake":
-        return DrillLock("", job=workload.job, config_path=str(config_path))
-    namespace = dict(target.details).get("namespace", "")
-    key = "\0".join((backend, namespace, workload.job))
-    job = f"{namespace}/{workload.job}" if namespace else workload.job
+    if scope is None:
+        return DrillLock("", job="", config_path=str(config_path))
+    key = "\0".join((backend, scope.namespace, scope.job))
+    job = f"{scope.namespace}/{scope.job}" if scope.namespace else scope.job
     return DrillLock(key, job=job, config_path=str(config_path))
 
 

@@ -20,10 +20,10 @@ import pytest
 from recoverygate import __version__
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.engine import DrillResult
     from pytest_recoverygate.evidence import Evidence
     from pytest_recoverygate.runner import Status
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "HELP_CONFIG",
@@ -100,7 +100,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     verbosity = config.get_verbosity()
     if not (results and verbosity >= 0) and not (skipped and verbosity >= -1):
         return
-    from pytest_recoverygate.report import cost_line, figures
+    from pytest_recoverygate.terminal import figure_lines
 
     terminalreporter.section("recoverygate drills")
     for nodeid, why in skipped:
@@ -108,21 +108,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if verbosity < 0:
         return
     for nodeid, result in results:
-        shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
         terminalreporter.write_line(f"{result.verdict.value} {nodeid}: {result.summary}")
-        if shown:
-            terminalreporter.write_line("  " + "  ".join(f"{k}={v}" for k, v in shown.items()))
-        if result.breakdown:
-            terminalreporter.write_line(
-                "  recovery breakdown (s after kill): "
-                + ", ".join(
-                    f"{k}={'unknown' if v is None else f'{v:.3f}'}"
-                    for k, v in result.breakdown.items()
-                )
-            )
-        costs = cost_line(result)
-        if costs:
-            terminalreporter.write_line(f"  {costs}")
+        for line in figure_lines(result):
+            terminalreporter.write_line(f"  {line}")
         evidence = config.stash.get(_EVIDENCE, {}).get(nodeid)
         for diagnosis in evidence.diagnoses if evidence is not None else ():
             terminalreporter.write_line(f"  diagnosis: {diagnosis.title} ({diagnosis.docs})")
@@ -369,7 +357,6 @@ def _run_and_judge(
     raise_on_fail: bool,
     asked_by_file: bool = False,
 ) -> DrillResult:
-    from pytest_recoverygate.cli import print_result
     from pytest_recoverygate.engine import Verdict
     from pytest_recoverygate.errors import (
         ConfirmationRequired,
@@ -378,6 +365,7 @@ def _run_and_judge(
         UsageError,
     )
     from pytest_recoverygate.runner import RunOptions, run_drill
+    from pytest_recoverygate.terminal import print_result
 
     pconfig = node.config
     drill_config = _load(path, overrides)

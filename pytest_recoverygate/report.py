@@ -25,8 +25,8 @@ from pytest_recoverygate.engine import DrillResult
 from pytest_recoverygate.errors import describe_exception
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.evidence import Evidence
+    from pytest_recoverygate.schema import DrillConfig
 
 OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report folder
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from pytest_recoverygate.engine import (
     DrillEngine,
     DrillResult,
-    DrillSpec,
     Finish,
     KillTarget,
     Phase,
@@ -47,11 +46,19 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import Clock, EventSource, Orchestrator, RealClock
+from pytest_recoverygate.orchestrators import get_backend
+from pytest_recoverygate.orchestrators.base import (
+    Clock,
+    EventSource,
+    Orchestrator,
+    RealClock,
+    cleanup_once,
+)
+from pytest_recoverygate.schema import spec_from_config
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.evidence import Evidence
+    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "RunOptions",
@@ -101,22 +108,6 @@ class RunOptions:
     report_dir: Path | None = None
     handle_signals: bool = True
     on_evidence: EvidenceSink | None = None
-
-
-def spec_from_config(config: DrillConfig) -> DrillSpec:
-    """The engine's plain-value view of a validated config."""
-    after = config.inject_failure.after_checkpoint
-    expected = config.expectations.resume_from_checkpoint
-    return DrillSpec(
-        max_recovery_time=config.expectations.max_recovery_time,
-        after_checkpoint=None if after == "next" else after,
-        expected_resume_step=None if expected == "latest" else expected,
-        max_lost_steps=config.expectations.max_lost_steps,
-        checkpoint_timeout=config.timeouts.checkpoint,
-        recovery_timeout=config.timeouts.recovery,
-        recovery_grace=config.timeouts.recovery_grace,
-        reporting_rank=config.workload.reporting_rank,
-    )
 
 
 def check_confirmation(config: DrillConfig, options: RunOptions) -> None:
@@ -226,13 +217,12 @@ class _Drill:
         self.interrupted_by = "SIGINT"
         self._last_status = 0.0
         self._shown_phase: Phase | None = None
-        self._killing = False
         self.lock: DrillLock | None = None
 
     @property
     def phase(self) -> Phase:
-        """The engine's phase (the runner keeps none of its own), or KILLING during a kill."""
-        return Phase.KILLING if self._killing else self.engine.phase
+        """The engine's phase: the runner keeps none of its own."""
+        return self.engine.phase
 
     def run(self) -> DrillResult:
         result: DrillResult
@@ -281,14 +271,20 @@ class _Drill:
         discovered = (
             f"{workload.job}: {len(workload.workers)} worker(s); target {target.describe()}"
         )
-        self.lock = job_lock(self.orchestrator.name, workload, target, self.config.source_path)
+        backend = get_backend(self.config.workload.orchestrator)
+        scope = backend.lock_scope(workload, target)
+        self.lock = job_lock(backend.name, scope, self.config.source_path)
         self.lock.acquire()  # a second drill against this job: DiscoveryError, nothing touched
         if not self.dry_run and self.config.safety.require_confirm and not self.options.confirmed:
             assert self.options.confirm is not None  # check_confirmation made sure
             if not self.options.confirm(target, workload):
                 raise _usage_declined(target)
         self.source = self.orchestrator.events()
-        self.engine.discovered(self.clock.now(), discovered)
+        self.engine.discovered(
+            self.clock.now(),
+            discovered,
+            restart_budget=backend.restart_budget(self.config.workload),
+        )
         self._sync_phase()
         while True:
             actions = self._pump()
@@ -317,13 +313,10 @@ class _Drill:
         self._sync_phase(
             f"checkpoint step {action.checkpoint_step} reached; {verb} {self.target.describe()}"
         )
-        self._killing = True
         try:
             result = self.orchestrator.kill(self.target, dry_run=self.dry_run)
         except DrillError as exc:
             result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
-        finally:
-            self._killing = False
         return list(self.engine.on_kill_result(result))
 
     def _record(self, event: TrainingEvent) -> None:
@@ -385,11 +378,9 @@ class _Drill:
     def _abort(self, verdict: Verdict, message: str) -> DrillResult:
         return self.engine.abort(self.clock.now(), verdict, message)
 
+    @cleanup_once
     def _cleanup(self) -> str | None:
         """Close the source and clean the backend up, once; return the failure, if any."""
-        if getattr(self, "_cleaned", False):
-            return None
-        self._cleaned = True
         errors: list[str] = []
         with _signals_deferred():
             if self.source is not None:

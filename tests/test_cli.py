@@ -276,9 +276,13 @@ def test_help_does_not_import_kubernetes_torch_or_pydantic() -> None:
     assert "exit codes" in proc.stdout
 
 
-def test_kubectl_plugin_name_is_shown_in_help() -> None:
-    with pytest.raises(SystemExit):
+def test_kubectl_plugin_name_is_shown_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
         main(["--help"], prog="kubectl-recoverygate")
+    assert exited.value.code == 0
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: kubectl recoverygate [-h]"), usage
+    assert "exit codes: 0 PASS" in usage
 
 
 def test_the_console_scripts_are_installed() -> None:

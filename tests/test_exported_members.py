@@ -8,40 +8,26 @@ import inspect
 
 import pytest
 
-MODULES = [
-    "recoverygate",
-    "recoverygate.reporter",
-    "recoverygate.wire",
-    "recoverygate.digest",
-    "pytest_recoverygate",
-    "pytest_recoverygate.cli",
-    "pytest_recoverygate.config",
-    "pytest_recoverygate.diagnosis",
-    "pytest_recoverygate.durations",
-    "pytest_recoverygate.engine",
-    "pytest_recoverygate.errors",
-    "pytest_recoverygate.evidence",
-    "pytest_recoverygate.joboutput",
-    "pytest_recoverygate.events",
-    "pytest_recoverygate.lock",
-    "pytest_recoverygate.model",
-    "pytest_recoverygate.ledger",
-    "pytest_recoverygate.verdict",
-    "pytest_recoverygate.recovery",
-    "pytest_recoverygate.costs",
-    "pytest_recoverygate.goodput",
-    "pytest_recoverygate.charts",
-    "pytest_recoverygate.plugin",
-    "pytest_recoverygate.report",
-    "pytest_recoverygate.runner",
-    "pytest_recoverygate.timeline",
-    "pytest_recoverygate.orchestrators",
-    "pytest_recoverygate.orchestrators.base",
-    "pytest_recoverygate.orchestrators.fake",
-    "pytest_recoverygate.orchestrators.local",
-    "pytest_recoverygate.orchestrators.kubernetes",
-    "pytest_recoverygate.orchestrators.slurm",
-]
+
+def _modules() -> list[str]:
+    """Every module of both packages: a new module is covered without being listed."""
+    import pkgutil
+
+    import recoverygate
+
+    import pytest_recoverygate
+
+    names = []
+    for package in (recoverygate, pytest_recoverygate):
+        names.append(package.__name__)
+        names += [
+            info.name
+            for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}.")
+        ]
+    return sorted(names)
+
+
+MODULES = _modules()
 
 
 @pytest.mark.parametrize("name", MODULES)

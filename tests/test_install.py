@@ -4,15 +4,21 @@ We test these aspects: the Kubernetes client is a dependency of the package (not
 extra), so ``kubectl recoverygate`` works after a plain install; the client is still
 imported lazily (``--help`` never pays for it, see test_cli.py); a missing module, in the
 Kubernetes backend or anywhere else a drill reaches, is named with the exact pip command
-and never shows as a bare ``ModuleNotFoundError``; and, end to end (``e2e``), a fresh
-virtualenv with only the built wheel runs a Kubernetes drill against the fake API server.
+and never shows as a bare ``ModuleNotFoundError``; the two distributions
+(``recoverygate-reporter`` ships the ``recoverygate`` package, ``recoverygate`` ships
+``pytest_recoverygate`` and depends on the reporter at the same, single-sourced version)
+share no file, install into a fresh environment in either order, import, and uninstall
+without leaving anything behind; and, end to end (``e2e``), a fresh virtualenv with the
+built wheels runs a Kubernetes drill against the fake API server.
 """
 
 from __future__ import annotations
 
+import csv
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -115,32 +121,161 @@ def test_each_missing_module_maps_to_its_pip_command(module: str, command: str) 
     assert "is not installed" in text
 
 
+# ------------------------------------------------------------------- two distributions
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The two wheels, built from a copy of this checkout's files (no stale ``build/``
+    folder can slip into them) without network (no build isolation)."""
+    import shutil
+
+    source = tmp_path_factory.mktemp("source")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, check=True, timeout=60,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    folder = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(folder), str(source), str(source / "reporter")],
+        check=True, timeout=300,
+    )  # fmt: skip
+    return {
+        "recoverygate": next(folder.glob("recoverygate-[0-9]*.whl")),
+        "recoverygate-reporter": next(folder.glob("recoverygate_reporter-*.whl")),
+    }
+
+
+def wheel_files(wheel: Path) -> set[str]:
+    """The installed paths a wheel's RECORD lists (its own .dist-info left out)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        record = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = csv.reader(archive.read(record).decode().splitlines())
+        return {row[0] for row in rows if ".dist-info/" not in row[0]}
+
+
+def test_the_version_is_written_once_and_the_reporter_is_pinned_to_it(
+    wheels: dict[str, Path],
+) -> None:
+    import recoverygate
+
+    written = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "pyproject.toml", ROOT / "reporter" / "pyproject.toml",
+                     ROOT / "setup.py", ROOT / "reporter" / "recoverygate" / "__init__.py")
+        if re.search(r'^_*version_*\s*=\s*"\d', path.read_text(), re.M)
+    ]  # fmt: skip
+    assert written == ["reporter/recoverygate/__init__.py"]
+    version = recoverygate.__version__
+    assert importlib.metadata.version("recoverygate") == version
+    assert importlib.metadata.version("recoverygate-reporter") == version
+    pins = [r for r in importlib.metadata.requires("recoverygate") or [] if "reporter" in r]
+    assert pins == [f"recoverygate-reporter=={version}"]
+    assert f"-{version}-" in wheels["recoverygate"].name
+    assert f"-{version}-" in wheels["recoverygate-reporter"].name
+
+
+def test_the_two_distributions_share_no_file(wheels: dict[str, Path]) -> None:
+    main, reporter = (
+        wheel_files(wheels["recoverygate"]),
+        wheel_files(wheels["recoverygate-reporter"]),
+    )
+    assert main & reporter == set()
+    assert {p.split("/")[0] for p in main} == {"pytest_recoverygate"}
+    # the reporter also ships its RECOVERYGATE_AUTO start-up hook, which must sit at the
+    # root of site-packages to run (docs/frameworks.md)
+    assert {p.split("/")[0] for p in reporter} == {"recoverygate", "recoverygate-auto.pth"}
+
+
+@pytest.fixture
+def fresh_env(tmp_path: Path) -> Path:
+    """A new virtualenv without pip (this environment's pip installs into it)."""
+    env_dir = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    return env_dir / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "-q", *args],
+        check=True, timeout=300, env=env,
+    )  # fmt: skip
+
+
+def site_files(python: Path) -> set[str]:
+    """What the environment's site-packages holds, apart from the pip/setuptools it came with."""
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                               check=True).stdout.strip())  # fmt: skip
+    return {
+        str(p.relative_to(site)) for p in site.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith("_distutils")
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "order",
+    [("recoverygate-reporter", "recoverygate"), ("recoverygate", "recoverygate-reporter")],
+    ids=["reporter-first", "main-first"],
+)
+def test_both_wheels_install_in_either_order_import_and_uninstall_cleanly(
+    wheels: dict[str, Path], fresh_env: Path, order: tuple[str, str]
+) -> None:
+    python = fresh_env
+    before = site_files(python)
+    for name in order:  # --no-deps: the point is the files, not the third-party deps
+        pip(python, "install", "--no-deps", "--no-index", str(wheels[name]))
+    probe = (
+        "import recoverygate, recoverygate.reporter, pytest_recoverygate;"
+        "print(recoverygate.__version__, pytest_recoverygate.__version__)"
+    )
+    proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    import recoverygate
+
+    assert proc.stdout.split() == [recoverygate.__version__] * 2
+    installed = site_files(python) - before
+    expected = wheel_files(wheels["recoverygate"]) | wheel_files(wheels["recoverygate-reporter"])
+    assert expected <= installed
+
+    pip(python, "uninstall", "-y", "recoverygate")
+    still = subprocess.run([str(python), "-c", "import recoverygate.reporter, recoverygate.wire"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert still.returncode == 0, still.stderr  # the reporter keeps every file it shipped
+    pip(python, "uninstall", "-y", "recoverygate-reporter")
+    assert site_files(python) == before
+
+
 # ------------------------------------------------------------------- a fresh venv
 
 
 @pytest.mark.e2e
 @pytest.mark.kubernetes
-def test_a_fresh_venv_with_the_built_wheel_runs_a_kubernetes_drill(tmp_path: Path) -> None:
-    """pip install recoverygate (the built wheel, nothing else), then a Kubernetes dry run
-    against the fake API server: the client is there, and the drill reaches its verdict."""
+def test_a_fresh_venv_with_the_built_wheels_runs_a_kubernetes_drill(
+    tmp_path: Path, wheels: dict[str, Path]
+) -> None:
+    """pip install recoverygate (the built wheels; their dependencies from the index), then
+    a Kubernetes dry run against the fake API server: the client is there, and the drill
+    reaches its verdict."""
     pytest.importorskip("kubernetes")
-    from tests.kube.fake_apiserver import FakeApiServer
-    from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
+    from tests.kubernetes.fake_apiserver import FakeApiServer
+    from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
 
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-        check=True,
-        timeout=300,
-    )
-    wheel = next(wheels.glob("recoverygate-*.whl"))
+    wheel = wheels["recoverygate"]
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
     # nothing of this environment may leak into the fresh one (PYTHONPATH, say)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", str(wheel)],
+    subprocess.run(  # recoverygate-reporter comes from the built wheels, the rest from the index
+        [str(python), "-m", "pip", "install", "-q", "--find-links", str(wheel.parent), str(wheel)],
         check=True,
         timeout=900,
         env=env,

@@ -23,16 +23,18 @@ import pytest
 from pytest_recoverygate.config import DrillConfig
 from pytest_recoverygate.engine import FailureReason, Phase, Verdict
 from pytest_recoverygate.errors import BackendError, DrillInterrupted, UsageError
-from pytest_recoverygate.model import KillOutcome
+from pytest_recoverygate.model import KillOutcome, Worker, Workload
 from pytest_recoverygate.orchestrators.base import Orchestrator, SimulatedClock
-from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+from pytest_recoverygate.orchestrators.fake import FakeOrchestrator, FakeWorkload
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
 
 ConfigFactory = Callable[..., DrillConfig]
 
 
 def fake(clock: SimulatedClock, config: DrillConfig, **kw: Any) -> FakeOrchestrator:
-    spec = config.workload.fake  # type: ignore[union-attr]
+    workload = config.workload
+    assert isinstance(workload, FakeWorkload)
+    spec = workload.fake
     params: dict[str, Any] = {
         "workers": spec.workers,
         "steps_per_second": spec.steps_per_second,
@@ -121,7 +123,12 @@ def test_a_declined_confirmation_kills_nothing(fake_config: ConfigFactory) -> No
     clock = SimulatedClock()
     backend = fake(clock, config)
     asked = []
-    options = RunOptions(confirm=lambda target, workload: asked.append(target) or False)
+
+    def decline(target: Worker, workload: Workload) -> bool:
+        asked.append(target)
+        return False
+
+    options = RunOptions(confirm=decline)
     result = run_drill(config, options, clock=clock, orchestrator=backend)
     assert result.verdict is Verdict.ERROR
     assert "not confirmed" in result.summary

@@ -241,7 +241,7 @@ def test_a_users_digest_is_normalized_or_refused(value: object, expected: object
 
 def test_a_mapping_that_fails_while_read_is_refused_not_raised() -> None:
     class Hostile(dict[str, str]):
-        def items(self):  # type: ignore[override]
+        def items(self):
             raise RuntimeError("boom")
 
     assert wire.normalize_digest(Hostile(model="ab")) is None
@@ -434,7 +434,8 @@ parts_strategy = st.dictionaries(
 @st.composite
 def records_strategy(draw: st.DrawFn) -> Record:
     event = draw(st.sampled_from(sorted(wire.EVENT_KINDS - {"start"})))
-    digest, parts = None, ()
+    digest: str | None = None
+    parts: tuple[tuple[str, str], ...] = ()
     if event in wire.DIGEST_EVENTS:
         digest = draw(st.none() | hex_strategy)
         parts = draw(st.just(()) | parts_strategy)

@@ -1,8 +1,12 @@
-"""The seams every backend implements: Orchestrator, EventSource and Clock.
+"""The seams every backend implements: Orchestrator, EventSource and Clock, and the
+:class:`Backend` entry through which the registry knows a backend.
 
-A backend is one module with a class satisfying :class:`Orchestrator` (four drill
-methods plus ``events()`` for its event source). The runner drives it from a single
-loop, so every method here is *non-blocking* except ``discover`` and ``kill``:
+A backend is one module (or package) exporting one :class:`Backend` object: its name,
+its ``workload`` section, the faults it can inject, a factory for its
+:class:`Orchestrator` and what its drill lock covers (docs/backends.md). The
+orchestrator is a class satisfying :class:`Orchestrator` (four drill methods plus
+``events()`` for its event source). The runner drives it from a single loop, so every
+method here is *non-blocking* except ``discover`` and ``kill``:
 
 - ``discover(deadline)`` finds (or, for backends that launch the job, starts) the
   workload and returns its workers. It raises ``DiscoveryError`` for an ambiguous or
@@ -13,7 +17,8 @@ loop, so every method here is *non-blocking* except ``discover`` and ``kill``:
   With ``dry_run=True`` it checks that the kill would be allowed and touches nothing.
 - ``watch_group()`` returns the group events observed since the previous call.
 - ``events()`` returns the backend's :class:`EventSource` (same object every call).
-- ``cleanup()`` releases everything the backend started; it may be called twice.
+- ``cleanup()`` releases everything the backend started; it may be called twice (and
+  from two threads): decorate it with :func:`cleanup_once` and only the first call runs.
 
 Backends that run threads call ``wakeup()`` (given at construction) when something new
 arrives, so the runner reacts within milliseconds instead of a poll interval.
@@ -30,21 +35,55 @@ without it still works, its reports just carry no job output.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from pytest_recoverygate.joboutput import JobOutput
+from pytest_recoverygate.lock import LockScope, job_scope
 from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
 
+if TYPE_CHECKING:
+    from pytest_recoverygate.schema import InjectFailure, WorkloadBase
+
 __all__ = [
+    "Backend",
     "Clock",
     "EventSource",
     "JobOutputSource",
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
+    "cleanup_once",
 ]
+
+S = TypeVar("S")
+R = TypeVar("R")
+W = TypeVar("W", bound="WorkloadBase")
+_ONCE_LOCK = threading.Lock()
+
+
+def cleanup_once(method: Callable[[S], R]) -> Callable[[S], R | None]:
+    """Make a cleanup idempotent: the first call runs ``method``, every later one (a
+    second ``cleanup()``, another thread's) returns None at once.
+
+    The first call counts as done when it starts, so a cleanup that raised is not run a
+    second time half-way: what it could not release, it reported.
+    """
+    flag = f"_{method.__name__}_started"
+
+    @functools.wraps(method)
+    def once(self: S) -> R | None:
+        with _ONCE_LOCK:
+            if getattr(self, flag, False):
+                return None
+            setattr(self, flag, True)
+        return method(self)
+
+    return once
 
 
 @runtime_checkable
@@ -142,3 +181,39 @@ class SimulatedClock:
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+
+def _unknown_budget(workload: Any) -> int | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Backend(Generic[W]):
+    """One backend as the registry knows it: everything about it but its orchestrator's code.
+
+    - ``name``: what ``workload.orchestrator`` says (and the entry point's name);
+    - ``workload``: its ``workload`` section, a
+      :class:`~pytest_recoverygate.schema.WorkloadBase` subclass declaring
+      ``orchestrator: Literal[name]`` and the backend's own keys;
+    - ``create(workload, failure, clock)``: the :class:`Orchestrator` of one drill, from
+      its validated section, the ``injectFailure`` section and the drill's clock (import
+      heavy modules inside it, not at the top of the entry module);
+    - ``faults``: the fault types it can inject; a config naming another one is refused,
+      in the backend's own words when ``refusals`` has them for that fault, else naming
+      the backends that can;
+    - ``lock_scope(workload, target)``: what "one drill at a time" covers for the job it
+      found (:class:`~pytest_recoverygate.lock.LockScope`; None: a job no other drill can
+      reach, so no lock);
+    - ``restart_budget(workload)``: the job's own restart budget when the backend can
+      read it from the config (torchrun's ``--max-restarts``), else None;
+    - ``summary``: one line for listings.
+    """
+
+    name: str
+    workload: type[W]
+    create: Callable[[W, InjectFailure, Clock], Orchestrator]
+    faults: frozenset[str] = frozenset({"KillWorker"})
+    refusals: Mapping[str, str] = field(default_factory=dict)
+    lock_scope: Callable[[Workload, Worker], LockScope | None] = job_scope
+    restart_budget: Callable[[W], int | None] = _unknown_budget
+    summary: str = ""

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import Field, model_validator
 from recoverygate import wire
 
 from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
@@ -45,17 +46,95 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.orchestrators.base import Backend
+from pytest_recoverygate.schema import (
+    MAX_STEP,
+    InjectFailure,
+    Section,
+    WorkloadBase,
+    duration,
+    meta,
+    refuse,
+)
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import DrillConfig
     from pytest_recoverygate.orchestrators.base import Clock
 
 __all__ = [
+    "BACKEND",
     "FakeEventSource",
+    "FakeJobSpec",
     "FakeOrchestrator",
+    "FakeWorkload",
 ]
 
 ResumeMode = Literal["latest", "zero", "older", "never"]
+
+
+# ------------------------------------------------------------------ the config section
+
+
+class FakeJobSpec(Section):
+    """The simulated training job of ``orchestrator: fake`` (the whole block is optional)."""
+
+    workers: int = Field(
+        default=2,
+        ge=2,
+        le=1024,
+        json_schema_extra=meta("a whole number from 2 to 1024", "workers: 2"),
+    )
+    steps_per_second: float = Field(
+        default=50.0,
+        gt=0,
+        le=1_000_000,
+        allow_inf_nan=False,
+        json_schema_extra=meta("a number above 0 and at most 1000000", "stepsPerSecond: 50"),
+    )
+    checkpoint_every: int = Field(
+        default=20,
+        ge=1,
+        le=MAX_STEP,
+        json_schema_extra=meta("a whole number >= 1 (steps)", "checkpointEvery: 20"),
+    )
+    restart_delay: Annotated[float, duration()] = Field(
+        default=1.0, json_schema_extra=meta("a duration like 1s", "restartDelay: 1s")
+    )
+    resume: ResumeMode = Field(
+        default="latest", json_schema_extra=meta("latest, zero, older or never", "resume: latest")
+    )
+    startup_delay: Annotated[float, duration()] = Field(
+        default=0.0, json_schema_extra=meta("a duration like 0s", "startupDelay: 0s")
+    )
+
+
+class FakeWorkload(WorkloadBase):
+    """An in-memory simulated job: try the whole tool with no infrastructure."""
+
+    orchestrator: Literal["fake"] = Field(json_schema_extra=meta("fake", "orchestrator: fake"))
+    fake: FakeJobSpec = Field(
+        default_factory=FakeJobSpec,
+        json_schema_extra=meta("a mapping of the fake job's settings", "fake: {workers: 2}"),
+    )
+
+    @model_validator(mode="after")
+    def _reporting_rank_exists(self) -> FakeWorkload:
+        self._rank_exists(self.reporting_rank, "reportingRank")
+        return self
+
+    def check_failure(self, failure: InjectFailure) -> None:
+        self._rank_exists(failure.target_rank, "targetRank")
+
+    def _rank_exists(self, rank: int, key: str) -> None:
+        if rank >= self.fake.workers:
+            raise refuse(
+                f"rank {rank} does not exist in a job of {self.fake.workers} workers",
+                f"a rank from 0 to {self.fake.workers - 1}",
+                key=(key,),
+                got=str(rank),
+            )
+
+
+# ------------------------------------------------------------------ the simulated job
 
 
 @dataclass
@@ -139,19 +218,6 @@ class FakeOrchestrator:
         self._group_events: list[GroupEvent] = []
         self._source = FakeEventSource(self)
         self._running = False
-
-    @classmethod
-    def from_config(cls, config: DrillConfig, clock: Clock) -> FakeOrchestrator:
-        spec = config.workload.fake  # type: ignore[union-attr]
-        return cls(
-            clock=clock,
-            workers=spec.workers,
-            steps_per_second=spec.steps_per_second,
-            checkpoint_every=spec.checkpoint_every,
-            restart_delay=spec.restart_delay,
-            resume=spec.resume,
-            startup_delay=spec.startup_delay,
-        )
 
     # ---------------------------------------------------------------- protocol
 
@@ -331,3 +397,28 @@ class FakeOrchestrator:
                 )
             inc.next_step += 1
         return out
+
+
+def _create(workload: FakeWorkload, failure: InjectFailure, clock: Clock) -> FakeOrchestrator:
+    spec = workload.fake
+    return FakeOrchestrator(
+        clock=clock,
+        workers=spec.workers,
+        steps_per_second=spec.steps_per_second,
+        checkpoint_every=spec.checkpoint_every,
+        restart_delay=spec.restart_delay,
+        resume=spec.resume,
+        startup_delay=spec.startup_delay,
+    )
+
+
+#: The fake backend: its job lives inside one orchestrator object, so no other drill can
+#: reach it and it needs no drill lock (fake drills may run side by side in one process).
+BACKEND: Backend[FakeWorkload] = Backend(
+    name="fake",
+    workload=FakeWorkload,
+    create=_create,
+    faults=frozenset({"KillWorker"}),
+    lock_scope=lambda workload, target: None,
+    summary="an in-memory simulated job, on any clock",
+)

@@ -7,9 +7,9 @@ orchestrator under test*:
 
 - fake: :class:`FakeOrchestrator` on a :class:`SimulatedClock`. Its world is its own
   simulation, so there ``discover()`` (idempotent for the fake) is the view of the world;
-- local: real torchrun with examples/local/train.py (built as tests/test_local_orchestrator
+- local: real torchrun with examples/local/train.py (built as tests/local/test_local_orchestrator
   builds it); processes are checked with psutil by ``pid`` + start time;
-- kubernetes: the real client against tests/kube's fake API server, the pods played by its
+- kubernetes: the real client against tests/kubernetes's fake API server, the pods played by its
   :class:`FakeTrainingJob`; pods are checked in the server's own table by name and uid;
 - slurm: the one-node cluster of tests/slurm (its session fixture); ranks are checked in
   ``/proc`` by pid + start ticks, replacements found with ``scontrol listpids``.
@@ -214,7 +214,7 @@ def _process_alive(pid: int, created: str) -> bool:
 
 def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
     from pytest_recoverygate.orchestrators.local import LocalOrchestrator
-    from tests.test_local_orchestrator import job_env, torchrun
+    from tests.local.test_local_orchestrator import job_env, torchrun
 
     clock = RealClock()
     harness_stack = contextlib.ExitStack()
@@ -276,8 +276,8 @@ def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness
 def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
     pytest.importorskip("kubernetes")
     from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
-    from tests.kube.fake_apiserver import FakeApiServer
-    from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
+    from tests.kubernetes.fake_apiserver import FakeApiServer
+    from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
 
     clock = RealClock()
     stack = contextlib.ExitStack()
@@ -289,7 +289,7 @@ def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Ha
             stack.callback(job.stop)
             job.start(wait_for_checkpoint=10)
         with spy.labelled(label):
-            # the same settings as tests/kube's make_orchestrator fixture
+            # the same settings as tests/kubernetes's make_orchestrator fixture
             orchestrator = KubernetesOrchestrator(
                 selector=job.selector,
                 kubeconfig=kubeconfig,

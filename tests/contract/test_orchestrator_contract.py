@@ -195,7 +195,7 @@ def test_job_output_keeps_what_the_job_printed_per_worker_even_after_cleanup(
 
     def printed() -> JobOutput | None:
         started = time.monotonic()
-        output = orchestrator.job_output()  # type: ignore[attr-defined]
+        output = orchestrator.job_output()
         took = time.monotonic() - started
         assert took < NON_BLOCKING, f"job_output() blocked for {took:.2f} s"
         orchestrator.events().poll()
@@ -211,7 +211,7 @@ def test_job_output_keeps_what_the_job_printed_per_worker_even_after_cleanup(
 
     job.cleaned = True
     orchestrator.cleanup()
-    after = orchestrator.job_output()  # type: ignore[attr-defined]
+    after = orchestrator.job_output()
     for before in output.workers:
         kept = after.get(before.label)
         assert kept is not None, f"{before.label} is gone from job_output() after cleanup()"

@@ -90,7 +90,13 @@ def main() -> int:
     relays = [threading.Thread(target=relay, args=(r, p), daemon=True) for r, p in enumerate(procs)]
     for thread in relays:
         thread.start()
-    signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs] and sys.exit(143))
+
+    def stop(*_: object) -> None:
+        for p in procs:
+            p.terminate()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
     while all(p.poll() is None for p in procs):
         time.sleep(0.05)
     for proc in procs:

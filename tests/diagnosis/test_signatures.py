@@ -71,7 +71,7 @@ def from_report(doc: dict[str, object], output: str) -> Clues:
         verdict=Verdict(doc["verdict"]),
         reasons=reasons,
         killed=True,
-        restarts=doc["restarts"],
+        restarts=doc["restarts"],  # type: ignore[arg-type]
         resume_step=doc["resumeStep"],  # type: ignore[arg-type]
         expected_resume_step=doc["expectedResumeStep"],  # type: ignore[arg-type]
         checkpoints_before_kill=doc["triggerCheckpoint"],  # type: ignore[arg-type]

@@ -46,8 +46,8 @@ class AppState(Stateful):
         set_state_dict(
             self.model,
             self.optimizer,
-            model_state_dict=state_dict["model"],
-            optim_state_dict=state_dict["optim"],
+            model_state_dict=state_dict["model"],  # type: ignore[arg-type]
+            optim_state_dict=state_dict["optim"],  # type: ignore[arg-type]
         )
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 import pytest
 from recoverygate import reporter
@@ -65,7 +65,7 @@ class CheckingStream(io.TextIOBase):
 def lines() -> Iterator[Callable[..., CheckingStream]]:
     def make(check: Callable[[dict[str, Any]], None] | None = None) -> CheckingStream:
         stream = CheckingStream(check)
-        reporter.configure(stream=stream, ranks="all", rank=0, min_interval=0)
+        reporter.configure(stream=cast("TextIO", stream), ranks="all", rank=0, min_interval=0)
         return stream
 
     yield make
@@ -441,7 +441,9 @@ def test_a_digest_everywhere_runs_on_a_silent_rank_and_is_sent_by_none(
             calls.append(1)
             return {"x": 1}
 
-    reporter.configure(stream=CheckingStream(), ranks="1", rank=0)  # this rank is silent
+    reporter.configure(
+        stream=cast("TextIO", CheckingStream()), ranks="1", rank=0
+    )  # this rank is silent
     assert _common.digest_of({"model": Gathering()}, "t") is None
     assert calls == []
     assert _common.digest_of({"model": Gathering()}, "t", everywhere=True) is None

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kube.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
-from tests.kube.fake_cluster import pytorchjob_pod, trainjob_pod
+from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
+from tests.kubernetes.fake_cluster import pytorchjob_pod, trainjob_pod
 
 Pod = dict[str, Any]
 

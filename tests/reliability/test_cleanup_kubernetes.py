@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
-from tests.kube.fake_apiserver import FakeApiServer, Fault, RequestInfo
+from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
 from tests.reliability.kube_faults import InstantController
 
 pytestmark = pytest.mark.kubernetes

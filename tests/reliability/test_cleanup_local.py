@@ -56,6 +56,7 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.base import EventSource, RealClock
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
@@ -67,6 +68,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 STANDIN = HERE / "standin_job.py"
 REPORTER_ROOT = str(Path(recoverygate.__file__).resolve().parent.parent)
+
+
+def local_backend(config: DrillConfig) -> LocalOrchestrator:
+    """The local backend a config describes, as the registry builds it for a drill."""
+    backend = build_orchestrator(config, RealClock())
+    assert isinstance(backend, LocalOrchestrator)
+    return backend
 
 
 def drill_yaml(
@@ -339,7 +347,7 @@ def test_every_way_out_of_every_phase_cleans_up_once_and_leaves_nothing(
     # phase is there to strike in however late the drill gets to look on a loaded machine.
     pause = RESUME_HOLD if phase is Phase.VERIFYING else 0.5
     config = load_config(drill_yaml(tmp_path, resume_pause=pause))
-    backend = Sabotaged(LocalOrchestrator.from_config(config, RealClock()), phase, way)
+    backend = Sabotaged(local_backend(config), phase, way)
     outcome = run_row(config, backend)
     assert backend.struck, f"the drill never reached {phase.name} to strike"
     no_leftovers(backend)
@@ -363,7 +371,7 @@ def test_each_verdict_cleans_up_once_and_leaves_nothing(
     figures: Figures,
 ) -> None:
     config = load_config(drill_yaml(tmp_path, resume=resume, target_rank=target_rank))
-    backend = Sabotaged(LocalOrchestrator.from_config(config, RealClock()), None, "verdict")
+    backend = Sabotaged(local_backend(config), None, "verdict")
     assert run_row(config, backend) == exit_code
     no_leftovers(backend)
     figures.add("cleanup_rows")
@@ -519,9 +527,7 @@ def test_a_worker_started_while_the_agent_stops_is_cleaned_up_too(
 ) -> None:
     """The agent answers the drill's SIGTERM by starting one more worker and exiting."""
     config = load_config(drill_yaml(tmp_path, standin_args=("--orphan-on-term",)))
-    backend = Sabotaged(
-        LocalOrchestrator.from_config(config, RealClock()), Phase.WAITING_FOR_CHECKPOINT, "ctrl-c"
-    )
+    backend = Sabotaged(local_backend(config), Phase.WAITING_FOR_CHECKPOINT, "ctrl-c")
     assert run_row(config, backend) == 130
     no_leftovers(backend)
     figures.add("cleanup_rows")
@@ -554,7 +560,7 @@ def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
     drill's (which adopted them). They train on, holding the output pipe.
     """
     config = load_config(drill_yaml(tmp_path, standin_args=("--die-mid-restart",)))
-    backend = LocalOrchestrator.from_config(config, RealClock())
+    backend = local_backend(config)
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     orphans: list[psutil.Process] = []
     try:
@@ -613,7 +619,7 @@ def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
     left stopped (it cannot act on cleanup's SIGTERM until it is continued).
     """
     config = load_config(drill_yaml(tmp_path, standin_args=("--stop-mid-restart",)))
-    backend = LocalOrchestrator.from_config(config, RealClock())
+    backend = local_backend(config)
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     tracked: set[tuple[int, float]] = set()
     try:
@@ -662,7 +668,7 @@ def test_cleanup_never_touches_a_process_without_the_drills_marker(
     started by the job and does not carry the marker.
     """
     config = load_config(drill_yaml(tmp_path))
-    backend = LocalOrchestrator.from_config(config, RealClock())
+    backend = local_backend(config)
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     bystander = subprocess.Popen(sleeper)
     orphan: psutil.Process | None = None

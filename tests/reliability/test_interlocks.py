@@ -32,14 +32,13 @@ from pytest_recoverygate.config import load_config
 from pytest_recoverygate.engine import Verdict
 from pytest_recoverygate.lock import DrillLock, lock_path
 from pytest_recoverygate.model import KillResult, Worker
-from pytest_recoverygate.orchestrators.base import RealClock
-from pytest_recoverygate.orchestrators.local import LocalOrchestrator
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import InstantController
 from tests.reliability.test_cleanup_local import drill_yaml as local_drill_yaml
+from tests.reliability.test_cleanup_local import local_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -309,7 +308,7 @@ def test_a_dry_run_makes_no_destructive_call_on_the_local_backend(
     tmp_path: Path, figures: Figures
 ) -> None:
     config = load_config(local_drill_yaml(tmp_path))
-    backend = LocalOrchestrator.from_config(config, RealClock())
+    backend = local_backend(config)
     targets: list[psutil.Process] = []
     original_kill = backend.kill
 

@@ -10,8 +10,8 @@ We test these aspects:
   its uid precondition, never a DELETE after one acted, nothing outside the RBAC rules;
   the adapter's account must match the log (KILLED iff one acted; ALREADY_GONE never
   after acting; anything it cannot confirm is UNCONFIRMED, which the runner turns into
-  ERROR). Backoff waits are shrunk a hundredfold in this tier (a subclass overrides
-  ``_backoff``), so a thousand drills fit in CI; the decisions are the adapter's own.
+  ERROR). Backoff waits are shrunk a hundredfold in this tier (a subclass passes a
+  scaled retry policy), so a thousand drills fit in CI; the decisions are the adapter's own.
 - the full tier: ``FULL_DRILLS`` whole drills through ``run_drill`` with the real
   backoff, several at once on one server, each with a training job writing real
   RECOVERYGATE/v1 lines: the same log invariants, and the verdict is PASS only after a
@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,9 +38,10 @@ from pytest_recoverygate.engine import Verdict
 from pytest_recoverygate.errors import DrillError
 from pytest_recoverygate.model import KillOutcome
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
+from pytest_recoverygate.orchestrators.kubernetes.api import RETRY
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import (
     FaultPlan,
@@ -66,9 +68,8 @@ READ_TIMEOUT = 0.05  # fast tier: the client's read timeout; a read-timeout faul
 class FastBackoffOrchestrator(KubernetesOrchestrator):
     """The real adapter with its retry waits divided by 100 (only the waits)."""
 
-    @staticmethod
-    def _backoff(attempt: int, exc: BaseException | None) -> float:
-        return KubernetesOrchestrator._backoff(attempt, exc) / 100
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(retry=RETRY.scaled(0.01), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -197,28 +198,8 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
 
 
 def drill_text(job: FakeTrainingJob, kubeconfig: Path) -> str:
-    return f"""
-name: fault-drill
-workload:
-  orchestrator: kubernetes
-  selector: "{job.selector}"
-  namespace: {job.namespace}
-  kubeconfig: {kubeconfig}
-injectFailure:
-  type: KillWorker
-  afterCheckpoint: step-10
-  targetRank: 1
-expectations:
-  resumeFromCheckpoint: latest
-  maxRecoveryTime: 20s
-  maxLostSteps: 10000
-safety:
-  requireConfirm: false
-timeouts:
-  discovery: 20s
-  checkpoint: 20s
-  recovery: 20s
-"""
+    options = {"after": 10, "max_recovery": "20s", "max_lost_steps": 10000}
+    return job_drill_yaml(job, kubeconfig, name="fault-drill", **options)
 
 
 def one_full_drill(

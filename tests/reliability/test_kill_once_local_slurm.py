@@ -13,6 +13,7 @@ We test these aspects:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -159,7 +160,8 @@ def slurm_kill(env: dict[str, str], fault: str, figures: Figures) -> tuple[KillO
     backend = SlurmOrchestrator(
         job_id="2", fault=fault, clock=RealClock(), env=env, command_timeout=0.5
     )
-    backend.commands.backoff = lambda attempt: 0.01  # retry waits are not under test here
+    # retry waits are not under test here
+    backend.commands.retry = dataclasses.replace(backend.commands.retry, base=0.01, cap=0.01)
     try:
         result = backend.kill(slurm_worker(), dry_run=False)
     finally:

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob
 from tests.reliability.conftest import Figures
 from tests.reliability.test_cleanup_local import drill_yaml as local_drill_yaml
 

@@ -40,8 +40,8 @@ from recoverygate import wire
 from pytest_recoverygate.config import parse_config
 from pytest_recoverygate.engine import Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.kube.fake_apiserver import FakeApiServer, Fault, RequestInfo
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
 from tests.reliability.conftest import Figures
 
 pytestmark = pytest.mark.kubernetes
@@ -150,28 +150,8 @@ def router(server: FakeApiServer) -> Router:
 
 
 def drill_text(job: FakeTrainingJob, kubeconfig: Path) -> str:
-    return f"""
-name: stream-drill
-workload:
-  orchestrator: kubernetes
-  selector: "{job.selector}"
-  namespace: {job.namespace}
-  kubeconfig: {kubeconfig}
-injectFailure:
-  type: KillWorker
-  afterCheckpoint: step-60
-  targetRank: 1
-expectations:
-  resumeFromCheckpoint: latest
-  maxRecoveryTime: 20s
-  maxLostSteps: 10000
-safety:
-  requireConfirm: false
-timeouts:
-  discovery: 20s
-  checkpoint: 20s
-  recovery: 20s
-"""
+    options = {"after": 60, "max_recovery": "20s", "max_lost_steps": 10000}
+    return job_drill_yaml(job, kubeconfig, name="stream-drill", **options)
 
 
 Key = tuple[str, str, "int | None"]  # (incarnation, event, step)

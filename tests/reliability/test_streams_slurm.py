@@ -37,7 +37,8 @@ from pytest_recoverygate.engine import DrillEngine, DrillSpec, Finish, KillTarge
 from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.model import KillOutcome, KillResult, TrainingEvent, TrainingEventKind
 from pytest_recoverygate.orchestrators.base import Clock, RealClock, SimulatedClock
-from pytest_recoverygate.orchestrators.slurm import SlurmEventSource, parse_slurm_marker
+from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
+from pytest_recoverygate.orchestrators.slurm.parsing import parse_slurm_marker
 from tests.reliability.conftest import Figures
 
 T0 = 1_800_000_000.0

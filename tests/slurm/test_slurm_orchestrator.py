@@ -18,6 +18,7 @@ training script are in test_slurm_drills.py.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,8 @@ from pytest_recoverygate.model import (
     TrainingEventKind,
 )
 from pytest_recoverygate.orchestrators.base import RealClock
-from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator, parse_listpids
+from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
+from pytest_recoverygate.orchestrators.slurm.parsing import parse_listpids
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -318,7 +320,7 @@ def test_an_unreachable_controller_is_a_clear_error_after_retries(
         )
     )
     orch = SlurmOrchestrator(job_id=1, clock=RealClock(), env=slurm.env, slurm_conf=str(dead))
-    orch.commands.attempts = 2
+    orch.commands.retry = dataclasses.replace(orch.commands.retry, attempts=2)
     started = time.monotonic()
     with pytest.raises(BackendError, match="kept failing after 2 attempts"):
         orch.discover(time.time() + 5)

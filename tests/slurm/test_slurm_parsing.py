@@ -24,14 +24,12 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.errors import DiscoveryError, UsageError
+from pytest_recoverygate.filetail import MARKER_LINE_KEEP, READ_CHUNK, OutputTail
 from pytest_recoverygate.orchestrators.base import Orchestrator, SimulatedClock
-from pytest_recoverygate.orchestrators.slurm import (
-    MARKER_LINE_KEEP,
-    READ_CHUNK,
+from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
+from pytest_recoverygate.orchestrators.slurm.parsing import (
     JobInfo,
-    OutputTail,
     ProcessRow,
-    SlurmOrchestrator,
     StepInfo,
     assign_ranks,
     expand_output_pattern,

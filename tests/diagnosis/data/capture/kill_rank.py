@@ -64,7 +64,8 @@ def rank_pid(rank: int) -> int | None:
             env = child.environ()
         except psutil.Error:
             continue
-        if env.get("RANK") == str(rank) and child.parent().pid == proc.pid:
+        parent = child.parent()
+        if env.get("RANK") == str(rank) and parent is not None and parent.pid == proc.pid:
             return child.pid
     return None
 

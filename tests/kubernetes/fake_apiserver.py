@@ -40,7 +40,7 @@ What it does not emulate: other resources and API groups, field selectors, pagin
 server-side apply, admission webhooks, protobuf, TLS and real authentication (a bearer
 token is checked only when one is configured), watch-cache lag, graceful termination
 timing beyond "after ``gracePeriodSeconds``", and the kubelet and operators (the helpers
-in :mod:`tests.kube.fake_cluster` play those).
+in :mod:`tests.kubernetes.fake_cluster` play those).
 """
 
 from __future__ import annotations

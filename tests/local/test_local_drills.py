@@ -32,7 +32,7 @@ from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.e2e, pytest.mark.local]
+pytestmark = [pytest.mark.local, pytest.mark.e2e]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "local"
 PASSING = EXAMPLES / "recovery-test.yaml"
@@ -130,14 +130,14 @@ def test_node_local_checkpoints_fail_as_a_restart_from_scratch(tmp_path: Path) -
 
 def test_a_job_that_loads_the_previous_checkpoint_fails_as_older(tmp_path: Path) -> None:
     command = [*BASE_COMMAND, "--resume=previous"]
-    result, _ = drill(tmp_path, **{"workload.command": command})
+    result, _ = drill(tmp_path, PASSING, **{"workload.command": command})
     assert result.verdict is Verdict.FAIL
     assert result.reasons[0] is FailureReason.RESUMED_FROM_OLDER_CHECKPOINT
     assert result.resume_step == 20
 
 
 def test_a_recovery_slower_than_the_slo_fails(tmp_path: Path) -> None:
-    result, _ = drill(tmp_path, **{"expectations.maxRecoveryTime": "500ms"})
+    result, _ = drill(tmp_path, PASSING, **{"expectations.maxRecoveryTime": "500ms"})
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (FailureReason.TOO_SLOW,)
     assert result.recovery_time_seconds is not None
@@ -147,7 +147,7 @@ def test_a_recovery_slower_than_the_slo_fails(tmp_path: Path) -> None:
 def test_a_job_that_may_not_restart_fails_promptly(tmp_path: Path) -> None:
     command = [c if c != "--max-restarts=3" else "--max-restarts=0" for c in BASE_COMMAND]
     result, _ = drill(
-        tmp_path, **{"workload.command": command, "expectations.maxRecoveryTime": "2m"}
+        tmp_path, PASSING, **{"workload.command": command, "expectations.maxRecoveryTime": "2m"}
     )
     assert result.verdict is Verdict.FAIL
     assert result.reasons[0] is FailureReason.NEVER_CAME_BACK
@@ -238,9 +238,9 @@ def test_pytest_runs_the_example_drill_and_writes_junit(pytester: pytest.Pyteste
     )
     result.assert_outcomes(passed=1)
     props = {p.get("name"): p.get("value") for p in ET.parse(out).getroot().iter("property")}
-    verdicts = [v for k, v in props.items() if k.endswith(".verdict")]
+    verdicts = [v for k, v in props.items() if k and k.endswith(".verdict")]
     assert verdicts == ["PASS"]
-    assert [v for k, v in props.items() if k.endswith(".resumeStep")] == ["100"]
+    assert [v for k, v in props.items() if k and k.endswith(".resumeStep")] == ["100"]
 
 
 def test_environment_is_not_leaked_into_the_report(tmp_path: Path) -> None:

@@ -21,15 +21,59 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from recoverygate import wire
 
-from tests.kube.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_apiserver import FakeApiServer
 
 Pod = dict[str, Any]
 
 NAMESPACE = "training"
+
+
+def drill_yaml(
+    selector: str,
+    namespace: str,
+    kubeconfig: Path | str,
+    *,
+    name: str,
+    after: int = 20,
+    max_recovery: str = "10s",
+    max_lost_steps: int = 50,
+    deadline: str = "20s",
+    recovery: str | None = None,
+) -> str:
+    """The one drill config every Kubernetes drill of the tests (and bench) runs: rank 1
+    killed after checkpoint ``after``, a resume from the latest checkpoint expected."""
+    return f"""
+name: {name}
+workload:
+  orchestrator: kubernetes
+  selector: "{selector}"
+  namespace: {namespace}
+  kubeconfig: {kubeconfig}
+injectFailure:
+  type: KillWorker
+  afterCheckpoint: step-{after}
+  targetRank: 1
+expectations:
+  resumeFromCheckpoint: latest
+  maxRecoveryTime: {max_recovery}
+  maxLostSteps: {max_lost_steps}
+safety:
+  requireConfirm: false
+timeouts:
+  discovery: {deadline}
+  checkpoint: {deadline}
+  recovery: {recovery or max_recovery}
+"""
+
+
+def job_drill_yaml(job: FakeTrainingJob, kubeconfig: Path | str, **options: Any) -> str:
+    """:func:`drill_yaml` for the pods of ``job``."""
+    return drill_yaml(job.selector, job.namespace, kubeconfig, **options)
 
 
 def _container(name: str, rank_env: int | None = None) -> dict[str, Any]:

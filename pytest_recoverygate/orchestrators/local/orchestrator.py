@@ -1,4 +1,4 @@
-"""The local backend: a torchrun job on this machine, launched (or attached to) by the drill.
+"""The local orchestrator: a torchrun job on this machine, launched (or attached to) by the drill.
 
 How it sees the job (facts measured with torch 2.13, see docs/local.md):
 
@@ -32,35 +32,27 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
 import dataclasses
 import os
-import re
 import secrets
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import (
-    EXCEPTION_LINE,
-    JobOutput,
-    OutputSplitter,
-    torchrun_rank_of,
-)
+from pytest_recoverygate.filetail import OutputTail
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
@@ -69,12 +61,27 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.orchestrators.local.processes import (
+    Identity,
+    Scan,
+    SubreaperGuard,
+    WorkerProc,
+    describe_process,
+    pidfd_open,
+    process_table,
+    resolve_executable,
+    signal_exactly,
+)
+from pytest_recoverygate.orchestrators.local.torchrun import ERROR_LINE, ROOT_CAUSE, root_cause
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock
 
 __all__ = ["DRILL_MARKER", "LocalOrchestrator"]
 
+#: In the launched job's environment, one value per drill: cleanup ends what carries it.
+DRILL_MARKER = "RECOVERYGATE_DRILL_ID"
 POLL_INTERVAL = 0.05  # seconds between psutil scans while a recovery is under way
 IDLE_POLL_INTERVAL = 0.25  # seconds between scans otherwise (a scan costs ~3 ms of CPU)
 TERM_GRACE = 5.0  # seconds the agent gets to stop its workers after SIGTERM
@@ -83,128 +90,6 @@ RAW_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters of the job's output kept in mem
 ENVIRON_RETRY_AGE = 2.0  # a process older than this without RANK is not a worker
 OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once it exited
 KILL_ROUND_INTERVAL = 0.02  # seconds between cleanup's looks for marked processes
-DRILL_MARKER = "RECOVERYGATE_DRILL_ID"  # in the launched job's environment, one value per drill
-
-_PR_SET_CHILD_SUBREAPER = 36
-_PR_GET_CHILD_SUBREAPER = 37
-
-
-@dataclass(frozen=True, slots=True)
-class _Identity:
-    """A process instance: the pid and its start time, so a recycled pid never matches."""
-
-    pid: int
-    create_time: float
-
-    @property
-    def instance_id(self) -> str:
-        return f"{self.pid}@{self.create_time:.3f}"
-
-    @classmethod
-    def parse(cls, instance_id: str) -> _Identity | None:
-        pid, _, created = instance_id.partition("@")
-        try:
-            return cls(int(pid), float(created))
-        except ValueError:
-            return None
-
-    @classmethod
-    def of(cls, proc: psutil.Process) -> _Identity:
-        return cls(proc.pid, proc.create_time())
-
-    def matches(self, proc: psutil.Process) -> bool:
-        """True when ``proc`` is this instance and is still alive (not a zombie)."""
-        try:
-            return (
-                proc.pid == self.pid
-                and f"{proc.create_time():.3f}" == f"{self.create_time:.3f}"
-                and proc.status() != psutil.STATUS_ZOMBIE
-            )
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return False
-
-    def process(self) -> psutil.Process | None:
-        """The live process with this identity, or None when it is gone or recycled."""
-        try:
-            proc = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            return None
-        return proc if self.matches(proc) else None
-
-
-@dataclass(frozen=True, slots=True)
-class _WorkerProc:
-    """A worker process as seen in one scan."""
-
-    identity: _Identity
-    rank: int
-    local_world_size: int
-    restart_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Scan:
-    """One look at the job's process tree."""
-
-    workers: tuple[_WorkerProc, ...]
-    processes: tuple[_Identity, ...]
-
-
-class _SubreaperGuard:
-    """Makes this process a child subreaper (Linux) while at least one drill needs it.
-
-    Orphaned workers of a killed agent are then re-parented to us instead of init, so
-    cleanup can find, kill and reap them. The previous setting is restored afterwards.
-    """
-
-    _lock = threading.Lock()
-    _users = 0
-    _previous = 0
-
-    @classmethod
-    def _prctl(cls) -> Any:
-        if not sys.platform.startswith("linux"):
-            return None
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            return None
-        return getattr(libc, "prctl", None)
-
-    @classmethod
-    def acquire(cls) -> None:
-        with cls._lock:
-            prctl = cls._prctl()
-            if prctl is None:
-                return
-            if cls._users == 0:
-                value = ctypes.c_int(0)
-                if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0:
-                    cls._previous = value.value
-                prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-            cls._users += 1
-
-    @classmethod
-    def release(cls) -> None:
-        with cls._lock:
-            prctl = cls._prctl()
-            if prctl is None or cls._users == 0:
-                return
-            cls._users -= 1
-            if cls._users == 0 and not cls._previous:
-                prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-def _process_table() -> tuple[dict[int, psutil.Process], dict[int, list[int]]]:
-    """One pass over the process table: processes by pid, and children by parent pid."""
-    table: dict[int, psutil.Process] = {}
-    children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid", "create_time", "status"]):
-        if proc.info["ppid"] is None or proc.info["create_time"] is None:
-            continue
-        table[proc.pid] = proc
-        children.setdefault(proc.info["ppid"], []).append(proc.pid)
-    return table, children
 
 
 class LocalOrchestrator:
@@ -213,8 +98,7 @@ class LocalOrchestrator:
     ``command`` is run in ``workdir`` with ``env`` added to this process's environment.
     With ``attach_pid`` nothing is launched: the drill watches the torchrun agent with
     that pid, reads its output from the file its stdout is redirected to, and cleanup
-    leaves the job running. ``log_dir``, when given, receives a copy of the job's raw
-    output (``job-output.log``) that outlives the drill.
+    leaves the job running.
     """
 
     name = "local"
@@ -228,7 +112,6 @@ class LocalOrchestrator:
         target_rank: int = 1,
         clock: Clock,
         attach_pid: int | None = None,
-        log_dir: Path | None = None,
     ) -> None:
         if not command and attach_pid is None:
             raise DiscoveryError(
@@ -240,7 +123,6 @@ class LocalOrchestrator:
         self.env = dict(env)
         self.target_rank = target_rank
         self.attach_pid = attach_pid
-        self.log_dir = log_dir
         self._clock = clock
         self._source = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
         self._lock = threading.Lock()
@@ -248,56 +130,33 @@ class LocalOrchestrator:
         self._poke = threading.Event()  # wakes the watcher at once (kill, cleanup)
         self._threads: list[threading.Thread] = []
         self._popen: subprocess.Popen[bytes] | None = None
-        self._agent: _Identity | None = None
+        self._agent: Identity | None = None
         self._tmpdir: Path | None = None
-        self._log_file: BinaryIO | None = None
-        self._attached_file: IO[bytes] | None = None
+        self._tail: OutputTail | None = None  # attach mode: the agent's output file
+        self._tail_generation = 0  # bumped each time the tail starts the file over
         self._raw: deque[str] = deque()
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._raw_size = 0
         # torchrun's whole stream, plus each rank's prefixed lines ([default1]:, [rank1]:)
         self._output = OutputSplitter(torchrun_rank_of, merged="torchrun")
-        self._seen: dict[int, _Identity] = {}
+        self._seen: dict[int, Identity] = {}
         self._drill_id: str | None = None  # the marker's value in the launched job's environment
-        self._marked: set[_Identity] = set()  # every process found carrying the marker
+        self._marked: set[Identity] = set()  # every process found carrying the marker
         self._events: list[GroupEvent] = []
-        self._environ_cache: dict[_Identity, dict[str, str] | None] = {}
+        self._environ_cache: dict[Identity, dict[str, str] | None] = {}
         # group state, owned by the watcher thread after discover()
         self._base_restart = 0
         self._generation = 0
         self._local_world_size = 0
-        self._group: dict[int, _WorkerProc] = {}
+        self._group: dict[int, WorkerProc] = {}
         self._gone_reported = False
         self._running_reported = True
         self._job_failed_reported = False
-        self._victim: _Identity | None = None
+        self._victim: Identity | None = None
         self._recovering = False
         self._subreaper = False
-        self._cleaned = False
 
     # ------------------------------------------------------------------ construction
-
-    @classmethod
-    def from_config(cls, config: Any, clock: Clock) -> LocalOrchestrator:
-        """Build from a validated DrillConfig (``workload`` and ``inject_failure`` sections)."""
-        workload = config.workload
-        command = workload.command
-        if isinstance(command, str):
-            command = shlex.split(command)
-        workdir = getattr(workload, "workdir", None) or Path.cwd()
-        env = {str(k): str(v) for k, v in (getattr(workload, "env", None) or {}).items()}
-        reporting_rank = getattr(workload, "reporting_rank", 0) or 0
-        if reporting_rank and "RECOVERYGATE_RANKS" not in os.environ:
-            env.setdefault("RECOVERYGATE_RANKS", str(reporting_rank))  # the reporter's rank filter
-        target = getattr(config.inject_failure, "target_rank", None)
-        return cls(
-            list(command or []),
-            Path(workdir),
-            env,
-            target_rank=1 if target is None else int(target),
-            clock=clock,
-            attach_pid=getattr(workload, "attach_pid", None),
-        )
 
     # ------------------------------------------------------------------ Orchestrator
 
@@ -363,14 +222,14 @@ class LocalOrchestrator:
 
     def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
         """SIGKILL exactly the instance named by ``worker.instance_id``; never retried."""
-        identity = _Identity.parse(worker.instance_id)
+        identity = Identity.parse(worker.instance_id)
         if identity is None:
             return KillResult(
                 KillOutcome.ALREADY_GONE,
                 self._clock.now(),
                 f"{worker.instance_id!r} is not a pid@start_time instance id; nothing was touched",
             )
-        pidfd = _pidfd_open(identity.pid)
+        pidfd = pidfd_open(identity.pid)
         try:
             # With a pidfd open, the identity check below holds for the signal too:
             # the fd pins this exact process even if its pid is recycled meanwhile.
@@ -433,14 +292,12 @@ class LocalOrchestrator:
     def events(self) -> StreamEventSource:
         return self._source
 
+    @cleanup_once
     def cleanup(self) -> None:
         """End every process the drill started or saw, verify none is left, remove the temp dir.
 
         Idempotent. In attach mode the job is left running; only our threads stop.
         """
-        if self._cleaned:
-            return
-        self._cleaned = True
         self._stop.set()
         self._poke.set()
         leftover: list[str] = []
@@ -448,15 +305,13 @@ class LocalOrchestrator:
             if self.attach_pid is None:
                 leftover = self._end_processes()
         finally:
+            if self._tail is not None:
+                self._tail.stop()
             self._source.close()  # stops and joins the pipe reader, closes the pipe
             for thread in self._threads:
                 thread.join(timeout=2.0)
-            if self._attached_file is not None:
-                self._attached_file.close()
-            if self._log_file is not None:
-                self._log_file.close()
             if self._subreaper:
-                _SubreaperGuard.release()
+                SubreaperGuard.release()
                 self._subreaper = False
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
@@ -505,11 +360,11 @@ class LocalOrchestrator:
             ),
             order=["torchrun"],
         )
-        cause = _ROOT_CAUSE.search(self.raw_output()[-50000:])
+        cause = ROOT_CAUSE.search(self.raw_output()[-50000:])
         if cause and output.failing not in (None, "torchrun"):
             root = output.get(f"rank {cause.group(1)}")
             if root is not None and any(
-                _ERROR_LINE.match(line) for line in root.text.splitlines()[-200:]
+                ERROR_LINE.match(line) for line in root.text.splitlines()[-200:]
             ):
                 output = dataclasses.replace(output, failing=root.label)
         return output
@@ -526,7 +381,7 @@ class LocalOrchestrator:
     # ------------------------------------------------------------------ launching
 
     def _launch(self) -> None:
-        executable = _resolve_executable(self.command[0])
+        executable = resolve_executable(self.command[0])
         self._tmpdir = Path(tempfile.mkdtemp(prefix="recoverygate-local-"))
         env = {**os.environ, **self.env}
         env["PYTHONUNBUFFERED"] = "1"  # otherwise agent-relayed lines arrive ~1 s late
@@ -541,10 +396,7 @@ class LocalOrchestrator:
                 f"workload.workdir {str(self.workdir)!r} is not a directory; fix the path "
                 "(relative paths resolve against the config file's folder)"
             )
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_dir / "job-output.log", "wb")  # noqa: SIM115
-        _SubreaperGuard.acquire()
+        SubreaperGuard.acquire()
         self._subreaper = True
         try:
             self._popen = subprocess.Popen(
@@ -561,13 +413,12 @@ class LocalOrchestrator:
                 f"could not start `{shlex.join(self.command)}` in {self.workdir}: {exc}"
             ) from exc
         agent = psutil.Process(self._popen.pid)
-        self._agent = _Identity.of(agent)
+        self._agent = Identity.of(agent)
         self._remember(self._agent)
         assert self._popen.stdout is not None
         self._source.attach_pipe(
             self._popen.stdout,
             stream="torchrun",
-            tee_to=self._log_file,
             on_chunk=self._keep_output,
             name="recoverygate-local-output",
         )
@@ -576,7 +427,7 @@ class LocalOrchestrator:
         assert self.attach_pid is not None
         try:
             agent = psutil.Process(self.attach_pid)
-            self._agent = _Identity.of(agent)
+            self._agent = Identity.of(agent)
             stdout = next((f.path for f in agent.open_files() if f.fd == 1), None)
         except psutil.NoSuchProcess as exc:
             raise DiscoveryError(
@@ -593,35 +444,35 @@ class LocalOrchestrator:
                 f"workload.attachPid {self.attach_pid}: its stdout is not a file, so the drill "
                 "cannot read the job's progress; start torchrun with `> train.log 2>&1`"
             )
-        self._attached_file = open(stdout, "rb")  # noqa: SIM115
-        self._attached_file.seek(0, os.SEEK_END)
-        reader = threading.Thread(
-            target=self._follow_file,
-            args=(self._attached_file,),
+        # The shared tail: what the file holds now is history; a truncation (a restarted
+        # agent's "> train.log") or a rotation is followed, every new byte read once.
+        self._tail = OutputTail(
+            stdout,
+            self._feed_attached,
+            self._clock,
+            interval=POLL_INTERVAL,
+            on_start_over=self._attached_started_over,
             name="recoverygate-local-output",
-            daemon=True,
         )
-        reader.start()
-        self._threads.append(reader)
+        self._tail.seek_end()
+        self._tail.start()
 
-    def _follow_file(self, handle: IO[bytes]) -> None:
-        """Tail the attached agent's output file until cleanup."""
-        while not self._stop.is_set():
-            chunk = handle.read(65536)
-            if not chunk:
-                self._stop.wait(POLL_INTERVAL)
-                continue
-            received = self._clock.now()
-            self._keep_output(chunk)
-            self._source.feed(chunk, received, stream="attached")
+    def _feed_attached(self, chunk: bytes, received: float) -> None:
+        self._keep_output(chunk)
+        self._source.feed(chunk, received, stream=("attached", self._tail_generation))
+
+    def _attached_started_over(self) -> None:
+        """The output file was truncated or replaced: its old partial line ends here."""
+        self._source.end_stream(("attached", self._tail_generation))
+        self._tail_generation += 1
 
     # ------------------------------------------------------------------ scanning
 
-    def _remember(self, identity: _Identity) -> None:
+    def _remember(self, identity: Identity) -> None:
         with self._lock:
             self._seen[identity.pid] = identity
 
-    def _environ(self, proc: psutil.Process, identity: _Identity) -> dict[str, str] | None:
+    def _environ(self, proc: psutil.Process, identity: Identity) -> dict[str, str] | None:
         """The process's environment, cached once it shows RANK (or once it is old enough)."""
         if identity in self._environ_cache:
             return self._environ_cache[identity]
@@ -633,15 +484,15 @@ class LocalOrchestrator:
             self._environ_cache[identity] = environ
         return environ
 
-    def _scan(self) -> _Scan:
+    def _scan(self) -> Scan:
         """Every live descendant of the agent, and which of them are torchrun workers.
 
         One pass over the process table (one ``/proc/<pid>/stat`` read each) per scan:
         ``Process.children()`` would walk the whole table once per root.
         """
         if self._agent is None:
-            return _Scan((), ())
-        table, children = _process_table()
+            return Scan((), ())
+        table, children = process_table()
         # Roots: the agent, and (for orphans of a dead agent) every process seen before.
         with self._lock:
             known = [self._agent, *self._seen.values()]
@@ -658,12 +509,12 @@ class LocalOrchestrator:
                 continue
             procs[pid] = table[pid]
             pending.extend(children.get(pid, ()))
-        workers: list[_WorkerProc] = []
-        identities: list[_Identity] = []
+        workers: list[WorkerProc] = []
+        identities: list[Identity] = []
         for proc in procs.values():
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            identity = _Identity(proc.pid, proc.info["create_time"])
+            identity = Identity(proc.pid, proc.info["create_time"])
             parent_pid = proc.info["ppid"]
             identities.append(identity)
             if identity == self._agent:
@@ -673,13 +524,13 @@ class LocalOrchestrator:
                 continue
             parent = procs.get(parent_pid)
             if parent is not None and parent.pid != self._agent.pid:
-                parent_identity = _Identity(parent.pid, parent.info["create_time"])
+                parent_identity = Identity(parent.pid, parent.info["create_time"])
                 parent_env = self._environ(parent, parent_identity)
                 if parent_env and "RANK" in parent_env:
                     continue  # a worker's own subprocess (e.g. a DataLoader worker)
             with contextlib.suppress(ValueError):
                 workers.append(
-                    _WorkerProc(
+                    WorkerProc(
                         identity=identity,
                         rank=int(environ["RANK"]),
                         local_world_size=int(environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -688,10 +539,10 @@ class LocalOrchestrator:
                 )
         for identity in identities:
             self._remember(identity)
-        return _Scan(tuple(workers), tuple(identities))
+        return Scan(tuple(workers), tuple(identities))
 
     @staticmethod
-    def _complete_group(scan: _Scan) -> dict[int, _WorkerProc] | None:
+    def _complete_group(scan: Scan) -> dict[int, WorkerProc] | None:
         """The newest restart generation's workers by rank, if all local ranks are up."""
         if not scan.workers:
             return None
@@ -781,10 +632,10 @@ class LocalOrchestrator:
             if self._popen is not None and self._popen.poll() == 0:
                 self._emit(GroupEventKind.JOB_SUCCEEDED, failure)
                 return
-            cause = _root_cause(self.raw_output())
+            cause = root_cause(self.raw_output())
             self._emit(GroupEventKind.JOB_FAILED, f"{failure}{': ' + cause if cause else ''}")
 
-    def _worker(self, proc: _WorkerProc) -> Worker:
+    def _worker(self, proc: WorkerProc) -> Worker:
         return Worker(
             rank=proc.rank,
             name=f"rank {proc.rank} pid {proc.identity.pid}",
@@ -820,7 +671,7 @@ class LocalOrchestrator:
             # A process that forks while being killed leaves its child to the next round.
             marked = self._marked_processes()
             for identity in marked:
-                _signal_exactly(identity, signal.SIGKILL)
+                signal_exactly(identity, signal.SIGKILL)
             self._reap()
             if not marked or time.monotonic() >= deadline:
                 break
@@ -832,12 +683,12 @@ class LocalOrchestrator:
         with self._lock:
             seen = list(self._seen.values())
         unmarked = {i.pid: i for i in seen if i.pid not in survivors and i.process() is not None}
-        return [_describe(i, "") for i in survivors.values()] + [
-            _describe(i, f"; not signalled: it does not carry the drill's {DRILL_MARKER}")
+        return [describe_process(i, "") for i in survivors.values()] + [
+            describe_process(i, f"; not signalled: it does not carry the drill's {DRILL_MARKER}")
             for i in unmarked.values()
         ]
 
-    def _marked_processes(self) -> list[_Identity]:
+    def _marked_processes(self) -> list[Identity]:
         """Every live process that carries this drill's marker, among its possible places.
 
         Where to look: the descendants of this process (a child subreaper: the job's
@@ -845,7 +696,7 @@ class LocalOrchestrator:
         descendants (where there is no subreaper, orphans re-parent to init). One pass
         over the process table; a process that vanishes meanwhile is simply skipped.
         """
-        table, children = _process_table()
+        table, children = process_table()
         with self._lock:
             seen = list(self._seen.values())
         me = os.getpid()
@@ -857,7 +708,7 @@ class LocalOrchestrator:
             and f"{table[i.pid].info['create_time']:.3f}" == f"{i.create_time:.3f}"
         ]
         visited: set[int] = set()
-        marked: list[_Identity] = []
+        marked: list[Identity] = []
         while pending:
             pid = pending.pop()
             if pid in visited or pid == me or pid not in table:
@@ -873,7 +724,7 @@ class LocalOrchestrator:
                 continue  # gone, or not ours to read: never signalled
             if environ.get(DRILL_MARKER) != self._drill_id:
                 continue
-            identity = _Identity(pid, proc.info["create_time"])
+            identity = Identity(pid, proc.info["create_time"])
             with self._lock:
                 self._marked.add(identity)
             marked.append(identity)
@@ -900,108 +751,3 @@ class LocalOrchestrator:
                 same = f"{proc.create_time():.3f}" == f"{identity.create_time:.3f}"
                 if same and proc.ppid() == me and proc.status() == psutil.STATUS_ZOMBIE:
                     os.waitpid(identity.pid, os.WNOHANG)
-
-
-def _signal_exactly(identity: _Identity, sig: signal.Signals) -> bool:
-    """Send ``sig`` to that very instance (pid and start time), never to a recycled pid.
-
-    The pidfd pins the process the pid names when it is opened; the identity check after
-    it confirms that this is our instance, so the signal cannot reach another process.
-    """
-    pidfd = _pidfd_open(identity.pid)
-    try:
-        if identity.process() is None:
-            return False
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, sig)
-        else:
-            os.kill(identity.pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-def _describe(identity: _Identity, note: str) -> str:
-    """``pid N (command line)`` for an error message that names a leftover process."""
-    try:
-        command = shlex.join(psutil.Process(identity.pid).cmdline()) or "?"
-    except psutil.Error:
-        command = "command line unreadable"
-    if len(command) > 200:
-        command = command[:197] + "..."
-    return f"pid {identity.pid} ({command}{note})"
-
-
-def _pidfd_open(pid: int) -> int | None:
-    """A pidfd pinning ``pid``'s current process, or None where pidfds are unavailable."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None or not hasattr(signal, "pidfd_send_signal"):
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:
-        return None
-
-
-def _resolve_executable(program: str) -> str:
-    """Find ``program`` on PATH, then next to this Python (a venv's torchrun when not activated)."""
-    if os.sep in program:
-        return program
-    found = shutil.which(program) or shutil.which(program, path=str(Path(sys.executable).parent))
-    if found is None:
-        raise DiscoveryError(
-            f"workload.command: {program!r} was not found on PATH nor next to {sys.executable}; "
-            "install it (pip install torch) or give its full path"
-        )
-    return found
-
-
-_ERROR_LINE = re.compile(EXCEPTION_LINE.pattern, re.M)
-_ROOT_CAUSE = re.compile(
-    r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+).*?traceback\s*:\s*([^\n]*)", re.S
-)
-_NO_TRACEBACK = "To enable traceback"
-
-
-def _root_cause(output: str) -> str:
-    """Why the job ended, in one line: torchrun's error, its root-cause rank, the worker's error.
-
-    torchrun ends with ``ChildFailedError`` and a "Root Cause" block naming the first
-    rank that failed and how (a signal, or an exit code); the worker's own exception is
-    the last other ``SomethingError: message`` line before it, preferably one the root
-    cause rank printed (``[rank0]: …``): the other ranks' errors are often only the echo
-    of its failure ("Connection closed by peer").
-    """
-    tail = output[-50000:]
-    errors = [
-        (
-            m.group(1).rsplit(".", 1)[-1],
-            (m.group(2) or "").strip(),
-            torchrun_rank_of(m.group(0).encode("utf-8", "replace")),
-        )
-        for m in _ERROR_LINE.finditer(tail)
-    ]
-    parts: list[str] = []
-    launcher = next((e for e in reversed(errors) if e[0] == "ChildFailedError"), None)
-    if launcher is not None:
-        parts.append(launcher[0])
-    cause = _ROOT_CAUSE.search(tail)
-    worker_errors = [e for e in errors if e[0] != "ChildFailedError"]
-    if cause:
-        rank, code, trace = cause.group(1), cause.group(2), cause.group(3).strip()
-        how = f" ({trace})" if trace and not trace.startswith(_NO_TRACEBACK) else ""
-        parts.append(f"root cause rank {rank}, exit code {code}{how}")
-        own = [e for e in worker_errors if e[2] == f"rank {rank}"]
-        untagged_after = worker_errors and worker_errors[-1][2] is None
-        if own and not untagged_after:  # an untagged error last: a failed init, show it
-            worker_errors = own
-    worker = worker_errors[-1] if worker_errors else None
-    if worker is not None:
-        name, message, _ = worker
-        parts.append(
-            f"last worker error: {name}: {message}" if message else f"last worker error: {name}"
-        )
-    return "; ".join(parts)  # whole: the report keeps it all, the terminal may shorten it

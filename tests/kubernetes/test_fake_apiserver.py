@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube.fake_apiserver import FakeApiServer, Fault, parse_selector, selector_matches
-from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
+from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, parse_selector, selector_matches
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
 
 pytestmark = pytest.mark.kubernetes
 
@@ -179,7 +179,7 @@ def test_an_expired_resource_version_gets_200_then_an_error_event_with_410(
     # the client's own Watch turns it into ApiException(410) and does not re-list
     with pytest.raises(ApiException) as info:
         list(
-            watch.Watch().stream(  # type: ignore[no-untyped-call]
+            watch.Watch().stream(
                 core_api.list_namespaced_pod, NAMESPACE, resource_version=old, timeout_seconds=5
             )
         )

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
 
 pytest.importorskip("kubernetes")
 
@@ -36,12 +36,12 @@ def core_api(kubeconfig: Path) -> Iterator[Any]:
     from kubernetes import client, config
 
     configuration = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
+    config.load_kube_config(
         config_file=str(kubeconfig), client_configuration=configuration, persist_config=False
     )
     api_client = client.ApiClient(configuration)
     yield client.CoreV1Api(api_client)
-    api_client.close()  # type: ignore[no-untyped-call]
+    api_client.close()
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ from pytest_recoverygate.model import (
 )
 from pytest_recoverygate.orchestrators.base import Orchestrator
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
-from tests.kube.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
-from tests.kube.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod, trainjob_pod
+from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod, trainjob_pod
 
 pytestmark = pytest.mark.kubernetes
 

@@ -16,10 +16,10 @@ import pytest
 from pytest_recoverygate.config import parse_config
 from pytest_recoverygate.engine import DrillResult, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.kube.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer
-from tests.kube.fake_cluster import FakeTrainingJob
+from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
 
-pytestmark = pytest.mark.kubernetes
+pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
 
 MakeJob = Callable[..., FakeTrainingJob]
 
@@ -32,28 +32,7 @@ def drill(
     dry_run: bool = False,
     max_recovery: str = "10s",
 ) -> DrillResult:
-    text = f"""
-name: k8s-{job.kind}
-workload:
-  orchestrator: kubernetes
-  selector: "{job.selector}"
-  namespace: {job.namespace}
-  kubeconfig: {kubeconfig}
-injectFailure:
-  type: KillWorker
-  afterCheckpoint: step-20
-  targetRank: 1
-expectations:
-  resumeFromCheckpoint: latest
-  maxRecoveryTime: {max_recovery}
-  maxLostSteps: 50
-safety:
-  requireConfirm: false
-timeouts:
-  discovery: 20s
-  checkpoint: 20s
-  recovery: {max_recovery}
-"""
+    text = job_drill_yaml(job, kubeconfig, name=f"k8s-{job.kind}", max_recovery=max_recovery)
     path = tmp_path / "recovery-test.yaml"
     path.write_text(text)
     config = parse_config(text, path)

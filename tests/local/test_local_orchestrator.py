@@ -12,7 +12,9 @@ We test these aspects:
 - cleanup leaves no process behind, also when the agent was SIGKILLed and its workers
   were orphaned; torchrun hands the drill's marker (which cleanup goes by) to its workers;
 - attach mode follows the output file of an agent the user started and leaves the job
-  running, and refuses an agent whose output it cannot read.
+  running, skips what the file held before the drill, keeps reading after the file is
+  truncated (an agent restarted with ``> train.log``), and refuses an agent whose output
+  it cannot read.
 
 Each test starts its own torchrun (2-5 s of ``import torch`` per start on a small
 machine), so they are marked ``local`` and kept few.
@@ -46,7 +48,7 @@ from pytest_recoverygate.orchestrators.local import DRILL_MARKER, LocalOrchestra
 
 pytestmark = pytest.mark.local
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "local" / "train.py"
 DISCOVERY_TIMEOUT = 90.0
 RECOVERY_TIMEOUT = 120.0
@@ -282,6 +284,57 @@ def test_it_attaches_to_a_running_agent_reads_its_output_file_and_leaves_it_runn
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=30)
+
+
+AGENT_LIKE = """
+import os, subprocess, sys, time
+for rank in range(2):
+    env = {**os.environ, "RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+time.sleep(120)
+"""
+
+
+def test_attach_skips_the_history_and_follows_the_file_through_a_truncation(
+    tmp_path: Path,
+) -> None:
+    """A torchrun-like agent (two children carrying RANK, no torch): what the log held
+    before the drill is history; a truncation and rewrite is read from its start."""
+    log = tmp_path / "train.log"
+
+    def line(step: int, inc: str) -> bytes:
+        return (
+            f'RECOVERYGATE/v1 {{"event":"progress","time":{time.time():.6f},'
+            f'"inc":"{inc}","rank":0,"step":{step}}}\n'
+        ).encode()
+
+    log.write_bytes(line(1, "old-run"))
+    with open(log, "ab") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-c", AGENT_LIKE], stdout=out, start_new_session=True
+        )
+    orchestrator = LocalOrchestrator([], tmp_path, {}, clock=RealClock(), attach_pid=agent.pid)
+    try:
+        orchestrator.discover(time.time() + 30)
+        seen: list[tuple[str, int | None]] = []
+
+        def read_until(wanted: tuple[str, int]) -> None:
+            deadline = time.monotonic() + 20
+            while wanted not in seen and time.monotonic() < deadline:
+                seen.extend((e.incarnation, e.step) for e in orchestrator.events().poll())
+                time.sleep(0.05)
+            assert wanted in seen, seen
+
+        with open(log, "ab") as writer:
+            writer.write(line(2, "this-run"))
+        read_until(("this-run", 2))
+        log.write_bytes(line(3, "restarted"))  # truncated and rewritten, shorter than before
+        read_until(("restarted", 3))
+        assert ("old-run", 1) not in seen
+    finally:
+        orchestrator.cleanup()
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=30)
 
 
 def test_it_refuses_to_attach_to_an_agent_whose_output_is_not_a_file(tmp_path: Path) -> None:

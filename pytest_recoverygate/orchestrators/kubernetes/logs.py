@@ -1,0 +1,194 @@
+"""The log stream: the reporting rank's pod log, followed into training events.
+
+A background thread follows the log of the pod that holds the reporting rank, with
+kubelet timestamps, and feeds each line to the shared
+:class:`~pytest_recoverygate.events.StreamEventSource` with the *kubelet's* time as the
+receive time, so recovery time excludes streaming delay. The stream ends when the
+container stops; it is reopened on whichever pod now holds that rank (400 "waiting to
+start" while it is Pending is retried), from ``sinceSeconds`` covering the gap, and lines
+already seen (same kubelet timestamp and content) are dropped. What the followed pods
+printed is kept per pod for the report (:meth:`LogStream.job_output`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
+from pytest_recoverygate.model import TrainingEvent
+from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, is_transient, iter_lines
+from pytest_recoverygate.orchestrators.kubernetes.pods import (
+    Pod,
+    pick_container,
+    pod_name,
+    pod_uid,
+)
+
+__all__ = ["LogStream", "PodLogEvents", "parse_kubelet_timestamp"]
+
+_LOG_DEDUPE_WINDOW = 600.0  # seconds of kubelet time kept for dropping re-sent lines
+
+
+def parse_kubelet_timestamp(text: str) -> float:
+    """``2026-11-29T11:47:14.123456789Z`` as POSIX seconds (ValueError when malformed)."""
+    if not text.endswith("Z") or len(text) < 20:
+        raise ValueError(text)
+    base = datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    fraction = text[20:-1] if len(text) > 20 and text[19] == "." else ""
+    if fraction and not fraction.isdigit():
+        raise ValueError(text)
+    return base.timestamp() + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+
+
+class PodLogEvents:
+    """The adapter's EventSource: the shared parser, plus the threads' fatal errors."""
+
+    def __init__(self, source: StreamEventSource, session: ApiSession) -> None:
+        self._source = source
+        self._session = session
+
+    def poll(self) -> list[TrainingEvent]:
+        self._session.raise_fatal()
+        return self._source.poll()
+
+    @property
+    def malformed_lines(self) -> int:
+        return self._source.malformed_lines
+
+    def close(self) -> None:
+        self._source.close()
+
+
+class LogStream:
+    """Follows the pod that ``reporting_pod()`` names, reopening on each replacement."""
+
+    def __init__(
+        self,
+        session: ApiSession,
+        *,
+        reporting_rank: int,
+        container: str | None,
+        reporting_pod: Callable[[], Pod | None],
+    ) -> None:
+        self._session = session
+        self._clock = session.clock
+        self.reporting_rank = reporting_rank
+        self.container = container
+        self._reporting_pod = reporting_pod
+        self.source = StreamEventSource(wakeup=self._clock.wakeup, clock=self._clock.now)
+        self.events = PodLogEvents(self.source, session)
+        self._seen_lines: dict[tuple[str, bytes], float] = {}
+        self._last_log_time: float | None = None
+        self._fresh = 0  # new lines the current stream delivered so far
+        # the followed pods' logs, per pod (a replacement with the pod's name shares its file)
+        self._output = OutputSplitter(lambda line: None, default="pod log")
+        self._labels: dict[Any, str] = {}
+
+    def run(self) -> None:
+        """The thread: follow the reporting pod's log until cleanup."""
+        from kubernetes.client.exceptions import ApiException
+
+        session, stop = self._session, self._session.stop
+        api = session.new_api()
+        failures = 0
+        while not stop.is_set():
+            pod = self._reporting_pod()
+            if pod is None:
+                failures += 1
+                stop.wait(min(0.05 * 2**failures, 1.0))
+                continue
+            try:
+                fresh = self._follow(api, pod)
+                failures = 0 if fresh else failures + 1
+                if not fresh:
+                    stop.wait(min(0.05 * 2**failures, 1.0))
+            except ApiException as exc:
+                if exc.status == 403:
+                    session.set_fatal(session.forbidden("get", "pods/log", exc))
+                    return
+                # 400 "waiting to start" (Pending replacement), 404 (pod just replaced), 429, 5xx
+                failures += 1
+                stop.wait(session.retry.wait(min(failures, 5), exc))
+            except Exception as exc:
+                if stop.is_set():
+                    return
+                # A stream cut after it delivered new lines was no failure: reopen soon, or
+                # a stream cut every few lines would lag further behind with each cut.
+                failures = 1 if self._fresh else failures + 1
+                stop.wait(session.retry.wait(min(failures, 5), exc if is_transient(exc) else None))
+
+    def _follow(self, api: Any, pod: Pod) -> int:
+        """Follow one pod's log until it ends; returns how many new lines arrived."""
+        session = self._session
+        since = None
+        if self._last_log_time is not None:
+            since = max(1, math.ceil(self._clock.now() - self._last_log_time + 5))
+        kwargs: dict[str, Any] = {
+            "follow": True,
+            "timestamps": True,
+            "_preload_content": False,
+            "_request_timeout": (5, max(session.request_timeout, 300.0)),
+        }
+        container = pick_container(pod, self.container)
+        if container:
+            kwargs["container"] = container
+        if since is not None:
+            kwargs["since_seconds"] = since
+        resp = api.read_namespaced_pod_log(pod_name(pod), session.namespace, **kwargs)
+        self._fresh = 0
+        stream = ("pod-log", pod_uid(pod))
+        label = f"pod {pod_name(pod)}"
+        if stream not in self._labels:
+            if label in self._labels.values():  # PyTorchJob reuses the name
+                self._output.feed(
+                    f"[recoverygate: pod {pod_name(pod)} was replaced; this is the log of "
+                    f"uid {pod_uid(pod)}]\n".encode(),
+                    label=label,
+                )
+            self._labels[stream] = label
+        with session.tracked(resp):
+            for line in iter_lines(resp):
+                if self._feed_line(line, stream):
+                    self._fresh += 1
+                if session.stop.is_set():
+                    break
+        self.source.end_stream(stream)
+        return self._fresh
+
+    def _feed_line(self, line: bytes, stream: Any) -> bool:
+        """Parse the kubelet timestamp, drop lines seen before, feed the rest."""
+        stamp, _, content = line.partition(b" ")
+        try:
+            ts_text = stamp.decode("ascii")
+            received = parse_kubelet_timestamp(ts_text)
+        except (UnicodeDecodeError, ValueError):
+            ts_text, received, content = "", self._clock.now(), line
+        key = (ts_text, content)
+        if key in self._seen_lines:
+            return False
+        last = self._last_log_time
+        if last is not None and received < last - _LOG_DEDUPE_WINDOW:
+            return False
+        self._seen_lines[key] = received
+        if last is None or received > last:
+            self._last_log_time = received
+            if len(self._seen_lines) > 10_000:
+                horizon = received - _LOG_DEDUPE_WINDOW
+                self._seen_lines = {k: v for k, v in self._seen_lines.items() if v >= horizon}
+        self.source.feed(content + b"\n", received, stream=stream)
+        self._output.feed(content + b"\n", stream, label=self._labels.get(stream))
+        return True
+
+    def job_output(self) -> JobOutput:
+        """The logs of the reporting rank's pods the drill followed, one file per pod."""
+        return self._output.output(
+            note=(
+                f"the logs of the reporting rank's pods (rank {self.reporting_rank}), as the "
+                "drill streamed them; other pods: kubectl logs POD (--previous for a "
+                "restarted container)"
+            )
+        )

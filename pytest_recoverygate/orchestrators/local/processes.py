@@ -1,0 +1,216 @@
+"""Processes on this machine, by identity: what the local backend knows about pids.
+
+A process *instance* is its pid and its start time (:class:`Identity`), so a recycled pid
+never matches; a signal goes through a pidfd that pins the instance it was opened on
+(:func:`signal_exactly`). One pass over the process table per look
+(:func:`process_table`): ``Process.children()`` would walk the whole table once per root.
+:class:`SubreaperGuard` makes this process a child subreaper while a drill needs it, so
+the orphans of a killed torchrun agent re-parent here, where cleanup can reach them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pytest_recoverygate.errors import DiscoveryError
+
+__all__ = [
+    "Identity",
+    "Scan",
+    "SubreaperGuard",
+    "WorkerProc",
+    "describe_process",
+    "pidfd_open",
+    "process_table",
+    "resolve_executable",
+    "signal_exactly",
+]
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A process instance: the pid and its start time, so a recycled pid never matches."""
+
+    pid: int
+    create_time: float
+
+    @property
+    def instance_id(self) -> str:
+        return f"{self.pid}@{self.create_time:.3f}"
+
+    @classmethod
+    def parse(cls, instance_id: str) -> Identity | None:
+        pid, _, created = instance_id.partition("@")
+        try:
+            return cls(int(pid), float(created))
+        except ValueError:
+            return None
+
+    @classmethod
+    def of(cls, proc: psutil.Process) -> Identity:
+        return cls(proc.pid, proc.create_time())
+
+    def matches(self, proc: psutil.Process) -> bool:
+        """True when ``proc`` is this instance and is still alive (not a zombie)."""
+        try:
+            return (
+                proc.pid == self.pid
+                and f"{proc.create_time():.3f}" == f"{self.create_time:.3f}"
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return False
+
+    def process(self) -> psutil.Process | None:
+        """The live process with this identity, or None when it is gone or recycled."""
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return None
+        return proc if self.matches(proc) else None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProc:
+    """A worker process as seen in one scan."""
+
+    identity: Identity
+    rank: int
+    local_world_size: int
+    restart_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """One look at the job's process tree."""
+
+    workers: tuple[WorkerProc, ...]
+    processes: tuple[Identity, ...]
+
+
+class SubreaperGuard:
+    """Makes this process a child subreaper (Linux) while at least one drill needs it.
+
+    Orphaned workers of a killed agent are then re-parented to us instead of init, so
+    cleanup can find, kill and reap them. The previous setting is restored afterwards.
+    """
+
+    _lock = threading.Lock()
+    _users = 0
+    _previous = 0
+
+    @classmethod
+    def _prctl(cls) -> Any:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+        return getattr(libc, "prctl", None)
+
+    @classmethod
+    def acquire(cls) -> None:
+        with cls._lock:
+            prctl = cls._prctl()
+            if prctl is None:
+                return
+            if cls._users == 0:
+                value = ctypes.c_int(0)
+                if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0:
+                    cls._previous = value.value
+                prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            cls._users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            prctl = cls._prctl()
+            if prctl is None or cls._users == 0:
+                return
+            cls._users -= 1
+            if cls._users == 0 and not cls._previous:
+                prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def process_table() -> tuple[dict[int, psutil.Process], dict[int, list[int]]]:
+    """One pass over the process table: processes by pid, and children by parent pid."""
+    table: dict[int, psutil.Process] = {}
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid", "create_time", "status"]):
+        if proc.info["ppid"] is None or proc.info["create_time"] is None:
+            continue
+        table[proc.pid] = proc
+        children.setdefault(proc.info["ppid"], []).append(proc.pid)
+    return table, children
+
+
+def signal_exactly(identity: Identity, sig: signal.Signals) -> bool:
+    """Send ``sig`` to that very instance (pid and start time), never to a recycled pid.
+
+    The pidfd pins the process the pid names when it is opened; the identity check after
+    it confirms that this is our instance, so the signal cannot reach another process.
+    """
+    pidfd = pidfd_open(identity.pid)
+    try:
+        if identity.process() is None:
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(identity.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def describe_process(identity: Identity, note: str) -> str:
+    """``pid N (command line)`` for an error message that names a leftover process."""
+    try:
+        command = shlex.join(psutil.Process(identity.pid).cmdline()) or "?"
+    except psutil.Error:
+        command = "command line unreadable"
+    if len(command) > 200:
+        command = command[:197] + "..."
+    return f"pid {identity.pid} ({command}{note})"
+
+
+def pidfd_open(pid: int) -> int | None:
+    """A pidfd pinning ``pid``'s current process, or None where pidfds are unavailable."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None or not hasattr(signal, "pidfd_send_signal"):
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
+
+
+def resolve_executable(program: str) -> str:
+    """Find ``program`` on PATH, then next to this Python (a venv's torchrun when not activated)."""
+    if os.sep in program:
+        return program
+    found = shutil.which(program) or shutil.which(program, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise DiscoveryError(
+            f"workload.command: {program!r} was not found on PATH nor next to {sys.executable}; "
+            "install it (pip install torch) or give its full path"
+        )
+    return found

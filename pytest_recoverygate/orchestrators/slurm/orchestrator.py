@@ -1,0 +1,637 @@
+"""The SLURM orchestrator: find a running job's ranks, kill one, watch the job come back.
+
+Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
+
+- The job is read with ``scontrol show job -o`` (state, ``Restarts``, the expanded
+  ``StdOut`` path, nodes) and its steps with ``scontrol show step -o`` (why these, and
+  how: :mod:`.parsing`).
+- ``scancel --signal=KILL J.S`` kills every task of a step, not one rank. A single rank
+  dies alone only by ``kill -9`` of its pid on its node, so both the lookup and the kill
+  run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``. The
+  kill step re-reads the pid's start time and kills only if it still matches: a
+  replacement that reused the rank (or even the pid) is never hit, and a retried kill is
+  harmless.
+- A rank is a worker process's ``RANK`` environment variable (torchrun's workers) or,
+  when no process of the step has one, its Slurm task id (``GLOBALID`` of ``scontrol
+  listpids``, i.e. ``SLURM_PROCID``). The top process of each rank's subtree is the
+  worker; data-loader children inherit ``RANK`` and are skipped.
+- Recovery comes in three shapes: torchrun restarts its workers inside the step (new
+  pids, same step), the batch script starts a new step in the same allocation (new step
+  id), or the job is requeued (``Restarts`` increments, the job pends, then runs again).
+  A job that reaches a final state instead is ``JOB_FAILED``.
+- Training events come from the job's ``StdOut`` file, tailed from a byte offset by the
+  shared :class:`~pytest_recoverygate.filetail.OutputTail` in bounded memory
+  (:mod:`.events`). inotify wakes it early where it works; the poll interval still
+  bounds the wait, because inotify does not see writes from other nodes on NFS or
+  Lustre, where real output files live.
+
+Only this package runs ``squeue``/``scontrol``/``scancel``/``srun`` (:mod:`.commands`:
+timeouts, retries of reads, destructive commands never sent twice once they may have
+acted; a kill whose outcome is unknown is ``UNCONFIRMED`` and the drill ends in ERROR).
+What the clients print is read in :mod:`.parsing`, purely. No command goes through a
+shell with user-provided text: the scripts run on the node are constants and receive
+pids and job ids as arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from pytest_recoverygate.errors import (
+    BackendError,
+    DiscoveryError,
+    PermissionDeniedError,
+    UsageError,
+)
+from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.joboutput import JobOutput
+from pytest_recoverygate.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    Worker,
+    Workload,
+)
+from pytest_recoverygate.orchestrators.base import Clock, EventSource, cleanup_once
+from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
+from pytest_recoverygate.orchestrators.slurm.commands import (
+    CommandNotStarted,
+    JobGone,
+    SlurmCommands,
+)
+from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
+from pytest_recoverygate.orchestrators.slurm.parsing import (
+    FINAL_STATES,
+    KILL_SCRIPT,
+    KILL_STEP_NAME,
+    PROBE_SCRIPT,
+    PROBE_STEP_NAME,
+    WAITING_STATES,
+    JobInfo,
+    ProcessRow,
+    StepInfo,
+    assign_ranks,
+    expand_output_pattern,
+    int_or_none,
+    int_or_zero,
+    parse_probe_output,
+    parse_slurm_marker,
+)
+
+__all__ = ["SlurmOrchestrator"]
+_INSTANCE_ID = re.compile(r"(?P<job>[^./@]+)\.(?P<step>[^/@]+)/(?P<pid>\d+)@(?P<start>\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    job: JobInfo
+    step: str  # the training step the workers were found in
+    workers: dict[int, Worker]
+    expected: int  # world size (WORLD_SIZE of the workers, else the step's task count)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.workers) >= self.expected
+
+
+class SlurmOrchestrator:
+    """Drills a running Slurm job: find ranks, kill one, watch it come back.
+
+    ``fault`` is ``KillWorker`` (kill -9 one rank's process on its node, the default),
+    ``KillStep`` (``scancel --signal=KILL J.S``: the whole step, as a node crash looks)
+    or ``Requeue`` (``scontrol requeue J``: the graceful path).
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        *,
+        job_id: str | int | None = None,
+        job_name: str | None = None,
+        user: str | None = None,
+        partition: str | None = None,
+        output: str | None = None,
+        poll_interval: float = 1.0,
+        fault: str = "KillWorker",
+        target_rank: int = 1,
+        reporting_rank: int | None = None,
+        clock: Clock,
+        slurm_conf: str | None = None,
+        env: Mapping[str, str] | None = None,
+        command_timeout: float = 20.0,
+    ) -> None:
+        if job_id is None and not job_name:
+            raise UsageError("the slurm backend needs workload.jobId or workload.jobName")
+        if fault not in FAULT_TYPES:
+            raise UsageError(
+                f"unknown fault type {fault!r} for slurm; use one of {', '.join(FAULT_TYPES)}"
+            )
+        if poll_interval <= 0:
+            raise UsageError(f"poll interval must be positive, got {poll_interval}")
+        self.job_id = str(job_id) if job_id is not None else None
+        self.job_name = job_name
+        self.user = user
+        self.partition = partition
+        self.output = output
+        self.poll_interval = poll_interval
+        self.fault = fault
+        self.target_rank = target_rank
+        self.reporting_rank = reporting_rank
+        self.clock = clock
+        self.commands = SlurmCommands(slurm_conf=slurm_conf, env=env, timeout=command_timeout)
+        self._stream = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
+        self._events = SlurmEventSource(self._stream)
+        self._lock = threading.Lock()
+        self._pending: list[GroupEvent] = []
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._snapshot: _Snapshot | None = None
+        self._killed: Worker | None = None
+        self._kill_time: float | None = None
+        self._kill_restarts = 0
+        self._restarts = 0
+        self._gone = False
+        self._restarting = False
+        self._pending_reported = False
+        self._replacement: Worker | None = None
+        self._ended = False
+
+    # --- discovery ----------------------------------------------------------------------
+
+    def discover(self, deadline: float) -> Workload:
+        """Find the job and its ranks; wait (until ``deadline``) for it to be running."""
+        self.commands.check_setup()
+        job_id = self.job_id or self._find_job_by_name()
+        self.job_id = job_id
+        last_problem = "nothing checked yet"
+        while True:
+            try:
+                job = self.commands.show_job(job_id)
+            except JobGone:
+                raise DiscoveryError(
+                    f"Slurm job {job_id} does not exist (or ended more than MinJobAge ago); "
+                    "check the jobId with 'squeue --me'"
+                ) from None
+            if job.state in FINAL_STATES:
+                raise DiscoveryError(f"Slurm job {job_id} is not running: {job.describe_end()}")
+            if self.fault == "Requeue" and not job.requeue:
+                raise DiscoveryError(
+                    f"Slurm job {job_id} cannot be requeued (Requeue=0, submitted with "
+                    "--no-requeue or JobRequeue=0); submit it with --requeue, or drill it "
+                    "with type: KillWorker"
+                )
+            if job.state == "RUNNING":
+                snapshot = self._snapshot_workers(job)
+                if snapshot is not None and snapshot.workers and snapshot.complete:
+                    break
+                if snapshot is None:
+                    last_problem = f"job {job_id} is running but has no training step yet"
+                else:
+                    last_problem = (
+                        f"step {job_id}.{snapshot.step} shows {len(snapshot.workers)} of "
+                        f"{snapshot.expected} ranks (ranks {sorted(snapshot.workers)})"
+                    )
+            else:
+                last_problem = f"job {job_id} is {job.state} (reason {job.reason})"
+            if self.clock.now() >= deadline:
+                raise DiscoveryError(f"gave up waiting for the workload: {last_problem}")
+            self.clock.wait(min(self.poll_interval, max(deadline - self.clock.now(), 0.0)))
+        self._snapshot = snapshot
+        self._restarts = job.restarts
+        self._start_tail(job)
+        self._start_watcher()
+        workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
+        return Workload(job=f"slurm job {job_id} ({job.name})", workers=workers)
+
+    def _find_job_by_name(self) -> str:
+        assert self.job_name
+        rows = self.commands.find_jobs(self.job_name, self.user, self.partition)
+        ids = sorted({row["JobID"] for row in rows if row.get("JobID")})
+        where = f"name {self.job_name!r}" + (f", user {self.user}" if self.user else "")
+        if not ids:
+            raise DiscoveryError(
+                f"no pending or running Slurm job with {where}; check 'squeue --me'"
+            )
+        if len(ids) > 1:
+            raise DiscoveryError(
+                f"{len(ids)} Slurm jobs match {where} ({', '.join(ids)}); "
+                "set workload.jobId to pick one"
+            )
+        return ids[0]
+
+    def _training_steps(self, job_id: str) -> list[StepInfo]:
+        return [
+            s for s in self.commands.show_steps(job_id) if s.is_training and s.state == "RUNNING"
+        ]
+
+    def _snapshot_workers(self, job: JobInfo) -> _Snapshot | None:
+        """The ranks of the job's running training step, read on every node of the step."""
+        steps = self._training_steps(job.job_id)
+        if not steps:
+            return None
+        if len(steps) > 1:
+            names = ", ".join(f"{job.job_id}.{s.step} ({s.name})" for s in steps)
+            raise DiscoveryError(
+                f"job {job.job_id} runs several steps at once ({names}); RecoveryGate drills a job "
+                "with one training step"
+            )
+        step = steps[0]
+        rows: list[ProcessRow] = []
+        for node in self.commands.hostnames(step.nodes or job.nodes):
+            try:
+                out = self.commands.srun_on_node(
+                    job.job_id, node, PROBE_STEP_NAME, PROBE_SCRIPT, job.job_id
+                )
+            except (JobGone, BackendError):
+                return None  # the step or job ended while we looked; try again later
+            found = parse_probe_output(out, node)
+            if found is None:
+                return None
+            rows += [r for r in found if r.step == step.step]
+        ranks = assign_ranks(rows)
+        workers = {rank: self._worker(job, step.step, row, rank) for rank, row in ranks.items()}
+        sizes = [r.world_size for r in ranks.values() if r.world_size is not None]
+        expected = max(sizes) if sizes else step.tasks
+        return _Snapshot(job=job, step=step.step, workers=workers, expected=expected)
+
+    def _worker(self, job: JobInfo, step: str, row: ProcessRow, rank: int) -> Worker:
+        details: tuple[tuple[str, str], ...] = (
+            ("job", job.job_id),
+            ("step", step),
+            ("pid", str(row.pid)),
+            ("start", row.start),
+            ("restarts", str(job.restarts)),
+            ("comm", row.comm),
+        )
+        if row.restart_count is not None:
+            details += (("torchelastic_restart_count", str(row.restart_count)),)
+        return Worker(
+            rank=rank,
+            name=f"{job.job_id}.{step} rank {rank}",
+            instance_id=f"{job.job_id}.{step}/{row.pid}@{row.start}",
+            node=row.node,
+            details=details,
+        )
+
+    # --- the kill -----------------------------------------------------------------------
+
+    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
+        details = dict(worker.details)
+        job_id = details.get("job", self.job_id or "")
+        step = details.get("step", "")
+        if self.fault == "KillWorker":
+            # The instance id is the identity: job.step/pid@start, as discover() issued it.
+            # Details are for display only, so a stale Worker can never aim at a live pid.
+            match = _INSTANCE_ID.fullmatch(worker.instance_id)
+            if match is None:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self.clock.now(),
+                    f"{worker.instance_id!r} is not a SLURM worker instance this drill "
+                    "discovered; nothing was touched",
+                )
+            details.update(match.groupdict())
+            result = self._kill_worker(worker, details, dry_run)
+        else:
+            result = self._kill_job_level(job_id, step, details, dry_run)
+        if result.outcome is KillOutcome.KILLED:
+            with self._lock:
+                self._killed = worker
+                self._kill_time = result.timestamp
+                self._kill_restarts = int_or_zero(details.get("restarts", "0"))
+        return result
+
+    def _kill_worker(self, worker: Worker, details: dict[str, str], dry_run: bool) -> KillResult:
+        """kill -9 one rank on its node, once.
+
+        The kill step runs through ``run_destructive``: it is sent again only when it is
+        certain it never started (no connection to slurmctld, no step created). Once it
+        may have run -- a timeout, a lost answer, srun failing after the step started --
+        its outcome is unknown, and asking again would find the victim gone and wrongly
+        report "nothing was killed", so the result is UNCONFIRMED (the drill ends in ERROR).
+        """
+        job_id, pid, start = details["job"], details["pid"], details["start"]
+        mode = "check" if dry_run else "kill"
+        target = f"{worker.describe()} (pid {pid} on {worker.node})"
+        sent_at = self.clock.now()  # the kill happens no earlier than this
+        try:
+            out = self.commands.srun_on_node(
+                job_id,
+                worker.node,
+                KILL_STEP_NAME,
+                KILL_SCRIPT,
+                pid,
+                start,
+                mode,
+                destructive=not dry_run,
+            )
+        except (JobGone, BackendError) as exc:
+            return self._failed_destructive(
+                exc,
+                job_id,
+                not_started=lambda e: (
+                    f"the kill step for {target} never started ({e}); nothing was killed"
+                ),
+                unknown=lambda e: (
+                    f"the kill step for {target} may have run, its outcome is unknown: {e}"
+                ),
+            )
+        now = self.clock.now()
+        verdict = next(
+            (line.split()[1:] for line in out.splitlines() if line.startswith("RGKILL ")), []
+        )
+        what = verdict[0] if verdict else "no answer"
+        if what == "killed":
+            # The node's own time of the kill (the clock the job's lines are stamped with),
+            # else when the step was sent: never the time the answer came back, which
+            # would shorten the recovery time by the step's latency.
+            try:
+                killed_at = float(verdict[1])
+            except (IndexError, ValueError):
+                killed_at = sent_at
+            return KillResult(KillOutcome.KILLED, killed_at, f"kill -9 {target}")
+        if what == "alive":
+            return KillResult(KillOutcome.DRY_RUN, now, f"would kill -9 {target}; it is running")
+        if what in ("gone", "replaced"):
+            return KillResult(
+                KillOutcome.ALREADY_GONE, now, f"{target} no longer exists; nothing was killed"
+            )
+        return KillResult(KillOutcome.UNCONFIRMED, now, f"kill step answered {out.strip()!r}")
+
+    def _kill_job_level(
+        self, job_id: str, step: str, details: dict[str, str], dry_run: bool
+    ) -> KillResult:
+        """``scancel --signal=KILL J.S`` or ``scontrol requeue J``, sent at most once.
+
+        Both act on the controller; a timeout or a lost answer may come after they acted
+        (a requeue re-sent after that would requeue the replacement run), so they go
+        through ``run_destructive`` and any failure past "never sent" is UNCONFIRMED.
+        """
+        try:
+            job = self.commands.show_job(job_id)
+        except JobGone:
+            return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone")
+        if job.restarts != int_or_zero(details.get("restarts", "0")) or job.state != "RUNNING":
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"job {job_id} is no longer the run discovered "
+                f"(state {job.state}, Restarts {job.restarts})",
+            )
+        if self.fault == "KillStep":
+            args = ["scancel", "--signal=KILL", f"{job_id}.{step}"]
+            if step not in {s.step for s in self._training_steps(job_id)}:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE, self.clock.now(), f"step {job_id}.{step} ended"
+                )
+        else:
+            args = ["scontrol", "requeue", job_id]
+        if dry_run:
+            return KillResult(KillOutcome.DRY_RUN, self.clock.now(), f"would run: {' '.join(args)}")
+        sent_at = self.clock.now()  # it acts no earlier than this
+        try:
+            self.commands.run_destructive(args)
+        except (JobGone, BackendError) as exc:
+            command = " ".join(args)
+            return self._failed_destructive(
+                exc,
+                job_id,
+                not_started=lambda e: f"{command} never reached slurmctld ({e}); nothing was done",
+                unknown=lambda e: f"{command} failed; whether it acted is unknown: {e}",
+            )
+        return KillResult(KillOutcome.KILLED, sent_at, " ".join(args))
+
+    def _failed_destructive(
+        self,
+        exc: Exception,
+        job_id: str,
+        *,
+        not_started: Callable[[Exception], str],
+        unknown: Callable[[Exception], str],
+    ) -> KillResult:
+        """What a destructive command that raised means: the job is gone, the command
+        certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
+        since only the first is proof that nothing else was hit)."""
+        now = self.clock.now()
+        if isinstance(exc, JobGone):
+            return KillResult(KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
+        if isinstance(exc, CommandNotStarted):
+            return KillResult(KillOutcome.UNCONFIRMED, now, not_started(exc))
+        return KillResult(KillOutcome.UNCONFIRMED, now, unknown(exc))
+
+    # --- watching -----------------------------------------------------------------------
+
+    def watch_group(self) -> list[GroupEvent]:
+        with self._lock:
+            events, self._pending = self._pending, []
+            error, self._error = self._error, None
+        if error is not None and not events:
+            raise error
+        if error is not None:
+            with self._lock:
+                self._error = error
+        return events
+
+    def events(self) -> EventSource:
+        return self._events
+
+    def job_output(self) -> JobOutput:
+        """The job's output file as the tail read it; per task with ``srun --label``."""
+        path = self._events.tail.path if self._events.tail is not None else "not found yet"
+        return self._events.output.output(
+            note=(
+                f"the job's output file ({path}) as ``job``; lines srun --label marks "
+                "(0: …) also in that task's file"
+            ),
+            order=["job"],
+        )
+
+    @cleanup_once
+    def cleanup(self) -> None:
+        """Stop the watcher and the tail. The job itself is the user's and is left alone."""
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=max(self.commands.timeout * 2, 10))
+        self._events.close()
+
+    def _emit(
+        self,
+        kind: GroupEventKind,
+        detail: str,
+        worker: Worker | None = None,
+        restarts: int | None = None,
+    ) -> None:
+        event = GroupEvent(kind, self.clock.now(), detail, worker, restarts)
+        with self._lock:
+            self._pending.append(event)
+        self.clock.wakeup()
+
+    def _mark_gone(self) -> bool:
+        """True for the first caller only: WORKER_GONE is reported once."""
+        with self._lock:
+            first, self._gone = not self._gone, True
+        return first
+
+    def _start_watcher(self) -> None:
+        if self._watcher is None:
+            self._watcher = threading.Thread(
+                target=self._watch_loop, name="recoverygate-slurm-watch", daemon=True
+            )
+            self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set() and not self._ended:
+            try:
+                self._watch_once()
+                failures = 0
+            except (BackendError, PermissionDeniedError) as exc:
+                failures += 1
+                # A controller restart takes a few polls; only a lasting outage ends the drill.
+                if failures * self.poll_interval >= 30 or isinstance(exc, PermissionDeniedError):
+                    with self._lock:
+                        self._error = exc
+                    self.clock.wakeup()
+                    return
+            except Exception as exc:  # surfaced through watch_group, never lost in a thread
+                with self._lock:
+                    self._error = BackendError(f"the slurm watcher stopped: {exc!r}")
+                self.clock.wakeup()
+                return
+            self._stop.wait(self.poll_interval)
+
+    def _watch_once(self) -> None:
+        assert self.job_id is not None
+        try:
+            job = self.commands.show_job(self.job_id)
+        except JobGone:
+            self._ended = True
+            self._emit(
+                GroupEventKind.JOB_FAILED, f"job {self.job_id} is no longer known to slurmctld"
+            )
+            return
+        with self._lock:
+            killed, kill_restarts = self._killed, self._kill_restarts
+        if job.restarts > self._restarts:
+            self._restarts = job.restarts
+            if self._events.tail is not None:
+                self._events.tail.restart()
+            if killed is not None and self._mark_gone():
+                self._emit(GroupEventKind.WORKER_GONE, f"job {job.job_id} was requeued", killed)
+            if killed is not None and self._replacement is None and not self._restarting:
+                self._restarting = True
+                self._emit(
+                    GroupEventKind.RESTARTING,
+                    f"job {job.job_id} was requeued (Restarts={job.restarts})",
+                    restarts=job.restarts,
+                )
+        if job.state in FINAL_STATES:
+            self._ended = True
+            if job.state == "COMPLETED" and (killed is None or self._replacement is not None):
+                return  # training finished normally
+            self._emit(GroupEventKind.JOB_FAILED, job.describe_end())
+            return
+        if killed is None or self._replacement is not None:
+            return
+        if job.state in WAITING_STATES:
+            if not self._pending_reported and job.restarts > kill_restarts:
+                self._pending_reported = True
+                self._emit(
+                    GroupEventKind.REPLACEMENT_PENDING,
+                    f"requeued job {job.job_id} is {job.state} (reason {job.reason})",
+                    restarts=job.restarts,
+                )
+            return
+        if job.state != "RUNNING":
+            return
+        self._look_for_replacement(job, killed, kill_restarts)
+
+    def _look_for_replacement(self, job: JobInfo, killed: Worker, kill_restarts: int) -> None:
+        old = dict(killed.details)
+        try:
+            snapshot = self._snapshot_workers(job)
+        except DiscoveryError:
+            return
+        worker = snapshot.workers.get(killed.rank) if snapshot is not None else None
+        if (
+            worker is not None
+            and worker.instance_id == killed.instance_id
+            and job.restarts == kill_restarts
+        ):
+            return  # the kill has not landed yet
+        if self._mark_gone():
+            where = (
+                f"rank {killed.rank} (pid {old.get('pid')}) is gone from step "
+                f"{job.job_id}.{old.get('step')}"
+            )
+            self._emit(GroupEventKind.WORKER_GONE, where, killed)
+        if worker is None or snapshot is None:
+            return
+        new = dict(worker.details)
+        if job.restarts > kill_restarts:
+            path = (
+                f"requeued job {job.job_id} runs again "
+                f"(Restarts={job.restarts}, step {snapshot.step})"
+            )
+            count: int | None = job.restarts
+        elif snapshot.step == old.get("step"):
+            count = int_or_none(new.get("torchelastic_restart_count", "-"))
+            path = f"torchrun restarted the workers inside step {job.job_id}.{snapshot.step}"
+            if count is not None:
+                path += f" (TORCHELASTIC_RESTART_COUNT={count})"
+        else:
+            path = f"a new step {job.job_id}.{snapshot.step} started in the same allocation"
+            count = None
+        if not self._restarting:
+            self._restarting = True
+            self._emit(GroupEventKind.RESTARTING, path, restarts=count)
+        self._replacement = worker
+        self._emit(
+            GroupEventKind.REPLACEMENT_RUNNING, f"{path}: {worker.describe()}", worker, count
+        )
+
+    # --- the output file ----------------------------------------------------------------
+
+    def output_path(self, job: JobInfo) -> str:
+        if self.output:
+            path = expand_output_pattern(self.output, job)
+        elif job.stdout:
+            path = job.stdout
+        else:
+            path = f"slurm-{job.job_id}.out"
+        if not os.path.isabs(path) and job.work_dir:
+            path = os.path.join(job.work_dir, path)
+        return path
+
+    def _start_tail(self, job: JobInfo) -> None:
+        if self._events.tail is not None:
+            return
+        tail = self._events.follow(
+            self.output_path(job),
+            self.clock,
+            interval=min(self.poll_interval, 0.25),
+            on_line=self._on_output_line,
+        )
+        tail.start()
+
+    def _on_output_line(self, line: bytes, received: float) -> None:
+        if b"error" not in line and b"srun:" not in line:
+            return
+        marker = parse_slurm_marker(line.decode("utf-8", "replace"))
+        if marker is None:
+            return
+        with self._lock:
+            after_kill = self._kill_time is not None and received >= self._kill_time
+            killed = self._killed
+            report = after_kill and not self._gone
+            if report:
+                self._gone = True
+        if report:
+            self._emit(GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", killed)

@@ -1,0 +1,368 @@
+"""What the Slurm clients and RecoveryGate's node scripts print, and how it is read.
+
+Pure: text in, values out, no command runs here. Tested against outputs captured from
+real Slurm releases (``tests/slurm/data/``). ``sacct`` needs slurmdbd, ``scontrol --json``
+does not exist on 22.05 and ``squeue --json`` ignores ``-j``, so the job is read with
+``scontrol show job -o`` and its steps with ``scontrol show step -o``;
+:func:`parse_scontrol_records` reads the 22.05 one-line form and the multi-line form
+newer releases print to humans. The two scripts RecoveryGate runs on a job's node
+(:data:`PROBE_SCRIPT`, :data:`KILL_SCRIPT`) are here too, next to the parser of what
+they print: they are constant text and receive pids and job ids as arguments only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_recoverygate.errors import DiscoveryError
+
+__all__ = [
+    "FINAL_STATES",
+    "KILL_SCRIPT",
+    "KILL_STEP_NAME",
+    "NON_TRAINING_STEPS",
+    "PROBE_SCRIPT",
+    "PROBE_STEP_NAME",
+    "SQUEUE_FIELDS",
+    "WAITING_STATES",
+    "JobInfo",
+    "ProcessRow",
+    "StepInfo",
+    "assign_ranks",
+    "expand_output_pattern",
+    "int_or_none",
+    "int_or_zero",
+    "parse_listpids",
+    "parse_probe_output",
+    "parse_scontrol_records",
+    "parse_slurm_marker",
+    "parse_squeue_rows",
+]
+
+PROBE_STEP_NAME = "recoverygate-probe"
+KILL_STEP_NAME = "recoverygate-kill"
+SQUEUE_FIELDS = ("JobID", "Name", "UserName", "State", "Reason", "Partition", "NodeList")
+
+#: States after which a job will not run again by itself (``squeue(1)`` JOB STATE CODES).
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+        "REQUEUE_HOLD",
+    }
+)
+#: States in which a requeued job waits to run again.
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD"})
+#: Steps that are not training: the batch script, the extern step, our own probes.
+NON_TRAINING_STEPS = frozenset({"batch", "extern", "interactive", "TBD"})
+
+# Run on the job's node inside an overlapping step: list every process of the job there
+# with its parent, start time (clock ticks since boot), RANK and torchrun restart count.
+# $1 is the job id. Constant text; nothing from the user is interpolated.
+PROBE_SCRIPT = r"""
+job=$1
+scontrol listpids "$job" 2>/dev/null | while read -r pid _job step _local global _rest; do
+  case "$pid" in ''|*[!0-9]*) continue ;; esac
+  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+  rest=${stat##*) }
+  set -- $rest
+  ppid=$2
+  start=${20}
+  envs=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null)
+  rank=$(printf '%s\n' "$envs" | sed -n 's/^RANK=//p' | head -n 1)
+  restart=$(printf '%s\n' "$envs" | sed -n 's/^TORCHELASTIC_RESTART_COUNT=//p' | head -n 1)
+  world=$(printf '%s\n' "$envs" | sed -n 's/^WORLD_SIZE=//p' | head -n 1)
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null | tr ' ' '_')
+  launcher=-
+  for arg in $(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | head -n 3 | tr -d ' '); do
+    case "$arg" in
+      torchrun|*/torchrun|torch.distributed.run|torch.distributed.launch) launcher=launcher ;;
+    esac
+  done
+  echo "RGPROBE $pid $step ${global:--} $ppid $start" \
+    "${rank:--} ${restart:--} ${comm:--} ${world:--} $launcher"
+done
+echo "RGPROBE-END"
+"""
+
+# Run on the target's node: kill -9 the pid only if its start time is still the one
+# discovered (same instance). $1 = pid, $2 = start time, $3 = "kill" or "check".
+KILL_SCRIPT = r"""
+pid=$1; want=$2; mode=$3
+stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "RGKILL gone"; exit 0; }
+rest=${stat##*) }
+set -- $rest
+if [ "${20}" != "$want" ]; then echo "RGKILL replaced ${20}"; exit 0; fi
+if [ "$mode" = check ]; then echo "RGKILL alive"; exit 0; fi
+if kill -9 "$pid"; then echo "RGKILL killed $(date +%s.%N)"; else echo "RGKILL failed"; fi
+"""
+
+
+# A key starts a field only after whitespace and looks like "JobState=", "AllocNode:Sid=",
+# "CPUs/Task=" or "ReqB:S:C:T=". Values may contain spaces (JobName, SubmitLine, paths)
+# and "=" (TRES=cpu=1,node=1); a "--option=value" inside SubmitLine is not a key.
+_FIELD_START = re.compile(r"(?:^|\s+)(?=[A-Za-z][A-Za-z0-9_:/]*=)")
+
+
+def parse_scontrol_records(text: str, id_key: str = "JobId") -> list[dict[str, str]]:
+    """Parse ``scontrol show job|step`` output (one-line ``-o`` or multi-line) into records.
+
+    A record starts at each ``JobId=`` (or ``StepId=``) field. Unknown fields are kept, so
+    fields added by newer releases (``ReqTRES``, ``LicensesAlloc``, ``OOMKillStep``…) cost
+    nothing and fields removed by them surface as missing keys, not as wrong values.
+    """
+    records: list[dict[str, str]] = []
+    current: dict[str, str] | None = None
+    flat = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    for piece in _FIELD_START.split(flat):
+        if not piece or "=" not in piece:
+            continue
+        key, _, value = piece.partition("=")
+        if key == id_key:
+            current = {}
+            records.append(current)
+        if current is None:
+            continue
+        current[key] = value.strip()
+    return records
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """What the drill needs from ``scontrol show job``."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str
+    reason: str
+    restarts: int
+    exit_code: str
+    nodes: str
+    batch_host: str
+    stdout: str
+    work_dir: str
+    partition: str
+    requeue: bool = True
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, str]) -> JobInfo:
+        user = record.get("UserId", "")
+        return cls(
+            job_id=record.get("JobId", ""),
+            name=record.get("JobName", record.get("Name", "")),
+            user=user.split("(", 1)[0],
+            # "JobState=CANCELLED by 0" and flags after the state name are possible.
+            state=record.get("JobState", "").split(" ", 1)[0].split("+", 1)[0],
+            reason=record.get("Reason", ""),
+            restarts=int_or_zero(record.get("Restarts", "0")),
+            exit_code=record.get("ExitCode", ""),
+            nodes=_null(record.get("NodeList", "")),
+            batch_host=_null(record.get("BatchHost", "")),
+            stdout=_null(record.get("StdOut", "")),
+            work_dir=_null(record.get("WorkDir", "")),
+            partition=record.get("Partition", ""),
+            requeue=record.get("Requeue", "1") != "0",
+        )
+
+    def describe_end(self) -> str:
+        return (
+            f"job {self.job_id} ended: state {self.state}, reason {self.reason}, "
+            f"exit code {self.exit_code}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One step of the job from ``scontrol show step``."""
+
+    job_id: str
+    step: str
+    name: str
+    state: str
+    nodes: str
+    tasks: int = 0
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, str]) -> StepInfo:
+        job, _, step = record.get("StepId", "").partition(".")
+        return cls(
+            job_id=job,
+            step=step,
+            name=record.get("Name", ""),
+            state=record.get("State", ""),
+            nodes=_null(record.get("NodeList", "")),
+            tasks=int_or_zero(record.get("Tasks", "0")),
+        )
+
+    @property
+    def is_training(self) -> bool:
+        """Not the batch script, the extern step or one of RecoveryGate's own steps."""
+        if self.step in NON_TRAINING_STEPS or not self.step.isdigit():
+            return False
+        return self.name not in (PROBE_STEP_NAME, KILL_STEP_NAME)
+
+
+def parse_squeue_rows(text: str, fields: Sequence[str] = SQUEUE_FIELDS) -> list[dict[str, str]]:
+    """Rows of ``squeue -h -O 'F1:|,F2:|,…'`` (each field unpadded, ``|`` after it)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        values = line.split("|")
+        rows.append(
+            {name: values[i].strip() if i < len(values) else "" for i, name in enumerate(fields)}
+        )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    """One process of the job on one node, as the probe (or ``scontrol listpids``) saw it."""
+
+    pid: int
+    step: str
+    global_id: int | None
+    ppid: int = 0
+    start: str = ""
+    rank_env: int | None = None
+    restart_count: int | None = None
+    comm: str = ""
+    node: str = ""
+    world_size: int | None = None
+    launcher: bool = False  # torchrun's agent: it starts the ranks, it is not one
+
+
+def parse_listpids(text: str) -> list[ProcessRow]:
+    """Parse ``scontrol listpids`` (``PID JOBID STEPID LOCALID GLOBALID``; ``-`` = none)."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or not parts[0].isdigit():
+            continue
+        rows.append(ProcessRow(pid=int(parts[0]), step=parts[2], global_id=int_or_none(parts[4])))
+    return rows
+
+
+def parse_probe_output(text: str, node: str) -> list[ProcessRow] | None:
+    """Parse the probe's ``RGPROBE`` lines; None when the probe did not run to its end."""
+    rows = []
+    complete = False
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["RGPROBE-END"]:
+            complete = True
+        if len(parts) < 9 or parts[0] != "RGPROBE" or not parts[1].isdigit():
+            continue
+        rows.append(
+            ProcessRow(
+                pid=int(parts[1]),
+                step=parts[2],
+                global_id=int_or_none(parts[3]),
+                ppid=int_or_zero(parts[4]),
+                start=parts[5],
+                rank_env=int_or_none(parts[6]),
+                restart_count=int_or_none(parts[7]),
+                comm=parts[8],
+                node=node,
+                world_size=int_or_none(parts[9]) if len(parts) > 9 else None,
+                launcher=len(parts) > 10 and parts[10] == "launcher",
+            )
+        )
+    return rows if complete else None
+
+
+def assign_ranks(rows: Sequence[ProcessRow]) -> dict[int, ProcessRow]:
+    """Map each rank to the process that *is* that rank's worker.
+
+    torchrun layout: processes carry ``RANK``; the worker is the top process of its
+    rank's subtree (its parent has no ``RANK`` or another one); while torchrun has not
+    started its workers there are no ranks yet. srun-per-task layout: no process has
+    ``RANK``; the worker is the task Slurm started (``GLOBALID``).
+    """
+    by_pid = {row.pid: row for row in rows}
+    with_rank = [row for row in rows if row.rank_env is not None]
+    ranks: dict[int, ProcessRow] = {}
+    if with_rank:
+        for row in with_rank:
+            parent = by_pid.get(row.ppid)
+            if parent is not None and parent.rank_env == row.rank_env:
+                continue
+            assert row.rank_env is not None
+            if row.rank_env in ranks:
+                raise DiscoveryError(
+                    f"two processes claim RANK={row.rank_env} (pids {ranks[row.rank_env].pid} and "
+                    f"{row.pid}); RecoveryGate cannot tell which one is the worker"
+                )
+            ranks[row.rank_env] = row
+        return ranks
+    if any(row.launcher for row in rows):
+        return ranks  # torchrun is up but has not started its workers yet
+    for row in rows:
+        if row.global_id is not None and row.global_id not in ranks:
+            ranks[row.global_id] = row
+    return ranks
+
+
+_MARKERS = (
+    re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<what>.+)"),
+    re.compile(
+        r"slurmstepd: error: \*\*\* (?P<kind>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) "
+        r"(?P<what>CANCELLED.*?)\s*\*\*\*"
+    ),
+    re.compile(r"srun: (?P<what>forcing job termination)"),
+    re.compile(r"srun: error: (?P<what>Node failure on \S+)"),
+)
+
+
+def parse_slurm_marker(line: str) -> str | None:
+    """The failure Slurm itself wrote into the output (``srun: error: node: task 1: Killed``)."""
+    for pattern in _MARKERS:
+        match = pattern.search(line)
+        if match:
+            return match.group(0).strip()
+    return None
+
+
+def expand_output_pattern(pattern: str, job: JobInfo) -> str:
+    """Expand the ``sbatch --output`` patterns a user may give as the output path."""
+    array_job, _, array_task = job.job_id.partition("_")
+    replacements = {
+        "%j": job.job_id,
+        "%J": job.job_id,
+        "%A": array_job,
+        "%a": array_task or "4294967294",
+        "%x": job.name,
+        "%u": job.user,
+        "%N": job.batch_host,
+        "%%": "%",
+    }
+    return re.sub(r"%[jJAaxuN%]", lambda m: replacements[m.group(0)], pattern)
+
+
+def int_or_zero(value: str) -> int:
+    """A number Slurm printed, or 0 when it printed something else."""
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def int_or_none(value: str) -> int | None:
+    """A number the probe printed, or None for its ``-`` (not set)."""
+    return int(value) if value.lstrip("-").isdigit() and value != "-" else None
+
+
+def _null(value: str) -> str:
+    return "" if value in ("(null)", "None", "n/a") else value

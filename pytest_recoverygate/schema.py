@@ -1,0 +1,581 @@
+"""The drill config's schema: the sections every drill has, and the kit backends build
+their own ``workload`` section from.
+
+The file's sections (``injectFailure``, ``expectations``, ``safety``, ``timeouts``) are
+models here; the ``workload`` section is the model of the backend it names, found in the
+backend registry (:mod:`pytest_recoverygate.orchestrators`), so this module names no
+backend: a third-party backend's keys are validated exactly like a built-in one's.
+
+Models are strict and frozen, camelCase in YAML and snake_case in Python
+(:class:`Section`). A backend's workload model subclasses :class:`WorkloadBase` and uses
+the value helpers below -- :func:`duration`, :func:`step_ref`, :func:`file_path`,
+:func:`command_arguments`, :func:`id_number` -- and :func:`meta` on every field (what is
+allowed, an example: the error messages and docs/config.md are made from them) and
+:func:`refuse` for its own checks, so its errors read like every other:
+``FILE:LINE: workload.key: problem — got VALUE; allowed: …``. Reading the YAML (with the
+lines) and rewriting pydantic's errors is :mod:`pytest_recoverygate.config`.
+
+In Python, models can be built by field name; there durations may be plain seconds and
+step references plain ints, while YAML insists on ``90s`` and ``step-1000``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError, PydanticKnownError
+
+from pytest_recoverygate.durations import (
+    DurationSyntaxError,
+    StepRefSyntaxError,
+    format_duration,
+    parse_duration,
+    parse_step_ref,
+)
+from pytest_recoverygate.engine import FAULTS, DrillSpec
+from pytest_recoverygate.errors import UsageError
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.orchestrators.base import Backend
+
+__all__ = [
+    "MAX_DURATION",
+    "MAX_PID",
+    "MAX_RANK",
+    "MAX_STEP",
+    "DrillConfig",
+    "Expectations",
+    "InjectFailure",
+    "Safety",
+    "Section",
+    "Timeouts",
+    "WorkloadBase",
+    "command_arguments",
+    "duration",
+    "fault_refusal",
+    "fault_types",
+    "file_path",
+    "id_number",
+    "meta",
+    "refuse",
+    "spec_from_config",
+    "step_ref",
+]
+
+#: Bounds that turn absurd values into errors instead of overflows or endless waits.
+MAX_DURATION = 30 * 24 * 3600.0  # 30 days
+MAX_RANK = 1_000_000
+MAX_STEP = 2**63 - 1
+MAX_PID = 4_194_304  # Linux PID_MAX_LIMIT on 64-bit
+
+
+# --------------------------------------------------------------------------- values
+
+
+def meta(allowed: str | Callable[[], str], example: str) -> dict[str, Any]:
+    """Field metadata the error messages and docs use: what is allowed, and an example.
+
+    ``allowed`` may be a function, for text that depends on the installed backends.
+    """
+    return {"allowed": allowed, "example": example}
+
+
+def refuse(
+    problem: str,
+    allowed: str = "",
+    hint: str = "",
+    key: tuple[str, ...] = (),
+    got: str | None = None,
+) -> PydanticCustomError:
+    """An error in our own words; ``key`` extends the error's location (model checks)."""
+    ctx: dict[str, Any] = {"problem": problem, "allowed": allowed, "hint": hint, "key": key}
+    if got is not None:
+        ctx["got"] = got
+    return PydanticCustomError("recoverygate", "{problem}", ctx)
+
+
+def _from_yaml(info: ValidationInfo) -> bool:
+    return isinstance(info.context, Mapping) and bool(info.context.get("yaml"))
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    if isinstance(info.context, Mapping):
+        base = info.context.get("base_dir")
+        if isinstance(base, Path):
+            return base
+    return Path.cwd()
+
+
+def duration(
+    minimum: float = 0.0, maximum: float = MAX_DURATION, *, zero_ok: bool = True
+) -> BeforeValidator:
+    """A validator turning ``90s``/``5m``/``1h30m``/``250ms`` into float seconds within bounds."""
+    low = format_duration(minimum)
+    if minimum == 0 and not zero_ok:
+        allowed = f"a duration above 0 and at most {format_duration(maximum)}, like 90s, 5m, 1h30m"
+    else:
+        allowed = f"a duration from {low} to {format_duration(maximum)}, like 90s, 5m, 1h30m"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool):
+            raise refuse("must be a duration, not true/false", allowed)
+        if isinstance(value, (int, float)):
+            if _from_yaml(info):
+                hint = f"write {value}s" if value >= 0 else "durations are never negative"
+                raise refuse("a duration needs a unit", allowed, hint)
+            seconds = float(value)
+        elif isinstance(value, str):
+            try:
+                seconds = parse_duration(value)
+            except DurationSyntaxError as exc:
+                raise refuse(f"is not a valid duration ({exc})", allowed) from None
+        else:
+            raise refuse("must be a duration", allowed)
+        if not math.isfinite(seconds) or seconds < minimum or seconds > maximum:
+            raise refuse("is out of range", allowed)
+        if seconds == 0 and not zero_ok:
+            raise refuse("must be longer than zero", allowed)
+        return seconds
+
+    check.kind = "duration"  # type: ignore[attr-defined]  # dump_effective writes it back as 5m
+    return BeforeValidator(check)
+
+
+def step_ref(literal: str) -> BeforeValidator:
+    """A validator turning ``step-N`` into N and passing ``literal`` (``latest``/``next``)."""
+    allowed = f"step-N (N a whole number >= 0) or {literal}"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            if value.strip() == literal:
+                return literal
+            try:
+                return parse_step_ref(value)
+            except StepRefSyntaxError:
+                raise refuse("is not a step reference", allowed) from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if _from_yaml(info):
+                raise refuse("a step reference is written step-N", allowed, f"write step-{value}")
+            if 0 <= value <= MAX_STEP:
+                return value
+            raise refuse("is out of range", allowed)
+        raise refuse("is not a step reference", allowed)
+
+    check.kind = "step"  # type: ignore[attr-defined]  # dump_effective writes it back as step-N
+    return BeforeValidator(check)
+
+
+def file_path(*, must_be_dir: bool = False, optional: bool = True) -> BeforeValidator:
+    """A validator turning a path string (``~`` expanded, relative to the config's folder)
+    into an absolute, resolved :class:`~pathlib.Path`."""
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None and optional:  # an optional path left out (or written as null)
+            return None
+        if isinstance(value, Path):  # the default, or a model built in Python
+            raw = str(value)
+        elif isinstance(value, str):
+            raw = value
+        else:
+            raise refuse("must be a path (text)", "a file or folder path", 'quote it: "…"')
+        if not raw.strip() or "\x00" in raw:
+            raise refuse("is not a usable path", "a non-empty path")
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            path = _base_dir(info) / path
+        path = path.resolve()
+        if must_be_dir and not path.is_dir():
+            what = "does not exist" if not path.exists() else "is not a folder"
+            raise refuse(
+                f"{what}: {path}",
+                "an existing folder, relative to the config file's folder",
+                "create it or fix the path",
+            )
+        return path
+
+    return BeforeValidator(check)
+
+
+def command_arguments(value: Any) -> Any:
+    """Accept a list of strings or one string split like a shell would (no shell runs)."""
+    allowed = 'a list of strings like ["torchrun", "train.py"], or one string'
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:
+            raise refuse(f"cannot be split into arguments ({exc})", allowed) from None
+    if isinstance(value, list):
+        if not value:
+            raise refuse("must not be empty", allowed)
+        for index, item in enumerate(value):
+            if isinstance(item, str) and "\x00" in item:
+                raise refuse(f"argument {index} contains a NUL byte", allowed)
+        if isinstance(value[0], str) and not value[0].strip():
+            raise refuse("the program (first item) is empty", allowed)
+    return value
+
+
+_WHOLE_NUMBER = re.compile(r"[1-9][0-9]*")
+
+
+def id_number(value: Any) -> Any:
+    """An id written as text (``jobId: "12345"``, what envsubst or a template produces).
+
+    Only plain decimal digits without a leading zero become a number; anything else is
+    left for strict validation to refuse (``"0123"``, ``"12.0"``, ``" 12"``, ``"1e3"``).
+    """
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
+        return int(value)
+    return value
+
+
+# ------------------------------------------------------------------------- models
+
+
+# ------------------------------------------------------------------------- models
+
+
+class Section(BaseModel):
+    """Strict, frozen, camelCase in YAML and snake_case in Python."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+    )
+
+
+class WorkloadBase(Section):
+    """What every backend's ``workload`` section has; a backend's model subclasses it and
+    declares ``orchestrator: Literal["<its name>"]`` and its own keys."""
+
+    reporting_rank: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_RANK,
+        json_schema_extra=meta("a whole number >= 0", "reportingRank: 0"),
+    )
+    orchestrator: str = Field(json_schema_extra=meta("the backend's name", "orchestrator: NAME"))
+
+    def check_failure(self, failure: InjectFailure) -> None:
+        """Refuse (with :func:`refuse`, ``key`` naming the injectFailure key) a failure
+        this job cannot take, e.g. a target rank it does not have. Nothing by default."""
+
+    def launched_with(self) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        """The command and environment the drill launches the job with, when it launches
+        it (the diagnoses read them); nothing by default."""
+        return (), {}
+
+
+# ------------------------------------------------------------------ fault types
+
+
+def fault_types() -> tuple[str, ...]:
+    """The fault types a drill may name: those the engine knows that at least one
+    installed backend carries out (each backend declares its own), in the engine's order."""
+    from pytest_recoverygate.orchestrators import all_backends
+
+    offered = {kind for backend in all_backends().values() for kind in backend.faults}
+    return tuple(kind for kind in FAULTS if kind in offered)
+
+
+_NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def _or_list(words: list[str] | tuple[str, ...]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _fault_types_allowed() -> str:
+    """``KillWorker, KillStep or Requeue (the last two with slurm only)``, from the registry."""
+    from pytest_recoverygate.orchestrators import all_backends
+
+    backends = all_backends()
+    kinds = fault_types()
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for kind in kinds:
+        offered_by = tuple(name for name, backend in backends.items() if kind in backend.faults)
+        if len(offered_by) < len(backends):
+            groups.setdefault(offered_by, []).append(kind)
+    notes = []
+    for offered_by, those in groups.items():
+        if len(groups) == 1 and tuple(those) == kinds[-len(those) :]:
+            count = len(those)
+            what = "the last one" if count == 1 else f"the last {_NUMBERS.get(count, count)}"
+        else:
+            what = " and ".join(those)
+        notes.append(f"{what} with {' / '.join(offered_by)} only")
+    return f"{_or_list(kinds)} ({'; '.join(notes)})" if notes else _or_list(kinds)
+
+
+def _fault_type(value: Any) -> Any:
+    if isinstance(value, str) and value in fault_types():
+        return value
+    raise refuse("is not one of the allowed values", _fault_types_allowed())
+
+
+# ------------------------------------------------------------------ the sections
+
+
+class InjectFailure(Section):
+    """What to break, and when."""
+
+    type: Annotated[str, BeforeValidator(_fault_type)] = Field(
+        default="KillWorker",
+        json_schema_extra=meta(_fault_types_allowed, "type: KillWorker"),
+    )
+    after_checkpoint: Annotated[int | Literal["next"], step_ref("next")] = Field(
+        json_schema_extra=meta("step-N or next", "afterCheckpoint: step-1000")
+    )
+    target_rank: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_RANK,
+        json_schema_extra=meta("a whole number >= 0", "targetRank: 1"),
+    )
+
+
+class Expectations(Section):
+    """What a successful recovery looks like (the drill's pass criteria)."""
+
+    resume_from_checkpoint: Annotated[int | Literal["latest"], step_ref("latest")] = Field(
+        default="latest",
+        json_schema_extra=meta("step-N or latest", "resumeFromCheckpoint: latest"),
+    )
+    max_recovery_time: Annotated[float, duration(zero_ok=False)] = Field(
+        json_schema_extra=meta("a duration above 0, like 5m", "maxRecoveryTime: 5m")
+    )
+    max_lost_steps: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_STEP,
+        json_schema_extra=meta("a whole number >= 0", "maxLostSteps: 100"),
+    )
+
+
+class Safety(Section):
+    """Interlocks before anything is destroyed."""
+
+    require_confirm: bool = Field(
+        default=True, json_schema_extra=meta("true or false", "requireConfirm: true")
+    )
+    dry_run: bool = Field(default=False, json_schema_extra=meta("true or false", "dryRun: false"))
+
+
+class Timeouts(Section):
+    """Deadlines of the drill's phases, in seconds.
+
+    ``recovery`` left out stays None: "never came back" is then decided
+    ``maxRecoveryTime + recoveryGrace`` after the kill, a value computed in one place
+    (:attr:`~pytest_recoverygate.engine.DrillSpec.effective_recovery_timeout`).
+    """
+
+    discovery: Annotated[float, duration(zero_ok=False)] = Field(
+        default=300.0, json_schema_extra=meta("a duration above 0", "discovery: 5m")
+    )
+    checkpoint: Annotated[float, duration(zero_ok=False)] = Field(
+        default=3600.0, json_schema_extra=meta("a duration above 0", "checkpoint: 1h")
+    )
+    recovery: Annotated[float | None, duration(zero_ok=False)] = Field(
+        default=None, json_schema_extra=meta("a duration above 0", "recovery: 10m")
+    )
+    recovery_grace: Annotated[float, duration(zero_ok=True)] = Field(
+        default=30.0,
+        json_schema_extra=meta("a duration >= 0", "recoveryGrace: 30s"),
+    )
+
+
+def _workload_allowed() -> str:
+    from pytest_recoverygate.orchestrators import backend_names
+
+    return f"a mapping with orchestrator: {' | '.join(backend_names())} and that backend's keys"
+
+
+def _by_backend(value: Any, info: ValidationInfo) -> Any:
+    """The ``workload`` section, validated by the model of the backend it names."""
+    if isinstance(value, WorkloadBase):  # built in Python
+        return value
+    if not isinstance(value, dict):
+        raise PydanticKnownError("model_type", {"class_name": "WorkloadBase"})
+    from pytest_recoverygate.orchestrators import backend_names, get_backend
+
+    names = backend_names()
+    if "orchestrator" not in value:
+        raise PydanticKnownError("union_tag_not_found", {"discriminator": "'orchestrator'"})
+    tag = value["orchestrator"]
+    if not isinstance(tag, str) or tag not in names:
+        expected = ", ".join(repr(name) for name in names)
+        raise PydanticKnownError(
+            "union_tag_invalid",
+            {"discriminator": "'orchestrator'", "tag": str(tag), "expected_tags": expected},
+        )
+    try:
+        backend: Backend[Any] = get_backend(tag)
+    except UsageError as exc:
+        raise refuse(
+            f"cannot be used: {exc}",
+            ", ".join(names),
+            "fix that backend's installation, or uninstall it",
+            key=("orchestrator",),
+            got=tag,
+        ) from None
+    yaml = _from_yaml(info)  # YAML speaks camelCase only; Python may use field names
+    return backend.workload.model_validate(
+        value,
+        context=info.context,
+        by_alias=True if yaml else None,
+        by_name=False if yaml else None,
+    )
+
+
+class DrillConfig(Section):
+    """One drill: the workload, the failure to inject, the expectations and the guards.
+
+    ``workload`` is an instance of the model of the backend its ``orchestrator`` names
+    (a :class:`WorkloadBase` subclass from the registry).
+    """
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")] = (
+        Field(
+            default="drill",
+            json_schema_extra=meta("a short name (default: the file's name)", "name: llama-drill"),
+        )
+    )
+    workload: SerializeAsAny[Annotated[WorkloadBase, PlainValidator(_by_backend)]] = Field(
+        json_schema_extra=meta(_workload_allowed, "workload: {orchestrator: fake}"),
+    )
+    inject_failure: InjectFailure = Field(
+        json_schema_extra=meta(
+            "a mapping with afterCheckpoint (and type, targetRank)",
+            "injectFailure: {afterCheckpoint: next}",
+        )
+    )
+    expectations: Expectations = Field(
+        json_schema_extra=meta(
+            "a mapping with maxRecoveryTime (and resumeFromCheckpoint, maxLostSteps)",
+            "expectations: {maxRecoveryTime: 5m}",
+        )
+    )
+    safety: Safety = Field(
+        default_factory=Safety,
+        json_schema_extra=meta("a mapping with requireConfirm, dryRun", "safety: {dryRun: true}"),
+    )
+    timeouts: Timeouts = Field(
+        default_factory=Timeouts,
+        validate_default=True,
+        json_schema_extra=meta(
+            "a mapping with discovery, checkpoint, recovery", "timeouts: {discovery: 5m}"
+        ),
+    )
+    source_path: Path = Field(
+        default=Path("recovery-test.yaml"),
+        json_schema_extra=meta("set by the loader", ""),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_the_file(cls, data: Any, info: ValidationInfo) -> Any:
+        """Fill in what the file implies: its path and, by default, its stem as the name."""
+        if isinstance(data, dict) and isinstance(info.context, Mapping):
+            source = info.context.get("source")
+            if isinstance(source, Path):
+                data = dict(data)
+                data["sourcePath"] = source
+                data.setdefault("name", source.stem or "drill")
+        return data
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _strip_name(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("inject_failure")
+    @classmethod
+    def _failure_fits_workload(cls, failure: InjectFailure, info: ValidationInfo) -> InjectFailure:
+        workload = info.data.get("workload")
+        if workload is None:
+            return failure
+        refused = fault_refusal(workload.orchestrator, failure.type)
+        if refused is not None:
+            problem, allowed, hint = refused
+            raise refuse(problem, allowed, hint, key=("type",), got=failure.type)
+        workload.check_failure(failure)
+        return failure
+
+    @field_validator("timeouts")
+    @classmethod
+    def _recovery_covers_the_slo(cls, timeouts: Timeouts, info: ValidationInfo) -> Timeouts:
+        expectations = info.data.get("expectations")
+        if expectations is None or timeouts.recovery is None:
+            return timeouts
+        slo = expectations.max_recovery_time
+        if timeouts.recovery < slo:
+            raise refuse(
+                f"is shorter than expectations.maxRecoveryTime ({format_duration(slo)}), "
+                "so a slow but passing recovery would be cut off",
+                f"a duration of at least {format_duration(slo)}",
+                "raise it, or leave it out for maxRecoveryTime + recoveryGrace",
+                key=("recovery",),
+            )
+        return timeouts
+
+
+def fault_refusal(orchestrator: str, fault: str) -> tuple[str, str, str] | None:
+    """Why ``orchestrator`` cannot inject ``fault``: (problem, allowed, hint), or None.
+
+    The backend's own reason when it gives one; else which backends can.
+    """
+    from pytest_recoverygate.orchestrators import all_backends, get_backend
+
+    try:
+        backend = get_backend(orchestrator)
+    except UsageError:
+        return None  # reported at workload.orchestrator
+    if fault in backend.faults:
+        return None
+    offered = [kind for kind in FAULTS if kind in backend.faults]
+    allowed = f"{_or_list(offered)} with this orchestrator"
+    hint = f"use type: {offered[0]}"
+    reason = backend.refusals.get(fault)
+    if reason is not None:
+        return reason, allowed, hint
+    others = [name for name, other in all_backends().items() if fault in other.faults]
+    where = " / ".join(others) if others else "a backend that can inject it"
+    return f"{fault} needs orchestrator: {where} (this drill uses {orchestrator})", allowed, hint
+
+
+def spec_from_config(config: DrillConfig) -> DrillSpec:
+    """The engine's plain-value view of a validated config."""
+    after = config.inject_failure.after_checkpoint
+    expected = config.expectations.resume_from_checkpoint
+    return DrillSpec(
+        max_recovery_time=config.expectations.max_recovery_time,
+        after_checkpoint=None if after == "next" else after,
+        expected_resume_step=None if expected == "latest" else expected,
+        max_lost_steps=config.expectations.max_lost_steps,
+        checkpoint_timeout=config.timeouts.checkpoint,
+        recovery_timeout=config.timeouts.recovery,
+        recovery_grace=config.timeouts.recovery_grace,
+        reporting_rank=config.workload.reporting_rank,
+    )

@@ -1,0 +1,28 @@
+"""What pyproject.toml cannot say: the version, read from the one place it is written
+(``reporter/recoverygate/__init__.py``), and the dependencies, which pin the reporter
+distribution to that same version (``pytest_recoverygate`` reads its ``wire`` module).
+Everything else is in pyproject.toml.
+"""
+
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+_SOURCE = (HERE / "reporter" / "recoverygate" / "__init__.py").read_text(encoding="utf-8")
+VERSION = re.search(r'^__version__ = "([^"]+)"$', _SOURCE, re.M).group(1)  # type: ignore[union-attr]
+
+setup(
+    version=VERSION,
+    install_requires=[
+        f"recoverygate-reporter=={VERSION}",
+        "pydantic>=2.11,<3",
+        "pyyaml>=6",
+        "psutil>=5.9",
+        "pytest>=7.4",
+        # kubectl recoverygate is a headline entry point: the client comes with the package
+        # (imported lazily, only by the kubernetes backend, so --help stays fast).
+        "kubernetes>=35",
+    ],
+)
