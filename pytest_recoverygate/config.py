@@ -467,7 +467,21 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
     workload = dumped.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("env"), dict):
         workload["env"] = dict.fromkeys(workload["env"], "<redacted>")
+    for section, keys in _UNSET_IS_ABSENT.items():
+        part = dumped.get(section) if section else dumped
+        if isinstance(part, dict):
+            for key in keys:
+                if part.get(key, 0) is None:
+                    del part[key]
     return dumped
+
+
+#: Optional keys whose "not set" shows as absent (a fault's own keys, the projection).
+_UNSET_IS_ABSENT = {
+    "injectFailure": ("targetRank", "delay", "gracePeriod"),
+    "expectations": ("maxDetectionTime", "restartBudget"),
+    "": ("projection",),
+}
 
 
 def _format_step(value: Any) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "Fault",
     "GroupEvent",
     "GroupEventKind",
     "KillOutcome",
@@ -124,6 +125,25 @@ class GroupEvent:
     detail: str = ""
     worker: Worker | None = None
     restart_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """How to hit the target instance (``injectFailure.type`` and its parameters).
+
+    ``KillWorker``, ``KillDuringCheckpoint``: SIGKILL (the second differs only in *when*).
+    ``Preempt``: SIGTERM, then SIGKILL after ``grace_period`` if the instance still lives.
+    ``HangWorker``: SIGSTOP (cleanup continues a stopped instance before anything else).
+    ``KillStep``, ``Requeue``: SLURM's own ways (the step, the whole job).
+    """
+
+    type: str = "KillWorker"
+    grace_period: float = 30.0
+
+    @property
+    def kills(self) -> bool:
+        """A SIGKILL of the instance, whatever the timing."""
+        return self.type in ("KillWorker", "KillDuringCheckpoint")
 
 
 class KillOutcome(enum.Enum):

@@ -26,6 +26,7 @@ from pytest_recoverygate.errors import describe_exception
 
 if TYPE_CHECKING:
     from pytest_recoverygate.evidence import Evidence
+    from pytest_recoverygate.goodput import Projection
     from pytest_recoverygate.schema import DrillConfig
 
 OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report folder
@@ -38,6 +39,7 @@ __all__ = [
     "evidence_to_dict",
     "figures",
     "markdown_summary",
+    "project_config",
     "result_to_dict",
     "write_private",
     "write_reports",
@@ -159,7 +161,35 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         ],
         "progress": [{"time": t, "inc": inc, "step": step} for t, inc, step in result.progress],
     }
+    if config is not None and config.projection is not None:
+        doc["projection"] = _projection(doc, config)
     return doc
+
+
+def _projection(doc: dict[str, Any], config: DrillConfig) -> dict[str, Any]:
+    """The ``projection:`` block's figures, or why this drill's record cannot give them."""
+    from pytest_recoverygate.goodput import ProjectionError
+
+    try:
+        return project_config(doc, config).as_dict()
+    except ProjectionError as exc:
+        assert config.projection is not None
+        return {"gpus": config.projection.gpus, "error": str(exc)}
+
+
+def project_config(doc: dict[str, Any], config: DrillConfig) -> Projection:
+    """The projection a config's ``projection:`` block asks for, from a report document."""
+    from pytest_recoverygate.goodput import inputs_from_report, project
+
+    asked = config.projection
+    assert asked is not None
+    return project(
+        inputs_from_report(doc),
+        asked.gpus,
+        mtbf_hours=asked.mtbf_hours,
+        failures_per_gpu_hour=asked.failures_per_gpu_hour,
+        interval=asked.interval,
+    )
 
 
 def evidence_to_dict(
@@ -262,7 +292,7 @@ def write_reports(
         doc["timelinePicture"] = pictures[0].name if pictures else None
         if not pictures:
             doc["timelinePictureHint"] = hint
-        pictures += _decision_pictures(doc, report_dir)
+        pictures += _decision_pictures(doc, config, report_dir)
         files = _write_job_output(evidence, report_dir)
         doc.update(evidence_to_dict(evidence, files))
         dir_text = json.dumps(doc, indent=2, default=str) + "\n"
@@ -281,17 +311,23 @@ def write_reports(
     return written
 
 
-def _decision_pictures(doc: dict[str, Any], report_dir: Path) -> list[Path]:
-    """The spread picture, for a drill that killed at two or more points of the interval."""
-    from pytest_recoverygate.charts import write_spread_picture
+def _decision_pictures(doc: dict[str, Any], config: DrillConfig, report_dir: Path) -> list[Path]:
+    """The spread picture (kills at two or more points of the interval) and, with a
+    ``projection:`` block, the goodput picture."""
+    from pytest_recoverygate.charts import write_goodput_picture, write_spread_picture
 
+    drawn: list[Path] = []
     try:
         spread = write_spread_picture(doc, report_dir)
+        doc["spreadPicture"] = spread[0].name if spread else None
+        drawn += spread
+        if config.projection is not None and "error" not in (doc.get("projection") or {}):
+            goodput = write_goodput_picture(project_config(doc, config), report_dir)
+            doc["goodputPicture"] = goodput[0].name if goodput else None
+            drawn += goodput
     except Exception as exc:  # a plotting failure must not cost the report
-        doc["spreadPictureHint"] = f"the picture could not be drawn ({describe_exception(exc)})"
-        return []
-    doc["spreadPicture"] = spread[0].name if spread else None
-    return spread
+        doc["pictureHint"] = f"a picture could not be drawn ({describe_exception(exc)})"
+    return drawn
 
 
 def _fmt(value: Any) -> str:

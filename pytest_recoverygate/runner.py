@@ -39,6 +39,7 @@ from pytest_recoverygate.errors import (
 )
 from pytest_recoverygate.lock import DrillLock, job_lock
 from pytest_recoverygate.model import (
+    Fault,
     KillOutcome,
     KillResult,
     TrainingEvent,
@@ -211,6 +212,7 @@ class _Drill:
         self.started = clock.now()
         self.engine = DrillEngine(spec_from_config(config), self.started)
         self.target: Worker | None = None
+        self._killed: set[str] = set()  # instance ids hit so far: never twice
         self.source: EventSource | None = None
         self.progress: list[tuple[float, str, int]] = []
         self.raw_log: list[dict[str, Any]] = []
@@ -259,7 +261,7 @@ class _Drill:
         self._status(self.engine.status(self.clock.now()), phase_changed=True)
         deadline = self.clock.now() + self.config.timeouts.discovery
         workload = self.orchestrator.discover(deadline)
-        rank = self.config.inject_failure.target_rank
+        rank = self.config.inject_failure.rank_for(self.config.workload.reporting_rank)
         target = workload.by_rank(rank)
         if target is None:
             ranks = ", ".join(str(w.rank) for w in workload.workers) or "none"
@@ -309,15 +311,48 @@ class _Drill:
     def _execute(self, action: KillTarget | Finish) -> list[KillTarget | Finish]:
         assert isinstance(action, KillTarget)
         assert self.target is not None
-        verb = "checking the kill of" if self.dry_run else "killing"
+        target = self._target_for(action)
+        if target is None:
+            rank = self.target.rank if action.rank is None else action.rank
+            return list(
+                self.engine.on_kill_result(
+                    KillResult(
+                        KillOutcome.ALREADY_GONE,
+                        self.clock.now(),
+                        f"no running instance of rank {rank} other than the one killed before was "
+                        "found; nothing was killed",
+                    )
+                )
+            )
+        self.target = target
+        self._killed.add(target.instance_id)
+        how = {"Preempt": "preempting", "HangWorker": "stopping"}.get(action.fault, "killing")
+        verb = f"checking the {how.removesuffix('ing')} of" if self.dry_run else how
         self._sync_phase(
-            f"checkpoint step {action.checkpoint_step} reached; {verb} {self.target.describe()}"
+            f"checkpoint step {action.checkpoint_step} reached; {verb} {target.describe()}"
+            + (f" (kill {action.index})" if action.index > 1 else "")
         )
+        fault = Fault(action.fault, action.grace_period)
         try:
-            result = self.orchestrator.kill(self.target, dry_run=self.dry_run)
+            result = self.orchestrator.kill(target, dry_run=self.dry_run, fault=fault)
         except DrillError as exc:
             result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
         return list(self.engine.on_kill_result(result))
+
+    def _target_for(self, action: KillTarget) -> Worker | None:
+        """The instance to hit: the discovered one first; after that, the rank's current one.
+
+        A later kill never reuses an instance already killed (a stale view after a
+        recovery must not make the drill hit the same, or no, process twice).
+        """
+        assert self.target is not None
+        rank = self.target.rank if action.rank is None else action.rank
+        if action.index == 1 and rank == self.target.rank:
+            return self.target
+        current = self.orchestrator.current_worker(rank)
+        if current is None or current.instance_id in self._killed:
+            return None
+        return current
 
     def _record(self, event: TrainingEvent) -> None:
         if event.kind is TrainingEventKind.PROGRESS and event.step is not None:

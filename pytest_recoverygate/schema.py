@@ -49,7 +49,7 @@ from pytest_recoverygate.durations import (
     parse_duration,
     parse_step_ref,
 )
-from pytest_recoverygate.engine import FAULTS, DrillSpec
+from pytest_recoverygate.engine import FAULTS, MAX_KILLS, Delay, DrillSpec
 from pytest_recoverygate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -63,11 +63,13 @@ __all__ = [
     "DrillConfig",
     "Expectations",
     "InjectFailure",
+    "Projection",
     "Safety",
     "Section",
     "Timeouts",
     "WorkloadBase",
     "command_arguments",
+    "delay_of",
     "duration",
     "fault_refusal",
     "fault_types",
@@ -124,9 +126,16 @@ def _base_dir(info: ValidationInfo) -> Path:
 
 
 def duration(
-    minimum: float = 0.0, maximum: float = MAX_DURATION, *, zero_ok: bool = True
+    minimum: float = 0.0,
+    maximum: float = MAX_DURATION,
+    *,
+    zero_ok: bool = True,
+    optional: bool = False,
 ) -> BeforeValidator:
-    """A validator turning ``90s``/``5m``/``1h30m``/``250ms`` into float seconds within bounds."""
+    """A validator turning ``90s``/``5m``/``1h30m``/``250ms`` into float seconds within bounds.
+
+    ``optional``: ``null`` means "not set" (the field's default, ``None``).
+    """
     low = format_duration(minimum)
     if minimum == 0 and not zero_ok:
         allowed = f"a duration above 0 and at most {format_duration(maximum)}, like 90s, 5m, 1h30m"
@@ -134,6 +143,8 @@ def duration(
         allowed = f"a duration from {low} to {format_duration(maximum)}, like 90s, 5m, 1h30m"
 
     def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None and optional:
+            return None
         if isinstance(value, bool):
             raise refuse("must be a duration, not true/false", allowed)
         if isinstance(value, (int, float)):
@@ -197,7 +208,15 @@ def file_path(*, must_be_dir: bool = False, optional: bool = True) -> BeforeVali
             raise refuse("must be a path (text)", "a file or folder path", 'quote it: "…"')
         if not raw.strip() or "\x00" in raw:
             raise refuse("is not a usable path", "a non-empty path")
-        path = Path(raw).expanduser()
+        if not raw.isprintable():  # a line break or control character in a path: a typo
+            raise refuse("contains a control character", "a path of printable characters")
+        try:
+            path = Path(raw).expanduser()
+        except RuntimeError:  # ~user with no such user, or no home directory at all
+            raise refuse(
+                "starts with ~ but that home directory cannot be found",
+                "an absolute path, or one relative to the config file's folder",
+            ) from None
         if not path.is_absolute():
             path = _base_dir(info) / path
         path = path.resolve()
@@ -335,11 +354,60 @@ def _fault_type(value: Any) -> Any:
     raise refuse("is not one of the allowed values", _fault_types_allowed())
 
 
+DELAY_ALLOWED = (
+    "a duration (like 0s or 2s), a percentage of the measured checkpoint interval (like "
+    '"50%"), beforeNextCheckpoint, or spread (with count: N)'
+)
+
+
+def _delay(value: Any, info: ValidationInfo) -> Any:
+    """``delay``: kept in its YAML form (``2s``, ``50%``, ``beforeNextCheckpoint``, ``spread``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise refuse(
+            "must be a duration, a percentage, beforeNextCheckpoint or spread", DELAY_ALLOWED
+        )
+    if isinstance(value, (int, float)):
+        if _from_yaml(info):
+            raise refuse("a duration needs a unit", DELAY_ALLOWED, f"write {value}s")
+        return format_duration(float(value))
+    text = value.strip()
+    if text in ("beforeNextCheckpoint", "spread"):
+        return text
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise refuse("is not a percentage", DELAY_ALLOWED) from None
+        if not 0 <= percent < 100 or not math.isfinite(percent):
+            raise refuse("must be from 0% to below 100% of the interval", DELAY_ALLOWED)
+        return f"{percent:g}%"
+    try:
+        seconds = parse_duration(text)
+    except DurationSyntaxError as exc:
+        raise refuse(f"is not a valid delay ({exc})", DELAY_ALLOWED) from None
+    if seconds > MAX_DURATION:
+        raise refuse("is out of range", DELAY_ALLOWED)
+    return format_duration(seconds)
+
+
+def _count(value: Any) -> Any:
+    allowed = "a whole number >= 1, or untilBudgetExhausted"
+    if isinstance(value, str) and value.strip() == "untilBudgetExhausted":
+        return "untilBudgetExhausted"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise refuse("must be a number of kills or untilBudgetExhausted", allowed)
+    if not 1 <= value <= MAX_KILLS:
+        raise refuse(f"must be from 1 to {MAX_KILLS}", allowed)
+    return value
+
+
 # ------------------------------------------------------------------ the sections
 
 
 class InjectFailure(Section):
-    """What to break, and when."""
+    """What to break, and when (the fault catalogue: README, "Faults")."""
 
     type: Annotated[str, BeforeValidator(_fault_type)] = Field(
         default="KillWorker",
@@ -348,12 +416,68 @@ class InjectFailure(Section):
     after_checkpoint: Annotated[int | Literal["next"], step_ref("next")] = Field(
         json_schema_extra=meta("step-N or next", "afterCheckpoint: step-1000")
     )
-    target_rank: int = Field(
-        default=1,
+    target_rank: int | None = Field(
+        default=None,
         ge=0,
         le=MAX_RANK,
-        json_schema_extra=meta("a whole number >= 0", "targetRank: 1"),
+        json_schema_extra=meta(
+            "a whole number >= 0 (default 1; KillDuringCheckpoint: the rank that reports the save)",
+            "targetRank: 1",
+        ),
     )
+    delay: Annotated[str | None, BeforeValidator(_delay)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            DELAY_ALLOWED + " (default 0s; KillDuringCheckpoint: half the measured save time)",
+            'delay: "50%"',
+        ),
+    )
+    grace_period: Annotated[float | None, duration(zero_ok=True, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration (Preempt only; default 30s): SIGTERM, then SIGKILL after it",
+            "gracePeriod: 30s",
+        ),
+    )
+    count: Annotated[int | Literal["untilBudgetExhausted"], BeforeValidator(_count)] = Field(
+        default=1,
+        json_schema_extra=meta(
+            "a whole number >= 1, or untilBudgetExhausted", "count: untilBudgetExhausted"
+        ),
+    )
+
+    @property
+    def effective_target_rank(self) -> int | None:
+        """The rank to hit; None: the rank that reports the save (KillDuringCheckpoint)."""
+        if self.target_rank is not None:
+            return self.target_rank
+        return None if self.type == "KillDuringCheckpoint" else 1
+
+    def rank_for(self, reporting_rank: int | None) -> int:
+        """The rank to target first: the reporting rank stands for the saving one."""
+        rank = self.effective_target_rank
+        return rank if rank is not None else (reporting_rank or 0)
+
+    @model_validator(mode="after")
+    def _keys_fit_the_fault(self) -> InjectFailure:
+        if self.grace_period is not None and self.type != "Preempt":
+            raise refuse(
+                f"applies to type: Preempt only (this drill injects {self.type})",
+                "a duration, with type: Preempt",
+                "remove gracePeriod, or use type: Preempt",
+                key=("gracePeriod",),
+                got=format_duration(self.grace_period),
+            )
+        if self.delay == "spread" and (self.count in {1, "untilBudgetExhausted"}):
+            raise refuse(
+                "spreads the kills of count: N over the checkpoint interval, so it needs "
+                "count: 2 or more",
+                "spread with count: N (N >= 2)",
+                "set count: 4, or use a duration or a percentage",
+                key=("delay",),
+                got="spread",
+            )
+        return self
 
 
 class Expectations(Section):
@@ -372,6 +496,76 @@ class Expectations(Section):
         le=MAX_STEP,
         json_schema_extra=meta("a whole number >= 0", "maxLostSteps: 100"),
     )
+    max_detection_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (HangWorker): stop -> the job notices", "maxDetectionTime: 2m"
+        ),
+    )
+    saved_on_preempt: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false (Preempt): require a checkpoint completed in the grace period",
+            "savedOnPreempt: true",
+        ),
+    )
+    restart_budget: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_KILLS,
+        json_schema_extra=meta(
+            "a whole number >= 0 (count: untilBudgetExhausted): the restarts the job survives",
+            "restartBudget: 3",
+        ),
+    )
+    state_digest_matches: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false: the loaded state must equal the one saved at that step "
+            "(needs digest= on checkpoint_completed and checkpoint_loaded)",
+            "stateDigestMatches: true",
+        ),
+    )
+
+
+class Projection(Section):
+    """Project the measured failure cost to a large run (``recoverygate goodput``)."""
+
+    gpus: int = Field(
+        ge=1, le=10_000_000, json_schema_extra=meta("a whole number >= 1", "gpus: 16384")
+    )
+    mtbf_hours: float | None = Field(
+        default=None,
+        gt=0,
+        json_schema_extra=meta(
+            "hours > 0: the whole job's mean time between failures at that scale",
+            "mtbfHours: 3",
+        ),
+    )
+    failures_per_gpu_hour: float | None = Field(
+        default=None,
+        gt=0,
+        json_schema_extra=meta(
+            "a rate > 0 (default: Llama 3 405B's, 419 in 54 days on 16,384 GPUs)",
+            "failuresPerGpuHour: 2e-5",
+        ),
+    )
+    interval: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta("a duration: also evaluate this interval", "interval: 30m"),
+    )
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Projection:
+        if self.mtbf_hours is not None and self.failures_per_gpu_hour is not None:
+            raise refuse(
+                "gives both mtbfHours and failuresPerGpuHour",
+                "one of them",
+                "keep the one you measured",
+                key=("mtbfHours",),
+                got=str(self.mtbf_hours),
+            )
+        return self
 
 
 class Safety(Section):
@@ -481,6 +675,13 @@ class DrillConfig(Section):
         default_factory=Safety,
         json_schema_extra=meta("a mapping with requireConfirm, dryRun", "safety: {dryRun: true}"),
     )
+    projection: Projection | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a mapping with gpus (and mtbfHours or failuresPerGpuHour, interval)",
+            "projection: {gpus: 16384}",
+        ),
+    )
     timeouts: Timeouts = Field(
         default_factory=Timeouts,
         validate_default=True,
@@ -522,6 +723,39 @@ class DrillConfig(Section):
             raise refuse(problem, allowed, hint, key=("type",), got=failure.type)
         workload.check_failure(failure)
         return failure
+
+    @field_validator("expectations")
+    @classmethod
+    def _expectations_fit_the_fault(
+        cls, expectations: Expectations, info: ValidationInfo
+    ) -> Expectations:
+        failure = info.data.get("inject_failure")
+        if failure is None:
+            return expectations
+        needs = (
+            (
+                "maxDetectionTime",
+                expectations.max_detection_time is not None,
+                "HangWorker",
+                failure.type == "HangWorker",
+            ),
+            ("savedOnPreempt", expectations.saved_on_preempt, "Preempt", failure.type == "Preempt"),
+            (
+                "restartBudget",
+                expectations.restart_budget is not None,
+                "count: untilBudgetExhausted",
+                failure.count == "untilBudgetExhausted",
+            ),
+        )
+        for key, given, wants, fits in needs:
+            if given and not fits:
+                raise refuse(
+                    f"applies to {'type: ' if ':' not in wants else ''}{wants} only",
+                    f"{key} with {'type: ' if ':' not in wants else ''}{wants}",
+                    f"remove {key}, or change injectFailure",
+                    key=(key,),
+                )
+        return expectations
 
     @field_validator("timeouts")
     @classmethod
@@ -567,15 +801,38 @@ def fault_refusal(orchestrator: str, fault: str) -> tuple[str, str, str] | None:
 
 def spec_from_config(config: DrillConfig) -> DrillSpec:
     """The engine's plain-value view of a validated config."""
-    after = config.inject_failure.after_checkpoint
-    expected = config.expectations.resume_from_checkpoint
+    failure, expect = config.inject_failure, config.expectations
+    after = failure.after_checkpoint
+    expected = expect.resume_from_checkpoint
     return DrillSpec(
-        max_recovery_time=config.expectations.max_recovery_time,
+        max_recovery_time=expect.max_recovery_time,
         after_checkpoint=None if after == "next" else after,
         expected_resume_step=None if expected == "latest" else expected,
-        max_lost_steps=config.expectations.max_lost_steps,
+        max_lost_steps=expect.max_lost_steps,
         checkpoint_timeout=config.timeouts.checkpoint,
         recovery_timeout=config.timeouts.recovery,
         recovery_grace=config.timeouts.recovery_grace,
         reporting_rank=config.workload.reporting_rank,
+        fault=failure.type,
+        target_rank=failure.effective_target_rank,
+        delay=delay_of(failure.delay),
+        grace_period=30.0 if failure.grace_period is None else failure.grace_period,
+        count=None if failure.count == "untilBudgetExhausted" else failure.count,
+        restart_budget=expect.restart_budget,
+        max_detection_time=expect.max_detection_time,
+        saved_on_preempt=expect.saved_on_preempt,
+        state_digest_matches=expect.state_digest_matches,
     )
+
+
+def delay_of(text: str | None) -> Delay:
+    """The engine's :class:`~pytest_recoverygate.engine.Delay` for a validated ``delay``."""
+    if text is None:
+        return Delay()
+    if text == "beforeNextCheckpoint":
+        return Delay("before_next")
+    if text == "spread":
+        return Delay("spread")
+    if text.endswith("%"):
+        return Delay("fraction", float(text[:-1]) / 100.0, explicit=True)
+    return Delay("seconds", parse_duration(text), explicit=True)

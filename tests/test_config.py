@@ -103,7 +103,7 @@ def test_a_minimal_fake_drill_loads_with_every_default(tmp_path: Path) -> None:
     assert (fake.workers, fake.steps_per_second, fake.checkpoint_every) == (2, 50.0, 20)
     assert (fake.restart_delay, fake.resume, fake.startup_delay) == (1.0, "latest", 0.0)
     assert config.inject_failure == InjectFailure(
-        type="KillWorker", after_checkpoint=100, target_rank=1
+        type="KillWorker", after_checkpoint=100, target_rank=None
     )
     assert config.expectations.resume_from_checkpoint == "latest"
     assert config.expectations.max_recovery_time == 300.0
@@ -157,6 +157,11 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
         "restart_delay": 0.25,
         "resume": "older",
         "startup_delay": 1.5,
+        "save_time": 0.0,
+        "atomic_saves": True,
+        "saves_on_sigterm": False,
+        "hang_timeout": 1800.0,
+        "max_restarts": None,
     }
     assert config.inject_failure.after_checkpoint == "next"
     assert config.inject_failure.target_rank == 3
@@ -341,7 +346,7 @@ def test_dump_effective_uses_yaml_names_and_the_yaml_language(tmp_path: Path) ->
     assert dumped["injectFailure"] == {
         "type": "KillWorker",
         "afterCheckpoint": "step-100",
-        "targetRank": 1,
+        "count": 1,  # targetRank, delay and gracePeriod left out: their defaults apply
     }
     assert dumped["expectations"]["maxRecoveryTime"] == "5m"
     assert dumped["timeouts"] == {
@@ -505,7 +510,8 @@ PROBLEMS = [  # name, the file's text; the line, key and value named, what it sa
          FAKE.replace("step-100", "step-100\n  type: Requeue"),
          5, "injectFailure.type", "Requeue", ("needs orchestrator: slurm",)),
     Case("refuses_an_unknown_failure_type", FAKE.replace("step-100", "step-100\n  type: KillNode"),
-         5, "injectFailure.type", "KillNode", ("KillWorker, KillStep or Requeue",)),
+         5, "injectFailure.type", "KillNode",
+         ("KillWorker, KillStep, Requeue, KillDuringCheckpoint, Preempt or HangWorker",)),
     Case("refuses_a_recovery_timeout_shorter_than_the_slo", FAKE + "timeouts:\n  recovery: 1m\n",
          8, "timeouts.recovery", "1m", ("shorter than expectations.maxRecoveryTime (5m)",)),
     Case("refuses_a_text_value_where_true_or_false_belongs",

@@ -11,10 +11,16 @@ method here is *non-blocking* except ``discover`` and ``kill``:
 - ``discover(deadline)`` finds (or, for backends that launch the job, starts) the
   workload and returns its workers. It raises ``DiscoveryError`` for an ambiguous or
   unsafe target and may block until ``deadline`` (drill clock seconds).
-- ``kill(worker, dry_run=...)`` ends exactly that worker *instance* (never a
-  replacement with the same rank) and returns a :class:`KillResult`. It is called at
-  most once per drill and must never retry in a way that could hit another instance.
-  With ``dry_run=True`` it checks that the kill would be allowed and touches nothing.
+- ``kill(worker, dry_run=..., fault=...)`` injects ``fault`` (a
+  :class:`~pytest_recoverygate.model.Fault`, one of the backend's ``Backend.faults``)
+  into exactly that worker *instance* (never a replacement with the same rank) and
+  returns a :class:`KillResult` stamped with the moment it acted. It is called once per
+  kill of the drill (``count`` kills again only after a verified recovery, always with a
+  freshly found instance) and must never retry in a way that could hit another instance.
+  A Preempt's SIGKILL after the grace period goes to the same instance or to none. With
+  ``dry_run=True`` it checks that the kill would be allowed and touches nothing.
+- ``current_worker(rank)`` is that rank's instance as the backend sees it now (after a
+  recovery: the replacement), or ``None`` when there is none running; never blocks long.
 - ``watch_group()`` returns the group events observed since the previous call.
 - ``events()`` returns the backend's :class:`EventSource` (same object every call).
 - ``cleanup()`` releases everything the backend started; it may be called twice (and
@@ -44,7 +50,14 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 
 from pytest_recoverygate.joboutput import JobOutput
 from pytest_recoverygate.lock import LockScope, job_scope
-from pytest_recoverygate.model import GroupEvent, KillResult, TrainingEvent, Worker, Workload
+from pytest_recoverygate.model import (
+    Fault,
+    GroupEvent,
+    KillResult,
+    TrainingEvent,
+    Worker,
+    Workload,
+)
 
 if TYPE_CHECKING:
     from pytest_recoverygate.schema import InjectFailure, WorkloadBase
@@ -112,7 +125,9 @@ class Orchestrator(Protocol):
 
     def discover(self, deadline: float) -> Workload: ...
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult: ...
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = ...) -> KillResult: ...
+
+    def current_worker(self, rank: int) -> Worker | None: ...
 
     def watch_group(self) -> list[GroupEvent]: ...
 

@@ -12,6 +12,15 @@ the group restarts after ``restart_delay`` and the new incarnation resumes accor
 ``older`` (the checkpoint before the last one) or ``never`` (the job does not come back).
 Events are generated lazily from the clock, so any clock works.
 
+Every fault of the catalogue is simulated: a save takes ``save_time`` (announced with
+``checkpoint_started``; training pauses meanwhile), so a KillDuringCheckpoint tears it
+(with ``atomic_saves=False`` every restart then crashes loading the partial file);
+Preempt is SIGTERM, after which a job with ``saves_on_sigterm`` saves its current step
+and exits, and one without dies at the SIGKILL after the grace period; HangWorker stops
+the rank, and the others notice after ``hang_timeout`` (the collective timeout); after
+``max_restarts`` restarts the next failure ends the job. Checkpoint lines carry a state
+digest (with parts); ``resume: fresh-optimizer`` loads the weights but not the optimizer.
+
 Faults for tests: ``raise_in`` maps a method name (``discover``, ``kill``,
 ``watch_group``, ``poll``, ``cleanup``) to an exception raised by that call, and
 ``kill_outcome`` forces what a kill reports; ``progress_before_step`` makes the job
@@ -37,6 +46,7 @@ from recoverygate import wire
 
 from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.model import (
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -68,7 +78,8 @@ __all__ = [
     "FakeWorkload",
 ]
 
-ResumeMode = Literal["latest", "zero", "older", "never"]
+KILL = Fault()
+ResumeMode = Literal["latest", "zero", "older", "never", "fresh-optimizer"]
 
 
 # ------------------------------------------------------------------ the config section
@@ -105,6 +116,37 @@ class FakeJobSpec(Section):
     startup_delay: Annotated[float, duration()] = Field(
         default=0.0, json_schema_extra=meta("a duration like 0s", "startupDelay: 0s")
     )
+    save_time: Annotated[float, duration()] = Field(
+        default=0.0,
+        json_schema_extra=meta("a duration: checkpoint_started -> completed", "saveTime: 0.2s"),
+    )
+    atomic_saves: bool = Field(
+        default=True,
+        json_schema_extra=meta(
+            "true or false (false: a torn save is loaded, and the restart crashes)",
+            "atomicSaves: true",
+        ),
+    )
+    saves_on_sigterm: bool = Field(
+        default=False,
+        json_schema_extra=meta("true or false: save and exit on SIGTERM", "savesOnSigterm: true"),
+    )
+    hang_timeout: Annotated[float, duration(zero_ok=False)] = Field(
+        default=1800.0,
+        json_schema_extra=meta(
+            "a duration: when the other ranks notice a hung one (the collective timeout)",
+            "hangTimeout: 10s",
+        ),
+    )
+    max_restarts: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        json_schema_extra=meta(
+            "a whole number >= 0: the restarts the job survives (default: unlimited)",
+            "maxRestarts: 3",
+        ),
+    )
 
 
 class FakeWorkload(WorkloadBase):
@@ -122,7 +164,8 @@ class FakeWorkload(WorkloadBase):
         return self
 
     def check_failure(self, failure: InjectFailure) -> None:
-        self._rank_exists(failure.target_rank, "targetRank")
+        if failure.target_rank is not None:
+            self._rank_exists(failure.target_rank, "targetRank")
 
     def _rank_exists(self, rank: int, key: str) -> None:
         if rank >= self.fake.workers:
@@ -148,6 +191,10 @@ class _Incarnation:
     next_step: int = 0
     start_emitted: bool = False
     load_emitted: bool = False
+    crashes_at: float | None = None  # it dies loading a torn checkpoint
+    progress_sent: int = -1  # the last step whose progress line was generated
+    started_sent: int = -1  # the last step whose checkpoint_started line was generated
+    final_save: tuple[int, float] | None = None  # (step, completed at): a save on SIGTERM
 
     @property
     def inc_id(self) -> str:
@@ -196,6 +243,11 @@ class FakeOrchestrator:
         start_events: bool = True,
         loaded_events: bool = True,
         output: Mapping[str, str] | None = None,
+        save_time: float = 0.0,
+        atomic_saves: bool = True,
+        saves_on_sigterm: bool = False,
+        hang_timeout: float = 1800.0,
+        max_restarts: int | None = None,
     ) -> None:
         self.clock = clock
         self.workers = workers
@@ -210,6 +262,14 @@ class FakeOrchestrator:
         self.start_events = start_events
         self.loaded_events = loaded_events
         self.output = dict(output or {})
+        self.save_time = save_time
+        self.atomic_saves = atomic_saves
+        self.saves_on_sigterm = saves_on_sigterm
+        self.hang_timeout = hang_timeout
+        self.max_restarts = max_restarts
+        self.faults: list[Fault] = []  # the fault of every kill call
+        self._torn: int | None = None  # a torn save a non-atomic job will load
+        self._restarts = 0
         self._printed = OutputSplitter(lambda line: None, default="rank 0")
         self.kills: list[tuple[Worker, bool]] = []  # (worker, dry_run) for every kill call
         self.cleanups = 0
@@ -228,9 +288,10 @@ class FakeOrchestrator:
             self._running = True
         return self._workload()
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
         self._maybe_raise("kill")
         self.kills.append((worker, dry_run))
+        self.faults.append(fault)
         now = self.clock.now()
         self._generate()
         current = self._current()
@@ -242,9 +303,24 @@ class FakeOrchestrator:
         if dry_run:
             return KillResult(KillOutcome.DRY_RUN, now, f"would kill {worker.describe()}")
         assert current is not None
+        if fault.type == "Preempt":
+            return self._preempt(current, worker, now, fault.grace_period)
+        if fault.type == "HangWorker":
+            current.killed_at = now  # stopped: it prints nothing more
+            self._after_kill(now + self.hang_timeout, worker, how="hung (SIGSTOP)")
+            return KillResult(KillOutcome.KILLED, now, f"stopped {worker.describe()}")
         current.killed_at = now
+        self._tear(current, now)
         self._after_kill(now, worker)
         return KillResult(KillOutcome.KILLED, now, f"killed {worker.describe()}")
+
+    def current_worker(self, rank: int) -> Worker | None:
+        current = self._current()
+        if not self._running or current is None or current.killed_at is not None:
+            return None
+        if current.start > self.clock.now():
+            return None  # the replacement is not running yet
+        return self._workload().by_rank(rank)
 
     def watch_group(self) -> list[GroupEvent]:
         self._maybe_raise("watch_group")
@@ -301,11 +377,41 @@ class FakeOrchestrator:
     def _print(self, rank: int, text: str) -> None:
         self._printed.feed(text.encode("utf-8", "replace"), label=f"rank {rank}")
 
-    def _after_kill(self, now: float, worker: Worker) -> None:
-        self._print(
-            worker.rank,
-            f"[fake job] rank {worker.rank} ({worker.instance_id}) was killed by SIGKILL\n",
+    def _step_at(self, inc: _Incarnation, step: int) -> float:
+        """When ``step`` completes (synchronous saves pause training for ``save_time``)."""
+        saves = (step - 1) // self.checkpoint_every - inc.resume_step // self.checkpoint_every
+        return (
+            inc.first_step_at
+            + (step - inc.resume_step) / self.steps_per_second
+            + max(saves, 0) * self.save_time
         )
+
+    def _tear(self, inc: _Incarnation, now: float) -> None:
+        """A kill during a save: that checkpoint never completes (and may be left torn)."""
+        for step in (inc.next_step, inc.next_step - 1):  # the save in flight, if any
+            if step > 0 and step % self.checkpoint_every == 0:
+                started = self._step_at(inc, step) + 1e-4
+                if started <= now < started + self.save_time and not self.atomic_saves:
+                    self._torn = step
+
+    def _preempt(self, inc: _Incarnation, worker: Worker, now: float, grace: float) -> KillResult:
+        if self.saves_on_sigterm:
+            step = max(inc.next_step - 1, inc.resume_step)
+            done = now + max(self.save_time, 0.05)
+            if done <= now + grace:
+                inc.final_save = (step, done)
+                self._checkpoints.append(step)  # durable before the replacement starts
+                inc.killed_at = done
+                self._after_kill(done, worker, how="exited after saving on SIGTERM")
+                return KillResult(KillOutcome.KILLED, now, f"SIGTERM to {worker.describe()}")
+        inc.killed_at = now + grace
+        self._after_kill(now + grace, worker, how="killed by SIGKILL after the grace period")
+        return KillResult(
+            KillOutcome.KILLED, now, f"SIGTERM to {worker.describe()}; SIGKILL after {grace:g}s"
+        )
+
+    def _after_kill(self, now: float, worker: Worker, how: str = "was killed by SIGKILL") -> None:
+        self._print(worker.rank, f"[fake job] rank {worker.rank} ({worker.instance_id}) {how}\n")
         for label, text in self.output.items():
             self._printed.feed(text.encode("utf-8", "replace"), label=label)
         restart_at = now + self.restart_delay
@@ -317,17 +423,61 @@ class FakeOrchestrator:
             for rank in range(self.workers):
                 self._print(rank, "[fake job] the group does not restart (resume: never)\n")
             return
+        self._restarts += 1
+        if self.max_restarts is not None and self._restarts > self.max_restarts:
+            self._group_events.append(
+                GroupEvent(
+                    GroupEventKind.JOB_FAILED,
+                    now + 0.2,
+                    f"max restarts ({self.max_restarts}) exhausted",
+                )
+            )
+            return
         self._group_events.append(
             GroupEvent(GroupEventKind.REPLACEMENT_RUNNING, restart_at, "all ranks running")
         )
         done = self._checkpoints
-        if self.resume == "latest":
+        if self._torn is not None:  # it loads the partial file and crashes, again and again
+            self._start_incarnation(restart_at, resume_step=self._torn)
+            self._incarnations[-1].crashes_at = restart_at + 0.5
+            self._restart_crash_loop(restart_at + 0.5, worker)
+            return
+        if self.resume in ("latest", "fresh-optimizer"):
             step = done[-1] if done else 0
         elif self.resume == "older":
             step = done[-2] if len(done) >= 2 else 0
         else:
             step = 0
         self._start_incarnation(restart_at, resume_step=step)
+
+    def _restart_crash_loop(self, at: float, worker: Worker) -> None:
+        """Each restart dies loading the torn checkpoint, until the restarts run out."""
+        while self.max_restarts is None or self._restarts < self.max_restarts:
+            self._restarts += 1
+            self._group_events.append(
+                GroupEvent(
+                    GroupEventKind.RESTARTING,
+                    at + 0.05,
+                    "restarting the group",
+                    None,
+                    self._restarts,
+                )
+            )
+            at += self.restart_delay + 0.5
+            if self._restarts > 20:
+                break
+        self._print(
+            worker.rank,
+            "[fake job] torch.load: PytorchStreamReader failed reading "
+            "zip archive: failed finding central directory\n",
+        )
+        self._group_events.append(
+            GroupEvent(
+                GroupEventKind.JOB_FAILED,
+                at,
+                "the job failed: every restart crashed loading a truncated checkpoint",
+            )
+        )
 
     def _generate(self) -> list[TrainingEvent]:
         now = self.clock.now()
@@ -340,8 +490,15 @@ class FakeOrchestrator:
     def _generate_for(self, inc: _Incarnation, now: float) -> list[TrainingEvent]:
         out: list[TrainingEvent] = []
         end = now if inc.killed_at is None else min(now, inc.killed_at)
+        if inc.crashes_at is not None:
+            end = min(end, inc.crashes_at)
 
-        def event(kind: TrainingEventKind, at: float, step: int | None) -> TrainingEvent:
+        def event(
+            kind: TrainingEventKind,
+            at: float,
+            step: int | None,
+            digest: tuple[tuple[str, str], ...] = (),
+        ) -> TrainingEvent:
             return TrainingEvent(
                 kind,
                 at,
@@ -352,6 +509,8 @@ class FakeOrchestrator:
                 pid=1000 + inc.number,
                 host="simulated",
                 restart_count=inc.number,
+                digest=wire.combine_parts(digest) if digest else None,
+                digest_parts=digest,
             )
 
         if not inc.start_emitted and inc.start <= end:
@@ -374,29 +533,55 @@ class FakeOrchestrator:
         load_at = inc.first_step_at - 0.01
         if inc.resume_step > 0 and not inc.load_emitted and load_at <= end:
             inc.load_emitted = True
-            if self.loaded_events:
-                out.append(event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step))
+            if self.loaded_events and inc.crashes_at is None:
+                parts = _parts(inc.resume_step, fresh_optimizer=self.resume == "fresh-optimizer")
+                out.append(
+                    event(TrainingEventKind.CHECKPOINT_LOADED, load_at, inc.resume_step, parts)
+                )
                 self._print(
                     0,
                     wire.format_step(
                         "checkpoint_loaded", load_at, inc.inc_id, inc.resume_step, rank=0
                     ),
                 )
-        while True:
+        while inc.crashes_at is None:
             step = inc.next_step
-            at = inc.first_step_at + (step - inc.resume_step) / self.steps_per_second
+            at = self._step_at(inc, step)
             if at > end:
                 break
-            reported = step - 1 if self.progress_before_step else step
-            out.append(event(TrainingEventKind.PROGRESS, at, reported))
+            if inc.progress_sent != step:
+                reported = step - 1 if self.progress_before_step else step
+                out.append(event(TrainingEventKind.PROGRESS, at, reported))
+                inc.progress_sent = step
             if step % self.checkpoint_every == 0:
-                out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, at + 1e-4, step))
+                started, done = at + 1e-4, at + 1e-4 + self.save_time
+                if self.save_time > 0:
+                    if started > end:
+                        break
+                    if inc.started_sent != step:
+                        out.append(event(TrainingEventKind.CHECKPOINT_STARTED, started, step))
+                        inc.started_sent = step
+                if done > end:
+                    if inc.killed_at is not None and inc.killed_at < done:
+                        inc.next_step += 1  # torn by the kill: never completes
+                    break
+                out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, done, step, _parts(step)))
                 self._checkpoints.append(step)
                 self._print(
-                    0, wire.format_step("checkpoint_completed", at + 1e-4, inc.inc_id, step, rank=0)
+                    0, wire.format_step("checkpoint_completed", done, inc.inc_id, step, rank=0)
                 )
             inc.next_step += 1
+        if inc.final_save is not None and inc.final_save[1] <= now:
+            step, done = inc.final_save
+            inc.final_save = None
+            out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, done, step, _parts(step)))
         return out
+
+
+def _parts(step: int, *, fresh_optimizer: bool = False) -> tuple[tuple[str, str], ...]:
+    """The simulated state's digest parts after ``step`` steps (a fresh optimizer: empty)."""
+    optimizer = "0" * 16 if fresh_optimizer else f"{(step * 7919) % 2**64:016x}"
+    return (("model", f"{(step * 104729) % 2**64:016x}"), ("optimizer", optimizer))
 
 
 def _create(workload: FakeWorkload, failure: InjectFailure, clock: Clock) -> FakeOrchestrator:
@@ -409,6 +594,11 @@ def _create(workload: FakeWorkload, failure: InjectFailure, clock: Clock) -> Fak
         restart_delay=spec.restart_delay,
         resume=spec.resume,
         startup_delay=spec.startup_delay,
+        save_time=spec.save_time,
+        atomic_saves=spec.atomic_saves,
+        saves_on_sigterm=spec.saves_on_sigterm,
+        hang_timeout=spec.hang_timeout,
+        max_restarts=spec.max_restarts,
     )
 
 
@@ -418,7 +608,8 @@ BACKEND: Backend[FakeWorkload] = Backend(
     name="fake",
     workload=FakeWorkload,
     create=_create,
-    faults=frozenset({"KillWorker"}),
+    faults=frozenset({"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}),
     lock_scope=lambda workload, target: None,
+    restart_budget=lambda workload: workload.fake.max_restarts,
     summary="an in-memory simulated job, on any clock",
 )

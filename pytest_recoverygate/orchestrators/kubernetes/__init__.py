@@ -92,7 +92,7 @@ def _create(
         context=workload.context,
         kubeconfig=workload.kubeconfig,
         container=workload.container,
-        target_rank=failure.target_rank,
+        target_rank=failure.rank_for(workload.reporting_rank),
         reporting_rank=workload.reporting_rank,
         clock=clock,
     )

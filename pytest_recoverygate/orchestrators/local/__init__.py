@@ -123,7 +123,7 @@ def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Lo
         list(workload.command or []),
         workload.workdir,
         env,
-        target_rank=failure.target_rank,
+        target_rank=failure.rank_for(workload.reporting_rank),
         clock=clock,
         attach_pid=workload.attach_pid,
     )
@@ -138,7 +138,7 @@ BACKEND: Backend[LocalWorkload] = Backend(
     name="local",
     workload=LocalWorkload,
     create=_create,
-    faults=frozenset({"KillWorker"}),
+    faults=frozenset({"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}),
     restart_budget=_restart_budget,
     summary="a torchrun job the drill launches (or attaches to) on this machine",
 )

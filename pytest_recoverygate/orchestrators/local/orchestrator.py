@@ -54,6 +54,7 @@ from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.filetail import OutputTail
 from pytest_recoverygate.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
 from pytest_recoverygate.model import (
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -90,6 +91,9 @@ RAW_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters of the job's output kept in mem
 ENVIRON_RETRY_AGE = 2.0  # a process older than this without RANK is not a worker
 OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once it exited
 KILL_ROUND_INTERVAL = 0.02  # seconds between cleanup's looks for marked processes
+
+
+KILL = Fault()
 
 
 class LocalOrchestrator:
@@ -153,6 +157,7 @@ class LocalOrchestrator:
         self._running_reported = True
         self._job_failed_reported = False
         self._victim: Identity | None = None
+        self._stopped: set[Identity] = set()  # SIGSTOPped by a HangWorker: continued first
         self._recovering = False
         self._subreaper = False
 
@@ -220,8 +225,16 @@ class LocalOrchestrator:
         agent = self._agent.pid if self._agent else "?"
         return Workload(job=f"torchrun agent pid {agent} on {host}", workers=workers)
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
-        """SIGKILL exactly the instance named by ``worker.instance_id``; never retried."""
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+        """Signal exactly the instance named by ``worker.instance_id``; never retried.
+
+        KillWorker / KillDuringCheckpoint: SIGKILL. Preempt: SIGTERM now, and SIGKILL after
+        the grace period to the same instance (its pidfd) if it still runs. HangWorker:
+        SIGSTOP (cleanup sends SIGCONT first, so nothing is ever left stopped).
+        """
+        sig = {"Preempt": signal.SIGTERM, "HangWorker": signal.SIGSTOP}.get(
+            fault.type, signal.SIGKILL
+        )
         identity = Identity.parse(worker.instance_id)
         if identity is None:
             return KillResult(
@@ -255,16 +268,19 @@ class LocalOrchestrator:
                 return KillResult(
                     KillOutcome.DRY_RUN,
                     self._clock.now(),
-                    f"would send SIGKILL to pid {identity.pid} ({worker.describe()})",
+                    f"would send {sig.name} to pid {identity.pid} ({worker.describe()})",
                 )
             with self._lock:
                 self._victim = identity
+            if sig is signal.SIGSTOP:
+                with self._lock:
+                    self._stopped.add(identity)  # before the signal: cleanup always sees it
             timestamp = self._clock.now()
             try:
                 if pidfd is not None:
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    signal.pidfd_send_signal(pidfd, sig)
                 else:
-                    os.kill(identity.pid, signal.SIGKILL)
+                    os.kill(identity.pid, sig)
             except ProcessLookupError:
                 with self._lock:
                     self._victim = None
@@ -278,10 +294,48 @@ class LocalOrchestrator:
                 ) from exc
             self._recovering = True  # watch closely until the new group is up
             self._poke.set()
-            return KillResult(KillOutcome.KILLED, timestamp, f"SIGKILL sent to pid {identity.pid}")
+            detail = f"{sig.name} sent to pid {identity.pid}"
+            if sig is signal.SIGTERM:
+                self._escalate_later(identity, pidfd, fault.grace_period)
+                pidfd = None  # the escalation owns it now
+                detail += f"; SIGKILL after {fault.grace_period:g}s if it still runs"
+            return KillResult(KillOutcome.KILLED, timestamp, detail)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    def current_worker(self, rank: int) -> Worker | None:
+        """That rank's worker in the newest restart generation running now, if any."""
+        scan = self._scan()
+        newest = max((w.restart_count for w in scan.workers), default=None)
+        for proc in scan.workers:
+            if proc.rank == rank and proc.restart_count == newest:
+                return self._worker(proc)
+        return None
+
+    def _escalate_later(self, identity: Identity, pidfd: int | None, grace: float) -> None:
+        """Preempt: SIGKILL that same instance after ``grace`` unless it is gone (or cleanup).
+
+        The pidfd pins the instance, so the SIGKILL can only reach it: a replacement with
+        the same pid (or rank) is never hit.
+        """
+
+        def escalate() -> None:
+            try:
+                if self._stop.wait(grace):
+                    return  # cleanup ends every process anyway
+                if pidfd is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                else:
+                    signal_exactly(identity, signal.SIGKILL)
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+
+        thread = threading.Thread(target=escalate, name="recoverygate-preempt", daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def watch_group(self) -> list[GroupEvent]:
         """Group events observed by the watcher thread since the previous call."""
@@ -298,6 +352,10 @@ class LocalOrchestrator:
 
         Idempotent. In attach mode the job is left running; only our threads stop.
         """
+        with self._lock:
+            stopped, self._stopped = set(self._stopped), set()
+        for identity in stopped:  # first of all: never leave a process stopped
+            signal_exactly(identity, signal.SIGCONT)
         self._stop.set()
         self._poke.set()
         leftover: list[str] = []

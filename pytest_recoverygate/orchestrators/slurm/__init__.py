@@ -109,7 +109,7 @@ def _create(workload: SlurmWorkload, failure: InjectFailure, clock: Clock) -> Sl
         output=str(workload.output) if workload.output is not None else None,
         poll_interval=workload.poll_interval,
         fault=failure.type,
-        target_rank=failure.target_rank,
+        target_rank=failure.rank_for(workload.reporting_rank),
         reporting_rank=workload.reporting_rank,
         clock=clock,
     )

@@ -53,7 +53,7 @@ class ProcGroupWorkload(WorkloadBase):
     )
 
     def check_failure(self, failure: InjectFailure) -> None:
-        if failure.target_rank >= self.workers:
+        if failure.target_rank is not None and failure.target_rank >= self.workers:
             raise refuse(
                 f"rank {failure.target_rank} does not exist in a group of {self.workers}",
                 f"a rank from 0 to {self.workers - 1}",
