@@ -125,7 +125,7 @@ def test_a_kill_mid_save_of_a_direct_save_crash_loops_and_fails(tmp_path: Path) 
     assert run.report["reasons"][0] in ("NEVER_CAME_BACK", "RESUMED_FROM_TORN_CHECKPOINT"), (
         run.explain()
     )
-    diagnoses = [d["id"] for d in run.report.get("diagnoses", [])]
+    diagnoses = [d["signature"] for d in run.report.get("diagnoses", [])]
     if run.report["reasons"][0] == "NEVER_CAME_BACK":
         assert "torch-load-truncated" in diagnoses, run.explain()
 
