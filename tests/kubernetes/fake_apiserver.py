@@ -269,6 +269,7 @@ class LoggedRequest:
     dry_run: bool = False
     precondition_uid: str | None = None
     target_uid: str | None = None  # the pod instance a delete reached
+    grace_period: int | None = None  # a delete's gracePeriodSeconds (None: not given)
     fault: str = ""
     lines_sent: int = 0
 
@@ -695,6 +696,7 @@ class FakeApiServer:
         entry.precondition_uid = preconditions.get("uid")
         grace = query.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
         grace_s = 30 if grace is None else int(grace)
+        entry.grace_period = None if grace is None else grace_s
         dry_run = query.get("dryRun") == "All" or body.get("dryRun") == ["All"]
         entry.dry_run = dry_run
         if query.get("dryRun") not in (None, "All"):
@@ -737,7 +739,12 @@ class FakeApiServer:
             self._schedule(grace_s, lambda: self._finish_graceful(namespace, name, uid))
         return 200, result
 
-    def _finish_graceful(self, namespace: str, name: str, uid: str) -> None:
+    def containers_exited(self, namespace: str, name: str, uid: str, exit_code: int = 143) -> None:
+        """The containers of a terminating pod exited by themselves (after SIGTERM, within
+        the grace period): the kubelet removes the pod now, as it does."""
+        self._finish_graceful(namespace, name, uid, exit_code)
+
+    def _finish_graceful(self, namespace: str, name: str, uid: str, exit_code: int = 137) -> None:
         """The kubelet killed the containers after the grace period."""
         removed = None
         with self._cond:
@@ -745,7 +752,7 @@ class FakeApiServer:
             if pod is None or pod["metadata"]["uid"] != uid:
                 return
             for cname in list(self._logs.get(uid, {})):
-                self._terminate_log(uid, cname, 137)
+                self._terminate_log(uid, cname, exit_code)
             if not pod["metadata"].get("finalizers"):
                 self._remove_locked(pod)
                 removed = copy.deepcopy(pod)

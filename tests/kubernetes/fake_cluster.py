@@ -14,6 +14,12 @@ Meanwhile the reporting rank writes RECOVERYGATE/v1 lines (formatted by the real
 every ``checkpoint_every`` steps. When a worker dies the group stops, and when the
 replacement runs a new incarnation starts from the last checkpoint (``resume="latest"``)
 or from step 0 (``resume="zero"``, the bug RecoveryGate exists to catch).
+
+A graceful delete (``gracePeriodSeconds`` > 0, a Preempt) of a PyTorchJob pod is the
+kubelet's SIGTERM: with ``on_sigterm="save"`` the group stops, the reporting rank saves a
+checkpoint of the step it reached (``checkpoint_started`` / ``checkpoint_completed``,
+``save_time`` apart) and the containers exit 143, so the pod goes before its grace period
+ends; with ``on_sigterm="ignore"`` training goes on until the kubelet's SIGKILL.
 """
 
 from __future__ import annotations
@@ -44,9 +50,15 @@ def drill_yaml(
     max_lost_steps: int = 50,
     deadline: str = "20s",
     recovery: str | None = None,
+    fault: str = "KillWorker",
+    failure: dict[str, str] | None = None,
+    expect: dict[str, str] | None = None,
 ) -> str:
     """The one drill config every Kubernetes drill of the tests (and bench) runs: rank 1
-    killed after checkpoint ``after``, a resume from the latest checkpoint expected."""
+    hit by ``fault`` after checkpoint ``after``, a resume from the latest checkpoint
+    expected; ``failure`` and ``expect`` add keys to injectFailure / expectations."""
+    more_failure = "".join(f"\n  {key}: {value}" for key, value in (failure or {}).items())
+    more_expect = "".join(f"\n  {key}: {value}" for key, value in (expect or {}).items())
     return f"""
 name: {name}
 workload:
@@ -55,13 +67,13 @@ workload:
   namespace: {namespace}
   kubeconfig: {kubeconfig}
 injectFailure:
-  type: KillWorker
+  type: {fault}
   afterCheckpoint: step-{after}
-  targetRank: 1
+  targetRank: 1{more_failure}
 expectations:
   resumeFromCheckpoint: latest
   maxRecoveryTime: {max_recovery}
-  maxLostSteps: {max_lost_steps}
+  maxLostSteps: {max_lost_steps}{more_expect}
 safety:
   requireConfirm: false
 timeouts:
@@ -155,6 +167,8 @@ class FakeTrainingJob:
         finalizer_delay: float = 0.5,
         reporting_rank: int = 0,
         restart_reporter_container: bool = False,
+        on_sigterm: str = "ignore",  # ignore | save
+        save_time: float = 0.1,
     ) -> None:
         self.server = server
         self.kind = kind
@@ -170,6 +184,12 @@ class FakeTrainingJob:
         self.finalizer_delay = finalizer_delay
         self.reporting_rank = reporting_rank
         self.restart_reporter_container = restart_reporter_container
+        self.on_sigterm = on_sigterm
+        self.save_time = save_time
+        self.sigterms: list[tuple[float, str]] = []  # (time, pod name) of graceful deletes
+        self.saved_on_sigterm: list[int] = []  # the steps saved after a SIGTERM
+        self._save_requested = False
+        self._sigtermed: set[str] = set()
         self.pod_of_rank: dict[int, str] = {}
         self.uids: dict[str, int] = {}  # uid -> rank, for every pod this job created
         self.incarnations: list[str] = []
@@ -177,7 +197,7 @@ class FakeTrainingJob:
         self.last_checkpoint = 0
         self.step = 0
         self.replaced: list[tuple[int, str]] = []  # (rank, new pod name)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _on_change schedules (_later) while holding it
         self._stop = threading.Event()
         self._running = threading.Event()  # the group is whole and training
         self._losses = 0  # members the group lost so far; the loop restarts on a change
@@ -260,6 +280,8 @@ class FakeTrainingJob:
             rank = self.uids.get(uid)
             if rank is None or uid in self._handled:
                 return
+            if self._sigterm_locked(event, pod):
+                return
             gone = (
                 event == "DELETED"
                 if self.kind == "pytorchjob"
@@ -282,6 +304,30 @@ class FakeTrainingJob:
             self._later(
                 self.finalizer_delay, lambda: self.server.remove_finalizers(self.namespace, name)
             )
+
+    def _sigterm_locked(self, event: str, pod: Pod) -> bool:
+        """A graceful delete of a PyTorchJob pod: the kubelet's SIGTERM (True if handled)."""
+        meta = pod["metadata"]
+        if (
+            self.kind != "pytorchjob"
+            or event != "MODIFIED"
+            or not meta.get("deletionTimestamp")
+            or not meta.get("deletionGracePeriodSeconds")
+            or meta["uid"] in self._sigtermed
+        ):
+            return False
+        self._sigtermed.add(meta["uid"])
+        self.sigterms.append((time.time(), meta["name"]))
+        if self.on_sigterm == "save":
+            self._save_requested = True
+            self._losses += 1
+            self._running.clear()  # the stop flag: the group stops and rank 0 saves
+            namespace, name, uid = self.namespace, meta["name"], meta["uid"]
+            self._later(
+                self.save_time + 0.1,
+                lambda: self.server.containers_exited(namespace, name, uid, exit_code=143),
+            )
+        return True
 
     def _replace(self, rank: int) -> None:
         pod = self._create(rank)
@@ -340,6 +386,15 @@ class FakeTrainingJob:
             with self._lock:
                 losses = self._losses
             if losses != seen or not self._running.is_set():
+                if self._save_requested:  # SIGTERM: save the state reached, then exit
+                    self._save_requested = False
+                    self._emit(wire.format_step("checkpoint_started", time.time(), inc, self.step, 0))
+                    time.sleep(self.save_time)
+                    self._emit(
+                        wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0)
+                    )
+                    self.last_checkpoint = self.step
+                    self.saved_on_sigterm.append(self.step)
                 self._running.wait()
                 if self._stop.is_set():
                     return

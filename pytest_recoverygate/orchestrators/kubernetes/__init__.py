@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 
-__all__ = ["BACKEND", "KubernetesOrchestrator", "KubernetesWorkload"]
+__all__ = ["BACKEND", "FAULT_TYPES", "KubernetesOrchestrator", "KubernetesWorkload"]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+#: What one DELETE can do to a pod: kill it now, or terminate it gracefully (Preempt).
+FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt")
 
 
 class KubernetesWorkload(WorkloadBase):
@@ -107,7 +109,7 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
     name="kubernetes",
     workload=KubernetesWorkload,
     create=_create,
-    faults=frozenset({"KillWorker"}),
+    faults=frozenset(FAULT_TYPES),
     refusals={
         "HangWorker": (
             "HangWorker cannot be injected on kubernetes: the drill's pods-only RBAC (pods "

@@ -1,8 +1,12 @@
 """The kill protocol: one DELETE of exactly one pod instance, never sent twice once it may
 have acted.
 
-- The DELETE carries ``gracePeriodSeconds=0`` and ``preconditions.uid``, so it can only
-  ever reach the discovered pod *instance*: a replacement has another uid and gets 409.
+- The DELETE carries ``preconditions.uid``, so it can only ever reach the discovered pod
+  *instance*: a replacement has another uid and gets 409. Its ``gracePeriodSeconds`` is 0
+  for a kill (the kubelet sends SIGKILL at once) and the fault's grace period for
+  ``Preempt`` (the kubelet sends SIGTERM, then SIGKILL when the grace period ends: exactly
+  what a node drain or a preemption does to a pod; the escalation is the kubelet's, so
+  there is no second request to guard).
   Each kill gets a fresh connection pool, so it never rides a stale keep-alive socket.
 - It is sent again only after a 429, which the API server's flow control answers before
   any handler runs (the shared :func:`~pytest_recoverygate.retry.send_destructive`). Any
@@ -35,15 +39,18 @@ __all__ = ["REFUSALS_RESENT", "delete_instance"]
 REFUSALS_RESENT = 3
 
 
-def delete_instance(session: ApiSession, worker: Worker, *, dry_run: bool) -> KillResult:
-    """One DELETE of exactly this pod instance (uid precondition, grace period 0)."""
+def delete_instance(
+    session: ApiSession, worker: Worker, *, dry_run: bool, grace_seconds: int = 0
+) -> KillResult:
+    """One DELETE of exactly this pod instance (uid precondition, ``grace_seconds``)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     clock = session.clock
     api = session.new_api()  # a fresh pool: the DELETE never rides a stale keep-alive socket
     body = client.V1DeleteOptions(
-        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=worker.instance_id)
+        grace_period_seconds=grace_seconds,
+        preconditions=client.V1Preconditions(uid=worker.instance_id),
     )
     target = f"pod {worker.name!r} (uid {worker.instance_id}) in namespace {session.namespace!r}"
 
@@ -118,7 +125,13 @@ def delete_instance(session: ApiSession, worker: Worker, *, dry_run: bool) -> Ki
             f"the connection failed during the delete of {target} ({type(exc).__name__})",
             sent_at,
         )
-    return result(KillOutcome.KILLED, f"deleted {target} with grace period 0", at=sent_at)
+    how = (
+        "with grace period 0"
+        if grace_seconds == 0
+        else f"with grace period {grace_seconds}s (the kubelet sends SIGTERM, then SIGKILL "
+        f"after {grace_seconds}s)"
+    )
+    return result(KillOutcome.KILLED, f"deleted {target} {how}", at=sent_at)
 
 
 def _confirm(session: ApiSession, worker: Worker, why: str, sent_at: float) -> KillResult:

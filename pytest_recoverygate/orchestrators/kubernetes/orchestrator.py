@@ -9,7 +9,10 @@ the API, and where each job is done:
   :mod:`.pods`. An empty selector, no pods, pods of two jobs, a rank claimed twice, or an
   absent target rank are refused before anything is touched.
 - **kill**: one ``DELETE`` of exactly the discovered pod instance, never sent twice once
-  it may have acted (:mod:`.kill`).
+  it may have acted (:mod:`.kill`): grace period 0 for ``KillWorker`` and
+  ``KillDuringCheckpoint``, the fault's ``gracePeriod`` for ``Preempt``.
+- **current_worker**: the pod that holds a rank now, from the watch (for the second and
+  later kills of ``count``).
 - **watch_group**: a background thread watches the job's pods and turns what changes
   into group events (:mod:`.watch`).
 - **events**: a background thread follows the reporting rank's log into training
@@ -21,17 +24,19 @@ one :class:`~.api.ApiSession`, shared by all of them.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from pytest_recoverygate.errors import DiscoveryError
+from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.joboutput import JobOutput
-from pytest_recoverygate.model import GroupEvent, KillResult, Worker, Workload
+from pytest_recoverygate.model import Fault, GroupEvent, KillResult, Worker, Workload
 from pytest_recoverygate.orchestrators.base import Clock, EventSource, RealClock, cleanup_once
+from pytest_recoverygate.orchestrators.kubernetes import FAULT_TYPES
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY, ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance
 from pytest_recoverygate.orchestrators.kubernetes.logs import LogStream
-from pytest_recoverygate.orchestrators.kubernetes.pods import find_job, worker_of
+from pytest_recoverygate.orchestrators.kubernetes.pods import find_job, pod_phase, worker_of
 from pytest_recoverygate.orchestrators.kubernetes.watch import GroupWatch
 from pytest_recoverygate.retry import RetryPolicy
 
@@ -81,6 +86,7 @@ class KubernetesOrchestrator:
             reporting_pod=lambda: self._watch.pod_of_rank(reporting_rank),
         )
         self._main: Any = None
+        self._job = ""
 
     @property
     def namespace(self) -> str | None:
@@ -133,17 +139,35 @@ class KubernetesOrchestrator:
                 f"({', '.join(str(w.rank) for w in workload.workers)}); its log carries the "
                 "training events. Fix: set workload.reportingRank to the rank that reports."
             )
+        self._job = job.name
         self._watch.adopt(job, pods, rv)
         if not session.started:
             session.start_thread(self._watch.run, "recoverygate-k8s-watch")
             session.start_thread(self._logs.run, "recoverygate-k8s-logs")
         return workload
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
-        """One DELETE of exactly this pod instance (uid precondition, grace period 0)."""
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = Fault()) -> KillResult:
+        """One DELETE of exactly this pod instance (uid precondition).
+
+        Its grace period is 0, or ``fault.grace_period`` for ``Preempt``, rounded up to
+        whole seconds (the API counts seconds; rounding up never cuts the job's grace).
+        """
+        if fault.type not in FAULT_TYPES:
+            raise BackendError(
+                f"{fault.type} cannot be injected on kubernetes; it can do "
+                f"{', '.join(FAULT_TYPES)}"
+            )
+        grace = math.ceil(fault.grace_period) if fault.type == "Preempt" else 0
         if not dry_run:
             self._watch.arm(worker)
-        return delete_instance(self.session, worker, dry_run=dry_run)
+        return delete_instance(self.session, worker, dry_run=dry_run, grace_seconds=grace)
+
+    def current_worker(self, rank: int) -> Worker | None:
+        """The Running pod that holds ``rank`` now, as the watch sees it (None: none yet)."""
+        pod = self._watch.pod_of_rank(rank)
+        if pod is None or pod_phase(pod) != "Running":
+            return None
+        return worker_of(pod, rank, namespace=self.session.namespace, job=self._job)
 
     def watch_group(self) -> list[GroupEvent]:
         self.session.raise_fatal()
