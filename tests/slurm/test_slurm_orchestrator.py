@@ -365,6 +365,27 @@ def test_a_hung_rank_is_not_handed_out_again_and_cleanup_continues_it(
     assert process_state(pid) in ("S", "R"), "cleanup must continue the stopped rank"
 
 
+def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    ignores = "#!/bin/bash\nsrun --overcommit -n2 bash -c \"trap '' TERM; exec sleep 600\"\n"
+    job = slurm.submit(ignores, "-n2", "--overcommit", workdir=tmp_path)
+    orch = make(slurm, job)
+    try:
+        target = orch.discover(time.time() + 60).by_rank(1)
+        assert target is not None
+        before = task_pids(slurm, job)
+        result = orch.kill(target, dry_run=False, fault=Fault("Preempt", grace_period=1.0))
+        assert result.outcome is KillOutcome.KILLED, result.detail
+        time.sleep(0.5)
+        assert task_pids(slurm, job) == before, "SIGTERM is ignored: both ranks still run"
+        wait_for_group(orch, has(GroupEventKind.WORKER_GONE), timeout=30)
+        assert orch.escalations[0].startswith(f"kill -KILL {target.instance_id}: killed ")
+        assert task_pids(slurm, job).get(0) == before[0], "rank 0 must keep running"
+    finally:
+        orch.cleanup()
+
+
 # --------------------------------------------------------------------- on this machine
 
 
