@@ -181,7 +181,7 @@ def test_a_preempted_job_that_ignores_sigterm_fails_saved_on_preempt(
     assert result.verdict is Verdict.FAIL, explain(result)
     reasons = [c.reason for c in result.checks if not c.passed]
     assert reasons == [FailureReason.NOT_SAVED_ON_PREEMPT], explain(result)
-    print(f"\npreempt (no save): FAIL {reasons[0].name}, drill {seconds:.1f} s")
+    print(f"\npreempt (no save): FAIL NOT_SAVED_ON_PREEMPT, drill {seconds:.1f} s")
 
 
 def test_a_hung_rank_is_noticed_by_a_short_process_group_timeout(
