@@ -111,13 +111,14 @@ def has(kind: GroupEventKind) -> Callable[[list[GroupEvent]], bool]:
     return lambda events: kind in kinds(events)
 
 
-def task_pids(slurm: SlurmCluster, job_id: str) -> dict[int, int]:
-    """Task id -> pid of the job's numbered steps, read with scontrol listpids."""
+def task_pids(slurm: SlurmCluster, job_id: str, step: str | None = None) -> dict[int, int]:
+    """Task id -> pid of the job's numbered steps (or of ``step`` only: the probe and kill
+    steps are numbered steps too), read with scontrol listpids."""
     out = slurm.run("scontrol", "listpids", job_id, check=False)
     return {
         r.global_id: r.pid
         for r in parse_listpids(out)
-        if r.global_id is not None and r.step.isdigit()
+        if r.global_id is not None and r.step.isdigit() and step in (None, r.step)
     }
 
 
@@ -374,14 +375,14 @@ def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
     try:
         target = orch.discover(time.time() + 60).by_rank(1)
         assert target is not None
-        before = task_pids(slurm, job)
+        before = task_pids(slurm, job, step="0")
         result = orch.kill(target, dry_run=False, fault=Fault("Preempt", grace_period=1.0))
         assert result.outcome is KillOutcome.KILLED, result.detail
         time.sleep(0.5)
-        assert task_pids(slurm, job) == before, "SIGTERM is ignored: both ranks still run"
+        assert task_pids(slurm, job, step="0") == before, "SIGTERM is ignored: both ranks still run"
         wait_for_group(orch, has(GroupEventKind.WORKER_GONE), timeout=30)
         assert orch.escalations[0].startswith(f"kill -KILL {target.instance_id}: killed ")
-        assert task_pids(slurm, job).get(0) == before[0], "rank 0 must keep running"
+        assert task_pids(slurm, job, step="0").get(0) == before[0], "rank 0 must keep running"
     finally:
         orch.cleanup()
 

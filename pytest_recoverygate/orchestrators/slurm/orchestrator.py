@@ -6,11 +6,13 @@ Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
   ``StdOut`` path, nodes) and its steps with ``scontrol show step -o`` (why these, and
   how: :mod:`.parsing`).
 - ``scancel --signal=KILL J.S`` kills every task of a step, not one rank. A single rank
-  dies alone only by ``kill -9`` of its pid on its node, so both the lookup and the kill
-  run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``. The
-  kill step re-reads the pid's start time and kills only if it still matches: a
-  replacement that reused the rank (or even the pid) is never hit, and a retried kill is
-  harmless.
+  gets a signal alone only by ``kill`` of its pid on its node, so both the lookup and the
+  kill run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``.
+  The kill step re-reads the pid's start time and signals only if it still matches: a
+  replacement that reused the rank (or even the pid) is never hit. One script carries
+  every fault that hits one rank: SIGKILL (KillWorker, KillDuringCheckpoint), SIGTERM and
+  a second identity-checked step with SIGKILL after the grace period (Preempt), SIGSTOP
+  and, at cleanup, SIGCONT (HangWorker).
 - A rank is a worker process's ``RANK`` environment variable (torchrun's workers) or,
   when no process of the step has one, its Slurm task id (``GLOBALID`` of ``scontrol
   listpids``, i.e. ``SLURM_PROCID``). The top process of each rank's subtree is the
