@@ -7,7 +7,13 @@ would copy (examples/slurm/), run by ``run_drill`` exactly as the CLI runs them:
 - PASS for the srun-loop layout under a requeue (same job id, Restarts + 1);
 - FAIL for the broken twin whose checkpoints are node-local ($SLURM_TMPDIR): the requeued
   job trains from step 0;
-- FAIL when the job does not come back (torchrun with no restarts left).
+- FAIL when the job does not come back (torchrun with no restarts left);
+- the faults that signal one rank through the kill step: Preempt (SIGTERM, SIGKILL after
+  the grace period) PASSes with ``savedOnPreempt`` for a job that saves on SIGTERM and
+  FAILs ``NOT_SAVED_ON_PREEMPT`` for its twin that does not; HangWorker (SIGSTOP) PASSes
+  ``maxDetectionTime`` with a 5 s process-group timeout and leaves nothing stopped;
+  KillDuringCheckpoint (SIGKILL mid-save) of atomic saves resumes from the last
+  completed checkpoint.
 
 Each drill trains a small DDP model (gloo, 2 CPU ranks) and takes 20-60 s here.
 """
@@ -141,3 +147,86 @@ def test_a_job_that_does_not_come_back_fails_the_drill(slurm: SlurmCluster, tmp_
     assert result.verdict is Verdict.FAIL, explain(result)
     reasons = {c.reason for c in result.checks if not c.passed}
     assert FailureReason.NEVER_CAME_BACK in reasons, explain(result)
+
+
+def test_a_preempted_job_that_saves_on_sigterm_resumes_from_that_save(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    result, seconds = drill(
+        slurm,
+        tmp_path,
+        "srun-loop-requeue.sbatch",
+        "recovery-test-preempt.yaml",
+        env={"TRAIN_ARGS": "--save-on-sigterm"},
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    [recovery] = result.recoveries
+    saved = recovery.fault_details.get("savedStep")
+    assert saved is not None and recovery.fault_details.get("savedUsed") is True, explain(result)
+    assert saved % 20 != 0, explain(result)  # saved on SIGTERM, not a regular checkpoint
+    assert result.resume_step == saved, explain(result)
+    print(
+        f"\npreempt (saves on SIGTERM): saved step {saved} "
+        f"{recovery.fault_details.get('savedAfterSeconds')} s after the SIGTERM, recovery "
+        f"{result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )
+
+
+def test_a_preempted_job_that_ignores_sigterm_fails_saved_on_preempt(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    result, seconds = drill(
+        slurm, tmp_path, "srun-loop-requeue.sbatch", "recovery-test-preempt-no-save.yaml"
+    )
+    assert result.verdict is Verdict.FAIL, explain(result)
+    reasons = [c.reason for c in result.checks if not c.passed]
+    assert reasons == [FailureReason.NOT_SAVED_ON_PREEMPT], explain(result)
+    print(f"\npreempt (no save): FAIL NOT_SAVED_ON_PREEMPT, drill {seconds:.1f} s")
+
+
+def test_a_hung_rank_is_noticed_by_a_short_process_group_timeout(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    result, seconds = drill(
+        slurm,
+        tmp_path,
+        "srun-loop-requeue.sbatch",
+        "recovery-test-hang.yaml",
+        env={"TRAIN_ARGS": "--timeout=5"},
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    [recovery] = result.recoveries
+    detected = recovery.fault_details.get("detectionSeconds")
+    assert detected is not None and 4 <= detected <= 15, explain(result)
+    stopped = [
+        line
+        for line in slurm.run("ps", "-eo", "stat=,args=").splitlines()
+        if line.startswith("T") and "train.py" in line
+    ]
+    assert not stopped, f"a training process is left stopped: {stopped}"
+    print(
+        f"\nhang (gloo timeout 5 s): detected {detected:.1f} s after the SIGSTOP, recovery "
+        f"{result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )
+
+
+def test_a_kill_mid_save_of_atomic_checkpoints_resumes_from_the_last_completed(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    result, seconds = drill(
+        slurm,
+        tmp_path,
+        "torchrun-in-step.sbatch",
+        "recovery-test-torn-checkpoint.yaml",
+        env={"TRAIN_ARGS": "--save-pad=100000000"},
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    [recovery] = result.recoveries
+    torn = recovery.fault_details.get("tornStep")
+    assert torn is not None and result.resume_step == torn - 20, explain(result)
+    print(
+        f"\nkill during checkpoint: torn save of step {torn} "
+        f"{recovery.fault_details.get('intoSaveSeconds')} s in (save "
+        f"{recovery.fault_details.get('saveSeconds')} s), resumed from {result.resume_step}, "
+        f"recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )

@@ -9,7 +9,16 @@ We test these aspects:
 - the watch: each recovery path (torchrun restarting its workers inside the step, a new
   step in the same allocation, a requeue) and a job that ends instead of recovering;
 - the output tail: events come from the job's StdOut file and start over when a requeue
-  truncates it.
+  truncates it;
+- the faults that signal one rank: the kill step's signal argument (KILL, TERM, STOP,
+  CONT; anything else refused; a replaced start time never signalled), a Preempt's
+  SIGKILL after the grace period reaching that same instance only (a recycled pid is
+  never hit), cleanup stopping the escalation and SIGCONTing a HangWorker's victim, and
+  ``current_worker`` never handing back an instance already hit.
+
+The kill script and the escalation run on this machine through ``ThisMachine`` (the
+orchestrator's commands with the kill step run by ``sh`` here instead of ``srun`` on a
+node), with real processes: no cluster needed.
 
 The jobs are small on purpose (``sleep``, torchrun with ``--no-python sleep``): the
 orchestrator sees processes, steps and job states, not training. Drills with the real
@@ -19,23 +28,31 @@ training script are in test_slurm_drills.py.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.model import (
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
     TrainingEvent,
     TrainingEventKind,
+    Worker,
 )
 from pytest_recoverygate.orchestrators.base import RealClock
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
-from pytest_recoverygate.orchestrators.slurm.parsing import parse_listpids
+from pytest_recoverygate.orchestrators.slurm.commands import SlurmCommands
+from pytest_recoverygate.orchestrators.slurm.parsing import KILL_SCRIPT, parse_listpids
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -94,13 +111,14 @@ def has(kind: GroupEventKind) -> Callable[[list[GroupEvent]], bool]:
     return lambda events: kind in kinds(events)
 
 
-def task_pids(slurm: SlurmCluster, job_id: str) -> dict[int, int]:
-    """Task id -> pid of the job's numbered steps, read with scontrol listpids."""
+def task_pids(slurm: SlurmCluster, job_id: str, step: str | None = None) -> dict[int, int]:
+    """Task id -> pid of the job's numbered steps (or of ``step`` only: the probe and kill
+    steps are numbered steps too), read with scontrol listpids."""
     out = slurm.run("scontrol", "listpids", job_id, check=False)
     return {
         r.global_id: r.pid
         for r in parse_listpids(out)
-        if r.global_id is not None and r.step.isdigit()
+        if r.global_id is not None and r.step.isdigit() and step in (None, r.step)
     }
 
 
@@ -325,3 +343,264 @@ def test_an_unreachable_controller_is_a_clear_error_after_retries(
     with pytest.raises(BackendError, match="kept failing after 2 attempts"):
         orch.discover(time.time() + 5)
     assert time.monotonic() - started < 60
+
+
+def test_a_hung_rank_is_not_handed_out_again_and_cleanup_continues_it(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", workdir=tmp_path)
+    orch = make(slurm, job)
+    try:
+        workload = orch.discover(time.time() + 60)
+        target, other = workload.by_rank(1), workload.by_rank(0)
+        assert target is not None and other is not None
+        result = orch.kill(target, dry_run=False, fault=Fault("HangWorker"))
+        assert result.outcome is KillOutcome.KILLED, result.detail
+        assert result.detail.startswith("kill -STOP rank 1"), result.detail
+        pid = int(dict(target.details)["pid"])
+        assert process_state(pid) == "T"
+        assert orch.current_worker(1) is None  # the instance hit, still there, stopped
+        assert orch.current_worker(0) == other
+    finally:
+        orch.cleanup()
+    assert process_state(pid) in ("S", "R"), "cleanup must continue the stopped rank"
+
+
+def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    ignores = "#!/bin/bash\nsrun --overcommit -n2 bash -c \"trap '' TERM; exec sleep 600\"\n"
+    job = slurm.submit(ignores, "-n2", "--overcommit", workdir=tmp_path)
+    orch = make(slurm, job)
+    try:
+        target = orch.discover(time.time() + 60).by_rank(1)
+        assert target is not None
+        before = task_pids(slurm, job, step="0")
+        result = orch.kill(target, dry_run=False, fault=Fault("Preempt", grace_period=1.0))
+        assert result.outcome is KillOutcome.KILLED, result.detail
+        time.sleep(0.5)
+        assert task_pids(slurm, job, step="0") == before, "SIGTERM is ignored: both ranks still run"
+        wait_for_group(orch, has(GroupEventKind.WORKER_GONE), timeout=30)
+        assert orch.escalations[0].startswith(f"kill -KILL {target.instance_id}: killed ")
+        assert task_pids(slurm, job, step="0").get(0) == before[0], "rank 0 must keep running"
+    finally:
+        orch.cleanup()
+
+
+# --------------------------------------------------------------------- on this machine
+
+
+class ThisMachine(SlurmCommands):
+    """The kill step run here by ``sh`` instead of ``srun`` on a node; ``calls`` logs it."""
+
+    def __init__(self) -> None:
+        super().__init__(env=dict(os.environ))
+        self.calls: list[tuple[str, ...]] = []
+
+    def srun_on_node(
+        self,
+        job_id: str,
+        node: str,
+        step_name: str,
+        script: str,
+        *args: str,
+        destructive: bool = False,
+    ) -> str:
+        self.calls.append(args)
+        command = ["sh", "-c", script, "recoverygate", *args]
+        return self.run_destructive(command) if destructive else self.run(command)
+
+
+def start_ticks(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+
+
+def process_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def kill_script(pid: int, start: str, mode: str, sig: str) -> str:
+    return subprocess.run(
+        ["sh", "-c", KILL_SCRIPT, "recoverygate", str(pid), start, mode, sig],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+IGNORES_SIGTERM = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+Spawn = Callable[..., "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start a Python process that says it is ready; every one is ended after the test."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(
+        code: str = "import time; print('ready', flush=True); time.sleep(60)",
+    ) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def on_this_machine(
+    proc: subprocess.Popen[str], rank: int = 1
+) -> tuple[SlurmOrchestrator, Worker, ThisMachine]:
+    """An orchestrator whose kill steps run here, and ``proc`` as its worker of ``rank``."""
+    orch = SlurmOrchestrator(job_id=7, clock=RealClock())
+    here = orch.commands = ThisMachine()
+    start = start_ticks(proc.pid)
+    worker = Worker(
+        rank=rank,
+        name=f"7.0 rank {rank}",
+        instance_id=f"7.0/{proc.pid}@{start}",
+        node="localhost",
+        details=(("job", "7"), ("step", "0"), ("pid", str(proc.pid)), ("start", start)),
+    )
+    return orch, worker, here
+
+
+def preempt_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "recoverygate-slurm-preempt"]
+
+
+@pytest.mark.parametrize(("sig", "returncode"), [("KILL", -9), ("TERM", -15)])
+def test_the_kill_script_sends_the_signal_it_is_given(
+    spawn: Spawn, sig: str, returncode: int
+) -> None:
+    proc = spawn()
+    answer = kill_script(proc.pid, start_ticks(proc.pid), "kill", sig)
+    assert answer.startswith("RGKILL killed ")
+    assert proc.wait(timeout=5) == returncode
+
+
+def test_the_kill_script_stops_and_continues(spawn: Spawn) -> None:
+    proc = spawn()
+    start = start_ticks(proc.pid)
+    assert kill_script(proc.pid, start, "kill", "STOP").startswith("RGKILL killed ")
+    assert process_state(proc.pid) == "T"
+    assert kill_script(proc.pid, start, "check", "CONT") == "RGKILL alive T"
+    assert kill_script(proc.pid, start, "kill", "CONT").startswith("RGKILL killed ")
+    assert process_state(proc.pid) in ("S", "R")
+
+
+def test_the_kill_script_refuses_another_signal_and_spares_another_instance(spawn: Spawn) -> None:
+    proc = spawn()
+    start = start_ticks(proc.pid)
+    assert kill_script(proc.pid, start, "kill", "HUP") == "RGKILL refused HUP"
+    assert kill_script(proc.pid, "1", "kill", "KILL") == f"RGKILL replaced {start}"
+    time.sleep(0.2)
+    assert proc.poll() is None
+    proc.kill()
+    proc.wait()
+    assert kill_script(proc.pid, start, "kill", "KILL") == "RGKILL gone"
+
+
+def test_a_preempt_sigkills_that_same_instance_after_the_grace_period(spawn: Spawn) -> None:
+    proc = spawn(IGNORES_SIGTERM)
+    orch, worker, here = on_this_machine(proc)
+    try:
+        sent = time.monotonic()
+        result = orch.kill(worker, dry_run=False, fault=Fault("Preempt", grace_period=0.5))
+        assert result.outcome is KillOutcome.KILLED, result.detail
+        assert result.detail.startswith("kill -TERM rank 1"), result.detail
+        assert "SIGKILL after the 0.5 s grace period" in result.detail
+        assert proc.wait(timeout=10) == -9
+        assert time.monotonic() - sent >= 0.5
+        deadline = time.monotonic() + 5
+        while not orch.escalations and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        orch.cleanup()
+    assert [c[3] for c in here.calls] == ["TERM", "KILL"]
+    assert len({c[:2] for c in here.calls}) == 1
+    assert orch.escalations[0].startswith(f"kill -KILL {worker.instance_id}: killed ")
+    assert not preempt_threads()
+
+
+def test_cleanup_within_the_grace_period_sends_no_sigkill_and_leaves_no_thread(
+    spawn: Spawn,
+) -> None:
+    proc = spawn(IGNORES_SIGTERM)
+    orch, worker, here = on_this_machine(proc)
+    result = orch.kill(worker, dry_run=False, fault=Fault("Preempt", grace_period=30))
+    assert result.outcome is KillOutcome.KILLED, result.detail
+    begun = time.monotonic()
+    orch.cleanup()
+    assert time.monotonic() - begun < 5
+    assert not preempt_threads()
+    assert orch.escalations == ["not sent: the drill ended within the grace period"]
+    assert [c[3] for c in here.calls] == ["TERM"]
+    assert proc.poll() is None
+
+
+def test_cleanup_continues_what_a_hang_stopped_before_anything_else(spawn: Spawn) -> None:
+    proc = spawn()
+    orch, worker, here = on_this_machine(proc)
+    result = orch.kill(worker, dry_run=False, fault=Fault("HangWorker"))
+    assert result.outcome is KillOutcome.KILLED, result.detail
+    assert process_state(proc.pid) == "T"
+    orch.cleanup()
+    assert process_state(proc.pid) in ("S", "R")
+    assert [c[3] for c in here.calls] == ["STOP", "CONT"]
+
+
+def reuse_pid(pid: int) -> subprocess.Popen[str] | None:
+    """A new process on ``pid`` (root: ``ns_last_pid``), or None when others took it first."""
+    for _ in range(50):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen(["sleep", "60"], text=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="recycling a pid on purpose needs root")
+def test_the_escalation_never_hits_a_process_that_took_the_pid(spawn: Spawn) -> None:
+    proc = spawn()  # dies of the SIGTERM
+    orch, worker, here = on_this_machine(proc)
+    reused = None
+    try:
+        result = orch.kill(worker, dry_run=False, fault=Fault("Preempt", grace_period=1.0))
+        assert result.outcome is KillOutcome.KILLED, result.detail
+        assert proc.wait(timeout=5) == -15
+        reused = reuse_pid(proc.pid)
+        if reused is None:
+            pytest.skip(f"could not start a process on pid {proc.pid} again")
+        deadline = time.monotonic() + 10
+        while not orch.escalations and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert orch.escalations[0].startswith(f"kill -KILL {worker.instance_id}: replaced ")
+        time.sleep(0.2)
+        assert reused.poll() is None, "the process that took the pid must not be hit"
+        assert [c[3] for c in here.calls] == ["TERM", "KILL"]
+    finally:
+        orch.cleanup()
+        if reused is not None:
+            reused.kill()
+            reused.wait()

@@ -34,8 +34,17 @@ if TYPE_CHECKING:
 __all__ = ["BACKEND", "FAULT_TYPES", "SlurmOrchestrator", "SlurmWorkload"]
 
 MAX_SLURM_JOB_ID = 2**32 - 1
-#: What this backend can inject: one rank, the whole step, or a requeue of the job.
-FAULT_TYPES = ("KillWorker", "KillStep", "Requeue")
+#: What this backend can inject: a signal to one rank through a kill step on its node
+#: (SIGKILL, SIGKILL mid-save, SIGTERM then SIGKILL, SIGSTOP), the whole step, or a
+#: requeue of the job (docs/slurm.md, "What each fault does").
+FAULT_TYPES = (
+    "KillWorker",
+    "KillDuringCheckpoint",
+    "Preempt",
+    "HangWorker",
+    "KillStep",
+    "Requeue",
+)
 
 
 class SlurmWorkload(WorkloadBase):

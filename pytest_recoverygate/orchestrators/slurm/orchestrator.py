@@ -6,11 +6,13 @@ Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
   ``StdOut`` path, nodes) and its steps with ``scontrol show step -o`` (why these, and
   how: :mod:`.parsing`).
 - ``scancel --signal=KILL J.S`` kills every task of a step, not one rank. A single rank
-  dies alone only by ``kill -9`` of its pid on its node, so both the lookup and the kill
-  run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``. The
-  kill step re-reads the pid's start time and kills only if it still matches: a
-  replacement that reused the rank (or even the pid) is never hit, and a retried kill is
-  harmless.
+  gets a signal alone only by ``kill`` of its pid on its node, so both the lookup and the
+  kill run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``.
+  The kill step re-reads the pid's start time and signals only if it still matches: a
+  replacement that reused the rank (or even the pid) is never hit. One script carries
+  every fault that hits one rank: SIGKILL (KillWorker, KillDuringCheckpoint), SIGTERM and
+  a second identity-checked step with SIGKILL after the grace period (Preempt), SIGSTOP
+  and, at cleanup, SIGCONT (HangWorker).
 - A rank is a worker process's ``RANK`` environment variable (torchrun's workers) or,
   when no process of the step has one, its Slurm task id (``GLOBALID`` of ``scontrol
   listpids``, i.e. ``SLURM_PROCID``). The top process of each rank's subtree is the
@@ -39,7 +41,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pytest_recoverygate.errors import (
     BackendError,
@@ -50,6 +52,7 @@ from pytest_recoverygate.errors import (
 from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.joboutput import JobOutput
 from pytest_recoverygate.model import (
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -68,6 +71,7 @@ from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     FINAL_STATES,
     KILL_SCRIPT,
+    KILL_SIGNALS,
     KILL_STEP_NAME,
     PROBE_SCRIPT,
     PROBE_STEP_NAME,
@@ -85,6 +89,14 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
 
 __all__ = ["SlurmOrchestrator"]
 _INSTANCE_ID = re.compile(r"(?P<job>[^./@]+)\.(?P<step>[^/@]+)/(?P<pid>\d+)@(?P<start>\d+)")
+#: The signal of each fault that hits one rank through the kill step; the others
+#: (KillStep, Requeue) act on the controller.
+SIGNAL_OF = {
+    "KillWorker": "KILL",
+    "KillDuringCheckpoint": "KILL",
+    "Preempt": "TERM",
+    "HangWorker": "STOP",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +111,30 @@ class _Snapshot:
         return len(self.workers) >= self.expected
 
 
+@dataclass(slots=True)
+class _Watch:
+    """What the watcher follows after one kill: a new one per kill (``count: N``)."""
+
+    killed: Worker
+    time: float
+    restarts: int  # the job's Restarts when it was hit
+    group: dict[int, Worker] = field(default_factory=dict)  # the ranks it was hit among
+    gone: bool = False
+    restarting: bool = False
+    pending_reported: bool = False
+    replacement: Worker | None = None
+
+
 class SlurmOrchestrator:
     """Drills a running Slurm job: find ranks, kill one, watch it come back.
 
-    ``fault`` is ``KillWorker`` (kill -9 one rank's process on its node, the default),
-    ``KillStep`` (``scancel --signal=KILL J.S``: the whole step, as a node crash looks)
-    or ``Requeue`` (``scontrol requeue J``: the graceful path).
+    ``fault`` is the default of :meth:`kill` (the drill passes its own) and what
+    discovery checks the job against (a ``Requeue`` needs a requeueable job). One rank
+    is hit on its node by the kill step: ``KillWorker`` and ``KillDuringCheckpoint``
+    SIGKILL it, ``Preempt`` SIGTERMs it and SIGKILLs that same instance after the grace
+    period if it still runs, ``HangWorker`` SIGSTOPs it (cleanup SIGCONTs it first of
+    all). ``KillStep`` is ``scancel --signal=KILL J.S`` (the whole step, as a node crash
+    looks), ``Requeue`` is ``scontrol requeue J`` (the graceful path).
     """
 
     name = "slurm"
@@ -153,14 +183,13 @@ class SlurmOrchestrator:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._snapshot: _Snapshot | None = None
-        self._killed: Worker | None = None
-        self._kill_time: float | None = None
-        self._kill_restarts = 0
+        self._watch: _Watch | None = None  # the latest kill, followed by the watcher
+        self._hit: set[str] = set()  # every instance id a kill reached
+        self._stopped: dict[str, Worker] = {}  # SIGSTOPped by a HangWorker: continued first
+        self._escalations: list[threading.Thread] = []
+        #: What each Preempt's escalation did (``kill -KILL …`` answered, or why not sent).
+        self.escalations: list[str] = []
         self._restarts = 0
-        self._gone = False
-        self._restarting = False
-        self._pending_reported = False
-        self._replacement: Worker | None = None
         self._ended = False
 
     # --- discovery ----------------------------------------------------------------------
@@ -282,11 +311,16 @@ class SlurmOrchestrator:
 
     # --- the kill -----------------------------------------------------------------------
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault | None = None) -> KillResult:
+        """Hit the instance ``worker.instance_id`` names, as ``fault.type`` says; never twice.
+
+        Without ``fault`` the constructor's fault type is used (30 s grace for a Preempt).
+        """
+        fault = fault if fault is not None else Fault(self.fault)
         details = dict(worker.details)
         job_id = details.get("job", self.job_id or "")
         step = details.get("step", "")
-        if self.fault == "KillWorker":
+        if fault.type in SIGNAL_OF:
             # The instance id is the identity: job.step/pid@start, as discover() issued it.
             # Details are for display only, so a stale Worker can never aim at a live pid.
             match = _INSTANCE_ID.fullmatch(worker.instance_id)
@@ -298,40 +332,67 @@ class SlurmOrchestrator:
                     "discovered; nothing was touched",
                 )
             details.update(match.groupdict())
-            result = self._kill_worker(worker, details, dry_run)
+            result = self._kill_worker(worker, details, dry_run, fault)
+        elif fault.type in ("KillStep", "Requeue"):
+            result = self._kill_job_level(job_id, step, details, dry_run, fault.type)
         else:
-            result = self._kill_job_level(job_id, step, details, dry_run)
+            raise UsageError(
+                f"unknown fault type {fault.type!r} for slurm; use one of {', '.join(FAULT_TYPES)}"
+            )
         if result.outcome is KillOutcome.KILLED:
+            group = self._snapshot.workers if self._snapshot is not None else {}
             with self._lock:
-                self._killed = worker
-                self._kill_time = result.timestamp
-                self._kill_restarts = int_or_zero(details.get("restarts", "0"))
+                self._hit.add(worker.instance_id)
+                self._watch = _Watch(
+                    killed=worker,
+                    time=result.timestamp,
+                    restarts=int_or_zero(details.get("restarts", "0")),
+                    group=dict(group),
+                )
         return result
 
-    def _kill_worker(self, worker: Worker, details: dict[str, str], dry_run: bool) -> KillResult:
-        """kill -9 one rank on its node, once.
+    def current_worker(self, rank: int) -> Worker | None:
+        """That rank's worker in the job's running training step now, as discover() builds
+        it; None when there is none, or when it is an instance a kill already reached."""
+        assert self.job_id is not None
+        try:
+            job = self.commands.show_job(self.job_id)
+            snapshot = self._snapshot_workers(job) if job.state == "RUNNING" else None
+        except (JobGone, DiscoveryError):
+            return None
+        worker = snapshot.workers.get(rank) if snapshot is not None else None
+        with self._lock:
+            if worker is None or worker.instance_id in self._hit:
+                return None
+        assert snapshot is not None
+        self._snapshot = snapshot  # the group the next kill hits (for the watcher)
+        return worker
+
+    def _kill_worker(
+        self, worker: Worker, details: dict[str, str], dry_run: bool, fault: Fault
+    ) -> KillResult:
+        """One signal to one rank on its node, through the kill step, once.
 
         The kill step runs through ``run_destructive``: it is sent again only when it is
         certain it never started (no connection to slurmctld, no step created). Once it
         may have run -- a timeout, a lost answer, srun failing after the step started --
         its outcome is unknown, and asking again would find the victim gone and wrongly
         report "nothing was killed", so the result is UNCONFIRMED (the drill ends in ERROR).
+
+        ``Preempt``: SIGTERM, then a second, identity-checked kill step SIGKILLs that same
+        instance after the grace period if it still runs (:meth:`_escalate_later`).
+        ``HangWorker``: SIGSTOP, remembered *before* the step is sent, so cleanup always
+        SIGCONTs it (identity-checked) whatever the answer was.
         """
+        sig = SIGNAL_OF[fault.type]
         job_id, pid, start = details["job"], details["pid"], details["start"]
-        mode = "check" if dry_run else "kill"
         target = f"{worker.describe()} (pid {pid} on {worker.node})"
-        sent_at = self.clock.now()  # the kill happens no earlier than this
+        if not dry_run and sig == "STOP":
+            with self._lock:
+                self._stopped[worker.instance_id] = worker
+        sent_at = self.clock.now()  # the signal lands no earlier than this
         try:
-            out = self.commands.srun_on_node(
-                job_id,
-                worker.node,
-                KILL_STEP_NAME,
-                KILL_SCRIPT,
-                pid,
-                start,
-                mode,
-                destructive=not dry_run,
-            )
+            verdict = self._signal(worker, sig, dry_run=dry_run, destructive=not dry_run)
         except (JobGone, BackendError) as exc:
             return self._failed_destructive(
                 exc,
@@ -344,29 +405,90 @@ class SlurmOrchestrator:
                 ),
             )
         now = self.clock.now()
-        verdict = next(
-            (line.split()[1:] for line in out.splitlines() if line.startswith("RGKILL ")), []
-        )
         what = verdict[0] if verdict else "no answer"
         if what == "killed":
-            # The node's own time of the kill (the clock the job's lines are stamped with),
-            # else when the step was sent: never the time the answer came back, which
-            # would shorten the recovery time by the step's latency.
+            # The node's own time of the signal (the clock the job's lines are stamped
+            # with), else when the step was sent: never the time the answer came back,
+            # which would shorten the recovery time by the step's latency.
             try:
                 killed_at = float(verdict[1])
             except (IndexError, ValueError):
                 killed_at = sent_at
-            return KillResult(KillOutcome.KILLED, killed_at, f"kill -9 {target}")
+            detail = f"kill -{sig} {target}"
+            if sig == "TERM":
+                self._escalate_later(worker, fault.grace_period)
+                detail += (
+                    f"; SIGKILL after the {fault.grace_period:g} s grace period if that same "
+                    f"instance (pid {pid}, start {start}) still runs"
+                )
+            elif sig == "STOP":
+                detail += "; cleanup sends SIGCONT if that same instance is still there"
+            return KillResult(KillOutcome.KILLED, killed_at, detail)
+        if not dry_run and sig == "STOP":
+            with self._lock:
+                self._stopped.pop(worker.instance_id, None)  # never stopped: nothing to undo
         if what == "alive":
-            return KillResult(KillOutcome.DRY_RUN, now, f"would kill -9 {target}; it is running")
+            return KillResult(
+                KillOutcome.DRY_RUN, now, f"would kill -{sig} {target}; it is running"
+            )
         if what in ("gone", "replaced"):
             return KillResult(
                 KillOutcome.ALREADY_GONE, now, f"{target} no longer exists; nothing was killed"
             )
-        return KillResult(KillOutcome.UNCONFIRMED, now, f"kill step answered {out.strip()!r}")
+        return KillResult(
+            KillOutcome.UNCONFIRMED, now, f"kill step answered {' '.join(verdict) or what!r}"
+        )
+
+    def _signal(
+        self, worker: Worker, sig: str, *, dry_run: bool = False, destructive: bool = True
+    ) -> list[str]:
+        """Run the kill step for ``worker`` (pid + start time from its instance id); its
+        ``RGKILL`` answer as words (``killed TIME``, ``gone``, ``replaced START``, …)."""
+        assert sig in KILL_SIGNALS
+        match = _INSTANCE_ID.fullmatch(worker.instance_id)
+        assert match is not None
+        out = self.commands.srun_on_node(
+            match["job"],
+            worker.node,
+            KILL_STEP_NAME,
+            KILL_SCRIPT,
+            match["pid"],
+            match["start"],
+            "check" if dry_run else "kill",
+            sig,
+            destructive=destructive,
+        )
+        answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
+        return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
+
+    def _escalate_later(self, worker: Worker, grace: float) -> None:
+        """Preempt: SIGKILL that same instance after ``grace`` if it still runs.
+
+        A second kill step, identity-checked by pid + start time on the node like the
+        first: a replacement (the rank restarted, even on the same pid) is never hit.
+        Cleanup stops the wait and joins the thread: a drill that ended before the grace
+        period sends no SIGKILL (the job is the user's; its own scheduler would).
+        """
+
+        def escalate() -> None:
+            if self._stop.wait(grace):
+                self.escalations.append("not sent: the drill ended within the grace period")
+                return
+            try:
+                verdict = self._signal(worker, "KILL")
+            except Exception as exc:  # recorded, never raised in a thread (JobGone: ended)
+                self.escalations.append(f"kill -KILL {worker.instance_id} failed: {exc!r}")
+                return
+            what = " ".join(verdict) or "no answer"
+            self.escalations.append(f"kill -KILL {worker.instance_id}: {what}")
+
+        thread = threading.Thread(target=escalate, name="recoverygate-slurm-preempt", daemon=True)
+        with self._lock:
+            self._escalations.append(thread)
+        thread.start()
 
     def _kill_job_level(
-        self, job_id: str, step: str, details: dict[str, str], dry_run: bool
+        self, job_id: str, step: str, details: dict[str, str], dry_run: bool, fault: str
     ) -> KillResult:
         """``scancel --signal=KILL J.S`` or ``scontrol requeue J``, sent at most once.
 
@@ -385,7 +507,7 @@ class SlurmOrchestrator:
                 f"job {job_id} is no longer the run discovered "
                 f"(state {job.state}, Restarts {job.restarts})",
             )
-        if self.fault == "KillStep":
+        if fault == "KillStep":
             args = ["scancel", "--signal=KILL", f"{job_id}.{step}"]
             if step not in {s.step for s in self._training_steps(job_id)}:
                 return KillResult(
@@ -455,11 +577,43 @@ class SlurmOrchestrator:
 
     @cleanup_once
     def cleanup(self) -> None:
-        """Stop the watcher and the tail. The job itself is the user's and is left alone."""
+        """SIGCONT what a HangWorker stopped, first of all; then stop the Preempt
+        escalations, the watcher and the tail. The job itself is the user's and is left
+        running.
+
+        The SIGCONT goes through the kill step, identity-checked like every signal: an
+        instance that is gone (torchrun or Slurm killed it) or replaced is not touched.
+        One that could not be continued is named in the error, with the command to do it.
+        """
+        with self._lock:
+            stopped, self._stopped = list(self._stopped.values()), {}
+        stuck: list[str] = []
+        for worker in stopped:
+            try:
+                answer = self._signal(worker, "CONT", destructive=False)
+            except JobGone:
+                continue  # the job ended: Slurm killed its processes, nothing stays stopped
+            except (BackendError, PermissionDeniedError) as exc:
+                answer = [str(exc)]
+            if answer[:1] not in (["killed"], ["gone"], ["replaced"]):
+                pid = dict(worker.details).get("pid", "?")
+                job = dict(worker.details).get("job", self.job_id)
+                stuck.append(
+                    f"{worker.describe()}: {' '.join(answer) or 'no answer'} (continue it: "
+                    f"srun --jobid={job} --overlap -w {worker.node} kill -CONT {pid})"
+                )
         self._stop.set()
-        if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=max(self.commands.timeout * 2, 10))
+        with self._lock:
+            escalations = list(self._escalations)
+        current = threading.current_thread()
+        for thread in [*escalations, self._watcher]:
+            if thread is not None and thread is not current:
+                thread.join(timeout=max(self.commands.timeout * 2, 10))
         self._events.close()
+        if stuck:
+            raise BackendError(
+                "cleanup could not SIGCONT the worker a HangWorker stopped: " + "; ".join(stuck)
+            )
 
     def _emit(
         self,
@@ -473,10 +627,10 @@ class SlurmOrchestrator:
             self._pending.append(event)
         self.clock.wakeup()
 
-    def _mark_gone(self) -> bool:
-        """True for the first caller only: WORKER_GONE is reported once."""
+    def _mark_gone(self, watch: _Watch) -> bool:
+        """True for the first caller only: WORKER_GONE is reported once per kill."""
         with self._lock:
-            first, self._gone = not self._gone, True
+            first, watch.gone = not watch.gone, True
         return first
 
     def _start_watcher(self) -> None:
@@ -518,15 +672,17 @@ class SlurmOrchestrator:
             )
             return
         with self._lock:
-            killed, kill_restarts = self._killed, self._kill_restarts
+            watch = self._watch
         if job.restarts > self._restarts:
             self._restarts = job.restarts
             if self._events.tail is not None:
                 self._events.tail.restart()
-            if killed is not None and self._mark_gone():
-                self._emit(GroupEventKind.WORKER_GONE, f"job {job.job_id} was requeued", killed)
-            if killed is not None and self._replacement is None and not self._restarting:
-                self._restarting = True
+            if watch is not None and self._mark_gone(watch):
+                self._emit(
+                    GroupEventKind.WORKER_GONE, f"job {job.job_id} was requeued", watch.killed
+                )
+            if watch is not None and watch.replacement is None and not watch.restarting:
+                watch.restarting = True
                 self._emit(
                     GroupEventKind.RESTARTING,
                     f"job {job.job_id} was requeued (Restarts={job.restarts})",
@@ -534,15 +690,15 @@ class SlurmOrchestrator:
                 )
         if job.state in FINAL_STATES:
             self._ended = True
-            if job.state == "COMPLETED" and (killed is None or self._replacement is not None):
+            if job.state == "COMPLETED" and (watch is None or watch.replacement is not None):
                 return  # training finished normally
             self._emit(GroupEventKind.JOB_FAILED, job.describe_end())
             return
-        if killed is None or self._replacement is not None:
+        if watch is None or watch.replacement is not None:
             return
         if job.state in WAITING_STATES:
-            if not self._pending_reported and job.restarts > kill_restarts:
-                self._pending_reported = True
+            if not watch.pending_reported and job.restarts > watch.restarts:
+                watch.pending_reported = True
                 self._emit(
                     GroupEventKind.REPLACEMENT_PENDING,
                     f"requeued job {job.job_id} is {job.state} (reason {job.reason})",
@@ -551,22 +707,41 @@ class SlurmOrchestrator:
             return
         if job.state != "RUNNING":
             return
-        self._look_for_replacement(job, killed, kill_restarts)
+        self._look_for_replacement(job, watch)
 
-    def _look_for_replacement(self, job: JobInfo, killed: Worker, kill_restarts: int) -> None:
+    def _look_for_replacement(self, job: JobInfo, watch: _Watch) -> None:
+        killed = watch.killed
         old = dict(killed.details)
         try:
             snapshot = self._snapshot_workers(job)
         except DiscoveryError:
             return
-        worker = snapshot.workers.get(killed.rank) if snapshot is not None else None
+        now = snapshot.workers if snapshot is not None else {}
+        worker = now.get(killed.rank)
         if (
             worker is not None
             and worker.instance_id == killed.instance_id
-            and job.restarts == kill_restarts
+            and job.restarts == watch.restarts
         ):
-            return  # the kill has not landed yet
-        if self._mark_gone():
+            # The hit instance is still there (a SIGSTOP, a SIGTERM in its grace period, a
+            # kill not landed yet). The job noticing shows first as another rank going.
+            other = next(
+                (
+                    w
+                    for rank, w in sorted(watch.group.items())
+                    if rank != killed.rank and now.get(rank) != w
+                ),
+                None,
+            )
+            if other is not None and self._mark_gone(watch):
+                self._emit(
+                    GroupEventKind.WORKER_GONE,
+                    f"rank {other.rank} (pid {dict(other.details).get('pid')}) is gone from "
+                    f"step {job.job_id}.{old.get('step')}; the rank hit is still there",
+                    other,
+                )
+            return
+        if self._mark_gone(watch):
             where = (
                 f"rank {killed.rank} (pid {old.get('pid')}) is gone from step "
                 f"{job.job_id}.{old.get('step')}"
@@ -575,7 +750,7 @@ class SlurmOrchestrator:
         if worker is None or snapshot is None:
             return
         new = dict(worker.details)
-        if job.restarts > kill_restarts:
+        if job.restarts > watch.restarts:
             path = (
                 f"requeued job {job.job_id} runs again "
                 f"(Restarts={job.restarts}, step {snapshot.step})"
@@ -589,10 +764,10 @@ class SlurmOrchestrator:
         else:
             path = f"a new step {job.job_id}.{snapshot.step} started in the same allocation"
             count = None
-        if not self._restarting:
-            self._restarting = True
+        if not watch.restarting:
+            watch.restarting = True
             self._emit(GroupEventKind.RESTARTING, path, restarts=count)
-        self._replacement = worker
+        watch.replacement = worker
         self._emit(
             GroupEventKind.REPLACEMENT_RUNNING, f"{path}: {worker.describe()}", worker, count
         )
@@ -628,10 +803,8 @@ class SlurmOrchestrator:
         if marker is None:
             return
         with self._lock:
-            after_kill = self._kill_time is not None and received >= self._kill_time
-            killed = self._killed
-            report = after_kill and not self._gone
-            if report:
-                self._gone = True
-        if report:
-            self._emit(GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", killed)
+            watch = self._watch
+            if watch is None or received < watch.time or watch.gone:
+                return
+            watch.gone = True
+        self._emit(GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)

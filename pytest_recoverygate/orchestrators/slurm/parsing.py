@@ -21,6 +21,7 @@ from pytest_recoverygate.errors import DiscoveryError
 __all__ = [
     "FINAL_STATES",
     "KILL_SCRIPT",
+    "KILL_SIGNALS",
     "KILL_STEP_NAME",
     "NON_TRAINING_STEPS",
     "PROBE_SCRIPT",
@@ -96,17 +97,23 @@ done
 echo "RGPROBE-END"
 """
 
-# Run on the target's node: kill -9 the pid only if its start time is still the one
-# discovered (same instance). $1 = pid, $2 = start time, $3 = "kill" or "check".
+# Run on the target's node: send one signal to the pid only if its start time is still
+# the one discovered (same instance), read again just before the signal.
+# $1 = pid, $2 = start time, $3 = "kill" or "check", $4 = the signal: KILL (the default),
+# TERM, STOP or CONT; anything else is refused. "RGKILL killed TIME" means kill(1)
+# delivered the signal, whichever it was, at the node's TIME.
 KILL_SCRIPT = r"""
-pid=$1; want=$2; mode=$3
+pid=$1; want=$2; mode=$3; sig=${4:-KILL}
+case "$sig" in KILL|TERM|STOP|CONT) ;; *) echo "RGKILL refused $sig"; exit 0 ;; esac
 stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "RGKILL gone"; exit 0; }
 rest=${stat##*) }
 set -- $rest
 if [ "${20}" != "$want" ]; then echo "RGKILL replaced ${20}"; exit 0; fi
-if [ "$mode" = check ]; then echo "RGKILL alive"; exit 0; fi
-if kill -9 "$pid"; then echo "RGKILL killed $(date +%s.%N)"; else echo "RGKILL failed"; fi
+if [ "$mode" = check ]; then echo "RGKILL alive $1"; exit 0; fi
+if kill -s "$sig" "$pid"; then echo "RGKILL killed $(date +%s.%N)"; else echo "RGKILL failed"; fi
 """
+#: The signals :data:`KILL_SCRIPT` sends, by name.
+KILL_SIGNALS = ("KILL", "TERM", "STOP", "CONT")
 
 
 # A key starts a field only after whitespace and looks like "JobState=", "AllocNode:Sid=",
