@@ -34,8 +34,13 @@ class _Timed:
     def discover(self, deadline: float) -> Any:
         return self._inner.discover(deadline)
 
-    def kill(self, worker: Any, *, dry_run: bool) -> Any:
-        return self._inner.kill(worker, dry_run=dry_run)
+    def kill(self, worker: Any, *, dry_run: bool, fault: Any = None) -> Any:
+        if fault is None:
+            return self._inner.kill(worker, dry_run=dry_run)
+        return self._inner.kill(worker, dry_run=dry_run, fault=fault)
+
+    def current_worker(self, rank: int) -> Any:
+        return self._inner.current_worker(rank)
 
     def watch_group(self) -> Any:
         return self._inner.watch_group()

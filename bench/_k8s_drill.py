@@ -59,10 +59,15 @@ class _Phases:
             self.marks["discover_cpu_s"] = _cpu() - c0
             self.marks["discover_wall_s"] = time.monotonic() - t0
 
-    def kill(self, worker: Any, *, dry_run: bool) -> Any:
+    def kill(self, worker: Any, *, dry_run: bool, fault: Any = None) -> Any:
         self.marks["kill_at_cpu_s"] = _cpu()
         self.marks["kill_at_wall"] = time.monotonic()
-        return self._inner.kill(worker, dry_run=dry_run)
+        if fault is None:
+            return self._inner.kill(worker, dry_run=dry_run)
+        return self._inner.kill(worker, dry_run=dry_run, fault=fault)
+
+    def current_worker(self, rank: int) -> Any:
+        return self._inner.current_worker(rank)
 
     def watch_group(self) -> Any:
         return self._inner.watch_group()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "KILL",
     "Fault",
     "GroupEvent",
     "GroupEventKind",
@@ -144,6 +145,10 @@ class Fault:
     def kills(self) -> bool:
         """A SIGKILL of the instance, whatever the timing."""
         return self.type in ("KillWorker", "KillDuringCheckpoint")
+
+
+#: The default fault: SIGKILL, now.
+KILL = Fault()
 
 
 class KillOutcome(enum.Enum):

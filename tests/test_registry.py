@@ -176,11 +176,19 @@ def test_a_config_naming_a_broken_backend_gets_a_file_line_error(
 
 
 def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> None:
-    assert fault_types() == ("KillWorker", "KillStep", "Requeue")
-    assert get_backend("slurm").faults == {"KillWorker", "KillStep", "Requeue"}
-    assert all(
-        get_backend(name).faults == {"KillWorker"} for name in ("fake", "local", "kubernetes")
-    )
+    common = {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}
+    assert set(fault_types()) == common | {"KillStep", "Requeue"}
+    assert get_backend("slurm").faults == common | {"KillStep", "Requeue"}
+    assert get_backend("fake").faults == common
+    assert get_backend("local").faults == common
+    assert get_backend("kubernetes").faults == common - {"HangWorker"}
+
+
+ALLOWED = {
+    "fake": "KillWorker, KillDuringCheckpoint, Preempt or HangWorker",
+    "local": "KillWorker, KillDuringCheckpoint, Preempt or HangWorker",
+    "kubernetes": "KillWorker, KillDuringCheckpoint or Preempt",
+}
 
 
 @pytest.mark.parametrize("name", ["fake", "local", "kubernetes"])
@@ -188,7 +196,7 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
 def test_a_slurm_only_fault_elsewhere_names_slurm(name: str, fault: str) -> None:
     assert fault_refusal(name, fault) == (
         f"{fault} needs orchestrator: slurm (this drill uses {name})",
-        "KillWorker with this orchestrator",
+        f"{ALLOWED[name]} with this orchestrator",
         "use type: KillWorker",
     )
     assert fault_refusal("slurm", fault) is None
@@ -198,7 +206,10 @@ def test_a_backend_refuses_a_fault_in_its_own_words() -> None:
     problem, allowed, hint = fault_refusal("kubernetes", "HangWorker") or ("", "", "")
     assert problem.startswith("HangWorker cannot be injected on kubernetes: ")
     assert "pods-only RBAC" in problem
-    assert (allowed, hint) == ("KillWorker with this orchestrator", "use type: KillWorker")
+    assert (allowed, hint) == (
+        f"{ALLOWED['kubernetes']} with this orchestrator",
+        "use type: KillWorker",
+    )
 
 
 # ------------------------------------------------------------------ locks and budgets

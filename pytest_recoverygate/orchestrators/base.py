@@ -4,7 +4,7 @@
 A backend is one module (or package) exporting one :class:`Backend` object: its name,
 its ``workload`` section, the faults it can inject, a factory for its
 :class:`Orchestrator` and what its drill lock covers (docs/backends.md). The
-orchestrator is a class satisfying :class:`Orchestrator` (four drill methods plus
+orchestrator is a class satisfying :class:`Orchestrator` (five drill methods plus
 ``events()`` for its event source). The runner drives it from a single loop, so every
 method here is *non-blocking* except ``discover`` and ``kill``:
 

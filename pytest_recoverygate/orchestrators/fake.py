@@ -46,6 +46,7 @@ from recoverygate import wire
 
 from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.model import (
+    KILL,
     Fault,
     GroupEvent,
     GroupEventKind,
@@ -78,7 +79,6 @@ __all__ = [
     "FakeWorkload",
 ]
 
-KILL = Fault()
 ResumeMode = Literal["latest", "zero", "older", "never", "fresh-optimizer"]
 
 

@@ -388,7 +388,9 @@ class FakeTrainingJob:
             if losses != seen or not self._running.is_set():
                 if self._save_requested:  # SIGTERM: save the state reached, then exit
                     self._save_requested = False
-                    self._emit(wire.format_step("checkpoint_started", time.time(), inc, self.step, 0))
+                    self._emit(
+                        wire.format_step("checkpoint_started", time.time(), inc, self.step, 0)
+                    )
                     time.sleep(self.save_time)
                     self._emit(
                         wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0)

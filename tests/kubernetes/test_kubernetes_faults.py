@@ -105,7 +105,7 @@ def test_count_two_kills_the_replacement_pod_the_second_time(
     assert len(acted) == 2
     assert acted[0].target_uid == first_uid
     assert acted[1].target_uid != first_uid
-    assert job.uids[acted[1].target_uid] == 1  # the replacement of the same rank
+    assert job.uids[acted[1].target_uid or ""] == 1  # the replacement of the same rank
     assert all(a.precondition_uid == a.target_uid for a in acted)
     # The second kill tests a checkpoint written after the first recovery.
     first, second = result.recoveries

@@ -48,6 +48,7 @@ from pytest_recoverygate.config import DrillConfig, load_config
 from pytest_recoverygate.engine import Phase
 from pytest_recoverygate.errors import BackendError, DrillInterrupted
 from pytest_recoverygate.model import (
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -194,15 +195,18 @@ class Sabotaged:
         self.strike("discover")
         return workload
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = Fault()) -> KillResult:
         self.note_pids()
         if self.way in ("orchestrator-exception", "drill-error"):
             self.strike("kill")
-        result = self.real.kill(worker, dry_run=dry_run)
+        result = self.real.kill(worker, dry_run=dry_run, fault=fault)
         self.strike("kill")
         # The source is not read during the kill: its failure comes with the next read.
         self.armed = self.phase is Phase.KILLING and self.way == "event-source-exception"
         return result
+
+    def current_worker(self, rank: int) -> Worker | None:
+        return self.real.current_worker(rank)
 
     def watch_group(self) -> list[GroupEvent]:
         self.strike("watch_group")

@@ -31,7 +31,7 @@ from pytest_recoverygate.cli import main
 from pytest_recoverygate.config import load_config
 from pytest_recoverygate.engine import Verdict
 from pytest_recoverygate.lock import DrillLock, lock_path
-from pytest_recoverygate.model import KillResult, Worker
+from pytest_recoverygate.model import Fault, KillResult, Worker
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob
@@ -312,9 +312,9 @@ def test_a_dry_run_makes_no_destructive_call_on_the_local_backend(
     targets: list[psutil.Process] = []
     original_kill = backend.kill
 
-    def kill(worker: Worker, *, dry_run: bool) -> KillResult:
+    def kill(worker: Worker, *, dry_run: bool, fault: Fault = Fault()) -> KillResult:
         targets.append(psutil.Process(int(worker.instance_id.split("@")[0])))
-        result = original_kill(worker, dry_run=dry_run)
+        result = original_kill(worker, dry_run=dry_run, fault=fault)
         assert targets[0].is_running() and targets[0].status() != psutil.STATUS_ZOMBIE
         assert psutil.Process(backend.agent_pid or 0).is_running()
         return result

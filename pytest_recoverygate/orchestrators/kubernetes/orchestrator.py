@@ -30,7 +30,7 @@ from typing import Any
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.joboutput import JobOutput
-from pytest_recoverygate.model import Fault, GroupEvent, KillResult, Worker, Workload
+from pytest_recoverygate.model import KILL, Fault, GroupEvent, KillResult, Worker, Workload
 from pytest_recoverygate.orchestrators.base import Clock, EventSource, RealClock, cleanup_once
 from pytest_recoverygate.orchestrators.kubernetes import FAULT_TYPES
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY, ApiSession, status_message
@@ -146,7 +146,7 @@ class KubernetesOrchestrator:
             session.start_thread(self._logs.run, "recoverygate-k8s-logs")
         return workload
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = Fault()) -> KillResult:
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
         """One DELETE of exactly this pod instance (uid precondition).
 
         Its grace period is 0, or ``fault.grace_period`` for ``Preempt``, rounded up to
@@ -154,8 +154,7 @@ class KubernetesOrchestrator:
         """
         if fault.type not in FAULT_TYPES:
             raise BackendError(
-                f"{fault.type} cannot be injected on kubernetes; it can do "
-                f"{', '.join(FAULT_TYPES)}"
+                f"{fault.type} cannot be injected on kubernetes; it can do {', '.join(FAULT_TYPES)}"
             )
         grace = math.ceil(fault.grace_period) if fault.type == "Preempt" else 0
         if not dry_run:

@@ -54,6 +54,7 @@ from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.filetail import OutputTail
 from pytest_recoverygate.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
 from pytest_recoverygate.model import (
+    KILL,
     Fault,
     GroupEvent,
     GroupEventKind,
@@ -91,9 +92,6 @@ RAW_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters of the job's output kept in mem
 ENVIRON_RETRY_AGE = 2.0  # a process older than this without RANK is not a worker
 OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once it exited
 KILL_ROUND_INTERVAL = 0.02  # seconds between cleanup's looks for marked processes
-
-
-KILL = Fault()
 
 
 class LocalOrchestrator:

@@ -20,6 +20,7 @@ from pathlib import Path
 from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.model import (
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -77,8 +78,12 @@ class ProcGroupOrchestrator:
             self._watcher.start()
         return Workload(job=f"procgroup {Path(self.command[-1]).name}", workers=self._workers())
 
-    def kill(self, worker: Worker, *, dry_run: bool) -> KillResult:
-        """SIGKILL exactly that instance: a pid of the current generation still running."""
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = Fault()) -> KillResult:
+        """SIGKILL exactly that instance: a pid of the current generation still running.
+
+        ``fault`` is always ``KillWorker`` here: validation refuses the types that
+        ``BACKEND.faults`` does not list.
+        """
         with self._lock:  # the watcher reaps under this lock: the pid cannot be reused
             proc = self._group.get(worker.rank)
             current = proc is not None and self._instance(proc) == worker.instance_id
@@ -89,6 +94,10 @@ class ProcGroupOrchestrator:
             at = self.clock.now()
             proc.send_signal(signal.SIGKILL)
         return KillResult(KillOutcome.KILLED, at, f"SIGKILL sent to pid {proc.pid}")
+
+    def current_worker(self, rank: int) -> Worker | None:
+        """That rank's worker in the group running now (for ``count``'s later kills)."""
+        return next((w for w in self._workers() if w.rank == rank), None)
 
     def watch_group(self) -> list[GroupEvent]:
         with self._lock:
