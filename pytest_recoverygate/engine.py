@@ -549,6 +549,25 @@ class DrillEngine:
         ):
             kill.details.setdefault("savedStep", step)
             kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
+        if (
+            kill is not None
+            and not new
+            and kill.details.get("tornStep") == step
+            and at <= kill.time
+        ):
+            # The save completed before the kill landed (its line arrived after the kill
+            # was sent): nothing was torn, so the report must not say it was.
+            kill.details.pop("tornStep")
+            into = kill.details.pop("intoSaveSeconds", None)
+            kill.details["completedBeforeKillSeconds"] = round(kill.time - at, 6)
+            self.note(
+                at,
+                "note",
+                f"the save of checkpoint {step} completed {format_seconds(kill.time - at)} "
+                "before the kill landed: nothing was torn; the kill is judged as one right "
+                "after that checkpoint"
+                + (f" (it was aimed {format_seconds(into)} into the save)" if into else ""),
+            )
         armed = self._armed
         if armed is not None and not new:
             if armed.save_started is not None and step == armed.step:

@@ -425,6 +425,36 @@ def test_a_save_that_completes_before_the_kill_moves_the_aim_to_the_next_save() 
     assert any("aiming at the next save" in note for note in result.notes)
 
 
+class LateKill(Drill):
+    """The kill lands ``lag`` seconds after the engine asked (a slow kill step)."""
+
+    lag = 0.3
+
+    def act(self, actions: list[KillTarget | Finish], now: float) -> None:
+        for action in actions:
+            if isinstance(action, KillTarget):
+                self.kills.append(action)
+                landed = now + self.lag
+                self.job.kill(action, landed)
+                result = KillResult(KillOutcome.KILLED, T0 + landed)
+                self.act(self.engine.on_kill_result(result), now)
+            else:
+                self.result = action.result
+
+
+def test_a_save_that_completed_just_before_a_late_kill_is_not_reported_torn() -> None:
+    # Aimed 0.2 s into a 0.4 s save, landed 0.5 s in: the completion line arrives after
+    # the kill was sent, stamped before it landed. Nothing was torn.
+    drill = LateKill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=None)
+    result = drill.run()
+    details = result.recoveries[0].fault_details
+    assert "tornStep" not in details and "intoSaveSeconds" not in details
+    assert details["completedBeforeKillSeconds"] == pytest.approx(0.1, abs=0.011)
+    assert any("nothing was torn" in note for note in result.notes)
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == 20  # the save completed: it is the latest checkpoint
+
+
 def test_a_user_picked_rank_that_does_not_save_is_named() -> None:
     drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=1)
     result = drill.run()

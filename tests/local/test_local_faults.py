@@ -20,6 +20,7 @@ user would (`recoverygate run -f …`), the job writing its own ground truth
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -92,7 +93,27 @@ def drill(name: str, tmp_path: Path) -> Run:
     report = json.loads(report_path.read_text())
     kills = [r["killTime"] for r in report.get("recoveries", []) if r.get("killTime")]
     truths = [compute(base, float(kill)) for kill in kills]
+    _record_for_the_docs(name, report, wall)
     return Run(report, proc.returncode, output, truths, wall)
+
+
+def _record_for_the_docs(name: str, report: dict[str, Any], wall: float) -> None:
+    """With RECOVERYGATE_FAULT_TABLE=FILE, one JSON line per drill: the verdicts and
+    figures docs/faults.md quotes come from a run, never typed in."""
+    out = os.environ.get("RECOVERYGATE_FAULT_TABLE")
+    if not out:
+        return
+    keys = ("fault", "verdict", "resumeStep", "lostSteps", "recoveryTimeSeconds", "restarts")
+    keys += ("faultDetails",)
+    line = {
+        "example": name,
+        "verdict": report.get("verdict"),
+        "reasons": report.get("reasons"),
+        "wall": round(wall, 1),
+        "recoveries": [{k: r.get(k) for k in keys} for r in report.get("recoveries", [])],
+    }
+    with open(out, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
 
 
 def assert_passes(run: Run) -> None:
