@@ -571,7 +571,7 @@ class DrillEngine:
         armed = self._armed
         if armed is not None and not new:
             if armed.save_started is not None and step == armed.step:
-                # The save finished before the kill landed: aim at the next one, at once.
+                # The save finished before the kill landed: aim at the next one, earlier.
                 self._armed = None
                 self._torn_retry = True
                 self.note(
@@ -579,7 +579,7 @@ class DrillEngine:
                     "note",
                     f"the save of checkpoint {step} completed "
                     f"{format_seconds(at - armed.trigger_time)} after it started, before "
-                    "the kill landed; aiming at the next save, right at its start",
+                    "the kill landed; aiming at the next save, a quarter into it",
                 )
                 return []
             if armed.save_started is None and step > armed.step:
@@ -697,7 +697,13 @@ class DrillEngine:
         if spec.fault == "KillDuringCheckpoint":
             save = ev.save_seconds()
             if self._torn_retry:
-                offset, how = 0.0, "at once (the last save completed before a later kill)"
+                # Half was too late (the start line was read late, or the save sped up):
+                # aim earlier, but still inside the save, past its first writes.
+                offset = 0.25 * (save or 0.0)
+                how = (
+                    f"a quarter of the {format_seconds(save or 0.0)} saves take in (the last "
+                    "save completed before a later kill)"
+                )
             elif save is None and not delay.explicit:
                 offset, how = 0.0, "at once (no save time measured yet)"
             elif delay.kind == "seconds" and delay.explicit:
