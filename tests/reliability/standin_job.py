@@ -23,16 +23,30 @@ makes rank 0 print that variable's *name* (never its value) so secrecy can be ch
 in a session of its own that the drill has never seen, ``--stop-mid-restart`` one that
 freezes mid-restart (see their help).
 
+For the fault rows (test_faults_local.py), ``--signal-log DIR`` makes every process write
+its own account to ``DIR/<pid>.jsonl``, one JSON object a line: a worker its start (pid,
+psutil start time, rank, restart), its first step, and every SIGTERM and SIGCONT it
+receives *with the sender's pid* (a thread takes them with ``sigwaitinfo``); the agent how
+each worker ended (its exit status, and whether the agent itself SIGKILLed it). SIGKILL and
+SIGSTOP cannot be caught, so a SIGKILL from outside is what the agent sees as ``-9`` it
+did not send. ``--on-sigterm`` says what a worker does with SIGTERM (``die``: the default
+action; ``exit``: exit 143 at once, like a job that stops cleanly; ``ignore``: train on);
+``--hang-timeout S`` makes the agent treat a worker stopped for S seconds as hung and tear
+the group down, as a collective timeout makes torchrun do.
+
 Usage: ``python standin_job.py --nproc 2 --ckpt DIR/ckpt [--max-restarts 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,8 +90,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="on the first restart, start the new group's workers, then "
         "SIGSTOP the agent itself (a debugger, a frozen node, ^Z)",
     )
+    parser.add_argument("--signal-log", type=Path, default=None)
+    parser.add_argument("--on-sigterm", choices=["die", "exit", "ignore"], default="die")
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a worker may stay stopped (state T) before the group is torn down",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=5.0,
+        help="seconds the agent waits after SIGTERM to a worker before it SIGKILLs it",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def record(folder: Path | None, **fields: object) -> None:
+    """One line of this process's own account (one write: lines never interleave)."""
+    if folder is None:
+        return
+    line = json.dumps({"pid": os.getpid(), "t": time.time(), **fields}) + "\n"
+    fd = os.open(folder / f"{os.getpid()}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def start_time(pid: int) -> float:
+    """The process's start time as psutil (and the local backend's identity) has it."""
+    import psutil
+
+    return float(psutil.Process(pid).create_time())
+
+
+def take_signals(args: argparse.Namespace) -> None:
+    """Record every SIGTERM and SIGCONT with its sender; act on SIGTERM per --on-sigterm.
+
+    Both are blocked in every thread (the mask is set before this thread starts), so
+    they reach this thread's ``sigwaitinfo`` only. A blocked SIGCONT still continues a
+    stopped process: the kernel does that when it is sent.
+    """
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM, signal.SIGCONT})
+        name = signal.Signals(info.si_signo).name
+        record(args.signal_log, event="signal", signal=name, sender=info.si_pid)
+        if info.si_signo == signal.SIGTERM and args.on_sigterm == "exit":
+            os._exit(143)
+        if info.si_signo == signal.SIGTERM and args.on_sigterm == "die":
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -85,6 +152,16 @@ def worker(args: argparse.Namespace) -> int:
 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # inherited from the agent
     rank = int(os.environ["RANK"])
+    if args.signal_log is not None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCONT})
+        threading.Thread(target=take_signals, args=(args,), daemon=True).start()
+        record(
+            args.signal_log,
+            event="start",
+            create_time=start_time(os.getpid()),
+            rank=rank,
+            restart=int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+        )
     if args.spawn_grandchild:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     step = 0
@@ -94,10 +171,14 @@ def worker(args: argparse.Namespace) -> int:
             reporter.checkpoint_loaded(step)
             if args.resume_pause:  # loaded, then a slow first step: a visible VERIFYING
                 time.sleep(args.resume_pause)
+    first = True
     while True:
         step += 1
         time.sleep(args.step_time)
         reporter.progress(step)
+        if first:
+            first = False
+            record(args.signal_log, event="first-step", step=step)
         if step % args.ckpt_every == 0 and rank == 0:
             tmp = args.ckpt.with_suffix(".tmp")
             tmp.write_text(str(step))
@@ -107,17 +188,55 @@ def worker(args: argparse.Namespace) -> int:
 
 def agent(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen[bytes]] = []
+    started: dict[int, float] = {}
+    recorded: set[int] = set()
+    killed_by_me: set[int] = set()
+
+    def note_exits() -> None:
+        for proc in procs:
+            if proc.returncode is not None and proc.pid not in recorded:
+                recorded.add(proc.pid)
+                record(
+                    args.signal_log,
+                    event="worker-exit",
+                    worker=proc.pid,
+                    create_time=started.get(proc.pid),
+                    returncode=proc.returncode,
+                    killed_by_agent=proc.pid in killed_by_me,
+                )
 
     def stop_workers(sig: int = signal.SIGTERM) -> None:
+        note_exits()
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(sig)
         for proc in procs:
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=args.stop_timeout)
             except subprocess.TimeoutExpired:
+                killed_by_me.add(proc.pid)
                 proc.kill()
                 proc.wait()
+        note_exits()
+
+    stopped_since: dict[int, float] = {}
+
+    def hung() -> bool:
+        """A worker stopped (state T) for longer than --hang-timeout."""
+        if not args.hang_timeout:
+            return False
+        now = time.monotonic()
+        for proc in procs:
+            try:
+                state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("T", "t"):
+                stopped_since.pop(proc.pid, None)
+            elif now - stopped_since.setdefault(proc.pid, now) > args.hang_timeout:
+                print(f"[standin-agent] worker pid {proc.pid} hung", flush=True)
+                return True
+        return False
 
     def on_term(signum: int, frame: object) -> None:
         if args.orphan_on_term:
@@ -153,13 +272,16 @@ def agent(args: argparse.Namespace) -> int:
                 )
             )
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            if args.signal_log is not None:
+                with contextlib.suppress(Exception):
+                    started[procs[-1].pid] = start_time(procs[-1].pid)
         if restart and args.die_mid_restart:
             # The new workers are up, in sessions of their own, when the agent dies: a scan
             # of the agent's tree sees them only in the few ms it took to start them.
             os.kill(os.getpid(), signal.SIGKILL)
         if restart and args.stop_mid_restart:
             os.kill(os.getpid(), signal.SIGSTOP)
-        while all(proc.poll() is None for proc in procs):
+        while all(proc.poll() is None for proc in procs) and not hung():
             time.sleep(0.02)
         stop_workers()
         print(f"[standin-agent] worker group failed (restart {restart})", flush=True)

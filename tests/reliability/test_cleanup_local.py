@@ -88,6 +88,10 @@ def drill_yaml(
     checkpoint: str = "step-10",
     resume_pause: float = 0.5,
     standin_args: tuple[str, ...] = (),
+    failure: dict[str, Any] | None = None,
+    expectations: dict[str, Any] | None = None,
+    timeouts: dict[str, str] | None = None,
+    spawn_grandchild: bool = True,
 ) -> Path:
     doc: dict[str, Any] = {
         "name": "cleanup-row",
@@ -103,7 +107,7 @@ def drill_yaml(
                 str(tmp / "ckpt"),
                 "--resume",
                 resume,
-                "--spawn-grandchild",
+                *(["--spawn-grandchild"] if spawn_grandchild else []),
                 "--resume-pause",
                 str(resume_pause),
                 *standin_args,
@@ -115,14 +119,21 @@ def drill_yaml(
             "type": "KillWorker",
             "afterCheckpoint": checkpoint,
             "targetRank": target_rank,
+            **(failure or {}),
         },
         "expectations": {
             "resumeFromCheckpoint": "latest",
             "maxRecoveryTime": "20s",
             "maxLostSteps": 1000,
+            **(expectations or {}),
         },
         "safety": {"requireConfirm": False},
-        "timeouts": {"discovery": "30s", "checkpoint": "30s", "recovery": "20s"},
+        "timeouts": {
+            "discovery": "30s",
+            "checkpoint": "30s",
+            "recovery": "20s",
+            **(timeouts or {}),
+        },
     }
     path = tmp / "recovery-test.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -141,6 +152,7 @@ class Sabotaged:
         self.real, self.phase, self.way = real, phase, way
         self.name = real.name
         self.cleanups = 0
+        self.cleanup_started: float | None = None  # time.time() when cleanup began
         self.struck = False
         self.current = Phase.DISCOVERING
         self.armed = False  # strike at the next poll whatever the phase (set by kill)
@@ -218,6 +230,8 @@ class Sabotaged:
 
     def cleanup(self) -> None:
         self.cleanups += 1
+        if self.cleanup_started is None:
+            self.cleanup_started = time.time()
         self.note_pids()
         self.real.cleanup()
 
@@ -271,38 +285,46 @@ WAYS_OUT: dict[str, int | type[BaseException]] = {
 def no_leftovers(figures: Figures) -> Callable[[Sabotaged], None]:
     """Check that a finished drill left no thread, no process and no lock behind."""
     threads_before = set(threading.enumerate())
+    return lambda backend: check_no_leftovers(backend, threads_before, figures)
 
-    def check(backend: Sabotaged) -> None:
-        assert backend.cleanups == 1, f"cleanup ran {backend.cleanups} times"
-        left_threads = [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]
-        left_procs = []
-        for pid, created in backend.pids:
-            try:
-                proc = psutil.Process(pid)
-                if (
-                    abs(proc.create_time() - created) < 0.01
-                    and proc.status() != psutil.STATUS_ZOMBIE
-                ):
-                    left_procs.append(pid)
-            except psutil.NoSuchProcess:
-                continue
-        children = [
-            c.pid
-            for c in psutil.Process().children(recursive=True)
-            if c.status() != psutil.STATUS_ZOMBIE
-        ]
-        figures.add("local_processes_tracked", len(backend.pids))
-        figures.add("leftovers_found", len(left_threads) + len(left_procs) + len(children))
-        leftovers = [*left_procs, *children]
-        for pid in leftovers:  # never let one row's leftovers fail the next rows
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).kill()
-        assert left_threads == [], f"threads left running: {left_threads}"
-        assert left_procs == [], f"job processes left: {describe(left_procs)}"
-        assert children == [], f"children (adopted orphans) left: {describe(children)}"
-        assert backend.pids, "the row never saw the job's processes"
 
-    return check
+def check_no_leftovers(
+    backend: Sabotaged, threads_before: set[threading.Thread], figures: Figures
+) -> None:
+    """No thread started since ``threads_before``, no process of the job, no child left."""
+    assert backend.cleanups == 1, f"cleanup ran {backend.cleanups} times"
+    left_threads = [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]
+    left_procs = []
+    for pid, created in backend.pids:
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+                left_procs.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    children = [
+        c.pid
+        for c in psutil.Process().children(recursive=True)
+        if c.status() != psutil.STATUS_ZOMBIE
+    ]
+    stopped = []
+    for pid in {*left_procs, *children}:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                stopped.append(pid)
+    figures.add("local_processes_tracked", len(backend.pids))
+    figures.add("leftovers_found", len(left_threads) + len(left_procs) + len(children))
+    figures.add("stopped_left", len(stopped))
+    leftovers = [*left_procs, *children]
+    stopped_text = describe(stopped)
+    for pid in leftovers:  # never let one row's leftovers fail the next rows
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
+    assert stopped == [], f"processes left stopped (state T): {stopped_text}"
+    assert left_threads == [], f"threads left running: {left_threads}"
+    assert left_procs == [], f"job processes left: {describe(left_procs)}"
+    assert children == [], f"children (adopted orphans) left: {describe(children)}"
+    assert backend.pids, "the row never saw the job's processes"
 
 
 def describe(pids: list[int]) -> str:

@@ -11,7 +11,13 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from tests.reliability import test_bad_input, test_cleanup_local, test_kill_once_kubernetes
+from tests.reliability import (
+    test_bad_input,
+    test_cleanup_local,
+    test_faults_kubernetes,
+    test_faults_local,
+    test_kill_once_kubernetes,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,6 +50,11 @@ def test_the_document_meets_its_own_minimums() -> None:
         "fuzz_cases",
         "double_kills",
         "leftovers_found",
+        "preempt_drills",
+        "hang_rows",
+        "repeated_kills_checked",
+        "double_signals",
+        "stopped_left",
     } <= set(rows)
     documented = {name: value for name, (_, value) in rows.items()}
     assert checker().problems(rows, documented) == []
@@ -61,6 +72,12 @@ def test_the_suite_is_sized_to_reach_the_minimums() -> None:
     rows_planned = len(test_cleanup_local.PHASES) * len(test_cleanup_local.WAYS_OUT) + 3 + 4 + 1
     assert rows_planned >= minimum("cleanup_rows")
     assert test_bad_input.FUZZ_EXAMPLES * 3 // 2 >= minimum("fuzz_cases")
+    preempt_rows = len(test_faults_local.PREEMPT_ROWS) + test_faults_kubernetes.PREEMPT_DRILLS
+    assert preempt_rows >= minimum("preempt_drills")
+    hang_rows = len(test_faults_local.HANG_PHASES) * len(test_cleanup_local.WAYS_OUT)
+    assert hang_rows >= minimum("hang_rows")
+    # 3 local count drills + 1 real torchrun drill + 2 Kubernetes count drills, 3 kills each
+    assert (3 + 1 + 2) * 3 >= minimum("repeated_kills_checked")
 
 
 def test_the_checker_rejects_a_document_that_claims_too_much() -> None:
