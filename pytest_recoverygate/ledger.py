@@ -454,6 +454,20 @@ class Ledger:
         done = {c.step for c in self.checkpoints}
         return {s.step for s in self.saves.values() if s.started <= kill and s.step not in done}
 
+    def cut(self) -> dict[int, float]:
+        """Saves started before the kill whose completion was not reported before it:
+        step -> seconds from the save's start to the kill. Torn, or complete on disk and
+        reported late (after a barrier, at the next hook): the lines cannot tell which."""
+        kill = self.round.kill_time
+        if kill is None:
+            return {}
+        done = {c.step for c in self.checkpoints if c.time <= kill}
+        return {
+            s.step: kill - s.started
+            for s in self.saves.values()
+            if s.started <= kill and s.step not in done
+        }
+
     # ------------------------------------------------------------------ step bounds
 
     def rate(self, judged: Inc | None = None) -> float | None:
@@ -624,15 +638,26 @@ class Ledger:
             )
         if observed is None:
             return check(None, resume.undecided or "the resume step is unknown", R.INCONCLUSIVE)
-        if observed in torn and observed not in completed:
+        cut = self.cut()
+        loaded_by = self.load_window(inc)[1]
+        durable = {c.step for c in self.checkpoints if c.time <= loaded_by and c.inc != inc.id}
+        if observed in cut and observed not in durable:
+            # Loaded a save the kill cut before its completion was reported. A torn file, or
+            # one complete on disk whose report came late: the evidence cannot tell them
+            # apart, so this is no FAIL (and certainly no PASS).
+            never = "and never completed" if observed in torn else "before it was reported complete"
             return check(
-                False,
+                None,
                 (
-                    f"resumed from step {observed}, expected step {expected} — the save of "
-                    f"checkpoint {observed} was cut by the kill and never completed: the job "
-                    "loaded a partial checkpoint (write to a temporary file, fsync, then rename)"
+                    f"the replacement resumed from step {observed}, whose save started "
+                    f"{format_seconds(cut[observed])} before the kill and was cut {never}: "
+                    "either it loaded a torn checkpoint, or the checkpoint was complete and "
+                    "the job reports checkpoint_completed later than it becomes durable (after "
+                    "a barrier, at the next hook). Make it decidable: call "
+                    "reporter.checkpoint_completed(step) as soon as the checkpoint is durable "
+                    "on the rank that writes it"
                 ),
-                R.RESUMED_FROM_TORN_CHECKPOINT,
+                R.INCONCLUSIVE,
             )
         scratch = observed == 0 and (expected or 0) > 0
         fresh_signature = (

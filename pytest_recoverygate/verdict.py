@@ -63,7 +63,6 @@ class FailureReason(enum.Enum):
     RESTARTED_FROM_SCRATCH = "the job restarted from scratch"
     RESUMED_FROM_OLDER_CHECKPOINT = "the job resumed from an older checkpoint"
     RESUMED_FROM_UNEXPECTED_CHECKPOINT = "the job resumed from an unexpected checkpoint"
-    RESUMED_FROM_TORN_CHECKPOINT = "the job resumed from a checkpoint whose save was cut"
     STEPS_REPLAYED = "progress went backwards after the resume: steps were replayed"
     CHECKPOINT_NEVER_COMPLETED = "the expected checkpoint was never completed"
     STATE_DIFFERS = "the loaded state differs from the state that was saved"

@@ -167,26 +167,3 @@ def run_drill(
     assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
     report = json.loads(report_path.read_text())
     return Drill(report, proc.returncode, output, wall, job_lines(report_dir))
-
-
-def validate_accepts(
-    tmp_path: Path, inject: dict[str, Any], expectations: dict[str, Any] | None = None
-) -> tuple[bool, str]:
-    """Whether this checkout's ``recoverygate validate`` accepts a drill with these keys."""
-    config = {
-        "workload": {"orchestrator": "local", "command": ["true"]},
-        "injectFailure": inject,
-        "expectations": {"maxRecoveryTime": "1m", **(expectations or {})},
-        "safety": {"requireConfirm": False},
-    }
-    path = tmp_path / "probe.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest_recoverygate.cli", "validate", "-f", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
-    return proc.returncode == 0, proc.stdout + proc.stderr

@@ -13,13 +13,16 @@ against transformers 5.x and 4.x; docs/frameworks.md):
   nothing fsynced and no rename: rank 0 writes the model, optimizer, scheduler and
   trainer state, every rank its ``rng_state_<rank>.pth``. So the callback (optionally
   fsyncs what this rank can see of the folder, then) waits at a barrier until every rank
-  got there, rank 0 writes the ``.recoverygate-complete`` marker, a second barrier, and
-  only then do the ranks ``RECOVERYGATE_RANKS`` selects report it.
+  got there, rank 0 writes the ``.recoverygate-complete`` marker and reports it at once
+  (the checkpoint is complete from that moment: a report after another barrier would let
+  a kill in between make a complete checkpoint look cut), a second barrier, and then
+  the other ranks ``RECOVERYGATE_RANKS`` selects report it.
 - ``checkpoint_loaded(state.global_step)`` in ``on_train_begin`` of a resumed run: the
   Trainer restores the model, optimizer, scheduler and ``state`` before it.
 - state digests of ``model``, ``optimizer`` and ``scheduler`` (``digest=True``), computed
   on the ranks that print (on every rank under FSDP or DeepSpeed, whose ``state_dict()``
-  is a collective): at ``on_save`` (nothing has changed since the save) and at
+  is a collective): at ``on_save``, before its barriers (nothing has changed since the
+  save) and at
   ``on_train_begin`` of a resumed run (everything restored). The RNG states are not
   digested: the Trainer restores them only after ``on_train_begin``.
 
@@ -143,16 +146,24 @@ class _Hooks:
             self._save_started = step
             reporter.checkpoint_started(step)
         folder = _checkpoint_folder(args, step)
+        # Digested first (nothing changed since the save; a collective under FSDP), so the
+        # completion line follows the marker with nothing in between.
+        digest = self._digest(args, kwargs, "checkpoint_completed")
         if self.fsync and folder is not None and os.path.isdir(folder):
             _common.fsync_tree(folder)
         if not _common.barrier():  # every rank's part is written once all are here
             return
         if self.marker and folder is not None:
-            if _common.global_rank() == 0 and os.path.isdir(folder):
+            writer = _common.global_rank() == 0
+            if writer and os.path.isdir(folder):
                 _common.write_marker(folder, step, fsync=self.fsync)
-            if not _common.barrier():  # nobody reports before the marker is in place
+                # Complete from this moment: report it now, not after another barrier (a
+                # kill in between would leave a complete checkpoint reported as cut).
+                reporter.checkpoint_completed(step, digest=digest)
+            if not _common.barrier():  # the others report once the marker is in place
                 return
-        digest = self._digest(args, kwargs, "checkpoint_completed")
+            if writer and os.path.isdir(folder):
+                return
         reporter.checkpoint_completed(step, digest=digest)
 
 
