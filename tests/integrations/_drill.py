@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from tests.cli_drill import run_cli_drill
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -137,33 +135,12 @@ def run_drill(
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "2m", "checkpoint": "2m", "recovery": "3m"},
     }
-    path = tmp_path / "recovery-test.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
     report_dir = tmp_path / "report"
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_recoverygate.cli",
-            "run",
-            "-f",
-            str(path),
-            "--report-dir",
-            str(report_dir),
-            "--yes",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
+    run = run_cli_drill(
+        config,
+        tmp_path / "recovery-test.yaml",
+        report_dir=report_dir,
         timeout=DRILL_TIMEOUT,
-        check=False,
         env={k: v for k, v in os.environ.items() if k != "RECOVERYGATE_AUTO"},
     )
-    wall = time.monotonic() - started
-    output = proc.stdout + proc.stderr
-    report_path = report_dir / "report.json"
-    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
-    report = json.loads(report_path.read_text())
-    return Drill(report, proc.returncode, output, wall, job_lines(report_dir))
+    return Drill(run.report, run.code, run.output, run.wall, job_lines(report_dir))

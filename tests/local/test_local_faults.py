@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cli_drill import run_cli_drill
 from tests.truth.truth import Truth, compute
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
@@ -65,37 +65,12 @@ def drill(name: str, tmp_path: Path) -> Run:
     config["workload"]["workdir"] = str(tmp_path)
     base = tmp_path / "truth"
     config["workload"].setdefault("env", {})["RECOVERYGATE_GROUND_TRUTH"] = str(base)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    report_path = tmp_path / "report.json"
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_recoverygate.cli",
-            "run",
-            "-f",
-            str(path),
-            "--report",
-            str(report_path),
-            "--yes",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-        check=False,
-    )
-    wall = time.monotonic() - started
-    output = proc.stdout + proc.stderr
-    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
-    report = json.loads(report_path.read_text())
+    run = run_cli_drill(config, tmp_path / name, timeout=600)
+    report, wall = run.report, run.wall
     kills = [r["killTime"] for r in report.get("recoveries", []) if r.get("killTime")]
     truths = [compute(base, float(kill)) for kill in kills]
     _record_for_the_docs(name, report, wall)
-    return Run(report, proc.returncode, output, truths, wall)
+    return Run(report, run.code, run.output, truths, wall)
 
 
 def _record_for_the_docs(name: str, report: dict[str, Any], wall: float) -> None:

@@ -39,15 +39,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from tests.cli_drill import run_cli_drill
 from tests.truth.truth import Process, Truth, compute, load_processes
 
 pytest.importorskip("torch")  # torchrun comes with torch; job.py itself needs no torch
@@ -146,36 +145,11 @@ def run_drill(
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "60s", "checkpoint": "60s", "recovery": "90s"},
     }
-    path = tmp_path / "recovery-test.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    report_path = tmp_path / "report.json"
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_recoverygate.cli",
-            "run",
-            "-f",
-            str(path),
-            "--report",
-            str(report_path),
-            "--yes",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=DRILL_TIMEOUT,
-        check=False,
-    )
-    wall = time.monotonic() - started
-    output = proc.stdout + proc.stderr
-    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
-    report = json.loads(report_path.read_text())
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=DRILL_TIMEOUT)
+    report, output, wall = run.report, run.output, run.wall
     assert report.get("killTime") is not None, f"the drill never killed:\n{output}"
     truth = compute(base, float(report["killTime"]))
-    drill = Drill(report, truth, load_processes(base), proc.returncode, output, wall)
+    drill = Drill(report, truth, load_processes(base), run.code, output, wall)
     log = os.environ.get("TRUTH_CORPUS_LOG")
     if log:  # one line per drill, for the README's before/after table
         test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
