@@ -641,7 +641,10 @@ class Ledger:
         cut = self.cut()
         loaded_by = self.load_window(inc)[1]
         durable = {c.step for c in self.checkpoints if c.time <= loaded_by and c.inc != inc.id}
-        if observed in cut and observed not in durable:
+        newer = expected is None or observed > expected
+        if observed in cut and observed not in durable and observed > 0 and newer:
+            # Only a step newer than every durable checkpoint: a resume from an older one
+            # (or from 0) is a proven failure whether or not that save was torn.
             # Loaded a save the kill cut before its completion was reported. A torn file, or
             # one complete on disk whose report came late: the evidence cannot tell them
             # apart, so this is no FAIL (and certainly no PASS).
@@ -702,14 +705,19 @@ class Ledger:
             if observed > max(completed, default=-1):
                 reach = self.reach_bound()
                 if reach is not None and observed <= reach:
+                    # A checkpoint nobody reported complete: a survivor's silent save after
+                    # the kill, or a torn file. Only checkpoint_completed makes it evidence.
                     return check(
-                        True,
-                        (
-                            f"{how} checkpoint {observed}, which the drill never saw completed; "
-                            f"it is newer than every checkpoint seen ({expected}) and within the "
-                            f"steps the job reached (at most {reach})"
-                        ),
                         None,
+                        (
+                            f"{how} checkpoint {observed}, which the drill never saw completed "
+                            f"(newer than every checkpoint seen, {expected}, and within the "
+                            f"steps the job reached, at most {reach}): a complete checkpoint "
+                            "written without a report, or a torn one. Make it decidable: call "
+                            "reporter.checkpoint_completed(step) for every checkpoint the job "
+                            "writes, on the rank that writes it"
+                        ),
+                        R.INCONCLUSIVE,
                     )
                 return check(
                     False,

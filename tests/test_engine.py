@@ -540,13 +540,16 @@ def test_a_survivors_checkpoint_after_the_kill_is_the_latest() -> None:
     assert result.expected_resume_step == 26
 
 
-def test_an_unseen_newer_checkpoint_passes_when_the_job_reached_it() -> None:
+def test_an_unseen_newer_checkpoint_is_inconclusive_even_when_the_job_reached_it() -> None:
+    # A survivor's silent save, or a torn file the job wrote straight to its final path
+    # (an adversarial review's false PASS): no checkpoint_completed, no evidence.
     engine = engine_for()
     drive(engine, old_run(25), kill_at=2.5)
     drive(engine, [ev(P, 2.55, "old", 26), ev(P, 2.65, "old", 27)])  # its save line was lost
     result = verdict_of(engine, new_run(5.0, resume=26))
-    assert result.verdict is Verdict.PASS, result.summary
+    assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary
     assert "never saw completed" in result.checks[2].message
+    assert "checkpoint_completed(step) for every checkpoint" in result.checks[2].message
 
 
 def test_a_resume_beyond_any_step_reached_fails() -> None:

@@ -408,6 +408,61 @@ def test_resuming_from_a_save_the_kill_cut_is_undecided_and_names_the_fix() -> N
     assert "checkpoint_completed(step) as soon as the checkpoint is durable" in result.summary
 
 
+def test_a_cut_save_never_turns_a_resume_from_an_older_checkpoint_into_inconclusive() -> None:
+    # An adversarial review's case: the save of 10 announced and never completed, 20 and 30
+    # durable, the replacement loads 10. Older than the latest: FAIL, torn or not.
+    engine = DrillEngine(DrillSpec(max_recovery_time=10.0, after_checkpoint=30), T0)
+    engine.discovered(T0, "test")
+    events = [ev(S, 0.0, "old")]
+    for step in range(1, 36):
+        events.append(ev(P, step * 0.1, "old", step))
+        if step == 10:
+            events.append(ev(ST, step * 0.1 + 0.001, "old", step))
+        elif step in (20, 30):
+            events.append(ev(ST, step * 0.1 + 0.001, "old", step))
+            events.append(ev(C, step * 0.1 + 0.002, "old", step))
+    actions = [a for e in events for a in engine.on_training_event(e)]
+    assert any(isinstance(a, KillTarget) for a in actions)
+    engine.on_kill_result(KillResult(KillOutcome.KILLED, T0 + 3.55))
+    result = None
+    for e in [ev(S, 5.0, "new"), ev(L, 5.1, "new", 10)] + [
+        ev(P, 5.2 + i * 0.1, "new", 10 + i) for i in range(1, 6)
+    ]:
+        for action in engine.on_training_event(e):
+            if isinstance(action, Finish):
+                result = action.result
+    result = result or next(a.result for a in engine.tick(T0 + 60.0) if isinstance(a, Finish))
+    assert result.verdict is Verdict.FAIL, result.summary
+    # 10 was never completed, so it is not "the older checkpoint" but an unexpected one
+    assert result.reasons == (R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,), result.summary
+    assert "expected step 30" in result.summary
+
+
+def test_a_cut_save_of_step_zero_never_hides_a_restart_from_scratch() -> None:
+    engine = DrillEngine(DrillSpec(max_recovery_time=10.0, after_checkpoint=20), T0)
+    engine.discovered(T0, "test")
+    events = [ev(S, 0.0, "old"), ev(ST, 0.05, "old", 0)]  # a save of step 0, never completed
+    for step in range(1, 26):
+        events.append(ev(P, step * 0.1, "old", step))
+        if step in (10, 20):
+            events.append(ev(C, step * 0.1 + 0.002, "old", step))
+    assert any(isinstance(a, KillTarget) for e in events for a in engine.on_training_event(e))
+    engine.on_kill_result(KillResult(KillOutcome.KILLED, T0 + 2.55))
+    finished = [
+        a.result
+        for e in [ev(S, 5.0, "new"), *[ev(P, 5.1 + i * 0.1, "new", i) for i in range(1, 6)]]
+        for a in engine.on_training_event(e)
+        if isinstance(a, Finish)
+    ]
+    result = (
+        finished[0]
+        if finished
+        else next(a.result for a in engine.tick(T0 + 60.0) if isinstance(a, Finish))
+    )
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons == (R.RESTARTED_FROM_SCRATCH,), result.summary
+
+
 def test_the_first_save_is_hit_at_once_when_no_save_time_was_measured() -> None:
     drill = Drill(
         SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=None, after_checkpoint=10
