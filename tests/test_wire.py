@@ -487,6 +487,16 @@ def test_random_records_round_trip_through_any_chunking(
     assert parsed == records
 
 
+def test_a_string_field_holding_the_sentinel_never_splits_its_line() -> None:
+    # Found by the property test above: a host "RECOVERYGATE/v1" read as a glued next line.
+    line = wire.format_start(1.0, "abc", pid=1, host="RECOVERYGATE/v1", run_id="x/RECOVERYGATE/v1")
+    assert SENTINEL not in line[len(SENTINEL) :]
+    parser = StreamParser()
+    [record] = parser.feed(line.encode()) + parser.flush()
+    assert parser.malformed == 0
+    assert (record.host, record.run_id) == ("RECOVERYGATE/v1", "x/RECOVERYGATE/v1")
+
+
 DOCS = Path(__file__).resolve().parent.parent / "README.md"
 
 
