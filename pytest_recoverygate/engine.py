@@ -50,6 +50,7 @@ from pytest_recoverygate.model import (
 )
 from pytest_recoverygate.recovery import (
     KillRecord,
+    Window,
     breakdown,
     hung,
     judge,
@@ -88,6 +89,7 @@ __all__ = [
     "Phase",
     "Recovery",
     "StepContract",
+    "Sustain",
     "Verdict",
     "format_seconds",
 ]
@@ -99,6 +101,15 @@ FAULTS = ("KillWorker", "KillStep", "Requeue", "KillDuringCheckpoint", "Preempt"
 
 #: ``count: untilBudgetExhausted`` stops here, inconclusive, if the job never gives up.
 MAX_KILLS = 50
+
+#: What the other ranks' lines are read for: who they are, what they saved and loaded.
+_RANK_KINDS = frozenset(
+    {
+        TrainingEventKind.START,
+        TrainingEventKind.CHECKPOINT_COMPLETED,
+        TrainingEventKind.CHECKPOINT_LOADED,
+    }
+)
 
 
 class Phase(enum.Enum):
@@ -150,6 +161,29 @@ class Delay:
 
 
 @dataclass(frozen=True, slots=True)
+class Sustain:
+    """How long a recovered job must keep training before it PASSes (``sustain``).
+
+    The window opens at the replacement's first step past the resume step. It is held
+    once ``lines`` further progress lines advanced the step, ``seconds`` passed and, with
+    ``steps``, the job trained that many steps past the resume step. The default is the
+    larger of 3 progress lines and 10 s. A stall inside it (no advancing line for the
+    stall limit) FAILs "stopped progressing after resume".
+    """
+
+    lines: int = 3
+    seconds: float = 10.0
+    steps: int | None = None
+
+    def describe(self) -> str:
+        if self.steps is not None:
+            return f"{self.steps} steps"
+        if self.lines <= 1:
+            return format_seconds(self.seconds)
+        return f"{self.lines} progress lines and {format_seconds(self.seconds)}"
+
+
+@dataclass(frozen=True, slots=True)
 class DrillSpec:
     """What the engine needs from the config, in plain values (seconds, steps)."""
 
@@ -170,6 +204,8 @@ class DrillSpec:
     max_detection_time: float | None = None
     saved_on_preempt: bool = False
     state_digest_matches: bool = False
+    sustain: Sustain = field(default_factory=Sustain)
+    all_ranks: bool = False  # a rank that says nothing about its resume FAILs
 
     @property
     def effective_recovery_timeout(self) -> float:
@@ -216,6 +252,10 @@ class _Armed:
     save_started: float | None = None  # KillDuringCheckpoint: the save it aims into
 
 
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    """A timeline note that goes nowhere (a provisional judgement)."""
+
+
 class DrillEngine:
     """One drill's state machine. Feed it; it tells you what to do."""
 
@@ -238,6 +278,8 @@ class DrillEngine:
         self.known_budget: int | None = None
         self.trigger_step: int | None = None
         self.result: DrillResult | None = None
+        self.ranks: tuple[int, ...] = ()
+        self.not_before: float | None = None
 
     # ------------------------------------------------------------------ phase
 
@@ -271,6 +313,9 @@ class DrillEngine:
             timeout = self._waiting_since + self.spec.checkpoint_timeout
             return min(timeout, self._armed.fire_at) if self._armed is not None else timeout
         if self.phase in (Phase.RECOVERING, Phase.VERIFYING) and self._kill is not None:
+            window = self._kill.window
+            if window is not None:
+                return window.last[1] + window.stall_limit  # a stall is proven then
             return self._kill.time + self.spec.effective_recovery_timeout
         return None
 
@@ -284,13 +329,26 @@ class DrillEngine:
             return f"{what} the next checkpoint".strip()
         return f"{what} checkpoint >= step {self.spec.after_checkpoint}".strip()
 
-    def discovered(self, now: float, detail: str, *, restart_budget: int | None = None) -> None:
+    def discovered(
+        self,
+        now: float,
+        detail: str,
+        *,
+        restart_budget: int | None = None,
+        ranks: tuple[int, ...] = (),
+        not_before: float | None = None,
+    ) -> None:
         """The runner found the workload: start waiting for the trigger checkpoint.
 
         ``restart_budget`` is the job's own restart budget as the backend reads it (for
         example torchrun's ``--max-restarts``), or ``None`` when it cannot be read.
+        ``ranks``: the workers' ranks. ``not_before``: when the job started (the drill's
+        launch of it): lines stamped earlier are not of this run (a replayed old log) and
+        are counted, never used.
         """
         self.known_budget = restart_budget
+        self.ranks = tuple(sorted(set(ranks)))
+        self.not_before = not_before
         self.note(now, "discovered", detail)
         self._move(Phase.WAITING_FOR_CHECKPOINT)
 
@@ -348,10 +406,23 @@ class DrillEngine:
     def on_training_event(self, event: TrainingEvent) -> list[Action]:
         if self.phase is Phase.DONE:
             return []
+        ev = self.ledger
+        if event.incarnation in ev.ignored_incs or (
+            self.not_before is not None
+            and event.timestamp < self.not_before
+            and event.incarnation not in ev.incs
+            and event.incarnation not in ev.others
+        ):
+            # Not of this run: stamped before the job started (an earlier run's log
+            # printed at start-up). No trigger, no checkpoint, no "last step before the kill".
+            ev.ignored_lines += 1
+            ev.ignored_incs.add(event.incarnation)
+            return []
         rank = self.spec.reporting_rank
         if rank is not None and event.rank is not None and event.rank != rank:
+            if event.kind in _RANK_KINDS:
+                ev.other_rank(event)
             return []
-        ev = self.ledger
         kill = self.kill_time if ev.open else None
         if (
             event.incarnation not in ev.incs
@@ -462,10 +533,21 @@ class DrillEngine:
                 if last is not None
                 else ("no checkpoint was seen at all")
             )
+            why = ""
+            if (
+                last is not None
+                and self._skipped_triggers
+                and self.spec.delay.kind in ("fraction", "before_next", "spread")
+            ):
+                why = (
+                    f": the trigger checkpoint was reached, but delay "
+                    f"{self.spec.delay.describe()} needs the checkpoint interval, and no two "
+                    "checkpoints of one worker's lineage were seen to measure it"
+                )
             return self._finish_error(
                 now,
                 f"timed out after {format_seconds(self.spec.checkpoint_timeout)} waiting for "
-                f"{self.waiting_for}; {seen} (timeouts.checkpoint)",
+                f"{self.waiting_for}; {seen}{why} (timeouts.checkpoint)",
             )
         return self._judge(now)
 
@@ -482,21 +564,29 @@ class DrillEngine:
 
     def _on_event(self, inc: Inc, event: TrainingEvent) -> list[Action]:
         ev = self.ledger
-        new = ev.is_new(inc)
         kind = event.kind
         if event.restart_count is not None:
             inc.restart = event.restart_count
         if kind is TrainingEventKind.START:
             ev.start(inc, event)
+            child = ev.is_child(inc)
+            new = ev.is_new(inc)
             self.note(
                 event.timestamp,
                 "start",
-                f"{'new incarnation' if new else 'incarnation'} {inc.id}",
+                (
+                    f"child process {inc.id} of {inc.parent} (not a worker)"
+                    if child
+                    else f"{'new incarnation' if new else 'incarnation'} {inc.id}"
+                ),
                 pid=event.pid,
             )
             if new:
                 self._detected(event.timestamp)
             return []
+        if ev.is_child(inc):
+            return self._on_child_event(inc, event)
+        new = ev.is_new(inc)
         if inc.first_line is None:
             inc.first_line = event.timestamp
             if new:
@@ -527,6 +617,26 @@ class DrillEngine:
                     "note",
                     f"the job resumed from step {step} when the drill started",
                 )
+        return []
+
+    def _on_child_event(self, inc: Inc, event: TrainingEvent) -> list[Action]:
+        """A line of a worker's child: only its checkpoints count, as its worker's.
+
+        A forked writer that saves and reports each checkpoint belongs to the lineage of
+        the worker it was forked from; a warm-up or evaluation subprocess's progress and
+        loads are none of the job's training.
+        """
+        if event.step is None:
+            return []
+        root = self.ledger.root(inc)
+        new = self.ledger.is_new(root)
+        if event.kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+            return self._on_checkpoint(inc, event, new=new)
+        if event.kind is TrainingEventKind.CHECKPOINT_STARTED:
+            save = self.ledger.save_started(inc, event)
+            self.note(event.timestamp, "checkpoint_started", f"step {event.step}", step=event.step)
+            if not new and self.spec.fault == "KillDuringCheckpoint":
+                return self._consider_trigger(event.step, event.timestamp, save_rank=save.rank)
         return []
 
     def _on_checkpoint(self, inc: Inc, event: TrainingEvent, *, new: bool) -> list[Action]:
@@ -599,14 +709,60 @@ class DrillEngine:
         assert kill is not None
         if inc.first == (step, at):
             self.note(at, "progress", f"replacement's first step {step}", step=step)
-        resume = self.ledger.resume_of(inc, final=False)
-        if resume is None:
+        if kill.judged is not inc:
+            # The replacement that trains is the one judged: a newer one that reports
+            # progress takes over from one that loaded and died (or stopped).
+            kill.judged, kill.resume, kill.window = inc, None, None
+        if kill.resume is None:
+            resume = self.ledger.resume_of(inc, final=False)
+            if resume is None:
+                if self.phase is Phase.RECOVERING:
+                    self._move(Phase.VERIFYING)
+                return []
+            kill.resume = resume
+            self.note(at, "resume", self.ledger.describe_resume(inc, resume), step=resume.step)
             if self.phase is Phase.RECOVERING:
                 self._move(Phase.VERIFYING)
-            return []
-        kill.judged, kill.resume = inc, resume
-        self.note(at, "resume", self.ledger.describe_resume(inc, resume), step=resume.step)
-        return self._judge(at)
+        if kill.window is None:
+            resume = kill.resume
+            if inc.first_trained(resume) is None:
+                return []  # a line of the state it holds: its first step is still to come
+            # Decided when proven: a failure needs no sustain window.
+            provisional = judge(
+                self.ledger, self.spec, kill, inc, now=at, note=_quiet, ranks=self.ranks
+            )
+            # ... unless it may be a child whose worker has not reported yet (its start
+            # line names a parent the drill has not heard from): then the window decides.
+            unknown_parent = inc.parent is not None and not self.ledger.is_child(inc)
+            if provisional.verdict is Verdict.FAIL and not unknown_parent:
+                return self._judge(at)
+        return self._sustain(inc, step, at)
+
+    def _sustain(self, inc: Inc, step: int, at: float) -> list[Action]:
+        """Hold the recovery for the sustain window: steps must keep advancing."""
+        kill = self._kill
+        assert kill is not None
+        resume = kill.resume
+        assert resume is not None
+        window = kill.window
+        if window is None:
+            past = inc.first_trained(resume)
+            if past is None:
+                return []
+            window = kill.window = Window(past, past, self.ledger.stall_limit())
+            self.note(
+                past[1],
+                "note",
+                f"sustain window opened at step {past[0]}: holding the recovery for "
+                f"{self.spec.sustain.describe()} of training (a stall is "
+                f"{format_seconds(window.stall_limit)} without an advancing step)",
+            )
+        if step > window.last[0]:
+            window.last = (step, at)
+            window.lines += 1
+        if window.held(self.spec.sustain, resume.step):
+            return self._judge(at)
+        return []
 
     def _detected(self, at: float) -> None:
         kill = self._kill
@@ -791,12 +947,12 @@ class DrillEngine:
     # ------------------------------------------------------------------ judging
 
     def _candidate(self) -> Inc | None:
-        """The replacement to judge when none decided: the newest that trained, else newest."""
+        """The replacement to judge when none decided: the one that trained last, else newest."""
         ev = self.ledger
         new = [inc for inc in ev.order if ev.is_new(inc)]
-        trained = [inc for inc in new if inc.first is not None]
+        trained = [inc for inc in new if inc.last is not None]
         if trained:
-            return trained[-1]
+            return max(trained, key=lambda i: i.last[1] if i.last is not None else 0.0)
         return new[-1] if new else None
 
     def _judge(self, now: float) -> list[Action]:
@@ -804,6 +960,9 @@ class DrillEngine:
         kill = self._kill
         assert kill is not None
         budget_mode = self.spec.count is None
+        if kill.judged is not None and self.ledger.is_child(kill.judged):
+            # Its parent reported after it: a worker's child, never the replacement.
+            kill.judged, kill.resume, kill.window = None, None, None
         inc = kill.judged or self._candidate()
         if budget_mode and inc is None and kill.job_ended is not None and not kill.job_ended[2]:
             self._gave_up = (kill.index, kill.job_ended[0], kill.job_ended[1])
@@ -812,7 +971,9 @@ class DrillEngine:
             recovery = hung(self.ledger, self.spec, kill, now)
             self._recoveries.append(recovery)
             return self._finish_overall(now)
-        recovery = judge(self.ledger, self.spec, kill, inc, now=now, note=self.note)
+        recovery = judge(
+            self.ledger, self.spec, kill, inc, now=now, note=self.note, ranks=self.ranks
+        )
         self._recoveries.append(recovery)
         more = recovery.verdict is Verdict.PASS and (
             self.spec.count is None or len(self._recoveries) < self.spec.count
@@ -871,6 +1032,13 @@ class DrillEngine:
                 f"the job resumed from step {contract.resumed_from} when the drill "
                 "started (a checkpoint left by an earlier run)"
             )
+        ignored = self.ledger.ignored_lines
+        if ignored:
+            notes.append(
+                f"{ignored} reporter line(s) of {len(self.ledger.ignored_incs)} process(es) were "
+                "stamped before the job started (an earlier run's log printed at start-up?) "
+                "and were ignored: they are not evidence of this run"
+            )
         notes += [
             e.detail
             for e in self._timeline
@@ -925,4 +1093,5 @@ class DrillEngine:
             timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),
             started_at=self.started_at,
             finished_at=now,
+            ignored_lines=self.ledger.ignored_lines,
         )

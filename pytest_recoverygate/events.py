@@ -55,6 +55,9 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         restart_count=record.restart,
         digest=record.digest,
         digest_parts=record.parts,
+        ppid=record.ppid,
+        parent=record.parent,
+        world_size=record.world_size,
     )
 
 

@@ -27,7 +27,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.model import TrainingEvent
+from pytest_recoverygate.grid import GridTracker
+from pytest_recoverygate.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.verdict import (
     Check,
     FailureReason,
@@ -69,6 +70,14 @@ class Inc:
     second: tuple[int, float] | None = None
     last: tuple[int, float] | None = None
     backwards: tuple[int, int] | None = None  # its first step decrease (from, to)
+    ppid: int | None = None
+    parent: str | None = None  # the incarnation that started it (a child of a worker)
+    world_size: int | None = None
+    child: bool = False  # a subprocess or forked child of a known incarnation: no worker
+    tracker: GridTracker = field(default_factory=GridTracker)
+    points: list[tuple[int, float]] = field(default_factory=list)  # first distinct steps
+    lines: int = 0  # progress lines
+    advanced: tuple[int, float] | None = None  # its newest line that raised its step
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(
@@ -84,7 +93,24 @@ class Inc:
             first_step=self.first[0] if self.first else None,
             last_step=self.last[0] if self.last else None,
             round=self.born,
+            parent=self.parent,
+            child=self.child,
+            world_size=self.world_size,
         )
+
+    def first_past(self, step: int | None) -> tuple[int, float] | None:
+        """Its first progress point with a step above ``step`` (the first step it trained)."""
+        if step is None:
+            return self.first
+        return next((p for p in self.points if p[0] > step), None)
+
+    def first_trained(self, resume: Resume) -> tuple[int, float] | None:
+        """Its first step past the resume: a first line at the loaded step (a line of the
+        state it holds, not a step) does not count; a progress-only resume counts its
+        first line."""
+        if resume.loaded is None or resume.replayed or not resume.held_line:
+            return self.first
+        return self.first_past(resume.loaded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +121,7 @@ class Checkpoint:
     after_kill: bool
     digest: str | None = None
     parts: tuple[tuple[str, str], ...] = ()
+    lineage: str = ""  # the worker it came from (a forked writer's parent), else ``inc``
 
 
 @dataclass(slots=True)
@@ -113,8 +140,20 @@ class Resume:
 
     step: int | None  # the step it resumed counting from (first progress - stride)
     loaded: int | None = None
-    replayed: bool = False  # it loaded ``loaded`` and then reported a step <= loaded
+    replayed: bool = False  # it loaded ``loaded`` and then completed a step <= loaded again
     undecided: str | None = None  # why the step cannot be told, and the fix
+    # What holds whatever the reporting grid: the replacement resumed from at most this
+    # step (its first line, minus one when the job's lines come after steps).
+    upper: int | None = None
+    held_line: bool = False  # its first line was the loaded step itself, before any step
+
+    @property
+    def basis(self) -> str:
+        """How the step is known: ``checkpoint_loaded``, ``inferred`` (from the reporting
+        grid), or ``unknown`` (only the grid-free upper bound holds)."""
+        if self.loaded is not None:
+            return "checkpoint_loaded"
+        return "inferred" if self.step is not None else "unknown"
 
 
 @dataclass(slots=True)
@@ -141,6 +180,12 @@ class Ledger:
         self.open = False  # a kill is under judgement: its replacements are "new"
         self.round = _Round()
         self.current_step: int | None = None
+        self.ignored_lines = 0  # lines not of this run (stamped before it), not evidence
+        self.ignored_incs: set[str] = set()
+        # The other ranks: their start and checkpoint lines only (one line per save or load),
+        # so every rank's resumed state can be held to the expected step.
+        self.others: dict[str, Inc] = {}
+        self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
 
     # ------------------------------------------------------------------ recording
 
@@ -159,14 +204,80 @@ class Ledger:
         return inc
 
     def is_new(self, inc: Inc) -> bool:
-        """A replacement for the kill under judgement."""
-        return self.open and inc.born == self.kills and self.kills > 0
+        """A replacement for the kill under judgement (a worker, never a child of one)."""
+        return self.open and inc.born == self.kills and self.kills > 0 and not self.is_child(inc)
+
+    def other_rank(self, event: TrainingEvent) -> None:
+        """A start or checkpoint line of a rank other than the reporting one."""
+        inc = self.others.get(event.incarnation)
+        if inc is None:
+            kill = self.round.kill_time
+            if kill is not None:
+                born = self.kills if event.timestamp > kill else max(self.kills - 1, 0)
+            else:
+                born = self.kills
+            inc = Inc(event.incarnation, event.rank, born, event.timestamp)
+            self.others[event.incarnation] = inc
+        if event.kind is TrainingEventKind.START:
+            self.start(inc, event)
+            return
+        if event.step is None:
+            return
+        if event.kind is TrainingEventKind.CHECKPOINT_LOADED:
+            if inc.loaded is None and inc.first_line is None:
+                inc.loaded, inc.loaded_at = event.step, event.timestamp
+                inc.loaded_digest, inc.loaded_parts = event.digest, event.digest_parts
+            return
+        if event.kind is TrainingEventKind.CHECKPOINT_COMPLETED and inc.rank is not None:
+            if inc.first_line is None:
+                inc.first_line = event.timestamp
+            self.rank_saves.setdefault(inc.rank, {})[event.step] = Checkpoint(
+                event.step,
+                event.timestamp,
+                inc.id,
+                self.round.kill_time is not None and event.timestamp > self.round.kill_time,
+                event.digest,
+                event.digest_parts,
+            )
 
     def start(self, inc: Inc, event: TrainingEvent) -> None:
         inc.start_seen = True
         inc.start_time = event.timestamp
         inc.pid = event.pid
         inc.host = event.host
+        inc.ppid = event.ppid
+        inc.parent = event.parent
+        inc.world_size = event.world_size
+
+    def is_child(self, inc: Inc) -> bool:
+        """A subprocess or forked child of another process the drill heard from.
+
+        Its start line names its parent's incarnation (the reporter passes it down), or
+        its parent pid is a known process's on the same host. A child of a worker
+        (warm-up, evaluation, data preparation, a forked checkpoint writer) inherits RANK
+        but is never a worker of the group, so never the replacement of a killed one.
+        """
+        if inc.child:
+            return True
+        parent = (self.incs.get(inc.parent) or self.others.get(inc.parent)) if inc.parent else None
+        if parent is None and inc.ppid is not None:
+            known = itertools.chain(self.order, self.others.values())
+            parent = next(
+                (o for o in known if o is not inc and o.pid == inc.ppid and o.host == inc.host),
+                None,
+            )
+        if parent is not None and parent is not inc:
+            inc.child = True
+            inc.parent = parent.id
+        return inc.child
+
+    def root(self, inc: Inc) -> Inc:
+        """The worker a child descends from (itself for a worker)."""
+        seen = {inc.id}
+        while self.is_child(inc) and inc.parent in self.incs and inc.parent not in seen:
+            inc = self.incs[inc.parent]
+            seen.add(inc.id)
+        return inc
 
     def loaded(self, inc: Inc, event: TrainingEvent) -> None:
         if inc.first is None and event.step is not None:
@@ -178,11 +289,22 @@ class Ledger:
     def progress(self, inc: Inc, step: int, at: float, *, new: bool) -> None:
         if inc.first is None:
             inc.first = (step, at)
-        elif inc.second is None:
-            inc.second = (step, at)
+            held = inc.loaded if inc.loaded is not None else (0 if inc.start_seen else None)
+            if new and inc.loaded is None:
+                held = None  # a replacement without checkpoint_loaded: its state is unknown
+            inc.tracker.add(step, held)
+        else:
+            if inc.second is None:
+                inc.second = (step, at)
+            inc.tracker.add(step, None)
+        inc.lines += 1
+        if (not inc.points or step != inc.points[-1][0]) and len(inc.points) < 64:
+            inc.points.append((step, at))
         last = inc.last
         if last is not None and step < last[0] and inc.backwards is None:
             inc.backwards = (last[0], step)
+        if inc.advanced is None or step > inc.advanced[0]:
+            inc.advanced = (step, at)
         inc.last = (step, at)
         self.current_step = step
         if new:
@@ -203,7 +325,13 @@ class Ledger:
         kill = self.round.kill_time
         after_kill = kill is not None and event.timestamp > kill
         ckpt = Checkpoint(
-            event.step, event.timestamp, inc.id, after_kill, event.digest, event.digest_parts
+            event.step,
+            event.timestamp,
+            inc.id,
+            after_kill,
+            event.digest,
+            event.digest_parts,
+            self.root(inc).id,
         )
         self.checkpoints.append(ckpt)
         save = self.saves.get(event.step)
@@ -241,57 +369,81 @@ class Ledger:
     # ------------------------------------------------------------------ the contract
 
     def baseline(self) -> Inc | None:
-        """The first incarnation that reported progress before the first kill."""
+        """The first worker (no child of one) that reported progress before the first kill."""
         for inc in self.order:
-            if inc.born == 0 and inc.first is not None:
+            if inc.born == 0 and inc.first is not None and not self.is_child(inc):
                 return inc
         return None
 
     def contract(self) -> StepContract:
+        """The step contract and the reporting grid, learned from every line of the baseline.
+
+        The grid comes from :class:`~pytest_recoverygate.grid.GridTracker` (every line,
+        not only the first two); a first line equal to the state held (0 at a fresh start,
+        the loaded step) is a line of that state, not a step — except ``0, 1, …`` at a
+        fresh start, which is what a job reporting ``progress(epoch)`` prints.
+        """
         base = self.baseline()
         if base is None or base.first is None:
             return StepContract()
         first = base.first[0]
+        grid = base.tracker.grid()
         # Only the first two progress calls of a process are always printed: without its
         # start line, the first lines seen may be rate-limited ones, not its first calls.
         if not base.start_seen and base.loaded is None:
-            return StepContract(first_step=first)
-        second = base.second[0] if base.second is not None else None
-        stride = second - first if second is not None and second > first else None
+            return StepContract(first_step=first, grid=grid.describe(), regular=None)
+        stride = grid.stride if grid.regular else None
         problem: str | None = None
         fresh: bool | None = None
         resumed: int | None = None
-        if second is not None and second == first:
-            problem = (
-                f"step {first} was reported twice in a row: call progress(step) once per "
-                "completed step (with gradient accumulation: once per optimizer step)"
-            )
-        elif second is not None and second < first:
+        second = base.second[0] if base.second is not None else None
+        if second is not None and second < first:
             problem = (
                 f"progress went backwards right after the start ({first}, then {second}): "
                 "report the number of steps completed"
             )
         if base.loaded is not None:
             fresh, resumed = False, base.loaded
-            if first <= base.loaded:
+            if first < base.loaded:
                 problem = problem or (
                     f"after loading checkpoint {base.loaded} the first step was reported as "
                     f"{first}: report progress(n) after the n-th completed step (a resume "
                     f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
                 )
-        elif base.start_seen:
-            if first == 0:
-                fresh = True
-                problem = problem or (
-                    "the first step after a fresh start was reported as 0: report "
-                    "progress(epoch + 1), not progress(epoch) — `step` is the number of "
-                    "steps completed, so a fresh start reports 1 first"
-                )
-            elif stride is not None and first > stride:
-                fresh, resumed = False, first - stride
-            elif stride is not None or first == 1:
-                fresh = True
-        return StepContract(first, stride, fresh, resumed, problem)
+        elif first == 0 and grid.first_line in (None, 1):
+            fresh = True
+            problem = problem or (
+                "the first step after a fresh start was reported as 0: report "
+                "progress(epoch + 1), not progress(epoch) — `step` is the number of "
+                "steps completed, so a fresh start reports 1 first"
+            )
+        elif grid.held_line:
+            fresh = True  # a line of the fresh state (0) before the first step
+        elif stride is not None and not grid.first_special and first > stride:
+            fresh, resumed = False, first - stride
+        elif stride is not None or first == 1:
+            fresh = True
+        # The job's own lines show that a process's first line comes after a step (not a
+        # line of the state it holds): then a replacement's first line F means it resumed
+        # from at most F - 1.
+        after_step = bool(
+            problem is None
+            and not grid.held_line
+            and fresh is not None
+            and (grid.regular or (grid.regular is None and first == (resumed or 0) + 1))
+        )
+        held_line = grid.held_line and problem is None and grid.first_line is not None
+        return StepContract(
+            grid.first_line if held_line and grid.first_line is not None else first,
+            stride,
+            fresh,
+            resumed,
+            problem,
+            grid=grid.describe(),
+            regular=grid.regular,
+            first_special=grid.first_special,
+            first_line_is_step=after_step,
+        )
 
     def indistinguishable(self, step: int) -> str | None:
         """Why a resume from this checkpoint could not be told from a fresh start, if so."""
@@ -330,54 +482,90 @@ class Ledger:
         contract = self.contract()
         if contract.stride is not None and contract.problem is None:
             return contract.stride
-        if inc.first is not None and inc.second is not None and inc.second[0] > inc.first[0]:
-            return inc.second[0] - inc.first[0]
-        return None
+        if contract.regular is False:
+            return None  # the job's lines keep no grid: no process's two lines make one
+        grid = inc.tracker.grid()
+        return grid.stride if grid.regular and not grid.first_special else None
 
     # ------------------------------------------------------------------ the resume
 
     def resume_of(self, inc: Inc, *, final: bool) -> Resume | None:
-        """The resume step of a replacement that reported progress (None: wait for more)."""
+        """The resume step of a replacement that reported progress (None: wait for more).
+
+        With ``checkpoint_loaded(L)``: a line below L, or L as its first step when the
+        job's lines come after steps, is a replay; L as a first line of a job whose lines
+        may show the state held (a timer ticking at start) is no step at all. Without it,
+        the step is inferred from the reporting grid where the job keeps one, and
+        ``upper`` (its first line, minus one when lines come after steps) is what holds
+        whatever the grid.
+        """
         assert inc.first is not None
+        contract = self.contract()
         first = inc.first[0]
         stride = self.stride_for(inc)
         loaded = inc.loaded
+        stepwise = contract.first_line_is_step
         if loaded is not None:
-            if first <= loaded:  # replayed; it counts from first - stride (if that is known)
+            if first < loaded or (first == loaded and (stepwise or contract.problem)):
+                # It completed a step at or below the one it loaded: done again.
                 counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)
                 return Resume(counts, loaded, replayed=True)
+            held = first == loaded
+            past = inc.first_past(loaded) if held else inc.first
+            if past is None:
+                # Only a line of the state it holds so far: the next one says more.
+                return Resume(loaded, loaded, held_line=True) if final else None
+            first = past[0]
             if stride is None:
-                if first == loaded + 1:
-                    return Resume(loaded, loaded)
+                if first == loaded + 1 or contract.regular is False:
+                    return Resume(loaded, loaded, held_line=held)
                 if not final:
                     return None
                 return Resume(
                     loaded,
                     loaded,
+                    held_line=held,
                     undecided=(
                         f"the replacement loaded checkpoint {loaded} and then reported step "
                         f"{first}, and the progress stride is unknown (one progress line): let "
                         "it train longer, or report progress every step"
                     ),
                 )
-            if first > loaded + stride:
+            within = loaded + 1 if contract.first_special else loaded + stride
+            if first > max(within, loaded + 1):
                 return Resume(
                     loaded,
                     loaded,
+                    held_line=held,
                     undecided=(
                         f"the replacement reported checkpoint_loaded({loaded}) but its first step "
                         f"was {first}, more than one progress stride ({stride}) later: report "
                         "checkpoint_loaded(n) with the step the resumed process holds"
                     ),
                 )
-            return Resume(loaded, loaded)
-        if first <= 1 or (stride is not None and first <= stride):
-            return Resume(0)
+            return Resume(loaded, loaded, held_line=held)
+        upper = max(first - 1, 0) if stepwise else first
+        if contract.regular is False and contract.problem is None:
+            return Resume(
+                None,
+                upper=upper,
+                undecided=(
+                    f"the job's progress lines keep no reporting grid ({contract.grid}), so "
+                    f"the replacement's first step ({first}) does not tell where it resumed "
+                    f"(at most step {upper}): call reporter.checkpoint_loaded(step) after "
+                    "loading a checkpoint"
+                ),
+            )
+        if first <= 1 or (stride is not None and first <= stride and not contract.first_special):
+            return Resume(0, upper=upper)
+        if contract.first_special and contract.problem is None:
+            return Resume(first - 1, upper=upper)
         if stride is None:
             if not final:
                 return None
             return Resume(
                 None,
+                upper=upper,
                 undecided=(
                     f"the replacement reported one progress line (step {first}), so the "
                     "progress stride is unknown and its resume step cannot be inferred: call "
@@ -390,6 +578,7 @@ class Ledger:
         if stride > 1 and off_grid:
             return Resume(
                 step,
+                upper=upper,
                 undecided=(
                     f"progress is reported every {stride} steps and checkpoints "
                     f"{steps_text(off_grid, 3)} are not on that grid, so the resume step lies "
@@ -397,7 +586,7 @@ class Ledger:
                     "reporter.checkpoint_loaded(step) after loading, or report progress every step"
                 ),
             )
-        return Resume(step)
+        return Resume(step, upper=upper)
 
     def describe_resume(self, inc: Inc, resume: Resume) -> str:
         if resume.replayed:
@@ -538,6 +727,14 @@ class Ledger:
             return highest + stride
         return highest + math.ceil(rate * max(gaps)) + stride
 
+    def stall_limit(self) -> float:
+        """How long without an advancing progress line proves a stall after the resume:
+        three times the longest gap between the job's advancing lines before the kill,
+        and at least 5 s."""
+        points = list(self.round.recent)
+        gaps = [t1 - t0 for (s0, t0), (s1, t1) in itertools.pairwise(points) if s1 > s0]
+        return max(5.0, 3.0 * max(gaps, default=0.0))
+
     def save_seconds(self) -> float | None:
         """The median time from checkpoint_started to checkpoint_completed seen so far."""
         spans = [
@@ -548,15 +745,17 @@ class Ledger:
         return statistics.median(spans) if spans else None
 
     def interval(self, since: float | None = None) -> tuple[float, float] | None:
-        """(seconds, steps) between consecutive checkpoints of one process (medians).
+        """(seconds, steps) between consecutive checkpoints of one worker (medians).
 
-        Only checkpoints completed by the same incarnation are paired, so the time a kill
-        and its recovery took never counts as a checkpoint interval. ``None`` until two.
+        Only checkpoints of the same worker's lineage are paired (its own and those its
+        forked writers completed), so the time a kill and its recovery took never counts
+        as a checkpoint interval, and a job whose every checkpoint comes from a new
+        writer process still has one. ``None`` until two.
         """
         by_inc: dict[str, list[tuple[float, int]]] = {}
         for c in self.checkpoints:
             if since is None or c.time > since:
-                by_inc.setdefault(c.inc, []).append((c.time, c.step))
+                by_inc.setdefault(c.lineage or c.inc, []).append((c.time, c.step))
         gaps = [
             (t1 - t0, s1 - s0)
             for done in by_inc.values()
@@ -589,6 +788,40 @@ class Ledger:
         )
 
     def resume_check(
+        self,
+        inc: Inc,
+        resume: Resume,
+        expected: int | None,
+        floor: int | None,
+        *,
+        explicit: bool,
+        contract: StepContract,
+    ) -> Check:
+        verdict = self._resume_check(
+            inc, resume, expected, floor, explicit=explicit, contract=contract
+        )
+        if (
+            verdict.passed is False
+            and resume.loaded is None
+            and not resume.replayed
+            and verdict.reason is not R.CHECKPOINT_NEVER_COMPLETED
+            and not (resume.upper is not None and expected is not None and resume.upper < expected)
+        ):
+            # The failure rests on a step inferred from the reporting grid, not on what
+            # holds whatever the grid: no proof, so no FAIL.
+            return Check(
+                verdict.name,
+                None,
+                verdict.expected,
+                verdict.observed,
+                f"inferred from the job's reporting grid ({contract.grid}), not proven: "
+                f"{verdict.message}; call reporter.checkpoint_loaded(step) after loading so "
+                "the drill knows",
+                R.INCONCLUSIVE,
+            )
+        return verdict
+
+    def _resume_check(
         self,
         inc: Inc,
         resume: Resume,
@@ -636,11 +869,51 @@ class Ledger:
                 ),
                 R.STEPS_REPLAYED,
             )
+        scratch_sig = contract.fresh_start and first == contract.first_step
+        if (
+            observed is None
+            and resume.upper is not None
+            and expected is not None
+            and resume.upper < expected
+            and (contract.problem is None or scratch_sig)
+        ):
+            # Whatever the reporting grid: a process whose first line says it had completed
+            # ``upper`` steps (or fewer) resumed from no later than that.
+            older = [c for c in completed if 0 < c <= resume.upper]
+            if not older:
+                return Check(
+                    name,
+                    False,
+                    expected,
+                    0,
+                    (
+                        f"resumed from step 0, expected step {expected} — the job restarted "
+                        f"from scratch (its first step was {first}, and no checkpoint at or "
+                        "below it was completed)"
+                    ),
+                    R.RESTARTED_FROM_SCRATCH,
+                )
+            return Check(
+                name,
+                False,
+                expected,
+                f"<= {resume.upper}",
+                (
+                    f"resumed from step {resume.upper} or earlier, expected step {expected} — "
+                    f"its first step was {first}: the job resumed from an older checkpoint "
+                    f"(at most {older[-1]}) or from scratch"
+                ),
+                R.RESUMED_FROM_OLDER_CHECKPOINT,
+            )
         if observed is None:
             return check(None, resume.undecided or "the resume step is unknown", R.INCONCLUSIVE)
         cut = self.cut()
         loaded_by = self.load_window(inc)[1]
-        durable = {c.step for c in self.checkpoints if c.time <= loaded_by and c.inc != inc.id}
+        durable = {
+            c.step
+            for c in self.checkpoints
+            if c.time <= loaded_by and (c.lineage or c.inc) != inc.id
+        }
         newer = expected is None or observed > expected
         if observed in cut and observed not in durable and observed > 0 and newer:
             # Only a step newer than every durable checkpoint: a resume from an older one

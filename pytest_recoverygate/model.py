@@ -45,7 +45,10 @@ class TrainingEvent:
     so a late line of the old process is never mistaken for the replacement.
     ``digest`` and ``digest_parts`` (checkpoint completed/loaded, when the job sent them)
     fingerprint the saved or loaded state: lower-case hex, parts as (name, digest) pairs
-    sorted by name; see docs/state-digest.md.
+    sorted by name; see docs/state-digest.md. ``ppid``, ``parent`` and ``world_size``
+    (start events) say how the process was launched: ``parent`` is set for a subprocess
+    or forked child of a process that had the reporter loaded, never for a worker its
+    launcher started.
     """
 
     kind: TrainingEventKind
@@ -59,6 +62,9 @@ class TrainingEvent:
     restart_count: int | None = None
     digest: str | None = None
     digest_parts: tuple[tuple[str, str], ...] = ()
+    ppid: int | None = None
+    parent: str | None = None  # the incarnation that started this process, if it reported
+    world_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +88,15 @@ class Worker:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """What discovery found: one job and its workers, sorted by rank."""
+    """What discovery found: one job and its workers, sorted by rank.
+
+    ``started_at``: when the job started, where the backend knows (the drill's own launch
+    of it): reporter lines stamped before it are no evidence of this run.
+    """
 
     job: str
     workers: tuple[Worker, ...]
+    started_at: float | None = None
 
     def by_rank(self, rank: int) -> Worker | None:
         for worker in self.workers:

@@ -25,10 +25,11 @@ from pytest_recoverygate.verdict import (
 )
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.engine import DrillSpec
+    from pytest_recoverygate.engine import DrillSpec, Sustain
 
 __all__ = [
     "KillRecord",
+    "Window",
     "breakdown",
     "budget_checks",
     "ended_how",
@@ -41,6 +42,23 @@ __all__ = [
 
 R = FailureReason
 Note = Callable[..., None]
+
+
+@dataclass(slots=True)
+class Window:
+    """The sustain window of one judged replacement: its first step past the resume, the
+    newest line that advanced the step, and how many did."""
+
+    start: tuple[int, float]
+    last: tuple[int, float]
+    stall_limit: float
+    lines: int = 0
+
+    def held(self, sustain: Sustain, resume_step: int | None) -> bool:
+        """Whether the recovery was held for the whole window."""
+        if self.lines < sustain.lines or self.last[1] - self.start[1] < sustain.seconds:
+            return False
+        return sustain.steps is None or self.last[0] - (resume_step or 0) >= sustain.steps
 
 
 @dataclass(slots=True)
@@ -61,6 +79,7 @@ class KillRecord:
     detected: float | None = None  # HangWorker: when the job noticed
     details: dict[str, Any] = field(default_factory=dict)
     slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
+    window: Window | None = None  # the sustain window, once it opened
 
 
 def restarts(ledger: Ledger, kill: KillRecord) -> int:
@@ -118,6 +137,7 @@ def judge(
     *,
     now: float,
     note: Note,
+    ranks: Sequence[int] = (),
 ) -> Recovery:
     ev = ledger
     resume = kill.resume
@@ -160,14 +180,16 @@ def judge(
         detected = None if kill.detected is None else kill.detected - kill.time
         checks.append(ev.detection_check(detected, spec.max_detection_time, deadline_passed=True))
         kill.details["detectionSeconds"] = None if detected is None else round(detected, 6)
-    if inc is not None and inc.first is None:
+    past = None
+    if inc is not None and resume is not None and inc.first is not None:
+        past = inc.first_trained(resume)
+    if inc is not None and (inc.first is None or past is None):
         checks += ev.no_progress_checks(inc, expected, ended, finished_ok)
-    elif inc is not None and resume is not None:
+    elif inc is not None and resume is not None and past is not None:
         checks.append(
             ev.resume_check(inc, resume, expected, floor, explicit=explicit, contract=contract)
         )
-        assert inc.first is not None
-        recovery_time = inc.first[1] - kill.time
+        recovery_time = past[1] - kill.time
         ok = recovery_time <= spec.max_recovery_time
         checks.append(
             Check(
@@ -192,6 +214,21 @@ def judge(
             digest = ev.digest_check(inc, resume)
             if digest is not None:
                 checks.append(digest)
+        sustained = sustain_check(spec, kill, inc, past, now)
+        if sustained is not None:
+            checks.append(sustained)
+    rank_states: list[dict[str, Any]] = []
+    if (
+        inc is not None
+        and len(set(ranks) | {r.rank for r in ev.others.values() if r.rank is not None}) > 1
+    ):
+        rank_check, rank_states = ranks_check(
+            ev, spec, kill, inc, window=(expected, None if explicit else floor), ranks=ranks
+        )
+        if rank_check is not None:
+            checks.append(rank_check)
+    if rank_states:
+        kill.details["ranks"] = rank_states
     if spec.fault == "Preempt":
         checks += preempt_checks(spec, kill, resume)
     failed = [c for c in checks if c.passed is False]
@@ -208,9 +245,16 @@ def judge(
         assert recovery_time is not None
         assert resume is not None
         verdict = Verdict.PASS
+        window = kill.window
+        held = (
+            f", then trained {window.last[0] - window.start[0]} more steps over "
+            f"{format_seconds(window.last[1] - window.start[1])}"
+            if window is not None
+            else ""
+        )
         summary = (
             f"resumed from step {resume.step} as expected and recovered in "
-            f"{format_seconds(recovery_time)}"
+            f"{format_seconds(recovery_time)}{held}"
         )
     proven, bound = ev.last_before_kill(inc)
     if resume is not None and resume.undecided and resume.step is not None:
@@ -240,6 +284,200 @@ def judge(
         judged_incarnation=inc.id if inc is not None else None,
         breakdown=breakdown(spec, kill),
         fault_details=dict(kill.details),
+        resume_basis=resume.basis if resume is not None else None,
+        resume_upper_bound=resume.upper if resume is not None else None,
+        sustained=_sustained(kill, spec),
+    )
+
+
+def _sustained(kill: KillRecord, spec: DrillSpec) -> dict[str, Any] | None:
+    window = kill.window
+    if window is None:
+        return None
+    return {
+        "window": spec.sustain.describe(),
+        "fromStep": window.start[0],
+        "lastStep": window.last[0],
+        "steps": window.last[0] - window.start[0],
+        "seconds": round(window.last[1] - window.start[1], 6),
+        "lines": window.lines,
+        "stallLimitSeconds": round(window.stall_limit, 6),
+    }
+
+
+def sustain_check(
+    spec: DrillSpec, kill: KillRecord, inc: Inc, past: tuple[int, float], now: float
+) -> Check | None:
+    """``progress_after_resume``: training kept advancing for the whole sustain window."""
+    window = kill.window
+    if window is None:  # judged before a second line: the window is its first step alone
+        window = Window(past, inc.advanced or past, kill.window.stall_limit if kill.window else 5.0)
+    resume_step = kill.resume.step if kill.resume is not None else None
+    expected = f"training for {spec.sustain.describe()} after the resume"
+    observed = {
+        "steps": window.last[0] - window.start[0],
+        "seconds": round(window.last[1] - window.start[1], 6),
+        "lines": window.lines,
+    }
+    if window.held(spec.sustain, resume_step):
+        return Check(
+            "progress_after_resume",
+            True,
+            expected,
+            observed,
+            f"trained {observed['steps']} steps over "
+            f"{format_seconds(window.last[1] - window.start[1])} after the resume "
+            f"({window.lines} advancing progress lines)",
+        )
+    last, at = window.last
+    where = f"its last step was {last}, {format_seconds(at - kill.time)} after the kill"
+    if kill.job_ended is not None:
+        _, detail, ok = kill.job_ended
+        if ok:
+            return Check(
+                "progress_after_resume",
+                None,
+                expected,
+                observed,
+                "inconclusive: the job finished inside the sustain window "
+                f"({spec.sustain.describe()}) after resuming ({where}); lengthen the run or "
+                "shorten expectations.sustain",
+                R.INCONCLUSIVE,
+            )
+        return Check(
+            "progress_after_resume",
+            False,
+            expected,
+            observed,
+            f"training stopped progressing after resume: {where}, then the job failed"
+            + (f" ({detail})" if detail else ""),
+            R.STOPPED_PROGRESSING,
+        )
+    if now - at >= window.stall_limit:
+        return Check(
+            "progress_after_resume",
+            False,
+            expected,
+            observed,
+            f"training stopped progressing after resume: {where}, and no step followed for "
+            f"{format_seconds(now - at)} (stall limit {format_seconds(window.stall_limit)})",
+            R.STOPPED_PROGRESSING,
+        )
+    return None  # the window is still open: nothing is proven either way yet
+
+
+def ranks_check(
+    ledger: Ledger,
+    spec: DrillSpec,
+    kill: KillRecord,
+    judged: Inc,
+    *,
+    window: tuple[int | None, int | None],
+    ranks: Sequence[int],
+) -> tuple[Check | None, list[dict[str, Any]]]:
+    """``all_ranks_resumed``: every rank of the replacement group loaded the expected step.
+
+    Each rank's own ``checkpoint_loaded`` (its shard: ZeRO/FSDP optimizer state, per-rank
+    RNG or data-loader state) is held to the expected step, and with stateDigestMatches to
+    the digest that rank saved at that step. A rank that loaded another step, or none
+    before it saved again, FAILs with the rank named; a rank that says nothing is
+    unchecked (a FAIL with ``expectations.allRanks``). With ``latest`` (``window`` gives
+    the floor) a rank that loaded a checkpoint durable before its own load and no older
+    than the floor loaded a latest one too, as the judged rank may.
+    """
+    expected, floor = window
+    if expected is None:
+        return None, []
+    known = set(ranks) | {o.rank for o in ledger.others.values() if o.rank is not None}
+    known.discard(judged.rank if judged.rank is not None else -1)
+    states: list[dict[str, Any]] = []
+    failed: list[str] = []
+    unchecked: list[int] = []
+    reason: FailureReason | None = None
+    for rank in sorted(known):
+        new = [
+            o
+            for o in ledger.others.values()
+            if o.rank == rank and o.born == kill.index and not ledger.is_child(o)
+        ]
+        loaded = [o for o in new if o.loaded is not None]
+        state: dict[str, Any] = {"rank": rank, "expected": expected}
+        if loaded:
+            o = loaded[-1]
+            state["loaded"] = o.loaded
+            ok = o.loaded == expected
+            if not ok and floor is not None and o.loaded is not None and o.loaded_at is not None:
+                durable = {c.step for c in ledger.checkpoints if c.time <= o.loaded_at}
+                ok = o.loaded in durable and o.loaded >= floor
+            if not ok:
+                assert o.loaded is not None
+                failed.append(f"rank {rank} loaded step {o.loaded}, expected step {expected}")
+                reason = reason or (
+                    R.RESTARTED_FROM_SCRATCH
+                    if o.loaded == 0
+                    else R.RESUMED_FROM_OLDER_CHECKPOINT
+                    if o.loaded < expected
+                    else R.RESUMED_FROM_UNEXPECTED_CHECKPOINT
+                )
+            elif spec.state_digest_matches:
+                saved = (
+                    ledger.rank_saves.get(rank, {}).get(o.loaded) if o.loaded is not None else None
+                )
+                if saved is not None and saved.digest is not None and o.loaded_digest is not None:
+                    state["digestMatches"] = saved.digest == o.loaded_digest
+                    if saved.digest != o.loaded_digest:
+                        ok = False
+                        failed.append(
+                            f"rank {rank} loaded checkpoint {o.loaded} but its state differs "
+                            "from the shard it saved at that step"
+                        )
+                        reason = reason or R.STATE_DIFFERS
+            state["status"] = "ok" if ok else "failed"
+        elif any(o.first_line is not None for o in new):
+            state["status"] = "failed"
+            failed.append(
+                f"rank {rank} loaded no checkpoint: its replacement saved again without "
+                "reporting checkpoint_loaded (its state was re-initialised?)"
+            )
+            reason = reason or R.RESTARTED_FROM_SCRATCH
+        else:
+            state["status"] = "unchecked"
+            unchecked.append(rank)
+        states.append(state)
+    if not states:
+        return None, []
+    quiet = ""
+    if unchecked:
+        quiet = (
+            f"rank(s) {', '.join(map(str, unchecked))} reported no checkpoint_loaded after "
+            "the kill, so their state is unchecked (report checkpoint_loaded on every rank: "
+            "the reporter prints it on every rank)"
+        )
+    if failed or (unchecked and spec.all_ranks):
+        messages = failed + (
+            [quiet + " and expectations.allRanks is set"] if unchecked and spec.all_ranks else []
+        )
+        return (
+            Check(
+                "all_ranks_resumed",
+                False,
+                f"every rank loaded step {expected}",
+                states,
+                "; ".join(messages),
+                reason or R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+            ),
+            states,
+        )
+    checked = len(states) - len(unchecked)
+    return (
+        Check(
+            "all_ranks_resumed",
+            True,
+            f"every rank loaded step {expected}",
+            states,
+            f"{checked} other rank(s) loaded step {expected}" + (f"; {quiet}" if quiet else ""),
+        ),
+        states,
     )
 
 

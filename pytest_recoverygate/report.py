@@ -115,6 +115,7 @@ def cost_line(result: DrillResult) -> str | None:
 def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> dict[str, Any]:
     """The JSON report as a plain dict."""
     target = result.target
+    headline = result.headline
     doc: dict[str, Any] = {
         "reportVersion": REPORT_VERSION,
         "drill": config.name if config is not None else None,
@@ -135,6 +136,11 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "startedAt": result.started_at,
         "finishedAt": result.finished_at,
         "malformedLines": result.malformed_lines,
+        "ignoredLines": result.ignored_lines,
+        "resumeStepBasis": headline.resume_basis if headline is not None else None,
+        "resumeStepUpperBound": headline.resume_upper_bound if headline is not None else None,
+        "sustained": headline.sustained if headline is not None else None,
+        "ranks": list(headline.fault_details.get("ranks", [])) if headline is not None else [],
         "checks": [check.as_dict() for check in result.checks],
         "incarnations": [inc.as_dict() for inc in result.incarnations],
         "checkpoints": [

@@ -198,6 +198,11 @@ def _keep_evidence(
     return evidence
 
 
+#: Lines stamped this long before the job's launch are still taken as its own (the
+#: reporter stamps a process's start at the end of its 10 ms start tick; clocks step).
+NOT_BEFORE_SLACK = 0.25
+
+
 class _Drill:
     """One run: owns the engine, the backend and the cleanup guarantee."""
 
@@ -286,6 +291,10 @@ class _Drill:
             self.clock.now(),
             discovered,
             restart_budget=backend.restart_budget(self.config.workload),
+            ranks=tuple(w.rank for w in workload.workers),
+            not_before=(
+                None if workload.started_at is None else workload.started_at - NOT_BEFORE_SLACK
+            ),
         )
         self._sync_phase()
         while True:

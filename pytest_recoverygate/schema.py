@@ -49,7 +49,7 @@ from pytest_recoverygate.durations import (
     parse_duration,
     parse_step_ref,
 )
-from pytest_recoverygate.engine import FAULTS, MAX_KILLS, Delay, DrillSpec
+from pytest_recoverygate.engine import FAULTS, MAX_KILLS, Delay, DrillSpec, Sustain
 from pytest_recoverygate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -167,6 +167,46 @@ def duration(
 
     check.kind = "duration"  # type: ignore[attr-defined]  # dump_effective writes it back as 5m
     return BeforeValidator(check)
+
+
+_SUSTAIN_STEPS = re.compile(r"^\s*(\d+)\s+steps?\s*$")
+
+
+def sustain_value() -> BeforeValidator:
+    """A validator for ``sustain``: ``N steps`` (N >= 1) or a duration above 0, normalised."""
+    allowed = "N steps (N >= 1) or a duration above 0, like 5 steps, 30s, 2m"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str):
+            hint = f"write {value}s or {value} steps" if isinstance(value, int) else ""
+            raise refuse("is neither a step count nor a duration", allowed, hint)
+        match = _SUSTAIN_STEPS.match(value)
+        if match:
+            steps = int(match.group(1))
+            if not 1 <= steps <= MAX_STEP:
+                raise refuse("is out of range", allowed)
+            return f"{steps} steps"
+        try:
+            seconds = parse_duration(value)
+        except DurationSyntaxError:
+            raise refuse("is neither a step count nor a duration", allowed) from None
+        if not 0 < seconds <= MAX_DURATION:
+            raise refuse("is out of range", allowed)
+        return value.strip()
+
+    return BeforeValidator(check)
+
+
+def sustain_of(text: str | None) -> Sustain:
+    """The engine's :class:`~pytest_recoverygate.engine.Sustain` for a validated ``sustain``."""
+    if text is None:
+        return Sustain()
+    match = _SUSTAIN_STEPS.match(text)
+    if match:
+        return Sustain(lines=1, seconds=0.0, steps=int(match.group(1)))
+    return Sustain(lines=1, seconds=parse_duration(text))
 
 
 def step_ref(literal: str) -> BeforeValidator:
@@ -526,6 +566,22 @@ class Expectations(Section):
             "stateDigestMatches: true",
         ),
     )
+    sustain: Annotated[str | None, sustain_value()] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "N steps or a duration: how long training must keep advancing after the resume "
+            "before a PASS (default: the larger of 3 progress lines and 10s)",
+            "sustain: 5 steps",
+        ),
+    )
+    all_ranks: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false: every rank must report checkpoint_loaded of the expected step "
+            "(a rank that says nothing FAILs instead of being reported unchecked)",
+            "allRanks: true",
+        ),
+    )
 
 
 class Projection(Section):
@@ -822,6 +878,8 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         max_detection_time=expect.max_detection_time,
         saved_on_preempt=expect.saved_on_preempt,
         state_digest_matches=expect.state_digest_matches,
+        sustain=sustain_of(expect.sustain),
+        all_ranks=expect.all_ranks,
     )
 
 

@@ -148,16 +148,21 @@ class StepContract:
     fresh_start: bool | None = None
     resumed_from: int | None = None
     problem: str | None = None
+    grid: str = ""  # the reporting grid as learned from every line (grid.Grid.describe)
+    regular: bool | None = None  # False: the lines keep no grid (irregular)
+    first_special: bool = False  # the first step after a start, then a grid
+    first_line_is_step: bool = False  # a process's first line comes after a step of it
 
     def describe(self) -> str:
         if self.first_step is None:
             return "no progress seen before the kill"
         cadence = (
-            "stride unknown"
+            "irregular (no reporting grid)"
+            if self.regular is False
+            else "stride unknown"
             if self.stride is None
-            else "every step"
-            if self.stride == 1
-            else f"every {self.stride} steps"
+            else ("the first step, then " if self.first_special else "")
+            + ("every step" if self.stride == 1 else f"every {self.stride} steps")
         )
         start = (
             "a fresh start"
@@ -175,6 +180,9 @@ class StepContract:
             "freshStart": self.fresh_start,
             "resumedFrom": self.resumed_from,
             "problem": self.problem,
+            "grid": self.grid,
+            "regular": self.regular,
+            "firstLineIsStep": self.first_line_is_step,
         }
 
 
@@ -194,6 +202,9 @@ class IncarnationInfo:
     first_step: int | None
     last_step: int | None
     round: int = 0  # how many kills came before it was first seen
+    parent: str | None = None  # the incarnation that started it, for a child of a worker
+    child: bool = False  # a subprocess or forked child of a worker: never a replacement
+    world_size: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -209,6 +220,9 @@ class IncarnationInfo:
             "loadedStep": self.loaded_step,
             "firstStep": self.first_step,
             "lastStep": self.last_step,
+            "parent": self.parent,
+            "child": self.child,
+            "worldSize": self.world_size,
         }
 
 
@@ -245,6 +259,9 @@ class Recovery:
     judged_incarnation: str | None = None
     breakdown: dict[str, float | None] = field(default_factory=dict)
     fault_details: dict[str, Any] = field(default_factory=dict)
+    resume_basis: str | None = None  # checkpoint_loaded | inferred | unknown
+    resume_upper_bound: int | None = None  # holds whatever the reporting grid
+    sustained: dict[str, Any] | None = None  # the sustain window as it was held
 
     @property
     def failed_checks(self) -> tuple[Check, ...]:
@@ -276,6 +293,9 @@ class Recovery:
             "judgedIncarnation": self.judged_incarnation,
             "breakdown": dict(self.breakdown),
             "faultDetails": dict(self.fault_details),
+            "resumeStepBasis": self.resume_basis,
+            "resumeStepUpperBound": self.resume_upper_bound,
+            "sustained": self.sustained,
             "checks": [c.as_dict() for c in self.checks],
         }
 
@@ -325,6 +345,7 @@ class DrillResult:
     breakdown: dict[str, float | None] = field(default_factory=dict)
     timeline: tuple[TimelineEntry, ...] = ()
     malformed_lines: int = 0
+    ignored_lines: int = 0  # lines stamped before the job started: not of this run
     progress: tuple[tuple[float, str, int], ...] = ()  # (time, incarnation, step) as seen
     started_at: float | None = None
     finished_at: float | None = None
@@ -332,6 +353,15 @@ class DrillResult:
     @property
     def passed(self) -> bool:
         return self.verdict in (Verdict.PASS, Verdict.DRY_RUN)
+
+    @property
+    def headline(self) -> Recovery | None:
+        """The recovery the top-level figures are of (the first that did not pass, else
+        the last)."""
+        return next(
+            (r for r in self.recoveries if r.verdict is not Verdict.PASS),
+            self.recoveries[-1] if self.recoveries else None,
+        )
 
     @property
     def exit_code(self) -> int:

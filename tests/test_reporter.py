@@ -69,7 +69,14 @@ def run_child(
     child_env = {
         key: value
         for key, value in os.environ.items()
-        if key not in {"RANK", "SLURM_PROCID", "RECOVERYGATE_RANKS", "LOCAL_RANK"}
+        if key
+        not in {
+            "RANK",
+            "SLURM_PROCID",
+            "RECOVERYGATE_RANKS",
+            "LOCAL_RANK",
+            "RECOVERYGATE_PARENT_INC",
+        }
         and not key.startswith("TORCHELASTIC_")
     }
     child_env["PYTHONPATH"] = REPORTER_PATH
@@ -288,11 +295,16 @@ def test_a_digest_line_is_the_first_line_after_the_start_event_too() -> None:
     assert records[1].parts == (("model", "aa"), ("rng", "bb"))
 
 
-def test_a_digest_on_a_rank_that_does_not_print_costs_nothing_and_prints_nothing() -> None:
+def test_a_rank_that_does_not_print_progress_still_reports_its_shard_with_its_digest() -> None:
+    # Checkpoint lines are rare (one per save or load) and print on every rank, so a drill
+    # can hold every rank's shard to the expected step; progress stays on rank 0.
     out = io.StringIO()
     reporter.configure(stream=out, rank=3)
+    reporter.progress(1)
     reporter.checkpoint_completed(1, digest={"model": "ab"})
-    assert out.getvalue() == ""
+    records = parsed(out)
+    assert [r.event for r in records] == ["start", "checkpoint_completed"]
+    assert records[1].rank == 3 and records[1].parts == (("model", "ab"),)
 
 
 def test_the_default_interval_caps_the_line_rate_on_the_real_clock() -> None:
@@ -321,15 +333,16 @@ def test_the_default_interval_caps_the_line_rate_on_the_real_clock() -> None:
         (1, "nonsense", False),
     ],
 )
-def test_only_the_selected_ranks_print(rank: int, ranks: str | None, prints: bool) -> None:
+def test_only_the_selected_ranks_print_progress(rank: int, ranks: str | None, prints: bool) -> None:
     out = io.StringIO()
     reporter.configure(stream=out, rank=rank, ranks=ranks)
     reporter.progress(1)
     reporter.checkpoint_completed(1)
     assert reporter.enabled() is prints
-    assert bool(out.getvalue()) is prints
-    if prints:
-        assert {r.rank for r in parsed(out)} == {rank}
+    records = parsed(out)
+    assert bool(steps(records)) is prints
+    assert steps(records, "checkpoint_completed") == [1]  # every rank reports its checkpoints
+    assert {r.rank for r in records} == {rank}
 
 
 def test_rank_and_torchelastic_fields_come_from_the_environment() -> None:
@@ -352,7 +365,7 @@ def test_rank_and_torchelastic_fields_come_from_the_environment() -> None:
     assert progress.rank == 3
 
 
-def test_a_non_zero_rank_prints_nothing_by_default() -> None:
+def test_a_non_zero_rank_prints_no_progress_by_default_but_its_checkpoints() -> None:
     result = run_child(
         """
         from recoverygate import reporter
@@ -362,7 +375,51 @@ def test_a_non_zero_rank_prints_nothing_by_default() -> None:
         env={"RANK": "1"},
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "False\n"
+    records, _ = parse_text(result.stdout)
+    assert [r.event for r in records] == ["start", "checkpoint_completed"]
+    assert result.stdout.endswith("False\n")
+
+
+def test_checkpoint_ranks_narrow_the_checkpoint_lines_like_ranks_narrow_progress() -> None:
+    result = run_child(
+        """
+        from recoverygate import reporter
+        reporter.progress(1); reporter.checkpoint_completed(1); reporter.checkpoint_loaded(1)
+        """,
+        env={"RANK": "1", "RECOVERYGATE_CHECKPOINT_RANKS": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+
+
+def test_the_start_line_says_how_the_process_was_launched() -> None:
+    # A worker started by its launcher names no parent; a subprocess it starts (warm-up,
+    # evaluation: it inherits RANK) names the worker's incarnation, and so does a forked
+    # child (a checkpoint writer). WORLD_SIZE and the parent pid come along.
+    result = run_child(
+        """
+        import os, subprocess, sys
+        from recoverygate import reporter
+        reporter.progress(1)
+        sys.stdout.flush()
+        subprocess.run([sys.executable, "-c",
+                        "from recoverygate import reporter; reporter.progress(1)"], check=True)
+        pid = os.fork()
+        if pid == 0:
+            reporter.checkpoint_completed(1)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """,
+        env={"WORLD_SIZE": "4"},
+    )
+    assert result.returncode == 0, result.stderr
+    starts = [r for r in parse_text(result.stdout)[0] if r.event == "start"]
+    assert len(starts) == 3, result.stdout
+    worker, sub, forked = starts
+    assert worker.parent is None and worker.world_size == 4 and worker.ppid is not None
+    assert sub.parent == worker.inc and sub.ppid == worker.pid
+    assert forked.parent == worker.inc and forked.ppid == worker.pid
+    assert len({worker.inc, sub.inc, forked.inc}) == 3
 
 
 def test_slurm_procid_stands_in_for_a_missing_rank() -> None:

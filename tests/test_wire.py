@@ -464,6 +464,9 @@ start_strategy = st.builds(
     run_id=st.none() | st.text(max_size=40),
     digest=st.none(),  # builds() would invent them
     parts=st.just(()),
+    ppid=st.none() | st.integers(0, 2**22),
+    parent=st.none() | st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
+    world_size=st.none() | st.integers(1, 100_000),
 )
 
 

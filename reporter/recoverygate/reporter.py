@@ -27,11 +27,21 @@ Environment (read on the first call, and again in a forked child):
 
 - ``RANK``: this process's global rank (``SLURM_PROCID`` when RANK is unset; 0 when
   neither is set).
-- ``RECOVERYGATE_RANKS``: ranks that print, ``0`` by default, a comma list, or ``all``.
+- ``RECOVERYGATE_RANKS``: ranks that print progress, ``0`` by default, a comma list, or
+  ``all``. Checkpoint events (started, completed, loaded) are rare and print on every
+  rank, so a drill can hold every rank's shard to the expected step;
+  ``RECOVERYGATE_CHECKPOINT_RANKS`` (default ``all``) narrows them the same way.
 - ``RECOVERYGATE_PROGRESS_INTERVAL``: seconds between progress lines (default 0.1). The
   first two progress calls of a process always print; checkpoint events always print.
-- ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_RUN_ID``: copied into
-  the start event when set.
+- ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_RUN_ID``,
+  ``WORLD_SIZE``: copied into the start event when set.
+
+How a process says how it was launched: importing this module sets
+``RECOVERYGATE_PARENT_INC`` to this process's incarnation id, so a subprocess it starts
+(warm-up, evaluation, data preparation: they inherit ``RANK``) finds it and puts it in
+its start line as ``parent``; a forked child does the same from the fork hook. A worker
+its launcher (torchrun, srun, the container) started has no ``parent``, and a drill
+never takes a child of a worker for the replacement of a killed one.
 """
 
 # The state lives in module globals on purpose: they are the cheapest lookups CPython
@@ -86,7 +96,14 @@ _clock: Callable[[], float] = time.time
 _ready = False
 _on = False
 _interval = DEFAULT_INTERVAL
-_inc = ""
+_inc = os.urandom(8).hex()  # this process's incarnation id (a forked child draws anew)
+_PARENT_ENV = "RECOVERYGATE_PARENT_INC"
+_parent: str | None = os.environ.get(_PARENT_ENV) or None  # who started us, if it reported
+try:  # noqa: SIM105 - contextlib would cost the import budget
+    os.environ[_PARENT_ENV] = _inc  # our subprocesses will name us
+except Exception:  # noqa: S110 - a read-only environment: children just cannot name us
+    pass
+_ckpt_on = False
 _start_line = b""  # written before the first other line, then emptied
 _progress_parts = (b"", b"")  # the line around its time and step, see wire.step_line_parts
 _started_parts = (b"", b"")
@@ -114,7 +131,7 @@ def checkpoint_started(step: SupportsInt) -> None:
     """Report that a save of the state after ``step`` steps began. Never rate-limited."""
     if not _ready:
         _init()
-    if _on:
+    if _ckpt_on:
         _emit(_started_parts, step)
 
 
@@ -126,7 +143,7 @@ def checkpoint_completed(step: SupportsInt, digest: Digest = None) -> None:
     """
     if not _ready:
         _init()
-    if _on:
+    if _ckpt_on:
         if digest is None:
             _emit(_completed_parts, step)
         else:
@@ -141,7 +158,7 @@ def checkpoint_loaded(step: SupportsInt, digest: Digest = None) -> None:
     """
     if not _ready:
         _init()
-    if _on:
+    if _ckpt_on:
         if digest is None:
             _emit(_loaded_parts, step)
         else:
@@ -149,7 +166,7 @@ def checkpoint_loaded(step: SupportsInt, digest: Digest = None) -> None:
 
 
 def enabled() -> bool:
-    """Whether this process prints (its rank is among ``RECOVERYGATE_RANKS``)."""
+    """Whether this process prints progress (its rank is among ``RECOVERYGATE_RANKS``)."""
     if not _ready:
         _init()
     return _on
@@ -233,7 +250,7 @@ def _host() -> str:
 
 def _init() -> None:
     """Decide whether this process prints and preformat its lines (once per process)."""
-    global _ready, _on, _interval, _inc, _start_line, _emitted, _span, _skip
+    global _ready, _on, _ckpt_on, _interval, _start_line, _emitted, _span, _skip
     global _progress_parts, _started_parts, _completed_parts, _loaded_parts
     with _lock:
         if _ready:
@@ -245,6 +262,8 @@ def _init() -> None:
             rank = _rank_setting if _rank_setting is not None else env_rank
             ranks = _ranks_setting or os.environ.get("RECOVERYGATE_RANKS") or DEFAULT_RANKS
             _on = _wants(rank if rank is not None else 0, ranks)
+            ckpt_ranks = os.environ.get("RECOVERYGATE_CHECKPOINT_RANKS") or "all"
+            _ckpt_on = _on or _wants(rank if rank is not None else 0, ckpt_ranks)
             interval = _interval_setting
             if interval is None:
                 try:
@@ -255,11 +274,9 @@ def _init() -> None:
             _emitted = 0
             _span = 0
             _skip = 0
-            if _on:
+            if _ckpt_on:
                 from recoverygate import wire  # needs json: paid on the first line only
 
-                if not _inc:
-                    _inc = os.urandom(8).hex()
                 _progress_parts = _encoded(wire.step_line_parts(wire.PROGRESS, _inc, rank))
                 _started_parts = _encoded(wire.step_line_parts(wire.CHECKPOINT_STARTED, _inc, rank))
                 _completed_parts = _encoded(
@@ -275,9 +292,12 @@ def _init() -> None:
                     restart=_env_int("TORCHELASTIC_RESTART_COUNT"),
                     local_rank=_env_int("LOCAL_RANK"),
                     run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
+                    ppid=os.getppid(),
+                    parent=_parent if _parent != _inc else None,
+                    world_size=_env_int("WORLD_SIZE"),
                 ).encode("ascii")
         except Exception:  # never raise into training code: stay silent instead
-            _on = False
+            _on = _ckpt_on = False
         _ready = True
 
 
@@ -414,10 +434,18 @@ def _write(data: bytes) -> None:
 
 
 def _after_fork() -> None:
-    """A forked child is a new process: new incarnation, new start event, rank re-read."""
-    global _inc, _lock
+    """A forked child is a new process: new incarnation, new start event, rank re-read.
+
+    Its ``parent`` is the process it was forked from, which had the reporter loaded.
+    """
+    global _inc, _lock, _parent
     _lock = _thread.allocate_lock()
-    _inc = ""
+    _parent = _inc
+    _inc = os.urandom(8).hex()
+    try:  # noqa: SIM105 - contextlib would cost the import budget
+        os.environ[_PARENT_ENV] = _inc
+    except Exception:  # noqa: S110 - a read-only environment: children cannot name us
+        pass
     _reset()
 
 

@@ -24,6 +24,12 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``restart``     int     start only: ``TORCHELASTIC_RESTART_COUNT``; absent outside torchrun
 ``local_rank``  int     start only, optional: ``LOCAL_RANK``
 ``run_id``      str     start only, optional: ``TORCHELASTIC_RUN_ID``
+``ppid``        int     start only, optional: the parent process id
+``parent``      str     start only, optional: the incarnation id of the process that started
+                        this one, when that process had the reporter loaded (a subprocess
+                        or forked child of a worker: warm-up, evaluation, a checkpoint
+                        writer); absent for a process its launcher started
+``world_size``  int     start only, optional: ``WORLD_SIZE``
 =============== ======= =====================================================================
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
@@ -130,6 +136,9 @@ class Record(NamedTuple):
     run_id: str | None = None
     digest: str | None = None
     parts: tuple[tuple[str, str], ...] = ()  # (name, digest) sorted by name
+    ppid: int | None = None
+    parent: str | None = None
+    world_size: int | None = None
 
 
 # ---------------------------------------------------------------------------- digests
@@ -269,6 +278,9 @@ def format_start(
     restart: int | None = None,
     local_rank: int | None = None,
     run_id: str | None = None,
+    ppid: int | None = None,
+    parent: str | None = None,
+    world_size: int | None = None,
 ) -> str:
     """One complete start line, newline included (formatted once per process)."""
     parts = [f'{SENTINEL} {{"event":"start","time":{_time(time)},"inc":{json_string(inc)}']
@@ -281,6 +293,12 @@ def format_start(
         parts.append(f',"local_rank":{int(local_rank)}')
     if run_id is not None:
         parts.append(f',"run_id":{json_string(run_id)}')
+    if ppid is not None:
+        parts.append(f',"ppid":{int(ppid)}')
+    if parent is not None:
+        parts.append(f',"parent":{json_string(parent)}')
+    if world_size is not None:
+        parts.append(f',"world_size":{int(world_size)}')
     parts.append("}\n")
     return "".join(parts)
 
@@ -297,6 +315,9 @@ def format_record(record: Record) -> str:
             restart=record.restart,
             local_rank=record.local_rank,
             run_id=record.run_id,
+            ppid=record.ppid,
+            parent=record.parent,
+            world_size=record.world_size,
         )
     if record.step is None:
         raise ValueError(f"a {record.event} record needs a step")
@@ -394,6 +415,11 @@ def record_from_json(obj: object) -> Record | None:
             _opt_str(get("run_id")),
             digest,
             parts,
+            *(
+                (_opt_int(get("ppid")), _opt_str(get("parent")), _opt_int(get("world_size")))
+                if event == START
+                else (None, None, None)
+            ),
         )
     except _Bad:
         return None

@@ -132,6 +132,7 @@ class LocalOrchestrator:
         self._poke = threading.Event()  # wakes the watcher at once (kill, cleanup)
         self._threads: list[threading.Thread] = []
         self._popen: subprocess.Popen[bytes] | None = None
+        self._launched_at: float | None = None
         self._agent: Identity | None = None
         self._tmpdir: Path | None = None
         self._tail: OutputTail | None = None  # attach mode: the agent's output file
@@ -221,7 +222,11 @@ class LocalOrchestrator:
             for rank in ranks
         )
         agent = self._agent.pid if self._agent else "?"
-        return Workload(job=f"torchrun agent pid {agent} on {host}", workers=workers)
+        return Workload(
+            job=f"torchrun agent pid {agent} on {host}",
+            workers=workers,
+            started_at=self._launched_at,  # None when attached: the job predates the drill
+        )
 
     def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
         """Signal exactly the instance named by ``worker.instance_id``; never retried.
@@ -441,6 +446,7 @@ class LocalOrchestrator:
         self._tmpdir = Path(tempfile.mkdtemp(prefix="recoverygate-local-"))
         env = {**os.environ, **self.env}
         env["PYTHONUNBUFFERED"] = "1"  # otherwise agent-relayed lines arrive ~1 s late
+        env.pop("RECOVERYGATE_PARENT_INC", None)  # the job's workers are nobody's children
         # Everything the job starts inherits it: cleanup ends exactly the processes that
         # carry it, wherever they were re-parented and whatever session they are in.
         self._drill_id = secrets.token_hex(16)
@@ -454,6 +460,7 @@ class LocalOrchestrator:
             )
         SubreaperGuard.acquire()
         self._subreaper = True
+        self._launched_at = time.time()  # the reporter's clock: lines before are not this run's
         try:
             self._popen = subprocess.Popen(
                 [executable, *self.command[1:]],
