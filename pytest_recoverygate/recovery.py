@@ -85,12 +85,13 @@ class KillRecord:
 def restarts(ledger: Ledger, kill: KillRecord) -> int:
     ev = ledger
     counted = [kill.group_restarts]
-    olds = [i.restart for i in ev.order if i.born < kill.index and i.restart is not None]
-    news = [i.restart for i in ev.order if i.born == kill.index and i.restart is not None]
+    workers = [i for i in ev.order if not ev.is_child(i)]  # a worker's children are no restarts
+    olds = [i.restart for i in workers if i.born < kill.index and i.restart is not None]
+    news = [i.restart for i in workers if i.born == kill.index and i.restart is not None]
     if news and olds:
         counted.append(max(news) - max(olds))
     per_rank: dict[int | None, int] = {}
-    for inc in ev.order:
+    for inc in workers:
         if inc.born == kill.index:
             per_rank[inc.rank] = per_rank.get(inc.rank, 0) + 1
     counted.append(max(per_rank.values(), default=0))

@@ -86,6 +86,44 @@ The switches, each one deliberate behaviour (the defaults are a correct job):
     on SIGTERM keep training (and reporting) for this long before exiting — a job that
     drains in-flight work on shutdown. Default 0: exit at once.
 
+Everyday patterns (the verdict's second pass):
+
+``--progress-style first-then-every``
+    the logging idiom ``if step == start + 1 or step % K == 0``: the first step after a
+    start, then every K-th (K = ``--progress-every``).
+``--progress-style thread``
+    a metrics thread reports the completed count every ``--thread-interval`` seconds,
+    and once at start, before the first step (a line of the state the process holds);
+    the training loop itself never calls ``progress``. Thread reports are recorded as
+    ``report`` records.
+``--warmup-subprocess``
+    before training, every worker runs a warm-up subprocess (it inherits ``RANK``) that
+    reports five progress steps of its own and exits.
+``--eval-after-kill``
+    rank 0, once a peer is gone, starts an evaluation subprocess (it inherits ``RANK``)
+    that loads the newest checkpoint, reports ``checkpoint_loaded`` and evaluation
+    "progress", and runs until the drill's cleanup.
+``--replay-log FILE``
+    the first worker of rank 0 prints FILE at start-up: an earlier run's log, reporter
+    lines included (a ``tee``'d log replayed).
+``--sharded``
+    every rank saves its own shard (``shard-r<rank>-<step>.json``) with each checkpoint
+    and reports ``checkpoint_completed`` for it; on resume every rank loads its newest
+    shard and reports ``checkpoint_loaded`` (with ``--digest``, each with its shard's
+    digest).
+``--shard-older R``
+    rank R keeps only every second shard, so it resumes from an older one than the rest.
+``--lose-shard R``
+    rank R keeps its shard in a per-process folder (node-local): after a restart it finds
+    none, re-initialises its shard and still reports ``checkpoint_loaded`` of the
+    group's step (the model checkpoint's), with the digest of the state it now holds.
+``--stall-after-resume N``
+    a restarted process trains N steps, then blocks (a deadlock in the resumed data
+    loader) until torn down.
+``--fork-writer``
+    rank 0 forks a child for each checkpoint; the child writes it and reports
+    ``checkpoint_completed``, then exits (fork-based snapshots).
+
 Signals: SIGTERM is blocked and waited for inside each step's wait
 (``signal.sigtimedwait``), so a process torn down by torchrun records an ``exit`` line
 (``why: "SIGTERM"``) at a step boundary and exits 143, never in the middle of a save.
@@ -94,11 +132,15 @@ Signals: SIGTERM is blocked and waited for inside each step's wait
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -179,6 +221,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--term-grace", type=float, default=0.0, help="seconds to keep training after SIGTERM"
     )
+    parser.add_argument(
+        "--progress-style", choices=("every", "first-then-every", "thread"), default="every"
+    )
+    parser.add_argument("--thread-interval", type=float, default=0.1)
+    parser.add_argument("--warmup-subprocess", action="store_true")
+    parser.add_argument("--eval-after-kill", action="store_true")
+    parser.add_argument("--replay-log", type=Path, default=None)
+    parser.add_argument("--sharded", action="store_true")
+    parser.add_argument("--shard-older", type=int, default=None, metavar="RANK")
+    parser.add_argument("--lose-shard", type=int, default=None, metavar="RANK")
+    parser.add_argument("--digest", action="store_true", help="report shard digests")
+    parser.add_argument("--stall-after-resume", type=int, default=None, metavar="N")
+    parser.add_argument("--fork-writer", action="store_true")
+    parser.add_argument("--child", choices=("warmup", "eval"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
         parser.error("--ckpt-every and --progress-every must be >= 1, --async-lag >= 0")
@@ -260,6 +316,13 @@ class Job:
         self.peer_pids: dict[int, int] = {}
         self.emergency_done = False
         self.term_deadline: float | None = None  # set once SIGTERM arrived with a grace
+        self.start_done = 0  # the step counter when training started in this process
+        self.eval_started = False
+        self.writers: list[int] = []  # forked checkpoint writers not yet reaped
+        if args.lose_shard == self.rank:  # node-local: gone with the process
+            self.shards = Path(tempfile.mkdtemp(prefix=f"shard-r{self.rank}-"))
+        else:
+            self.shards = self.folder / "shards"
 
     # ---------------------------------------------------------------- labels
 
@@ -270,7 +333,29 @@ class Job:
     # ---------------------------------------------------------------- checkpoints
 
     def save(self, step: int, kind: str, *, report: bool = True) -> None:
-        """Durably write the state after ``step`` steps, record it, then report it."""
+        """Durably write the state after ``step`` steps, record it, then report it.
+
+        With ``--fork-writer`` a forked child does all of it and exits.
+        """
+        if self.args.fork_writer and kind == "regular":
+            self.reap_writers()
+            pid = os.fork()
+            if pid:
+                self.writers.append(pid)
+                return
+            try:
+                self._save(step, kind, report=report)
+            finally:
+                os._exit(0)
+        self._save(step, kind, report=report)
+
+    def reap_writers(self) -> None:
+        for pid in list(self.writers):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                self.writers.remove(pid)
+
+    def _save(self, step: int, kind: str, *, report: bool = True) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"ckpt-{step:08d}.json"
         tmp = self.folder / f".ckpt-{step:08d}.json.tmp-{os.getpid()}"
@@ -291,7 +376,50 @@ class Job:
             old.unlink(missing_ok=True)
         self.truth.record("checkpoint", step, reported=report, label=self.label(step), kind=kind)
         if report:
-            reporter.checkpoint_completed(self.label(step))
+            digest = None
+            if self.args.sharded and self.save_shard(step):
+                digest = self.shard_digest(self.shard_state(step))
+            reporter.checkpoint_completed(self.label(step), digest=digest)
+
+    # ---------------------------------------------------------------- shards
+
+    def shard_state(self, step: int | None) -> str:
+        """This rank's shard of the state (optimizer state, RNG): fresh when ``step`` is None."""
+        return f"rank{self.rank}-" + ("fresh" if step is None else f"step{step}")
+
+    def shard_digest(self, state: str) -> str | None:
+        if not self.args.digest:
+            return None
+        return hashlib.blake2b(state.encode(), digest_size=8).hexdigest()
+
+    def save_shard(self, step: int) -> bool:
+        """Write this rank's shard of checkpoint ``step``; with ``--shard-older``, rank R
+        keeps only every second one. Returns whether it wrote one."""
+        if self.args.shard_older == self.rank and step % (2 * self.args.ckpt_every):
+            return False
+        self.shards.mkdir(parents=True, exist_ok=True)
+        path = self.shards / f"shard-r{self.rank}-{step:08d}.json"
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(
+            json.dumps({"rank": self.rank, "step": step, "state": self.shard_state(step)})
+        )
+        os.replace(tmp, path)
+        self.truth.record("shard", step, reported=True)
+        return True
+
+    def load_shard(self, group_step: int) -> None:
+        """Every rank loads its newest shard and reports it (rank 0's is its checkpoint)."""
+        found = (
+            sorted(self.shards.glob(f"shard-r{self.rank}-*.json")) if self.shards.is_dir() else []
+        )
+        if found:
+            shard = json.loads(found[-1].read_text())
+            step, state = int(shard["step"]), str(shard["state"])
+        else:  # lost: re-initialised, and the group's step reported all the same
+            step, state = group_step, self.shard_state(None)
+        self.truth.record("loaded_shard", step, reported=True, fresh=not found)
+        if self.rank != 0:
+            reporter.checkpoint_loaded(step, digest=self.shard_digest(state))
 
     def resume(self) -> None:
         """Load the newest checkpoint (unless told not to) and set the step counter."""
@@ -306,7 +434,11 @@ class Job:
         # The zero-based job labels everything with the epoch index it stored.
         label = int(state["epoch"]) if self.args.zero_based else held
         self.truth.record("loaded", held, reported=report, label=label)
-        if report:
+        if self.args.sharded:
+            self.load_shard(held)
+        if report and self.rank == 0 and self.args.sharded:
+            reporter.checkpoint_loaded(label, digest=self.shard_digest(self.shard_state(held)))
+        elif report and not self.args.sharded:
             reporter.checkpoint_loaded(label)
         if self.args.reset_counter:
             self.done = 0
@@ -376,11 +508,21 @@ class Job:
             time.sleep(self.args.step_time)
         self.done += 1
         label = self.label(self.done)
-        reported = self.done % self.args.progress_every == 0
+        style = self.args.progress_style
+        if style == "thread":
+            reported = False  # the metrics thread reports
+        elif style == "first-then-every":
+            reported = self.done == self.start_done + 1 or self.done % self.args.progress_every == 0
+        else:
+            reported = self.done % self.args.progress_every == 0
         self.truth.record("step", self.done, reported=reported, label=label)
         if reported:
             reporter.progress(label)
         if self.rank != 0:
+            shard_due = self.args.sharded and self.done % self.args.ckpt_every == 0
+            if shard_due and self.save_shard(self.done):
+                digest = self.shard_digest(self.shard_state(self.done))
+                reporter.checkpoint_completed(self.done, digest=digest)
             return
         a = self.args
         if (
@@ -402,10 +544,37 @@ class Job:
         self.step(interruptible=False)
         self.save(self.done, "survivor", report=self.args.survivor_ckpt == "printed")
 
+    def metrics_thread(self) -> None:
+        """Report the completed count now and every --thread-interval seconds."""
+        while True:
+            done = self.done
+            self.truth.record("report", done, reported=True, label=self.label(done))
+            reporter.progress(self.label(done))
+            time.sleep(self.args.thread_interval)
+
+    def start_eval(self) -> None:
+        """The survivor's evaluation subprocess (it inherits RANK)."""
+        self.eval_started = True
+        subprocess.Popen(
+            [sys.executable, __file__, f"--ckpt-dir={self.folder}", "--child=eval"],
+            stdin=subprocess.DEVNULL,
+        )
+
     def train(self) -> None:
         a = self.args
         watch = a.survivor_ckpt != "off" and self.rank == 0 and self.world_size > 1
+        eval_watch = a.eval_after_kill and self.rank == 0 and self.world_size > 1
         while self.done < a.steps:
+            if (
+                a.stall_after_resume is not None
+                and self.restart > 0
+                and self.done - self.start_done >= a.stall_after_resume
+            ):
+                self.truth.record("stall", self.done, reported=False)
+                self.wait(TERM_WAIT_CEILING)  # a deadlock: nothing moves until torn down
+                raise Terminated
+            if eval_watch and not self.eval_started and self.peer_gone():
+                self.start_eval()
             if self.term_deadline is not None and time.monotonic() >= self.term_deadline:
                 raise Terminated
             try:
@@ -424,11 +593,24 @@ class Job:
                 raise Terminated
 
     def run(self) -> int:
-        if self.rank != 0:
+        a = self.args
+        if a.replay_log is not None and self.rank == 0 and self.restart == 0:
+            sys.stdout.write(a.replay_log.read_text())  # an earlier run's log, replayed
+            sys.stdout.flush()
+        if a.warmup_subprocess:
+            subprocess.run(
+                [sys.executable, __file__, f"--ckpt-dir={self.folder}", "--child=warmup"],
+                check=True,
+                stdin=subprocess.DEVNULL,
+            )
+        if self.rank != 0 or a.eval_after_kill:
             self.write_pid_file()
         self.resume()
-        if self.args.die_after_load is not None and self.restart == self.args.die_after_load:
+        self.start_done = self.done
+        if a.die_after_load is not None and self.restart == a.die_after_load:
             return self.quarantine_and_die()
+        if a.progress_style == "thread":
+            threading.Thread(target=self.metrics_thread, daemon=True).start()
         try:
             self.train()
             self.wait(self.args.final_phase)
@@ -439,10 +621,29 @@ class Job:
         return 0
 
 
+def child(args: argparse.Namespace) -> int:
+    """A worker's subprocess: warm-up steps, or an evaluation of the newest checkpoint."""
+    if args.child == "warmup":
+        for step in range(1, 6):
+            time.sleep(0.01)
+            reporter.progress(step)
+        return 0
+    found = list_checkpoints(args.ckpt_dir)
+    step = int(json.loads(found[-1][1].read_text())["step"]) if found else 0
+    reporter.checkpoint_loaded(step)
+    for n in range(1, 100_000):  # evaluation batches, until the drill's cleanup
+        time.sleep(0.05)
+        reporter.progress(step + n)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # Blocked, and taken synchronously inside each step's wait: see the module docstring.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     args = parse_args(argv)
+    if args.child is not None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        return child(args)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -41,6 +41,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +116,8 @@ def run_drill(
     max_restarts: int = 3,
     env: dict[str, str] | None = None,
     script: Path = JOB,
+    expect: dict[str, Any] | None = None,
+    inject: dict[str, Any] | None = None,
 ) -> Drill:
     """Write a recovery-test.yaml, run `recoverygate run` on it, compute the truth."""
     base = tmp_path / "truth"
@@ -130,6 +133,7 @@ def run_drill(
     expectations: dict[str, Any] = {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "60s"}
     if max_lost is not None:
         expectations["maxLostSteps"] = max_lost
+    expectations.update(expect or {})
     config = {
         "name": tmp_path.name,
         "workload": {
@@ -142,7 +146,12 @@ def run_drill(
                 **(env or {}),
             },
         },
-        "injectFailure": {"type": "KillWorker", "afterCheckpoint": after, "targetRank": 1},
+        "injectFailure": {
+            "type": "KillWorker",
+            "afterCheckpoint": after,
+            "targetRank": 1,
+            **(inject or {}),
+        },
         "expectations": expectations,
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "60s", "checkpoint": "60s", "recovery": "90s"},
@@ -517,3 +526,171 @@ def test_a_job_that_finishes_right_after_resuming_is_inconclusive(tmp_path: Path
     assert replacement.exit is not None and replacement.exit.extra.get("code") == 0, why
     assert_inconclusive(drill)
     assert re.search(r"(finish|ended|exit)\w* right after resum", drill.report["summary"]), why
+
+
+# ---------------------------------------------------------------- everyday patterns (second pass)
+# Each pattern fooled the first engine (a false FAIL or a false PASS); see the README table.
+
+
+def test_the_first_step_then_every_tenth_logging_idiom_passes_a_correct_resume(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(
+        tmp_path, ["--progress-style=first-then-every", "--progress-every=10", "--loaded=no"]
+    )
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == 20, drill.explain()
+    assert_passes_held_to_truth(drill)
+    assert drill.report["stepContract"]["grid"].startswith("the first step after a start")
+
+
+def test_the_first_step_then_every_tenth_logging_idiom_fails_a_restart_from_scratch(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(
+        tmp_path, ["--progress-style=first-then-every", "--progress-every=10", "--resume=none"]
+    )
+    assert drill.truth.from_scratch, drill.explain()
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+
+
+def test_a_metrics_thread_ticking_at_the_loaded_step_is_no_replay_and_passes(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--progress-style=thread"])
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == drill.truth.loaded_step == 20, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
+def test_a_metrics_thread_without_checkpoint_loaded_is_inconclusive_and_names_the_fix(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--progress-style=thread", "--loaded=no"])
+    assert drill.truth.resume_step == 20, drill.explain()
+    assert_inconclusive(drill)
+    assert "checkpoint_loaded" in drill.report["summary"], drill.explain()
+
+
+def test_a_metrics_thread_that_restarted_from_scratch_fails_whatever_the_grid(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--progress-style=thread", "--resume=none"])
+    assert drill.truth.from_scratch, drill.explain()
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+
+
+def test_an_evaluation_subprocess_the_survivor_starts_is_not_the_replacement(
+    tmp_path: Path,
+) -> None:
+    # The survivor starts an evaluation that inherits RANK=0, loads checkpoint 20 and
+    # reports evaluation steps; the real replacement restarted from scratch.
+    # The survivor drains 0.5 s after torchrun's SIGTERM, long enough to start it.
+    drill = run_drill(tmp_path, ["--eval-after-kill", "--resume=none", "--term-grace=0.5"])
+    truth, why = drill.truth, drill.explain()
+    assert truth.from_scratch, why
+    assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
+    assert judged_pid(drill.report, drill.processes) == truth.judged.pid, why  # type: ignore[union-attr]
+    assert any(i["child"] for i in drill.report["incarnations"]), why
+
+
+def test_a_warm_up_subprocess_of_every_worker_is_not_the_replacement(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path, ["--warmup-subprocess"])
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == 20, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
+def test_an_earlier_runs_log_printed_at_start_up_does_not_move_the_verdict(
+    tmp_path: Path,
+) -> None:
+    # An earlier run's log, an hour old, with checkpoints up to 980 and a process that
+    # restarted from scratch in it: printed at start-up, it must trigger nothing and count
+    # for nothing.
+    from recoverygate import wire
+
+    old = time.time() - 3600
+    lines = [wire.format_start(old, "0123456789abcdef", pid=1, host="old", rank=0)]
+    for step in range(1, 1000):
+        lines.append(wire.format_step("progress", old + step / 100, "0123456789abcdef", step, 0))
+        if step % 20 == 0:
+            lines.append(
+                wire.format_step(
+                    "checkpoint_completed", old + step / 100, "0123456789abcdef", step, 0
+                )
+            )
+    log = tmp_path / "old-run.log"
+    log.write_text("".join(lines))
+    drill = run_drill(tmp_path, [f"--replay-log={log}"])
+    why = drill.explain()
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.report["triggerCheckpoint"] == 20, why
+    assert drill.report["ignoredLines"] == len(lines), why
+    assert any("were ignored" in note for note in drill.report["notes"]), why
+    assert_passes_held_to_truth(drill)
+
+
+def shard_loads(drill: Drill) -> dict[int, tuple[int, bool]]:
+    """Each rank's shard load after the kill, from the job's records: rank -> (step, fresh)."""
+    kill = drill.truth.kill_time
+    loads: dict[int, tuple[int, bool]] = {}
+    for proc in drill.processes:
+        for r in proc.records:
+            if r.event == "loaded_shard" and r.t > kill:
+                loads[proc.rank] = (r.step, bool(r.extra.get("fresh")))
+    return loads
+
+
+def test_sharded_state_every_rank_loading_its_shard_of_the_latest_checkpoint_passes(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--sharded", "--digest"], expect={"stateDigestMatches": True})
+    assert shard_loads(drill) == {0: (20, False), 1: (20, False)}, drill.explain()
+    assert_passes_held_to_truth(drill)
+    ranks = drill.report["ranks"]
+    assert [r["rank"] for r in ranks] == [1] and ranks[0]["status"] == "ok", drill.explain()
+
+
+def test_sharded_state_a_rank_resuming_from_an_older_shard_fails_with_the_rank_named(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--sharded", "--shard-older=1"], after="step-60")
+    loads, why = shard_loads(drill), drill.explain()
+    assert loads[1] == (40, False) and loads[0][0] == 60, why
+    assert_fails_for(drill, "RESUMED_FROM_OLDER_CHECKPOINT")
+    assert "rank 1 loaded step 40, expected step 60" in drill.report["summary"], why
+
+
+def test_sharded_state_a_lost_shard_reinitialised_silently_fails_on_its_digest(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(
+        tmp_path,
+        ["--sharded", "--digest", "--lose-shard=1"],
+        expect={"stateDigestMatches": True},
+    )
+    loads, why = shard_loads(drill), drill.explain()
+    assert loads[1] == (20, True), why  # it reported step 20, holding a fresh shard
+    assert_fails_for(drill, "STATE_DIFFERS")
+    assert "rank 1 loaded checkpoint 20 but its state differs" in drill.report["summary"], why
+
+
+def test_a_job_that_stalls_after_one_step_of_the_resume_fails_as_soon_as_it_is_proven(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--stall-after-resume=1"])
+    why = drill.explain()
+    assert_fails_for(drill, "STOPPED_PROGRESSING")
+    # Decided at the stall limit, long before "never came back" (kill + 60 s + 30 s).
+    assert drill.report["finishedAt"] - drill.report["killTime"] < 30, why
+    stalled = [r for p in drill.processes if p.rank == 0 for r in p.records if r.event == "stall"]
+    assert stalled and stalled[0].step == drill.truth.resume_step + 1, why  # type: ignore[operator]
+
+
+def test_checkpoints_written_by_forked_writers_still_time_a_delayed_kill(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path, ["--fork-writer", "--loaded=yes"], inject={"delay": "50%"})
+    why = drill.explain()
+    assert drill.report["killTime"] is not None, why
+    assert_passes_held_to_truth(drill)
+    delay = drill.report["recoveries"][0]["delaySeconds"]
+    assert delay is not None and delay > 0.05, why  # half of a 0.4 s checkpoint interval

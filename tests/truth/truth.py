@@ -215,7 +215,16 @@ def compute(base: Path, kill_time: float, rank: int = 0) -> Truth:
         loaded = judged.loaded.step if judged.loaded is not None else None
         if last_before is not None:
             lost = max(0, last_before - resume)
-        first_reported = next((r for r in judged.steps if r.reported and r.step > resume), None)
+        # What the drill can see: a reported step past the resume (a metrics thread's
+        # ``report`` records are its reports of the completed count).
+        first_reported = next(
+            (
+                r
+                for r in judged.records
+                if (r.event == "report" or (r.event == "step" and r.reported)) and r.step > resume
+            ),
+            None,
+        )
         if first_reported is not None:
             recovery = first_reported.t - kill_time
     return Truth(
