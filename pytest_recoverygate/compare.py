@@ -350,7 +350,7 @@ def _change(row: Row) -> str:
     if delta is None or row.base is None:
         return "—"
     text = f"{delta:+.3f}s" if row.unit == "s" else f"{delta:+g}"
-    if row.base != 0:
+    if abs(row.base) >= (0.001 if row.unit == "s" else 1):  # no % of a rounding error
         text += f" ({delta / abs(row.base):+.1%})"
     return text
 

@@ -21,7 +21,14 @@ from pytest_recoverygate.compare import KNOWN_PHASES, extract_figures, load_repo
 from pytest_recoverygate.errors import BaselineError
 from pytest_recoverygate.report import write_private
 
-__all__ = ["HISTORY_PLOT_HINT", "Run", "build_history_figure", "collect_runs", "write_history"]
+__all__ = [
+    "HISTORY_PLOT_HINT",
+    "Run",
+    "build_history_figure",
+    "collect_runs",
+    "history_markdown",
+    "write_history",
+]
 
 HISTORY_PLOT_HINT = (
     "install the plot extra (pip install 'recoverygate[plot]') to get history.png/.svg"
@@ -178,6 +185,16 @@ def build_history_figure(runs: Sequence[Run]) -> Any:
         max(float(v) if isinstance(v, int | float) else 0.0, b)
         for v, b in zip(recovery, bottoms, strict=True)
     ]
+    for x, (value, height) in enumerate(zip(recovery, heights, strict=True)):
+        if isinstance(value, int | float):
+            top.annotate(
+                f"{value:.2f}s",
+                (x, height),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
     if failed:
         top.scatter(
             failed,
@@ -211,7 +228,10 @@ def build_history_figure(runs: Sequence[Run]) -> Any:
     bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.set_xticks(xs)
     bottom.set_xticklabels(
-        [r.label for r in runs], rotation=30 if len(runs) > 6 else 0, fontsize=7, ha="right"
+        [f"#{n} {r.label}" for n, r in enumerate(runs, 1)],
+        rotation=30 if len(runs) > 6 else 0,
+        fontsize=7,
+        ha="right",
     )
     for label, run in zip(bottom.get_xticklabels(), runs, strict=True):
         if run.doc.get("verdict") != "PASS":

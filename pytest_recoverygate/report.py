@@ -4,11 +4,13 @@
 expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) plus the
 breakdown and bookkeeping, the diagnoses of known failure signatures, the failing
 worker's last lines and, in a report folder, the job's own output (``output/*.log``, one
-file per worker, named in ``jobOutput``). Files are written owner-read/write,
+file per worker, named in ``jobOutput``) and ``report.html``, the folder as one page
+(:mod:`pytest_recoverygate.html`). Files are written owner-read/write,
 group/other-read at most (never world-writable), atomically (temp file + rename).
 
-With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there; a step
-summary that cannot be written is reported on stderr and never costs the verdict.
+With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there (pointing
+at ``report.html``: a link with ``$RECOVERYGATE_REPORT_URL``); a step summary that cannot
+be written is reported on stderr and never costs the verdict.
 """
 
 from __future__ import annotations
