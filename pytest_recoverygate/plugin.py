@@ -446,7 +446,7 @@ def _run_and_judge(
         raise KeyboardInterrupt from None
     _record_junit(node, result)
     pconfig.stash.setdefault(_RESULTS, []).append((node.nodeid, result))
-    regression = _against_baseline(node, result, drill_config, folder)
+    regression = None if options.dry_run else _against_baseline(node, result, drill_config, folder)
     if result.verdict in (Verdict.FAIL, Verdict.ERROR) and raise_on_fail:
         import io
 

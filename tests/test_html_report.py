@@ -115,6 +115,8 @@ def test_every_report_folder_has_the_page_in_reading_order(repeated: Path) -> No
     assert "report.html" in (repeated / "summary.md").read_text()
 
 
+@pytest.mark.e2e
+@pytest.mark.browser
 @needs_chromium
 def test_chromium_renders_the_page_with_the_verdict_first_and_no_error(
     repeated: Path, tmp_path: Path
@@ -168,6 +170,7 @@ HOSTILE = (
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.local
 def test_hostile_job_output_is_shown_as_text(tmp_path: Path) -> None:
     replay = tmp_path / "hostile.log"
@@ -212,3 +215,27 @@ def test_hostile_job_output_is_shown_as_text(tmp_path: Path) -> None:
         assert console_errors(dom.stderr) == []
         assert "pwned" not in re.search(r"<title>(.*?)</title>", dom.stdout).group(1)  # type: ignore[union-attr]
         assert '&lt;script&gt;document.title="pwned"&lt;/script&gt;' in dom.stdout
+
+
+def test_the_github_step_summary_links_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "acme/train")
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    monkeypatch.delenv("RECOVERYGATE_REPORT_URL", raising=False)
+    code, _ = run_fake_drill(tmp_path / "a")
+    assert code == 0
+    text = summary.read_text()
+    assert "HTML report: `report.html` in the report folder" in text
+    assert "(https://github.com/acme/train/actions/runs/4242#artifacts)" in text
+    # where the job uploads the folder, the summary links the page itself
+    monkeypatch.setenv("RECOVERYGATE_REPORT_URL", "https://ci.example.com/drills/night-1/")
+    summary.unlink()
+    code, _ = run_fake_drill(tmp_path / "b")
+    assert code == 0
+    assert "[Open the HTML report](https://ci.example.com/drills/night-1/report.html)" in (
+        summary.read_text()
+    )

@@ -11,6 +11,8 @@ missing baseline folder is a usage error before anything runs.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -29,14 +31,32 @@ def drill_file(pytester: pytest.Pytester, changes: dict[str, Any] | None = None)
     return path
 
 
-@pytest.fixture
-def baseline(pytester: pytest.Pytester) -> Path:
-    """The folder a first run wrote with --drill-report-dir."""
-    path = drill_file(pytester)
-    result = pytester.runpytest_subprocess(f"--drill-config={path}", "--drill-report-dir=base")
-    result.assert_outcomes(passed=1)
-    assert (pytester.path / "base" / "nightly" / "report.json").is_file()
-    return pytester.path / "base"
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder a first pytest run wrote with --drill-report-dir (once per module)."""
+    root = tmp_path_factory.mktemp("baseline")
+    path = root / "recovery-test.yaml"
+    path.write_text(yaml.safe_dump(merge({**FAKE_DRILL, "name": "nightly"}, {})))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            f"--rootdir={root}",
+            f"--drill-config={path}",
+            f"--drill-report-dir={root / 'base'}",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (root / "base" / "nightly" / "report.json").is_file()
+    return root / "base"
 
 
 def test_a_regressed_drill_fails_with_the_table_in_its_text_and_junit(
