@@ -144,6 +144,13 @@ def test_chromium_renders_the_page_with_the_verdict_first_and_no_error(
     assert dom.returncode == 0
     assert "Every recovery (3)" in dom.stdout
     assert took < 60
+    # printable: Chromium prints it to a PDF of a few pages
+    pdf = tmp_path / "report.pdf"
+    page = (repeated / "report.html").as_uri()
+    printed = chromium("--no-pdf-header-footer", f"--print-to-pdf={pdf}", page)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    pages = len(re.findall(rb"/Type\s*/Page[^s]", pdf.read_bytes()))
+    assert 1 <= pages <= 12, pages
     # the console check itself sees a script error and a blocked load
     bad = tmp_path / "bad.html"
     bad.write_text('<html><body><script>undefinedFn()</script><img src="https://x.invalid/a.png">')
