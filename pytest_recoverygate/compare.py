@@ -8,8 +8,9 @@
 - every recovery phase of ``breakdown`` by its own name, as its own duration
   (``checkpointLoaded``: from the previous phase to the checkpoint loaded), whichever
   phases the backend reports;
-- any other top-level number ending in ``Seconds`` (``healTimeSeconds``, say): a figure
-  named by its key, lower is better. A new report field slots in without a change here;
+- any other number ending in ``Seconds`` at the top of the report or in ``costs``
+  (``healTimeSeconds``, say): a figure named by its key, lower is better (limits such as
+  ``maxRecoveryTimeSeconds`` and the checkpoint interval, a setting, are not figures). A new report field slots in without a change here;
   a row in :data:`KNOWN_FIGURES` gives it a short name, a unit or the other direction.
 
 An allowance (``--max-regression recoveryTime=20%,lostSteps=0,checkpointLoaded=2s``) is
@@ -118,8 +119,9 @@ KNOWN_PHASES = (
     "firstStepAfterResume",
 )
 
-_KNOWN_KEYS = {f.path[0] for f in KNOWN_FIGURES if len(f.path) == 1}
-_NOT_FIGURES = re.compile(r"^(max|min|expected)[A-Z]")  # limits, not measurements
+_KNOWN_PATHS = {f.path for f in KNOWN_FIGURES}
+# limits and settings, not measurements
+_NOT_FIGURES = re.compile(r"^(max|min|expected)[A-Z]|^checkpointInterval")
 
 
 def _number(value: Any) -> float | None:
@@ -159,14 +161,19 @@ def extract_figures(doc: Mapping[str, Any]) -> dict[str, tuple[float | None, Fig
                     seconds,
                     Figure(phase, ("breakdown", phase), "s", description="phase"),
                 )
-    for key, value in doc.items():
-        if (
-            key.endswith("Seconds")
-            and key not in _KNOWN_KEYS
-            and not _NOT_FIGURES.match(key)
-            and _number(value) is not None
-        ):
-            out[key] = (_number(value), Figure(key, (key,), "s"))
+    costs = doc.get("costs")
+    for where, block in (((), doc), (("costs",), costs if isinstance(costs, Mapping) else {})):
+        for key, value in block.items():
+            path = (*where, key)
+            if (
+                isinstance(key, str)
+                and key.endswith("Seconds")
+                and path not in _KNOWN_PATHS
+                and not _NOT_FIGURES.match(key)
+                and _number(value) is not None
+                and key not in out
+            ):
+                out[key] = (_number(value), Figure(key, path, "s"))
     return out
 
 

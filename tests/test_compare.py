@@ -179,8 +179,14 @@ def test_a_new_report_figure_slots_in_without_a_table_row(reports: dict[str, Pat
     comparison = compare(base, new, parse_allowances("healTimeSeconds=10%", "test"))
     [regressed] = [r for r in comparison.regressed if r.figure == "healTimeSeconds"]
     assert (regressed.base, regressed.new) == (1.0, 1.5)
-    # a limit is not a figure
+    # in the costs too
+    base["costs"]["detectionTimeSeconds"], new["costs"]["detectionTimeSeconds"] = 0.5, 0.5
+    comparison = compare(base, new, parse_allowances("detectionTimeSeconds=0s", "test"))
+    [row] = [r for r in comparison.rows if r.figure == "detectionTimeSeconds"]
+    assert row.status.value == "ok"
+    # a limit or a setting is not a figure
     assert "maxRecoveryTimeSeconds" not in extract_figures(new)
+    assert "checkpointIntervalSeconds" not in extract_figures(new)
 
 
 def test_a_relative_allowance_on_a_zero_base_allows_nothing(reports: dict[str, Path]) -> None:
