@@ -10,8 +10,9 @@
   phases the backend reports;
 - any other number ending in ``Seconds`` at the top of the report or in ``costs``
   (``healTimeSeconds``, say): a figure named by its key, lower is better (limits such as
-  ``maxRecoveryTimeSeconds`` and the checkpoint interval, a setting, are not figures). A new report field slots in without a change here;
-  a row in :data:`KNOWN_FIGURES` gives it a short name, a unit or the other direction.
+  ``maxRecoveryTimeSeconds`` and the checkpoint interval, a setting, are not figures).
+  A new report field slots in without a change here; a row in :data:`KNOWN_FIGURES`
+  gives it a short name, a unit or the other direction.
 
 An allowance (``--max-regression recoveryTime=20%,lostSteps=0,checkpointLoaded=2s``) is
 relative (``%`` of the base) or absolute (a duration such as ``2s`` or ``500ms`` for a
