@@ -410,12 +410,23 @@ def format_table(comparison: Comparison, *, markdown: bool = False) -> str:
 
 
 def load_report(path: Path, what: str = "report") -> dict[str, Any]:
-    """A drill report from ``path`` (a report.json or a folder holding one).
+    """A drill report from ``path``: a report.json, a folder holding one, or a
+    ``--drill-report-dir`` folder holding one drill's folder.
 
     Raise :class:`BaselineError` naming the path: missing, unreadable, not JSON, or JSON
     that is no drill report.
     """
     file = path / "report.json" if path.is_dir() else path
+    if path.is_dir() and not file.is_file():  # a --drill-report-dir folder of one drill
+        inside = sorted(path.glob("*/report.json"))
+        if len(inside) == 1:
+            file = inside[0]
+        elif inside:
+            names = ", ".join(p.parent.name for p in inside)
+            raise BaselineError(
+                f"{what} {path}: holds the reports of {len(inside)} drills ({names}); "
+                "give one drill's folder"
+            )
     if not file.is_file():
         fix = (
             "the folder holds no report.json; give a --report-dir folder or a report.json"

@@ -10,6 +10,7 @@ report carries slots in without a change to the table of known figures.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,19 @@ def test_bad_input_exits_2_with_a_message_naming_it(
     err = capsys.readouterr().err
     assert named in err
     assert "Traceback" not in err
+
+
+def test_a_drill_report_dir_of_one_drill_is_a_report_folder_too(
+    reports: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --drill-report-dir=DIR writes DIR/<drill>/report.json
+    assert main(["compare", str(reports["fast"].parent), str(reports["slow"].parent)]) == 0
+    assert "recoveryTime" in capsys.readouterr().out
+    both = tmp_path / "both"
+    for name in ("fast", "other"):
+        shutil.copytree(reports[name], both / reports[name].name)
+    assert main(["compare", str(both), str(reports["slow"])]) == 2
+    assert "holds the reports of 2 drills (nightly, other-drill)" in capsys.readouterr().err
 
 
 def test_different_drills_warn_and_strict_refuses(
