@@ -30,7 +30,9 @@ __all__ = [
     "DESCRIPTION",
     "EPILOG",
     "LiveStatus",
+    "compare_command",
     "goodput_command",
+    "history_command",
     "kubectl_main",
     "main",
     "print_effective_config",
@@ -118,7 +120,90 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="DIR",
         help="write goodput.png/.svg (goodput against the interval) here",
     )
+    compare = sub.add_parser(
+        "compare",
+        help="compare a drill's figures with a baseline report",
+        description="Figure by figure (recovery time and each phase, lost steps, lost "
+        "work, save stall, step time): base, new, change. With --max-regression, exit 1 "
+        "when a figure got worse than its allowance (docs/reports.md).",
+        epilog="exit codes: 0 no regression beyond an allowance, 1 a figure regressed, "
+        "2 bad input (a missing file, no drill report, an unknown figure or allowance)",
+    )
+    compare.add_argument("base", type=Path, help="the baseline: a report.json or report folder")
+    compare.add_argument("new", type=Path, help="the new run: a report.json or report folder")
+    compare.add_argument(
+        "--max-regression",
+        action="append",
+        default=[],
+        metavar="FIG=ALLOW,...",
+        help="allowances, e.g. recoveryTime=20%%,lostSteps=0,checkpointLoaded=2s (repeatable)",
+    )
+    compare.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to compare reports of different drills or backends (exit 2)",
+    )
+    compare.add_argument(
+        "--markdown", action="store_true", help="print the table as markdown (for a CI comment)"
+    )
+    history = sub.add_parser(
+        "history",
+        help="draw the trend of many runs of a drill",
+        description="From report folders (each a --report-dir folder, or a folder of "
+        "them): OUT/history.png and .svg (recovery time stacked by phase, lost steps, the "
+        "SLO, failures marked) and OUT/history.md.",
+    )
+    history.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="report folders")
+    history.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
+    history.add_argument(
+        "--by-start",
+        action="store_true",
+        help="order the runs by their start time (default: in the order given)",
+    )
+    history.add_argument(
+        "--drill", metavar="NAME", help="only this drill's reports (when the folders hold several)"
+    )
     return parser
+
+
+def compare_command(args: argparse.Namespace, name: str) -> int:
+    """``recoverygate compare BASE NEW``: the table; 1 when a figure regressed."""
+    from pytest_recoverygate.compare import compare, format_table, load_report, parse_allowances
+    from pytest_recoverygate.errors import BaselineError
+
+    try:
+        allowances = {}
+        for text in args.max_regression:
+            allowances.update(parse_allowances(text, "--max-regression"))
+        base = load_report(args.base, "BASE")
+        new = load_report(args.new, "NEW")
+        comparison = compare(base, new, allowances, base_name="base", new_name="new")
+    except BaselineError as exc:
+        print(f"{name} compare: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for warning in comparison.warnings:
+        if args.strict:
+            print(f"{name} compare: {warning}; refused (--strict)", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"{name} compare: warning: {warning}", file=sys.stderr)
+    print(f"base: {args.base}\nnew:  {args.new}")
+    print(format_table(comparison, markdown=args.markdown))
+    return EXIT_CODES[Verdict.FAIL] if comparison.regressed else EXIT_PASS
+
+
+def history_command(args: argparse.Namespace, name: str) -> int:
+    """``recoverygate history DIR... -o OUT``: the trend picture and table."""
+    from pytest_recoverygate.errors import BaselineError
+    from pytest_recoverygate.history import collect_runs, write_history
+
+    try:
+        runs = collect_runs(args.dirs, by_start=args.by_start, drill=args.drill)
+        written = write_history(runs, args.output)
+    except BaselineError as exc:
+        print(f"{name} history: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{len(runs)} run(s) of {runs[0].drill!r}: " + ", ".join(str(p) for p in written))
+    return EXIT_PASS
 
 
 def goodput_command(args: argparse.Namespace, name: str) -> int:
@@ -258,6 +343,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     if args.command == "goodput":
         return goodput_command(args, name)
+    if args.command == "compare":
+        return compare_command(args, name)
+    if args.command == "history":
+        return history_command(args, name)
 
     from pytest_recoverygate.config import load_config
     from pytest_recoverygate.errors import (

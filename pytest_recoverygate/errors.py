@@ -5,7 +5,8 @@
     RecoveryGateError            base of everything we raise on purpose
     ├── ConfigError              the drill config is invalid (exit 2)
     ├── UsageError               the command line or the environment asks the impossible (exit 2)
-    │   └── ConfirmationRequired  a kill needs confirming and this run cannot ask
+    │   ├── ConfirmationRequired  a kill needs confirming and this run cannot ask
+    │   └── BaselineError       a report or allowance given to compare/history is unusable
     ├── DrillError               the drill could not be carried out (verdict ERROR, exit 3)
     │   ├── DiscoveryError       no workload, an ambiguous one, or the target is absent
     │   ├── PermissionDeniedError  the backend refused an operation we need
@@ -22,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "BackendError",
+    "BaselineError",
     "ConfigError",
     "ConfirmationRequired",
     "DiscoveryError",
@@ -60,6 +62,10 @@ class UsageError(RecoveryGateError):
 
 class ConfirmationRequired(UsageError):
     """safety.requireConfirm is set and nothing confirmed the kill (no terminal, no --yes)."""
+
+
+class BaselineError(UsageError):
+    """A report, report folder or allowance given to compare or history cannot be used."""
 
 
 class ReportError(RecoveryGateError):

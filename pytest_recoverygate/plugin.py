@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
+    "HELP_BASELINE",
     "HELP_CONFIG",
     "HELP_DRY_RUN",
+    "HELP_MAX_REGRESSION",
     "HELP_REPORT_DIR",
     "HELP_YES",
     "MARKER",
@@ -47,6 +49,14 @@ HELP_REPORT_DIR = (
     "write each drill's report.json, events.jsonl, summary, picture and the job's output "
     "here, in a folder named after the drill"
 )
+HELP_BASELINE = (
+    "compare each drill with its report in this folder (an earlier --drill-report-dir "
+    "run); a drill whose figures regressed beyond --drill-max-regression fails"
+)
+HELP_MAX_REGRESSION = (
+    "allowances for --drill-baseline, e.g. recoveryTime=20%,lostSteps=0,checkpointLoaded=2s "
+    "(without them the comparison is shown, never fails)"
+)
 MARKER = (
     "drill(config=None, *, dry_run=None, overrides=None): a recovery drill; `config` is a "
     "recovery-test.yaml path (relative to the test file), `overrides` maps dotted YAML keys "
@@ -64,12 +74,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("drill_dry_run", HELP_DRY_RUN, type="bool", default=False)
     parser.addini("drill_yes", HELP_YES, type="bool", default=False)
     parser.addini("drill_report_dir", HELP_REPORT_DIR, default="")
+    group.addoption("--drill-baseline", default=None, metavar="DIR", help=HELP_BASELINE)
+    group.addoption(
+        "--drill-max-regression", default=None, metavar="FIG=ALLOW,...", help=HELP_MAX_REGRESSION
+    )
+    parser.addini("drill_baseline", HELP_BASELINE, default="")
+    parser.addini("drill_max_regression", HELP_MAX_REGRESSION, default="")
 
 
 _RESULTS = pytest.StashKey[list[tuple[str, "DrillResult"]]]()
 _SKIPPED = pytest.StashKey[list[tuple[str, str]]]()  # (test id, why) of every skipped drill
 _EVIDENCE = pytest.StashKey[dict[str, "Evidence"]]()  # test id -> the job's output, diagnoses
 _REPORT_NAMES = pytest.StashKey[dict[str, str]]()  # report folder name -> the test that has it
+_BASELINE_NOTES = pytest.StashKey[list[tuple[str, str]]]()  # (test id, the comparison's note)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,6 +107,33 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--drill-report-dir/drill_report_dir: {report_dir} is a file; give a folder"
         )
+    config.stash[_BASELINE_NOTES] = []
+    baseline = _baseline_dir(config)
+    if baseline is not None and not baseline.is_dir():
+        what = "is a file" if baseline.exists() else "does not exist"
+        raise pytest.UsageError(
+            f"--drill-baseline/drill_baseline: {baseline} {what}; give the folder an earlier "
+            "--drill-report-dir run wrote"
+        )
+    _allowances(config)  # a bad allowance is a usage error before anything runs
+
+
+def _baseline_dir(config: pytest.Config) -> Path | None:
+    value = config.getoption("drill_baseline") or config.getini("drill_baseline")
+    return Path(str(value)).resolve() if value else None
+
+
+def _allowances(config: pytest.Config) -> dict[str, Any]:
+    from pytest_recoverygate.compare import parse_allowances
+    from pytest_recoverygate.errors import BaselineError
+
+    option = config.getoption("drill_max_regression")
+    where = "--drill-max-regression" if option else "drill_max_regression"
+    text = str(option or config.getini("drill_max_regression") or "")
+    try:
+        return dict(parse_allowances(text, where))
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -98,11 +142,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     results = config.stash.get(_RESULTS, [])
     skipped = config.stash.get(_SKIPPED, [])
     verbosity = config.get_verbosity()
-    if not (results and verbosity >= 0) and not (skipped and verbosity >= -1):
+    notes = config.stash.get(_BASELINE_NOTES, [])
+    if not ((results or notes) and verbosity >= 0) and not (skipped and verbosity >= -1):
         return
     from pytest_recoverygate.terminal import figure_lines
 
     terminalreporter.section("recoverygate drills")
+    for nodeid, note in config.stash.get(_BASELINE_NOTES, []):
+        terminalreporter.write_line(f"BASELINE {nodeid}: {note}")
     for nodeid, why in skipped:
         terminalreporter.write_line(f"SKIPPED {nodeid}: {why}", yellow=True)
     if verbosity < 0:
@@ -374,14 +421,13 @@ def _run_and_judge(
     def keep(evidence: Evidence) -> None:
         pconfig.stash.setdefault(_EVIDENCE, {})[node.nodeid] = evidence
 
+    folder = _report_folder(node, drill_config.name)
     options = RunOptions(
         # --dry-run / drill_dry_run can only turn the kill off, never back on.
         dry_run=_dry_run(pconfig) or bool(dry_run),
         confirmed=_confirmed(pconfig),
         observer=_TerminalProgress(pconfig, node.nodeid),
-        report_dir=(
-            report_dir / _report_folder(node, drill_config.name) if report_dir is not None else None
-        ),
+        report_dir=report_dir / folder if report_dir is not None else None,
         on_evidence=keep,
     )
     try:
@@ -400,14 +446,74 @@ def _run_and_judge(
         raise KeyboardInterrupt from None
     _record_junit(node, result)
     pconfig.stash.setdefault(_RESULTS, []).append((node.nodeid, result))
+    regression = None if options.dry_run else _against_baseline(node, result, drill_config, folder)
     if result.verdict in (Verdict.FAIL, Verdict.ERROR) and raise_on_fail:
         import io
 
         buffer = io.StringIO()
         evidence = pconfig.stash.get(_EVIDENCE, {}).get(node.nodeid)
         print_result(result, buffer, evidence, report_dir=options.report_dir)
-        raise DrillFailed(buffer.getvalue().strip())
+        raise DrillFailed(buffer.getvalue().strip() + (f"\n\n{regression}" if regression else ""))
+    if regression is not None and raise_on_fail:
+        raise DrillFailed(regression)
     return result
+
+
+def _against_baseline(
+    node: pytest.Item, result: DrillResult, drill_config: DrillConfig, folder: str
+) -> str | None:
+    """Compare the drill with its report in ``--drill-baseline``; the failure text when a
+    figure regressed beyond its allowance, else None. The table (or why there is none)
+    goes to the JUnit properties and the terminal summary either way."""
+    baseline = _baseline_dir(node.config)
+    if baseline is None:
+        return None
+    from pytest_recoverygate.compare import compare, format_table, load_report
+    from pytest_recoverygate.errors import BaselineError
+    from pytest_recoverygate.report import result_to_dict
+
+    notes = node.config.stash.setdefault(_BASELINE_NOTES, [])
+    path = baseline / folder
+    if not (path / "report.json").is_file():
+        note = f"no baseline ({path / 'report.json'} does not exist): nothing to compare, passes"
+        notes.append((node.nodeid, note))
+        _junit_property(node, "baseline", note)
+        return None
+    try:
+        base = load_report(path, "baseline")
+        comparison = compare(
+            base,
+            result_to_dict(result, drill_config),
+            _allowances(node.config),
+            base_name="baseline",
+            new_name="this run",
+            where="--drill-max-regression/drill_max_regression",
+        )
+    except BaselineError as exc:
+        raise DrillFailed(f"the baseline cannot be used: {exc}") from None
+    table = format_table(comparison)
+    text = "\n".join([f"compared with the baseline {path}:", *comparison.warnings, table])
+    _junit_property(node, "baseline", text)
+    _junit_property(node, "baseline.regressed", ",".join(r.figure for r in comparison.regressed))
+    if comparison.regressed:
+        names = ", ".join(r.figure for r in comparison.regressed)
+        notes.append((node.nodeid, f"regressed against {path}: {names}"))
+        return f"the drill regressed against its baseline ({names}):\n{text}"
+    notes.append((node.nodeid, f"compared with {path}: {table.splitlines()[-1]}"))
+    return None
+
+
+def _junit_property(node: pytest.Item, key: str, value: str) -> None:
+    family = str(node.config.getini("junit_family"))
+    if family in ("xunit1", "legacy"):
+        node.user_properties.append((key, value))
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover - pytest internals moved
+        return
+    xml = node.config.stash.get(xml_key, None)
+    if xml is not None:
+        xml.add_global_property(f"recoverygate.{node.nodeid}.{key}", value)
 
 
 def _record_junit(node: pytest.Item, result: DrillResult) -> None:

@@ -4,11 +4,13 @@
 expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) plus the
 breakdown and bookkeeping, the diagnoses of known failure signatures, the failing
 worker's last lines and, in a report folder, the job's own output (``output/*.log``, one
-file per worker, named in ``jobOutput``). Files are written owner-read/write,
+file per worker, named in ``jobOutput``) and ``report.html``, the folder as one page
+(:mod:`pytest_recoverygate.html`). Files are written owner-read/write,
 group/other-read at most (never world-writable), atomically (temp file + rename).
 
-With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there; a step
-summary that cannot be written is reported on stderr and never costs the verdict.
+With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there (pointing
+at ``report.html``: a link with ``$RECOVERYGATE_REPORT_URL``); a step summary that cannot
+be written is reported on stderr and never costs the verdict.
 """
 
 from __future__ import annotations
@@ -30,9 +32,15 @@ if TYPE_CHECKING:
     from pytest_recoverygate.schema import DrillConfig
 
 OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report folder
+HTML_REPORT = "report.html"  # the one-page report in a report folder
+#: Where the CI job uploads the report folder (e.g. an artifact or pages URL): the step
+#: summary then links ``<url>/report.html``.
+REPORT_URL_ENV = "RECOVERYGATE_REPORT_URL"
 
 __all__ = [
+    "HTML_REPORT",
     "OUTPUT_FOLDER",
+    "REPORT_URL_ENV",
     "REPORT_VERSION",
     "cost_figures",
     "cost_line",
@@ -41,6 +49,7 @@ __all__ = [
     "markdown_summary",
     "project_config",
     "result_to_dict",
+    "write_html_report",
     "write_private",
     "write_reports",
 ]
@@ -301,20 +310,56 @@ def write_reports(
         pictures += _decision_pictures(doc, config, report_dir)
         files = _write_job_output(evidence, report_dir)
         doc.update(evidence_to_dict(evidence, files))
+        doc["htmlReport"] = HTML_REPORT
         dir_text = json.dumps(doc, indent=2, default=str) + "\n"
         write_private(report_dir / "report.json", dir_text)
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
         write_private(report_dir / "events.jsonl", events)
         write_private(report_dir / "summary.md", markdown_summary(doc))
+        try:
+            write_html_report(report_dir, doc)
+        except Exception as exc:  # a rendering failure must not cost the report
+            del doc["htmlReport"]
+            doc["htmlReportHint"] = f"report.html could not be rendered ({describe_exception(exc)})"
+            write_private(report_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
+            write_private(report_dir / "summary.md", markdown_summary(doc))
+            print(f"recoverygate: {doc['htmlReportHint']}", file=sys.stderr)
         written += [
             report_dir / "report.json",
             report_dir / "events.jsonl",
             report_dir / "summary.md",
+            *([report_dir / HTML_REPORT] if "htmlReport" in doc else []),
             *pictures,
             *(report_dir / path for path in files.values()),
         ]
     _append_step_summary(doc)
     return written
+
+
+def write_html_report(report_dir: Path, doc: dict[str, Any] | None = None) -> Path:
+    """Render ``report.html`` in a report folder from its own files: ``report.json`` (or
+    ``doc``), ``timeline.svg`` and ``output/*.log`` (read as bytes, decoded with
+    replacement characters). Works on any report folder, old ones too."""
+    from pytest_recoverygate.html import render_report
+
+    if doc is None:
+        doc = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
+    svg_path = report_dir / str(doc.get("timelinePicture") or "timeline.png")
+    svg_path = svg_path.with_suffix(".svg")
+    svg = svg_path.read_text(encoding="utf-8", errors="replace") if svg_path.is_file() else None
+    outputs: dict[str, str] = {}
+    for label, relative in (doc.get("jobOutput") or {}).items():
+        path = report_dir / str(relative)
+        if path.is_file():
+            outputs[str(label)] = path.read_bytes().decode("utf-8", "replace")
+    files = sorted(
+        p.relative_to(report_dir).as_posix()
+        for p in report_dir.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.name != HTML_REPORT
+    )
+    path = report_dir / HTML_REPORT
+    write_private(path, render_report(doc, timeline_svg=svg, outputs=outputs, files=files))
+    return path
 
 
 def _decision_pictures(doc: dict[str, Any], config: DrillConfig, report_dir: Path) -> list[Path]:
@@ -344,6 +389,20 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _html_link(name: str) -> str:
+    """The summary's pointer to the HTML report: a link with ``$RECOVERYGATE_REPORT_URL``
+    (where the CI job uploads the folder), else the run's artifacts on GitHub Actions."""
+    base = os.environ.get(REPORT_URL_ENV, "").strip()
+    if base:
+        return f"**[Open the HTML report]({base.rstrip('/')}/{name})** (`{name}`)"
+    text = f"HTML report: `{name}` in the report folder"
+    server, repo = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    run_id = os.environ.get("GITHUB_RUN_ID")
+    if server and repo and run_id:
+        text += f" ([this run's artifacts]({server}/{repo}/actions/runs/{run_id}#artifacts))"
+    return text + "."
+
+
 def markdown_summary(doc: dict[str, Any]) -> str:
     """A compact markdown summary of one drill (for GitHub's step summary)."""
     icon = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️"}.get(doc["verdict"], "ℹ️")
@@ -368,6 +427,8 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if breakdown:
         lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
         lines += [f"| {name} | {_fmt(value)} |" for name, value in breakdown.items()]
+    if doc.get("htmlReport"):
+        lines += ["", _html_link(doc["htmlReport"])]
     if doc.get("timelinePicture"):
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):
