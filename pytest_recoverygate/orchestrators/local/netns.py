@@ -6,7 +6,7 @@ The layout of one drill (``ID`` is the drill's random id)::
     rgID-sw        a switch namespace: bridge br0, one veth port per node (n0, n1, ...)
     rgID-n0        node 0: eth0 10.77.0.1/24 (its peer n0 on br0), lo up
     rgID-n1        node 1: eth0 10.77.0.2/24 ...
-    rgID-n1-r1     node 1's first replacement (fresh namespace, same address)
+    rgID-n1-r1     node 1's first replacement (fresh namespace, same address, port n1r1)
 
 The bridge lives in a namespace the drill made, not in the host's: no address of the
 drill's network exists outside its namespaces, so its traffic cannot leave them, and two
@@ -32,6 +32,7 @@ Everything here runs ``ip`` (iproute2); it needs CAP_NET_ADMIN and CAP_SYS_ADMIN
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import subprocess
@@ -174,15 +175,10 @@ class Network:
             generation = self._replacements[rank]
         suffix = f"-r{generation}" if generation else ""
         netns = f"rg{self.drill_id}-n{rank}{suffix}"
-        port = f"n{rank}"
-        with self._lock:
-            if port in self._cut:
-                self._cut.discard(port)
+        port = f"n{rank}{suffix.replace('-', '')}"  # n1, n1r1: a dying pair's name may linger
         self._add_netns(netns)
         created = time.time()
         address = self.address(rank)
-        # A replacement: the old node's port went with its namespace (a veth pair dies
-        # with either end), so the name is free again.
         _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", IFACE,
             "netns", netns)  # fmt: skip
         _ip("-n", self.switch, "link", "set", port, "master", "br0")
@@ -193,7 +189,11 @@ class Network:
         return NodeNet(rank, netns, created, address, self.hostname(self.drill_id, rank), port)
 
     def remove_node(self, node: NodeNet) -> None:
-        """Delete a node's namespace (its veth pair goes with it)."""
+        """Delete a node's namespace and its bridge port (the veth pair goes with them)."""
+        with self._lock:
+            self._cut.discard(node.port)
+        with contextlib.suppress(BackendError):  # already gone with the namespace
+            _ip("-n", self.switch, "link", "del", node.port)
         self._delete(node.netns)
 
     def cut(self, node: NodeNet) -> None:
