@@ -30,7 +30,6 @@ import yaml
 
 from pytest_recoverygate.config import load_config
 from pytest_recoverygate.engine import Verdict
-from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.model import GroupEvent, GroupEventKind, KillResult, Node, Workload
 from pytest_recoverygate.orchestrators.base import RealClock
 from pytest_recoverygate.orchestrators.local.netns import missing_capabilities
@@ -96,7 +95,7 @@ class Watched(LocalNodesOrchestrator):
 
     def restore_node(self, node: Node) -> KillResult:
         if self.raise_in_restore:
-            raise BackendError("injected: restoring the link failed")
+            raise RuntimeError("injected: restoring the link failed")
         return super().restore_node(node)
 
     def cleanup(self) -> None:
