@@ -305,3 +305,30 @@ def test_bad_node_input_is_a_validation_error_with_file_line_and_key(
     message = str(caught.value)
     assert f"drill.yaml:{line}: {key}:" in message, message
     assert says in message, message
+
+
+# ------------------------------------------------------------------ local placeholders
+
+
+def test_the_local_node_placeholders_expand_and_other_braces_stay() -> None:
+    from pytest_recoverygate.orchestrators.local.nodes import PLACEHOLDERS, expand
+
+    values = {name: f"<{name}>" for name in PLACEHOLDERS}
+    text = "--rank={nodeRank} --of={nnodes} {rdzvEndpoint} {sharedDir}/c {nodeDir} {tmpdir} {x}"
+    assert expand(text, values) == (
+        "--rank=<nodeRank> --of=<nnodes> <rdzvEndpoint> <sharedDir>/c <nodeDir> {tmpdir} {x}"
+    )
+
+
+def test_a_local_multi_node_workload_refuses_attach_pid(tmp_path: Path) -> None:
+    text = f"""\
+workload:
+  orchestrator: local
+  nodes: 2
+  attachPid: 1234
+  workdir: {tmp_path}
+injectFailure: {{type: KillNode, afterCheckpoint: next}}
+expectations: {{maxRecoveryTime: 1m}}
+"""
+    with pytest.raises(ConfigError, match=r"drill.yaml:3: workload.nodes: cannot be combined"):
+        parse_config(text, tmp_path / "drill.yaml")
