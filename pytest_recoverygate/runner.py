@@ -291,7 +291,11 @@ class _Drill:
         self.lock.acquire()  # a second drill against this job: DiscoveryError, nothing touched
         if not self.dry_run and self.config.safety.require_confirm and not self.options.confirmed:
             assert self.options.confirm is not None  # check_confirmation made sure
-            if not self.options.confirm(target, workload):
+            shown = target
+            if self.node is not None:  # the prompt names what is hit: the whole node
+                shown = replace(target, name=f"{target.name}, with every instance of "
+                                f"{self.node.describe()}")  # fmt: skip
+            if not self.options.confirm(shown, workload):
                 raise _usage_declined(target)
         self.source = self.orchestrator.events()
         self.engine.discovered(
