@@ -332,3 +332,16 @@ expectations: {{maxRecoveryTime: 1m}}
 """
     with pytest.raises(ConfigError, match=r"drill.yaml:3: workload.nodes: cannot be combined"):
         parse_config(text, tmp_path / "drill.yaml")
+
+
+def test_a_dry_run_node_fault_reaches_the_trigger_and_touches_nothing(tmp_path: Path) -> None:
+    config = config_of(tmp_path)
+    config = config.model_copy(
+        update={"safety": config.safety.model_copy(update={"dry_run": True})}
+    )
+    result, job, _ = drill(config)
+
+    assert result.verdict is Verdict.DRY_RUN, result.summary
+    assert [(w.rank, dry) for w, dry in job.kills] == [(0, True), (1, True)]  # node 0, checked
+    assert [f.type for f in job.faults] == ["KillNode"]
+    assert job.restores == []
