@@ -126,6 +126,7 @@ def assert_nothing_left(tag: str, before: set[str], figures: Figures) -> None:
     namespaces = drill_namespaces() - before
     figures.add("node_rows", 1)
     figures.add("leftovers_found", len(left) + len(namespaces))
+    figures.add("stopped_left", len(stopped))
     assert stopped == [], f"processes left stopped: {stopped}"
     assert left == [], f"processes of the drill left: {left}"
     assert namespaces == set(), f"namespaces left: {namespaces}"
