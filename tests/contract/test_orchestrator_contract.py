@@ -24,8 +24,9 @@ states them:
    names each node (index, name, identity) with every worker on exactly one of them;
    current_node agrees; a node kill with a stale node identity, and a dry run, touch
    nothing; the real KillNode ends every instance of that node, no instance of another
-   node, reports NODE_GONE, and repeated with the old identity hits nothing. The checks
-   that need two nodes skip on a harness job with one.
+   node, reports NODE_GONE, and repeated with the old identity hits nothing. They skip on
+   a harness job with one node (node faults are refused there); local-nodes runs them on
+   two real network namespaces.
 """
 
 from __future__ import annotations
@@ -193,12 +194,12 @@ def node_faults_of(backend: Harness) -> NodeFaults:
     orchestrator = backend.orchestrator
     if not offered:
         pytest.skip(f"{backend.kind} offers no node fault")
+    if len(backend.workload.nodes) < 2:  # node faults are refused on one node
+        pytest.skip(f"the {backend.kind} harness job runs on one node")
     assert isinstance(orchestrator, NodeFaults), (
         f"{backend.kind} offers {sorted(offered)} but implements no current_node/kill_node/"
         "restore_node"
     )
-    if len(backend.workload.nodes) < 2:
-        pytest.skip(f"the {backend.kind} harness job runs on one node")
     return orchestrator
 
 
