@@ -50,6 +50,7 @@ from typing import Any, Literal
 
 from pytest_recoverygate.ledger import Inc, Ledger
 from pytest_recoverygate.model import (
+    NODE_FAULTS,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -280,6 +281,7 @@ class DrillEngine:
         self.known_budget: int | None = None
         self.trigger_step: int | None = None
         self.result: DrillResult | None = None
+        self._world_size: int | None = None  # the workers found at discovery
         self._restore_at: float | None = None  # PartitionNode: the link back at the latest
         self._restore_pending = False
 
@@ -347,13 +349,22 @@ class DrillEngine:
             return f"{what} the next checkpoint".strip()
         return f"{what} checkpoint >= step {self.spec.after_checkpoint}".strip()
 
-    def discovered(self, now: float, detail: str, *, restart_budget: int | None = None) -> None:
+    def discovered(
+        self,
+        now: float,
+        detail: str,
+        *,
+        restart_budget: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         """The runner found the workload: start waiting for the trigger checkpoint.
 
         ``restart_budget`` is the job's own restart budget as the backend reads it (for
-        example torchrun's ``--max-restarts``), or ``None`` when it cannot be read.
+        example torchrun's ``--max-restarts``), or ``None`` when it cannot be read;
+        ``world_size`` the number of workers found (node faults report it before/after).
         """
         self.known_budget = restart_budget
+        self._world_size = world_size
         self.note(now, "discovered", detail)
         self._move(Phase.WAITING_FOR_CHECKPOINT)
 
@@ -445,6 +456,8 @@ class DrillEngine:
                 return self._ended_between_kills(event)
             return []
         kill.group_seen.setdefault(event.kind, event.timestamp)
+        if event.world_size is not None and self.spec.fault in NODE_FAULTS:
+            kill.details["worldSizeAfter"] = event.world_size  # the newest group's size
         if kill.detected is None and event.kind in (
             GroupEventKind.WORKER_GONE,
             GroupEventKind.RESTARTING,
@@ -478,6 +491,8 @@ class DrillEngine:
             )
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
+            if self.spec.fault in NODE_FAULTS and self._world_size is not None:
+                self._kill.details["worldSizeBefore"] = self._world_size
             self.ledger.killed(result.timestamp)
             self._move(Phase.RECOVERING)
             self.note(result.timestamp, "kill", result.detail, index=index)

@@ -173,7 +173,8 @@ class GroupEventKind(enum.Enum):
 class GroupEvent:
     """A group state change with the time the orchestrator observed it.
 
-    ``restart_count`` is the number of group restarts seen so far, when the backend knows.
+    ``restart_count`` is the number of group restarts seen so far, when the backend knows;
+    ``world_size`` the group's WORLD_SIZE (on REPLACEMENT_RUNNING), when it knows.
     """
 
     kind: GroupEventKind
@@ -181,6 +182,7 @@ class GroupEvent:
     detail: str = ""
     worker: Worker | None = None
     restart_count: int | None = None
+    world_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

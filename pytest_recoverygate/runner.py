@@ -302,6 +302,7 @@ class _Drill:
             self.clock.now(),
             discovered,
             restart_budget=backend.restart_budget(self.config.workload),
+            world_size=len(workload.workers),
         )
         self._sync_phase()
         while True:

@@ -164,6 +164,7 @@ def test_a_killed_node_replaced_resumes_from_the_latest_checkpoint_and_passes(
     figures = details(result)
     assert figures["replaceNode"] is True
     assert 0 < figures["replacementNodeStartedSeconds"] < result.recovery_time_seconds
+    assert (figures["worldSizeBefore"], figures["worldSizeAfter"]) == (4, 4)
 
 
 def test_a_killed_node_whose_job_restarts_from_scratch_fails(tmp_path: Path) -> None:
@@ -187,6 +188,7 @@ def test_an_elastic_job_carries_on_with_fewer_ranks_after_a_node_stays_dead(
 
     assert result.verdict is Verdict.PASS, result.summary
     assert details(result)["replaceNode"] is False
+    assert (details(result)["worldSizeBefore"], details(result)["worldSizeAfter"]) == (4, 2)
     assert [n.index for n in job.discover(0.0).nodes] == [1]  # node 0 hosted rank 1
     assert len(job.discover(0.0).workers) == 2
 

@@ -627,7 +627,12 @@ class FakeOrchestrator:
             )
             return
         self._group_events.append(
-            GroupEvent(GroupEventKind.REPLACEMENT_RUNNING, restart_at, "all ranks running")
+            GroupEvent(
+                GroupEventKind.REPLACEMENT_RUNNING,
+                restart_at,
+                "all ranks running",
+                world_size=self.workers,
+            )
         )
         done = self._checkpoints
         if self._torn is not None:  # it loads the partial file and crashes, again and again

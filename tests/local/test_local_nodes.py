@@ -140,6 +140,7 @@ def test_kill_node_passes_from_shared_storage_fails_from_node_local_disk_and_sca
     assert passed["resumeStep"] == passed["expectedResumeStep"] == 40
     figures = details(passed)
     assert figures["replaceNode"] is True
+    assert (figures["worldSizeBefore"], figures["worldSizeAfter"]) == (2, 2)
     assert 0 < figures["nodeGoneSeconds"] < figures["replacementNodeStartedSeconds"]
     assert passed["recoveryTimeSeconds"] > figures["replacementNodeStartedSeconds"]
     assert passed["target"]["node"].endswith("-node1")  # the node's hostname
@@ -150,6 +151,7 @@ def test_kill_node_passes_from_shared_storage_fails_from_node_local_disk_and_sca
     assert shrunk["verdict"] == "PASS", shrunk["output"][-3000:]  # carried on, on node 0
     assert details(shrunk)["replaceNode"] is False
     assert "replacementNodeStartedSeconds" not in details(shrunk)
+    assert (details(shrunk)["worldSizeBefore"], details(shrunk)["worldSizeAfter"]) == (2, 1)
     assert_nothing_left(tag, before)
 
 

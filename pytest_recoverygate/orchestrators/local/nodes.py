@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from pytest_recoverygate.errors import BackendError, DiscoveryError, DrillError
 from pytest_recoverygate.joboutput import JobOutput, WorkerOutput
 from pytest_recoverygate.model import (
@@ -467,6 +469,18 @@ class LocalNodesOrchestrator:
         self._emit(GroupEventKind.NODE_RESTORED, f"the link of {node.name} is back")
         return KillResult(KillOutcome.KILLED, now, f"restored the link of {node.name}")
 
+    @staticmethod
+    def _world_size_of(run: _NodeRun) -> int | None:
+        """The WORLD_SIZE torchrun gave the node's newest workers (None: unreadable)."""
+        for worker in run.orch.current_workers():
+            identity = Identity.parse(worker.instance_id)
+            proc = identity.process() if identity is not None else None
+            if proc is None:
+                continue
+            with contextlib.suppress(psutil.Error, KeyError, ValueError):
+                return int(proc.environ()["WORLD_SIZE"])
+        return None
+
     def _emit(self, kind: GroupEventKind, detail: str) -> None:
         with self._lock:
             self._events.append(GroupEvent(kind, self._clock.now(), detail))
@@ -483,6 +497,8 @@ class LocalNodesOrchestrator:
                 if run.killed:
                     continue  # the node we killed: its end is NODE_GONE, not the job's
                 event = seen
+                if seen.kind is GroupEventKind.REPLACEMENT_RUNNING:
+                    event = dataclasses.replace(seen, world_size=self._world_size_of(run))
                 if seen.worker is not None:
                     event = dataclasses.replace(
                         seen, worker=dataclasses.replace(seen.worker, node=run.net.hostname)
