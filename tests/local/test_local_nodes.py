@@ -14,7 +14,7 @@ We test these aspects, each against the drill's report and the machine itself:
   nothing was made.
 
 Each pair runs its two drills at once (their networks are separate namespaces), so the
-file takes about as long as its two slowest drills: ~2.5 min here (64 s and 84 s).
+file takes about as long as its two slowest drills: 2.6–3.8 min here, by the load.
 """
 
 from __future__ import annotations
