@@ -111,6 +111,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="on SIGTERM, finish the current step, save a checkpoint and exit 0",
     )
+    parser.add_argument(
+        "--shards",
+        action="store_true",
+        help="every rank saves its own shard under --ckpt-dir/rank-R and a resume loads the "
+        "newest step every rank holds (node-local storage loses a replaced node's shards)",
+    )
     return parser.parse_args(argv)
 
 
@@ -185,6 +191,39 @@ def save_checkpoint(folder: Path, step: int, state: dict[str, Any], mode: str) -
     os.replace(tmp, final)
     for _, old in list_checkpoints(folder)[:-KEEP_CHECKPOINTS]:
         old.unlink(missing_ok=True)
+
+
+def load_shard(folder: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> int:
+    """Sharded resume: the newest step whose shard every rank holds (0: none)."""
+    found = dict(list_checkpoints(folder))
+    newest = torch.tensor([max(found, default=0)], dtype=torch.int64)
+    dist.all_reduce(newest, op=dist.ReduceOp.MIN)
+    step = int(newest.item())
+    if step and step in found:
+        state = torch.load(found[step], map_location="cpu")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+    return step if step in found else 0
+
+
+def save_shard(
+    folder: Path,
+    step: int,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    rank: int,
+) -> None:
+    """Every rank saves its shard; rank 0 reports the checkpoint once all are durable."""
+    digest = state_digest(model, opt, sched)
+    if rank == 0:
+        reporter.checkpoint_started(step)
+    save_checkpoint(folder, step, training_state(step, model, opt, sched), "atomic")
+    done = torch.tensor([1], dtype=torch.int64)
+    dist.all_reduce(done)  # every shard of this step is on disk
+    if rank == 0:
+        reporter.checkpoint_completed(step, digest=digest)
 
 
 def load_checkpoint(
@@ -308,11 +347,15 @@ def main(argv: list[str] | None = None) -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
     folder = checkpoint_dir(args.ckpt_dir)
     stop = install_sigterm_handler() if args.save_on_sigterm else None
-    loaded = load_checkpoint(folder, args.resume, model, opt, sched, args.restore)
-    # Every rank must run the same steps; rank 0's checkpoint is the authority.
-    start = torch.tensor([loaded], dtype=torch.int64)
-    dist.broadcast(start, src=0)
-    step = int(start.item())
+    if args.shards:
+        folder = folder / f"rank-{rank}"
+        step = load_shard(folder, model, opt, sched)
+    else:
+        loaded = load_checkpoint(folder, args.resume, model, opt, sched, args.restore)
+        # Every rank must run the same steps; rank 0's checkpoint is the authority.
+        start = torch.tensor([loaded], dtype=torch.int64)
+        dist.broadcast(start, src=0)
+        step = int(start.item())
     # Ground truth first: the drill may end the job as soon as it reads the reporter's line.
     truth.record("loaded", step)
     if step:
@@ -331,7 +374,9 @@ def main(argv: list[str] | None = None) -> None:
         truth.record("step", step)
         reporter.progress(step)
         stopping = stop is not None and preempted(stop)
-        if rank == 0 and (step % args.ckpt_every == 0 or stopping):
+        if args.shards and step % args.ckpt_every == 0:
+            save_shard(folder, step, model, opt, sched, rank)
+        elif rank == 0 and (step % args.ckpt_every == 0 or stopping):
             digest = state_digest(model, opt, sched)
             truth.record("save_started", step)
             reporter.checkpoint_started(step)

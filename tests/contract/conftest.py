@@ -180,7 +180,7 @@ Builder = Callable[[str, str, Path], Harness]
 def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
     clock = SimulatedClock()
     with spy.labelled(label):
-        orchestrator = FakeOrchestrator(clock=clock, workers=3)
+        orchestrator = FakeOrchestrator(clock=clock, workers=4, nodes=2)  # two nodes
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         workload = conforming.discover(clock.now() + 60)
 
@@ -193,7 +193,7 @@ def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
         orchestrator=orchestrator,
         clock=clock,
         workload=workload,
-        alive=lambda w: any(x.instance_id == w.instance_id for x in live_ids().values()),
+        alive=lambda w: w.instance_id in orchestrator.running(),
         current=lambda rank: live_ids().get(rank),
         stale_id=lambda w: f"fake-{w.rank}-999",
         pause=clock.wait,
@@ -269,6 +269,76 @@ def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness
         stale_id=stale_id,
         pause=time.sleep,
         patience=120.0,
+        exit_stack=harness_stack,
+    )
+
+
+def _build_local_nodes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
+    """Two real network namespaces, each node running the torchrun stand-in (2 ranks)."""
+    import sys
+
+    from pytest_recoverygate.orchestrators.local.netns import missing_capabilities
+    from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
+
+    if missing_capabilities():
+        pytest.skip("local nodes need root: CAP_NET_ADMIN, CAP_SYS_ADMIN, ip")
+    standin = Path(__file__).resolve().parents[1] / "reliability" / "standin_job.py"
+    tag = uuid.uuid4().hex
+    command = [sys.executable, str(standin), *(
+        "--nproc 2 --node-rank {nodeRank} --ckpt {sharedDir}/ckpt{nodeRank} "
+        "--ckpt-every 5 --step-time 0.02"
+    ).split()]  # fmt: skip
+    clock = RealClock()
+    harness_stack = contextlib.ExitStack()
+    with spy.labelled(label):
+        orchestrator = LocalNodesOrchestrator(
+            command, tmp, {"RG_CONTRACT_TAG": tag}, nodes=2, clock=clock
+        )
+        harness_stack.callback(orchestrator.cleanup)
+        conforming: Orchestrator = orchestrator  # the static check (mypy)
+        try:
+            workload = conforming.discover(time.time() + 60)
+        except BaseException:
+            harness_stack.close()
+            raise
+
+    def alive(worker: Worker) -> bool:
+        pid, _, created = worker.instance_id.partition("@")
+        return pid.isdigit() and _process_alive(int(pid), created)
+
+    def current(rank: int) -> Worker | None:
+        """The newest live process of this job (its tag) whose environment says RANK=rank."""
+        best: psutil.Process | None = None
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+                if env.get("RG_CONTRACT_TAG") != tag or env.get("RANK") != str(rank):
+                    continue
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if best is None or proc.create_time() > best.create_time():
+                    best = proc
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if best is None:
+            return None
+        return Worker(rank, f"pid {best.pid}", f"{best.pid}@{best.create_time():.3f}")
+
+    def stale_id(worker: Worker) -> str:
+        pid, _, created = worker.instance_id.partition("@")
+        return f"{pid}@{float(created) - 60:.3f}"
+
+    return Harness(
+        kind="local",
+        label=label,
+        orchestrator=orchestrator,
+        clock=clock,
+        workload=workload,
+        alive=alive,
+        current=current,
+        stale_id=stale_id,
+        pause=time.sleep,
+        patience=60.0,
         exit_stack=harness_stack,
     )
 
@@ -430,6 +500,7 @@ def _build_slurm(
 BACKENDS = [
     pytest.param("fake", id="fake"),
     pytest.param("local", marks=(pytest.mark.local, pytest.mark.e2e), id="local"),
+    pytest.param("local-nodes", marks=pytest.mark.local, id="local-nodes"),
     pytest.param("kubernetes", marks=pytest.mark.kubernetes, id="kubernetes"),
     pytest.param("slurm", marks=(pytest.mark.slurm, pytest.mark.e2e), id="slurm"),
 ]
@@ -487,6 +558,8 @@ def jobs(
         build = functools.partial(_build_fake, spy=thread_spy)
     elif kind == "local":
         build = functools.partial(_build_local, spy=thread_spy)
+    elif kind == "local-nodes":
+        build = functools.partial(_build_local_nodes, spy=thread_spy)
     elif kind == "kubernetes":
         build = functools.partial(_build_kubernetes, spy=thread_spy)
     else:

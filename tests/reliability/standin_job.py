@@ -54,6 +54,7 @@ from pathlib import Path
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--node-rank", type=int, default=0, help="RANK = node rank * nproc + local")
     parser.add_argument("--max-restarts", type=int, default=3)
     parser.add_argument("--ckpt", type=Path, required=True)
     parser.add_argument("--ckpt-every", type=int, default=5)
@@ -179,7 +180,7 @@ def worker(args: argparse.Namespace) -> int:
         if first:
             first = False
             record(args.signal_log, event="first-step", step=step)
-        if step % args.ckpt_every == 0 and rank == 0:
+        if step % args.ckpt_every == 0 and int(os.environ.get("LOCAL_RANK", rank)) == 0:
             tmp = args.ckpt.with_suffix(".tmp")
             tmp.write_text(str(step))
             tmp.replace(args.ckpt)
@@ -255,7 +256,7 @@ def agent(args: argparse.Namespace) -> int:
         for rank in range(args.nproc):
             env = dict(
                 os.environ,
-                RANK=str(rank),
+                RANK=str(args.node_rank * args.nproc + rank),
                 LOCAL_RANK=str(rank),
                 WORLD_SIZE=str(args.nproc),
                 LOCAL_WORLD_SIZE=str(args.nproc),

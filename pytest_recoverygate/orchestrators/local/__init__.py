@@ -27,11 +27,12 @@ from pytest_recoverygate.schema import (
     file_path,
     id_number,
     meta,
+    node_count_field,
     refuse,
 )
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.orchestrators.base import Clock, Orchestrator
     from pytest_recoverygate.orchestrators.local.orchestrator import (
         DRILL_MARKER,
         LocalOrchestrator,
@@ -66,6 +67,7 @@ class LocalWorkload(WorkloadBase):
             'env: {NCCL_DEBUG: "INFO"}',
         ),
     )
+    nodes: int = node_count_field()
     attach_pid: Annotated[int | None, BeforeValidator(id_number)] = Field(
         default=None,
         ge=1,
@@ -109,16 +111,37 @@ class LocalWorkload(WorkloadBase):
             )
         return self
 
+    @model_validator(mode="after")
+    def _nodes_are_launched(self) -> LocalWorkload:
+        if self.nodes > 1 and self.attach_pid is not None:
+            raise refuse(
+                "cannot be combined with attachPid: the drill launches each node itself",
+                "nodes: 1 with attachPid, or a command with nodes: N",
+                "remove attachPid and give the command every node runs",
+                key=("nodes",),
+                got=str(self.nodes),
+            )
+        return self
+
     def launched_with(self) -> tuple[tuple[str, ...], Mapping[str, str]]:
         return tuple(self.command or ()), dict(self.env)
 
+    def node_count(self) -> int:
+        return self.nodes
 
-def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> LocalOrchestrator:
+
+def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Orchestrator:
     from pytest_recoverygate.orchestrators.local.orchestrator import LocalOrchestrator
 
     env = dict(workload.env)
     if workload.reporting_rank and "RECOVERYGATE_RANKS" not in os.environ:
         env.setdefault("RECOVERYGATE_RANKS", str(workload.reporting_rank))  # the reporter's filter
+    if workload.nodes > 1:
+        from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
+
+        return LocalNodesOrchestrator(
+            list(workload.command or []), workload.workdir, env, nodes=workload.nodes, clock=clock
+        )
     return LocalOrchestrator(
         list(workload.command or []),
         workload.workdir,
@@ -138,7 +161,9 @@ BACKEND: Backend[LocalWorkload] = Backend(
     name="local",
     workload=LocalWorkload,
     create=_create,
-    faults=frozenset({"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}),
+    faults=frozenset(
+        {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker", "KillNode", "PartitionNode"}
+    ),
     restart_budget=_restart_budget,
     summary="a torchrun job the drill launches (or attaches to) on this machine",
 )

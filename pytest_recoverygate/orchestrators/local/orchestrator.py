@@ -111,7 +111,7 @@ class LocalOrchestrator:
         workdir: Path,
         env: dict[str, str],
         *,
-        target_rank: int = 1,
+        target_rank: int | None = 1,
         clock: Clock,
         attach_pid: int | None = None,
     ) -> None:
@@ -191,7 +191,7 @@ class LocalOrchestrator:
             time.sleep(POLL_INTERVAL)
 
         ranks = sorted(group)
-        if self.target_rank not in group:
+        if self.target_rank is not None and self.target_rank not in group:
             raise DiscoveryError(
                 f"target rank {self.target_rank} is not among the job's local ranks {ranks}; "
                 f"set injectFailure.targetRank to one of them"
@@ -315,6 +315,22 @@ class LocalOrchestrator:
             if proc.rank == rank and proc.restart_count == newest:
                 return self._worker(proc)
         return None
+
+    def current_workers(self) -> list[Worker]:
+        """The newest restart generation's workers running now, by rank (node faults)."""
+        scan = self._scan()
+        newest = max((w.restart_count for w in scan.workers), default=None)
+        return sorted(
+            (self._worker(w) for w in scan.workers if w.restart_count == newest),
+            key=lambda w: w.rank,
+        )
+
+    def processes(self) -> list[Identity]:
+        """The agent and every live process under it (what a KillNode ends)."""
+        if self._agent is None:
+            return []
+        found = [self._agent, *self._scan().processes]
+        return list(dict.fromkeys(found))
 
     def _escalate_later(self, identity: Identity, pidfd: int | None, grace: float) -> None:
         """Preempt: SIGKILL that same instance after ``grace`` unless it is gone (or cleanup).
