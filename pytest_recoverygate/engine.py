@@ -826,7 +826,7 @@ class DrillEngine:
             if resume is None:
                 if self.phase is Phase.RECOVERING:
                     self._move(Phase.VERIFYING)
-                return []
+                return self._sustain(inc, step, at)  # it trains: hold it while we learn more
             kill.resume = resume
             self.note(at, "resume", self.ledger.describe_resume(inc, resume), step=resume.step)
             if self.phase is Phase.RECOVERING:
@@ -851,10 +851,14 @@ class DrillEngine:
         kill = self._kill
         assert kill is not None
         resume = kill.resume
-        assert resume is not None
         window = kill.window
         if window is None:
-            past = inc.first_trained(resume)
+            if resume is not None:
+                past = inc.first_trained(resume)
+            elif inc.loaded is not None:
+                past = inc.first_past(inc.loaded)
+            else:
+                past = inc.first
             if past is None:
                 return []
             window = kill.window = Window(past, past, self.ledger.stall_limit())
@@ -868,7 +872,8 @@ class DrillEngine:
         if step > window.last[0]:
             window.last = (step, at)
             window.lines += 1
-        if window.held(self.spec.sustain, resume.step):
+        resume_step = resume.step if resume is not None else window.start[0] - 1
+        if window.held(self.spec.sustain, resume_step):
             return self._judge(at)
         return []
 

@@ -426,11 +426,12 @@ class Ledger:
         # The job's own lines show that a process's first line comes after a step (not a
         # line of the state it holds): then a replacement's first line F means it resumed
         # from at most F - 1.
+        seen = base.start_seen or base.loaded is not None  # its first line is its first call
         after_step = bool(
             problem is None
             and not grid.held_line
-            and fresh is not None
-            and (grid.regular or (grid.regular is None and first == (resumed or 0) + 1))
+            and seen
+            and grid.regular is not False
         )
         held_line = grid.held_line and problem is None and grid.first_line is not None
         return StepContract(

@@ -980,5 +980,16 @@ def test_the_verdict_never_contradicts_what_the_job_truly_did(job: Job, rnd: obj
         assert result.lost_steps <= truth["lost"], why  # type: ignore[operator]
         if result.lost_steps_upper_bound is not None:
             assert truth["lost"] <= result.lost_steps_upper_bound, why  # type: ignore[operator]
+    held = result.headline is not None and result.headline.resume_basis == "checkpoint_loaded"
+    held = held and any(
+        i.loaded_step is not None and i.first_step == i.loaded_step and i.new
+        for i in result.incarnations
+    )
     if result.recovery_time_seconds is not None and truth["recovery"] is not None:
-        assert result.recovery_time_seconds == pytest.approx(truth["recovery"], abs=1e-5), why
+        # A first line at the loaded step may be a line of the state held (no step) when
+        # the job's lines do not show that they come after steps: the figure is then its
+        # first step past the loaded one, and the truth's first step lies before it.
+        if held:
+            assert result.recovery_time_seconds >= truth["recovery"] - 1e-5, why  # type: ignore[operator]
+        else:
+            assert result.recovery_time_seconds == pytest.approx(truth["recovery"], abs=1e-5), why
