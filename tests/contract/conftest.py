@@ -384,7 +384,7 @@ def _build_slurm(
 
     def current(rank: int) -> Worker | None:
         """The job's live process that is rank ``rank`` (its RANK, else its task id)."""
-        listing = cluster.run("scontrol", "listpids", job_id, check=False)
+        listing = cluster.listpids(job_id)
         rows = []
         for line in listing.splitlines():
             parts = line.split()

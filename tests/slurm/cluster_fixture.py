@@ -1,9 +1,12 @@
-"""A real one-node Slurm cluster, brought up once per test session and shared by every folder.
+"""A real Slurm cluster, brought up once per test session and shared by every folder.
 
-The cluster is scripts/slurm-cluster's: slurmctld + slurmd + munged under one temporary
-folder on loopback, reached through SLURM_CONF. Tests that need it skip with the reason
-when Slurm is not installed here (CI installs it). Set RECOVERYGATE_SLURM_CLUSTER=DIR to
-reuse a cluster that is already up (``scripts/slurm-cluster up DIR``) instead.
+The cluster is scripts/slurm-cluster's: slurmctld + munged + one slurmd per node under one
+temporary folder, reached through SLURM_CONF. By default it has two nodes (node1, node2),
+each slurmd in its own network, UTS and mount namespace (``up --nodes 2``), so jobs are
+spread over nodes as on a real cluster; RECOVERYGATE_SLURM_NODES=1 runs the one-node
+cluster on loopback instead. Tests that need it skip with the reason when Slurm is not
+installed here (CI installs it). Set RECOVERYGATE_SLURM_CLUSTER=DIR to reuse a cluster
+that is already up (``scripts/slurm-cluster up [--nodes N] DIR``) instead.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def _slurm_missing() -> str | None:
                 "run 'scripts/slurm-cluster install' (CI does)"
             )
     if os.geteuid() != 0:
-        return "the one-node test cluster runs its daemons as root; run the slurm tests as root"
+        return "the test cluster runs its daemons as root (and makes namespaces); run the slurm tests as root"
     return None
 
 
@@ -47,9 +50,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "reporter")])
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    nodes = os.environ.get("RECOVERYGATE_SLURM_NODES", "2")
     if not reuse:
         proc = subprocess.run(
-            [str(SCRIPT), "up", str(folder)],
+            [str(SCRIPT), "up", "--nodes", nodes, str(folder)],
             capture_output=True,
             text=True,
             timeout=120,

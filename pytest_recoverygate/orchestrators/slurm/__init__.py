@@ -36,7 +36,8 @@ __all__ = ["BACKEND", "FAULT_TYPES", "SlurmOrchestrator", "SlurmWorkload"]
 MAX_SLURM_JOB_ID = 2**32 - 1
 #: What this backend can inject: a signal to one rank through a kill step on its node
 #: (SIGKILL, SIGKILL mid-save, SIGTERM then SIGKILL, SIGSTOP), the whole step, or a
-#: requeue of the job (docs/slurm.md, "What each fault does").
+#: requeue of the job, or every process of the job's step on one node (KillNode, with
+#: ``drain_node`` also the node DRAIN) (docs/slurm.md, "What each fault does").
 FAULT_TYPES = (
     "KillWorker",
     "KillDuringCheckpoint",
@@ -44,6 +45,7 @@ FAULT_TYPES = (
     "HangWorker",
     "KillStep",
     "Requeue",
+    "KillNode",
 )
 
 

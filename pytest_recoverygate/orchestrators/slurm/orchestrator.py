@@ -73,6 +73,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     KILL_SCRIPT,
     KILL_SIGNALS,
     KILL_STEP_NAME,
+    NODE_KILL_SCRIPT,
     PROBE_SCRIPT,
     PROBE_STEP_NAME,
     WAITING_STATES,
@@ -155,6 +156,7 @@ class SlurmOrchestrator:
         slurm_conf: str | None = None,
         env: Mapping[str, str] | None = None,
         command_timeout: float = 20.0,
+        drain_node: bool = False,
     ) -> None:
         if job_id is None and not job_name:
             raise UsageError("the slurm backend needs workload.jobId or workload.jobName")
@@ -191,12 +193,19 @@ class SlurmOrchestrator:
         self.escalations: list[str] = []
         self._restarts = 0
         self._ended = False
+        #: KillNode with ``drainNode``: also set the node DRAIN (RESUMEd at cleanup).
+        self.drain_node = drain_node
+        self._drained: list[str] = []  # nodes a drain was sent to: RESUMEd at cleanup
+        #: What cleanup's RESUME of each drained node answered.
+        self.resumed: list[str] = []
 
     # --- discovery ----------------------------------------------------------------------
 
     def discover(self, deadline: float) -> Workload:
         """Find the job and its ranks; wait (until ``deadline``) for it to be running."""
         self.commands.check_setup()
+        if self.fault == "KillNode" and self.drain_node:
+            self._check_operator()
         job_id = self.job_id or self._find_job_by_name()
         self.job_id = job_id
         last_problem = "nothing checked yet"
@@ -333,6 +342,17 @@ class SlurmOrchestrator:
                 )
             details.update(match.groupdict())
             result = self._kill_worker(worker, details, dry_run, fault)
+        elif fault.type == "KillNode":
+            match = _INSTANCE_ID.fullmatch(worker.instance_id)
+            if match is None:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self.clock.now(),
+                    f"{worker.instance_id!r} is not a SLURM worker instance this drill "
+                    "discovered; nothing was touched",
+                )
+            drain = bool(getattr(fault, "drain_node", self.drain_node))
+            result = self._kill_node(worker, match.groupdict(), dry_run, drain)
         elif fault.type in ("KillStep", "Requeue"):
             result = self._kill_job_level(job_id, step, details, dry_run, fault.type)
         else:
@@ -460,6 +480,138 @@ class SlurmOrchestrator:
         )
         answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
         return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
+
+    def _check_operator(self) -> None:
+        """``drainNode`` sets a node's state: only root or the cluster's SlurmUser may
+        (Slurm's operator rights). Refused with the reason before anything is touched."""
+        user = self.commands.current_user()
+        slurm_user = self.commands.slurm_user()
+        if user in ("root", slurm_user):
+            return
+        raise PermissionDeniedError(
+            f"drainNode: true sets the node DRAIN with 'scontrol update', which needs Slurm "
+            f"operator rights (root or SlurmUser {slurm_user}); this drill runs as {user}. "
+            "Run it as an operator, or drop drainNode (KillNode alone needs no rights beyond "
+            "the job's own)"
+        )
+
+    def _kill_node(
+        self, worker: Worker, ids: dict[str, str], dry_run: bool, drain: bool
+    ) -> KillResult:
+        """KillNode: every process of the training step on ``worker.node`` SIGKILLed at
+        once by one kill step on that node, which first checks that ``worker`` is still
+        the instance discovered (else nothing is touched).
+
+        With ``drain`` the node is set DRAIN first (remembered before it is sent, so
+        cleanup always RESUMEs it), so a requeued job lands on another node. A drain that
+        failed means nothing was killed.
+        """
+        job_id, step, pid, start = ids["job"], ids["step"], ids["pid"], ids["start"]
+        node = worker.node
+        target = f"every process of step {job_id}.{step} on node {node}"
+
+        def run_kill(mode: str) -> str:
+            return self.commands.srun_on_node(
+                job_id,
+                node,
+                KILL_STEP_NAME,
+                NODE_KILL_SCRIPT,
+                job_id,
+                step,
+                pid,
+                start,
+                mode,
+                destructive=mode == "kill",
+            )
+
+        if dry_run:
+            try:
+                answer = _rgkill(run_kill("check"))
+            except (JobGone, BackendError) as exc:
+                return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), str(exc))
+            if answer[:1] == ["alive"]:
+                more = " and set it DRAIN" if drain else ""
+                return KillResult(
+                    KillOutcome.DRY_RUN,
+                    self.clock.now(),
+                    f"would kill -KILL {target} ({answer[1]} processes: "
+                    f"{' '.join(answer[2:])}){more}",
+                )
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"{worker.describe()} (pid {pid} on {node}) no longer exists; nothing touched",
+            )
+        drained = ""
+        if drain:
+            with self._lock:
+                self._drained.append(node)
+            args = [
+                "scontrol",
+                "update",
+                f"NodeName={node}",
+                "State=DRAIN",
+                f"Reason=recoverygate KillNode drill of job {job_id}",
+            ]
+            try:
+                self.commands.run_destructive(args)
+            except (JobGone, BackendError) as exc:
+                return KillResult(
+                    KillOutcome.UNCONFIRMED,
+                    self.clock.now(),
+                    f"'scontrol update NodeName={node} State=DRAIN' failed ({exc}); no process "
+                    "was killed, cleanup RESUMEs the node",
+                )
+            drained = f"; node {node} set DRAIN (cleanup RESUMEs it)"
+        sent_at = self.clock.now()
+        try:
+            answer = _rgkill(run_kill("kill"))
+        except (JobGone, BackendError) as exc:
+            return self._failed_destructive(
+                exc,
+                job_id,
+                not_started=lambda e: f"the node kill step on {node} never started ({e})" + drained,
+                unknown=lambda e: f"the node kill step on {node} may have run: {e}" + drained,
+            )
+        what = answer[0] if answer else "no answer"
+        if what == "killed":
+            try:
+                killed_at = float(answer[1])
+            except (IndexError, ValueError):
+                killed_at = sent_at
+            count = answer[2] if len(answer) > 2 else "?"
+            return KillResult(
+                KillOutcome.KILLED,
+                killed_at,
+                f"kill -KILL {target}: {count} processes ({' '.join(answer[3:])}){drained}",
+            )
+        if what in ("gone", "replaced"):
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"{worker.describe()} (pid {pid} on {node}) no longer exists; no process was "
+                f"killed{drained}",
+            )
+        return KillResult(
+            KillOutcome.UNCONFIRMED,
+            self.clock.now(),
+            f"node kill step answered {' '.join(answer) or what!r}{drained}",
+        )
+
+    def _resume_drained(self) -> list[str]:
+        """RESUME every node a KillNode drained; what could not be resumed, with the fix."""
+        with self._lock:
+            nodes, self._drained = list(dict.fromkeys(self._drained)), []
+        stuck: list[str] = []
+        for node in nodes:
+            args = ["scontrol", "update", f"NodeName={node}", "State=RESUME"]
+            try:
+                self.commands.run(args)
+                self.resumed.append(f"node {node} RESUMEd")
+            except (JobGone, BackendError) as exc:
+                self.resumed.append(f"node {node} not resumed: {exc}")
+                stuck.append(f"node {node}: {exc} (resume it: {' '.join(args)})")
+        return stuck
 
     def _escalate_later(self, worker: Worker, grace: float) -> None:
         """Preempt: SIGKILL that same instance after ``grace`` if it still runs.
@@ -602,6 +754,7 @@ class SlurmOrchestrator:
                     f"{worker.describe()}: {' '.join(answer) or 'no answer'} (continue it: "
                     f"srun --jobid={job} --overlap -w {worker.node} kill -CONT {pid})"
                 )
+        stuck_nodes = self._resume_drained()
         self._stop.set()
         with self._lock:
             escalations = list(self._escalations)
@@ -613,6 +766,10 @@ class SlurmOrchestrator:
         if stuck:
             raise BackendError(
                 "cleanup could not SIGCONT the worker a HangWorker stopped: " + "; ".join(stuck)
+            )
+        if stuck_nodes:
+            raise BackendError(
+                "cleanup could not RESUME the node a KillNode drained: " + "; ".join(stuck_nodes)
             )
 
     def _emit(
@@ -808,3 +965,9 @@ class SlurmOrchestrator:
                 return
             watch.gone = True
         self._emit(GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)
+
+
+def _rgkill(out: str) -> list[str]:
+    """The words of a kill step's ``RGKILL`` answer (or its whole output when none)."""
+    answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
+    return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
