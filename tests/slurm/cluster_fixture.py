@@ -65,6 +65,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             )
             pytest.fail(f"scripts/slurm-cluster up failed:\n{proc.stderr}")
     cluster = SlurmCluster(folder=folder, conf=env["SLURM_CONF"], env=env)
+    if len(cluster.nodes) > 1:
+        # Every node's namespace has eth0 on the bridge: gloo reaches the other nodes over
+        # it, and a job whose tasks Slurm spreads over two nodes still trains.
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
     try:
         yield cluster
     finally:

@@ -1,4 +1,4 @@
-"""End-to-end drills on the real one-node Slurm cluster with the real training script.
+"""End-to-end drills on the real Slurm test cluster with the real training script.
 
 We test these aspects, each with the example sbatch script and recovery-test yaml a user
 would copy (examples/slurm/), run by ``run_drill`` exactly as the CLI runs them:
@@ -13,7 +13,11 @@ would copy (examples/slurm/), run by ``run_drill`` exactly as the CLI runs them:
   FAILs ``NOT_SAVED_ON_PREEMPT`` for its twin that does not; HangWorker (SIGSTOP) PASSes
   ``maxDetectionTime`` with a 5 s process-group timeout and leaves nothing stopped;
   KillDuringCheckpoint (SIGKILL mid-save) of atomic saves resumes from the last
-  completed checkpoint.
+  completed checkpoint;
+- on two nodes (the default test cluster): a job with one torchrun per node PASSes from
+  shared storage after losing the rank on the second node (the step fails, the job
+  requeues itself), and FAILs "restarted from scratch" when each node checkpoints to
+  its own $SLURM_TMPDIR.
 
 Each drill trains a small DDP model (gloo, 2 CPU ranks) and takes 20-60 s here.
 """
@@ -230,3 +234,44 @@ def test_a_kill_mid_save_of_atomic_checkpoints_resumes_from_the_last_completed(
         f"{recovery.fault_details.get('saveSeconds')} s), resumed from {result.resume_step}, "
         f"recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
     )
+
+
+# --- two nodes: one torchrun per node (scripts/slurm-cluster up --nodes 2) ---------------
+
+
+def two_node_env(slurm: SlurmCluster) -> dict[str, str]:
+    """The job environment of a two-node drill (gloo on eth0: the fixture's, on 2 nodes)."""
+    if len(slurm.nodes) < 2:
+        pytest.skip("needs the two-node cluster (RECOVERYGATE_SLURM_NODES=2, the default)")
+    return {"GLOO_SOCKET_IFNAME": slurm.env["GLOO_SOCKET_IFNAME"]}
+
+
+def test_a_two_node_job_resumes_from_shared_storage(slurm: SlurmCluster, tmp_path: Path) -> None:
+    result, seconds = drill(
+        slurm,
+        tmp_path,
+        "two-node-torchrun.sbatch",
+        "recovery-test-two-node.yaml",
+        env=two_node_env(slurm),
+    )
+    assert result.verdict is Verdict.PASS, explain(result)
+    assert result.resume_step == result.expected_resume_step
+    assert any("requeued" in e.detail for e in result.timeline), explain(result)
+    print(f"\ntwo-node: recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s")
+
+
+def test_a_two_node_job_with_node_local_checkpoints_fails(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    result, seconds = drill(
+        slurm,
+        tmp_path,
+        "two-node-torchrun-tmpdir.sbatch",
+        "recovery-test-two-node-tmpdir.yaml",
+        env=two_node_env(slurm),
+    )
+    assert result.verdict is Verdict.FAIL, explain(result)
+    assert result.resume_step == 0, explain(result)
+    reasons = {c.reason for c in result.checks if not c.passed}
+    assert FailureReason.RESTARTED_FROM_SCRATCH in reasons, explain(result)
+    print(f"\ntwo-node node-local: {result.summary}; drill {seconds:.1f} s")

@@ -32,7 +32,7 @@ __all__ = ["BACKEND", "FAULT_TYPES", "KubernetesOrchestrator", "KubernetesWorklo
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 #: What one DELETE can do to a pod: kill it now, or terminate it gracefully (Preempt).
-FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt")
+FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt", "KillNode", "DrainNode")
 
 
 class KubernetesWorkload(WorkloadBase):

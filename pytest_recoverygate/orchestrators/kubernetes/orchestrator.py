@@ -11,6 +11,11 @@ the API, and where each job is done:
 - **kill**: one ``DELETE`` of exactly the discovered pod instance, never sent twice once
   it may have acted (:mod:`.kill`): grace period 0 for ``KillWorker`` and
   ``KillDuringCheckpoint``, the fault's ``gracePeriod`` for ``Preempt``.
+- **node faults** (:mod:`.nodes`): ``KillNode`` deletes every pod of the job on the
+  target's node (grace 0, uid preconditions), ``DrainNode`` evicts them (policy/v1, as
+  ``kubectl drain``); ``cordon`` cordons the node first and cleanup uncordons it. Both
+  need opt-in rights beyond rbac.yaml (examples/kubernetes/rbac-nodes.yaml), checked
+  before anything is touched. ``PartitionNode`` is refused.
 - **current_worker**: the pod that holds a rank now, from the watch (for the second and
   later kills of ``count``).
 - **watch_group**: a background thread watches the job's pods and turns what changes
@@ -28,14 +33,23 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
+from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
 from pytest_recoverygate.joboutput import JobOutput
-from pytest_recoverygate.model import KILL, Fault, GroupEvent, KillResult, Worker, Workload
+from pytest_recoverygate.model import (
+    KILL,
+    Fault,
+    GroupEvent,
+    KillOutcome,
+    KillResult,
+    Worker,
+    Workload,
+)
 from pytest_recoverygate.orchestrators.base import Clock, EventSource, RealClock, cleanup_once
 from pytest_recoverygate.orchestrators.kubernetes import FAULT_TYPES
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY, ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance
 from pytest_recoverygate.orchestrators.kubernetes.logs import LogStream
+from pytest_recoverygate.orchestrators.kubernetes.nodes import PARTITION_REFUSED, NodeOps
 from pytest_recoverygate.orchestrators.kubernetes.pods import find_job, pod_phase, worker_of
 from pytest_recoverygate.orchestrators.kubernetes.watch import GroupWatch
 from pytest_recoverygate.retry import RetryPolicy
@@ -63,8 +77,15 @@ class KubernetesOrchestrator:
         watch_timeout_seconds: int = 60,
         request_timeout: float = 30.0,
         retry: RetryPolicy = RETRY,
+        fault: str = "KillWorker",
+        cordon: bool = False,
     ) -> None:
+        if fault == "PartitionNode":
+            raise UsageError(PARTITION_REFUSED)
         self.selector = selector.strip()
+        #: The drill's fault type and ``cordon``: what discovery checks the rights for.
+        self.fault = fault
+        self.cordon = cordon
         self.target_rank = target_rank
         self.reporting_rank = reporting_rank
         self.clock: Clock = clock if clock is not None else RealClock()
@@ -87,6 +108,7 @@ class KubernetesOrchestrator:
         )
         self._main: Any = None
         self._job = ""
+        self._nodes = NodeOps(self.session)
 
     @property
     def namespace(self) -> str | None:
@@ -139,6 +161,18 @@ class KubernetesOrchestrator:
                 f"({', '.join(str(w.rank) for w in workload.workers)}); its log carries the "
                 "training events. Fix: set workload.reportingRank to the rank that reports."
             )
+        target = workload.by_rank(self.target_rank)
+        if self.fault in ("KillNode", "DrainNode") and target is not None:
+            if not target.node:
+                raise DiscoveryError(
+                    f"{self.fault}: pod {target.name!r} (rank {self.target_rank}) is not bound "
+                    "to a node yet (no spec.nodeName); wait until it is scheduled"
+                )
+            self._nodes.check_rights(
+                target.node,
+                cordon=self.cordon,
+                evict=target if self.fault == "DrainNode" else None,
+            )
         self._job = job.name
         self._watch.adopt(job, pods, rv)
         if not session.started:
@@ -152,10 +186,24 @@ class KubernetesOrchestrator:
         Its grace period is 0, or ``fault.grace_period`` for ``Preempt``, rounded up to
         whole seconds (the API counts seconds; rounding up never cuts the job's grace).
         """
+        if fault.type == "PartitionNode":
+            raise BackendError(PARTITION_REFUSED)
         if fault.type not in FAULT_TYPES:
             raise BackendError(
                 f"{fault.type} cannot be injected on kubernetes; it can do {', '.join(FAULT_TYPES)}"
             )
+        if fault.type in ("KillNode", "DrainNode"):
+            if not worker.node:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self.clock.now(),
+                    f"pod {worker.name!r} is bound to no node; nothing was touched",
+                )
+            cordon = bool(getattr(fault, "cordon", self.cordon))
+            if not dry_run:
+                self._watch.arm(worker)
+            act = self._nodes.kill_node if fault.type == "KillNode" else self._nodes.drain_node
+            return act(worker.node, worker, dry_run=dry_run, cordon=cordon)
         grace = math.ceil(fault.grace_period) if fault.type == "Preempt" else 0
         if not dry_run:
             self._watch.arm(worker)
@@ -179,9 +227,18 @@ class KubernetesOrchestrator:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""
         return self._logs.job_output()
 
+    @property
+    def uncordoned(self) -> list[str]:
+        """The nodes cleanup uncordoned (the ones this drill cordoned)."""
+        return list(self._nodes.uncordoned)
+
     @cleanup_once
     def cleanup(self) -> None:
-        """Stop the threads (cutting their streams), close the pools. Idempotent."""
+        """Uncordon what the drill cordoned first; stop the threads (cutting their
+        streams), close the pools. Idempotent."""
+        stuck = self._nodes.uncordon_all()
         self.session.stop_threads()
         self._logs.source.close()
         self.session.close_clients()
+        if stuck:
+            raise BackendError("cleanup could not uncordon: " + "; ".join(stuck))
