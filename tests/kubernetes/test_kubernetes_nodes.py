@@ -299,3 +299,20 @@ def _first_progress(job: FakeTrainingJob) -> int:
         if inc in line and '"progress"' in line:
             return int(json.loads(line.split("RECOVERYGATE/v1 ", 1)[1])["step"])
     raise AssertionError(f"no progress of incarnation {inc} yet")
+
+
+def test_the_opt_in_rbac_manifest_grants_exactly_the_node_rules() -> None:
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "rbac-nodes.yaml"
+    granted: dict[str, set[tuple[str, str]]] = {}
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                assert rule["apiGroups"] == [""]
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.setdefault(doc["kind"], set()).add((verb, resource))
+    assert granted["ClusterRole"] == {("get", "nodes"), ("patch", "nodes")}
+    assert granted["Role"] == {("create", "pods/eviction")}
+    assert granted["ClusterRole"] | granted["Role"] == RBAC_NODE_RULES
