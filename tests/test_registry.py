@@ -181,7 +181,7 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
     assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"}
     assert get_backend("fake").faults == common
     assert get_backend("local").faults == common
-    assert get_backend("kubernetes").faults == common - {"HangWorker"}
+    assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}
 
 
 ALLOWED = {
