@@ -105,7 +105,7 @@ def test_the_fake_answers_nodes_and_evictions_like_the_apiserver(
             name, NAMESPACE, client.V1Eviction(metadata=client.V1ObjectMeta(name=name))
         )
     assert caught.value.status == 429
-    causes = json.loads(caught.value.body)["details"]["causes"]
+    causes = json.loads(caught.value.body or "{}")["details"]["causes"]
     assert causes[0]["reason"] == "DisruptionBudget"
     assert causes[0]["message"].startswith("The disruption budget llama-pdb needs")
     assert two_nodes.get_pod(NAMESPACE, name) is not None
@@ -114,7 +114,7 @@ def test_the_fake_answers_nodes_and_evictions_like_the_apiserver(
     with pytest.raises(ApiException) as forbidden:
         api.patch_node("node-a", {"spec": {"unschedulable": True}})
     assert forbidden.value.status == 403
-    message = json.loads(forbidden.value.body)["message"]
+    message = json.loads(forbidden.value.body or "{}")["message"]
     assert 'cannot patch resource "nodes" in API group "" at the cluster scope' in message
 
 
