@@ -188,7 +188,7 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
 ALLOWED = {
     "fake": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
     "local": "KillWorker, KillDuringCheckpoint, Preempt or HangWorker",
-    "kubernetes": "KillWorker, KillDuringCheckpoint or Preempt",
+    "kubernetes": "KillWorker, KillDuringCheckpoint, Preempt, KillNode or DrainNode",
 }
 
 

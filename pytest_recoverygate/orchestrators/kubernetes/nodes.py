@@ -30,6 +30,7 @@ from typing import Any
 
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError
 from pytest_recoverygate.model import KillOutcome, KillResult, Worker
+from pytest_recoverygate.orchestrators.kubernetes import PARTITION_REFUSED
 from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance
 from pytest_recoverygate.orchestrators.kubernetes.pods import (
@@ -47,12 +48,6 @@ __all__ = [
 ]
 
 NODE_RBAC_EXAMPLE = "examples/kubernetes/rbac-nodes.yaml"
-PARTITION_REFUSED = (
-    "PartitionNode cannot be injected on kubernetes: the Kubernetes API has no operation "
-    "that cuts a node's network while its pods keep running (that takes the CNI or the "
-    "cloud's network policy, outside what a drill may touch). Use KillNode or DrainNode, "
-    "or drill partitions with orchestrator: local (nodes: N)"
-)
 _BUDGET = re.compile(r"disruption budget (\S+)")
 
 

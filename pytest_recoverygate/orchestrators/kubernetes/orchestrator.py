@@ -29,6 +29,7 @@ one :class:`~.api.ApiSession`, shared by all of them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from pytest_recoverygate.model import (
     GroupEvent,
     KillOutcome,
     KillResult,
+    Node,
     Worker,
     Workload,
 )
@@ -142,13 +144,11 @@ class KubernetesOrchestrator:
         job = find_job(
             pods, selector=self.selector, namespace=session.namespace, host=session.host()
         )
-        workload = Workload(
-            job=job.name,
-            workers=tuple(
-                worker_of(pod, rank, namespace=session.namespace, job=job.name)
-                for rank, pod in sorted(job.members.items())
-            ),
+        workers = tuple(
+            worker_of(pod, rank, namespace=session.namespace, job=job.name)
+            for rank, pod in sorted(job.members.items())
         )
+        workload = Workload(job=job.name, workers=workers, nodes=_nodes(workers))
         if workload.by_rank(self.target_rank) is None:
             raise DiscoveryError(
                 f"target rank {self.target_rank} is not among the ranks of {workload.job} "
@@ -199,15 +199,43 @@ class KubernetesOrchestrator:
                     self.clock.now(),
                     f"pod {worker.name!r} is bound to no node; nothing was touched",
                 )
-            cordon = bool(getattr(fault, "cordon", self.cordon))
+            cordon = fault.cordon or self.cordon
             if not dry_run:
-                self._watch.arm(worker)
+                on_node = self._nodes.job_pods_on(worker.node)
+                self._watch.arm(
+                    worker,
+                    node=worker.node,
+                    node_uids=frozenset(w.instance_id for w in on_node),
+                )
             act = self._nodes.kill_node if fault.type == "KillNode" else self._nodes.drain_node
             return act(worker.node, worker, dry_run=dry_run, cordon=cordon)
         grace = math.ceil(fault.grace_period) if fault.type == "Preempt" else 0
         if not dry_run:
             self._watch.arm(worker)
         return delete_instance(self.session, worker, dry_run=dry_run, grace_seconds=grace)
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` of the job now (its Running pods), or None."""
+        workers = []
+        for rank in sorted(set(self._watch.ranks())):
+            worker = self.current_worker(rank)
+            if worker is not None:
+                workers.append(worker)
+        nodes = _nodes(tuple(workers))
+        return nodes[index] if 0 <= index < len(nodes) else None
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """KillNode / DrainNode of every pod of the job on ``node`` (:mod:`.nodes`);
+        ALREADY_GONE when the pods seen on it are no longer there."""
+        if not node.workers:
+            return KillResult(
+                KillOutcome.ALREADY_GONE, self.clock.now(), f"{node.describe()} has no pods"
+            )
+        return self.kill(node.workers[0], dry_run=dry_run, fault=fault)
+
+    def restore_node(self, node: Node) -> KillResult:
+        """Nothing to restore: PartitionNode is refused on kubernetes."""
+        return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore")
 
     def current_worker(self, rank: int) -> Worker | None:
         """The Running pod that holds ``rank`` now, as the watch sees it (None: none yet)."""
@@ -242,3 +270,18 @@ class KubernetesOrchestrator:
         self.session.close_clients()
         if stuck:
             raise BackendError("cleanup could not uncordon: " + "; ".join(stuck))
+
+
+def _nodes(workers: tuple[Worker, ...]) -> tuple[Node, ...]:
+    """The job's nodes, sorted by name (``targetNode`` is the position), each with its
+    pods; the identity is the node with the pod instances on it, so it changes when they
+    are replaced (the drill needs no nodes get to tell)."""
+    names = sorted({w.node for w in workers if w.node})
+    nodes = []
+    for index, name in enumerate(names):
+        on = tuple(w for w in workers if w.node == name)
+        digest = hashlib.sha256(",".join(sorted(w.instance_id for w in on)).encode())
+        nodes.append(
+            Node(index=index, name=name, identity=f"{name}#{digest.hexdigest()[:12]}", workers=on)
+        )
+    return tuple(nodes)

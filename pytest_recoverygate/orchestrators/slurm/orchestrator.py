@@ -57,6 +57,7 @@ from pytest_recoverygate.model import (
     GroupEventKind,
     KillOutcome,
     KillResult,
+    Node,
     Worker,
     Workload,
 )
@@ -246,7 +247,9 @@ class SlurmOrchestrator:
         self._start_tail(job)
         self._start_watcher()
         workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
-        return Workload(job=f"slurm job {job_id} ({job.name})", workers=workers)
+        return Workload(
+            job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=_nodes(snapshot)
+        )
 
     def _find_job_by_name(self) -> str:
         assert self.job_name
@@ -351,7 +354,7 @@ class SlurmOrchestrator:
                     f"{worker.instance_id!r} is not a SLURM worker instance this drill "
                     "discovered; nothing was touched",
                 )
-            drain = bool(getattr(fault, "drain_node", self.drain_node))
+            drain = fault.drain_node or self.drain_node
             result = self._kill_node(worker, match.groupdict(), dry_run, drain)
         elif fault.type in ("KillStep", "Requeue"):
             result = self._kill_job_level(job_id, step, details, dry_run, fault.type)
@@ -387,6 +390,51 @@ class SlurmOrchestrator:
         assert snapshot is not None
         self._snapshot = snapshot  # the group the next kill hits (for the watcher)
         return worker
+
+    # --- the node seam (NodeFaults) ------------------------------------------------------
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` of the job's running training step now (its ranks there), or
+        None (no running step, no such node)."""
+        assert self.job_id is not None
+        try:
+            job = self.commands.show_job(self.job_id)
+            snapshot = self._snapshot_workers(job) if job.state == "RUNNING" else None
+        except (JobGone, DiscoveryError):
+            return None
+        if snapshot is None:
+            return None
+        self._snapshot = snapshot
+        nodes = _nodes(snapshot)
+        return nodes[index] if 0 <= index < len(nodes) else None
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """KillNode: every process of the training step on ``node``, by one kill step
+        there (``fault.drain_node``: the node set DRAIN first). ALREADY_GONE when the
+        node's identity (node, job step, run) is no longer the job's, or none of the
+        instances seen on it still runs."""
+        if fault.type != "KillNode":
+            raise UsageError(
+                f"{fault.type} cannot be injected on slurm; the node fault here is KillNode"
+            )
+        if not node.workers:
+            return KillResult(
+                KillOutcome.ALREADY_GONE, self.clock.now(), f"{node.describe()} has no ranks"
+            )
+        result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
+        if result.outcome is KillOutcome.KILLED:
+            gone_at = _rgnode_gone(result.detail)
+            if gone_at is not None:
+                self._emit(
+                    GroupEventKind.NODE_GONE,
+                    f"every process of the job on {node.name} is gone",
+                    node.workers[0],
+                )
+        return result
+
+    def restore_node(self, node: Node) -> KillResult:
+        """Nothing to restore: slurm has no PartitionNode."""
+        return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore")
 
     def _kill_worker(
         self, worker: Worker, details: dict[str, str], dry_run: bool, fault: Fault
@@ -564,8 +612,10 @@ class SlurmOrchestrator:
                 )
             drained = f"; node {node} set DRAIN (cleanup RESUMEs it)"
         sent_at = self.clock.now()
+        out_text = [""]
         try:
-            answer = _rgkill(run_kill("kill"))
+            out_text[0] = run_kill("kill")
+            answer = _rgkill(out_text[0])
         except (JobGone, BackendError) as exc:
             return self._failed_destructive(
                 exc,
@@ -580,10 +630,12 @@ class SlurmOrchestrator:
             except (IndexError, ValueError):
                 killed_at = sent_at
             count = answer[2] if len(answer) > 2 else "?"
+            after = _rgnode(out_text[0])
             return KillResult(
                 KillOutcome.KILLED,
                 killed_at,
-                f"kill -KILL {target}: {count} processes ({' '.join(answer[3:])}){drained}",
+                f"kill -KILL {target}: {count} processes ({' '.join(answer[3:])}); "
+                f"{after or 'no answer after the kill'}{drained}",
             )
         if what in ("gone", "replaced"):
             return KillResult(
@@ -971,3 +1023,41 @@ def _rgkill(out: str) -> list[str]:
     """The words of a kill step's ``RGKILL`` answer (or its whole output when none)."""
     answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
     return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
+
+
+def _rgnode(out: str) -> str:
+    """What the node kill step saw after its kill (its ``RGNODE`` line), in words."""
+    line = next((x for x in out.splitlines() if x.startswith("RGNODE ")), "")
+    words = line.split()[1:]
+    if words[:1] == ["gone"] and len(words) > 1:
+        return f"every one dead at {words[1]} (node clock)"
+    if words[:1] == ["alive"]:
+        return f"still alive after 5 s: {' '.join(words[1:])}"
+    return ""
+
+
+def _rgnode_gone(detail: str) -> float | None:
+    """When the node kill step saw every process gone (from a KILLED detail), or None."""
+    match = re.search(r"every one dead at (\d+(?:\.\d+)?)", detail)
+    return float(match.group(1)) if match else None
+
+
+def _nodes(snapshot: _Snapshot) -> tuple[Node, ...]:
+    """The job's nodes in this snapshot: sorted by name (``targetNode`` is the position),
+    each with its ranks; the identity is the node in this step of this run of the job,
+    so a new step or a requeue makes a new one."""
+    names = sorted({w.node for w in snapshot.workers.values() if w.node})
+    run = f"{snapshot.job.job_id}.{snapshot.step} run {snapshot.job.restarts}"
+    return tuple(
+        Node(
+            index=index,
+            name=name,
+            identity=f"{name} in {run}",
+            workers=tuple(
+                snapshot.workers[rank]
+                for rank in sorted(snapshot.workers)
+                if snapshot.workers[rank].node == name
+            ),
+        )
+        for index, name in enumerate(names)
+    )

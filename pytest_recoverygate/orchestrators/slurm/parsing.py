@@ -118,7 +118,8 @@ if kill -s "$sig" "$pid"; then echo "RGKILL killed $(date +%s.%N)"; else echo "R
 # takes), only if the discovered worker there is still the same instance.
 # $1 = job, $2 = step, $3 = pid, $4 = its start time, $5 = "kill" or "check".
 # scontrol listpids asks this node's slurmd only: another node's processes are never
-# listed, and neither is this kill step (another step). "RGKILL killed TIME N PIDS..."
+# listed, and neither is this kill step (another step). "RGKILL killed TIME N PIDS...",
+# then "RGNODE gone TIME" once every one of them is dead or a zombie (within 5 s).
 NODE_KILL_SCRIPT = r"""
 job=$1; step=$2; pid=$3; want=$4; mode=$5
 stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "RGKILL gone"; exit 0; }
@@ -133,6 +134,16 @@ if [ "$mode" = check ]; then echo "RGKILL alive $n" $pids; exit 0; fi
 t=$(date +%s.%N)
 kill -s KILL $pids 2>/dev/null  # one kill(1) for all; a pid that just exited is fine
 echo "RGKILL killed $t $n" $pids
+i=0; left=$pids
+while [ -n "$left" ] && [ $i -lt 50 ]; do
+  still=""
+  for p in $left; do
+    st=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+    r=${st##*) }; set -- $r; [ "$1" = Z ] || still="$still $p"
+  done
+  left=$still; [ -n "$left" ] && sleep 0.1; i=$((i + 1))
+done
+if [ -z "$left" ]; then echo "RGNODE gone $(date +%s.%N)"; else echo "RGNODE alive" $left; fi
 """
 #: The signals :data:`KILL_SCRIPT` sends, by name.
 KILL_SIGNALS = ("KILL", "TERM", "STOP", "CONT")
