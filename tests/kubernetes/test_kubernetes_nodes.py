@@ -29,11 +29,14 @@ from pathlib import Path
 
 import pytest
 
+from pytest_recoverygate.config import parse_config
+from pytest_recoverygate.engine import FailureReason, Verdict
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError, UsageError
 from pytest_recoverygate.model import Fault, GroupEvent, GroupEventKind, KillOutcome
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
+from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, RBAC_NODE_RULES, FakeApiServer
-from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, job_drill_yaml
 
 pytestmark = pytest.mark.kubernetes
 
@@ -316,3 +319,46 @@ def test_the_opt_in_rbac_manifest_grants_exactly_the_node_rules() -> None:
     assert granted["ClusterRole"] == {("get", "nodes"), ("patch", "nodes")}
     assert granted["Role"] == {("create", "pods/eviction")}
     assert granted["ClusterRole"] | granted["Role"] == RBAC_NODE_RULES
+
+
+# ---------------------------------------------------------------------- whole drills
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("storage", "verdict"), [("shared", Verdict.PASS), ("hostPath", Verdict.FAIL)]
+)
+def test_a_killnode_drill_with_cordon(
+    two_nodes: FakeApiServer,
+    make_job: MakeJob,
+    kubeconfig: Path,
+    tmp_path: Path,
+    storage: str,
+    verdict: Verdict,
+) -> None:
+    """KillNode of node 0 (the reporting rank's, node-a) with cordon: the replacements
+    land on node-b. Shared checkpoints PASS; the hostPath twin restarts from scratch."""
+    two_nodes.allowed = RBAC_DRILL_RULES | RBAC_NODE_RULES
+    job = start_job(make_job, storage=storage, local_root=tmp_path / "nodes", step_time=0.02)
+    text = job_drill_yaml(
+        job,
+        kubeconfig,
+        name=f"k8s-killnode-{storage}",
+        failure={"type": "KillNode", "targetNode": "0", "cordon": "true"},
+    ).replace("  type: KillWorker\n", "")
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(text)
+    result = run_drill(parse_config(text, path), RunOptions(handle_signals=False))
+    assert result.verdict is verdict, result.summary
+    assert job.node_of_rank[0] == "node-b"
+    assert not two_nodes.unschedulable("node-a"), "uncordoned at cleanup"
+    acted = two_nodes.deletes(acted_only=True)
+    assert sorted(r.name for r in acted) == ["llama-master-0", "llama-worker-1"], "node-a's"
+    assert all(r.grace_period == 0 and r.precondition_uid for r in acted)
+    assert two_nodes.requests_outside(RBAC_DRILL_RULES | RBAC_NODE_RULES) == []
+    if verdict is Verdict.FAIL:
+        reasons = {c.reason for c in result.checks if c.passed is False}
+        assert FailureReason.RESTARTED_FROM_SCRATCH in reasons, result.summary
+    else:
+        assert result.resume_step == result.expected_resume_step
+    print(f"\nk8s KillNode+cordon ({storage}): {result.verdict.value}: {result.summary}")
