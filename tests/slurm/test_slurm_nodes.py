@@ -104,7 +104,25 @@ def test_each_node_is_its_own_host(slurm: SlurmCluster) -> None:
     assert rows == [[n, n] for n in slurm.nodes[:2]]
     for node in slurm.nodes[:2]:
         addresses = slurm.on_node(node, "ip", "-4", "-o", "addr", "show", "eth0")
-        assert addresses.split()[3].split("/")[0] in (slurm.folder / "etc/hosts").read_text()
+        address = addresses.split()[3].split("/")[0]
+        assert f"{address} {node}" in (slurm.folder / "etc/hosts").read_text()
+        # A lookup the hosts file cannot answer fails at once (torch's reverse lookup of a
+        # v4-mapped address waited 10.7 s for the machine's unreachable nameserver).
+        started = time.monotonic()
+        out = slurm.on_node(node, sys.executable, "-c", LOOKUP.format(address=address))
+        assert time.monotonic() - started < 3, out
+        assert out.split() == [node, "failed"], out
+
+
+LOOKUP = """
+import socket
+print(socket.gethostbyaddr("{address}")[0])
+try:
+    socket.getnameinfo(("::ffff:{address}", 80, 0, 0), 0)
+    print("answered")
+except OSError:
+    print("failed")
+"""
 
 
 def test_killnode_kills_every_process_of_the_node_and_none_of_the_other(
