@@ -285,7 +285,9 @@ def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Ha
         with spy.labelled(f"{label}-world"):
             server = stack.enter_context(FakeApiServer(bookmark_interval=0.5))
             kubeconfig = server.write_kubeconfig(tmp / "kubeconfig", namespace=NAMESPACE)
-            job = FakeTrainingJob(server, nodes=3)
+            for host in ("node-a", "node-b"):  # a two-node job: the node seam's checks run
+                server.add_node(host)
+            job = FakeTrainingJob(server, nodes=3, hosts=["node-a", "node-b"])
             stack.callback(job.stop)
             job.start(wait_for_checkpoint=10)
         with spy.labelled(label):

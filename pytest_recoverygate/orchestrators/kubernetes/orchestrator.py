@@ -227,9 +227,14 @@ class KubernetesOrchestrator:
     def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
         """KillNode / DrainNode of every pod of the job on ``node`` (:mod:`.nodes`);
         ALREADY_GONE when the pods seen on it are no longer there."""
-        if not node.workers:
+        now = self.current_node(node.index)
+        if now is None or now.identity != node.identity or not node.workers:
+            seen = now.describe() if now is not None else "no such node with Running pods"
             return KillResult(
-                KillOutcome.ALREADY_GONE, self.clock.now(), f"{node.describe()} has no pods"
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
+                "nothing was touched",
             )
         return self.kill(node.workers[0], dry_run=dry_run, fault=fault)
 

@@ -37,6 +37,7 @@ pids and job ids as arguments.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -417,9 +418,14 @@ class SlurmOrchestrator:
             raise UsageError(
                 f"{fault.type} cannot be injected on slurm; the node fault here is KillNode"
             )
-        if not node.workers:
+        now = self.current_node(node.index)
+        if now is None or now.identity != node.identity or not node.workers:
+            seen = now.describe() if now is not None else "no such node in a running step"
             return KillResult(
-                KillOutcome.ALREADY_GONE, self.clock.now(), f"{node.describe()} has no ranks"
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
+                "nothing was touched",
             )
         result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
         if result.outcome is KillOutcome.KILLED:
@@ -1044,20 +1050,18 @@ def _rgnode_gone(detail: str) -> float | None:
 
 def _nodes(snapshot: _Snapshot) -> tuple[Node, ...]:
     """The job's nodes in this snapshot: sorted by name (``targetNode`` is the position),
-    each with its ranks; the identity is the node in this step of this run of the job,
-    so a new step or a requeue makes a new one."""
+    each with its ranks; the identity is the node with these worker instances in this
+    step of this run of the job, so a restart, a new step or a requeue makes a new one."""
     names = sorted({w.node for w in snapshot.workers.values() if w.node})
     run = f"{snapshot.job.job_id}.{snapshot.step} run {snapshot.job.restarts}"
-    return tuple(
-        Node(
-            index=index,
-            name=name,
-            identity=f"{name} in {run}",
-            workers=tuple(
-                snapshot.workers[rank]
-                for rank in sorted(snapshot.workers)
-                if snapshot.workers[rank].node == name
-            ),
+    nodes = []
+    for index, name in enumerate(names):
+        on = tuple(
+            snapshot.workers[rank]
+            for rank in sorted(snapshot.workers)
+            if snapshot.workers[rank].node == name
         )
-        for index, name in enumerate(names)
-    )
+        digest = hashlib.sha256(",".join(sorted(w.instance_id for w in on)).encode())
+        identity = f"{name} in {run} #{digest.hexdigest()[:12]}"
+        nodes.append(Node(index=index, name=name, identity=identity, workers=on))
+    return tuple(nodes)
