@@ -12,6 +12,9 @@ node-a, ranks 1 and 3 on node-b):
   node, and cleanup uncordons it (a node already cordoned is left as it was);
 - DrainNode: one policy/v1 Eviction per pod of the job on the node; a blocking
   PodDisruptionBudget is an error naming it with nothing evicted or deleted;
+- whole drills through the config: KillNode with cordon (shared PASS, hostPath FAIL),
+  DrainNode PASS; a PodDisruptionBudget, or cordon / DrainNode without the rights, is an
+  ERROR naming why, with nothing touched;
 - rights: the default RBAC is pods-only, so cordon and DrainNode without the opt-in
   rights (examples/kubernetes/rbac-nodes.yaml) are refused at discovery, before anything
   is touched; PartitionNode is refused with the reason;
@@ -30,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import FailureReason, Verdict
+from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError, UsageError
 from pytest_recoverygate.model import Fault, GroupEvent, GroupEventKind, KillOutcome
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
@@ -362,3 +365,59 @@ def test_a_killnode_drill_with_cordon(
     else:
         assert result.resume_step == result.expected_resume_step
     print(f"\nk8s KillNode+cordon ({storage}): {result.verdict.value}: {result.summary}")
+
+
+def node_drill(
+    job: FakeTrainingJob, kubeconfig: Path, tmp_path: Path, **failure: str
+) -> DrillResult:
+    text = job_drill_yaml(
+        job, kubeconfig, name="k8s-node-drill", max_recovery="20s", failure=failure
+    ).replace("  type: KillWorker\n", "")
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(text)
+    return run_drill(parse_config(text, path), RunOptions(handle_signals=False))
+
+
+@pytest.mark.e2e
+def test_a_drainnode_drill_evicts_the_node_and_passes(
+    two_nodes: FakeApiServer, make_job: MakeJob, kubeconfig: Path, tmp_path: Path
+) -> None:
+    two_nodes.allowed = RBAC_DRILL_RULES | RBAC_NODE_RULES
+    job = start_job(make_job, on_sigterm="save", step_time=0.02)
+    result = node_drill(job, kubeconfig, tmp_path, type="DrainNode", targetNode="1")
+    assert result.verdict is Verdict.PASS, result.summary
+    evicted = sorted(r.name for r in two_nodes.evictions() if r.acted)
+    assert evicted == ["llama-worker-0", "llama-worker-2"], "node-b's pods, once each"
+    assert two_nodes.deletes(acted_only=True) == [], "evictions only, no DELETE"
+    print(f"\nk8s DrainNode: {result.summary}")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("setup", "failure", "message"),
+    [
+        ("pdb", {"type": "DrainNode"}, "eviction blocked by PodDisruptionBudget llama-pdb"),
+        ("pods-only", {"type": "KillNode", "cordon": "true"}, "rbac-nodes.yaml"),
+        ("pods-only", {"type": "DrainNode"}, "needs pods/eviction create"),
+    ],
+)
+def test_a_node_drill_that_may_not_act_is_an_error_with_nothing_touched(
+    two_nodes: FakeApiServer,
+    make_job: MakeJob,
+    kubeconfig: Path,
+    tmp_path: Path,
+    setup: str,
+    failure: dict[str, str],
+    message: str,
+) -> None:
+    if setup == "pdb":
+        two_nodes.allowed = RBAC_DRILL_RULES | RBAC_NODE_RULES
+        two_nodes.add_pdb(NAMESPACE, "llama-pdb", {"training-run": "llama"}, 0)
+    else:
+        two_nodes.allowed = RBAC_DRILL_RULES
+    job = start_job(make_job)
+    result = node_drill(job, kubeconfig, tmp_path, targetNode="1", **failure)
+    assert result.verdict is Verdict.ERROR, result.summary
+    assert message in result.summary, result.summary
+    assert acted_on(two_nodes) == []
+    assert not any(two_nodes.unschedulable(h) for h in HOSTS)
