@@ -55,7 +55,6 @@ def drill(
     *,
     env: dict[str, str] | None = None,
     replace: tuple[str, str] | None = None,
-    sbatch: tuple[str, ...] = (),
 ) -> tuple[DrillResult, float]:
     """Submit an example job, run its example drill against it; returns (result, seconds)."""
     name = f"rg-{tmp_path.name}"[:60]
@@ -72,7 +71,6 @@ def drill(
         name,
         "-o",
         str(tmp_path / "%x-%j.out"),
-        *sbatch,
         workdir=tmp_path,
         env=job_env,
     )
@@ -279,30 +277,32 @@ def test_a_two_node_job_with_node_local_checkpoints_fails(
     print(f"\ntwo-node node-local: {result.summary}; drill {seconds:.1f} s")
 
 
-def test_killnode_with_drain_lands_the_requeued_job_on_the_other_node(
+def test_killnode_with_drain_lands_the_requeued_job_on_another_node(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """A one-node job (two ranks): KillNode of its node with drainNode: true. The node is
-    DRAIN, so the requeued run starts on the other node and resumes from shared storage;
-    cleanup RESUMEs the drained node."""
+    """The two-node job, KillNode of its second node with drainNode: true. The node is
+    DRAIN, so the requeued run starts on the spare node and resumes from shared storage;
+    cleanup RESUMEs the drained node. Needs a spare node: RECOVERYGATE_SLURM_NODES=3."""
     env = two_node_env(slurm)
+    if len(slurm.nodes) < 3:
+        pytest.skip("needs a spare node for the requeued job (RECOVERYGATE_SLURM_NODES=3)")
     result, seconds = drill(
         slurm,
         tmp_path,
         "two-node-torchrun.sbatch",
         "recovery-test-two-node.yaml",
-        env={**env, "NPROC_PER_NODE": "2"},
-        replace=("  targetNode: 1", "  targetNode: 0\n  drainNode: true"),
-        sbatch=("-N1",),
+        env=env,
+        replace=("  targetNode: 1", "  targetNode: 1\n  drainNode: true"),
     )
     assert result.verdict is Verdict.PASS, explain(result)
     job_id = slurm.submitted[-1]
     assert result.target is not None
     drained = result.target.node
-    assert slurm.job_field(job_id, "NodeList") != drained, explain(result)
+    placed = slurm.run("scontrol", "show", "hostnames", slurm.job_field(job_id, "NodeList"))
+    assert drained not in placed.split(), explain(result)
     state = slurm.run("sinfo", "-h", "-N", "-n", drained, "-o", "%T").strip()
     assert not state.startswith("drain"), f"{drained} is {state} after cleanup"
     print(
-        f"\nKillNode + drainNode: off {drained} onto {slurm.job_field(job_id, 'NodeList')}, "
+        f"\nKillNode + drainNode: off {drained} onto {' '.join(placed.split())}, "
         f"recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
     )
