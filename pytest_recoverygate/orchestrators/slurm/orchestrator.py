@@ -37,7 +37,6 @@ pids and job ids as arguments.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import threading
@@ -70,12 +69,12 @@ from pytest_recoverygate.orchestrators.slurm.commands import (
     SlurmCommands,
 )
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
+from pytest_recoverygate.orchestrators.slurm.nodes import NodeKills, job_nodes, rgnode_gone
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     FINAL_STATES,
     KILL_SCRIPT,
     KILL_SIGNALS,
     KILL_STEP_NAME,
-    NODE_KILL_SCRIPT,
     PROBE_SCRIPT,
     PROBE_STEP_NAME,
     WAITING_STATES,
@@ -197,9 +196,7 @@ class SlurmOrchestrator:
         self._ended = False
         #: KillNode with ``drainNode``: also set the node DRAIN (RESUMEd at cleanup).
         self.drain_node = drain_node
-        self._drained: list[str] = []  # nodes a drain was sent to: RESUMEd at cleanup
-        #: What cleanup's RESUME of each drained node answered.
-        self.resumed: list[str] = []
+        self._nodes = NodeKills(self.commands, clock)
 
     # --- discovery ----------------------------------------------------------------------
 
@@ -207,7 +204,7 @@ class SlurmOrchestrator:
         """Find the job and its ranks; wait (until ``deadline``) for it to be running."""
         self.commands.check_setup()
         if self.fault == "KillNode" and self.drain_node:
-            self._check_operator()
+            self._nodes.check_operator()
         job_id = self.job_id or self._find_job_by_name()
         self.job_id = job_id
         last_problem = "nothing checked yet"
@@ -249,7 +246,7 @@ class SlurmOrchestrator:
         self._start_watcher()
         workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
         return Workload(
-            job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=_nodes(snapshot)
+            job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=job_nodes(snapshot)
         )
 
     def _find_job_by_name(self) -> str:
@@ -356,7 +353,9 @@ class SlurmOrchestrator:
                     "discovered; nothing was touched",
                 )
             drain = fault.drain_node or self.drain_node
-            result = self._kill_node(worker, match.groupdict(), dry_run, drain)
+            result = self._nodes.kill(
+                worker, match.groupdict(), dry_run, drain, self._failed_destructive
+            )
         elif fault.type in ("KillStep", "Requeue"):
             result = self._kill_job_level(job_id, step, details, dry_run, fault.type)
         else:
@@ -394,6 +393,11 @@ class SlurmOrchestrator:
 
     # --- the node seam (NodeFaults) ------------------------------------------------------
 
+    @property
+    def resumed(self) -> list[str]:
+        """What cleanup's RESUME of each node a KillNode drained answered."""
+        return list(self._nodes.resumed)
+
     def current_node(self, index: int) -> Node | None:
         """Node ``index`` of the job's running training step now (its ranks there), or
         None (no running step, no such node)."""
@@ -406,7 +410,7 @@ class SlurmOrchestrator:
         if snapshot is None:
             return None
         self._snapshot = snapshot
-        nodes = _nodes(snapshot)
+        nodes = job_nodes(snapshot)
         return nodes[index] if 0 <= index < len(nodes) else None
 
     def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
@@ -429,7 +433,7 @@ class SlurmOrchestrator:
             )
         result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
         if result.outcome is KillOutcome.KILLED:
-            gone_at = _rgnode_gone(result.detail)
+            gone_at = rgnode_gone(result.detail)
             if gone_at is not None:
                 self._emit(
                     GroupEventKind.NODE_GONE,
@@ -534,142 +538,6 @@ class SlurmOrchestrator:
         )
         answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
         return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
-
-    def _check_operator(self) -> None:
-        """``drainNode`` sets a node's state: only root or the cluster's SlurmUser may
-        (Slurm's operator rights). Refused with the reason before anything is touched."""
-        user = self.commands.current_user()
-        slurm_user = self.commands.slurm_user()
-        if user in ("root", slurm_user):
-            return
-        raise PermissionDeniedError(
-            f"drainNode: true sets the node DRAIN with 'scontrol update', which needs Slurm "
-            f"operator rights (root or SlurmUser {slurm_user}); this drill runs as {user}. "
-            "Run it as an operator, or drop drainNode (KillNode alone needs no rights beyond "
-            "the job's own)"
-        )
-
-    def _kill_node(
-        self, worker: Worker, ids: dict[str, str], dry_run: bool, drain: bool
-    ) -> KillResult:
-        """KillNode: every process of the training step on ``worker.node`` SIGKILLed at
-        once by one kill step on that node, which first checks that ``worker`` is still
-        the instance discovered (else nothing is touched).
-
-        With ``drain`` the node is set DRAIN first (remembered before it is sent, so
-        cleanup always RESUMEs it), so a requeued job lands on another node. A drain that
-        failed means nothing was killed.
-        """
-        job_id, step, pid, start = ids["job"], ids["step"], ids["pid"], ids["start"]
-        node = worker.node
-        target = f"every process of step {job_id}.{step} on node {node}"
-
-        def run_kill(mode: str) -> str:
-            return self.commands.srun_on_node(
-                job_id,
-                node,
-                KILL_STEP_NAME,
-                NODE_KILL_SCRIPT,
-                job_id,
-                step,
-                pid,
-                start,
-                mode,
-                destructive=mode == "kill",
-            )
-
-        if dry_run:
-            try:
-                answer = _rgkill(run_kill("check"))
-            except (JobGone, BackendError) as exc:
-                return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), str(exc))
-            if answer[:1] == ["alive"]:
-                more = " and set it DRAIN" if drain else ""
-                return KillResult(
-                    KillOutcome.DRY_RUN,
-                    self.clock.now(),
-                    f"would kill -KILL {target} ({answer[1]} processes: "
-                    f"{' '.join(answer[2:])}){more}",
-                )
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                self.clock.now(),
-                f"{worker.describe()} (pid {pid} on {node}) no longer exists; nothing touched",
-            )
-        drained = ""
-        if drain:
-            with self._lock:
-                self._drained.append(node)
-            args = [
-                "scontrol",
-                "update",
-                f"NodeName={node}",
-                "State=DRAIN",
-                f"Reason=recoverygate KillNode drill of job {job_id}",
-            ]
-            try:
-                self.commands.run_destructive(args)
-            except (JobGone, BackendError) as exc:
-                return KillResult(
-                    KillOutcome.UNCONFIRMED,
-                    self.clock.now(),
-                    f"'scontrol update NodeName={node} State=DRAIN' failed ({exc}); no process "
-                    "was killed, cleanup RESUMEs the node",
-                )
-            drained = f"; node {node} set DRAIN (cleanup RESUMEs it)"
-        sent_at = self.clock.now()
-        out_text = [""]
-        try:
-            out_text[0] = run_kill("kill")
-            answer = _rgkill(out_text[0])
-        except (JobGone, BackendError) as exc:
-            return self._failed_destructive(
-                exc,
-                job_id,
-                not_started=lambda e: f"the node kill step on {node} never started ({e})" + drained,
-                unknown=lambda e: f"the node kill step on {node} may have run: {e}" + drained,
-            )
-        what = answer[0] if answer else "no answer"
-        if what == "killed":
-            try:
-                killed_at = float(answer[1])
-            except (IndexError, ValueError):
-                killed_at = sent_at
-            count = answer[2] if len(answer) > 2 else "?"
-            after = _rgnode(out_text[0])
-            return KillResult(
-                KillOutcome.KILLED,
-                killed_at,
-                f"kill -KILL {target}: {count} processes ({' '.join(answer[3:])}); "
-                f"{after or 'no answer after the kill'}{drained}",
-            )
-        if what in ("gone", "replaced"):
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                self.clock.now(),
-                f"{worker.describe()} (pid {pid} on {node}) no longer exists; no process was "
-                f"killed{drained}",
-            )
-        return KillResult(
-            KillOutcome.UNCONFIRMED,
-            self.clock.now(),
-            f"node kill step answered {' '.join(answer) or what!r}{drained}",
-        )
-
-    def _resume_drained(self) -> list[str]:
-        """RESUME every node a KillNode drained; what could not be resumed, with the fix."""
-        with self._lock:
-            nodes, self._drained = list(dict.fromkeys(self._drained)), []
-        stuck: list[str] = []
-        for node in nodes:
-            args = ["scontrol", "update", f"NodeName={node}", "State=RESUME"]
-            try:
-                self.commands.run(args)
-                self.resumed.append(f"node {node} RESUMEd")
-            except (JobGone, BackendError) as exc:
-                self.resumed.append(f"node {node} not resumed: {exc}")
-                stuck.append(f"node {node}: {exc} (resume it: {' '.join(args)})")
-        return stuck
 
     def _escalate_later(self, worker: Worker, grace: float) -> None:
         """Preempt: SIGKILL that same instance after ``grace`` if it still runs.
@@ -812,7 +680,7 @@ class SlurmOrchestrator:
                     f"{worker.describe()}: {' '.join(answer) or 'no answer'} (continue it: "
                     f"srun --jobid={job} --overlap -w {worker.node} kill -CONT {pid})"
                 )
-        stuck_nodes = self._resume_drained()
+        stuck_nodes = self._nodes.resume_drained()
         self._stop.set()
         with self._lock:
             escalations = list(self._escalations)
@@ -1023,45 +891,3 @@ class SlurmOrchestrator:
                 return
             watch.gone = True
         self._emit(GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)
-
-
-def _rgkill(out: str) -> list[str]:
-    """The words of a kill step's ``RGKILL`` answer (or its whole output when none)."""
-    answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
-    return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
-
-
-def _rgnode(out: str) -> str:
-    """What the node kill step saw after its kill (its ``RGNODE`` line), in words."""
-    line = next((x for x in out.splitlines() if x.startswith("RGNODE ")), "")
-    words = line.split()[1:]
-    if words[:1] == ["gone"] and len(words) > 1:
-        return f"every one dead at {words[1]} (node clock)"
-    if words[:1] == ["alive"]:
-        return f"still alive after 5 s: {' '.join(words[1:])}"
-    return ""
-
-
-def _rgnode_gone(detail: str) -> float | None:
-    """When the node kill step saw every process gone (from a KILLED detail), or None."""
-    match = re.search(r"every one dead at (\d+(?:\.\d+)?)", detail)
-    return float(match.group(1)) if match else None
-
-
-def _nodes(snapshot: _Snapshot) -> tuple[Node, ...]:
-    """The job's nodes in this snapshot: sorted by name (``targetNode`` is the position),
-    each with its ranks; the identity is the node with these worker instances in this
-    step of this run of the job, so a restart, a new step or a requeue makes a new one."""
-    names = sorted({w.node for w in snapshot.workers.values() if w.node})
-    run = f"{snapshot.job.job_id}.{snapshot.step} run {snapshot.job.restarts}"
-    nodes = []
-    for index, name in enumerate(names):
-        on = tuple(
-            snapshot.workers[rank]
-            for rank in sorted(snapshot.workers)
-            if snapshot.workers[rank].node == name
-        )
-        digest = hashlib.sha256(",".join(sorted(w.instance_id for w in on)).encode())
-        identity = f"{name} in {run} #{digest.hexdigest()[:12]}"
-        nodes.append(Node(index=index, name=name, identity=identity, workers=on))
-    return tuple(nodes)
