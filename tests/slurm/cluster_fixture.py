@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,12 +40,16 @@ def _slurm_missing() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def slurm_cluster() -> Iterator[SlurmCluster]:
     reason = _slurm_missing()
     if reason:
         pytest.skip(reason)
     reuse = os.environ.get("RECOVERYGATE_SLURM_CLUSTER")
-    folder = Path(reuse) if reuse else tmp_path_factory.mktemp("slurm-cluster")
+    # Not under pytest's basetemp (mode 0700): as on a real cluster, every user can read
+    # slurm.conf and reach munge's socket (the drainNode test runs a drill as nobody).
+    folder = Path(reuse) if reuse else Path(tempfile.mkdtemp(prefix="recoverygate-slurm-"))
+    if not reuse:
+        folder.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     env["SLURM_CONF"] = str(folder / "etc" / "slurm.conf")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "reporter")])
@@ -77,3 +82,4 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             subprocess.run(
                 [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
             )
+            shutil.rmtree(folder, ignore_errors=True)
