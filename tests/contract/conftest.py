@@ -361,7 +361,13 @@ def _build_slurm(
     from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 
     script = SLURM_SHARED if purpose == "shared" else SLURM_DISPOSABLE
-    args = ("-n2",) if purpose == "shared" else ("-n1",)
+    args: tuple[str, ...] = ("-n2",) if purpose == "shared" else ("-n1",)
+    if purpose == "shared" and len(cluster.nodes) > 1:
+        # one rank per node: the node seam's checks run on the shared job
+        script = script.replace(
+            "srun --overcommit -n2", "srun --overcommit -N2 --ntasks-per-node=1"
+        )
+        args = ("-N2", "--ntasks-per-node=1")
     # --overcommit and --oversubscribe: both jobs fit the 2-CPU node at once.
     job_id = cluster.submit(script, *args, "--overcommit", "--oversubscribe", workdir=tmp)
     clock = RealClock()
