@@ -178,17 +178,17 @@ def test_a_config_naming_a_broken_backend_gets_a_file_line_error(
 def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> None:
     common = {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}
     node = {"KillNode", "PartitionNode"}
-    assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node
-    assert get_backend("slurm").faults >= common | {"KillStep", "Requeue"}
+    assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node | {"DrainNode"}
+    assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"}
     assert get_backend("fake").faults == common | node
     assert get_backend("local").faults == common | node
-    assert get_backend("kubernetes").faults == common - {"HangWorker"}
+    assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}
 
 
 ALLOWED = {
     "fake": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
     "local": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
-    "kubernetes": "KillWorker, KillDuringCheckpoint or Preempt",
+    "kubernetes": "KillWorker, KillDuringCheckpoint, Preempt, KillNode or DrainNode",
 }
 
 

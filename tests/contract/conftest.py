@@ -355,7 +355,9 @@ def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Ha
         with spy.labelled(f"{label}-world"):
             server = stack.enter_context(FakeApiServer(bookmark_interval=0.5))
             kubeconfig = server.write_kubeconfig(tmp / "kubeconfig", namespace=NAMESPACE)
-            job = FakeTrainingJob(server, nodes=3)
+            for host in ("node-a", "node-b"):  # a two-node job: the node seam's checks run
+                server.add_node(host)
+            job = FakeTrainingJob(server, nodes=3, hosts=["node-a", "node-b"])
             stack.callback(job.stop)
             job.start(wait_for_checkpoint=10)
         with spy.labelled(label):
@@ -429,7 +431,13 @@ def _build_slurm(
     from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 
     script = SLURM_SHARED if purpose == "shared" else SLURM_DISPOSABLE
-    args = ("-n2",) if purpose == "shared" else ("-n1",)
+    args: tuple[str, ...] = ("-n2",) if purpose == "shared" else ("-n1",)
+    if purpose == "shared" and len(cluster.nodes) > 1:
+        # one rank per node: the node seam's checks run on the shared job
+        script = script.replace(
+            "srun --overcommit -n2", "srun --overcommit -N2 --ntasks-per-node=1"
+        )
+        args = ("-N2", "--ntasks-per-node=1")
     # --overcommit and --oversubscribe: both jobs fit the 2-CPU node at once.
     job_id = cluster.submit(script, *args, "--overcommit", "--oversubscribe", workdir=tmp)
     clock = RealClock()
@@ -454,7 +462,7 @@ def _build_slurm(
 
     def current(rank: int) -> Worker | None:
         """The job's live process that is rank ``rank`` (its RANK, else its task id)."""
-        listing = cluster.run("scontrol", "listpids", job_id, check=False)
+        listing = cluster.listpids(job_id)
         rows = []
         for line in listing.splitlines():
             parts = line.split()

@@ -66,6 +66,7 @@ from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
     "RBAC_DRILL_RULES",
+    "RBAC_NODE_RULES",
     "ContainerLog",
     "FakeApiServer",
     "Fault",
@@ -80,6 +81,11 @@ Pod = dict[str, Any]
 #: The permissions a drill needs, exactly as examples/kubernetes/rbac.yaml grants them.
 RBAC_DRILL_RULES: frozenset[tuple[str, str]] = frozenset(
     {("list", "pods"), ("watch", "pods"), ("delete", "pods"), ("get", "pods/log")}
+)
+#: What examples/kubernetes/rbac-nodes.yaml adds, opt-in: cordon (nodes get/patch, a
+#: ClusterRole: nodes are cluster-scoped) and DrainNode (pods/eviction create).
+RBAC_NODE_RULES: frozenset[tuple[str, str]] = frozenset(
+    {("get", "nodes"), ("patch", "nodes"), ("create", "pods/eviction")}
 )
 
 
@@ -321,6 +327,8 @@ class FakeApiServer:
         self._cond = threading.Condition()
         self._rv = 1000
         self._pods: dict[tuple[str, str], Pod] = {}
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._pdbs: dict[tuple[str, str], dict[str, Any]] = {}
         self._history: list[tuple[int, str, Pod, Pod | None]] = []
         self._last: dict[str, Pod] = {}
         self._compacted_rv = 0
@@ -446,6 +454,126 @@ class FakeApiServer:
                 for (ns, _), p in sorted(self._pods.items())
                 if namespace in (None, ns)
             ]
+
+    # ------------------------------------------------------------------ nodes, PDBs
+
+    def add_node(self, name: str) -> dict[str, Any]:
+        """A Ready, schedulable node (``/api/v1/nodes/NAME``); returns its copy."""
+        with self._cond:
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "uid": str(uuid.uuid4()),
+                    "creationTimestamp": _rfc3339(time.time()),
+                    "resourceVersion": str(self._next_rv()),
+                    "labels": {"kubernetes.io/hostname": name},
+                },
+                "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            self._nodes[name] = node
+            return copy.deepcopy(node)
+
+    def node_names(self) -> list[str]:
+        with self._cond:
+            return sorted(self._nodes)
+
+    def unschedulable(self, name: str) -> bool:
+        """Is the node cordoned (``spec.unschedulable``)?"""
+        with self._cond:
+            node = self._nodes.get(name)
+            return bool(node and node["spec"].get("unschedulable"))
+
+    def add_pdb(
+        self, namespace: str, name: str, match_labels: dict[str, str], disruptions_allowed: int
+    ) -> None:
+        """A PodDisruptionBudget whose status allows ``disruptions_allowed`` evictions."""
+        with self._cond:
+            self._pdbs[(namespace, name)] = {
+                "selector": [(k, "=", [v]) for k, v in match_labels.items()],
+                "allowed": disruptions_allowed,
+            }
+
+    def evictions(self) -> list[LoggedRequest]:
+        """Every eviction request, in order."""
+        with self._cond:
+            return [r for r in self.requests if r.resource == "pods/eviction"]
+
+    def _patch_node(
+        self, name: str, body: dict[str, Any], query: dict[str, str], entry: LoggedRequest
+    ) -> tuple[int, dict[str, Any]]:
+        """A merge patch of ``spec`` (what ``kubectl cordon`` sends); ``dryRun=All`` previews."""
+        with self._cond:
+            node = self._nodes.get(name)
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{name}" not found', name=name)
+            spec = body.get("spec")
+            if not isinstance(spec, dict) or set(body) - {"spec", "metadata"}:
+                return 400, _status(400, "BadRequest", f"the fake patches node spec only: {body}")
+            result = copy.deepcopy(node)
+            for key, value in spec.items():
+                if value is None:
+                    result["spec"].pop(key, None)
+                else:
+                    result["spec"][key] = value
+            if query.get("dryRun") == "All":
+                entry.dry_run = True
+                return 200, result
+            entry.acted = True
+            result["metadata"]["resourceVersion"] = str(self._next_rv())
+            self._nodes[name] = result
+            return 200, copy.deepcopy(result)
+
+    def _evict(
+        self,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        query: dict[str, str],
+        entry: LoggedRequest,
+    ) -> tuple[int, dict[str, Any]]:
+        """policy/v1 Eviction: refused with 429 by a PodDisruptionBudget that allows no
+        more disruptions (as the apiserver does), else a graceful delete of the pod."""
+        options = dict(body.get("deleteOptions") or {})
+        dry_run = query.get("dryRun") == "All" or options.get("dryRun") == ["All"]
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
+            labels = pod["metadata"].get("labels", {})
+            for (ns, pdb_name), pdb in sorted(self._pdbs.items()):
+                if ns != namespace or not selector_matches(pdb["selector"], labels):
+                    continue
+                if pdb["allowed"] <= 0:
+                    status = _status(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                        name=name,
+                    )
+                    status["details"]["causes"] = [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {pdb_name} needs 1 healthy pods "
+                            "and has 1 currently",
+                        }
+                    ]
+                    return 429, status
+                if not dry_run:
+                    pdb["allowed"] -= 1
+            if "gracePeriodSeconds" not in options:
+                spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+                options["gracePeriodSeconds"] = spec_grace
+        if dry_run:
+            options["dryRun"] = ["All"]
+        code, result = self._delete(namespace, name, options, {}, entry)
+        if code != 200:
+            return code, result
+        done = _status(201, "", "")
+        done.update(status="Success", code=201)
+        return 201, done
 
     def remove_finalizers(self, namespace: str, name: str) -> None:
         if self.get_pod(namespace, name) is None:
@@ -827,16 +955,27 @@ _REASONS = {
 #: What Go's strconv.ParseBool reads as true: client 35 sends "True", client 37 "true".
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 
-_POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)(?:/(log))?)?$")
+_POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)(?:/(log|eviction))?)?$")
+_NODE_PATH = re.compile(r"^/api/v1/nodes(?:/([^/]+))?$")
 
 
 def _classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, str, str]:
     """(verb, resource, namespace, name) as the apiserver's RBAC would see the request."""
+    node = _NODE_PATH.match(path)
+    if node is not None:
+        name = node.group(1) or ""
+        if method == "GET":
+            verb = "get" if name else ("watch" if query.get("watch") in _TRUE else "list")
+        else:
+            verb = {"PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(
+                method, method.lower()
+            )
+        return verb, "nodes", "", name
     match = _POD_PATH.match(path)
     if match is None:
         return ("get", "", "", "") if method == "GET" else (method.lower(), "", "", "")
     namespace, name, sub = match.group(1), match.group(2) or "", match.group(3)
-    resource = "pods/log" if sub else "pods"
+    resource = f"pods/{sub}" if sub else "pods"
     if method == "GET":
         if sub or name:
             return "get", resource, namespace, name
@@ -1024,18 +1163,40 @@ class _Handler(BaseHTTPRequestHandler):
             self._discovery(path, entry)
             return
         if api.allowed is not None and (verb, resource) not in api.allowed:
-            what = f'pods "{name}"' if name else "pods"
+            kind = resource.split("/", maxsplit=1)[0]
+            what = f'{kind} "{name}"' if name else kind
+            scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
             message = (
                 f'{what} is forbidden: User "{api.user}" cannot {verb} resource "{resource}" '
-                f'in API group "" in the namespace "{namespace}"'
+                f'in API group "" {scope}'
             )
             entry.status = 403
-            self._send_json(403, _status(403, "Forbidden", message, name=name))
+            self._send_json(403, _status(403, "Forbidden", message, name=name, kind=kind))
             return
         reset_after = fault is not None and fault.reset_after
         drop_after = fault.drop_after_lines if fault is not None else None
         if resource == "pods/log":
             self._log(namespace, name, query, entry, drop_after, reset_after, fault)
+            return
+        if resource == "nodes" or resource == "pods/eviction":
+            if resource == "pods/eviction" and verb == "create":
+                code, result = api._evict(namespace, name, body or {}, query, entry)
+            elif verb == "patch" and name:
+                code, result = api._patch_node(name, body or {}, query, entry)
+            elif verb == "get" and name:
+                with api._cond:
+                    found = copy.deepcopy(api._nodes.get(name))
+                code, result = (
+                    (200, found)
+                    if found is not None
+                    else (404, _status(404, "NotFound", f'nodes "{name}" not found', name=name))
+                )
+            else:
+                code, result = 405, _status(405, "MethodNotAllowed", f"{verb} {resource}: no")
+            if reset_after:
+                raise _Reset
+            entry.status = code
+            self._send_json(code, result)
             return
         if verb == "delete":
             code, result = api._delete(namespace, name, body or {}, query, entry)

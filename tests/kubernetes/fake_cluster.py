@@ -20,11 +20,22 @@ kubelet's SIGTERM: with ``on_sigterm="save"`` the group stops, the reporting ran
 checkpoint of the step it reached (``checkpoint_started`` / ``checkpoint_completed``,
 ``save_time`` apart) and the containers exit 143, so the pod goes before its grace period
 ends; with ``on_sigterm="ignore"`` training goes on until the kubelet's SIGKILL.
+
+Cluster nodes (``hosts``: node names the server gets with ``add_node``): each pod is bound
+to one (``spec.nodeName``, rank r on ``hosts[r % len(hosts)]``) and the scheduler places a
+replacement on its pod's old node unless that node is cordoned, else on the schedulable
+node with the fewest of the job's pods. Each node has its own local folder under
+``local_root`` (what hostPath and emptyDir live on). ``storage`` says where the reporting
+rank's checkpoints go, as real files: ``shared`` (a volume every node mounts, the
+default), ``hostPath`` (the node's folder: it survives the pod, not a move to another
+node) or ``emptyDir`` (a folder of the pod on its node, deleted with the pod). A new
+incarnation resumes from the newest checkpoint it can read where it runs, else step 0.
 """
 
 from __future__ import annotations
 
 import secrets
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -169,7 +180,14 @@ class FakeTrainingJob:
         restart_reporter_container: bool = False,
         on_sigterm: str = "ignore",  # ignore | save
         save_time: float = 0.1,
+        hosts: list[str] | None = None,
+        storage: str = "shared",  # shared | hostPath | emptyDir
+        local_root: Path | None = None,
     ) -> None:
+        if storage not in ("shared", "hostPath", "emptyDir"):
+            raise ValueError(f"storage must be shared, hostPath or emptyDir, got {storage!r}")
+        if storage != "shared" and (not hosts or local_root is None):
+            raise ValueError(f"storage={storage!r} needs hosts and local_root")
         self.server = server
         self.kind = kind
         self.name = name
@@ -186,6 +204,10 @@ class FakeTrainingJob:
         self.restart_reporter_container = restart_reporter_container
         self.on_sigterm = on_sigterm
         self.save_time = save_time
+        self.hosts = list(hosts or [])
+        self.storage = storage
+        self.local_root = local_root
+        self.node_of_rank: dict[int, str] = {}
         self.sigterms: list[tuple[float, str]] = []  # (time, pod name) of graceful deletes
         self.saved_on_sigterm: list[int] = []  # the steps saved after a SIGTERM
         self._save_requested = False
@@ -256,8 +278,58 @@ class FakeTrainingJob:
             )
         return trainjob_pod(self.name, rank, namespace=self.namespace)
 
+    def _place(self, rank: int) -> str | None:
+        """The node the scheduler binds rank's pod to (None: the cluster has no nodes)."""
+        if not self.hosts:
+            return None
+        with self._lock:
+            old = self.node_of_rank.get(rank, self.hosts[rank % len(self.hosts)])
+            load = {h: list(self.node_of_rank.values()).count(h) for h in self.hosts}
+        if not self.server.unschedulable(old):
+            return old
+        free = [h for h in self.hosts if not self.server.unschedulable(h)]
+        if not free:
+            return old  # nowhere else: it stays Pending on a real cluster; here, same node
+        return min(free, key=lambda h: (load[h], h))
+
+    def node_dir(self, host: str) -> Path:
+        """The node's own local folder (hostPath / emptyDir live here)."""
+        assert self.local_root is not None
+        return self.local_root / host
+
+    def _checkpoint_dir(self) -> Path | None:
+        """Where the reporting rank's checkpoints are, as it runs now (None: shared)."""
+        if self.storage == "shared":
+            return None
+        host = self.node_of_rank[self.reporting_rank]
+        if self.storage == "hostPath":
+            return self.node_dir(host) / "ckpt"
+        return self.node_dir(host) / "pods" / self.pod_name(self.reporting_rank) / "ckpt"
+
+    def _save(self, step: int) -> None:
+        folder = self._checkpoint_dir()
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"step-{step}").write_text(str(step))
+        self.last_checkpoint = step
+
+    def _resume_step(self) -> int:
+        if self.resume != "latest":
+            return 0
+        folder = self._checkpoint_dir()
+        if folder is None:
+            return self.last_checkpoint
+        steps = [int(f.name[5:]) for f in folder.glob("step-*")] if folder.is_dir() else []
+        return max(steps, default=0)
+
     def _create(self, rank: int) -> Pod:
-        pod = self.server.create_pod(self._template(rank))
+        template = self._template(rank)
+        host = self._place(rank)
+        if host is not None:
+            template["spec"]["nodeName"] = host
+            with self._lock:
+                self.node_of_rank[rank] = host
+        pod = self.server.create_pod(template)
         with self._lock:
             self.pod_of_rank[rank] = pod["metadata"]["name"]
             self.uids[pod["metadata"]["uid"]] = rank
@@ -290,6 +362,9 @@ class FakeTrainingJob:
             if not gone:
                 return
             self._handled.add(uid)
+            if self.storage == "emptyDir":  # the kubelet deletes the pod's emptyDir with it
+                host = pod.get("spec", {}).get("nodeName", "")
+                shutil.rmtree(self.node_dir(host) / "pods" / pod["metadata"]["name"], True)
             self._losses += 1  # counted first, so the loop cannot miss a whole pause
             self._running.clear()  # the group lost a member: training stops
         if self.restart_reporter_container and rank != self.reporting_rank:
@@ -395,7 +470,7 @@ class FakeTrainingJob:
                     self._emit(
                         wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0)
                     )
-                    self.last_checkpoint = self.step
+                    self._save(self.step)
                     self.saved_on_sigterm.append(self.step)
                 self._running.wait()
                 if self._stop.is_set():
@@ -405,7 +480,7 @@ class FakeTrainingJob:
                 restart += 1
                 time.sleep(0.05)  # torchrun's rendezvous
                 inc = self._start_incarnation(restart)
-                self.step = self.last_checkpoint if self.resume == "latest" else 0
+                self.step = self._resume_step()
                 if self.step:
                     self._emit(
                         wire.format_step("checkpoint_loaded", time.time(), inc, self.step, 0)
@@ -413,6 +488,6 @@ class FakeTrainingJob:
             self.step += 1
             self._emit(wire.format_step("progress", time.time(), inc, self.step, 0))
             if self.step % self.checkpoint_every == 0:
+                self._save(self.step)
                 self._emit(wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0))
-                self.last_checkpoint = self.step
             time.sleep(self.step_time)

@@ -1,9 +1,12 @@
-"""A real one-node Slurm cluster, brought up once per test session and shared by every folder.
+"""A real Slurm cluster, brought up once per test session and shared by every folder.
 
-The cluster is scripts/slurm-cluster's: slurmctld + slurmd + munged under one temporary
-folder on loopback, reached through SLURM_CONF. Tests that need it skip with the reason
-when Slurm is not installed here (CI installs it). Set RECOVERYGATE_SLURM_CLUSTER=DIR to
-reuse a cluster that is already up (``scripts/slurm-cluster up DIR``) instead.
+The cluster is scripts/slurm-cluster's: slurmctld + munged + one slurmd per node under one
+temporary folder, reached through SLURM_CONF. By default it has two nodes (node1, node2),
+each slurmd in its own network, UTS and mount namespace (``up --nodes 2``), so jobs are
+spread over nodes as on a real cluster; RECOVERYGATE_SLURM_NODES=1 runs the one-node
+cluster on loopback instead. Tests that need it skip with the reason when Slurm is not
+installed here (CI installs it). Set RECOVERYGATE_SLURM_CLUSTER=DIR to reuse a cluster
+that is already up (``scripts/slurm-cluster up [--nodes N] DIR``) instead.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,25 +35,30 @@ def _slurm_missing() -> str | None:
                 "run 'scripts/slurm-cluster install' (CI does)"
             )
     if os.geteuid() != 0:
-        return "the one-node test cluster runs its daemons as root; run the slurm tests as root"
+        return "the test cluster runs its daemons as root (and makes namespaces); run the slurm tests as root"
     return None
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+def slurm_cluster() -> Iterator[SlurmCluster]:
     reason = _slurm_missing()
     if reason:
         pytest.skip(reason)
     reuse = os.environ.get("RECOVERYGATE_SLURM_CLUSTER")
-    folder = Path(reuse) if reuse else tmp_path_factory.mktemp("slurm-cluster")
+    # Not under pytest's basetemp (mode 0700): as on a real cluster, every user can read
+    # slurm.conf and reach munge's socket (the drainNode test runs a drill as nobody).
+    folder = Path(reuse) if reuse else Path(tempfile.mkdtemp(prefix="recoverygate-slurm-"))
+    if not reuse:
+        folder.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     env["SLURM_CONF"] = str(folder / "etc" / "slurm.conf")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "reporter")])
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    nodes = os.environ.get("RECOVERYGATE_SLURM_NODES", "2")
     if not reuse:
         proc = subprocess.run(
-            [str(SCRIPT), "up", str(folder)],
+            [str(SCRIPT), "up", "--nodes", nodes, str(folder)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -61,6 +70,10 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             )
             pytest.fail(f"scripts/slurm-cluster up failed:\n{proc.stderr}")
     cluster = SlurmCluster(folder=folder, conf=env["SLURM_CONF"], env=env)
+    if len(cluster.nodes) > 1:
+        # Every node's namespace has eth0 on the bridge: gloo reaches the other nodes over
+        # it, and a job whose tasks Slurm spreads over two nodes still trains.
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
     try:
         yield cluster
     finally:
@@ -69,3 +82,4 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             subprocess.run(
                 [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
             )
+            shutil.rmtree(folder, ignore_errors=True)

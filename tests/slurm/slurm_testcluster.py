@@ -18,6 +18,31 @@ class SlurmCluster:
     env: dict[str, str]
     submitted: list[str] = field(default_factory=list)
 
+    @property
+    def nodes(self) -> list[str]:
+        """The cluster's node names: ``localhost``, or node1..nodeN (``--nodes N``)."""
+        count = 1
+        env_file = self.folder / "etc" / "cluster.env"
+        if env_file.exists():
+            for line in env_file.read_text().splitlines():
+                if line.startswith("NODES="):
+                    count = int(line.split("=", 1)[1])
+        return ["localhost"] if count == 1 else [f"node{i}" for i in range(1, count + 1)]
+
+    def on_node(self, node: str, *args: str, timeout: float = 30) -> str:
+        """Run a command as if on ``node``: in its slurmd's network, UTS and mount
+        namespaces (``nsenter``), or here on the one-node cluster. Its stdout."""
+        if self.nodes == ["localhost"]:
+            return self.run(*args, check=False, timeout=timeout)
+        pid = (self.folder / "run" / f"slurmd-{node}.pid").read_text().strip()
+        return self.run(
+            "nsenter", "-t", pid, "--net", "--uts", "--mount", *args, check=False, timeout=timeout
+        )
+
+    def listpids(self, job_id: str) -> str:
+        """``scontrol listpids JOB`` on every node (it asks the local slurmd only)."""
+        return "".join(self.on_node(node, "scontrol", "listpids", job_id) for node in self.nodes)
+
     def run(self, *args: str, check: bool = True, timeout: float = 30) -> str:
         proc = subprocess.run(
             list(args), env=self.env, capture_output=True, text=True, timeout=timeout, check=False

@@ -114,7 +114,7 @@ def has(kind: GroupEventKind) -> Callable[[list[GroupEvent]], bool]:
 def task_pids(slurm: SlurmCluster, job_id: str, step: str | None = None) -> dict[int, int]:
     """Task id -> pid of the job's numbered steps (or of ``step`` only: the probe and kill
     steps are numbered steps too), read with scontrol listpids."""
-    out = slurm.run("scontrol", "listpids", job_id, check=False)
+    out = slurm.listpids(job_id)
     return {
         r.global_id: r.pid
         for r in parse_listpids(out)
@@ -133,7 +133,7 @@ def test_it_discovers_every_rank_of_a_two_task_step(slurm: SlurmCluster, tmp_pat
     pids = task_pids(slurm, job)
     for worker in workload.workers:
         details = dict(worker.details)
-        assert worker.node == "localhost"
+        assert worker.node in slurm.nodes
         assert int(details["pid"]) == pids[worker.rank]
         assert worker.instance_id == f"{job}.0/{details['pid']}@{details['start']}"
 

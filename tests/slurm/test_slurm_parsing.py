@@ -54,7 +54,7 @@ def test_it_satisfies_the_orchestrator_protocol_and_cleans_up_twice() -> None:
     ("kwargs", "message"),
     [
         ({}, "needs workload.jobId or workload.jobName"),
-        ({"job_id": 1, "fault": "KillNode"}, "unknown fault type 'KillNode'"),
+        ({"job_id": 1, "fault": "PartitionNode"}, "unknown fault type 'PartitionNode'"),
     ],
 )
 def test_it_refuses_a_config_it_cannot_drill(kwargs: dict[str, object], message: str) -> None:

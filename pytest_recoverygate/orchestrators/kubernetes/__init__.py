@@ -28,11 +28,24 @@ if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 
-__all__ = ["BACKEND", "FAULT_TYPES", "KubernetesOrchestrator", "KubernetesWorkload"]
+__all__ = [
+    "BACKEND",
+    "FAULT_TYPES",
+    "PARTITION_REFUSED",
+    "KubernetesOrchestrator",
+    "KubernetesWorkload",
+]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 #: What one DELETE can do to a pod: kill it now, or terminate it gracefully (Preempt).
-FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt")
+FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt", "KillNode", "DrainNode")
+#: Why PartitionNode is refused (the schema says it in these words).
+PARTITION_REFUSED = (
+    "PartitionNode cannot be injected on kubernetes: the Kubernetes API has no operation "
+    "that cuts a node's network while its pods keep running (that takes the CNI or the "
+    "cloud's network policy, outside what a drill may touch). Use KillNode or DrainNode, "
+    "or drill partitions with orchestrator: local (nodes: N)"
+)
 
 
 class KubernetesWorkload(WorkloadBase):
@@ -97,6 +110,8 @@ def _create(
         target_rank=failure.rank_for(workload.reporting_rank),
         reporting_rank=workload.reporting_rank,
         clock=clock,
+        fault=failure.type,
+        cordon=bool(failure.cordon),
     )
 
 
@@ -115,7 +130,9 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
             "HangWorker cannot be injected on kubernetes: the drill's pods-only RBAC (pods "
             "list/watch/delete, pods/log get) cannot stop a process inside a container"
         ),
+        "PartitionNode": PARTITION_REFUSED,
     },
+    failure_keys=frozenset({"cordon"}),
     lock_scope=_lock_scope,
     summary="Kubeflow PyTorchJob / Trainer TrainJob pods, through the kubernetes client",
 )

@@ -11,6 +11,11 @@ the API, and where each job is done:
 - **kill**: one ``DELETE`` of exactly the discovered pod instance, never sent twice once
   it may have acted (:mod:`.kill`): grace period 0 for ``KillWorker`` and
   ``KillDuringCheckpoint``, the fault's ``gracePeriod`` for ``Preempt``.
+- **node faults** (:mod:`.nodes`): ``KillNode`` deletes every pod of the job on the
+  target's node (grace 0, uid preconditions), ``DrainNode`` evicts them (policy/v1, as
+  ``kubectl drain``); ``cordon`` cordons the node first and cleanup uncordons it. Both
+  need opt-in rights beyond rbac.yaml (examples/kubernetes/rbac-nodes.yaml), checked
+  before anything is touched. ``PartitionNode`` is refused.
 - **current_worker**: the pod that holds a rank now, from the watch (for the second and
   later kills of ``count``).
 - **watch_group**: a background thread watches the job's pods and turns what changes
@@ -24,18 +29,29 @@ one :class:`~.api.ApiSession`, shared by all of them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 from typing import Any
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
+from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
 from pytest_recoverygate.joboutput import JobOutput
-from pytest_recoverygate.model import KILL, Fault, GroupEvent, KillResult, Worker, Workload
+from pytest_recoverygate.model import (
+    KILL,
+    Fault,
+    GroupEvent,
+    KillOutcome,
+    KillResult,
+    Node,
+    Worker,
+    Workload,
+)
 from pytest_recoverygate.orchestrators.base import Clock, EventSource, RealClock, cleanup_once
 from pytest_recoverygate.orchestrators.kubernetes import FAULT_TYPES
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY, ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance
 from pytest_recoverygate.orchestrators.kubernetes.logs import LogStream
+from pytest_recoverygate.orchestrators.kubernetes.nodes import PARTITION_REFUSED, NodeOps
 from pytest_recoverygate.orchestrators.kubernetes.pods import find_job, pod_phase, worker_of
 from pytest_recoverygate.orchestrators.kubernetes.watch import GroupWatch
 from pytest_recoverygate.retry import RetryPolicy
@@ -63,8 +79,15 @@ class KubernetesOrchestrator:
         watch_timeout_seconds: int = 60,
         request_timeout: float = 30.0,
         retry: RetryPolicy = RETRY,
+        fault: str = "KillWorker",
+        cordon: bool = False,
     ) -> None:
+        if fault == "PartitionNode":
+            raise UsageError(PARTITION_REFUSED)
         self.selector = selector.strip()
+        #: The drill's fault type and ``cordon``: what discovery checks the rights for.
+        self.fault = fault
+        self.cordon = cordon
         self.target_rank = target_rank
         self.reporting_rank = reporting_rank
         self.clock: Clock = clock if clock is not None else RealClock()
@@ -87,6 +110,7 @@ class KubernetesOrchestrator:
         )
         self._main: Any = None
         self._job = ""
+        self._nodes = NodeOps(self.session)
 
     @property
     def namespace(self) -> str | None:
@@ -120,13 +144,11 @@ class KubernetesOrchestrator:
         job = find_job(
             pods, selector=self.selector, namespace=session.namespace, host=session.host()
         )
-        workload = Workload(
-            job=job.name,
-            workers=tuple(
-                worker_of(pod, rank, namespace=session.namespace, job=job.name)
-                for rank, pod in sorted(job.members.items())
-            ),
+        workers = tuple(
+            worker_of(pod, rank, namespace=session.namespace, job=job.name)
+            for rank, pod in sorted(job.members.items())
         )
+        workload = Workload(job=job.name, workers=workers, nodes=_nodes(workers))
         if workload.by_rank(self.target_rank) is None:
             raise DiscoveryError(
                 f"target rank {self.target_rank} is not among the ranks of {workload.job} "
@@ -138,6 +160,18 @@ class KubernetesOrchestrator:
                 f"reporting rank {self.reporting_rank} is not among the ranks of {workload.job} "
                 f"({', '.join(str(w.rank) for w in workload.workers)}); its log carries the "
                 "training events. Fix: set workload.reportingRank to the rank that reports."
+            )
+        target = workload.by_rank(self.target_rank)
+        if self.fault in ("KillNode", "DrainNode") and target is not None:
+            if not target.node:
+                raise DiscoveryError(
+                    f"{self.fault}: pod {target.name!r} (rank {self.target_rank}) is not bound "
+                    "to a node yet (no spec.nodeName); wait until it is scheduled"
+                )
+            self._nodes.check_rights(
+                target.node,
+                cordon=self.cordon,
+                evict=target if self.fault == "DrainNode" else None,
             )
         self._job = job.name
         self._watch.adopt(job, pods, rv)
@@ -152,14 +186,61 @@ class KubernetesOrchestrator:
         Its grace period is 0, or ``fault.grace_period`` for ``Preempt``, rounded up to
         whole seconds (the API counts seconds; rounding up never cuts the job's grace).
         """
+        if fault.type == "PartitionNode":
+            raise BackendError(PARTITION_REFUSED)
         if fault.type not in FAULT_TYPES:
             raise BackendError(
                 f"{fault.type} cannot be injected on kubernetes; it can do {', '.join(FAULT_TYPES)}"
             )
+        if fault.type in ("KillNode", "DrainNode"):
+            if not worker.node:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self.clock.now(),
+                    f"pod {worker.name!r} is bound to no node; nothing was touched",
+                )
+            cordon = fault.cordon or self.cordon
+            if not dry_run:
+                on_node = self._nodes.job_pods_on(worker.node)
+                self._watch.arm(
+                    worker,
+                    node=worker.node,
+                    node_uids=frozenset(w.instance_id for w in on_node),
+                )
+            act = self._nodes.kill_node if fault.type == "KillNode" else self._nodes.drain_node
+            return act(worker.node, worker, dry_run=dry_run, cordon=cordon)
         grace = math.ceil(fault.grace_period) if fault.type == "Preempt" else 0
         if not dry_run:
             self._watch.arm(worker)
         return delete_instance(self.session, worker, dry_run=dry_run, grace_seconds=grace)
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` of the job now (its Running pods), or None."""
+        workers = []
+        for rank in sorted(set(self._watch.ranks())):
+            worker = self.current_worker(rank)
+            if worker is not None:
+                workers.append(worker)
+        nodes = _nodes(tuple(workers))
+        return nodes[index] if 0 <= index < len(nodes) else None
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """KillNode / DrainNode of every pod of the job on ``node`` (:mod:`.nodes`);
+        ALREADY_GONE when the pods seen on it are no longer there."""
+        now = self.current_node(node.index)
+        if now is None or now.identity != node.identity or not node.workers:
+            seen = now.describe() if now is not None else "no such node with Running pods"
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
+                "nothing was touched",
+            )
+        return self.kill(node.workers[0], dry_run=dry_run, fault=fault)
+
+    def restore_node(self, node: Node) -> KillResult:
+        """Nothing to restore: PartitionNode is refused on kubernetes."""
+        return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore")
 
     def current_worker(self, rank: int) -> Worker | None:
         """The Running pod that holds ``rank`` now, as the watch sees it (None: none yet)."""
@@ -179,9 +260,33 @@ class KubernetesOrchestrator:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""
         return self._logs.job_output()
 
+    @property
+    def uncordoned(self) -> list[str]:
+        """The nodes cleanup uncordoned (the ones this drill cordoned)."""
+        return list(self._nodes.uncordoned)
+
     @cleanup_once
     def cleanup(self) -> None:
-        """Stop the threads (cutting their streams), close the pools. Idempotent."""
+        """Uncordon what the drill cordoned first; stop the threads (cutting their
+        streams), close the pools. Idempotent."""
+        stuck = self._nodes.uncordon_all()
         self.session.stop_threads()
         self._logs.source.close()
         self.session.close_clients()
+        if stuck:
+            raise BackendError("cleanup could not uncordon: " + "; ".join(stuck))
+
+
+def _nodes(workers: tuple[Worker, ...]) -> tuple[Node, ...]:
+    """The job's nodes, sorted by name (``targetNode`` is the position), each with its
+    pods; the identity is the node with the pod instances on it, so it changes when they
+    are replaced (the drill needs no nodes get to tell)."""
+    names = sorted({w.node for w in workers if w.node})
+    nodes = []
+    for index, name in enumerate(names):
+        on = tuple(w for w in workers if w.node == name)
+        digest = hashlib.sha256(",".join(sorted(w.instance_id for w in on)).encode())
+        nodes.append(
+            Node(index=index, name=name, identity=f"{name}#{digest.hexdigest()[:12]}", workers=on)
+        )
+    return tuple(nodes)

@@ -50,6 +50,9 @@ class _Watched:
     running_uid: str = ""
     failed: bool = False
     restarts: int = 0
+    node: str = ""  # a node fault: every pod of the job on it, by uid (NODE_GONE once all go)
+    node_uids: frozenset[str] = frozenset()
+    node_gone: bool = False
 
 
 class GroupWatch:
@@ -83,10 +86,15 @@ class GroupWatch:
             self._list_rv = resource_version
             self._watched.restarts = sum(restart_total(p) for p in pods)
 
-    def arm(self, victim: Worker) -> None:
-        """A real kill of ``victim`` is about to be sent: watch for its end and replacement."""
+    def arm(
+        self, victim: Worker, *, node: str = "", node_uids: frozenset[str] = frozenset()
+    ) -> None:
+        """A real kill of ``victim`` is about to be sent: watch for its end and replacement
+        (and, for a node fault, for every pod ``node_uids`` of ``node`` to be gone)."""
         with self._lock:
-            self._watched = _Watched(victim=victim, restarts=self._watched.restarts)
+            self._watched = _Watched(
+                victim=victim, restarts=self._watched.restarts, node=node, node_uids=node_uids
+            )
 
     def drain(self) -> list[GroupEvent]:
         """The group events seen since the previous call."""
@@ -96,6 +104,11 @@ class GroupWatch:
                 out.append(self._events.get_nowait())
             except queue.Empty:
                 return out
+
+    def ranks(self) -> list[int]:
+        """Every rank the job's pods hold (or held)."""
+        with self._lock:
+            return sorted(set(self._ranks.values()))
 
     def pod_of_rank(self, rank: int) -> Pod | None:
         """The live pod that holds ``rank`` now (Running first, then Pending)."""
@@ -265,6 +278,19 @@ class GroupWatch:
         """The victim's end and its replacement's progress (called under the lock)."""
         emits: list[tuple[GroupEventKind, str, Worker | None, int | None]] = []
         current = next((p for p in pods if pod_uid(p) == victim.instance_id), None)
+        if watched.node and not watched.node_gone:
+            live = {pod_uid(p) for p in pods if not is_terminating(p)}
+            if not watched.node_uids & live:
+                watched.node_gone = True
+                emits.append(
+                    (
+                        GroupEventKind.NODE_GONE,
+                        f"every pod of {self._job} on node {watched.node} is gone "
+                        f"({len(watched.node_uids)} pod(s))",
+                        victim,
+                        None,
+                    )
+                )
         if not watched.gone and (
             current is None
             or is_terminating(current)

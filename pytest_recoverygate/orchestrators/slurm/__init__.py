@@ -36,7 +36,8 @@ __all__ = ["BACKEND", "FAULT_TYPES", "SlurmOrchestrator", "SlurmWorkload"]
 MAX_SLURM_JOB_ID = 2**32 - 1
 #: What this backend can inject: a signal to one rank through a kill step on its node
 #: (SIGKILL, SIGKILL mid-save, SIGTERM then SIGKILL, SIGSTOP), the whole step, or a
-#: requeue of the job (docs/slurm.md, "What each fault does").
+#: requeue of the job, or every process of the job's step on one node (KillNode, with
+#: ``drain_node`` also the node DRAIN) (docs/slurm.md, "What each fault does").
 FAULT_TYPES = (
     "KillWorker",
     "KillDuringCheckpoint",
@@ -44,6 +45,7 @@ FAULT_TYPES = (
     "HangWorker",
     "KillStep",
     "Requeue",
+    "KillNode",
 )
 
 
@@ -121,6 +123,7 @@ def _create(workload: SlurmWorkload, failure: InjectFailure, clock: Clock) -> Sl
         target_rank=failure.rank_for(workload.reporting_rank),
         reporting_rank=workload.reporting_rank,
         clock=clock,
+        drain_node=bool(failure.drain_node),
     )
 
 
@@ -129,6 +132,19 @@ BACKEND: Backend[SlurmWorkload] = Backend(
     workload=SlurmWorkload,
     create=_create,
     faults=frozenset(FAULT_TYPES),
+    refusals={
+        "PartitionNode": (
+            "PartitionNode cannot be injected on slurm: a node's network is the cluster's, "
+            "not the job's, and nothing a job's user may run cuts it. Use KillNode (with "
+            "drainNode: true to keep the requeued job off that node), or drill partitions "
+            "with orchestrator: local (nodes: N)"
+        ),
+        "DrainNode": (
+            "DrainNode is Kubernetes' eviction; on slurm use KillNode with drainNode: true "
+            "(the node's tasks SIGKILLed, the node set DRAIN, RESUMEd at cleanup)"
+        ),
+    },
+    failure_keys=frozenset({"drainNode"}),
     summary="a running SLURM job, three recovery layouts",
 )
 

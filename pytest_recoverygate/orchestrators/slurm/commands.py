@@ -14,6 +14,7 @@ what to fix. No command goes through a shell with user-provided text.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -237,6 +238,18 @@ class SlurmCommands:
         except JobGone:
             return []
         return [StepInfo.from_record(r) for r in parse_scontrol_records(text, id_key="StepId")]
+
+    def current_user(self) -> str:
+        """The user this drill runs as (the one Slurm sees)."""
+        return pwd.getpwuid(os.geteuid()).pw_name
+
+    def slurm_user(self) -> str:
+        """The cluster's SlurmUser (``scontrol show config``), root when not printed."""
+        for line in self.run(["scontrol", "show", "config"]).splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmUser":
+                return value.strip().split("(")[0] or "root"
+        return "root"
 
     def hostnames(self, nodelist: str) -> list[str]:
         if not nodelist:

@@ -57,6 +57,7 @@ from pytest_recoverygate.model import (
     GroupEventKind,
     KillOutcome,
     KillResult,
+    Node,
     Worker,
     Workload,
 )
@@ -68,6 +69,7 @@ from pytest_recoverygate.orchestrators.slurm.commands import (
     SlurmCommands,
 )
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
+from pytest_recoverygate.orchestrators.slurm.nodes import NodeKills, job_nodes, rgnode_gone
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     FINAL_STATES,
     KILL_SCRIPT,
@@ -155,6 +157,7 @@ class SlurmOrchestrator:
         slurm_conf: str | None = None,
         env: Mapping[str, str] | None = None,
         command_timeout: float = 20.0,
+        drain_node: bool = False,
     ) -> None:
         if job_id is None and not job_name:
             raise UsageError("the slurm backend needs workload.jobId or workload.jobName")
@@ -191,12 +194,17 @@ class SlurmOrchestrator:
         self.escalations: list[str] = []
         self._restarts = 0
         self._ended = False
+        #: KillNode with ``drainNode``: also set the node DRAIN (RESUMEd at cleanup).
+        self.drain_node = drain_node
+        self._nodes = NodeKills(self.commands, clock)
 
     # --- discovery ----------------------------------------------------------------------
 
     def discover(self, deadline: float) -> Workload:
         """Find the job and its ranks; wait (until ``deadline``) for it to be running."""
         self.commands.check_setup()
+        if self.fault == "KillNode" and self.drain_node:
+            self._nodes.check_operator()
         job_id = self.job_id or self._find_job_by_name()
         self.job_id = job_id
         last_problem = "nothing checked yet"
@@ -237,7 +245,9 @@ class SlurmOrchestrator:
         self._start_tail(job)
         self._start_watcher()
         workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
-        return Workload(job=f"slurm job {job_id} ({job.name})", workers=workers)
+        return Workload(
+            job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=job_nodes(snapshot)
+        )
 
     def _find_job_by_name(self) -> str:
         assert self.job_name
@@ -333,6 +343,19 @@ class SlurmOrchestrator:
                 )
             details.update(match.groupdict())
             result = self._kill_worker(worker, details, dry_run, fault)
+        elif fault.type == "KillNode":
+            match = _INSTANCE_ID.fullmatch(worker.instance_id)
+            if match is None:
+                return KillResult(
+                    KillOutcome.ALREADY_GONE,
+                    self.clock.now(),
+                    f"{worker.instance_id!r} is not a SLURM worker instance this drill "
+                    "discovered; nothing was touched",
+                )
+            drain = fault.drain_node or self.drain_node
+            result = self._nodes.kill(
+                worker, match.groupdict(), dry_run, drain, self._failed_destructive
+            )
         elif fault.type in ("KillStep", "Requeue"):
             result = self._kill_job_level(job_id, step, details, dry_run, fault.type)
         else:
@@ -367,6 +390,61 @@ class SlurmOrchestrator:
         assert snapshot is not None
         self._snapshot = snapshot  # the group the next kill hits (for the watcher)
         return worker
+
+    # --- the node seam (NodeFaults) ------------------------------------------------------
+
+    @property
+    def resumed(self) -> list[str]:
+        """What cleanup's RESUME of each node a KillNode drained answered."""
+        return list(self._nodes.resumed)
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` of the job's running training step now (its ranks there), or
+        None (no running step, no such node)."""
+        assert self.job_id is not None
+        try:
+            job = self.commands.show_job(self.job_id)
+            snapshot = self._snapshot_workers(job) if job.state == "RUNNING" else None
+        except (JobGone, DiscoveryError):
+            return None
+        if snapshot is None:
+            return None
+        self._snapshot = snapshot
+        nodes = job_nodes(snapshot)
+        return nodes[index] if 0 <= index < len(nodes) else None
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """KillNode: every process of the training step on ``node``, by one kill step
+        there (``fault.drain_node``: the node set DRAIN first). ALREADY_GONE when the
+        node's identity (node, job step, run) is no longer the job's, or none of the
+        instances seen on it still runs."""
+        if fault.type != "KillNode":
+            raise UsageError(
+                f"{fault.type} cannot be injected on slurm; the node fault here is KillNode"
+            )
+        now = self.current_node(node.index)
+        if now is None or now.identity != node.identity or not node.workers:
+            seen = now.describe() if now is not None else "no such node in a running step"
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self.clock.now(),
+                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
+                "nothing was touched",
+            )
+        result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
+        if result.outcome is KillOutcome.KILLED:
+            gone_at = rgnode_gone(result.detail)
+            if gone_at is not None:
+                self._emit(
+                    GroupEventKind.NODE_GONE,
+                    f"every process of the job on {node.name} is gone",
+                    node.workers[0],
+                )
+        return result
+
+    def restore_node(self, node: Node) -> KillResult:
+        """Nothing to restore: slurm has no PartitionNode."""
+        return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore")
 
     def _kill_worker(
         self, worker: Worker, details: dict[str, str], dry_run: bool, fault: Fault
@@ -602,6 +680,7 @@ class SlurmOrchestrator:
                     f"{worker.describe()}: {' '.join(answer) or 'no answer'} (continue it: "
                     f"srun --jobid={job} --overlap -w {worker.node} kill -CONT {pid})"
                 )
+        stuck_nodes = self._nodes.resume_drained()
         self._stop.set()
         with self._lock:
             escalations = list(self._escalations)
@@ -613,6 +692,10 @@ class SlurmOrchestrator:
         if stuck:
             raise BackendError(
                 "cleanup could not SIGCONT the worker a HangWorker stopped: " + "; ".join(stuck)
+            )
+        if stuck_nodes:
+            raise BackendError(
+                "cleanup could not RESUME the node a KillNode drained: " + "; ".join(stuck_nodes)
             )
 
     def _emit(

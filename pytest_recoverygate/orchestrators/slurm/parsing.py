@@ -23,6 +23,7 @@ __all__ = [
     "KILL_SCRIPT",
     "KILL_SIGNALS",
     "KILL_STEP_NAME",
+    "NODE_KILL_SCRIPT",
     "NON_TRAINING_STEPS",
     "PROBE_SCRIPT",
     "PROBE_STEP_NAME",
@@ -111,6 +112,38 @@ set -- $rest
 if [ "${20}" != "$want" ]; then echo "RGKILL replaced ${20}"; exit 0; fi
 if [ "$mode" = check ]; then echo "RGKILL alive $1"; exit 0; fi
 if kill -s "$sig" "$pid"; then echo "RGKILL killed $(date +%s.%N)"; else echo "RGKILL failed"; fi
+"""
+# Run on the target's node (KillNode): SIGKILL every process of the training step on this
+# node at once (the torchrun agent, its workers and their children: what a host crash
+# takes), only if the discovered worker there is still the same instance.
+# $1 = job, $2 = step, $3 = pid, $4 = its start time, $5 = "kill" or "check".
+# scontrol listpids asks this node's slurmd only: another node's processes are never
+# listed, and neither is this kill step (another step). "RGKILL killed TIME N PIDS...",
+# then "RGNODE gone TIME" once every one of them is dead or a zombie (within 5 s).
+NODE_KILL_SCRIPT = r"""
+job=$1; step=$2; pid=$3; want=$4; mode=$5
+stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "RGKILL gone"; exit 0; }
+rest=${stat##*) }
+set -- $rest
+if [ "${20}" != "$want" ]; then echo "RGKILL replaced ${20}"; exit 0; fi
+pids=$(scontrol listpids "$job.$step" 2>/dev/null \
+  | awk '$1 ~ /^[0-9]+$/ && $3 == s { print $1 }' s="$step" | sort -un)
+[ -n "$pids" ] || { echo "RGKILL gone"; exit 0; }
+n=$(printf '%s\n' $pids | wc -l)
+if [ "$mode" = check ]; then echo "RGKILL alive $n" $pids; exit 0; fi
+t=$(date +%s.%N)
+kill -s KILL $pids 2>/dev/null  # one kill(1) for all; a pid that just exited is fine
+echo "RGKILL killed $t $n" $pids
+i=0; left=$pids
+while [ -n "$left" ] && [ $i -lt 50 ]; do
+  still=""
+  for p in $left; do
+    st=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+    r=${st##*) }; set -- $r; [ "$1" = Z ] || still="$still $p"
+  done
+  left=$still; [ -n "$left" ] && sleep 0.1; i=$((i + 1))
+done
+if [ -z "$left" ]; then echo "RGNODE gone $(date +%s.%N)"; else echo "RGNODE alive" $left; fi
 """
 #: The signals :data:`KILL_SCRIPT` sends, by name.
 KILL_SIGNALS = ("KILL", "TERM", "STOP", "CONT")
