@@ -1,0 +1,113 @@
+"""The one process of a Ray drill that imports ``ray``: ``python -m ...ray.helper ACTION``.
+
+The drill itself never imports ray (its ``ray.init`` would change the drill process's
+signal handlers, logging and threads for the rest of a pytest session). It runs this
+module as a short-lived subprocess instead, with the cluster's token in its environment,
+and reads one JSON object from its stdout:
+
+- ``resolve ADDRESS``: the dashboard's URL (the state API and Train's state are served
+  there), asked of the cluster's GCS: ``{"dashboard": "http://127.0.0.1:8265"}``;
+- ``kill ADDRESS NODE_ID PID TICKS``: one SIGKILL to ``PID``, sent by a zero-CPU task
+  pinned to ``NODE_ID`` (hard affinity: it runs on that node or not at all), after the
+  task checked on that node that ``PID`` is still the worker it was (its start time in
+  clock ticks equals ``TICKS``, or with ``TICKS`` ``-`` its title is still a Ray worker's
+  ``ray::...``): ``{"outcome": "killed", "at": <POSIX seconds of the kill>}``, or
+  ``{"outcome": "already_gone", "detail": ...}``. The task never retries (``max_retries=0``).
+
+Any failure is ``{"error": "..."}`` with exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+__all__ = ["main", "process_ticks"]
+
+
+def process_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _kill_on_node(pid: int, ticks: str) -> dict[str, Any]:
+    """Runs on the worker's node, as a Ray task."""
+    now = process_ticks(pid)
+    if now is None:
+        return {"outcome": "already_gone", "detail": f"pid {pid} is not running on its node"}
+    if ticks not in ("-", now):
+        return {
+            "outcome": "already_gone",
+            "detail": f"pid {pid} is another process now (started at tick {now}, not {ticks})",
+        }
+    if ticks == "-":
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                title = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+        except OSError:
+            title = ""
+        if not title.startswith("ray::"):
+            return {"outcome": "already_gone", "detail": f"pid {pid} is no Ray worker ({title!r})"}
+    at = time.time()
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return {"outcome": "already_gone", "detail": f"pid {pid} exited before the signal"}
+    return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to pid {pid}"}
+
+
+def _resolve(address: str) -> dict[str, Any]:
+    from ray.dashboard.utils import ray_address_to_api_server_url
+
+    return {"dashboard": ray_address_to_api_server_url(address)}
+
+
+def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(
+        address=address,
+        log_to_driver=False,
+        logging_level="ERROR",
+        namespace="recoverygate",
+        include_dashboard=False,
+    )
+    try:
+        task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
+        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        result: dict[str, Any] = ray.get(
+            task.options(scheduling_strategy=strategy).remote(pid, ticks), timeout=60
+        )
+        return result
+    finally:
+        ray.shutdown()
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv[:1] == ["resolve"] and len(argv) == 2:
+            result = _resolve(argv[1])
+        elif argv[:1] == ["kill"] and len(argv) == 5:
+            result = _kill(argv[1], argv[2], int(argv[3]), argv[4])
+        else:
+            result = {"error": f"usage: resolve ADDRESS | kill ADDRESS NODE PID TICKS (got {argv})"}
+    except Exception as exc:  # reported to the drill, which names it
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    sys.stdout.write("\nRECOVERYGATE-RAY " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
