@@ -12,7 +12,11 @@ and reads one JSON object from its stdout:
   task checked on that node that ``PID`` is still the worker it was (its start time in
   clock ticks equals ``TICKS``, or with ``TICKS`` ``-`` its title is still a Ray worker's
   ``ray::...``): ``{"outcome": "killed", "at": <POSIX seconds of the kill>}``, or
-  ``{"outcome": "already_gone", "detail": ...}``. The task never retries (``max_retries=0``).
+  ``{"outcome": "already_gone", "detail": ...}``. The task never retries (``max_retries=0``);
+- ``serve ADDRESS``: connect once (``{"ready": true}``), then one kill per stdin line
+  ``{"node": NODE_ID, "pid": PID, "ticks": TICKS}``, each answered as ``kill`` answers; ends
+  at EOF. The drill starts it at discovery, so that a kill costs a task, not an import of
+  ray and a ``ray.init`` (2-5 s on a busy machine).
 
 Any failure is ``{"error": "..."}`` with exit status 1.
 """
@@ -26,7 +30,10 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["main", "process_ticks"]
+__all__ = ["MARK", "main", "process_ticks"]
+
+#: What starts the helper's answer lines (anything else on its stdout is Ray's).
+MARK = "RECOVERYGATE-RAY "
 
 
 def process_ticks(pid: int) -> str | None:
@@ -72,9 +79,8 @@ def _resolve(address: str) -> dict[str, Any]:
     return {"dashboard": ray_address_to_api_server_url(address)}
 
 
-def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+def _connect(address: str) -> Any:
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     ray.init(
         address=address,
@@ -83,19 +89,55 @@ def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
         namespace="recoverygate",
         include_dashboard=False,
     )
+    return ray
+
+
+def _pinned_kill(ray: Any, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    result: dict[str, Any] = ray.get(
+        task.options(scheduling_strategy=strategy).remote(pid, ticks), timeout=60
+    )
+    return result
+
+
+def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+    ray = _connect(address)
     try:
-        task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
-        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        result: dict[str, Any] = ray.get(
-            task.options(scheduling_strategy=strategy).remote(pid, ticks), timeout=60
-        )
-        return result
+        return _pinned_kill(ray, node_id, pid, ticks)
     finally:
         ray.shutdown()
 
 
+def _answer(result: dict[str, Any]) -> None:
+    sys.stdout.write("\n" + MARK + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _serve(address: str) -> int:
+    ray = _connect(address)
+    try:
+        _answer({"ready": True})
+        for line in sys.stdin:
+            try:
+                request = json.loads(line)
+                result = _pinned_kill(
+                    ray, str(request["node"]), int(request["pid"]), str(request["ticks"])
+                )
+            except Exception as exc:  # this request failed; the drill says so, never retries
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            _answer(result)
+    finally:
+        ray.shutdown()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     try:
+        if argv[:1] == ["serve"] and len(argv) == 2:
+            return _serve(argv[1])
         if argv[:1] == ["resolve"] and len(argv) == 2:
             result = _resolve(argv[1])
         elif argv[:1] == ["kill"] and len(argv) == 5:
@@ -104,8 +146,7 @@ def main(argv: list[str]) -> int:
             result = {"error": f"usage: resolve ADDRESS | kill ADDRESS NODE PID TICKS (got {argv})"}
     except Exception as exc:  # reported to the drill, which names it
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write("\nRECOVERYGATE-RAY " + json.dumps(result) + "\n")
-    sys.stdout.flush()
+    _answer(result)
     return 1 if "error" in result else 0
 
 

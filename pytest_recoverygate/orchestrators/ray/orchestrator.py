@@ -38,6 +38,7 @@ import contextlib
 import functools
 import json
 import os
+import queue
 import re
 import secrets
 import shlex
@@ -202,13 +203,18 @@ def _failed_worker(attempt: TrainAttempt, dead: list[TrainWorker]) -> TrainWorke
     return dead[0] if dead else None
 
 
-def _first_words(detail: str) -> str:
-    """The first informative line of Train's status detail."""
+def _first_words(detail: str, limit: int = 160) -> str:
+    """Train's status detail in one line: its informative lines, up to ``limit`` characters."""
+    words = []
     for raw in detail.splitlines():
         line = raw.strip()
-        if line and not line.startswith("[Rank"):
-            return line[:200]
-    return ""
+        if not line or line.startswith("[Rank"):
+            continue
+        if line.startswith(("Worker info:", "actor=", "metadata=")):
+            break  # the worker's description follows: the message is said
+        words.append(line)
+    text = " ".join(words)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _local_addresses() -> set[str]:
@@ -233,6 +239,77 @@ def _token_from(env: dict[str, str]) -> str | None:
         return Path(path).read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
+
+
+class _KillServer:
+    """``helper serve``: a process connected to the cluster once, ready to run kill tasks."""
+
+    def __init__(self, env: dict[str, str], address: str) -> None:
+        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest_recoverygate.orchestrators.ray.helper",
+                "serve",
+                address,
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._ready: bool | None = None
+        self._reader = threading.Thread(target=self._read, name="ray-kill-server", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith(HELPER_MARK):
+                with contextlib.suppress(ValueError):
+                    self._answers.put(json.loads(line[len(HELPER_MARK) :]))
+        self._answers.put(None)
+
+    def ready(self, timeout: float) -> bool:
+        """Whether it connected (waits for its first answer once)."""
+        if self._ready is None:
+            try:
+                first = self._answers.get(timeout=timeout)
+            except queue.Empty:
+                first = None
+            self._ready = bool(first and first.get("ready"))
+        return self._ready
+
+    def kill(self, node_id: str, pid: int, ticks: str, timeout: float) -> dict[str, Any]:
+        """One request, one answer; BackendError when none comes (never sent again)."""
+        assert self._proc.stdin is not None
+        request = json.dumps({"node": node_id, "pid": pid, "ticks": ticks}) + "\n"
+        try:
+            self._proc.stdin.write(request.encode())
+            self._proc.stdin.flush()
+            answer = self._answers.get(timeout=timeout)
+        except (OSError, queue.Empty):
+            answer = None
+        if answer is None:
+            raise BackendError(f"the kill server gave no answer within {timeout:g}s")
+        if "error" in answer:
+            raise BackendError(str(answer["error"]))
+        return answer
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=REAP_TIMEOUT)
+        self._reader.join(timeout=5)
 
 
 # --------------------------------------------------------------------------- orchestrator
@@ -286,6 +363,7 @@ class RayOrchestrator:
         self._driver_evidence: bool | None = None  # None: not decided yet (buffered)
         self._driver_buffer: list[tuple[bytes, float]] = []
         self._reader: threading.Thread | None = None
+        self._server: _KillServer | None = None
         self._local = _local_addresses()
         self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
         self._seen_attempts: set[str] = set()
@@ -316,6 +394,8 @@ class RayOrchestrator:
             self._run = run
             self._seen_attempts.add(attempt.attempt_id)
             self._reported.add((attempt.attempt_id, "running"))
+        assert self._gcs is not None
+        self._server = _KillServer(self._client_env, self._gcs)
         self._watcher = threading.Thread(target=self._watch, name="recoverygate-ray", daemon=True)
         self._watcher.start()
         self.discovered_at = self._clock.now()
@@ -359,9 +439,12 @@ class RayOrchestrator:
         before = self._clock.now()
         assert self._gcs is not None
         try:
-            result = self._helper(
-                "kill", self._gcs, found.node_id, str(pid), ticks or "-", timeout=HELPER_TIMEOUT
-            )
+            if self._server is not None and self._server.ready(HELPER_TIMEOUT):
+                result = self._server.kill(found.node_id, pid, ticks or "-", HELPER_TIMEOUT)
+            else:  # the server could not connect: one process for this one kill
+                result = self._helper(
+                    "kill", self._gcs, found.node_id, str(pid), ticks or "-", timeout=HELPER_TIMEOUT
+                )
         except BackendError as exc:
             return KillResult(
                 KillOutcome.UNCONFIRMED,
@@ -416,6 +499,8 @@ class RayOrchestrator:
             self._watcher.join(timeout=10)
         for tail in list(self._tails.values()):
             tail.stop()
+        if self._server is not None:
+            self._server.close()
         problems = []
         if self._popen is not None:
             problems += self._end_driver()
@@ -638,7 +723,7 @@ class RayOrchestrator:
                 if run.terminal:
                     raise DiscoveryError(
                         f"the Train run {run.name!r} ended ({run.status}) before the drill "
-                        f"could see its workers: {run.detail[:300]}"
+                        f"could see its workers: {_first_words(run.detail, 400)}"
                     )
                 if current is not None and current.running:
                     self._run_id = run.run_id
@@ -795,7 +880,9 @@ class RayOrchestrator:
             if code == 0:
                 self._emit(GroupEventKind.JOB_SUCCEEDED, "the driver exited with 0")
             else:
-                status = f" (run {run.status}: {run.detail[:200]})" if run is not None else ""
+                status = (
+                    f" (run {run.status}: {_first_words(run.detail)})" if run is not None else ""
+                )
                 self._emit(GroupEventKind.JOB_FAILED, f"the driver exited with {code}{status}")
             return
         if run is None:
@@ -842,7 +929,8 @@ class RayOrchestrator:
                 self._emit(GroupEventKind.JOB_SUCCEEDED, "the Train run FINISHED")
             else:
                 self._emit(
-                    GroupEventKind.JOB_FAILED, f"the Train run {run.status}: {run.detail[:300]}"
+                    GroupEventKind.JOB_FAILED,
+                    f"the Train run {run.status}: {_first_words(run.detail)}",
                 )
 
     # ------------------------------------------------------------------ cleanup
