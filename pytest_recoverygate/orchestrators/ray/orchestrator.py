@@ -422,8 +422,7 @@ class RayOrchestrator:
                 self._clock.now(),
                 f"{worker.describe()} is no longer a live worker of the run; nothing was touched",
             )
-        local_ticks = self._ticks.get(pid) if self._is_local(found) else None
-        if local_ticks is not None and process_ticks(pid) != local_ticks:
+        if ticks is not None and self._is_local(found) and process_ticks(pid) != ticks:
             return KillResult(
                 KillOutcome.ALREADY_GONE,
                 self._clock.now(),
@@ -521,15 +520,22 @@ class RayOrchestrator:
         env = {**os.environ, **self.env}
         env.update(
             {
-                "RAY_TMPDIR": str(self._tmpdir),
                 "PYTHONUNBUFFERED": "1",
                 "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
                 DRILL_MARKER: self._drill_id,
             }
         )
         if self.address is not None:
+            # Joining a cluster: its own temp folder holds its sockets (and, for
+            # address: auto, the ray_current_cluster file ray.init looks for).
             env["RAY_ADDRESS"] = self.address
-        elif not env.get("RAY_AUTH_TOKEN") and env.get("RAY_AUTH_MODE", "") != "disabled":
+        else:
+            env["RAY_TMPDIR"] = str(self._tmpdir)
+        if (
+            self.address is None
+            and not env.get("RAY_AUTH_TOKEN")
+            and env.get("RAY_AUTH_MODE", "") != "disabled"
+        ):
             # The cluster the driver starts gets a token of this drill, not ~/.ray's.
             env["RAY_AUTH_MODE"] = "token"
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
