@@ -12,6 +12,10 @@ so the job reports to Ray only when it checkpoints.
 
 ``--no-resume`` is its broken twin: it never calls ``get_checkpoint()``, so after a
 worker dies Train restarts the group and training starts from scratch.
+
+``--nodes=2`` starts a two-node cluster on this machine (``ray.cluster_utils.Cluster``: a
+head with 2 CPUs and a second node with 1) and spreads the workers over both: for the
+``KillNode`` drill, which ends the raylet of the second node.
 """
 
 import argparse
@@ -73,12 +77,25 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-resume", action="store_true")
     parser.add_argument("--storage", default=None, help="default: $RAY_TMPDIR/storage")
+    parser.add_argument("--nodes", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
     storage = args.storage or os.path.join(
         os.environ.get("RAY_TMPDIR", tempfile.gettempdir()), "storage"
     )
     started = time.time()
-    if not ray.is_initialized():
+    placement = "PACK"
+    if args.nodes == 2:
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": args.workers, "include_dashboard": True},
+        )
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        placement = "SPREAD"  # one worker per node; after a node is lost, both on the head
+    elif not ray.is_initialized():
         ray.init(num_cpus=args.workers, include_dashboard=True)
     print(f"ray.init took {time.time() - started:.1f}s", flush=True)
     trainer = TorchTrainer(
@@ -89,7 +106,9 @@ def main():
             "step_time": args.step_time,
             "resume": not args.no_resume,
         },
-        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
+        scaling_config=ScalingConfig(
+            num_workers=args.workers, use_gpu=False, placement_strategy=placement
+        ),
         run_config=RunConfig(
             name="recoverygate-example",
             storage_path=storage,

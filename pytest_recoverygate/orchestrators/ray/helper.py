@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 __all__ = ["MARK", "main", "process_ticks"]
@@ -73,6 +74,22 @@ def _kill_on_node(pid: int, ticks: str) -> dict[str, Any]:
     return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to pid {pid}"}
 
 
+def _kill_raylet() -> dict[str, Any]:
+    """Runs on the node, as a Ray task: SIGKILL its raylet (the parent of every Ray worker
+    process of the node, this one included); the node's workers die with it."""
+    raylet = os.getppid()
+    try:
+        with open(f"/proc/{raylet}/cmdline", "rb") as handle:
+            program = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        program = ""
+    if Path(program).name != "raylet":
+        return {"outcome": "already_gone", "detail": f"the task's parent {raylet} is no raylet"}
+    at = time.time()
+    os.kill(raylet, signal.SIGKILL)
+    return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to the raylet, pid {raylet}"}
+
+
 def _resolve(address: str) -> dict[str, Any]:
     from ray.dashboard.utils import ray_address_to_api_server_url
 
@@ -93,14 +110,31 @@ def _connect(address: str) -> Any:
 
 
 def _pinned_kill(ray: Any, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+    """``pid`` -1: the node's raylet; else that worker."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    result: dict[str, Any] = ray.get(
+    if pid == -1:
+        # The raylet's death takes this task's process too: its answer is lost, so the
+        # kill time is sent ahead through the object store... which dies as well. The
+        # task is fire-and-forget; the caller reads the outcome from the node's state.
+        raylet = ray.remote(num_cpus=0, max_retries=0)(_kill_raylet)
+        ref = raylet.options(scheduling_strategy=strategy).remote()
+        at = time.time()
+        try:
+            result: dict[str, Any] = ray.get(ref, timeout=30)
+        except Exception as exc:  # the task died with its raylet: the expected answer
+            return {
+                "outcome": "killed",
+                "at": at,
+                "detail": f"the raylet task ended: {type(exc).__name__}",
+            }
+        return result
+    task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
+    answer: dict[str, Any] = ray.get(
         task.options(scheduling_strategy=strategy).remote(pid, ticks), timeout=60
     )
-    return result
+    return answer
 
 
 def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
