@@ -478,7 +478,16 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
 
 #: Optional keys whose "not set" shows as absent (a fault's own keys, the projection).
 _UNSET_IS_ABSENT = {
-    "injectFailure": ("targetRank", "delay", "gracePeriod"),
+    "injectFailure": (
+        "targetRank",
+        "delay",
+        "gracePeriod",
+        "targetNode",
+        "replace",
+        "duration",
+        "drainNode",
+        "cordon",
+    ),
     "expectations": ("maxDetectionTime", "restartBudget"),
     "": ("projection",),
 }

@@ -30,6 +30,16 @@ job notices (a rank fails, the group is torn down) is checked against
 ``maxDetectionTime``. ``count: N`` kills again after each verified recovery, at the first
 checkpoint completed after it; ``count: untilBudgetExhausted`` (``count=None``) keeps
 going until the job gives up, which it must do loudly, after ``restartBudget`` kills.
+
+Node faults: ``KillNode`` is one kill of every instance of a node (the runner resolves
+``KillTarget.node`` to the backend's node); the replacement group is judged as any
+other (every new worker). ``PartitionNode`` cuts the node's link: like HangWorker, its
+recovery counts from the cut and its detection (the first worker of the group gone, or
+its collective error) is checked against ``maxDetectionTime``; the engine asks for the
+link back (:class:`RestoreTarget`) after ``duration``, or without one as soon as the job
+noticed or ``maxDetectionTime`` passed. Decided when proven: a HangWorker or
+PartitionNode nobody noticed FAILs as soon as ``maxDetectionTime + recoveryGrace``
+passed, not at the recovery deadline.
 """
 
 from __future__ import annotations
@@ -87,6 +97,7 @@ __all__ = [
     "KillTarget",
     "Phase",
     "Recovery",
+    "RestoreTarget",
     "StepContract",
     "Verdict",
     "format_seconds",
@@ -95,7 +106,20 @@ __all__ = [
 R = FailureReason
 
 #: Fault types the engine knows (backends declare which of them they can carry out).
-FAULTS = ("KillWorker", "KillStep", "Requeue", "KillDuringCheckpoint", "Preempt", "HangWorker")
+FAULTS = (
+    "KillWorker",
+    "KillStep",
+    "Requeue",
+    "KillDuringCheckpoint",
+    "Preempt",
+    "HangWorker",
+    "KillNode",
+    "PartitionNode",
+    "DrainNode",
+)
+
+#: Faults whose detection by the job is timed and checked (``maxDetectionTime``).
+DETECTED_FAULTS = ("HangWorker", "PartitionNode")
 
 #: ``count: untilBudgetExhausted`` stops here, inconclusive, if the job never gives up.
 MAX_KILLS = 50
@@ -170,6 +194,11 @@ class DrillSpec:
     max_detection_time: float | None = None
     saved_on_preempt: bool = False
     state_digest_matches: bool = False
+    target_node: int | None = None  # node faults: None = the node of target_rank
+    replace_node: bool = True  # KillNode: a replacement node starts
+    partition_duration: float | None = None  # PartitionNode: None = until noticed
+    drain_node: bool = False  # KillNode on SLURM: DRAIN the node too
+    cordon: bool = False  # KillNode/DrainNode on Kubernetes: cordon it first
 
     @property
     def effective_recovery_timeout(self) -> float:
@@ -192,6 +221,19 @@ class KillTarget:
     fault: str = "KillWorker"
     rank: int | None = None
     grace_period: float = 30.0
+    node: int | None = None  # node faults: the node index (None: the node of ``rank``)
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreTarget:
+    """Action: end the fault on the target now (a PartitionNode's link back up), once.
+
+    ``why`` says what made it due: its ``duration`` passed, the job noticed, or
+    ``maxDetectionTime`` passed with nothing noticed.
+    """
+
+    index: int
+    why: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +243,7 @@ class Finish:
     result: DrillResult
 
 
-Action = KillTarget | Finish
+Action = KillTarget | RestoreTarget | Finish
 
 
 @dataclass(slots=True)
@@ -238,6 +280,8 @@ class DrillEngine:
         self.known_budget: int | None = None
         self.trigger_step: int | None = None
         self.result: DrillResult | None = None
+        self._restore_at: float | None = None  # PartitionNode: the link back at the latest
+        self._restore_pending = False
 
     # ------------------------------------------------------------------ phase
 
@@ -271,8 +315,27 @@ class DrillEngine:
             timeout = self._waiting_since + self.spec.checkpoint_timeout
             return min(timeout, self._armed.fire_at) if self._armed is not None else timeout
         if self.phase in (Phase.RECOVERING, Phase.VERIFYING) and self._kill is not None:
-            return self._kill.time + self.spec.effective_recovery_timeout
+            kill = self._kill
+            end = kill.time + self.spec.effective_recovery_timeout
+            if self._restore_pending and self._restore_at is not None:
+                end = min(end, self._restore_at)
+            noticed_by = self._detection_deadline()
+            if noticed_by is not None:
+                end = min(end, noticed_by)
+            return end
         return None
+
+    def _detection_deadline(self) -> float | None:
+        """Decided when proven: when a stop or a cut nobody noticed is a FAIL."""
+        kill, spec = self._kill, self.spec
+        if (
+            kill is None
+            or spec.fault not in DETECTED_FAULTS
+            or spec.max_detection_time is None
+            or kill.detected is not None
+        ):
+            return None
+        return kill.time + spec.max_detection_time + spec.recovery_grace
 
     @property
     def waiting_for(self) -> str:
@@ -418,6 +481,10 @@ class DrillEngine:
             self.ledger.killed(result.timestamp)
             self._move(Phase.RECOVERING)
             self.note(result.timestamp, "kill", result.detail, index=index)
+            if self.spec.fault == "PartitionNode":
+                self._restore_pending = True
+                limit = self.spec.partition_duration or self.spec.max_detection_time
+                self._restore_at = None if limit is None else result.timestamp + limit
             return []
         if result.outcome is KillOutcome.DRY_RUN:
             self.note(result.timestamp, "kill:dry-run", result.detail)
@@ -444,7 +511,38 @@ class DrillEngine:
         detail = f": {result.detail}" if result.detail else ""
         return self._finish_error(result.timestamp, f"{what}{detail}")
 
+    def on_restore_result(self, result: KillResult) -> list[Action]:
+        """The fault on the target ended (the link is back): note when, for the report."""
+        kill = self._kill
+        if kill is None:
+            return []
+        self.note(result.timestamp, f"restore:{result.outcome.value}", result.detail)
+        if result.outcome is KillOutcome.KILLED:
+            kill.details["partitionSeconds"] = round(result.timestamp - kill.time, 6)
+        return []
+
+    def _restore_due(self, now: float) -> RestoreTarget | None:
+        kill = self._kill
+        if not self._restore_pending or kill is None or self.phase is Phase.DONE:
+            return None
+        spec = self.spec
+        if spec.partition_duration is not None:
+            if now < kill.time + spec.partition_duration:
+                return None
+            why = f"the partition's duration ({format_seconds(spec.partition_duration)}) passed"
+        elif kill.detected is not None:
+            why = f"the job noticed the cut after {format_seconds(kill.detected - kill.time)}"
+        elif self._restore_at is not None and now >= self._restore_at:
+            why = "maxDetectionTime passed and the job noticed nothing"
+        else:
+            return None
+        self._restore_pending = False
+        return RestoreTarget(kill.index, why)
+
     def tick(self, now: float) -> list[Action]:
+        restore = self._restore_due(now)
+        if restore is not None:
+            return [restore]
         armed = self._armed
         if (
             self.phase is Phase.WAITING_FOR_CHECKPOINT
@@ -765,6 +863,7 @@ class DrillEngine:
                 self.spec.fault,
                 armed.rank,
                 self.spec.grace_period,
+                self.spec.target_node,
             )
         ]
 

@@ -964,7 +964,11 @@ class Ledger:
         )
 
     def detection_check(
-        self, detected: float | None, limit: float | None, deadline_passed: bool
+        self,
+        detected: float | None,
+        limit: float | None,
+        deadline_passed: bool,
+        what: str = "the hung worker",
     ) -> Check:
         expected = f"<= {format_seconds(limit)}" if limit is not None else "noticed"
         if detected is None:
@@ -973,7 +977,7 @@ class Ledger:
                 False if deadline_passed else None,
                 expected,
                 None,
-                "the job never noticed the hung worker: no rank failed and nothing was "
+                f"the job never noticed {what}: no rank failed and nothing was "
                 "restarted (is the collective timeout left at its 30-minute default? set "
                 "init_process_group(timeout=…) or a watchdog)",
                 R.HANG_NOT_DETECTED if deadline_passed else R.INCONCLUSIVE,
@@ -984,7 +988,7 @@ class Ledger:
             ok,
             expected,
             round(detected, 6),
-            f"the job noticed the hung worker after {format_seconds(detected)}"
+            f"the job noticed {what} after {format_seconds(detected)}"
             + ("" if ok else f" > {format_seconds(limit or 0.0)}"),
             None if ok else R.HANG_NOT_DETECTED,
         )

@@ -14,11 +14,13 @@ from typing import Any
 
 __all__ = [
     "KILL",
+    "NODE_FAULTS",
     "Fault",
     "GroupEvent",
     "GroupEventKind",
     "KillOutcome",
     "KillResult",
+    "Node",
     "TimelineEntry",
     "TrainingEvent",
     "TrainingEventKind",
@@ -87,11 +89,57 @@ class Workload:
     job: str
     workers: tuple[Worker, ...]
 
+    nodes: tuple[Node, ...] = ()
+
     def by_rank(self, rank: int) -> Worker | None:
         for worker in self.workers:
             if worker.rank == rank:
                 return worker
         return None
+
+    def node(self, index: int) -> Node | None:
+        """The node with that index (``injectFailure.targetNode``), or None."""
+        for node in self.nodes:
+            if node.index == index:
+                return node
+        return None
+
+    def node_of(self, worker: Worker) -> Node | None:
+        """The node that hosts ``worker`` (by instance, else by node name), or None."""
+        for node in self.nodes:
+            if any(w.instance_id == worker.instance_id for w in node.workers):
+                return node
+        for node in self.nodes:
+            if worker.node and node.name == worker.node:
+                return node
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One node of the job: what a host is to a real cluster (its processes, its local
+    disk, its network), and the unit a node fault hits.
+
+    ``index`` is what ``injectFailure.targetNode`` names: the node rank where the backend
+    launches one agent per node (local: ``{nodeRank}``), else the node's position in the
+    job's sorted node list. ``name`` is the host name the workers report (``Worker.node``).
+    ``identity`` changes when the node is replaced (local: namespace name and creation
+    time; SLURM: NodeName and slurmd boot; Kubernetes: the node's uid), the way
+    ``Worker.instance_id`` changes when a worker is. ``workers`` are the job's instances
+    on it when it was looked at; a node fault acts on each of them by identity (and on
+    the node's own processes the backend knows, such as a torchrun agent), never on an
+    instance of another node.
+    """
+
+    index: int
+    name: str
+    identity: str
+    workers: tuple[Worker, ...] = ()
+    details: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        ranks = ", ".join(str(w.rank) for w in self.workers) or "none"
+        return f"node {self.index} ({self.name}, identity {self.identity}; ranks {ranks})"
 
 
 class GroupEventKind(enum.Enum):
@@ -101,6 +149,10 @@ class GroupEventKind(enum.Enum):
 
         WORKER_GONE -> RESTARTING -> REPLACEMENT_PENDING -> REPLACEMENT_RUNNING
                                    \\-> JOB_FAILED (the job will not come back)
+
+    Node faults add: ``NODE_GONE`` (every process of the target node is gone: a KillNode
+    landed), ``NODE_REPLACEMENT_STARTED`` (a replacement node came up: fresh identity,
+    same index), ``NODE_RESTORED`` (a PartitionNode's link is back).
 
     ``JOB_SUCCEEDED``: the job ended on its own with success (torchrun exited 0, every
     pod Succeeded, the SLURM job COMPLETED); after a kill that means it finished training.
@@ -112,6 +164,9 @@ class GroupEventKind(enum.Enum):
     REPLACEMENT_RUNNING = "replacement_running"
     JOB_FAILED = "job_failed"
     JOB_SUCCEEDED = "job_succeeded"
+    NODE_GONE = "node_gone"
+    NODE_REPLACEMENT_STARTED = "node_replacement_started"
+    NODE_RESTORED = "node_restored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,15 +191,36 @@ class Fault:
     ``Preempt``: SIGTERM, then SIGKILL after ``grace_period`` if the instance still lives.
     ``HangWorker``: SIGSTOP (cleanup continues a stopped instance before anything else).
     ``KillStep``, ``Requeue``: SLURM's own ways (the step, the whole job).
+
+    Node faults (:data:`NODE_FAULTS`) hit every instance of one :class:`Node`:
+    ``KillNode`` SIGKILLs all of them at once (``replace``: a replacement node with the
+    same index starts; ``drain_node`` (SLURM) sets the node DRAIN, ``cordon``
+    (Kubernetes) cordons it first, so the replacements land elsewhere);
+    ``PartitionNode`` cuts the node's link for ``duration`` seconds (None: until the job
+    noticed, or ``maxDetectionTime`` passed) while its processes keep running;
+    ``DrainNode`` (Kubernetes) evicts the node's pods as ``kubectl drain`` does.
     """
 
     type: str = "KillWorker"
     grace_period: float = 30.0
+    replace: bool = True
+    duration: float | None = None
+    drain_node: bool = False
+    cordon: bool = False
 
     @property
     def kills(self) -> bool:
         """A SIGKILL of the instance, whatever the timing."""
         return self.type in ("KillWorker", "KillDuringCheckpoint")
+
+    @property
+    def on_node(self) -> bool:
+        """A node fault: it hits a :class:`Node`, not one worker."""
+        return self.type in NODE_FAULTS
+
+
+#: The faults whose target is a node (every instance of it), not one worker instance.
+NODE_FAULTS = ("KillNode", "PartitionNode", "DrainNode")
 
 
 #: The default fault: SIGKILL, now.

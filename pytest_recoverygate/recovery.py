@@ -34,6 +34,7 @@ __all__ = [
     "ended_how",
     "hung",
     "judge",
+    "node_details",
     "overall",
     "preempt_checks",
     "restarts",
@@ -132,6 +133,14 @@ def judge(
     contract = ev.contract()
     restart_count = restarts(ledger, kill)
     checks: list[Check] = []
+    if spec.fault in ("HangWorker", "PartitionNode"):  # the first question: did it notice?
+        detected = None if kill.detected is None else kill.detected - kill.time
+        what = "the hung worker" if spec.fault == "HangWorker" else "the cut link"
+        checks.append(
+            ev.detection_check(detected, spec.max_detection_time, deadline_passed=True, what=what)
+        )
+        kill.details["detectionSeconds"] = None if detected is None else round(detected, 6)
+    node_details(spec, kill, came_back=inc is not None)
     came_back = inc is not None
     checks.append(
         Check(
@@ -156,10 +165,6 @@ def judge(
     expected, floor = ev.expected(inc, spec.expected_resume_step if explicit else None)
     recovery_time: float | None = None
     lost: tuple[int | None, int | None] = (None, None)
-    if spec.fault == "HangWorker":
-        detected = None if kill.detected is None else kill.detected - kill.time
-        checks.append(ev.detection_check(detected, spec.max_detection_time, deadline_passed=True))
-        kill.details["detectionSeconds"] = None if detected is None else round(detected, 6)
     if inc is not None and inc.first is None:
         checks += ev.no_progress_checks(inc, expected, ended, finished_ok)
     elif inc is not None and resume is not None:
@@ -243,6 +248,24 @@ def judge(
     )
 
 
+def node_details(spec: DrillSpec, kill: KillRecord, *, came_back: bool) -> None:
+    """A node fault's figures: the replacement node, and whether the cut node rejoined."""
+    if spec.fault not in ("KillNode", "PartitionNode", "DrainNode"):
+        return
+    started = kill.group_seen.get(GroupEventKind.NODE_REPLACEMENT_STARTED)
+    gone = kill.group_seen.get(GroupEventKind.NODE_GONE)
+    if gone is not None:
+        kill.details["nodeGoneSeconds"] = round(gone - kill.time, 6)
+    if started is not None:
+        kill.details["replacementNodeStartedSeconds"] = round(started - kill.time, 6)
+    if spec.fault == "KillNode":
+        kill.details["replaceNode"] = spec.replace_node
+    if spec.fault == "PartitionNode":
+        kill.details["nodeOutcome"] = (
+            "replaced" if started is not None else "rejoined" if came_back else None
+        )
+
+
 def preempt_checks(spec: DrillSpec, kill: KillRecord, resume: Resume | None) -> list[Check]:
     saved = kill.details.get("savedStep")
     used = resume is not None and saved is not None and resume.step == saved
@@ -284,7 +307,7 @@ def breakdown(spec: DrillSpec, kill: KillRecord) -> dict[str, float | None]:
         if k in seen
     ]
     detected = seen.get(GroupEventKind.WORKER_GONE)
-    if spec.fault == "HangWorker":
+    if spec.fault in ("HangWorker", "PartitionNode"):
         detected = kill.detected
     times: dict[str, float | None] = dict.fromkeys(BREAKDOWN_PHASES)
     times["failureDetected"] = detected

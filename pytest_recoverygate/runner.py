@@ -26,6 +26,7 @@ from pytest_recoverygate.engine import (
     Finish,
     KillTarget,
     Phase,
+    RestoreTarget,
     Verdict,
 )
 from pytest_recoverygate.errors import (
@@ -42,6 +43,7 @@ from pytest_recoverygate.model import (
     Fault,
     KillOutcome,
     KillResult,
+    Node,
     TrainingEvent,
     TrainingEventKind,
     Worker,
@@ -51,6 +53,7 @@ from pytest_recoverygate.orchestrators import get_backend
 from pytest_recoverygate.orchestrators.base import (
     Clock,
     EventSource,
+    NodeFaults,
     Orchestrator,
     RealClock,
     cleanup_once,
@@ -85,6 +88,7 @@ class Status:
 
 
 Observer = Callable[[Status], None]
+Action = KillTarget | RestoreTarget | Finish
 Confirm = Callable[[Worker, Workload], bool]
 EvidenceSink = Callable[["Evidence"], None]
 
@@ -212,7 +216,9 @@ class _Drill:
         self.started = clock.now()
         self.engine = DrillEngine(spec_from_config(config), self.started)
         self.target: Worker | None = None
+        self.node: Node | None = None  # node faults: the node hit (or to hit)
         self._killed: set[str] = set()  # instance ids hit so far: never twice
+        self._killed_nodes: set[str] = set()  # node identities a KillNode hit: never twice
         self.source: EventSource | None = None
         self.progress: list[tuple[float, str, int]] = []
         self.raw_log: list[dict[str, Any]] = []
@@ -273,6 +279,12 @@ class _Drill:
         discovered = (
             f"{workload.job}: {len(workload.workers)} worker(s); target {target.describe()}"
         )
+        if self.config.inject_failure.on_node:
+            self.node = self._target_node(workload, target)
+            discovered = (
+                f"{workload.job}: {len(workload.workers)} worker(s) on "
+                f"{len(workload.nodes)} nodes; target {self.node.describe()}"
+            )
         backend = get_backend(self.config.workload.orchestrator)
         scope = backend.lock_scope(workload, target)
         self.lock = job_lock(backend.name, scope, self.config.source_path)
@@ -297,9 +309,9 @@ class _Drill:
             self._sync_phase()
             self._wait()
 
-    def _pump(self) -> list[KillTarget | Finish]:
+    def _pump(self) -> list[Action]:
         assert self.source is not None
-        actions: list[KillTarget | Finish] = []
+        actions: list[Action] = []
         for event in self.source.poll():
             self._record(event)
             actions += self.engine.on_training_event(event)
@@ -308,9 +320,45 @@ class _Drill:
         actions += self.engine.tick(self.clock.now())
         return actions
 
-    def _execute(self, action: KillTarget | Finish) -> list[KillTarget | Finish]:
+    def _target_node(self, workload: Workload, target: Worker) -> Node:
+        """The node a node fault hits: ``targetNode``, else the target rank's node."""
+        failure = self.config.inject_failure
+        if not isinstance(self.orchestrator, NodeFaults):
+            raise _discovery_error(
+                f"{failure.type} needs a backend that can act on nodes, and "
+                f"orchestrator {self.orchestrator.name} implements no current_node/"
+                "kill_node/restore_node (docs/nodes.md); use type: KillWorker"
+            )
+        indexes = ", ".join(str(n.index) for n in workload.nodes) or "none"
+        if len(workload.nodes) < 2:
+            raise _discovery_error(
+                f"{failure.type} needs a job on two nodes or more, and {workload.job} runs on "
+                f"{len(workload.nodes) or 'one'} node(s) (nodes found: {indexes}); run it on "
+                "more nodes, or use type: KillWorker"
+            )
+        if failure.target_node is not None:
+            node = workload.node(failure.target_node)
+            if node is None:
+                raise _discovery_error(
+                    f"injectFailure.targetNode {failure.target_node} is not among the nodes "
+                    f"of {workload.job} (nodes present: {indexes}); set it to one of them"
+                )
+            return node
+        node = workload.node_of(target)
+        if node is None:
+            raise _discovery_error(
+                f"the node of {target.describe()} is not among the nodes of {workload.job} "
+                f"(nodes present: {indexes}); set injectFailure.targetNode"
+            )
+        return node
+
+    def _execute(self, action: KillTarget | RestoreTarget | Finish) -> list[Action]:
+        if isinstance(action, RestoreTarget):
+            return self._restore(action)
         assert isinstance(action, KillTarget)
         assert self.target is not None
+        if self.config.inject_failure.on_node:
+            return self._execute_on_node(action)
         target = self._target_for(action)
         if target is None:
             rank = self.target.rank if action.rank is None else action.rank
@@ -338,6 +386,63 @@ class _Drill:
         except DrillError as exc:
             result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
         return list(self.engine.on_kill_result(result))
+
+    def _execute_on_node(self, action: KillTarget) -> list[Action]:
+        """A node fault: every instance of the target node, as the backend sees it now."""
+        assert self.node is not None
+        assert isinstance(self.orchestrator, NodeFaults)
+        spec = self.engine.spec
+        index = self.node.index
+        node = self.orchestrator.current_node(index)
+        if node is None and action.index == 1:
+            node = self.node
+        if node is None or (action.fault == "KillNode" and node.identity in self._killed_nodes):
+            return list(
+                self.engine.on_kill_result(
+                    KillResult(
+                        KillOutcome.ALREADY_GONE,
+                        self.clock.now(),
+                        f"node {index} is not running, or is the node killed before; "
+                        "nothing was touched",
+                    )
+                )
+            )
+        self.node = node
+        if action.fault == "KillNode":
+            self._killed_nodes.add(node.identity)
+        self._killed.update(w.instance_id for w in node.workers)
+        how = {"PartitionNode": "cutting the link of", "DrainNode": "draining"}.get(
+            action.fault, "killing"
+        )
+        verb = f"checking the {how.split()[0].removesuffix('ing')} of" if self.dry_run else how
+        self._sync_phase(
+            f"checkpoint step {action.checkpoint_step} reached; {verb} {node.describe()}"
+            + (f" (kill {action.index})" if action.index > 1 else "")
+        )
+        fault = Fault(
+            action.fault,
+            action.grace_period,
+            replace=spec.replace_node,
+            duration=spec.partition_duration,
+            drain_node=spec.drain_node,
+            cordon=spec.cordon,
+        )
+        try:
+            result = self.orchestrator.kill_node(node, dry_run=self.dry_run, fault=fault)
+        except DrillError as exc:
+            result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        return list(self.engine.on_kill_result(result))
+
+    def _restore(self, action: RestoreTarget) -> list[Action]:
+        """End the fault on the node (the link back up); cleanup does it again anyway."""
+        assert self.node is not None
+        assert isinstance(self.orchestrator, NodeFaults)
+        self._note("restore", f"restoring {self.node.describe()}: {action.why}")
+        try:
+            result = self.orchestrator.restore_node(self.node)
+        except DrillError as exc:
+            result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        return list(self.engine.on_restore_result(result))
 
     def _target_for(self, action: KillTarget) -> Worker | None:
         """The instance to hit: the discovered one first; after that, the rank's current one.

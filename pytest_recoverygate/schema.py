@@ -51,6 +51,7 @@ from pytest_recoverygate.durations import (
 )
 from pytest_recoverygate.engine import FAULTS, MAX_KILLS, Delay, DrillSpec
 from pytest_recoverygate.errors import UsageError
+from pytest_recoverygate.model import NODE_FAULTS
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Backend
@@ -76,6 +77,7 @@ __all__ = [
     "file_path",
     "id_number",
     "meta",
+    "node_count_field",
     "refuse",
     "spec_from_config",
     "step_ref",
@@ -169,6 +171,9 @@ def duration(
     return BeforeValidator(check)
 
 
+_duration = duration  # for a field named ``duration`` (its name hides the function)
+
+
 def step_ref(literal: str) -> BeforeValidator:
     """A validator turning ``step-N`` into N and passing ``literal`` (``latest``/``next``)."""
     allowed = f"step-N (N a whole number >= 0) or {literal}"
@@ -256,6 +261,19 @@ def command_arguments(value: Any) -> Any:
 _WHOLE_NUMBER = re.compile(r"[1-9][0-9]*")
 
 
+def node_count_field() -> Any:
+    """``workload.nodes`` for a backend that launches one agent per node (local, fake)."""
+    return Field(
+        default=1,
+        ge=1,
+        le=64,
+        json_schema_extra=meta(
+            "a whole number from 1 to 64 (default 1): > 1 runs one node per number",
+            "nodes: 2",
+        ),
+    )
+
+
 def id_number(value: Any) -> Any:
     """An id written as text (``jobId: "12345"``, what envsubst or a template produces).
 
@@ -305,6 +323,11 @@ class WorkloadBase(Section):
         """The command and environment the drill launches the job with, when it launches
         it (the diagnoses read them); nothing by default."""
         return (), {}
+
+    def node_count(self) -> int | None:
+        """How many nodes the job runs on, when the config says (``workload.nodes`` of the
+        backends that launch one agent per node); None: known only at discovery."""
+        return None
 
 
 # ------------------------------------------------------------------ fault types
@@ -432,7 +455,7 @@ class InjectFailure(Section):
             'delay: "50%"',
         ),
     )
-    grace_period: Annotated[float | None, duration(zero_ok=True, optional=True)] = Field(
+    grace_period: Annotated[float | None, _duration(zero_ok=True, optional=True)] = Field(
         default=None,
         json_schema_extra=meta(
             "a duration (Preempt only; default 30s): SIGTERM, then SIGKILL after it",
@@ -445,6 +468,52 @@ class InjectFailure(Section):
             "a whole number >= 1, or untilBudgetExhausted", "count: untilBudgetExhausted"
         ),
     )
+    target_node: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RANK,
+        json_schema_extra=meta(
+            "a whole number >= 0 (KillNode, PartitionNode, DrainNode; default: the node "
+            "that hosts targetRank)",
+            "targetNode: 1",
+        ),
+    )
+    replace: bool | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "true or false (KillNode; default true): a replacement node starts, or the "
+            "node stays dead (with an elastic job: the scale-down drill)",
+            "replace: true",
+        ),
+    )
+    duration: Annotated[float | None, _duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (PartitionNode; default: until the job noticed, or "
+            "maxDetectionTime passed): how long the link stays cut",
+            "duration: 20s",
+        ),
+    )
+    drain_node: bool | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "true or false (KillNode on slurm): also set the node DRAIN (RESUMEd at cleanup)",
+            "drainNode: true",
+        ),
+    )
+    cordon: bool | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "true or false (KillNode, DrainNode on kubernetes): cordon the node first "
+            "(uncordoned at cleanup)",
+            "cordon: true",
+        ),
+    )
+
+    @property
+    def on_node(self) -> bool:
+        """A node fault: ``targetNode`` (or the target rank's node) is hit, all of it."""
+        return self.type in NODE_FAULTS
 
     @property
     def effective_target_rank(self) -> int | None:
@@ -468,6 +537,22 @@ class InjectFailure(Section):
                 key=("gracePeriod",),
                 got=format_duration(self.grace_period),
             )
+        only = (
+            ("targetNode", self.target_node is not None, NODE_FAULTS),
+            ("replace", self.replace is not None, ("KillNode",)),
+            ("duration", self.duration is not None, ("PartitionNode",)),
+            ("drainNode", bool(self.drain_node), ("KillNode",)),
+            ("cordon", bool(self.cordon), ("KillNode", "DrainNode")),
+        )
+        for key, given, faults in only:
+            if given and self.type not in faults:
+                kinds = _or_list(faults)
+                raise refuse(
+                    f"applies to type: {kinds} only (this drill injects {self.type})",
+                    f"{key}, with type: {kinds}",
+                    f"remove {key}, or use type: {faults[0]}",
+                    key=(key,),
+                )
         if self.delay == "spread" and (self.count in {1, "untilBudgetExhausted"}):
             raise refuse(
                 "spreads the kills of count: N over the checkpoint interval, so it needs "
@@ -499,7 +584,9 @@ class Expectations(Section):
     max_detection_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
         default=None,
         json_schema_extra=meta(
-            "a duration above 0 (HangWorker): stop -> the job notices", "maxDetectionTime: 2m"
+            "a duration above 0 (HangWorker, PartitionNode): the stop or the cut -> the "
+            "job notices",
+            "maxDetectionTime: 2m",
         ),
     )
     saved_on_preempt: bool = Field(
@@ -721,6 +808,21 @@ class DrillConfig(Section):
         if refused is not None:
             problem, allowed, hint = refused
             raise refuse(problem, allowed, hint, key=("type",), got=failure.type)
+        backend = _backend_of(workload.orchestrator)
+        for key, given in (("drainNode", failure.drain_node), ("cordon", failure.cordon)):
+            if given and backend is not None and key not in backend.failure_keys:
+                honoured = [
+                    name for name, other in _all_backends().items() if key in other.failure_keys
+                ]
+                where = " / ".join(honoured) if honoured else "a backend that offers it"
+                raise refuse(
+                    f"needs orchestrator: {where} (this drill uses {workload.orchestrator})",
+                    f"{key} with orchestrator: {where}",
+                    f"remove {key}",
+                    key=(key,),
+                )
+        if failure.on_node:
+            _node_fits(workload, failure)
         workload.check_failure(failure)
         return failure
 
@@ -736,8 +838,8 @@ class DrillConfig(Section):
             (
                 "maxDetectionTime",
                 expectations.max_detection_time is not None,
-                "HangWorker",
-                failure.type == "HangWorker",
+                "HangWorker or PartitionNode",
+                failure.type in ("HangWorker", "PartitionNode"),
             ),
             ("savedOnPreempt", expectations.saved_on_preempt, "Preempt", failure.type == "Preempt"),
             (
@@ -773,6 +875,45 @@ class DrillConfig(Section):
                 key=("recovery",),
             )
         return timeouts
+
+
+def _backend_of(orchestrator: str) -> Backend[Any] | None:
+    from pytest_recoverygate.orchestrators import get_backend
+
+    try:
+        return get_backend(orchestrator)
+    except UsageError:
+        return None  # reported at workload.orchestrator
+
+
+def _all_backends() -> dict[str, Backend[Any]]:
+    from pytest_recoverygate.orchestrators import all_backends
+
+    return all_backends()
+
+
+def _node_fits(workload: WorkloadBase, failure: InjectFailure) -> None:
+    """Node faults against the node count the config gives (None: known at discovery)."""
+    nodes = workload.node_count()
+    if nodes is None:
+        return
+    if nodes < 2:
+        raise refuse(
+            f"needs a job on two nodes or more: this one runs on {nodes} node "
+            "(workload.nodes), so there is no other node to notice or recover",
+            "a job with workload.nodes: 2 or more",
+            "set workload.nodes: 2 (one torchrun per node), or use type: KillWorker",
+            key=("type",),
+            got=failure.type,
+        )
+    if failure.target_node is not None and failure.target_node >= nodes:
+        raise refuse(
+            f"node {failure.target_node} does not exist in a job of {nodes} node(s) "
+            "(workload.nodes)",
+            f"a node from 0 to {nodes - 1}",
+            key=("targetNode",),
+            got=str(failure.target_node),
+        )
 
 
 def fault_refusal(orchestrator: str, fault: str) -> tuple[str, str, str] | None:
@@ -822,6 +963,11 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         max_detection_time=expect.max_detection_time,
         saved_on_preempt=expect.saved_on_preempt,
         state_digest_matches=expect.state_digest_matches,
+        target_node=failure.target_node,
+        replace_node=True if failure.replace is None else failure.replace,
+        partition_duration=failure.duration,
+        drain_node=bool(failure.drain_node),
+        cordon=bool(failure.cordon),
     )
 
 

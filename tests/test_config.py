@@ -162,6 +162,7 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
         "saves_on_sigterm": False,
         "hang_timeout": 1800.0,
         "max_restarts": None,
+        "elastic": True,
     }
     assert config.inject_failure.after_checkpoint == "next"
     assert config.inject_failure.target_rank == 3
@@ -509,9 +510,9 @@ PROBLEMS = [  # name, the file's text; the line, key and value named, what it sa
     Case("refuses_a_slurm_only_failure_on_another_backend",
          FAKE.replace("step-100", "step-100\n  type: Requeue"),
          5, "injectFailure.type", "Requeue", ("needs orchestrator: slurm",)),
-    Case("refuses_an_unknown_failure_type", FAKE.replace("step-100", "step-100\n  type: KillNode"),
-         5, "injectFailure.type", "KillNode",
-         ("KillWorker, KillStep, Requeue, KillDuringCheckpoint, Preempt or HangWorker",)),
+    Case("refuses_an_unknown_failure_type", FAKE.replace("step-100", "step-100\n  type: KillRack"),
+         5, "injectFailure.type", "KillRack",
+         ("KillWorker, KillStep, Requeue, KillDuringCheckpoint, Preempt, HangWorker",)),
     Case("refuses_a_recovery_timeout_shorter_than_the_slo", FAKE + "timeouts:\n  recovery: 1m\n",
          8, "timeouts.recovery", "1m", ("shorter than expectations.maxRecoveryTime (5m)",)),
     Case("refuses_a_text_value_where_true_or_false_belongs",

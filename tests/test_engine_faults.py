@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -35,6 +36,7 @@ from pytest_recoverygate.engine import (
     Finish,
     KillTarget,
     Phase,
+    RestoreTarget,
     Verdict,
 )
 from pytest_recoverygate.model import (
@@ -231,7 +233,7 @@ class Drill:
         self.kill_times: list[float] = []
         self.result: DrillResult | None = None
 
-    def act(self, actions: list[KillTarget | Finish], now: float) -> None:
+    def act(self, actions: Sequence[KillTarget | RestoreTarget | Finish], now: float) -> None:
         for action in actions:
             if isinstance(action, KillTarget):
                 self.kills.append(action)
@@ -491,7 +493,7 @@ class LateKill(Drill):
 
     lag = 0.3
 
-    def act(self, actions: list[KillTarget | Finish], now: float) -> None:
+    def act(self, actions: Sequence[KillTarget | RestoreTarget | Finish], now: float) -> None:
         for action in actions:
             if isinstance(action, KillTarget):
                 self.kills.append(action)

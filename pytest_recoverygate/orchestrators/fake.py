@@ -21,6 +21,18 @@ the rank, and the others notice after ``hang_timeout`` (the collective timeout);
 ``max_restarts`` restarts the next failure ends the job. Checkpoint lines carry a state
 digest (with parts); ``resume: fresh-optimizer`` loads the weights but not the optimizer.
 
+Nodes: ``workload.nodes: N`` splits the ranks evenly over N simulated nodes
+(``fake-node-0`` … with rank 0 on node 0; identity ``fake-node-K@G``, G counting the
+node's replacements). ``KillNode`` ends every rank of the node at once (``NODE_GONE``);
+with ``replace`` a replacement node (same index, next G) starts after half the
+``restart_delay`` and the group restarts on it after the delay; without, the group
+restarts on the surviving nodes with fewer ranks (``elastic``; a job that is not
+elastic fails: its rendezvous never gets its nodes back). ``PartitionNode`` stalls the
+whole group (a collective waits on the cut node) and the ranks notice after
+``hang_timeout``; once the link is restored the agents re-rendezvous (``rejoined``, no
+node replaced) and the group restarts after ``restart_delay``; a link restored before
+anyone noticed lets the stalled collective finish and training simply goes on.
+
 Faults for tests: ``raise_in`` maps a method name (``discover``, ``kill``,
 ``watch_group``, ``poll``, ``cleanup``) to an exception raised by that call, and
 ``kill_outcome`` forces what a kill reports; ``progress_before_step`` makes the job
@@ -52,6 +64,7 @@ from pytest_recoverygate.model import (
     GroupEventKind,
     KillOutcome,
     KillResult,
+    Node,
     TrainingEvent,
     TrainingEventKind,
     Worker,
@@ -65,6 +78,7 @@ from pytest_recoverygate.schema import (
     WorkloadBase,
     duration,
     meta,
+    node_count_field,
     refuse,
 )
 
@@ -147,6 +161,13 @@ class FakeJobSpec(Section):
             "maxRestarts: 3",
         ),
     )
+    elastic: bool = Field(
+        default=True,
+        json_schema_extra=meta(
+            "true or false: after a KillNode with replace: false, carry on with fewer nodes",
+            "elastic: true",
+        ),
+    )
 
 
 class FakeWorkload(WorkloadBase):
@@ -157,11 +178,24 @@ class FakeWorkload(WorkloadBase):
         default_factory=FakeJobSpec,
         json_schema_extra=meta("a mapping of the fake job's settings", "fake: {workers: 2}"),
     )
+    nodes: int = node_count_field()
 
     @model_validator(mode="after")
     def _reporting_rank_exists(self) -> FakeWorkload:
         self._rank_exists(self.reporting_rank, "reportingRank")
+        if self.fake.workers % self.nodes:
+            raise refuse(
+                f"does not divide the job's {self.fake.workers} workers (fake.workers) "
+                "evenly: every simulated node runs the same number of ranks",
+                f"a divisor of {self.fake.workers}",
+                f"set fake.workers to a multiple of {self.nodes}",
+                key=("nodes",),
+                got=str(self.nodes),
+            )
         return self
+
+    def node_count(self) -> int:
+        return self.nodes
 
     def check_failure(self, failure: InjectFailure) -> None:
         if failure.target_rank is not None:
@@ -195,6 +229,7 @@ class _Incarnation:
     progress_sent: int = -1  # the last step whose progress line was generated
     started_sent: int = -1  # the last step whose checkpoint_started line was generated
     final_save: tuple[int, float] | None = None  # (step, completed at): a save on SIGTERM
+    ranks: int = 0  # how many ranks it runs
 
     @property
     def inc_id(self) -> str:
@@ -248,6 +283,8 @@ class FakeOrchestrator:
         saves_on_sigterm: bool = False,
         hang_timeout: float = 1800.0,
         max_restarts: int | None = None,
+        nodes: int = 1,
+        elastic: bool = True,
     ) -> None:
         self.clock = clock
         self.workers = workers
@@ -267,6 +304,16 @@ class FakeOrchestrator:
         self.saves_on_sigterm = saves_on_sigterm
         self.hang_timeout = hang_timeout
         self.max_restarts = max_restarts
+        if nodes < 1 or workers % nodes:
+            raise ValueError(f"{workers} workers do not split evenly over {nodes} nodes")
+        self.per_node = workers // nodes
+        self.elastic = elastic
+        self._nodes = list(range(nodes))  # the node indexes the group runs on now
+        self._generation = dict.fromkeys(range(nodes), 0)  # replacements of each node
+        self._multi = nodes > 1
+        self._partition: tuple[int, float, float] | None = None  # (node, cut, noticed)
+        self.restores: list[Node] = []  # every restore_node call
+        self._dead: set[str] = set()  # instance ids a kill ended
         self.faults: list[Fault] = []  # the fault of every kill call
         self._torn: int | None = None  # a torn save a non-atomic job will load
         self._restarts = 0
@@ -310,6 +357,7 @@ class FakeOrchestrator:
             self._after_kill(now + self.hang_timeout, worker, how="hung (SIGSTOP)")
             return KillResult(KillOutcome.KILLED, now, f"stopped {worker.describe()}")
         current.killed_at = now
+        self._dead.add(worker.instance_id)
         self._tear(current, now)
         self._after_kill(now, worker)
         return KillResult(KillOutcome.KILLED, now, f"killed {worker.describe()}")
@@ -321,6 +369,116 @@ class FakeOrchestrator:
         if current.start > self.clock.now():
             return None  # the replacement is not running yet
         return self._workload().by_rank(rank)
+
+    def current_node(self, index: int) -> Node | None:
+        current = self._current()
+        if not self._running or current is None or index not in self._nodes:
+            return None
+        if current.start > self.clock.now() or (
+            current.killed_at is not None and self._partition is None
+        ):
+            return None  # its group is down (a replacement not started yet)
+        return self._workload().node(index)
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        self._maybe_raise("kill")
+        self.faults.append(fault)
+        for worker in node.workers:
+            self.kills.append((worker, dry_run))
+        now = self.clock.now()
+        self._generate()
+        current = self._current()
+        live = self._workload().node(node.index)
+        if (
+            current is None
+            or current.killed_at is not None
+            or live is None
+            or live.identity != node.identity
+            or not {w.instance_id for w in node.workers} <= {w.instance_id for w in live.workers}
+        ):
+            return KillResult(
+                KillOutcome.ALREADY_GONE, now, f"{node.describe()} is not the node running now"
+            )
+        if self.kill_outcome is not None:
+            return KillResult(self.kill_outcome, now, "forced by the fake backend")
+        verb = "cut the link of" if fault.type == "PartitionNode" else "kill every rank of"
+        if dry_run:
+            return KillResult(KillOutcome.DRY_RUN, now, f"would {verb} {node.describe()}")
+        if fault.type == "PartitionNode":
+            current.killed_at = now  # the group stalls in a collective with the cut node
+            noticed = now + self.hang_timeout
+            self._partition = (node.index, now, noticed)
+            gone = node.workers[0] if node.workers else None
+            self._group_events += [
+                GroupEvent(
+                    GroupEventKind.WORKER_GONE,
+                    noticed,
+                    f"a collective timed out after {self.hang_timeout:g}s (the link of "
+                    f"{node.name} is cut)",
+                    gone,
+                ),
+                GroupEvent(GroupEventKind.RESTARTING, noticed + 0.05, "re-rendezvous", None),
+            ]
+            return KillResult(KillOutcome.KILLED, now, f"cut the link of {node.describe()}")
+        current.killed_at = now
+        self._dead.update(w.instance_id for w in node.workers)
+        self._tear(current, now)
+        self._group_events.append(
+            GroupEvent(
+                GroupEventKind.NODE_GONE,
+                now + 0.05,
+                f"every process of {node.name} is gone ({len(node.workers)} rank(s))",
+                node.workers[0] if node.workers else None,
+            )
+        )
+        if fault.replace:
+            self._generation[node.index] += 1
+            self._group_events.append(
+                GroupEvent(
+                    GroupEventKind.NODE_REPLACEMENT_STARTED,
+                    now + self.restart_delay / 2,
+                    f"replacement node fake-node-{node.index}@{self._generation[node.index]}",
+                )
+            )
+        elif self.elastic:
+            self._nodes.remove(node.index)
+            self.workers = self.per_node * len(self._nodes)
+        else:
+            self._group_events.append(
+                GroupEvent(
+                    GroupEventKind.JOB_FAILED,
+                    now + self.restart_delay,
+                    f"the rendezvous never got {len(self._nodes)} nodes back (not elastic)",
+                )
+            )
+            return KillResult(KillOutcome.KILLED, now, f"killed every rank of {node.describe()}")
+        victim = node.workers[0] if node.workers else self._workload().workers[0]
+        self._after_kill(now, victim, how=f"died with its node {node.name}")
+        return KillResult(KillOutcome.KILLED, now, f"killed every rank of {node.describe()}")
+
+    def restore_node(self, node: Node) -> KillResult:
+        self._maybe_raise("restore")
+        self.restores.append(node)
+        now = self.clock.now()
+        partition = self._partition
+        if partition is None or partition[0] != node.index:
+            return KillResult(KillOutcome.ALREADY_GONE, now, f"{node.name} is not cut off")
+        self._partition = None
+        index, cut, noticed = partition
+        self._group_events.append(
+            GroupEvent(GroupEventKind.NODE_RESTORED, now, f"the link of {node.name} is back")
+        )
+        current = self._current()
+        assert current is not None
+        if now < noticed:  # nobody timed out yet: the stalled collective just finishes
+            self._group_events = [e for e in self._group_events if e.timestamp < noticed]
+            current.killed_at = None
+            current.first_step_at += now - cut
+            return KillResult(KillOutcome.KILLED, now, f"restored the link of {node.name}")
+        victim = self._workload().node(index)
+        worker = victim.workers[0] if victim and victim.workers else self._workload().workers[0]
+        self._after_kill(now, worker, how="rejoined after the partition", gone=False)
+        return KillResult(KillOutcome.KILLED, now, f"restored the link of {node.name}")
 
     def watch_group(self) -> list[GroupEvent]:
         self._maybe_raise("watch_group")
@@ -339,6 +497,7 @@ class FakeOrchestrator:
 
     def cleanup(self) -> None:
         self.cleanups += 1
+        self._partition = None  # every cut link restored
         self._running = False
         self._source.close()
         self._maybe_raise("cleanup")
@@ -350,17 +509,47 @@ class FakeOrchestrator:
         if error is not None:
             raise error
 
+    def running(self) -> set[str]:
+        """The instance ids that run now, as the simulated world has them: an incarnation's
+        workers run from its start until the next one starts, unless a kill ended them
+        (how tests look at the world without asking discover)."""
+        now = self.clock.now()
+        started = [inc for inc in self._incarnations if inc.start <= now]
+        if not self._running or not started:
+            return set()
+        inc = started[-1]
+        return {f"fake-{rank}-{inc.number}" for rank in range(inc.ranks)} - self._dead
+
+    def _host(self) -> str:
+        """Where rank 0 runs (its reporter's ``host``)."""
+        return f"fake-node-{self._nodes[0]}" if self._multi else "simulated"
+
     def _current(self) -> _Incarnation | None:
         return self._incarnations[-1] if self._incarnations else None
 
     def _workload(self) -> Workload:
         current = self._current()
         number = current.number if current else 0
-        workers = tuple(
-            Worker(rank, f"fake-worker-{rank}", f"fake-{rank}-{number}", node="simulated")
-            for rank in range(self.workers)
+        if not self._multi:
+            workers = tuple(
+                Worker(rank, f"fake-worker-{rank}", f"fake-{rank}-{number}", node="simulated")
+                for rank in range(self.workers)
+            )
+            return Workload(job="fake-job", workers=workers)
+        nodes = []
+        for position, index in enumerate(self._nodes):
+            name = f"fake-node-{index}"
+            ranks = range(position * self.per_node, (position + 1) * self.per_node)
+            on = tuple(
+                Worker(rank, f"fake-worker-{rank}", f"fake-{rank}-{number}", node=name)
+                for rank in ranks
+            )
+            nodes.append(Node(index, name, f"{name}@{self._generation[index]}", on))
+        return Workload(
+            job="fake-job",
+            workers=tuple(w for node in nodes for w in node.workers),
+            nodes=tuple(nodes),
         )
-        return Workload(job="fake-job", workers=workers)
 
     def _start_incarnation(self, at: float, resume_step: int) -> None:
         load = 0.05 if resume_step > 0 else 0.0
@@ -371,6 +560,7 @@ class FakeOrchestrator:
                 resume_step=resume_step,
                 first_step_at=at + self.startup_delay + load,
                 next_step=resume_step + 1,
+                ranks=self.workers,
             )
         )
 
@@ -410,15 +600,18 @@ class FakeOrchestrator:
             KillOutcome.KILLED, now, f"SIGTERM to {worker.describe()}; SIGKILL after {grace:g}s"
         )
 
-    def _after_kill(self, now: float, worker: Worker, how: str = "was killed by SIGKILL") -> None:
+    def _after_kill(
+        self, now: float, worker: Worker, how: str = "was killed by SIGKILL", *, gone: bool = True
+    ) -> None:
         self._print(worker.rank, f"[fake job] rank {worker.rank} ({worker.instance_id}) {how}\n")
         for label, text in self.output.items():
             self._printed.feed(text.encode("utf-8", "replace"), label=label)
         restart_at = now + self.restart_delay
-        self._group_events += [
-            GroupEvent(GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker),
-            GroupEvent(GroupEventKind.RESTARTING, now + 0.15, "restarting the group", None, 1),
-        ]
+        if gone:
+            self._group_events += [
+                GroupEvent(GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker),
+                GroupEvent(GroupEventKind.RESTARTING, now + 0.15, "restarting the group", None, 1),
+            ]
         if self.resume == "never":
             for rank in range(self.workers):
                 self._print(rank, "[fake job] the group does not restart (resume: never)\n")
@@ -507,7 +700,7 @@ class FakeOrchestrator:
                 received=now,
                 rank=0,
                 pid=1000 + inc.number,
-                host="simulated",
+                host=self._host(),
                 restart_count=inc.number,
                 digest=wire.combine_parts(digest) if digest else None,
                 digest_parts=digest,
@@ -523,7 +716,7 @@ class FakeOrchestrator:
                         inc.start,
                         inc.inc_id,
                         pid=1000 + inc.number,
-                        host="simulated",
+                        host=self._host(),
                         rank=0,
                         restart=inc.number,
                     ),
@@ -599,6 +792,8 @@ def _create(workload: FakeWorkload, failure: InjectFailure, clock: Clock) -> Fak
         saves_on_sigterm=spec.saves_on_sigterm,
         hang_timeout=spec.hang_timeout,
         max_restarts=spec.max_restarts,
+        nodes=workload.nodes,
+        elastic=spec.elastic,
     )
 
 
@@ -608,7 +803,16 @@ BACKEND: Backend[FakeWorkload] = Backend(
     name="fake",
     workload=FakeWorkload,
     create=_create,
-    faults=frozenset({"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}),
+    faults=frozenset(
+        {
+            "KillWorker",
+            "KillDuringCheckpoint",
+            "Preempt",
+            "HangWorker",
+            "KillNode",
+            "PartitionNode",
+        }
+    ),
     lock_scope=lambda workload, target: None,
     restart_budget=lambda workload: workload.fake.max_restarts,
     summary="an in-memory simulated job, on any clock",

@@ -183,7 +183,7 @@ Builder = Callable[[str, str, Path], Harness]
 def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
     clock = SimulatedClock()
     with spy.labelled(label):
-        orchestrator = FakeOrchestrator(clock=clock, workers=3)
+        orchestrator = FakeOrchestrator(clock=clock, workers=4, nodes=2)  # two nodes
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         workload = conforming.discover(clock.now() + 60)
 
@@ -196,7 +196,7 @@ def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
         orchestrator=orchestrator,
         clock=clock,
         workload=workload,
-        alive=lambda w: any(x.instance_id == w.instance_id for x in live_ids().values()),
+        alive=lambda w: w.instance_id in orchestrator.running(),
         current=lambda rank: live_ids().get(rank),
         stale_id=lambda w: f"fake-{w.rank}-999",
         pause=clock.wait,

@@ -19,23 +19,40 @@ states them:
 8. cleanup() runs twice, leaves poll() working and no thread of the orchestrator's alive;
 9. job_output() (the optional ``JobOutputSource``, implemented by every shipped backend)
    never blocks, holds what the job printed per worker under distinct labels, each
-   within the per-worker bound, and still holds it after cleanup().
+   within the per-worker bound, and still holds it after cleanup();
+10. the node seam (``NodeFaults``), required of a backend offering a node fault: discover
+   names each node (index, name, identity) with every worker on exactly one of them;
+   current_node agrees; a node kill with a stale node identity, and a dry run, touch
+   nothing; the real KillNode ends every instance of that node, no instance of another
+   node, reports NODE_GONE, and repeated with the old identity hits nothing. The checks
+   that need two nodes skip on a harness job with one.
 """
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from pytest_recoverygate.joboutput import PER_WORKER_LIMIT, JobOutput
 from pytest_recoverygate.model import (
+    NODE_FAULTS,
+    Fault,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
+    Node,
     TrainingEvent,
     Worker,
 )
-from pytest_recoverygate.orchestrators.base import EventSource, JobOutputSource, Orchestrator
+from pytest_recoverygate.orchestrators import get_backend
+from pytest_recoverygate.orchestrators.base import (
+    EventSource,
+    JobOutputSource,
+    NodeFaults,
+    Orchestrator,
+)
 from tests.contract.conftest import Harness, ThreadSpy
 
 NON_BLOCKING = 0.5  # seconds a never-blocking call may take on a loaded 2-core machine
@@ -168,6 +185,82 @@ def test_watch_group_never_blocks_and_returns_a_list(backend: Harness) -> None:
         assert isinstance(got, list), got
         assert all(isinstance(e, GroupEvent) for e in got), got
         backend.pause(0.05)
+
+
+def node_faults_of(backend: Harness) -> NodeFaults:
+    """The backend's node seam; skips a backend without node faults or a one-node job."""
+    offered = get_backend(backend.kind).faults & set(NODE_FAULTS)
+    orchestrator = backend.orchestrator
+    if not offered:
+        pytest.skip(f"{backend.kind} offers no node fault")
+    assert isinstance(orchestrator, NodeFaults), (
+        f"{backend.kind} offers {sorted(offered)} but implements no current_node/kill_node/"
+        "restore_node"
+    )
+    if len(backend.workload.nodes) < 2:
+        pytest.skip(f"the {backend.kind} harness job runs on one node")
+    return orchestrator
+
+
+def test_discover_names_each_node_with_its_workers_and_current_node_agrees(
+    backend: Harness,
+) -> None:
+    nodes = node_faults_of(backend)
+    workload = backend.workload
+    indexes = [n.index for n in workload.nodes]
+    assert indexes == sorted(set(indexes)), indexes
+    assert len({n.identity for n in workload.nodes}) == len(indexes), workload.nodes
+    placed = [w.instance_id for n in workload.nodes for w in n.workers]
+    assert sorted(placed) == sorted(w.instance_id for w in workload.workers), workload
+    assert all(w.node == n.name for n in workload.nodes for w in n.workers), workload
+    for node in workload.nodes:
+        now = nodes.current_node(node.index)
+        assert now is not None and now.identity == node.identity, (node, now)
+
+
+def test_a_node_kill_with_a_stale_node_identity_or_a_dry_run_kills_nothing(
+    backend: Harness,
+) -> None:
+    nodes = node_faults_of(backend)
+    node = backend.workload.nodes[-1]
+    stale = Node(node.index, node.name, f"{node.identity}-stale", node.workers)
+
+    result = nodes.kill_node(stale, dry_run=False, fault=Fault("KillNode"))
+    assert_nothing_died(backend, result, NOTHING_KILLED)
+    result = nodes.kill_node(node, dry_run=True, fault=Fault("KillNode"))
+    assert_nothing_died(backend, result, {KillOutcome.DRY_RUN})
+
+
+def test_a_node_kill_ends_every_instance_of_that_node_and_none_of_another(
+    disposable_backend: Harness,
+) -> None:
+    job = disposable_backend
+    nodes = node_faults_of(job)
+    node = nodes.current_node(job.workload.nodes[-1].index)
+    assert node is not None
+    others = [
+        w
+        for n in job.workload.nodes
+        if n.index != node.index
+        for w in (nodes.current_node(n.index) or n).workers
+    ]
+    seen: list[GroupEvent] = []
+
+    result = nodes.kill_node(node, dry_run=False, fault=Fault("KillNode"))
+    survivors = [w for w in others if job.alive(w)]  # looked at at once: before any restart
+
+    assert result.outcome is KillOutcome.KILLED, result
+    assert survivors == others, f"a node kill hit another node: {result}"
+
+    def gone() -> GroupEvent | None:
+        seen.extend(job.orchestrator.watch_group())
+        return next((e for e in seen if e.kind is GroupEventKind.NODE_GONE), None)
+
+    job.eventually(gone, "NODE_GONE")
+    assert [w for w in node.workers if job.alive(w)] == []
+    again = nodes.kill_node(node, dry_run=False, fault=Fault("KillNode"))
+    assert again.outcome in NOTHING_KILLED, again
+    job.spoiled = True  # the job may be down to fewer nodes now
 
 
 def test_cleanup_runs_twice_leaves_poll_working_and_stops_its_threads(
