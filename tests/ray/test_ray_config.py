@@ -54,7 +54,13 @@ def error_of(path: Path) -> str:
 
 
 @pytest.mark.parametrize(
-    "name", ["recovery-test.yaml", "recovery-test-no-resume.yaml", "recovery-test-budget.yaml"]
+    "name",
+    [
+        "recovery-test.yaml",
+        "recovery-test-no-resume.yaml",
+        "recovery-test-budget.yaml",
+        "recovery-test-kill-node.yaml",
+    ],
 )
 def test_the_examples_load_with_their_keys(name: str) -> None:
     config = load_config(EXAMPLES / name)
@@ -81,7 +87,7 @@ def test_the_backend_registers_without_importing_ray() -> None:
         "b = get_backend('ray'); print(b.name, sorted(b.faults), 'ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["ray", "['KillWorker']", "False"]
+    assert out.stdout.split() == ["ray", "['KillNode',", "'KillWorker']", "False"]
     assert get_backend("ray").workload is RayWorkload
 
 

@@ -8,6 +8,9 @@ We test these aspects, each drill through the CLI as a user runs it:
 - its twin that never calls ``get_checkpoint()`` FAILs "restarted from scratch";
 - ``count: untilBudgetExhausted`` is held to ``FailureConfig(max_failures=2)``: two
   recoveries, then the job gives up loudly;
+- ``KillNode`` on a two-node cluster of this machine (``ray.cluster_utils.Cluster``) ends
+  the raylet of rank 1's node, and Train restarts the group on the head from the latest
+  checkpoint;
 - a ``targetRank`` beyond the workers is an ERROR (exit 3) found at discovery, nothing
   killed; an ``address`` nobody answers at is an ERROR naming it.
 
@@ -104,6 +107,21 @@ def test_until_budget_exhausted_is_held_to_max_failures(tmp_path: Path) -> None:
     assert checks["gave_up_loudly"]["passed"] is True, checks
     assert checks["restart_budget"]["passed"] is True, checks
     assert checks["restart_budget"]["observed"] == 2
+
+
+def test_kill_node_ends_the_second_nodes_raylet_and_train_resumes_on_the_head(
+    tmp_path: Path,
+) -> None:
+    run = drill(example("recovery-test-kill-node.yaml"), tmp_path)
+
+    report = run.report
+    assert run.code == 0, failed(run)
+    assert report["verdict"] == "PASS"
+    assert report["resumeStep"] == report["expectedResumeStep"] >= 40
+    kinds = [e["kind"] for e in report["timeline"]]
+    assert "group:node_gone" in kinds, kinds
+    kill = next(e for e in report["timeline"] if e["kind"] == "kill")
+    assert "raylet" in kill["detail"], kill
 
 
 def test_a_target_rank_beyond_the_workers_is_an_error_and_kills_nothing(tmp_path: Path) -> None:

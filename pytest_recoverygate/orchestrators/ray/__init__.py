@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["BACKEND", "FAULT_TYPES", "INSTALL_HINT", "RayOrchestrator", "RayWorkload"]
 
 #: What this backend can inject (docs/ray.md, "What each fault does").
-FAULT_TYPES = ("KillWorker",)
+FAULT_TYPES = ("KillWorker", "KillNode")
 #: How to get what this backend imports.
 INSTALL_HINT = 'pip install "recoverygate[ray]" (it brings ray[default,train])'
 

@@ -23,6 +23,7 @@ Any failure is ``{"error": "..."}`` with exit status 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,9 +75,29 @@ def _kill_on_node(pid: int, ticks: str) -> dict[str, Any]:
     return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to pid {pid}"}
 
 
+def _children(parent: int) -> list[int]:
+    """The pids whose parent is ``parent`` (``/proc/PID/stat`` field 4)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[1] == str(parent):
+            found.append(int(entry))
+    return found
+
+
 def _kill_raylet() -> dict[str, Any]:
-    """Runs on the node, as a Ray task: SIGKILL its raylet (the parent of every Ray worker
-    process of the node, this one included); the node's workers die with it."""
+    """Runs on the node, as a Ray task: a node crash. SIGKILL everything the node's raylet
+    runs (its children: every Ray worker process of the node, the node's agents), then the
+    raylet itself; this task's own process goes last, with its raylet.
+
+    Measured with Ray 2.60: a raylet SIGKILLed alone leaves its Train worker training with
+    its peers for about 15 s, until the cluster declares the node dead."""
     raylet = os.getppid()
     try:
         with open(f"/proc/{raylet}/cmdline", "rb") as handle:
@@ -85,9 +106,20 @@ def _kill_raylet() -> dict[str, Any]:
         program = ""
     if Path(program).name != "raylet":
         return {"outcome": "already_gone", "detail": f"the task's parent {raylet} is no raylet"}
+    me = os.getpid()
     at = time.time()
+    ended = []
+    for pid in _children(raylet):
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
     os.kill(raylet, signal.SIGKILL)
-    return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to the raylet, pid {raylet}"}
+    return {
+        "outcome": "killed",
+        "at": at,
+        "detail": f"SIGKILL sent to the raylet, pid {raylet}, and its {len(ended)} processes",
+    }
 
 
 def _resolve(address: str) -> dict[str, Any]:

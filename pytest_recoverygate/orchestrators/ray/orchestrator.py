@@ -67,6 +67,7 @@ from pytest_recoverygate.model import (
     GroupEventKind,
     KillOutcome,
     KillResult,
+    Node,
     Worker,
     Workload,
 )
@@ -105,6 +106,13 @@ class TrainWorker:
     node_ip: str
     alive: bool
     log_file: str | None
+    node_rank: int = 0
+
+    @property
+    def node(self) -> str:
+        """The node as ``Worker.node`` names it: its address and its Ray node id (several
+        nodes of one machine share the address)."""
+        return f"{self.node_ip}/{self.node_id[:8]}"
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,7 @@ def parse_runs(payload: dict[str, Any]) -> list[TrainRun]:
                     node_ip=str(w.get("node_ip", "")),
                     alive=w.get("status") == "ALIVE",
                     log_file=w.get("log_file_path"),
+                    node_rank=int(w.get("node_rank") or 0),
                 )
                 for w in sorted(attempt.get("workers") or [], key=lambda w: w["world_rank"])
             )
@@ -364,6 +373,7 @@ class RayOrchestrator:
         self._driver_buffer: list[tuple[bytes, float]] = []
         self._reader: threading.Thread | None = None
         self._server: _KillServer | None = None
+        self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
         self._local = _local_addresses()
         self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
         self._seen_attempts: set[str] = set()
@@ -402,6 +412,7 @@ class RayOrchestrator:
         return Workload(
             job=f"ray train run {run.name} ({run.run_id[:8]})",
             workers=tuple(self._worker(w) for w in attempt.workers),
+            nodes=self._nodes(attempt),
         )
 
     def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
@@ -476,6 +487,105 @@ class RayOrchestrator:
         with self._lock:
             events, self._events = self._events, []
         return events
+
+    # ------------------------------------------------------------------ NodeFaults
+
+    def _nodes(self, attempt: TrainAttempt) -> tuple[Node, ...]:
+        """The attempt's nodes, each with its live workers, in the order of their lowest
+        world rank (index 0: rank 0's node). Not Train's ``node_rank``: Train numbers nodes
+        by IP address, and the nodes of one machine share it."""
+        by_node: dict[str, list[TrainWorker]] = {}
+        for worker in sorted(attempt.workers, key=lambda w: w.rank):
+            by_node.setdefault(worker.node_id, []).append(worker)
+        nodes = []
+        for index, (node_id, workers) in enumerate(by_node.items()):
+            first = workers[0]
+            nodes.append(
+                Node(
+                    index,
+                    first.node,
+                    node_id,
+                    tuple(self._worker(w) for w in workers if w.alive),
+                    (("nodeIp", first.node_ip),),
+                )
+            )
+        return tuple(nodes)
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` (Train's node rank) of the current attempt, when it runs."""
+        run = self._fetch_run()
+        current = run.current if run is not None else None
+        if current is None or not current.running:
+            return None
+        return next((n for n in self._nodes(current) if n.index == index), None)
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """``KillNode``: SIGKILL the node's raylet from a task pinned to it; its workers die
+        with it. Never the head (its raylet's death ends the cluster); never retried."""
+        run = self._fetch_run()
+        current = run.current if run is not None else None
+        live = [
+            w
+            for w in (current.workers if current else ())
+            if w.node_id == node.identity and w.alive
+        ]
+        if not live:
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self._clock.now(),
+                f"{node.describe()} runs no live worker of the run now; nothing was touched",
+            )
+        if node.identity == self._head_node():
+            raise BackendError(
+                f"{node.describe()} is the Ray head: ending its raylet ends the whole cluster, "
+                "not a node of it; set injectFailure.targetRank (or targetNode) to a worker on "
+                "another node"
+            )
+        if dry_run:
+            return KillResult(
+                KillOutcome.DRY_RUN,
+                self._clock.now(),
+                f"would SIGKILL the raylet of {node.describe()} from a task pinned to it",
+            )
+        before = self._clock.now()
+        with self._lock:
+            self._killed_nodes.add(node.identity)
+        try:
+            if self._server is not None and self._server.ready(HELPER_TIMEOUT):
+                result = self._server.kill(node.identity, -1, "-", HELPER_TIMEOUT)
+            else:
+                assert self._gcs is not None
+                result = self._helper(
+                    "kill", self._gcs, node.identity, "-1", "-", timeout=HELPER_TIMEOUT
+                )
+        except BackendError as exc:
+            return KillResult(
+                KillOutcome.UNCONFIRMED, before, f"the raylet kill task did not answer ({exc})"
+            )
+        if result.get("outcome") != "killed":
+            return KillResult(
+                KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
+            )
+        return KillResult(
+            KillOutcome.KILLED,
+            float(result.get("at", before)),
+            f"SIGKILL sent to the raylet of {node.describe()} by a task on that node "
+            f"({result.get('detail', '')})",
+        )
+
+    def restore_node(self, node: Node) -> KillResult:
+        """Nothing to restore: the ray backend offers no PartitionNode."""
+        return KillResult(KillOutcome.ALREADY_GONE, self._clock.now(), "nothing to restore")
+
+    def _head_node(self) -> str | None:
+        """The node id of the cluster's head, from the state API (None: unknown)."""
+        try:
+            answer = self._get("/api/v0/nodes?detail=1&limit=1000")
+        except (OSError, ValueError):
+            return None
+        rows = answer.get("data", {}).get("result", {}).get("result", [])
+        head = next((r for r in rows if r.get("is_head_node")), None)
+        return str(head["node_id"]) if head is not None else None
 
     def events(self) -> StreamEventSource:
         return self._source
@@ -795,7 +905,7 @@ class RayOrchestrator:
             worker.rank,
             f"RayTrainWorker pid {worker.pid}",
             instance,
-            node=worker.node_ip,
+            node=worker.node,
             details=(
                 ("actorId", worker.actor_id),
                 ("nodeId", worker.node_id),
@@ -893,6 +1003,15 @@ class RayOrchestrator:
             return
         if run is None:
             return
+        with self._lock:
+            killed = sorted(self._killed_nodes)
+        for node_id in killed:
+            on_node = [w for a in run.attempts for w in a.workers if w.node_id == node_id]
+            if on_node and not any(w.alive for w in on_node) and self._once(node_id, "node gone"):
+                self._emit(
+                    GroupEventKind.NODE_GONE,
+                    f"every worker of node {on_node[0].node} is gone with its raylet",
+                )
         for index, attempt in enumerate(run.attempts):
             for worker in attempt.workers:
                 self._remember(worker)
@@ -904,7 +1023,11 @@ class RayOrchestrator:
                 who = _failed_worker(attempt, dead)
                 self._emit(
                     GroupEventKind.WORKER_GONE,
-                    f"worker death detected: {_first_words(attempt.detail) or attempt.status}",
+                    "worker death detected: "
+                    + (
+                        _first_words(attempt.detail)
+                        or (f"the actor of rank {who.rank} is DEAD" if who else attempt.status)
+                    ),
                     self._worker(who) if who is not None else None,
                 )
             shut_down = (
