@@ -121,6 +121,12 @@ def head() -> Iterator[Head]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
         deadline = time.monotonic() + 30
         while (left := marked(value)) and time.monotonic() < deadline:
             for p in left:

@@ -22,7 +22,7 @@ from pytest_recoverygate.config import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators import get_backend
 from pytest_recoverygate.orchestrators.ray import RayWorkload
-from pytest_recoverygate.orchestrators.ray.orchestrator import parse_runs
+from pytest_recoverygate.orchestrators.ray.state import parse_runs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,7 +1,9 @@
 """The Ray backend: a Ray Train job (``TorchTrainer`` + ``FailureConfig``) (docs/ray.md).
 
-- :mod:`.cluster`: the Ray side, the only module that imports ``ray``: the cluster's
-  address, Train's workers from the state API, the kill task pinned to the worker's node;
+- :mod:`.helper`: the only module that imports ``ray``, run as a subprocess: the
+  dashboard's address, the kill tasks pinned to a node (a worker, or a node's raylet);
+- :mod:`.server`: the kill server, a helper connected to the cluster once at discovery;
+- :mod:`.state`: Train's run state as the dashboard serves it, read (pure);
 - :mod:`.orchestrator`: :class:`RayOrchestrator`, the drill's methods: the driver it
   launches, the session's ``worker-*.out`` logs it reads, the group it watches.
 

@@ -38,8 +38,6 @@ import contextlib
 import functools
 import json
 import os
-import queue
-import re
 import secrets
 import shlex
 import shutil
@@ -52,7 +50,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,12 +70,22 @@ from pytest_recoverygate.model import (
 )
 from pytest_recoverygate.orchestrators.base import cleanup_once
 from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
+from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
 from pytest_recoverygate.orchestrators.ray.helper import process_ticks
+from pytest_recoverygate.orchestrators.ray.server import KillServer
+from pytest_recoverygate.orchestrators.ray.state import (
+    TrainAttempt,
+    TrainRun,
+    TrainWorker,
+    failed_worker,
+    first_words,
+    parse_runs,
+)
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock
 
-__all__ = ["DRILL_MARKER", "RayOrchestrator", "TrainAttempt", "TrainRun", "TrainWorker"]
+__all__ = ["DRILL_MARKER", "RayOrchestrator"]
 
 #: In the launched driver's environment (and so the cluster's): cleanup ends what carries it.
 DRILL_MARKER = "RECOVERYGATE_DRILL_ID"
@@ -88,142 +95,7 @@ HTTP_TIMEOUT = 10.0
 TERM_GRACE = 15.0  # seconds the driver gets to shut its cluster down after SIGTERM
 REAP_TIMEOUT = 10.0
 RUNS_PATH = "/api/train/v2/runs/v1"
-HELPER_MARK = "RECOVERYGATE-RAY "
 DRIVER_BUFFER_CHUNKS = 4096  # chunks of driver output kept until the evidence is chosen
-
-
-# --------------------------------------------------------------------------- Train's state
-
-
-@dataclass(frozen=True)
-class TrainWorker:
-    """One worker of an attempt, as Train's state lists it."""
-
-    rank: int
-    actor_id: str
-    pid: int
-    node_id: str
-    node_ip: str
-    alive: bool
-    log_file: str | None
-    node_rank: int = 0
-
-    @property
-    def node(self) -> str:
-        """The node as ``Worker.node`` names it: its address and its Ray node id (several
-        nodes of one machine share the address)."""
-        return f"{self.node_ip}/{self.node_id[:8]}"
-
-
-@dataclass(frozen=True)
-class TrainAttempt:
-    """One attempt of a run: the worker group Train started (again)."""
-
-    attempt_id: str
-    status: str  # PENDING, RUNNING, FINISHED, ERRORED, ABORTED
-    detail: str
-    workers: tuple[TrainWorker, ...]
-
-    @property
-    def running(self) -> bool:
-        return (
-            self.status == "RUNNING" and bool(self.workers) and all(w.alive for w in self.workers)
-        )
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """A Train run (one ``fit()``) and its attempts, oldest first."""
-
-    run_id: str
-    name: str
-    status: (
-        str  # INITIALIZING, SCHEDULING, RUNNING, RESTARTING, RESIZING, FINISHED, ERRORED, ABORTED
-    )
-    detail: str
-    start_ns: int
-    driver_pid: int | None
-    submission_id: str | None
-    attempts: tuple[TrainAttempt, ...] = field(default=())
-
-    @property
-    def current(self) -> TrainAttempt | None:
-        return self.attempts[-1] if self.attempts else None
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in ("FINISHED", "ERRORED", "ABORTED")
-
-
-def parse_runs(payload: dict[str, Any]) -> list[TrainRun]:
-    """Train's ``/api/train/v2/runs/v1`` answer, as :class:`TrainRun` s (pure)."""
-    runs = []
-    for run in payload.get("train_runs") or []:
-        attempts = []
-        for attempt in sorted(run.get("attempts") or [], key=lambda a: a.get("start_time_ns", 0)):
-            workers = tuple(
-                TrainWorker(
-                    rank=int(w["world_rank"]),
-                    actor_id=str(w["actor_id"]),
-                    pid=int(w["pid"]),
-                    node_id=str(w.get("node_id", "")),
-                    node_ip=str(w.get("node_ip", "")),
-                    alive=w.get("status") == "ALIVE",
-                    log_file=w.get("log_file_path"),
-                    node_rank=int(w.get("node_rank") or 0),
-                )
-                for w in sorted(attempt.get("workers") or [], key=lambda w: w["world_rank"])
-            )
-            attempts.append(
-                TrainAttempt(
-                    str(attempt.get("attempt_id", "")),
-                    str(attempt.get("status", "")),
-                    str(attempt.get("status_detail") or ""),
-                    workers,
-                )
-            )
-        job = run.get("job_details") or {}
-        driver = job.get("driver_info") or {}
-        pid = driver.get("pid")
-        runs.append(
-            TrainRun(
-                run_id=str(run.get("id", "")),
-                name=str(run.get("name", "")),
-                status=str(run.get("status", "")),
-                detail=str(run.get("status_detail") or ""),
-                start_ns=int(run.get("start_time_ns") or 0),
-                driver_pid=int(pid) if pid not in (None, "") else None,
-                submission_id=job.get("submission_id"),
-                attempts=tuple(attempts),
-            )
-        )
-    return runs
-
-
-def _failed_worker(attempt: TrainAttempt, dead: list[TrainWorker]) -> TrainWorker | None:
-    """The worker Train names in its error snippet (``[Rank 1 Error Snippet]``), else the
-    first dead one."""
-    match = re.search(r"\[Rank (\d+) Error", attempt.detail)
-    if match is not None:
-        rank = int(match.group(1))
-        named = next((w for w in attempt.workers if w.rank == rank), None)
-        if named is not None:
-            return named
-    return dead[0] if dead else None
-
-
-def _first_words(detail: str, limit: int = 160) -> str:
-    """Train's status detail in one line: its informative lines, up to ``limit`` characters."""
-    words = []
-    for raw in detail.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("[Rank"):
-            continue
-        if line.startswith(("Worker info:", "actor=", "metadata=")):
-            break  # the worker's description follows: the message is said
-        words.append(line)
-    text = " ".join(words)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _local_addresses() -> set[str]:
@@ -248,77 +120,6 @@ def _token_from(env: dict[str, str]) -> str | None:
         return Path(path).read_text(encoding="utf-8").strip() or None
     except OSError:
         return None
-
-
-class _KillServer:
-    """``helper serve``: a process connected to the cluster once, ready to run kill tasks."""
-
-    def __init__(self, env: dict[str, str], address: str) -> None:
-        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pytest_recoverygate.orchestrators.ray.helper",
-                "serve",
-                address,
-            ],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._ready: bool | None = None
-        self._reader = threading.Thread(target=self._read, name="ray-kill-server", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            line = raw.decode("utf-8", "replace").strip()
-            if line.startswith(HELPER_MARK):
-                with contextlib.suppress(ValueError):
-                    self._answers.put(json.loads(line[len(HELPER_MARK) :]))
-        self._answers.put(None)
-
-    def ready(self, timeout: float) -> bool:
-        """Whether it connected (waits for its first answer once)."""
-        if self._ready is None:
-            try:
-                first = self._answers.get(timeout=timeout)
-            except queue.Empty:
-                first = None
-            self._ready = bool(first and first.get("ready"))
-        return self._ready
-
-    def kill(self, node_id: str, pid: int, ticks: str, timeout: float) -> dict[str, Any]:
-        """One request, one answer; BackendError when none comes (never sent again)."""
-        assert self._proc.stdin is not None
-        request = json.dumps({"node": node_id, "pid": pid, "ticks": ticks}) + "\n"
-        try:
-            self._proc.stdin.write(request.encode())
-            self._proc.stdin.flush()
-            answer = self._answers.get(timeout=timeout)
-        except (OSError, queue.Empty):
-            answer = None
-        if answer is None:
-            raise BackendError(f"the kill server gave no answer within {timeout:g}s")
-        if "error" in answer:
-            raise BackendError(str(answer["error"]))
-        return answer
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait(timeout=REAP_TIMEOUT)
-        self._reader.join(timeout=5)
 
 
 # --------------------------------------------------------------------------- orchestrator
@@ -372,7 +173,7 @@ class RayOrchestrator:
         self._driver_evidence: bool | None = None  # None: not decided yet (buffered)
         self._driver_buffer: list[tuple[bytes, float]] = []
         self._reader: threading.Thread | None = None
-        self._server: _KillServer | None = None
+        self._server: KillServer | None = None
         self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
         self._local = _local_addresses()
         self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
@@ -405,7 +206,7 @@ class RayOrchestrator:
             self._seen_attempts.add(attempt.attempt_id)
             self._reported.add((attempt.attempt_id, "running"))
         assert self._gcs is not None
-        self._server = _KillServer(self._client_env, self._gcs)
+        self._server = KillServer(self._client_env, self._gcs)
         self._watcher = threading.Thread(target=self._watch, name="recoverygate-ray", daemon=True)
         self._watcher.start()
         self.discovered_at = self._clock.now()
@@ -839,7 +640,7 @@ class RayOrchestrator:
                 if run.terminal:
                     raise DiscoveryError(
                         f"the Train run {run.name!r} ended ({run.status}) before the drill "
-                        f"could see its workers: {_first_words(run.detail, 400)}"
+                        f"could see its workers: {first_words(run.detail, 400)}"
                     )
                 if current is not None and current.running:
                     self._run_id = run.run_id
@@ -997,7 +798,7 @@ class RayOrchestrator:
                 self._emit(GroupEventKind.JOB_SUCCEEDED, "the driver exited with 0")
             else:
                 status = (
-                    f" (run {run.status}: {_first_words(run.detail)})" if run is not None else ""
+                    f" (run {run.status}: {first_words(run.detail)})" if run is not None else ""
                 )
                 self._emit(GroupEventKind.JOB_FAILED, f"the driver exited with {code}{status}")
             return
@@ -1020,12 +821,12 @@ class RayOrchestrator:
             dead = [w for w in attempt.workers if not w.alive]
             seen = aid in self._seen_attempts
             if seen and (dead or attempt.status == "ERRORED") and self._once(aid, "gone"):
-                who = _failed_worker(attempt, dead)
+                who = failed_worker(attempt, dead)
                 self._emit(
                     GroupEventKind.WORKER_GONE,
                     "worker death detected: "
                     + (
-                        _first_words(attempt.detail)
+                        first_words(attempt.detail)
                         or (f"the actor of rank {who.rank} is DEAD" if who else attempt.status)
                     ),
                     self._worker(who) if who is not None else None,
@@ -1059,7 +860,7 @@ class RayOrchestrator:
             else:
                 self._emit(
                     GroupEventKind.JOB_FAILED,
-                    f"the Train run {run.status}: {_first_words(run.detail)}",
+                    f"the Train run {run.status}: {first_words(run.detail)}",
                 )
 
     # ------------------------------------------------------------------ cleanup
