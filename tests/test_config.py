@@ -30,6 +30,7 @@ from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.fake import FakeWorkload
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
 from pytest_recoverygate.orchestrators.local import LocalWorkload
+from pytest_recoverygate.orchestrators.ray import RayWorkload
 from pytest_recoverygate.orchestrators.slurm import SlurmWorkload
 from pytest_recoverygate.schema import (
     DrillConfig,
@@ -844,4 +845,10 @@ def test_every_complete_example_in_the_reference_is_valid(tmp_path: Path) -> Non
     complete = [block for block in blocks if "workload:" in block and "expectations:" in block]
     assert len(complete) >= 4
     backends = {type(parse_config(block, tmp_path / "doc.yaml").workload) for block in complete}
-    assert backends == {FakeWorkload, LocalWorkload, KubernetesWorkload, SlurmWorkload}
+    assert backends == {
+        FakeWorkload,
+        LocalWorkload,
+        KubernetesWorkload,
+        SlurmWorkload,
+        RayWorkload,
+    }

@@ -70,6 +70,7 @@ def _required(name: str) -> dict[str, Any]:
         "local": {"command": ["torchrun", "t.py"]},
         "kubernetes": {"selector": "a=b"},
         "slurm": {"job_id": 1},
+        "ray": {"entrypoint": ["python", "train_ray.py"]},
     }
     return required[name]
 
@@ -146,7 +147,7 @@ def test_an_entry_point_that_takes_a_builtin_name_is_ignored_with_a_warning(
     )
     with pytest.warns(RuntimeWarning, match="'slurm' is already a built-in backend"):
         names = backend_names()
-    assert names == ("fake", "local", "kubernetes", "slurm")
+    assert names == ("fake", "local", "kubernetes", "slurm", "ray")
     assert get_backend("slurm").workload.__name__ == "SlurmWorkload"
 
 
@@ -169,7 +170,7 @@ def test_a_config_naming_a_broken_backend_gets_a_file_line_error(
         parse_config(text, tmp_path / "drill.yaml")
     line = str(caught.value)
     assert line.startswith(f"{tmp_path / 'drill.yaml'}:2: workload.orchestrator: cannot be used: ")
-    assert "— got broken; allowed: fake, local, kubernetes, slurm, broken" in line
+    assert "— got broken; allowed: fake, local, kubernetes, slurm, ray, broken" in line
 
 
 # ------------------------------------------------------------------ faults

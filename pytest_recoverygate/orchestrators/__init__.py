@@ -63,6 +63,7 @@ BUILTIN: dict[str, str] = {
     "local": "pytest_recoverygate.orchestrators.local",
     "kubernetes": "pytest_recoverygate.orchestrators.kubernetes",
     "slurm": "pytest_recoverygate.orchestrators.slurm",
+    "ray": "pytest_recoverygate.orchestrators.ray",
 }
 #: The entry-point group third-party backends register under.
 ENTRY_POINT_GROUP = "recoverygate.backends"

@@ -12,7 +12,10 @@ orchestrator under test*:
 - kubernetes: the real client against tests/kubernetes's fake API server, the pods played by its
   :class:`FakeTrainingJob`; pods are checked in the server's own table by name and uid;
 - slurm: the one-node cluster of tests/slurm (its session fixture); ranks are checked in
-  ``/proc`` by pid + start ticks, replacements found with ``scontrol listpids``.
+  ``/proc`` by pid + start ticks, replacements found with ``scontrol listpids``;
+- ray: examples/ray/train_ray.py on a Ray cluster its driver starts (2 CPUs); workers are
+  checked in ``/proc`` by pid + start ticks, replacements found in Train's state as the
+  dashboard serves it (the raw JSON, not the orchestrator's reading of it).
 
 Per backend and module there are two jobs, started lazily: ``backend`` for the checks that
 must kill nothing, and ``disposable_backend`` for the kill and the cleanup checks. A
@@ -503,6 +506,84 @@ def _build_slurm(
     )
 
 
+def _build_ray(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
+    import json
+    import sys
+    import urllib.request
+
+    from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "ray"
+    clock = RealClock()
+    stack = contextlib.ExitStack()
+    with spy.labelled(label):
+        orchestrator = RayOrchestrator(
+            entrypoint=[sys.executable, "train_ray.py", "--steps=100000", "--ckpt-every=50"],
+            workdir=examples,
+            env={"RECOVERYGATE_AUTO": "1"},
+            address=None,
+            submission_id=None,
+            clock=clock,
+        )
+        stack.callback(orchestrator.cleanup)
+        conforming: Orchestrator = orchestrator  # the static check (mypy)
+        try:
+            workload = conforming.discover(time.time() + 300)
+        except BaseException:
+            stack.close()
+            raise
+    dashboard, token = orchestrator._dashboard, orchestrator._token
+
+    def ticks(pid: int) -> str | None:
+        stat = _proc_stat(pid)
+        return stat[19] if stat is not None and stat[0] != "Z" else None
+
+    def alive(worker: Worker) -> bool:
+        head, _, start = worker.instance_id.partition("@")
+        pid = head.rpartition(":")[2]
+        return pid.isdigit() and ticks(int(pid)) == start
+
+    def current(rank: int) -> Worker | None:
+        """The rank's worker in the newest attempt of the newest run, when it runs."""
+        request = urllib.request.Request(
+            f"{dashboard}/api/train/v2/runs/v1", headers={"Authorization": f"Bearer {token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                runs = json.loads(answer.read())["train_runs"]
+        except OSError:
+            return None
+        if not runs:
+            return None
+        run = max(runs, key=lambda r: r["start_time_ns"])
+        attempts = sorted(run["attempts"], key=lambda a: a["start_time_ns"])
+        if not attempts or attempts[-1]["status"] != "RUNNING":
+            return None
+        for w in attempts[-1]["workers"]:
+            start = ticks(int(w["pid"]))
+            if w["world_rank"] == rank and w.get("status") == "ALIVE" and start is not None:
+                return Worker(rank, f"pid {w['pid']}", f"{w['actor_id']}:{w['pid']}@{start}")
+        return None
+
+    def stale_id(worker: Worker) -> str:
+        head, _, start = worker.instance_id.partition("@")
+        return f"{head}@{int(start) - 100}"
+
+    return Harness(
+        kind="ray",
+        label=label,
+        orchestrator=orchestrator,
+        clock=clock,
+        workload=workload,
+        alive=alive,
+        current=current,
+        stale_id=stale_id,
+        pause=time.sleep,
+        patience=240.0,
+        exit_stack=stack,
+    )
+
+
 # --------------------------------------------------------------------------- fixtures
 
 BACKENDS = [
@@ -511,6 +592,7 @@ BACKENDS = [
     pytest.param("local-nodes", marks=pytest.mark.local, id="local-nodes"),
     pytest.param("kubernetes", marks=pytest.mark.kubernetes, id="kubernetes"),
     pytest.param("slurm", marks=(pytest.mark.slurm, pytest.mark.e2e), id="slurm"),
+    pytest.param("ray", marks=(pytest.mark.ray, pytest.mark.e2e), id="ray"),
 ]
 
 
@@ -570,6 +652,9 @@ def jobs(
         build = functools.partial(_build_local_nodes, spy=thread_spy)
     elif kind == "kubernetes":
         build = functools.partial(_build_kubernetes, spy=thread_spy)
+    elif kind == "ray":
+        pytest.importorskip("ray", reason='the ray backend needs pip install "recoverygate[ray]"')
+        build = functools.partial(_build_ray, spy=thread_spy)
     else:
         cluster: Any = request.getfixturevalue("slurm_cluster")  # skips without Slurm
         build = functools.partial(_build_slurm, spy=thread_spy, cluster=cluster)

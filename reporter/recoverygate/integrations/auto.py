@@ -1,4 +1,5 @@
-"""Zero lines: with ``RECOVERYGATE_AUTO=1`` every HF and Lightning ``Trainer`` gets the callback.
+"""Zero lines: with ``RECOVERYGATE_AUTO=1`` every HF and Lightning ``Trainer`` gets the callback,
+and Ray Train's ``report`` / ``get_checkpoint`` report the checkpoint events.
 
 The reporter distribution installs ``recoverygate-auto.pth`` into site-packages. Python
 runs its one line at start-up; with ``RECOVERYGATE_AUTO`` unset (or empty, or ``0``) that
@@ -15,14 +16,16 @@ module                                        patched
 ``lightning.pytorch.trainer.trainer``         ``Trainer.__init__``: after it returns,
                                               ``self.callbacks.append(RecoveryGateCallback())``
 ``pytorch_lightning.trainer.trainer``         the same, with the ``pytorch_lightning`` callback
+``ray.train``                                 ``report`` and ``get_checkpoint``: the wrappers
+                                              of :mod:`recoverygate.integrations.ray`
 ============================================  ===============================================
 
 A trainer that already has a ``RecoveryGateCallback`` (added by hand) gets no second one.
 Nothing else is changed: the resume logic, the checkpoint folder and the process group
 are the job's own -- a drill is there to see them as they are.
 
-``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers`` and
-``lightning`` (``lightning`` covers both Lightning packages), or ``0``/empty/unset (off).
+``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers``,
+``lightning`` (it covers both Lightning packages) and ``ray``, or ``0``/empty/unset (off).
 To turn it off, unset it; :func:`uninstall` removes the finder and the patches in a
 running process.
 """
@@ -42,7 +45,7 @@ __all__ = ["ENV", "install", "installed", "patched", "uninstall", "wanted"]
 ENV = "RECOVERYGATE_AUTO"
 _OFF = {"", "0", "false", "no", "off"}
 _ON = {"1", "true", "yes", "on", "all"}
-_FRAMEWORKS = ("transformers", "lightning")
+_FRAMEWORKS = ("transformers", "lightning", "ray")
 _MARK = "__recoverygate_original__"
 
 #: module name -> (framework, what to patch in it)
@@ -50,6 +53,7 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "transformers.trainer": ("transformers", "transformers"),
     "lightning.pytorch.trainer.trainer": ("lightning", "lightning.pytorch"),
     "pytorch_lightning.trainer.trainer": ("lightning", "pytorch_lightning"),
+    "ray.train": ("ray", "ray.train"),
 }
 
 
@@ -109,7 +113,11 @@ def _patch(module: Any, add: Callable[[Any], None]) -> None:
 
 def _patch_module(name: str, module: Any) -> None:
     framework, namespace = _TARGETS[name]
-    if framework == "transformers":
+    if framework == "ray":
+        from recoverygate.integrations.ray import install as install_ray
+
+        install_ray(module)
+    elif framework == "transformers":
         _patch(module, _add_transformers)
     else:
         _patch(module, lambda trainer: _add_lightning(namespace, trainer))
@@ -180,7 +188,7 @@ def install(value: str | None = None) -> bool:
         sys.meta_path.insert(0, _Finder(names))
         for name in names:
             module = sys.modules.get(name)
-            if module is not None and hasattr(module, "Trainer"):
+            if module is not None and (hasattr(module, "Trainer") or name == "ray.train"):
                 _patch_module(name, module)
         return True
     except Exception as error:
@@ -193,6 +201,10 @@ def patched() -> list[str]:
     found = []
     for name in _TARGETS:
         module = sys.modules.get(name)
+        if name == "ray.train":
+            if hasattr(getattr(module, "report", None), _MARK):
+                found.append(name)
+            continue
         init = getattr(getattr(module, "Trainer", None), "__dict__", {}).get("__init__")
         if init is not None and hasattr(init, _MARK):
             found.append(name)
@@ -203,5 +215,11 @@ def uninstall() -> None:
     """Remove the finder and restore every patched ``Trainer.__init__``."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
     for name in patched():
+        if name == "ray.train":
+            module = sys.modules[name]
+            for attr in ("report", "get_checkpoint"):
+                fn = getattr(module, attr)
+                setattr(module, attr, getattr(fn, _MARK, fn))
+            continue
         cls = sys.modules[name].Trainer
         cls.__init__ = getattr(cls.__dict__["__init__"], _MARK)

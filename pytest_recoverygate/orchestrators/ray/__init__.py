@@ -1,0 +1,180 @@
+"""The Ray backend: a Ray Train job (``TorchTrainer`` + ``FailureConfig``) (docs/ray.md).
+
+- :mod:`.helper`: the only module that imports ``ray``, run as a subprocess: the
+  dashboard's address, the kill tasks pinned to a node (a worker, or a node's raylet);
+- :mod:`.server`: the kill server, a helper connected to the cluster once at discovery;
+- :mod:`.state`: Train's run state as the dashboard serves it, read (pure);
+- :mod:`.orchestrator`: :class:`RayOrchestrator`, the drill's methods: the driver it
+  launches, the session's ``worker-*.out`` logs it reads, the group it watches.
+
+This module is the backend's registry entry (:data:`BACKEND`) and its ``workload``
+section (:class:`RayWorkload`); importing it does not import ``ray``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from pytest_recoverygate.orchestrators.base import Backend
+from pytest_recoverygate.schema import (
+    InjectFailure,
+    WorkloadBase,
+    command_arguments,
+    file_path,
+    meta,
+    refuse,
+)
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
+
+__all__ = ["BACKEND", "FAULT_TYPES", "INSTALL_HINT", "RayOrchestrator", "RayWorkload"]
+
+#: What this backend can inject (docs/ray.md, "What each fault does").
+FAULT_TYPES = ("KillWorker", "KillNode")
+#: How to get what this backend imports.
+INSTALL_HINT = 'pip install "recoverygate[ray]" (it brings ray[default,train])'
+
+
+class RayWorkload(WorkloadBase):
+    """A Ray Train job: a driver the drill launches, or a Ray Job already running."""
+
+    orchestrator: Literal["ray"] = Field(json_schema_extra=meta("ray", "orchestrator: ray"))
+    entrypoint: Annotated[list[str] | None, BeforeValidator(command_arguments)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "the driver to launch: a non-empty list of strings, or one string split like a "
+            "shell (no shell runs)",
+            "entrypoint: [python, train_ray.py]",
+        ),
+    )
+    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = Field(
+        default=Path(),
+        validate_default=True,
+        json_schema_extra=meta(
+            "an existing folder, relative to the config file's folder", "workdir: ."
+        ),
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra=meta(
+            "a mapping of names to text values (plain numbers like 1 count as written)",
+            'env: {RECOVERYGATE_AUTO: "1"}',
+        ),
+    )
+    address: str | None = Field(
+        default=None,
+        min_length=1,
+        json_schema_extra=meta(
+            "a running Ray cluster: auto, or the head's host:port (its GCS address)",
+            "address: 127.0.0.1:6379",
+        ),
+    )
+    submission_id: str | None = Field(
+        default=None,
+        min_length=1,
+        json_schema_extra=meta(
+            "the submission id of a running Ray Job (with address)",
+            "submissionId: raysubmit_XYZ",
+        ),
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not name or "=" in name or "\x00" in name:
+                raise refuse(
+                    "is not a usable environment variable name",
+                    "names without '=' or NUL, like RECOVERYGATE_AUTO",
+                    key=(name,),
+                    got=repr(name),
+                )
+        return env
+
+    @field_validator("address")
+    @classmethod
+    def _address_form(cls, address: str | None) -> str | None:
+        if address is None or address == "auto":
+            return address
+        host, sep, port = address.rpartition(":")
+        if address.startswith("ray://") or not sep or not host or not port.isdigit():
+            raise refuse(
+                "is not the address of a Ray cluster's head",
+                "auto, or host:port of the head's GCS (what `ray start --head` prints)",
+                "e.g. address: 127.0.0.1:6379",
+                got=address,
+            )
+        if not 0 < int(port) < 65536:
+            raise refuse("has no usable port", "a port from 1 to 65535", got=address)
+        return address
+
+    @model_validator(mode="after")
+    def _entrypoint_xor_submission(self) -> RayWorkload:
+        if self.entrypoint is None and self.submission_id is None:
+            raise refuse(
+                "required key is missing",
+                "entrypoint (the driver to launch) or submissionId (a Ray Job already running)",
+                "e.g. entrypoint: [python, train_ray.py]",
+                key=("entrypoint",),
+                got="nothing",
+            )
+        if self.entrypoint is not None and self.submission_id is not None:
+            raise refuse(
+                "submissionId and entrypoint cannot both be set",
+                "either entrypoint (launch) or submissionId (attach)",
+                "remove entrypoint to attach to the running job, or submissionId to launch one",
+                key=("submissionId",),
+                got=self.submission_id,
+            )
+        if self.submission_id is not None and self.address is None:
+            raise refuse(
+                "submissionId needs the cluster it runs on",
+                "address: the head's host:port, together with submissionId",
+                "e.g. address: 127.0.0.1:6379",
+                key=("submissionId",),
+                got=self.submission_id,
+            )
+        return self
+
+    def launched_with(self) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        return tuple(self.entrypoint or ()), dict(self.env)
+
+
+def _create(workload: RayWorkload, failure: InjectFailure, clock: Clock) -> RayOrchestrator:
+    from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
+
+    env = dict(workload.env)
+    if workload.reporting_rank:
+        env.setdefault("RECOVERYGATE_RANKS", str(workload.reporting_rank))  # the reporter's filter
+    return RayOrchestrator(
+        entrypoint=list(workload.entrypoint or []),
+        workdir=workload.workdir,
+        env=env,
+        address=workload.address,
+        submission_id=workload.submission_id,
+        target_rank=failure.rank_for(workload.reporting_rank),
+        clock=clock,
+    )
+
+
+BACKEND: Backend[RayWorkload] = Backend(
+    name="ray",
+    workload=RayWorkload,
+    create=_create,
+    faults=frozenset(FAULT_TYPES),
+    summary="a Ray Train job (TorchTrainer) the drill launches, or a running Ray Job",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RayOrchestrator":  # imported on first use
+        from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
+
+        return RayOrchestrator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,220 @@
+"""The one process of a Ray drill that imports ``ray``: ``python -m ...ray.helper ACTION``.
+
+The drill itself never imports ray (its ``ray.init`` would change the drill process's
+signal handlers, logging and threads for the rest of a pytest session). It runs this
+module as a short-lived subprocess instead, with the cluster's token in its environment,
+and reads one JSON object from its stdout:
+
+- ``resolve ADDRESS``: the dashboard's URL (the state API and Train's state are served
+  there), asked of the cluster's GCS: ``{"dashboard": "http://127.0.0.1:8265"}``;
+- ``kill ADDRESS NODE_ID PID TICKS``: one SIGKILL to ``PID``, sent by a zero-CPU task
+  pinned to ``NODE_ID`` (hard affinity: it runs on that node or not at all), after the
+  task checked on that node that ``PID`` is still the worker it was (its start time in
+  clock ticks equals ``TICKS``, or with ``TICKS`` ``-`` its title is still a Ray worker's
+  ``ray::...``): ``{"outcome": "killed", "at": <POSIX seconds of the kill>}``, or
+  ``{"outcome": "already_gone", "detail": ...}``. The task never retries (``max_retries=0``);
+- ``serve ADDRESS``: connect once (``{"ready": true}``), then one kill per stdin line
+  ``{"node": NODE_ID, "pid": PID, "ticks": TICKS}``, each answered as ``kill`` answers; ends
+  at EOF. The drill starts it at discovery, so that a kill costs a task, not an import of
+  ray and a ``ray.init`` (2-5 s on a busy machine).
+
+Any failure is ``{"error": "..."}`` with exit status 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MARK", "main", "process_ticks"]
+
+#: What starts the helper's answer lines (anything else on its stdout is Ray's).
+MARK = "RECOVERYGATE-RAY "
+
+
+def process_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _kill_on_node(pid: int, ticks: str) -> dict[str, Any]:
+    """Runs on the worker's node, as a Ray task."""
+    now = process_ticks(pid)
+    if now is None:
+        return {"outcome": "already_gone", "detail": f"pid {pid} is not running on its node"}
+    if ticks not in ("-", now):
+        return {
+            "outcome": "already_gone",
+            "detail": f"pid {pid} is another process now (started at tick {now}, not {ticks})",
+        }
+    if ticks == "-":
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                title = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+        except OSError:
+            title = ""
+        if not title.startswith("ray::"):
+            return {"outcome": "already_gone", "detail": f"pid {pid} is no Ray worker ({title!r})"}
+    at = time.time()
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return {"outcome": "already_gone", "detail": f"pid {pid} exited before the signal"}
+    return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to pid {pid}"}
+
+
+def _children(parent: int) -> list[int]:
+    """The pids whose parent is ``parent`` (``/proc/PID/stat`` field 4)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[1] == str(parent):
+            found.append(int(entry))
+    return found
+
+
+def _kill_raylet() -> dict[str, Any]:
+    """Runs on the node, as a Ray task: a node crash. SIGKILL everything the node's raylet
+    runs (its children: every Ray worker process of the node, the node's agents), then the
+    raylet itself; this task's own process goes last, with its raylet.
+
+    Measured with Ray 2.60: a raylet SIGKILLed alone leaves its Train worker training with
+    its peers for about 15 s, until the cluster declares the node dead."""
+    raylet = os.getppid()
+    try:
+        with open(f"/proc/{raylet}/cmdline", "rb") as handle:
+            program = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        program = ""
+    if Path(program).name != "raylet":
+        return {"outcome": "already_gone", "detail": f"the task's parent {raylet} is no raylet"}
+    me = os.getpid()
+    at = time.time()
+    ended = []
+    for pid in _children(raylet):
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+    os.kill(raylet, signal.SIGKILL)
+    return {
+        "outcome": "killed",
+        "at": at,
+        "detail": f"SIGKILL sent to the raylet, pid {raylet}, and its {len(ended)} processes",
+    }
+
+
+def _resolve(address: str) -> dict[str, Any]:
+    from ray.dashboard.utils import ray_address_to_api_server_url
+
+    return {"dashboard": ray_address_to_api_server_url(address)}
+
+
+def _connect(address: str) -> Any:
+    import ray
+
+    ray.init(
+        address=address,
+        log_to_driver=False,
+        logging_level="ERROR",
+        namespace="recoverygate",
+        include_dashboard=False,
+    )
+    return ray
+
+
+def _pinned_kill(ray: Any, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+    """``pid`` -1: the node's raylet; else that worker."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    if pid == -1:
+        # The raylet's death takes this task's process too: its answer is lost, so the
+        # kill time is sent ahead through the object store... which dies as well. The
+        # task is fire-and-forget; the caller reads the outcome from the node's state.
+        raylet = ray.remote(num_cpus=0, max_retries=0)(_kill_raylet)
+        ref = raylet.options(scheduling_strategy=strategy).remote()
+        at = time.time()
+        try:
+            result: dict[str, Any] = ray.get(ref, timeout=30)
+        except Exception as exc:  # the task died with its raylet: the expected answer
+            return {
+                "outcome": "killed",
+                "at": at,
+                "detail": f"the raylet task ended: {type(exc).__name__}",
+            }
+        return result
+    task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
+    answer: dict[str, Any] = ray.get(
+        task.options(scheduling_strategy=strategy).remote(pid, ticks), timeout=60
+    )
+    return answer
+
+
+def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+    ray = _connect(address)
+    try:
+        return _pinned_kill(ray, node_id, pid, ticks)
+    finally:
+        ray.shutdown()
+
+
+def _answer(result: dict[str, Any]) -> None:
+    sys.stdout.write("\n" + MARK + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _serve(address: str) -> int:
+    ray = _connect(address)
+    try:
+        _answer({"ready": True})
+        for line in sys.stdin:
+            try:
+                request = json.loads(line)
+                result = _pinned_kill(
+                    ray, str(request["node"]), int(request["pid"]), str(request["ticks"])
+                )
+            except Exception as exc:  # this request failed; the drill says so, never retries
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            _answer(result)
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv[:1] == ["serve"] and len(argv) == 2:
+            return _serve(argv[1])
+        if argv[:1] == ["resolve"] and len(argv) == 2:
+            result = _resolve(argv[1])
+        elif argv[:1] == ["kill"] and len(argv) == 5:
+            result = _kill(argv[1], argv[2], int(argv[3]), argv[4])
+        else:
+            result = {"error": f"usage: resolve ADDRESS | kill ADDRESS NODE PID TICKS (got {argv})"}
+    except Exception as exc:  # reported to the drill, which names it
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    _answer(result)
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,916 @@
+"""The Ray orchestrator: a Ray Train run, launched (or attached to) by the drill.
+
+How it sees the job (Ray 2.60, measured; docs/ray.md):
+
+- **The driver.** By default the drill launches ``entrypoint`` (``ray.init`` +
+  ``TorchTrainer.fit``) in its own session, with a short drill-owned ``RAY_TMPDIR`` (Ray's
+  Unix sockets live under it: a long path breaks the dashboard and the state API),
+  ``PYTHONUNBUFFERED=1``, ``RAY_TRAIN_ENABLE_STATE_TRACKING=1`` (Train's own state, the
+  only place a worker's world rank is kept) and, unless the environment brings one, a
+  per-drill token (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``). Without ``address`` the
+  driver starts its own cluster under that ``RAY_TMPDIR`` and the drill finds it there;
+  with ``address`` it joins that cluster. ``submissionId`` attaches to a running Ray Job:
+  nothing is launched.
+- **Discovery** reads Train's state from the dashboard (``/api/train/v2/runs/v1``): the
+  run of this drill's driver (or Job), its current attempt's workers with world rank,
+  node, pid and actor id. A worker instance is ``ACTOR_ID:PID``, plus ``@TICKS`` (the
+  process start time in clock ticks) when its node is this machine. A replacement is a
+  new actor.
+- **The kill** is one SIGKILL, sent by a zero-CPU Ray task pinned to the worker's node
+  (``helper kill``), which re-checks the pid there first. Never retried.
+- **The group** is Train's run state, polled: the attempt errored (worker death
+  detected), its workers all dead (group shut down), a new attempt pending (new group
+  being placed), the new attempt running with every worker alive (train function
+  restarted); the run ERRORED/ABORTED or the driver exiting non-zero is the job failing.
+- **Evidence** is read from the session's ``logs/worker-*-<pid>.out`` of every Train
+  worker (raw and complete) when the session folder is on this machine; otherwise from
+  the driver's forwarded copy (``(RayTrainWorker pid=N)`` prefixes, which Ray's log dedup
+  can fold). One source per drill, never both: a line would count twice.
+- **Cleanup** ends what the drill launched: the driver's session (SIGTERM, then SIGKILL),
+  and when the driver started its own cluster, every process carrying the drill's marker
+  in its environment (the cluster's raylet, GCS, dashboard and workers inherit it). A
+  cluster the drill did not start (``address``, ``submissionId``) is never stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_recoverygate.errors import BackendError, DiscoveryError
+from pytest_recoverygate.events import StreamEventSource
+from pytest_recoverygate.filetail import OutputTail
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
+from pytest_recoverygate.model import (
+    KILL,
+    Fault,
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    Node,
+    Worker,
+    Workload,
+)
+from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
+from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
+from pytest_recoverygate.orchestrators.ray.helper import process_ticks
+from pytest_recoverygate.orchestrators.ray.server import KillServer
+from pytest_recoverygate.orchestrators.ray.state import (
+    TrainAttempt,
+    TrainRun,
+    TrainWorker,
+    failed_worker,
+    first_words,
+    parse_runs,
+)
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.orchestrators.base import Clock
+
+__all__ = ["DRILL_MARKER", "RayOrchestrator"]
+
+#: In the launched driver's environment (and so the cluster's): cleanup ends what carries it.
+DRILL_MARKER = "RECOVERYGATE_DRILL_ID"
+POLL_INTERVAL = 0.3  # seconds between looks at Train's state
+HELPER_TIMEOUT = 90.0  # seconds a helper subprocess may take (ray import + init + task)
+HTTP_TIMEOUT = 10.0
+TERM_GRACE = 15.0  # seconds the driver gets to shut its cluster down after SIGTERM
+REAP_TIMEOUT = 10.0
+RUNS_PATH = "/api/train/v2/runs/v1"
+DRIVER_BUFFER_CHUNKS = 4096  # chunks of driver output kept until the evidence is chosen
+
+
+def _local_addresses() -> set[str]:
+    found = {"127.0.0.1", "localhost", socket.gethostname()}
+    with contextlib.suppress(Exception):  # a strange interface: the hostname still counts
+        import psutil
+
+        for addresses in psutil.net_if_addrs().values():
+            found.update(a.address for a in addresses)
+    with contextlib.suppress(OSError):
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    return found
+
+
+def _token_from(env: dict[str, str]) -> str | None:
+    """The cluster token a client on this machine would use (Ray's own lookup order)."""
+    token = env.get("RAY_AUTH_TOKEN")
+    if token:
+        return token.strip()
+    path = env.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- orchestrator
+
+
+class RayOrchestrator:
+    """Launches a Ray Train driver (or attaches to a Ray Job), kills one worker, watches Train."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        *,
+        entrypoint: list[str],
+        workdir: Path,
+        env: dict[str, str],
+        address: str | None,
+        submission_id: str | None,
+        target_rank: int = 1,
+        clock: Clock,
+    ) -> None:
+        if not entrypoint and submission_id is None:
+            raise DiscoveryError(
+                "workload.entrypoint is empty: give the driver to launch, "
+                "e.g. [python, train_ray.py]"
+            )
+        self.entrypoint = list(entrypoint)
+        self.workdir = Path(workdir)
+        self.env = dict(env)
+        self.address = address
+        self.submission_id = submission_id
+        self.target_rank = target_rank
+        self._clock = clock
+        self._source = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
+        self._output = OutputSplitter(lambda line: None, default="driver")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._tmpdir: Path | None = None
+        self._drill_id = secrets.token_hex(8)
+        self._client_env: dict[str, str] = {}
+        self._gcs: str | None = None
+        self._dashboard: str | None = None
+        self._token: str | None = None
+        self._run_id: str | None = None
+        self._run: TrainRun | None = None
+        self._events: list[GroupEvent] = []
+        self._watcher: threading.Thread | None = None
+        self._tails: dict[str, OutputTail] = {}
+        self._worker_logs: Path | None = None  # the session's logs folder, when on this machine
+        self._driver_evidence: bool | None = None  # None: not decided yet (buffered)
+        self._driver_buffer: list[tuple[bytes, float]] = []
+        self._reader: threading.Thread | None = None
+        self._server: KillServer | None = None
+        self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
+        self._local = _local_addresses()
+        self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
+        self._seen_attempts: set[str] = set()
+        self._reported: set[tuple[str, str]] = set()  # (attempt id, phase) already emitted
+        self._started_cluster = False
+        self._ended = False
+        self.discovered_at: float | None = None
+
+    # ------------------------------------------------------------------ Orchestrator
+
+    def discover(self, deadline: float) -> Workload:
+        """Launch the driver (or find the Job), wait for Train's worker group, name it."""
+        if self.submission_id is None:
+            self._launch()
+        self._connect(deadline)
+        run = self._wait_for_group(deadline)
+        attempt = run.current
+        assert attempt is not None
+        ranks = [w.rank for w in attempt.workers]
+        if self.target_rank not in ranks:
+            raise DiscoveryError(
+                f"injectFailure.targetRank {self.target_rank} is beyond the Train run "
+                f"{run.name!r}: its {len(ranks)} workers have world ranks "
+                f"{ranks[0]}-{ranks[-1]}; set targetRank to one of them (nothing was killed)"
+            )
+        self._choose_evidence(attempt)
+        with self._lock:
+            self._run = run
+            self._seen_attempts.add(attempt.attempt_id)
+            self._reported.add((attempt.attempt_id, "running"))
+        assert self._gcs is not None
+        self._server = KillServer(self._client_env, self._gcs)
+        self._watcher = threading.Thread(target=self._watch, name="recoverygate-ray", daemon=True)
+        self._watcher.start()
+        self.discovered_at = self._clock.now()
+        return Workload(
+            job=f"ray train run {run.name} ({run.run_id[:8]})",
+            workers=tuple(self._worker(w) for w in attempt.workers),
+            nodes=self._nodes(attempt),
+        )
+
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+        """One SIGKILL to exactly that instance, from a task pinned to its node; never retried.
+
+        ``fault`` is always ``KillWorker`` here: validation refuses the types that
+        ``BACKEND.faults`` does not list.
+        """
+        actor_id, pid, ticks = self._identity(worker.instance_id)
+        run = self._fetch_run()
+        current = run.current if run is not None else None
+        found = next(
+            (w for w in (current.workers if current else ()) if w.actor_id == actor_id), None
+        )
+        if found is None or not found.alive or found.pid != pid:
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self._clock.now(),
+                f"{worker.describe()} is no longer a live worker of the run; nothing was touched",
+            )
+        if ticks is not None and self._is_local(found) and process_ticks(pid) != ticks:
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self._clock.now(),
+                f"pid {pid} is another process now; nothing was touched",
+            )
+        if dry_run:
+            return KillResult(
+                KillOutcome.DRY_RUN,
+                self._clock.now(),
+                f"would send SIGKILL to pid {pid} (actor {actor_id}) from a task pinned to "
+                f"node {found.node_id[:12]}",
+            )
+        before = self._clock.now()
+        assert self._gcs is not None
+        try:
+            if self._server is not None and self._server.ready(HELPER_TIMEOUT):
+                result = self._server.kill(found.node_id, pid, ticks or "-", HELPER_TIMEOUT)
+            else:  # the server could not connect: one process for this one kill
+                result = self._helper(
+                    "kill", self._gcs, found.node_id, str(pid), ticks or "-", timeout=HELPER_TIMEOUT
+                )
+        except BackendError as exc:
+            return KillResult(
+                KillOutcome.UNCONFIRMED,
+                before,
+                f"the kill task for pid {pid} did not answer ({exc}); not retried",
+            )
+        if result.get("outcome") == "killed":
+            at = float(result.get("at", before))
+            return KillResult(
+                KillOutcome.KILLED,
+                at,
+                f"SIGKILL sent to pid {pid} (actor {actor_id}) by a task on node "
+                f"{found.node_id[:12]}",
+            )
+        return KillResult(
+            KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
+        )
+
+    def current_worker(self, rank: int) -> Worker | None:
+        """That rank's worker in the run's current attempt, when that attempt is running."""
+        with self._lock:
+            run = self._run
+        current = run.current if run is not None else None
+        if current is None or not current.running:
+            return None
+        found = next((w for w in current.workers if w.rank == rank), None)
+        return self._worker(found) if found is not None else None
+
+    def watch_group(self) -> list[GroupEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------------ NodeFaults
+
+    def _nodes(self, attempt: TrainAttempt) -> tuple[Node, ...]:
+        """The attempt's nodes, each with its live workers, in the order of their lowest
+        world rank (index 0: rank 0's node). Not Train's ``node_rank``: Train numbers nodes
+        by IP address, and the nodes of one machine share it."""
+        by_node: dict[str, list[TrainWorker]] = {}
+        for worker in sorted(attempt.workers, key=lambda w: w.rank):
+            by_node.setdefault(worker.node_id, []).append(worker)
+        nodes = []
+        for index, (node_id, workers) in enumerate(by_node.items()):
+            first = workers[0]
+            nodes.append(
+                Node(
+                    index,
+                    first.node,
+                    node_id,
+                    tuple(self._worker(w) for w in workers if w.alive),
+                    (("nodeIp", first.node_ip),),
+                )
+            )
+        return tuple(nodes)
+
+    def current_node(self, index: int) -> Node | None:
+        """Node ``index`` (Train's node rank) of the current attempt, when it runs."""
+        run = self._fetch_run()
+        current = run.current if run is not None else None
+        if current is None or not current.running:
+            return None
+        return next((n for n in self._nodes(current) if n.index == index), None)
+
+    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+        """``KillNode``: SIGKILL the node's raylet from a task pinned to it; its workers die
+        with it. Never the head (its raylet's death ends the cluster); never retried."""
+        run = self._fetch_run()
+        current = run.current if run is not None else None
+        live = [
+            w
+            for w in (current.workers if current else ())
+            if w.node_id == node.identity and w.alive
+        ]
+        if not live:
+            return KillResult(
+                KillOutcome.ALREADY_GONE,
+                self._clock.now(),
+                f"{node.describe()} runs no live worker of the run now; nothing was touched",
+            )
+        if node.identity == self._head_node():
+            raise BackendError(
+                f"{node.describe()} is the Ray head: ending its raylet ends the whole cluster, "
+                "not a node of it; set injectFailure.targetRank (or targetNode) to a worker on "
+                "another node"
+            )
+        if dry_run:
+            return KillResult(
+                KillOutcome.DRY_RUN,
+                self._clock.now(),
+                f"would SIGKILL the raylet of {node.describe()} from a task pinned to it",
+            )
+        before = self._clock.now()
+        with self._lock:
+            self._killed_nodes.add(node.identity)
+        try:
+            if self._server is not None and self._server.ready(HELPER_TIMEOUT):
+                result = self._server.kill(node.identity, -1, "-", HELPER_TIMEOUT)
+            else:
+                assert self._gcs is not None
+                result = self._helper(
+                    "kill", self._gcs, node.identity, "-1", "-", timeout=HELPER_TIMEOUT
+                )
+        except BackendError as exc:
+            return KillResult(
+                KillOutcome.UNCONFIRMED, before, f"the raylet kill task did not answer ({exc})"
+            )
+        if result.get("outcome") != "killed":
+            return KillResult(
+                KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
+            )
+        return KillResult(
+            KillOutcome.KILLED,
+            float(result.get("at", before)),
+            f"SIGKILL sent to the raylet of {node.describe()} by a task on that node "
+            f"({result.get('detail', '')})",
+        )
+
+    def restore_node(self, node: Node) -> KillResult:
+        """Nothing to restore: the ray backend offers no PartitionNode."""
+        return KillResult(KillOutcome.ALREADY_GONE, self._clock.now(), "nothing to restore")
+
+    def _head_node(self) -> str | None:
+        """The node id of the cluster's head, from the state API (None: unknown)."""
+        try:
+            answer = self._get("/api/v0/nodes?detail=1&limit=1000")
+        except (OSError, ValueError):
+            return None
+        rows = answer.get("data", {}).get("result", {}).get("result", [])
+        head = next((r for r in rows if r.get("is_head_node")), None)
+        return str(head["node_id"]) if head is not None else None
+
+    def events(self) -> StreamEventSource:
+        return self._source
+
+    def job_output(self) -> JobOutput:
+        source = "the driver's output (fallback)" if self._driver_evidence else "logs/worker-*.out"
+        return self._output.output(
+            note=(
+                "the driver's stdout and stderr (driver); each Train worker's own "
+                f"logs/worker-*.out by rank and pid; training events read from {source}"
+            ),
+            order=("driver",),
+        )
+
+    @cleanup_once
+    def cleanup(self) -> None:
+        """Stop the watcher and the tails; end the driver (and the cluster it started)."""
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=10)
+        for tail in list(self._tails.values()):
+            tail.stop()
+        if self._server is not None:
+            self._server.close()
+        problems = []
+        if self._popen is not None:
+            problems += self._end_driver()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        if self._started_cluster:
+            problems += self._end_marked()
+        self._source.close()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if problems:
+            raise BackendError("cleanup left processes running: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ launch & connect
+
+    def _launch(self) -> None:
+        self._tmpdir = Path(tempfile.mkdtemp(prefix="rg-ray-", dir="/tmp"))
+        env = {**os.environ, **self.env}
+        env.update(
+            {
+                "PYTHONUNBUFFERED": "1",
+                "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
+                DRILL_MARKER: self._drill_id,
+            }
+        )
+        if self.address is not None:
+            # Joining a cluster: its own temp folder holds its sockets (and, for
+            # address: auto, the ray_current_cluster file ray.init looks for).
+            env["RAY_ADDRESS"] = self.address
+        else:
+            env["RAY_TMPDIR"] = str(self._tmpdir)
+        if (
+            self.address is None
+            and not env.get("RAY_AUTH_TOKEN")
+            and env.get("RAY_AUTH_MODE", "") != "disabled"
+        ):
+            # The cluster the driver starts gets a token of this drill, not ~/.ray's.
+            env["RAY_AUTH_MODE"] = "token"
+            env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        self._client_env = env
+        self._started_cluster = self.address is None
+        command = [shutil.which(self.entrypoint[0]) or self.entrypoint[0], *self.entrypoint[1:]]
+        if command[0] == "python" or Path(command[0]).name in ("python", "python3"):
+            command[0] = sys.executable  # the drill's own interpreter: the one with ray
+        try:
+            self._popen = subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise DiscoveryError(
+                f"could not launch workload.entrypoint `{shlex.join(self.entrypoint)}` in "
+                f"{self.workdir}: {exc}"
+            ) from exc
+        assert self._popen.stdout is not None
+        self._reader = threading.Thread(
+            target=self._read_driver, args=(self._popen.stdout,), name="ray-driver", daemon=True
+        )
+        self._reader.start()
+
+    def _read_driver(self, pipe: Any) -> None:
+        """The driver's output: kept for the report; evidence only in the fallback mode."""
+        fd = pipe.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._driver_chunk(chunk, self._clock.now())
+        with contextlib.suppress(OSError):
+            pipe.close()
+        self._output.end("driver", label="driver")
+        with self._lock:
+            evidence = self._driver_evidence
+        if evidence:
+            self._source.end_stream("driver")
+
+    def _driver_chunk(self, chunk: bytes, received: float) -> None:
+        self._output.feed(chunk, "driver", label="driver")
+        with self._lock:
+            if self._driver_evidence is None:
+                self._driver_buffer.append((chunk, received))
+                if len(self._driver_buffer) > DRIVER_BUFFER_CHUNKS:
+                    del self._driver_buffer[0]
+                return
+            evidence = self._driver_evidence
+        if evidence:
+            self._source.feed(chunk, received, stream="driver")
+
+    def _connect(self, deadline: float) -> None:
+        """Find the cluster's GCS and dashboard (the cluster the driver starts takes seconds)."""
+        env = dict(self._client_env or os.environ)
+        if self.address is None:
+            assert self._tmpdir is not None
+            session = self._tmpdir / "ray" / "session_latest"
+            while True:
+                ports = sorted(session.glob("gcs_server_port_*")) if session.exists() else []
+                text = ports[0].read_text().strip() if ports else ""
+                if text.isdigit():
+                    self._gcs = f"127.0.0.1:{text}"
+                    break
+                self._check_driver("before its Ray cluster came up")
+                if self._clock.now() >= deadline:
+                    raise DiscoveryError(
+                        f"the driver started no Ray cluster under {self._tmpdir} before the "
+                        f"discovery deadline; last output:\n{self.output_tail()}"
+                    )
+                time.sleep(0.2)
+        else:
+            self._gcs = self.address
+        token = _token_from(env)
+        if token is not None:
+            env.setdefault("RAY_AUTH_MODE", "token")
+        self._client_env, self._token = env, token
+        while True:
+            try:
+                answer = self._helper("resolve", self._gcs, timeout=HELPER_TIMEOUT)
+                self._dashboard = str(answer["dashboard"]).rstrip("/")
+                if not self._dashboard.startswith("http"):
+                    self._dashboard = "http://" + self._dashboard
+                return
+            except BackendError as exc:
+                if self.address is not None or self._clock.now() >= deadline:
+                    where = f"workload.address {self.address!r}" if self.address else "the driver"
+                    raise DiscoveryError(
+                        f"no Ray cluster answers at {self._gcs} (from {where}): {exc}; start "
+                        "the cluster (`ray start --head`) or fix the address"
+                    ) from None
+                self._check_driver("before its Ray cluster answered")
+                time.sleep(0.5)
+
+    def _helper(self, *args: str, timeout: float) -> dict[str, Any]:
+        """Run ``helper ARGS`` (the one place ray is imported) and return its JSON answer."""
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest_recoverygate.orchestrators.ray.helper", *args],
+                env=self._client_env or None,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise BackendError(
+                f"the ray helper ({args[0]}) did not finish in {timeout:g}s"
+            ) from None
+        text = done.stdout.decode("utf-8", "replace")
+        line = next((ln for ln in reversed(text.splitlines()) if ln.startswith(HELPER_MARK)), None)
+        if line is None:
+            err = done.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+            if any("No module named 'ray'" in e for e in err):
+                raise BackendError(f"ray is not installed for {sys.executable}: {INSTALL_HINT}")
+            raise BackendError(f"the ray helper ({args[0]}) failed: {' '.join(err) or 'no answer'}")
+        answer: dict[str, Any] = json.loads(line[len(HELPER_MARK) :])
+        if "error" in answer:
+            if "No module named 'ray" in str(answer["error"]):
+                raise BackendError(f"ray is not installed for {sys.executable}: {INSTALL_HINT}")
+            raise BackendError(str(answer["error"]))
+        return answer
+
+    def _get(self, path: str) -> Any:
+        assert self._dashboard is not None
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        # The dashboard's URL is checked to be http(s) when it is resolved (_connect).
+        request = urllib.request.Request(self._dashboard + path, headers=headers)  # noqa: S310
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as answer:  # noqa: S310
+            return json.loads(answer.read())
+
+    def _fetch_runs(self) -> list[TrainRun] | None:
+        """Train's runs, or None when its state cannot be read right now."""
+        try:
+            return parse_runs(self._get(RUNS_PATH))
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace")[:300]
+            if exc.code in (401, 403):
+                raise DiscoveryError(
+                    f"the Ray dashboard at {self._dashboard} refused the drill's client "
+                    f"(HTTP {exc.code}: {body}); give the cluster's token as RAY_AUTH_TOKEN "
+                    "(or in ~/.ray/auth_token)"
+                ) from None
+            return None  # 500 until Train's state actor exists
+        except (OSError, ValueError):
+            return None
+
+    def _mine(self, runs: list[TrainRun]) -> TrainRun | None:
+        """The run of this drill's driver (or Job): the newest one that is ours."""
+        if self._run_id is not None:
+            return next((r for r in runs if r.run_id == self._run_id), None)
+        if self.submission_id is not None:
+            ours = [r for r in runs if r.submission_id == self.submission_id]
+        else:
+            pid = self._popen.pid if self._popen is not None else None
+            ours = [r for r in runs if r.driver_pid == pid]
+            if not ours and self._started_cluster:
+                ours = list(runs)  # a cluster of our own: every run is ours
+        return max(ours, key=lambda r: r.start_ns) if ours else None
+
+    def _fetch_run(self) -> TrainRun | None:
+        runs = self._fetch_runs()
+        if runs is None:
+            with self._lock:
+                return self._run
+        run = self._mine(runs)
+        if run is not None:
+            with self._lock:
+                self._run = run
+        return run
+
+    def _wait_for_group(self, deadline: float) -> TrainRun:
+        if self.submission_id is not None:
+            self._check_job()
+        seen = "no Train run"
+        while True:
+            runs = self._fetch_runs()
+            run = self._mine(runs) if runs is not None else None
+            if run is not None:
+                current = run.current
+                seen = f"run {run.name!r} {run.status}" + (
+                    f", attempt {current.status}" if current else ""
+                )
+                if run.terminal:
+                    raise DiscoveryError(
+                        f"the Train run {run.name!r} ended ({run.status}) before the drill "
+                        f"could see its workers: {first_words(run.detail, 400)}"
+                    )
+                if current is not None and current.running:
+                    self._run_id = run.run_id
+                    for w in current.workers:
+                        self._remember(w)
+                    return run
+            self._check_driver("before Train's worker group was running")
+            if self._clock.now() >= deadline:
+                raise DiscoveryError(
+                    f"no running Train worker group appeared before the discovery deadline "
+                    f"(seen: {seen}); does `{shlex.join(self.entrypoint) or self.submission_id}` "
+                    f"call TorchTrainer.fit()? last output:\n{self.output_tail()}"
+                )
+            time.sleep(POLL_INTERVAL)
+
+    def _check_job(self) -> None:
+        """``submissionId``: the Ray Job must be running (nothing is killed otherwise)."""
+        try:
+            job = self._get(f"/api/jobs/{self.submission_id}")
+        except urllib.error.HTTPError as exc:
+            raise DiscoveryError(
+                f"workload.submissionId {self.submission_id!r}: the cluster at {self.address} "
+                f"has no such Ray Job (HTTP {exc.code}); `ray job list` names the running ones"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise DiscoveryError(
+                f"workload.submissionId {self.submission_id!r}: the Jobs API at "
+                f"{self._dashboard} did not answer: {exc}"
+            ) from None
+        status = str(job.get("status", "")) if isinstance(job, dict) else ""
+        if status != "RUNNING":
+            raise DiscoveryError(
+                f"workload.submissionId {self.submission_id!r} is not running (its status is "
+                f"{status or 'unknown'}); give the id of a RUNNING Ray Job (`ray job list`)"
+            )
+
+    def _check_driver(self, when: str) -> None:
+        if self._popen is not None and self._popen.poll() is not None:
+            raise DiscoveryError(
+                f"the driver `{shlex.join(self.entrypoint)}` exited with "
+                f"{self._popen.returncode} {when}; last output:\n{self.output_tail()}"
+            )
+
+    def output_tail(self, lines: int = 15) -> str:
+        text = self._output.output().text
+        return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+
+    # ------------------------------------------------------------------ identity
+
+    def _is_local(self, worker: TrainWorker) -> bool:
+        return worker.node_ip in self._local
+
+    def _remember(self, worker: TrainWorker) -> None:
+        if self._is_local(worker) and worker.pid not in self._ticks:
+            ticks = process_ticks(worker.pid)
+            if ticks is not None:
+                self._ticks[worker.pid] = ticks
+
+    def _worker(self, worker: TrainWorker) -> Worker:
+        ticks = self._ticks.get(worker.pid)
+        instance = f"{worker.actor_id}:{worker.pid}" + (f"@{ticks}" if ticks else "")
+        return Worker(
+            worker.rank,
+            f"RayTrainWorker pid {worker.pid}",
+            instance,
+            node=worker.node,
+            details=(
+                ("actorId", worker.actor_id),
+                ("nodeId", worker.node_id),
+                ("pid", str(worker.pid)),
+            ),
+        )
+
+    @staticmethod
+    def _identity(instance_id: str) -> tuple[str, int, str | None]:
+        actor, _, rest = instance_id.partition(":")
+        pid, _, ticks = rest.partition("@")
+        try:
+            return actor, int(pid), ticks or None
+        except ValueError:
+            return actor, -1, None
+
+    # ------------------------------------------------------------------ evidence
+
+    def _choose_evidence(self, attempt: TrainAttempt) -> None:
+        """Worker logs when the session folder is on this machine, else the driver's copy."""
+        for worker in attempt.workers:
+            if worker.log_file and self._is_local(worker):
+                logs = Path(worker.log_file).parent.parent  # .../session_X/logs/train/<file>
+                if any(logs.glob(f"worker-*-{worker.pid}.out")):
+                    self._worker_logs = logs
+                    break
+        with self._lock:
+            self._driver_evidence = self._worker_logs is None
+            buffered, self._driver_buffer = self._driver_buffer, []
+            if self._driver_evidence:  # under the lock: the reader's next chunk comes after
+                for chunk, received in buffered:
+                    self._source.feed(chunk, received, stream="driver")
+        self._follow_logs(attempt)
+
+    def _follow_logs(self, attempt: TrainAttempt) -> None:
+        if self._worker_logs is None:
+            return
+        for worker in attempt.workers:
+            for path in self._worker_logs.glob(f"worker-*-{worker.pid}.out"):
+                key = str(path)
+                if key in self._tails:
+                    continue
+                label = f"rank {worker.rank} pid {worker.pid}"
+                tail = OutputTail(
+                    key,
+                    functools.partial(self._worker_chunk, key, label),
+                    self._clock,
+                    interval=0.2,
+                    name=f"ray-worker-{worker.pid}",
+                )
+                self._tails[key] = tail
+                tail.start()
+
+    def _worker_chunk(self, key: str, label: str, chunk: bytes, received: float) -> None:
+        self._output.feed(chunk, key, label=label)
+        self._source.feed(chunk, received, stream=key)
+
+    # ------------------------------------------------------------------ the group
+
+    def _emit(self, kind: GroupEventKind, detail: str, worker: Worker | None = None) -> None:
+        with self._lock:
+            restarts = max(len(self._run.attempts) - 1, 0) if self._run is not None else None
+            self._events.append(GroupEvent(kind, self._clock.now(), detail, worker, restarts))
+        self._clock.wakeup()
+
+    def _once(self, attempt: str, phase: str) -> bool:
+        with self._lock:
+            if (attempt, phase) in self._reported:
+                return False
+            self._reported.add((attempt, phase))
+            return True
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL):
+            try:
+                self._look()
+            except Exception as exc:  # a watcher that dies silently would hang the drill
+                self._emit(GroupEventKind.JOB_FAILED, f"watching Train's state failed: {exc}")
+                return
+            if self._ended:
+                return
+
+    def _look(self) -> None:
+        run = self._fetch_run()
+        if self._popen is not None and self._popen.poll() is not None and not self._ended:
+            self._ended = True
+            code = self._popen.returncode
+            if code == 0:
+                self._emit(GroupEventKind.JOB_SUCCEEDED, "the driver exited with 0")
+            else:
+                status = (
+                    f" (run {run.status}: {first_words(run.detail)})" if run is not None else ""
+                )
+                self._emit(GroupEventKind.JOB_FAILED, f"the driver exited with {code}{status}")
+            return
+        if run is None:
+            return
+        with self._lock:
+            killed = sorted(self._killed_nodes)
+        for node_id in killed:
+            on_node = [w for a in run.attempts for w in a.workers if w.node_id == node_id]
+            if on_node and not any(w.alive for w in on_node) and self._once(node_id, "node gone"):
+                self._emit(
+                    GroupEventKind.NODE_GONE,
+                    f"every worker of node {on_node[0].node} is gone with its raylet",
+                )
+        for index, attempt in enumerate(run.attempts):
+            for worker in attempt.workers:
+                self._remember(worker)
+            aid = attempt.attempt_id
+            old = index < len(run.attempts) - 1 or attempt.status in ("ERRORED", "ABORTED")
+            dead = [w for w in attempt.workers if not w.alive]
+            seen = aid in self._seen_attempts
+            if seen and (dead or attempt.status == "ERRORED") and self._once(aid, "gone"):
+                who = failed_worker(attempt, dead)
+                self._emit(
+                    GroupEventKind.WORKER_GONE,
+                    "worker death detected: "
+                    + (
+                        first_words(attempt.detail)
+                        or (f"the actor of rank {who.rank} is DEAD" if who else attempt.status)
+                    ),
+                    self._worker(who) if who is not None else None,
+                )
+            shut_down = (
+                seen and old and attempt.workers and not any(w.alive for w in attempt.workers)
+            )
+            if shut_down and not run.terminal and self._once(aid, "shut down"):
+                self._emit(
+                    GroupEventKind.RESTARTING,
+                    f"group shut down (run {run.status}); Train restarts it",
+                )
+            if aid not in self._seen_attempts and index == len(run.attempts) - 1:
+                if self._once(aid, "pending"):
+                    self._emit(
+                        GroupEventKind.REPLACEMENT_PENDING,
+                        f"new group being placed: {attempt.detail or attempt.status}",
+                    )
+                if attempt.running and self._once(aid, "running"):
+                    with self._lock:
+                        self._seen_attempts.add(aid)
+                    self._follow_logs(attempt)
+                    self._emit(
+                        GroupEventKind.REPLACEMENT_RUNNING,
+                        f"new group placed, train function restarted "
+                        f"({len(attempt.workers)} workers)",
+                    )
+        if run.terminal and self._once(run.run_id, "terminal"):
+            if run.status == "FINISHED":
+                self._emit(GroupEventKind.JOB_SUCCEEDED, "the Train run FINISHED")
+            else:
+                self._emit(
+                    GroupEventKind.JOB_FAILED,
+                    f"the Train run {run.status}: {first_words(run.detail)}",
+                )
+
+    # ------------------------------------------------------------------ cleanup
+
+    def _end_driver(self) -> list[str]:
+        proc = self._popen
+        assert proc is not None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=TERM_GRACE)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                try:
+                    proc.wait(timeout=REAP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    return [f"the driver pid {proc.pid} did not exit"]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what is left of its session
+        return []
+
+    def _marked(self) -> list[Any]:
+        import psutil
+
+        found = []
+        me = os.getpid()
+        for proc in psutil.process_iter(["pid"]):
+            if proc.pid == me:
+                continue
+            try:
+                if proc.environ().get(DRILL_MARKER) == self._drill_id:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    def _end_marked(self) -> list[str]:
+        """SIGKILL every process of the cluster this drill's driver started (by its marker)."""
+        import psutil
+
+        deadline = time.monotonic() + REAP_TIMEOUT
+        left: list[Any] = []
+        while time.monotonic() < deadline:
+            left = self._marked()
+            if not left:
+                return []
+            for proc in left:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(left, timeout=1.0)
+        return [f"pid {p.pid} ({' '.join(p.cmdline()[:3])})" for p in left if p.is_running()]

@@ -1,0 +1,97 @@
+"""The kill server: ``helper serve``, a process connected to the Ray cluster once.
+
+Started at discovery, so that a kill costs a Ray task (0.1-1 s) instead of an import of
+ray and a ``ray.init`` (2-5 s on a busy machine). One JSON request per line on its stdin,
+one answer line (prefixed :data:`~.helper.MARK`) on its stdout; a request is never sent
+twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from pytest_recoverygate.errors import BackendError
+from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
+
+__all__ = ["KillServer"]
+
+REAP_TIMEOUT = 10.0
+
+
+class KillServer:
+    """``helper serve``: a process connected to the cluster once, ready to run kill tasks."""
+
+    def __init__(self, env: dict[str, str], address: str) -> None:
+        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest_recoverygate.orchestrators.ray.helper",
+                "serve",
+                address,
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._ready: bool | None = None
+        self._reader = threading.Thread(target=self._read, name="ray-kill-server", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith(HELPER_MARK):
+                with contextlib.suppress(ValueError):
+                    self._answers.put(json.loads(line[len(HELPER_MARK) :]))
+        self._answers.put(None)
+
+    def ready(self, timeout: float) -> bool:
+        """Whether it connected (waits for its first answer once)."""
+        if self._ready is None:
+            try:
+                first = self._answers.get(timeout=timeout)
+            except queue.Empty:
+                first = None
+            self._ready = bool(first and first.get("ready"))
+        return self._ready
+
+    def kill(self, node_id: str, pid: int, ticks: str, timeout: float) -> dict[str, Any]:
+        """One request, one answer; BackendError when none comes (never sent again)."""
+        assert self._proc.stdin is not None
+        request = json.dumps({"node": node_id, "pid": pid, "ticks": ticks}) + "\n"
+        try:
+            self._proc.stdin.write(request.encode())
+            self._proc.stdin.flush()
+            answer = self._answers.get(timeout=timeout)
+        except (OSError, queue.Empty):
+            answer = None
+        if answer is None:
+            raise BackendError(f"the kill server gave no answer within {timeout:g}s")
+        if "error" in answer:
+            raise BackendError(str(answer["error"]))
+        return answer
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=REAP_TIMEOUT)
+        self._reader.join(timeout=5)

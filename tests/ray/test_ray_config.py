@@ -1,0 +1,142 @@
+"""The ray backend's ``workload`` section and its refusals (no Ray needed).
+
+We test these aspects: the examples load with their keys; the registry lists the
+backend without importing ray; bad input is a validation error at FILE:LINE naming the
+key, the value and the fix (an unknown key, an address that is not host:port, a
+submissionId without an address or with an entrypoint, a fault Ray cannot take); and
+Train's state answer (canned from a real Ray 2.60 run) is read into runs, attempts and
+workers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_recoverygate.config import load_config
+from pytest_recoverygate.errors import ConfigError
+from pytest_recoverygate.orchestrators import get_backend
+from pytest_recoverygate.orchestrators.ray import RayWorkload
+from pytest_recoverygate.orchestrators.ray.state import parse_runs
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
+DATA = Path(__file__).resolve().parent / "data"
+
+HEAD = """\
+workload:
+  orchestrator: ray
+"""
+TAIL = """\
+injectFailure:
+  type: KillWorker
+  afterCheckpoint: step-40
+  targetRank: 1
+expectations:
+  maxRecoveryTime: 2m
+"""
+
+
+def write(folder: Path, workload: str, tail: str = TAIL) -> Path:
+    path = folder / "drill.yaml"
+    path.write_text(HEAD + textwrap.indent(textwrap.dedent(workload), "  ") + tail)
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "recovery-test.yaml",
+        "recovery-test-no-resume.yaml",
+        "recovery-test-budget.yaml",
+        "recovery-test-kill-node.yaml",
+    ],
+)
+def test_the_examples_load_with_their_keys(name: str) -> None:
+    config = load_config(EXAMPLES / name)
+    workload = config.workload
+    assert isinstance(workload, RayWorkload)
+    assert workload.entrypoint is not None
+    assert workload.entrypoint[:2] == ["python", "train_ray.py"]
+    assert workload.workdir == EXAMPLES
+    assert workload.env == {"RECOVERYGATE_AUTO": "1"}
+
+
+def test_the_issue_keys_load_address_and_submission_id_included(tmp_path: Path) -> None:
+    path = write(tmp_path, "address: 127.0.0.1:6379\nsubmissionId: raysubmit_abc\nenv: {}\n")
+    workload = load_config(path).workload
+    assert isinstance(workload, RayWorkload)
+    assert (workload.address, workload.submission_id) == ("127.0.0.1:6379", "raysubmit_abc")
+    auto = write(tmp_path, "entrypoint: [python, train_ray.py]\naddress: auto\n")
+    assert load_config(auto).workload.address == "auto"  # type: ignore[attr-defined]
+
+
+def test_the_backend_registers_without_importing_ray() -> None:
+    code = (
+        "import sys; from pytest_recoverygate.orchestrators import get_backend;"
+        "b = get_backend('ray'); print(b.name, sorted(b.faults), 'ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["ray", "['KillNode',", "'KillWorker']", "False"]
+    assert get_backend("ray").workload is RayWorkload
+
+
+def test_an_unknown_key_names_its_line_and_the_keys_allowed(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "entrypoint: [python, train_ray.py]\nadress: auto\n"))
+    assert f"{tmp_path / 'drill.yaml'}:4: workload.adress: unknown key" in message
+    assert "did you mean address?" in message
+
+
+def test_an_address_that_is_not_host_and_port_is_refused(tmp_path: Path) -> None:
+    message = error_of(write(tmp_path, "entrypoint: [python, t.py]\naddress: ray://head:10001\n"))
+    assert ":4: workload.address: is not the address of a Ray cluster's head" in message
+    assert "got ray://head:10001" in message
+    assert "host:port" in message
+
+
+def test_a_submission_id_needs_an_address_and_no_entrypoint(tmp_path: Path) -> None:
+    alone = error_of(write(tmp_path, "submissionId: raysubmit_abc\n"))
+    assert "workload.submissionId: submissionId needs the cluster it runs on" in alone
+    both = error_of(
+        write(tmp_path, "entrypoint: [python, t.py]\naddress: auto\nsubmissionId: raysubmit_a\n")
+    )
+    assert "submissionId and entrypoint cannot both be set" in both
+    neither = error_of(write(tmp_path, "workdir: .\n"))
+    assert "workload.entrypoint: required key is missing" in neither
+
+
+def test_a_fault_ray_cannot_take_is_refused_naming_who_can(tmp_path: Path) -> None:
+    tail = TAIL.replace("KillWorker", "HangWorker")
+    message = error_of(write(tmp_path, "entrypoint: [python, t.py]\n", tail))
+    assert "injectFailure.type" in message
+    assert "HangWorker" in message
+    assert "ray" in message
+
+
+def test_trains_state_answer_is_read_into_runs_attempts_and_workers() -> None:
+    # Captured from a real Ray 2.60 run (the budget example): two attempts ended by a
+    # kill of rank 1, the third being placed.
+    payload = json.loads((DATA / "train-runs-after-a-kill.json").read_text())
+    (run,) = parse_runs(payload)
+    assert run.status == "SCHEDULING"
+    assert not run.terminal
+    assert [a.status for a in run.attempts] == ["ERRORED", "ERRORED", "PENDING"]
+    first, second, placing = run.attempts
+    assert [w.rank for w in first.workers] == [0, 1]
+    assert not any(w.alive for w in first.workers + second.workers)
+    assert not placing.running and placing.workers == ()
+    assert {w.actor_id for w in first.workers}.isdisjoint({w.actor_id for w in second.workers})
+    assert "[Rank 1 Error Snippet]" in first.detail
+    assert "Scheduling 2 workers" in placing.detail
+    assert run.driver_pid == 11381
+    assert run.current is placing

@@ -1,0 +1,146 @@
+"""The ray backend end to end: real Ray clusters started by the examples' drivers.
+
+We test these aspects, each drill through the CLI as a user runs it:
+
+- the example (TorchTrainer, 2 CPU workers, gloo, ``RECOVERYGATE_AUTO=1``) PASSes: the
+  new group resumed from the latest checkpoint Ray registered, the breakdown shows Ray's
+  phases in order, and cleanup leaves no process of the drill's cluster and no RAY_TMPDIR;
+- its twin that never calls ``get_checkpoint()`` FAILs "restarted from scratch";
+- ``count: untilBudgetExhausted`` is held to ``FailureConfig(max_failures=2)``: two
+  recoveries, then the job gives up loudly;
+- ``KillNode`` on a two-node cluster of this machine (``ray.cluster_utils.Cluster``) ends
+  the raylet of rank 1's node, and Train restarts the group on the head from the latest
+  checkpoint;
+- a ``targetRank`` beyond the workers is an ERROR (exit 3) found at discovery, nothing
+  killed; an ``address`` nobody answers at is an ERROR naming it.
+
+Every drill starts its own cluster (the driver's ``ray.init``): about 1.6 GB and 2 CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.cli_drill import CliRun, run_cli_drill
+
+pytest.importorskip("ray", reason='the ray backend needs pip install "recoverygate[ray]"')
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
+TIMEOUT = 420.0
+
+
+def example(name: str, **changes: Any) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
+    config["workload"]["workdir"] = str(EXAMPLES)
+    for section, values in changes.items():
+        config[section] = {**config.get(section, {}), **values}
+    return config
+
+
+def drill(config: dict[str, Any], tmp_path: Path) -> CliRun:
+    run = run_cli_drill(config, tmp_path / "drill.yaml", timeout=TIMEOUT)
+    leftovers = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any("rg-ray-" in part for part in (p.info["cmdline"] or []))
+    ]
+    assert leftovers == [], f"processes of the drill's cluster left running: {leftovers}"
+    assert not [p for p in Path("/tmp").glob("rg-ray-*") if p.stat().st_uid == os.getuid()], (
+        "the drill's RAY_TMPDIR was not removed"
+    )
+    return run
+
+
+def failed(run: CliRun) -> str:
+    return f"exit {run.code}, {run.report.get('summary')}\n{run.output[-3000:]}"
+
+
+def test_the_example_passes_resuming_from_the_latest_registered_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = drill(example("recovery-test.yaml"), tmp_path)
+
+    report = run.report
+    assert run.code == 0, failed(run)
+    assert report["verdict"] == "PASS"
+    assert report["resumeStep"] == report["expectedResumeStep"] >= 40
+    assert report["resumeStep"] % 10 == 0  # a checkpoint step: --ckpt-every=10
+    assert 0 < report["recoveryTimeSeconds"] < 120
+    assert report["target"]["rank"] == 1
+    kinds = [e["kind"] for e in report["timeline"]]
+    phases = ["group:worker_gone", "group:restarting", "group:replacement_pending"]
+    phases += ["group:replacement_running", "checkpoint_loaded"]
+    assert [k for k in kinds if k in phases] == phases, kinds
+    breakdown = report["breakdown"]
+    assert breakdown["failureDetected"] <= breakdown["replacementRunning"]
+    assert breakdown["replacementRunning"] <= breakdown["checkpointLoaded"]
+    assert breakdown["checkpointLoaded"] <= breakdown["firstStepAfterResume"]
+
+
+def test_the_twin_without_get_checkpoint_fails_as_restarted_from_scratch(
+    tmp_path: Path,
+) -> None:
+    config = example("recovery-test-no-resume.yaml")
+    config["injectFailure"]["afterCheckpoint"] = "step-20"
+
+    run = drill(config, tmp_path)
+
+    assert run.code == 1, failed(run)
+    assert run.report["verdict"] == "FAIL"
+    assert run.report["resumeStep"] == 0
+    assert "restarted from scratch" in run.report["summary"]
+
+
+def test_until_budget_exhausted_is_held_to_max_failures(tmp_path: Path) -> None:
+    run = drill(example("recovery-test-budget.yaml"), tmp_path)
+
+    checks = {c["name"]: c for c in run.report["checks"]}
+    assert run.code == 0, failed(run)
+    assert checks["gave_up_loudly"]["passed"] is True, checks
+    assert checks["restart_budget"]["passed"] is True, checks
+    assert checks["restart_budget"]["observed"] == 2
+
+
+def test_kill_node_ends_the_second_nodes_raylet_and_train_resumes_on_the_head(
+    tmp_path: Path,
+) -> None:
+    run = drill(example("recovery-test-kill-node.yaml"), tmp_path)
+
+    report = run.report
+    assert run.code == 0, failed(run)
+    assert report["verdict"] == "PASS"
+    assert report["resumeStep"] == report["expectedResumeStep"] >= 40
+    kinds = [e["kind"] for e in report["timeline"]]
+    assert "group:node_gone" in kinds, kinds
+    kill = next(e for e in report["timeline"] if e["kind"] == "kill")
+    assert "raylet" in kill["detail"], kill
+
+
+def test_a_target_rank_beyond_the_workers_is_an_error_and_kills_nothing(tmp_path: Path) -> None:
+    config = example("recovery-test.yaml", injectFailure={"targetRank": 5})
+
+    run = drill(config, tmp_path)
+
+    assert run.code == 3, failed(run)
+    assert run.report["verdict"] == "ERROR"
+    assert "targetRank 5 is beyond the Train run" in run.report["summary"]
+    assert "world ranks 0-1" in run.report["summary"]
+    assert not [e for e in run.report["timeline"] if e["kind"] == "kill"]
+
+
+def test_an_address_nobody_answers_at_is_an_error_naming_it(tmp_path: Path) -> None:
+    config = example("recovery-test.yaml", workload={"address": "127.0.0.1:9"})
+
+    run = drill(config, tmp_path)
+
+    assert run.code == 3, failed(run)
+    assert "no Ray cluster answers at 127.0.0.1:9" in run.report["summary"]
+    assert "workload.address" in run.report["summary"]
