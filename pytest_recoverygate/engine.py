@@ -39,11 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_recoverygate.ledger import Inc, Ledger
+from pytest_recoverygate.live import LiveJudge
 from pytest_recoverygate.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
+    LiveRecovery,
     TimelineEntry,
     TrainingEvent,
     TrainingEventKind,
@@ -170,6 +172,13 @@ class DrillSpec:
     max_detection_time: float | None = None
     saved_on_preempt: bool = False
     state_digest_matches: bool = False
+    # issue 23: the trigger on progress, and live recovery (see pytest_recoverygate.live)
+    recovery: str = "restart"  # "restart" | "live"
+    after_step: int | None = None  # kill once this step was reported (instead of a checkpoint)
+    target_replica: int | None = None
+    max_survivor_stall: float | None = None
+    max_rejoin_time: float | None = None  # None: max_recovery_time
+    rejoin_from: str = "peer"
 
     @property
     def effective_recovery_timeout(self) -> float:
@@ -238,6 +247,9 @@ class DrillEngine:
         self.known_budget: int | None = None
         self.trigger_step: int | None = None
         self.result: DrillResult | None = None
+        # recovery: live (issue 23): its own record and judgement, pytest_recoverygate.live
+        self._live = LiveJudge(spec) if spec.recovery == "live" else None
+        self._live_result: LiveRecovery | None = None
 
     # ------------------------------------------------------------------ phase
 
@@ -271,7 +283,10 @@ class DrillEngine:
             timeout = self._waiting_since + self.spec.checkpoint_timeout
             return min(timeout, self._armed.fire_at) if self._armed is not None else timeout
         if self.phase in (Phase.RECOVERING, Phase.VERIFYING) and self._kill is not None:
-            return self._kill.time + self.spec.effective_recovery_timeout
+            final = self._kill.time + self.spec.effective_recovery_timeout
+            if self._live is not None:
+                return min(final, self._live_next_look(final))
+            return final
         return None
 
     @property
@@ -351,6 +366,8 @@ class DrillEngine:
         rank = self.spec.reporting_rank
         if rank is not None and event.rank is not None and event.rank != rank:
             return []
+        if self._live is not None:
+            return self._on_live_event(event)
         ev = self.ledger
         kill = self.kill_time if ev.open else None
         if (
@@ -416,6 +433,8 @@ class DrillEngine:
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
             self.ledger.killed(result.timestamp)
+            if self._live is not None:
+                self._live.killed(result.timestamp)
             self._move(Phase.RECOVERING)
             self.note(result.timestamp, "kill", result.detail, index=index)
             return []
@@ -452,6 +471,8 @@ class DrillEngine:
             and (now >= armed.fire_at)
         ):
             return self._fire(now)
+        if self._live is not None and self.phase is Phase.RECOVERING:
+            return self._live_decide(now, final=now >= self._live_final_deadline())
         deadline = self.deadline
         if deadline is None or now < deadline:
             return []
@@ -506,6 +527,8 @@ class DrillEngine:
             return []
         if kind is TrainingEventKind.PROGRESS:
             ev.progress(inc, step, event.timestamp, new=new)
+            if not new and self.spec.after_step is not None:
+                return self._step_trigger(step, event.timestamp)
             return self._on_new_progress(inc, step, event.timestamp) if new else []
         if kind is TrainingEventKind.CHECKPOINT_COMPLETED:
             return self._on_checkpoint(inc, event, new=new)
@@ -641,6 +664,8 @@ class DrillEngine:
     def _consider_trigger(self, step: int, at: float, *, save_rank: int | None) -> list[Action]:
         if self.phase is not Phase.WAITING_FOR_CHECKPOINT or self._armed is not None:
             return []
+        if self.spec.after_step is not None:
+            return []  # the trigger is a step (afterStep), not a checkpoint
         if self._next_after is not None:
             if at <= self._next_after:
                 return []
@@ -803,6 +828,8 @@ class DrillEngine:
         """Judge the kill under judgement; then the next kill, or the drill's verdict."""
         kill = self._kill
         assert kill is not None
+        if self._live is not None:
+            return self._live_decide(now, final=True)
         budget_mode = self.spec.count is None
         inc = kill.judged or self._candidate()
         if budget_mode and inc is None and kill.job_ended is not None and not kill.job_ended[2]:
@@ -925,4 +952,106 @@ class DrillEngine:
             timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),
             started_at=self.started_at,
             finished_at=now,
+            live=self._live_result,
         )
+
+    # ------------------------------------------------------------------ afterStep, live
+
+    def _step_trigger(self, step: int, at: float) -> list[Action]:
+        """``afterStep: N``: arm the kill once the job reported step N (no checkpoint)."""
+        after = self.spec.after_step
+        if self.phase is not Phase.WAITING_FOR_CHECKPOINT or self._armed is not None:
+            return []
+        if after is None or step < after or at < self.started_at:
+            return []
+        if self._next_after is not None and at <= self._next_after:
+            return []
+        delay = self.spec.delay
+        offset = delay.value if delay.kind == "seconds" else 0.0
+        why = f"step {step} reached (afterStep {after})"
+        if offset > 0:
+            why += f"; delay {delay.describe()}"
+        self._armed = _Armed(at + offset, step, at, self.spec.target_rank, why)
+        self.trigger_step = step
+        self.note(at, "trigger", why, step=step)
+        return self._fire(at) if offset <= 0 else []
+
+    def _on_live_event(self, event: TrainingEvent) -> list[Action]:
+        """recovery: live: every replica's lines go to the live record, not the ledger."""
+        live = self._live
+        assert live is not None
+        received = event.received if event.received is not None else event.timestamp
+        known = event.incarnation in live.procs
+        notes = len(live.notes)
+        live.on_event(event, received)
+        for at, text in live.notes[notes:]:
+            self.note(at, "heal", text)
+        kind, step = event.kind, event.step
+        if kind is TrainingEventKind.START and not known:
+            self.note(
+                event.timestamp,
+                "start",
+                f"replica {event.replica} incarnation {event.incarnation}",
+                pid=event.pid,
+                replica=event.replica,
+            )
+        if self.phase is Phase.WAITING_FOR_CHECKPOINT and step is not None:
+            if self.spec.after_step is not None and kind is TrainingEventKind.PROGRESS:
+                return self._step_trigger(step, event.timestamp)
+            if self.spec.after_step is None and kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+                after = self.spec.after_checkpoint
+                if (after is None and event.timestamp >= self.started_at) or (
+                    after is not None and step >= after
+                ):
+                    self.note(event.timestamp, "checkpoint", f"step {step}", step=step)
+                    return self._step_trigger_now(step, event.timestamp)
+        if self.phase is Phase.RECOVERING and kind is TrainingEventKind.PROGRESS:
+            return self._live_decide(received, final=False)
+        return []
+
+    def _step_trigger_now(self, step: int, at: float) -> list[Action]:
+        why = f"checkpoint {step} completed"
+        self._armed = _Armed(at, step, at, self.spec.target_rank, why)
+        self.trigger_step = step
+        self.note(at, "trigger", why, step=step)
+        return self._fire(at)
+
+    def _live_final_deadline(self) -> float:
+        kill = self._kill
+        assert kill is not None
+        return kill.time + self.spec.effective_recovery_timeout
+
+    def _live_next_look(self, final: float) -> float:
+        """When a live FAIL may become provable without any new line (a stall, no rejoin)."""
+        live, kill = self._live, self._kill
+        assert live is not None
+        assert kill is not None
+        looks = [final, kill.time + live.rejoin_limit]
+        limit = self.spec.max_survivor_stall
+        if limit is not None:
+            last = [
+                c[0]
+                for p in live.procs.values()
+                if p.replica != live.target and p.commits
+                for c in p.commits[-1:]
+            ]
+            if last:
+                looks.append(max(min(last), kill.time) + limit + 0.001)
+        return min(looks)
+
+    def _live_decide(self, now: float, *, final: bool) -> list[Action]:
+        live = self._live
+        assert live is not None
+        judgement = live.decide(now, final=final)
+        if judgement is None:
+            return []
+        self._live_result = judgement.figures
+        figures = judgement.figures
+        self.note(
+            now,
+            "rejoin",
+            f"replica {figures.target_replica}: rejoin "
+            f"{figures.rejoin_time_seconds}s, source {figures.rejoin_source}, step "
+            f"{figures.rejoin_step}; survivors' stall {figures.survivor_stall_seconds}s",
+        )
+        return self._finish(now, judgement.verdict, judgement.summary, judgement.checks)

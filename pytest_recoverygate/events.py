@@ -55,6 +55,9 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         restart_count=record.restart,
         digest=record.digest,
         digest_parts=record.parts,
+        replica=record.replica,
+        source=None if record.source == "checkpoint" else record.source,
+        peer=record.peer,
     )
 
 

@@ -24,6 +24,11 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``restart``     int     start only: ``TORCHELASTIC_RESTART_COUNT``; absent outside torchrun
 ``local_rank``  int     start only, optional: ``LOCAL_RANK``
 ``run_id``      str     start only, optional: ``TORCHELASTIC_RUN_ID``
+``replica``     int     start only, optional: the replica group (torchft's
+                        ``REPLICA_GROUP_ID``, or ``RECOVERYGATE_REPLICA``)
+``source``      str     checkpoint_loaded only, optional: where the state came from,
+                        ``checkpoint`` (the default when absent) or ``peer`` (a live replica)
+``peer``        int     checkpoint_loaded only, optional: the replica rank the state came from
 =============== ======= =====================================================================
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
@@ -57,6 +62,7 @@ from typing import NamedTuple
 
 __all__ = [
     "EVENT_KINDS",
+    "LOAD_SOURCES",
     "MAX_DIGEST_CHARS",
     "MAX_DIGEST_PARTS",
     "MAX_EVENT_BYTES",
@@ -75,6 +81,7 @@ __all__ = [
     "normalize_digest",
     "parse_text",
     "record_from_json",
+    "source_fields",
     "step_line_parts",
 ]
 
@@ -88,6 +95,8 @@ CHECKPOINT_LOADED = "checkpoint_loaded"
 EVENT_KINDS = frozenset(
     {START, PROGRESS, CHECKPOINT_STARTED, CHECKPOINT_COMPLETED, CHECKPOINT_LOADED}
 )
+#: ``source`` values of checkpoint_loaded (absent means ``checkpoint``).
+LOAD_SOURCES = frozenset({"checkpoint", "peer"})
 #: Events that may carry ``digest`` and ``parts``.
 DIGEST_EVENTS = frozenset({CHECKPOINT_COMPLETED, CHECKPOINT_LOADED})
 
@@ -130,6 +139,9 @@ class Record(NamedTuple):
     run_id: str | None = None
     digest: str | None = None
     parts: tuple[tuple[str, str], ...] = ()  # (name, digest) sorted by name
+    replica: int | None = None
+    source: str | None = None  # checkpoint_loaded: "checkpoint" (None) or "peer"
+    peer: int | None = None
 
 
 # ---------------------------------------------------------------------------- digests
@@ -244,11 +256,14 @@ def format_step(
     *,
     digest: str | None = None,
     parts: tuple[tuple[str, str], ...] = (),
+    source: str | None = None,
+    peer: int | None = None,
 ) -> str:
     """One complete progress/checkpoint line, newline included.
 
     ``digest`` and ``parts`` (checkpoint_completed and checkpoint_loaded only) must be
     valid: lower-case hex, parts sorted by name, as :func:`normalize_digest` returns them.
+    ``source`` and ``peer``: checkpoint_loaded only (see :func:`source_fields`).
     """
     head, middle = step_line_parts(event, inc, rank)
     extra = ""
@@ -256,7 +271,24 @@ def format_step(
         if event not in DIGEST_EVENTS:
             raise ValueError(f"a {event} event carries no digest")
         extra = digest_fields(digest, parts)
+    if source is not None or peer is not None:
+        if event != CHECKPOINT_LOADED:
+            raise ValueError(f"a {event} event carries no source")
+        extra += source_fields(source, peer)
     return f"{head}{_time(time)}{middle}{int(step)}{extra}}}\n"
+
+
+def source_fields(source: str | None, peer: int | None = None) -> str:
+    """The text of the optional ``source`` and ``peer`` fields, each with a leading comma.
+
+    ``source`` must be one of :data:`LOAD_SOURCES` (or None); ``peer`` an int >= 0.
+    """
+    if source is not None and source not in LOAD_SOURCES:
+        raise ValueError(f"source must be one of {sorted(LOAD_SOURCES)}, got {source!r}")
+    text = "" if source is None else f',"source":"{source}"'
+    if peer is not None:
+        text += f',"peer":{int(peer)}'
+    return text
 
 
 def format_start(
@@ -269,6 +301,7 @@ def format_start(
     restart: int | None = None,
     local_rank: int | None = None,
     run_id: str | None = None,
+    replica: int | None = None,
 ) -> str:
     """One complete start line, newline included (formatted once per process)."""
     parts = [f'{SENTINEL} {{"event":"start","time":{_time(time)},"inc":{json_string(inc)}']
@@ -281,6 +314,8 @@ def format_start(
         parts.append(f',"local_rank":{int(local_rank)}')
     if run_id is not None:
         parts.append(f',"run_id":{json_string(run_id)}')
+    if replica is not None:
+        parts.append(f',"replica":{int(replica)}')
     parts.append("}\n")
     return "".join(parts)
 
@@ -297,6 +332,7 @@ def format_record(record: Record) -> str:
             restart=record.restart,
             local_rank=record.local_rank,
             run_id=record.run_id,
+            replica=record.replica,
         )
     if record.step is None:
         raise ValueError(f"a {record.event} record needs a step")
@@ -308,6 +344,8 @@ def format_record(record: Record) -> str:
         record.rank,
         digest=record.digest,
         parts=record.parts,
+        source=record.source,
+        peer=record.peer,
     )
 
 
@@ -381,6 +419,13 @@ def record_from_json(obj: object) -> Record | None:
         if event in DIGEST_EVENTS:  # elsewhere the fields are unknown ones: ignored
             digest = _opt_digest(get("digest"))
             parts = _opt_parts(get("parts"))
+        source: str | None = None
+        peer: int | None = None
+        if event == CHECKPOINT_LOADED:  # elsewhere unknown fields: ignored
+            source = _opt_str(get("source"))
+            if source is not None and source not in LOAD_SOURCES:
+                raise _Bad
+            peer = _opt_int(get("peer"))
         return Record(
             event,
             time,
@@ -394,6 +439,9 @@ def record_from_json(obj: object) -> Record | None:
             _opt_str(get("run_id")),
             digest,
             parts,
+            _opt_int(get("replica")) if event == START else None,
+            source,
+            peer,
         )
     except _Bad:
         return None

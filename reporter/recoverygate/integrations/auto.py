@@ -15,14 +15,18 @@ module                                        patched
 ``lightning.pytorch.trainer.trainer``         ``Trainer.__init__``: after it returns,
                                               ``self.callbacks.append(RecoveryGateCallback())``
 ``pytorch_lightning.trainer.trainer``         the same, with the ``pytorch_lightning`` callback
+``torchft.manager``                           ``Manager.__init__``: after it returns,
+                                              ``integrations.torchft.instrument(self)``
 ============================================  ===============================================
 
-A trainer that already has a ``RecoveryGateCallback`` (added by hand) gets no second one.
+A trainer that already has a ``RecoveryGateCallback`` (added by hand) gets no second one;
+a manager instrumented by hand is not instrumented twice.
 Nothing else is changed: the resume logic, the checkpoint folder and the process group
 are the job's own -- a drill is there to see them as they are.
 
-``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers`` and
-``lightning`` (``lightning`` covers both Lightning packages), or ``0``/empty/unset (off).
+``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers``,
+``lightning`` (``lightning`` covers both Lightning packages) and ``torchft``, or
+``0``/empty/unset (off).
 To turn it off, unset it; :func:`uninstall` removes the finder and the patches in a
 running process.
 """
@@ -42,7 +46,7 @@ __all__ = ["ENV", "install", "installed", "patched", "uninstall", "wanted"]
 ENV = "RECOVERYGATE_AUTO"
 _OFF = {"", "0", "false", "no", "off"}
 _ON = {"1", "true", "yes", "on", "all"}
-_FRAMEWORKS = ("transformers", "lightning")
+_FRAMEWORKS = ("transformers", "lightning", "torchft")
 _MARK = "__recoverygate_original__"
 
 #: module name -> (framework, what to patch in it)
@@ -50,7 +54,10 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "transformers.trainer": ("transformers", "transformers"),
     "lightning.pytorch.trainer.trainer": ("lightning", "lightning.pytorch"),
     "pytorch_lightning.trainer.trainer": ("lightning", "pytorch_lightning"),
+    "torchft.manager": ("torchft", "torchft"),
 }
+#: module name -> the class whose ``__init__`` is patched (default ``Trainer``)
+_CLASSES = {"torchft.manager": "Manager"}
 
 
 def wanted(value: str | None = None) -> frozenset[str]:
@@ -86,11 +93,17 @@ def _add_lightning(namespace: str, trainer: Any) -> None:
         trainer.callbacks.append(cls())
 
 
-def _patch(module: Any, add: Callable[[Any], None]) -> None:
-    """Wrap ``module.Trainer.__init__`` so that ``add(trainer)`` runs after it returns."""
+def _instrument_torchft(manager: Any) -> None:
+    from recoverygate.integrations.torchft import instrument
+
+    instrument(manager)
+
+
+def _patch(module: Any, add: Callable[[Any], None], name: str = "Trainer") -> None:
+    """Wrap ``module.<name>.__init__`` so that ``add(instance)`` runs after it returns."""
     import functools
 
-    cls = module.Trainer
+    cls = getattr(module, name)
     original = cls.__dict__["__init__"]
     if hasattr(original, _MARK):
         return
@@ -111,6 +124,8 @@ def _patch_module(name: str, module: Any) -> None:
     framework, namespace = _TARGETS[name]
     if framework == "transformers":
         _patch(module, _add_transformers)
+    elif framework == "torchft":
+        _patch(module, _instrument_torchft, _CLASSES[name])
     else:
         _patch(module, lambda trainer: _add_lightning(namespace, trainer))
 
@@ -180,7 +195,7 @@ def install(value: str | None = None) -> bool:
         sys.meta_path.insert(0, _Finder(names))
         for name in names:
             module = sys.modules.get(name)
-            if module is not None and hasattr(module, "Trainer"):
+            if module is not None and hasattr(module, _CLASSES.get(name, "Trainer")):
                 _patch_module(name, module)
         return True
     except Exception as error:
@@ -189,11 +204,12 @@ def install(value: str | None = None) -> bool:
 
 
 def patched() -> list[str]:
-    """The trainer modules whose ``Trainer.__init__`` is patched in this process."""
+    """The modules whose ``Trainer.__init__`` (``Manager.__init__``) is patched here."""
     found = []
     for name in _TARGETS:
         module = sys.modules.get(name)
-        init = getattr(getattr(module, "Trainer", None), "__dict__", {}).get("__init__")
+        cls = getattr(module, _CLASSES.get(name, "Trainer"), None)
+        init = getattr(cls, "__dict__", {}).get("__init__")
         if init is not None and hasattr(init, _MARK):
             found.append(name)
     return found
@@ -203,5 +219,5 @@ def uninstall() -> None:
     """Remove the finder and restore every patched ``Trainer.__init__``."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
     for name in patched():
-        cls = sys.modules[name].Trainer
+        cls = getattr(sys.modules[name], _CLASSES.get(name, "Trainer"))
         cls.__init__ = getattr(cls.__dict__["__init__"], _MARK)
