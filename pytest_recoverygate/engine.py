@@ -35,7 +35,7 @@ going until the job gives up, which it must do loudly, after ``restartBudget`` k
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pytest_recoverygate.ledger import Inc, Ledger
@@ -250,6 +250,7 @@ class DrillEngine:
         # recovery: live (issue 23): its own record and judgement, pytest_recoverygate.live
         self._live = LiveJudge(spec) if spec.recovery == "live" else None
         self._live_result: LiveRecovery | None = None
+        self._live_waiting_noted = False
 
     # ------------------------------------------------------------------ phase
 
@@ -293,6 +294,8 @@ class DrillEngine:
     def waiting_for(self) -> str:
         """A short description of the trigger the drill waits for."""
         what = "the save of" if self.spec.fault == "KillDuringCheckpoint" else ""
+        if self.spec.after_step is not None:
+            return f"step {self.spec.after_step}"
         if self._recoveries:
             return f"{what} the next checkpoint after recovery {len(self._recoveries)}".strip()
         if self.spec.after_checkpoint is None:
@@ -996,8 +999,19 @@ class DrillEngine:
                 replica=event.replica,
             )
         if self.phase is Phase.WAITING_FOR_CHECKPOINT and step is not None:
+            if not live.target_committed():
+                # Killing a replica that has not joined yet tests nothing: wait for it.
+                if kind is TrainingEventKind.PROGRESS and not self._live_waiting_noted:
+                    self._live_waiting_noted = True
+                    self.note(
+                        event.timestamp,
+                        "note",
+                        f"the job reports steps; waiting for replica {live.target} to commit "
+                        "one before the kill",
+                    )
+                return []
             if self.spec.after_step is not None and kind is TrainingEventKind.PROGRESS:
-                return self._step_trigger(step, event.timestamp)
+                return self._step_trigger(live.max_step() or step, event.timestamp)
             if self.spec.after_step is None and kind is TrainingEventKind.CHECKPOINT_COMPLETED:
                 after = self.spec.after_checkpoint
                 if (after is None and event.timestamp >= self.started_at) or (
@@ -1054,4 +1068,8 @@ class DrillEngine:
             f"{figures.rejoin_time_seconds}s, source {figures.rejoin_source}, step "
             f"{figures.rejoin_step}; survivors' stall {figures.survivor_stall_seconds}s",
         )
-        return self._finish(now, judgement.verdict, judgement.summary, judgement.checks)
+        self._finish(now, judgement.verdict, judgement.summary, judgement.checks)
+        assert self.result is not None
+        # the live breakdown: the replica's restart -> its heal -> its first committed step
+        self.result = replace(self.result, breakdown=dict(figures.phases))
+        return [Finish(self.result)]

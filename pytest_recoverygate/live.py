@@ -127,6 +127,10 @@ class LiveJudge:
         limit = self.spec.max_rejoin_time
         return limit if limit is not None else self.spec.max_recovery_time
 
+    def target_committed(self) -> bool:
+        """Whether the target replica committed a step (it is in the quorum)."""
+        return any(p.commits for p in self.procs.values() if p.replica == self.target)
+
     def max_step(self) -> int | None:
         """The highest committed step any replica reported."""
         steps = [p.commits[-1][1] for p in self.procs.values() if p.commits]
@@ -544,6 +548,11 @@ class LiveJudge:
                     last=commits[-1][1] if commits else None,
                     stall_seconds=round(stalls[r][0], 6) if r in stalls else None,
                     incarnations=sum(1 for p in self.procs.values() if p.replica == r),
+                    incs=tuple(
+                        p.inc
+                        for p in sorted(self.procs.values(), key=lambda p: p.first_seen)
+                        if p.replica == r
+                    ),
                 )
             )
         stall = max((v for v, _ in stalls.values()), default=None)

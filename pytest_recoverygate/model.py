@@ -204,6 +204,7 @@ class ReplicaSteps:
     last: int | None
     stall_seconds: float | None
     incarnations: int
+    incs: tuple[str, ...] = ()  # its incarnation ids, oldest first
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,48 @@ def figures(result: DrillResult) -> dict[str, Any]:
         "triggerCheckpoint": result.trigger_checkpoint,
         "loadedStep": result.loaded_step,
         "inconclusive": result.inconclusive,
+        **live_figures(result),
+    }
+
+
+def live_figures(result: DrillResult) -> dict[str, Any]:
+    """``recovery: live``'s headline figures (docs/torchft.md); none in restart mode."""
+    live = result.live
+    if live is None:
+        return {}
+    return {
+        "recoveryMode": "live",
+        "survivorStallSeconds": live.survivor_stall_seconds,
+        "rejoinTimeSeconds": live.rejoin_time_seconds,
+        "rejoinStep": live.rejoin_step,
+        "rejoinSource": live.rejoin_source,
+        "survivorsKeptTraining": live.survivors_kept_training,
+    }
+
+
+def live_to_dict(result: DrillResult) -> dict[str, Any] | None:
+    """The ``live`` block of report.json: per replica its steps around the kill."""
+    live = result.live
+    if live is None:
+        return None
+    return {
+        "targetReplica": live.target_replica,
+        "rejoinPeer": live.rejoin_peer,
+        "lostThroughputSteps": live.lost_throughput_steps,
+        "phases": dict(live.phases),
+        "replicas": [
+            {
+                "replica": r.replica,
+                "target": r.target,
+                "stepBeforeKill": r.before,
+                "stepAtRejoin": r.at_rejoin,
+                "lastStep": r.last,
+                "stallSeconds": r.stall_seconds,
+                "incarnations": r.incarnations,
+                "incs": list(r.incs),
+            }
+            for r in live.replicas
+        ],
     }
 
 
@@ -161,6 +203,8 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         ],
         "progress": [{"time": t, "inc": inc, "step": step} for t, inc, step in result.progress],
     }
+    if result.live is not None:
+        doc["live"] = live_to_dict(result)
     if config is not None and config.projection is not None:
         doc["projection"] = _projection(doc, config)
     return doc
@@ -349,14 +393,23 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         "| figure | value |",
         "| --- | --- |",
     ]
-    for key in (
+    keys: tuple[str, ...] = (
         "resumeStep",
         "expectedResumeStep",
         "lostSteps",
         "recoveryTimeSeconds",
         "maxRecoveryTimeSeconds",
         "restarts",
-    ):
+    )
+    if doc.get("recoveryMode") == "live":
+        keys = (
+            "survivorStallSeconds",
+            "rejoinTimeSeconds",
+            "rejoinStep",
+            "rejoinSource",
+            "survivorsKeptTraining",
+        )
+    for key in keys:
         lines.append(f"| {key} | {_fmt(doc.get(key))} |")
     breakdown = doc.get("breakdown") or {}
     if breakdown:

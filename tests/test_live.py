@@ -7,8 +7,8 @@ We test these aspects:
 - each FAIL names what happened: survivors stalled (decided as soon as the open gap
   passes ``maxSurvivorStall``, before any deadline), never rejoined (at ``maxRejoinTime``),
   rejoined from scratch, rejoined from a checkpoint, healed to an older step;
-- inconclusive where the lines cannot decide: no replica on the start lines, no heal
-  line with a first step past 1, a survivor that never reported a commit;
+- no kill before the target replica committed a step (one still joining tests nothing);
+- inconclusive where the lines cannot decide: no heal line with a first step past 1;
 - heals that are not recoveries (step 0, before the kill, another replica) are not judged.
 """
 
@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.engine import DrillEngine, DrillSpec, Finish, KillTarget, Verdict
+from pytest_recoverygate.engine import (
+    DrillEngine,
+    DrillResult,
+    DrillSpec,
+    Finish,
+    KillTarget,
+    Verdict,
+)
 from pytest_recoverygate.model import (
     KillOutcome,
     KillResult,
@@ -55,9 +62,26 @@ class Job:
     actions: list[object] = field(default_factory=list)
 
     def line(
-        self, kind: TrainingEventKind, inc: str, step: int | None = None, **kw: object
+        self,
+        kind: TrainingEventKind,
+        inc: str,
+        step: int | None = None,
+        *,
+        replica: int | None = None,
+        source: str | None = None,
+        peer: int | None = None,
     ) -> None:
-        event = TrainingEvent(kind, self.now, inc, step, received=self.now, rank=0, **kw)  # type: ignore[arg-type]
+        event = TrainingEvent(
+            kind,
+            self.now,
+            inc,
+            step,
+            received=self.now,
+            rank=0,
+            replica=replica,
+            source=source,
+            peer=peer,
+        )
         self.actions += self.engine.on_training_event(event)
 
     def tick(self) -> None:
@@ -68,7 +92,7 @@ class Job:
         self.actions += self.engine.on_kill_result(KillResult(KillOutcome.KILLED, self.now))
 
     @property
-    def result(self):  # type: ignore[no-untyped-def]
+    def result(self) -> DrillResult:
         done = [a for a in self.actions if isinstance(a, Finish)]
         assert done, f"no verdict yet; phase {self.engine.phase}"
         return done[0].result
@@ -126,11 +150,19 @@ def test_a_healed_replacement_and_training_survivors_pass() -> None:
     assert live.rejoin_step == 23
     assert live.rejoin_peer == 0
     assert live.survivors_kept_training is True
+    assert live.rejoin_time_seconds is not None
+    assert live.survivor_stall_seconds is not None
     assert abs(live.rejoin_time_seconds - (job.now - 0.2 - kill)) < 1e-6
     assert abs(live.survivor_stall_seconds - 1.6) < 1e-6  # 23 -> 24 spans the rejoin
-    assert live.phases["healed"] is not None
-    assert live.phases["replica restarted"] < live.phases["healed"]
-    assert live.phases["healed"] < live.phases["first committed step"]
+    started, healed, first = (
+        live.phases["replica restarted"],
+        live.phases["healed"],
+        live.phases["first committed step"],
+    )
+    assert started is not None
+    assert healed is not None
+    assert first is not None
+    assert started < healed < first
     names = [c.name for c in result.checks]
     assert names == [
         "target_killed",
@@ -230,18 +262,19 @@ def test_no_heal_line_past_step_one_is_inconclusive() -> None:
     assert [c.name for c in result.undecided_checks] == ["rejoin_source"]
 
 
-def test_start_lines_without_a_replica_are_inconclusive() -> None:
+def test_no_kill_before_the_target_replica_committed_a_step() -> None:
     engine = DrillEngine(spec(), T0)
     engine.discovered(T0, "one job")
     job = Job(engine)
-    job.line(S, "a0")
-    train(job, range(1, 21), ("a0",))
-    job.killed()
-    job.now += 40.0
-    job.tick()
-    result = job.result
-    assert result.verdict in (Verdict.ERROR, Verdict.FAIL)
-    assert "target_killed" in [c.name for c in result.undecided_checks]
+    job.line(S, "a0")  # no replica on the start line: the target replica is never seen
+    train(job, range(1, 30), ("a0",))
+    assert not any(isinstance(a, KillTarget) for a in job.actions)
+    assert "waiting for replica 1 to commit" in " ".join(
+        e.detail for e in engine.timeline_entries()
+    )
+    job.line(S, "b0", replica=1)
+    train(job, range(30, 31), ("a0", "b0"))
+    assert any(isinstance(a, KillTarget) for a in job.actions)
 
 
 def test_heals_before_the_kill_and_of_other_replicas_are_not_judged() -> None:

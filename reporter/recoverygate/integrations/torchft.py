@@ -1,14 +1,18 @@
 """torchft: report a ``Manager``'s committed steps and heals, with no line in the loop.
 
 ``instrument(manager)`` (or ``RECOVERYGATE_AUTO=1``, which instruments every
-``torchft.Manager`` as it is built) wraps two methods of that one manager instance:
+``torchft.Manager`` as it is built) wraps two methods of that one manager (and its
+transport) instance:
 
 - ``should_commit``: when it returns True, ``reporter.progress(manager.current_step())``
   -- only committed steps are progress (a step torchft discards is no progress);
-- ``_apply_pending_state_dict`` (torchft applies a peer's state here, on the training
-  thread, inside ``should_commit``): ``reporter.checkpoint_loaded(step, source="peer",
-  peer=R)`` -- the step of the state it healed to, and the replica rank it came from
-  (read from the checkpoint transport's ``recv_checkpoint(src_rank=...)``).
+- the checkpoint transport's ``recv_checkpoint(src_rank, metadata, step)``, which torchft
+  calls on its quorum thread when this replica heals: once it returned the peer's state,
+  ``reporter.checkpoint_loaded(step, source="peer", peer=src_rank)`` -- the step of the
+  state it healed to (the quorum's max step) and the replica rank it came from. Reported
+  there, not when ``should_commit`` applies the state: the survivors cannot commit the
+  next step before this replica's transfer is done (their allreduce waits for it), so the
+  line is stamped before any survivor step past the heal step.
 
 The start line carries ``replica`` from torchft's ``REPLICA_GROUP_ID``. torchft's
 initial sync at step 0 and a replica joining late also heal; they are reported like any
@@ -52,20 +56,21 @@ def instrument(manager: Any) -> Any:
 
 def _wrap(manager: Any) -> None:
     should_commit = manager.should_commit
-    apply_pending = manager._apply_pending_state_dict
-    heal: dict[str, int | None] = {"peer": None}
-    transport = getattr(manager, "_checkpoint_transport", None)
-    recv = getattr(transport, "recv_checkpoint", None)
+    transport = manager._checkpoint_transport
+    recv = transport.recv_checkpoint
 
-    if transport is not None and recv is not None:
-
-        @functools.wraps(recv)
-        def recv_checkpoint(*args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(recv)
+    def recv_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        state = recv(*args, **kwargs)  # torchft's own errors propagate to torchft
+        try:
             src = kwargs.get("src_rank", args[0] if args else None)
-            heal["peer"] = src if isinstance(src, int) and not isinstance(src, bool) else None
-            return recv(*args, **kwargs)
-
-        transport.recv_checkpoint = recv_checkpoint
+            step = kwargs.get("step", args[2] if len(args) > 2 else None)
+            if isinstance(step, int) and not isinstance(step, bool):
+                peer = src if isinstance(src, int) and not isinstance(src, bool) else None
+                reporter.checkpoint_loaded(step, source="peer", peer=peer)
+        except Exception as error:
+            warn_once("torchft: a heal was not reported", error)
+        return state
 
     @functools.wraps(should_commit)
     def wrapped_should_commit(*args: Any, **kwargs: Any) -> Any:
@@ -77,18 +82,5 @@ def _wrap(manager: Any) -> None:
                 warn_once("torchft: a committed step was not reported", error)
         return committed
 
-    @functools.wraps(apply_pending)
-    def wrapped_apply(*args: Any, **kwargs: Any) -> Any:
-        result = apply_pending(*args, **kwargs)
-        try:
-            # torchft set its step to the quorum's max_step before this ran; when the
-            # transfer failed, nothing was staged and the manager reports an error.
-            errored = getattr(manager, "errored", None)
-            if errored is None or errored() is None:
-                reporter.checkpoint_loaded(manager.current_step(), source="peer", peer=heal["peer"])
-        except Exception as error:
-            warn_once("torchft: a heal was not reported", error)
-        return result
-
+    transport.recv_checkpoint = recv_checkpoint
     manager.should_commit = wrapped_should_commit
-    manager._apply_pending_state_dict = wrapped_apply
