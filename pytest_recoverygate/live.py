@@ -377,7 +377,10 @@ class LiveJudge:
                     f"<= {format_seconds(self.rejoin_limit)}",
                     f"none after {format_seconds(now - kill)}",
                     f"replica {self.target} never rejoined within "
-                    f"{format_seconds(self.rejoin_limit)}: {seen}",
+                    f"{format_seconds(self.rejoin_limit)}: {seen}"
+                    if proven
+                    else f"replica {self.target} had not rejoined when the drill was decided, "
+                    f"{format_seconds(now - kill)} after the kill: {seen}",
                     R.NEVER_REJOINED if proven else R.INCONCLUSIVE,
                 )
             )

@@ -14,7 +14,10 @@ while ``manager.allreduce`` turns that error into a discarded step (see docs/tor
 Environment: ``MIN_REPLICA_SIZE`` (default 1; 2 makes the survivors wait for the dead
 replica), ``ALLOW_HEAL`` (default 1; 0 makes a replacement start from scratch instead of
 healing), ``TRAIN_STEPS`` (default 150), ``STEP_SECONDS`` (default 0.05), and
-``PG_TIMEOUT_SECONDS`` (default 5: how long a collective waits for a dead peer).
+``PG_TIMEOUT_SECONDS`` (default 5: how long a collective waits for a dead peer), and
+``RESTART_DELAY_SECONDS`` (default 0: a restarted process, TORCHELASTIC_RESTART_COUNT > 0,
+waits this long before it joins -- a model that takes that long to load), and
+``TRAIN_FT_INSTRUMENT`` (default 1; 0 leaves the reporting to ``RECOVERYGATE_AUTO=1``).
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ ALLOW_HEAL = os.environ.get("ALLOW_HEAL", "1") != "0"
 STEPS = int(os.environ.get("TRAIN_STEPS", "150"))
 STEP_SECONDS = float(os.environ.get("STEP_SECONDS", "0.05"))
 PG_TIMEOUT = timedelta(seconds=float(os.environ.get("PG_TIMEOUT_SECONDS", "5")))
+RESTART_DELAY = float(os.environ.get("RESTART_DELAY_SECONDS", "0"))
 
 
 def main() -> None:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        time.sleep(RESTART_DELAY)  # a slow restart: loading a big model, say
     torch.manual_seed(0)  # the same initial weights everywhere (init_sync heals anyway)
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
@@ -59,7 +65,8 @@ def main() -> None:
         quorum_timeout=timedelta(seconds=60),
         connect_timeout=timedelta(seconds=10),
     )
-    instrument(manager)
+    if os.environ.get("TRAIN_FT_INSTRUMENT", "1") != "0":
+        instrument(manager)  # with RECOVERYGATE_AUTO=1 it is instrumented already: a no-op
     data = torch.Generator().manual_seed(1000 + REPLICA)
     while manager.current_step() < STEPS:
         manager.start_quorum(allow_heal=ALLOW_HEAL)
