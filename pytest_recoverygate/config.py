@@ -467,6 +467,9 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
     workload = dumped.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("env"), dict):
         workload["env"] = dict.fromkeys(workload["env"], "<redacted>")
+    for member in (workload.get("group") or []) if isinstance(workload, dict) else []:
+        if isinstance(member, dict) and isinstance(member.get("env"), dict):
+            member["env"] = dict.fromkeys(member["env"], "<redacted>")  # workload.group
     for section, keys in _UNSET_IS_ABSENT.items():
         part = dumped.get(section) if section else dumped
         if isinstance(part, dict):
@@ -478,8 +481,21 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
 
 #: Optional keys whose "not set" shows as absent (a fault's own keys, the projection).
 _UNSET_IS_ABSENT = {
-    "injectFailure": ("targetRank", "delay", "gracePeriod"),
-    "expectations": ("maxDetectionTime", "restartBudget"),
+    "injectFailure": (
+        "targetRank",
+        "delay",
+        "gracePeriod",
+        "afterCheckpoint",
+        "afterStep",
+        "targetReplica",
+    ),
+    "expectations": (
+        "maxDetectionTime",
+        "restartBudget",
+        "maxSurvivorStall",
+        "maxRejoinTime",
+        "rejoinFrom",
+    ),
     "": ("projection",),
 }
 

@@ -38,6 +38,8 @@ __all__ = [
     "cost_line",
     "evidence_to_dict",
     "figures",
+    "live_figures",
+    "live_to_dict",
     "markdown_summary",
     "project_config",
     "result_to_dict",

@@ -408,6 +408,17 @@ def _count(value: Any) -> Any:
 # ------------------------------------------------------------------ the sections
 
 
+def _optional_step_ref(literal: str) -> BeforeValidator:
+    """:func:`step_ref`, with ``null`` meaning "not set" (a key that has an alternative)."""
+    check = step_ref(literal).func
+
+    def optional(value: Any, info: ValidationInfo) -> Any:
+        return None if value is None else check(value, info)  # type: ignore[call-arg]
+
+    optional.kind = "step"  # type: ignore[attr-defined]  # dump_effective writes step-N back
+    return BeforeValidator(optional)
+
+
 class InjectFailure(Section):
     """What to break, and when (the fault catalogue: README, "Faults")."""
 
@@ -415,9 +426,11 @@ class InjectFailure(Section):
         default="KillWorker",
         json_schema_extra=meta(_fault_types_allowed, "type: KillWorker"),
     )
-    after_checkpoint: Annotated[int | Literal["next"], step_ref("next")] = Field(
-        default="next",
-        json_schema_extra=meta("step-N or next", "afterCheckpoint: step-1000"),
+    after_checkpoint: Annotated[int | Literal["next"] | None, _optional_step_ref("next")] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "step-N or next (required unless afterStep is set)", "afterCheckpoint: step-1000"
+        ),
     )
     after_step: int | None = Field(
         default=None,
@@ -482,16 +495,15 @@ class InjectFailure(Section):
 
     @model_validator(mode="after")
     def _keys_fit_the_fault(self) -> InjectFailure:
-        given = self.model_fields_set
-        if "after_checkpoint" not in given and self.after_step is None:
+        if self.after_checkpoint is None and self.after_step is None:
             raise refuse(
                 "required key is missing",
                 "afterCheckpoint (step-N or next), or afterStep (a step number)",
-                "e.g. afterCheckpoint: next",
+                "add afterCheckpoint: step-1000 (or afterStep: 50 to trigger on progress)",
                 key=("afterCheckpoint",),
                 got="nothing",
             )
-        if "after_checkpoint" in given and self.after_step is not None:
+        if self.after_checkpoint is not None and self.after_step is not None:
             raise refuse(
                 "afterStep and afterCheckpoint cannot both be set",
                 "one trigger: afterCheckpoint or afterStep",
@@ -532,7 +544,7 @@ def _one_of(*values: str) -> BeforeValidator:
     allowed = _or_list(list(values))
 
     def check(value: Any) -> Any:
-        if isinstance(value, str) and value in values:
+        if value is None or (isinstance(value, str) and value in values):
             return value
         raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
 
@@ -583,8 +595,8 @@ class Expectations(Section):
             "maxRejoinTime: 90s",
         ),
     )
-    rejoin_from: Annotated[str, _one_of("peer", "checkpoint")] = Field(
-        default="peer",
+    rejoin_from: Annotated[str | None, _one_of("peer", "checkpoint")] = Field(
+        default=None,
         json_schema_extra=meta(
             "peer or checkpoint (recovery: live): where the replacement's state must come from",
             "rejoinFrom: peer",
@@ -859,7 +871,7 @@ class DrillConfig(Section):
         for key, given in (
             ("maxSurvivorStall", expectations.max_survivor_stall is not None),
             ("maxRejoinTime", expectations.max_rejoin_time is not None),
-            ("rejoinFrom", "rejoin_from" in expectations.model_fields_set),
+            ("rejoinFrom", expectations.rejoin_from is not None),
         ):
             if given and not live:
                 raise refuse(
@@ -875,6 +887,15 @@ class DrillConfig(Section):
                 "add targetReplica: 1 to injectFailure",
                 key=("recovery",),
                 got="live",
+            )
+        if live and expectations.state_digest_matches:
+            raise refuse(
+                "is not judged in recovery: live yet (a healed replica's digest is not "
+                "compared with a survivor's)",
+                "stateDigestMatches with recovery: restart",
+                "remove stateDigestMatches, or use recovery: restart",
+                key=("stateDigestMatches",),
+                got="true",
             )
         if live and (failure.count != 1 or failure.type not in ("KillWorker", "KillStep")):
             raise refuse(
@@ -940,6 +961,8 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
     """The engine's plain-value view of a validated config."""
     failure, expect = config.inject_failure, config.expectations
     after = failure.after_checkpoint
+    if after is None:
+        after = "next"  # afterStep is the trigger
     expected = expect.resume_from_checkpoint
     return DrillSpec(
         max_recovery_time=expect.max_recovery_time,
@@ -964,7 +987,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         target_replica=failure.target_replica,
         max_survivor_stall=expect.max_survivor_stall,
         max_rejoin_time=expect.max_rejoin_time,
-        rejoin_from=expect.rejoin_from,
+        rejoin_from=expect.rejoin_from or "peer",
     )
 
 

@@ -436,9 +436,14 @@ def records_strategy(draw: st.DrawFn) -> Record:
     event = draw(st.sampled_from(sorted(wire.EVENT_KINDS - {"start"})))
     digest: str | None = None
     parts: tuple[tuple[str, str], ...] = ()
+    source: str | None = None
+    peer: int | None = None
     if event in wire.DIGEST_EVENTS:
         digest = draw(st.none() | hex_strategy)
         parts = draw(st.just(()) | parts_strategy)
+    if event == "checkpoint_loaded":
+        source = draw(st.none() | st.sampled_from(sorted(wire.LOAD_SOURCES)))
+        peer = draw(st.none() | st.integers(0, 1000))
     return Record(
         event,
         draw(st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000)),
@@ -447,6 +452,8 @@ def records_strategy(draw: st.DrawFn) -> Record:
         rank=draw(st.none() | st.integers(0, 100_000)),
         digest=digest,
         parts=parts,
+        source=source,
+        peer=peer,
     )
 
 
@@ -464,6 +471,9 @@ start_strategy = st.builds(
     run_id=st.none() | st.text(max_size=40),
     digest=st.none(),  # builds() would invent them
     parts=st.just(()),
+    replica=st.none() | st.integers(0, 1000),
+    source=st.none(),
+    peer=st.none(),
 )
 
 

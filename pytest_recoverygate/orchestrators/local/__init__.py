@@ -42,7 +42,14 @@ if TYPE_CHECKING:
         LocalOrchestrator,
     )
 
-__all__ = ["BACKEND", "DRILL_MARKER", "LocalOrchestrator", "LocalWorkload"]
+__all__ = [
+    "BACKEND",
+    "DRILL_MARKER",
+    "GroupOrchestrator",
+    "LocalOrchestrator",
+    "LocalWorkload",
+    "Member",
+]
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -313,4 +320,8 @@ def __getattr__(name: str) -> Any:
         from pytest_recoverygate.orchestrators.local import orchestrator
 
         return getattr(orchestrator, name)
+    if name == "GroupOrchestrator":
+        from pytest_recoverygate.orchestrators.local import members
+
+        return members.GroupOrchestrator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -67,7 +67,10 @@ __all__ = [
     "REPLICA_VARIABLES",
     "GroupOrchestrator",
     "MemberSpec",
+    "OutputKeeper",
+    "ServiceProcess",
     "allocate_ports",
+    "fill_ports",
     "replica_of",
 ]
 
