@@ -14,7 +14,9 @@ We test these aspects:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import pytest
 
 from pytest_recoverygate.engine import (
     DrillEngine,
@@ -288,3 +290,34 @@ def test_heals_before_the_kill_and_of_other_replicas_are_not_judged() -> None:
     assert result.verdict is Verdict.PASS, result.summary
     assert result.live is not None
     assert result.live.rejoin_step == 20
+
+
+def test_the_report_carries_the_live_figures_and_the_picture_one_line_per_replica() -> None:
+    pytest.importorskip("matplotlib")
+    from pytest_recoverygate.report import markdown_summary, result_to_dict
+    from pytest_recoverygate.timeline import build_figure
+
+    job = start()
+    kill_at_20(job)
+    train(job, range(21, 24), ("a0",), dt=0.7)
+    job.line(S, "b1", replica=1)
+    job.now += 0.5
+    job.line(L, "b1", 23, source="peer", peer=0)
+    train(job, range(24, 27), ("a0", "b1"))
+    result = job.result
+    points = [(T0 + i * 0.1, "a0", i) for i in range(1, 27)]
+    points += [(T0 + 0.1, "b0", 1), (job.now, "b1", 26)]
+    doc = result_to_dict(replace(result, progress=tuple(points)))
+    assert doc["recoveryMode"] == "live"
+    assert doc["rejoinSource"] == "peer"
+    assert doc["rejoinStep"] == 23
+    assert doc["live"]["replicas"][1]["incs"] == ["b0", "b1"]
+    assert "| rejoinTimeSeconds |" in markdown_summary(doc)
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(doc)
+    try:
+        labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    finally:
+        plt.close(fig)
+    assert {"replica 0", "replica 1", "replica 1 (replacement 1)"} <= set(labels)
