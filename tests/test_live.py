@@ -9,12 +9,17 @@ We test these aspects:
   rejoined from scratch, rejoined from a checkpoint, healed to an older step;
 - no kill before the target replica committed a step (one still joining tests nothing);
 - inconclusive where the lines cannot decide: no heal line with a first step past 1;
-- heals that are not recoveries (step 0, before the kill, another replica) are not judged.
+- heals that are not recoveries (step 0, before the kill, another replica) are not judged;
+- the report's live figures and the timeline picture (one line per replica);
+- through the fake backend's replica groups on a simulated clock (examples/fake/live.yaml):
+  PASS, and FAIL for min_replicas 2, a heal from scratch or from a checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +40,7 @@ from pytest_recoverygate.model import (
 from pytest_recoverygate.verdict import FailureReason
 
 T0 = 1_800_000_000.0
+FAKE_LIVE = Path(__file__).resolve().parent.parent / "examples" / "fake" / "live.yaml"
 S = TrainingEventKind.START
 P = TrainingEventKind.PROGRESS
 L = TrainingEventKind.CHECKPOINT_LOADED
@@ -321,3 +327,61 @@ def test_the_report_carries_the_live_figures_and_the_picture_one_line_per_replic
     finally:
         plt.close(fig)
     assert {"replica 0", "replica 1", "replica 1 (replacement 1)"} <= set(labels)
+
+
+# ------------------------------------------------------------------ through the fake backend
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "reasons", "source"),
+    [
+        ({}, 0, [], "peer"),
+        ({"minReplicas": 2}, 1, ["SURVIVORS_STALLED"], None),
+        ({"heal": "scratch"}, 1, ["REJOINED_FROM_SCRATCH", "LOST_TOO_MANY_STEPS"], "scratch"),
+        (
+            {"heal": "checkpoint"},
+            1,
+            ["REJOINED_FROM_CHECKPOINT", "HEALED_TO_OLDER_STEP", "LOST_TOO_MANY_STEPS"],
+            "checkpoint",
+        ),
+    ],
+    ids=["heals_from_a_peer", "min_replicas_2", "from_scratch", "from_a_checkpoint"],
+)
+def test_the_fake_live_job_reaches_the_verdict_of_what_it_simulates(
+    tmp_path: Path,
+    changes: dict[str, object],
+    code: int,
+    reasons: list[str],
+    source: str | None,
+) -> None:
+    import yaml
+
+    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.orchestrators import build_orchestrator
+    from pytest_recoverygate.orchestrators.base import SimulatedClock
+    from pytest_recoverygate.runner import RunOptions, run_drill
+
+    data = yaml.safe_load(FAKE_LIVE.read_text())
+    data["workload"]["fake"].update(changes)
+    path = tmp_path / "live.yaml"
+    path.write_text(yaml.safe_dump(data))
+    config = load_config(path)
+    clock = SimulatedClock()
+    report = tmp_path / "report.json"
+    result = run_drill(
+        config,
+        RunOptions(report_path=report, handle_signals=False),
+        clock=clock,
+        orchestrator=build_orchestrator(config, clock),
+    )
+    assert result.exit_code == code, result.summary
+    doc = json.loads(report.read_text())
+    assert [c["reason"] for c in doc["checks"] if c["passed"] is False] == reasons
+    assert doc["recoveryMode"] == "live"
+    assert doc["rejoinSource"] == source
+    if not changes:
+        # the simulated figures: the stall is the heartbeat timeout, the rejoin the
+        # restart delay plus the join (0.2 s) plus one step (0.05 s)
+        assert abs(doc["survivorStallSeconds"] - 2.0) < 0.06
+        assert abs(doc["rejoinTimeSeconds"] - 5.25) < 0.06
+        assert doc["rejoinStep"] >= 100
