@@ -486,6 +486,9 @@ class DrillEngine:
                 if last is not None
                 else ("no checkpoint was seen at all")
             )
+            if self.spec.after_step is not None:  # afterStep: say the step, not a checkpoint
+                step = self._live.max_step() if self._live is not None else self.current_step
+                seen = f"the last step seen was {step}" if step is not None else "no step seen"
             return self._finish_error(
                 now,
                 f"timed out after {format_seconds(self.spec.checkpoint_timeout)} waiting for "

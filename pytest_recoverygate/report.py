@@ -124,6 +124,11 @@ def cost_figures(result: DrillResult) -> dict[str, Any]:
         "recoveryTimeMedianSeconds": recovery.get("median")
         if recovery.get("count", 0) > 1
         else None,
+        **(
+            {"lostThroughputSteps": result.live.lost_throughput_steps}
+            if result.live is not None
+            else {}
+        ),
     }
 
 
@@ -150,8 +155,14 @@ def cost_line(result: DrillResult) -> str | None:
             f"over {lost['count']} kills: lost work {lost['min']:.3f}–"
             f"{lost['max']:.3f}s (p95 {lost['p95']:.3f}s)"
         )
+    live = result.live
+    if live is not None and live.lost_throughput_steps is not None:
+        parts.append(
+            f"lost throughput {live.lost_throughput_steps:g} steps' worth of samples while "
+            f"replica {live.target_replica} was out"
+        )
     missing = (result.costs or {}).get("missing") or {}
-    if "saveTime" in missing and result.costs:
+    if "saveTime" in missing and result.costs and live is None:
         parts.append("save time unknown (no checkpoint_started)")
     return "cost of a failure: " + ", ".join(parts) if parts else None
 

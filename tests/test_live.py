@@ -385,3 +385,13 @@ def test_the_fake_live_job_reaches_the_verdict_of_what_it_simulates(
         assert abs(doc["survivorStallSeconds"] - 2.0) < 0.06
         assert abs(doc["rejoinTimeSeconds"] - 5.25) < 0.06
         assert doc["rejoinStep"] >= 100
+
+
+def test_a_job_that_never_reaches_after_step_times_out_naming_its_last_step() -> None:
+    job = start(spec(checkpoint_timeout=30.0))
+    train(job, range(1, 10), ("a0", "b0"))
+    job.now = T0 + 31.0
+    job.tick()
+    result = job.result
+    assert result.verdict is Verdict.ERROR
+    assert "waiting for step 20; the last step seen was 9" in result.summary

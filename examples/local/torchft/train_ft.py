@@ -17,7 +17,9 @@ healing), ``TRAIN_STEPS`` (default 150), ``STEP_SECONDS`` (default 0.05), and
 ``PG_TIMEOUT_SECONDS`` (default 5: how long a collective waits for a dead peer), and
 ``RESTART_DELAY_SECONDS`` (default 0: a restarted process, TORCHELASTIC_RESTART_COUNT > 0,
 waits this long before it joins -- a model that takes that long to load), and
-``TRAIN_FT_INSTRUMENT`` (default 1; 0 leaves the reporting to ``RECOVERYGATE_AUTO=1``).
+``TRAIN_FT_INSTRUMENT`` (default 1; 0 leaves the reporting to ``RECOVERYGATE_AUTO=1``),
+``TRAIN_FT_DDP`` (default 0; 1 averages through torchft's DDP comm hook instead, to
+compare the two).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from datetime import timedelta
 import torch
 from recoverygate.integrations.torchft import instrument
 from torch import nn
-from torchft import Manager, ProcessGroupGloo
+from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
 REPLICA = int(os.environ.get("REPLICA_GROUP_ID", "0"))
 MIN_REPLICA_SIZE = int(os.environ.get("MIN_REPLICA_SIZE", "1"))
@@ -67,17 +69,20 @@ def main() -> None:
     )
     if os.environ.get("TRAIN_FT_INSTRUMENT", "1") != "0":
         instrument(manager)  # with RECOVERYGATE_AUTO=1 it is instrumented already: a no-op
+    ddp = os.environ.get("TRAIN_FT_DDP", "0") == "1"
+    net = DistributedDataParallel(manager, model) if ddp else model
     data = torch.Generator().manual_seed(1000 + REPLICA)
     while manager.current_step() < STEPS:
         manager.start_quorum(allow_heal=ALLOW_HEAL)
         x = torch.randn(64, 32, generator=data)
         y = torch.randn(64, 4, generator=data)
         optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        works = [manager.allreduce(p.grad) for p in model.parameters() if p.grad is not None]
-        for work in works:
-            work.wait()
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()  # with TRAIN_FT_DDP=1 the comm hook averages inside backward
+        if not ddp:
+            works = [manager.allreduce(p.grad) for p in model.parameters() if p.grad is not None]
+            for work in works:
+                work.wait()
         if manager.should_commit():
             optimizer.step()
         time.sleep(STEP_SECONDS)
