@@ -301,6 +301,19 @@ class LiveJudge:
             )
         elif limit is not None and stall_value is not None and stall_value > limit:
             worst = max(stalls, key=lambda r: stalls[r][0])
+            restarted = [
+                r
+                for r in survivors
+                if any(p.replica == r and self._born_after_kill(p) for p in self.procs.values())
+            ]
+            why = (
+                f"replica(s) {restarted} restarted after the kill: a survivor crashed instead of "
+                "training on (torchft's DDP comm hook does when the dead peer resets a "
+                "connection inside the allreduce; see docs/torchft.md)"
+                if restarted
+                else "the survivors waited for the dead replica (min_replica_size > survivors?) "
+                "instead of training on"
+            )
             checks.append(
                 Check(
                     "survivors_kept_training",
@@ -308,8 +321,7 @@ class LiveJudge:
                     f"<= {format_seconds(limit)}",
                     format_seconds(stall_value),
                     f"replica {worst} committed no step for {format_seconds(stall_value)} after "
-                    f"the kill (maxSurvivorStall {format_seconds(limit)}): the survivors waited "
-                    "for the dead replica (min_replica_size > survivors?) instead of training on",
+                    f"the kill (maxSurvivorStall {format_seconds(limit)}): {why}",
                     R.SURVIVORS_STALLED,
                 )
             )

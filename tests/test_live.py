@@ -395,3 +395,16 @@ def test_a_job_that_never_reaches_after_step_times_out_naming_its_last_step() ->
     result = job.result
     assert result.verdict is Verdict.ERROR
     assert "waiting for step 20; the last step seen was 9" in result.summary
+
+
+def test_a_survivor_that_crashed_and_restarted_is_named_as_such() -> None:
+    job = start()
+    kill_at_20(job)
+    kill = job.now
+    job.now = kill + 1.0
+    job.line(S, "a1", replica=0)  # the survivor itself came back: it crashed
+    job.now = kill + 5.2
+    job.tick()
+    result = job.result
+    assert result.verdict is Verdict.FAIL
+    assert "replica(s) [0] restarted after the kill: a survivor crashed" in result.summary

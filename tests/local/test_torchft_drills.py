@@ -14,6 +14,7 @@ drill ~40-60 s on two cores; the three ~3 min). We test these aspects:
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,15 @@ def test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer
     }
     phases = report["breakdown"]
     assert phases["replica restarted"] < phases["healed"] <= phases["first committed step"]
+    events = [json.loads(line) for line in (tmp_path / "report" / "events.jsonl").open()]
+    starts = [e for e in events if e["event"] == "start"]
+    assert sorted(e.get("replica") for e in starts) == [0, 1, 1]
+    heals = [
+        e for e in events if e["event"] == "checkpoint_loaded" and e["time"] > report["killTime"]
+    ]
+    assert [(e["step"], e.get("source"), e.get("peer")) for e in heals] == [
+        (report["rejoinStep"], "peer", 0)
+    ]
 
 
 def test_the_min_replica_size_2_twin_fails_survivors_stalled(tmp_path: Path) -> None:
