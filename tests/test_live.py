@@ -408,3 +408,30 @@ def test_a_survivor_that_crashed_and_restarted_is_named_as_such() -> None:
     result = job.result
     assert result.verdict is Verdict.FAIL
     assert "replica(s) [0] restarted after the kill: a survivor crashed" in result.summary
+
+
+def test_after_step_triggers_a_restart_mode_drill_too(tmp_path: Path) -> None:
+    import yaml
+
+    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.orchestrators import build_orchestrator
+    from pytest_recoverygate.orchestrators.base import SimulatedClock
+    from pytest_recoverygate.runner import RunOptions, run_drill
+
+    data = yaml.safe_load((FAKE_LIVE.parent / "recovery-test.yaml").read_text())
+    data["injectFailure"] = {"type": "KillWorker", "afterStep": 50}
+    path = tmp_path / "restart.yaml"
+    path.write_text(yaml.safe_dump(data))
+    config = load_config(path)
+    clock = SimulatedClock()
+    result = run_drill(
+        config,
+        RunOptions(handle_signals=False),
+        clock=clock,
+        orchestrator=build_orchestrator(config, clock),
+    )
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.trigger_checkpoint is not None
+    assert result.trigger_checkpoint >= 50
+    assert result.resume_step == 40  # the latest checkpoint before the kill (every 20 steps)
+    assert result.live is None
