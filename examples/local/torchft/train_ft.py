@@ -8,8 +8,9 @@ the heal: the training loop has no RecoveryGate line.
 
 Gradients are averaged with ``manager.allreduce`` per parameter, not torchft's DDP comm
 hook: with torchft 0.2.0 the comm hook can crash the *survivor* when the killed peer
-resets a connection inside the allreduce (about 1 run in 8 where this was measured),
-while ``manager.allreduce`` turns that error into a discarded step (see docs/torchft.md).
+resets a connection inside the allreduce (``assert fut._fut`` in torchft/ddp.py; 1 run in
+4 here with ``TRAIN_FT_DDP=1``, about 1 in 8 in the issue), while ``manager.allreduce``
+turns that error into a discarded step (see docs/torchft.md).
 
 Environment: ``MIN_REPLICA_SIZE`` (default 1; 2 makes the survivors wait for the dead
 replica), ``ALLOW_HEAL`` (default 1; 0 makes a replacement start from scratch instead of
