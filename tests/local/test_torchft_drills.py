@@ -78,7 +78,9 @@ def test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer
     assert replicas[0]["incarnations"] == 1
     # It healed to the survivor's state: at or after the survivor's step when it joined,
     # and past the step the job had when the kill landed.
-    assert report["rejoinStep"] >= replicas[0]["stepBeforeKill"] >= 50
+    assert report["triggerCheckpoint"] >= 50  # the step that armed the kill (afterStep)
+    assert report["rejoinStep"] > report["triggerCheckpoint"]
+    assert report["rejoinStep"] >= replicas[0]["stepAtRejoin"] - 1  # the survivor's step
     assert live["rejoinPeer"] == 0
     checks = {c["name"]: c["passed"] for c in report["checks"]}
     assert checks == {
