@@ -552,14 +552,8 @@ def _one_of(*values: str) -> BeforeValidator:
 
 
 class Expectations(Section):
-    """What a successful recovery looks like (the drill's pass criteria).
-
-    ``recovery: restart`` (the default) judges a group restarted from a checkpoint;
-    ``recovery: live`` judges torchft-style live recovery (docs/torchft.md): the
-    survivors keep training (``maxSurvivorStall``), the replacement rejoins
-    (``maxRejoinTime``) from a peer (``rejoinFrom``). In live mode ``maxRecoveryTime``
-    may be left out: it is ``maxRejoinTime`` then.
-    """
+    """What a successful recovery looks like (the drill's pass criteria). ``recovery: live``
+    (docs/torchft.md): ``maxRecoveryTime`` may be left out, it is ``maxRejoinTime`` then."""
 
     @model_validator(mode="before")
     @classmethod
@@ -889,14 +883,9 @@ class DrillConfig(Section):
                 got="live",
             )
         if live and expectations.state_digest_matches:
-            raise refuse(
-                "is not judged in recovery: live yet (a healed replica's digest is not "
-                "compared with a survivor's)",
-                "stateDigestMatches with recovery: restart",
-                "remove stateDigestMatches, or use recovery: restart",
-                key=("stateDigestMatches",),
-                got="true",
-            )
+            problem = "is not judged in recovery: live yet (no digest comparison between replicas)"
+            allowed, hint = "stateDigestMatches with recovery: restart", "remove it, or restart"
+            raise refuse(problem, allowed, hint, key=("stateDigestMatches",), got="true")
         if live and (failure.count != 1 or failure.type not in ("KillWorker", "KillStep")):
             raise refuse(
                 "recovery: live judges one KillWorker kill",

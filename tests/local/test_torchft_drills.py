@@ -93,7 +93,8 @@ def test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer
     }
     phases = report["breakdown"]
     assert phases["replica restarted"] < phases["healed"] <= phases["first committed step"]
-    events = [json.loads(line) for line in (tmp_path / "report" / "events.jsonl").open()]
+    lines = (tmp_path / "report" / "events.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
     starts = [e for e in events if e["event"] == "start"]
     assert sorted(e.get("replica") for e in starts) == [0, 1, 1]
     heals = [
