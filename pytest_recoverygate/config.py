@@ -467,6 +467,12 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
     workload = dumped.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("env"), dict):
         workload["env"] = dict.fromkeys(workload["env"], "<redacted>")
+    for member in (workload.get("group") or []) if isinstance(workload, dict) else []:
+        if isinstance(member, dict) and isinstance(member.get("env"), dict):
+            # the replica ids stay: they name the members (and targetReplica checks them)
+            member["env"] = {
+                k: v if k in _REPLICA_VARIABLES else "<redacted>" for k, v in member["env"].items()
+            }
     for section, keys in _UNSET_IS_ABSENT.items():
         part = dumped.get(section) if section else dumped
         if isinstance(part, dict):
@@ -475,6 +481,9 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
                     del part[key]
     return dumped
 
+
+#: A workload.group member's replica id: shown by ``dump_effective`` (not a secret).
+_REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")
 
 #: Optional keys whose "not set" shows as absent (a fault's own keys, the projection).
 _UNSET_IS_ABSENT = {
@@ -487,8 +496,17 @@ _UNSET_IS_ABSENT = {
         "duration",
         "drainNode",
         "cordon",
+        "afterCheckpoint",
+        "afterStep",
+        "targetReplica",
     ),
-    "expectations": ("maxDetectionTime", "restartBudget"),
+    "expectations": (
+        "maxDetectionTime",
+        "restartBudget",
+        "maxSurvivorStall",
+        "maxRejoinTime",
+        "rejoinFrom",
+    ),
     "": ("projection",),
 }
 

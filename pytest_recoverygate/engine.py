@@ -45,16 +45,18 @@ passed, not at the recovery deadline.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pytest_recoverygate.ledger import Inc, Ledger
+from pytest_recoverygate.live import LiveJudge
 from pytest_recoverygate.model import (
     NODE_FAULTS,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
+    LiveRecovery,
     TimelineEntry,
     TrainingEvent,
     TrainingEventKind,
@@ -236,6 +238,13 @@ class DrillSpec:
     partition_duration: float | None = None  # PartitionNode: None = until noticed
     drain_node: bool = False  # KillNode on SLURM: DRAIN the node too
     cordon: bool = False  # KillNode/DrainNode on Kubernetes: cordon it first
+    # issue 23: the trigger on progress, and live recovery (see pytest_recoverygate.live)
+    recovery: str = "restart"  # "restart" | "live"
+    after_step: int | None = None  # kill once this step was reported (instead of a checkpoint)
+    target_replica: int | None = None
+    max_survivor_stall: float | None = None
+    max_rejoin_time: float | None = None  # None: max_recovery_time
+    rejoin_from: str = "peer"
 
     @property
     def effective_recovery_timeout(self) -> float:
@@ -326,6 +335,10 @@ class DrillEngine:
         self._world_size: int | None = None  # the workers found at discovery
         self._restore_at: float | None = None  # PartitionNode: the link back at the latest
         self._restore_pending = False
+        # recovery: live (issue 23): its own record and judgement, pytest_recoverygate.live
+        self._live = LiveJudge(spec) if spec.recovery == "live" else None
+        self._live_result: LiveRecovery | None = None
+        self._live_waiting_noted = False
 
     # ------------------------------------------------------------------ phase
 
@@ -370,6 +383,9 @@ class DrillEngine:
             noticed_by = self._detection_deadline() if window is None else None
             if noticed_by is not None:
                 end = min(end, noticed_by)
+            if self._live is not None:
+                final = kill.time + self.spec.effective_recovery_timeout
+                return min(end, self._live_next_look(final))
             return end
         return None
 
@@ -389,6 +405,8 @@ class DrillEngine:
     def waiting_for(self) -> str:
         """A short description of the trigger the drill waits for."""
         what = "the save of" if self.spec.fault == "KillDuringCheckpoint" else ""
+        if self.spec.after_step is not None:
+            return f"step {self.spec.after_step}"
         if self._recoveries:
             return f"{what} the next checkpoint after recovery {len(self._recoveries)}".strip()
         if self.spec.after_checkpoint is None:
@@ -492,6 +510,8 @@ class DrillEngine:
             if event.kind in _RANK_KINDS:
                 ev.other_rank(event)
             return []
+        if self._live is not None:
+            return self._on_live_event(event)
         kill = self.kill_time if ev.open else None
         if (
             event.incarnation not in ev.incs
@@ -560,6 +580,8 @@ class DrillEngine:
             if self.spec.fault in NODE_FAULTS and self._world_size is not None:
                 self._kill.details["worldSizeBefore"] = self._world_size
             self.ledger.killed(result.timestamp)
+            if self._live is not None:
+                self._live.killed(result.timestamp)
             self._move(Phase.RECOVERING)
             self.note(result.timestamp, "kill", result.detail, index=index)
             if self.spec.fault == "PartitionNode":
@@ -631,6 +653,8 @@ class DrillEngine:
             and (now >= armed.fire_at)
         ):
             return self._fire(now)
+        if self._live is not None and self.phase is Phase.RECOVERING:
+            return self._live_decide(now, final=now >= self._live_final_deadline())
         deadline = self.deadline
         if deadline is None or now < deadline:
             return []
@@ -652,6 +676,9 @@ class DrillEngine:
                     f"{self.spec.delay.describe()} needs the checkpoint interval, and no two "
                     "checkpoints of one worker's lineage were seen to measure it"
                 )
+            if self.spec.after_step is not None:  # afterStep: say the step, not a checkpoint
+                step = self._live.max_step() if self._live is not None else self.current_step
+                seen = f"the last step seen was {step}" if step is not None else "no step seen"
             return self._finish_error(
                 now,
                 f"timed out after {format_seconds(self.spec.checkpoint_timeout)} waiting for "
@@ -704,6 +731,8 @@ class DrillEngine:
             return []
         if kind is TrainingEventKind.PROGRESS:
             ev.progress(inc, step, event.timestamp, new=new)
+            if not new and self.spec.after_step is not None:
+                return self._step_trigger(step, event.timestamp)
             return self._on_new_progress(inc, step, event.timestamp) if new else []
         if kind is TrainingEventKind.CHECKPOINT_COMPLETED:
             return self._on_checkpoint(inc, event, new=new)
@@ -910,6 +939,8 @@ class DrillEngine:
     def _consider_trigger(self, step: int, at: float, *, save_rank: int | None) -> list[Action]:
         if self.phase is not Phase.WAITING_FOR_CHECKPOINT or self._armed is not None:
             return []
+        if self.spec.after_step is not None:
+            return []  # the trigger is a step (afterStep), not a checkpoint
         if self._next_after is not None:
             if at <= self._next_after:
                 return []
@@ -1073,6 +1104,8 @@ class DrillEngine:
         """Judge the kill under judgement; then the next kill, or the drill's verdict."""
         kill = self._kill
         assert kill is not None
+        if self._live is not None:
+            return self._live_decide(now, final=True)
         budget_mode = self.spec.count is None
         if kill.judged is not None and self.ledger.is_child(kill.judged):
             # Its parent reported after it: a worker's child, never the replacement.
@@ -1208,4 +1241,121 @@ class DrillEngine:
             started_at=self.started_at,
             finished_at=now,
             ignored_lines=self.ledger.ignored_lines,
+            live=self._live_result,
         )
+
+    # ------------------------------------------------------------------ afterStep, live
+
+    def _step_trigger(self, step: int, at: float) -> list[Action]:
+        """``afterStep: N``: arm the kill once the job reported step N (no checkpoint)."""
+        after = self.spec.after_step
+        if self.phase is not Phase.WAITING_FOR_CHECKPOINT or self._armed is not None:
+            return []
+        if after is None or step < after or at < self.started_at:
+            return []
+        if self._next_after is not None and at <= self._next_after:
+            return []
+        delay = self.spec.delay
+        offset = delay.value if delay.kind == "seconds" else 0.0
+        why = f"step {step} reached (afterStep {after})"
+        if offset > 0:
+            why += f"; delay {delay.describe()}"
+        self._armed = _Armed(at + offset, step, at, self.spec.target_rank, why)
+        self.trigger_step = step
+        self.note(at, "trigger", why, step=step)
+        return self._fire(at) if offset <= 0 else []
+
+    def _on_live_event(self, event: TrainingEvent) -> list[Action]:
+        """recovery: live: every replica's lines go to the live record, not the ledger."""
+        live = self._live
+        assert live is not None
+        received = event.received if event.received is not None else event.timestamp
+        known = event.incarnation in live.procs
+        notes = len(live.notes)
+        live.on_event(event, received)
+        for at, text in live.notes[notes:]:
+            self.note(at, "heal", text)
+        kind, step = event.kind, event.step
+        if kind is TrainingEventKind.START and not known:
+            self.note(
+                event.timestamp,
+                "start",
+                f"replica {event.replica} incarnation {event.incarnation}",
+                pid=event.pid,
+                replica=event.replica,
+            )
+        if self.phase is Phase.WAITING_FOR_CHECKPOINT and step is not None:
+            if not live.target_committed():
+                # Killing a replica that has not joined yet tests nothing: wait for it.
+                if kind is TrainingEventKind.PROGRESS and not self._live_waiting_noted:
+                    self._live_waiting_noted = True
+                    self.note(
+                        event.timestamp,
+                        "note",
+                        f"the job reports steps; waiting for replica {live.target} to commit "
+                        "one before the kill",
+                    )
+                return []
+            if self.spec.after_step is not None and kind is TrainingEventKind.PROGRESS:
+                return self._step_trigger(live.max_step() or step, event.timestamp)
+            if self.spec.after_step is None and kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+                after = self.spec.after_checkpoint
+                if (after is None and event.timestamp >= self.started_at) or (
+                    after is not None and step >= after
+                ):
+                    self.note(event.timestamp, "checkpoint", f"step {step}", step=step)
+                    return self._step_trigger_now(step, event.timestamp)
+        if self.phase is Phase.RECOVERING and kind is TrainingEventKind.PROGRESS:
+            return self._live_decide(received, final=False)
+        return []
+
+    def _step_trigger_now(self, step: int, at: float) -> list[Action]:
+        why = f"checkpoint {step} completed"
+        self._armed = _Armed(at, step, at, self.spec.target_rank, why)
+        self.trigger_step = step
+        self.note(at, "trigger", why, step=step)
+        return self._fire(at)
+
+    def _live_final_deadline(self) -> float:
+        kill = self._kill
+        assert kill is not None
+        return kill.time + self.spec.effective_recovery_timeout
+
+    def _live_next_look(self, final: float) -> float:
+        """When a live FAIL may become provable without any new line (a stall, no rejoin)."""
+        live, kill = self._live, self._kill
+        assert live is not None
+        assert kill is not None
+        looks = [final, kill.time + live.rejoin_limit]
+        limit = self.spec.max_survivor_stall
+        if limit is not None:
+            last = [
+                c[0]
+                for p in live.procs.values()
+                if p.replica != live.target and p.commits
+                for c in p.commits[-1:]
+            ]
+            if last:
+                looks.append(max(min(last), kill.time) + limit + 0.001)
+        return min(looks)
+
+    def _live_decide(self, now: float, *, final: bool) -> list[Action]:
+        live = self._live
+        assert live is not None
+        judgement = live.decide(now, final=final)
+        if judgement is None:
+            return []
+        self._live_result = judgement.figures
+        figures = judgement.figures
+        self.note(
+            now,
+            "rejoin",
+            f"replica {figures.target_replica}: rejoin "
+            f"{figures.rejoin_time_seconds}s, source {figures.rejoin_source}, step "
+            f"{figures.rejoin_step}; survivors' stall {figures.survivor_stall_seconds}s",
+        )
+        self._finish(now, judgement.verdict, judgement.summary, judgement.checks)
+        assert self.result is not None
+        # the live breakdown: the replica's restart -> its heal -> its first committed step
+        self.result = replace(self.result, breakdown=dict(figures.phases))
+        return [Finish(self.result)]

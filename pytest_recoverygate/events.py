@@ -58,6 +58,9 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         ppid=record.ppid,
         parent=record.parent,
         world_size=record.world_size,
+        replica=record.replica,
+        source=None if record.source == "checkpoint" else record.source,
+        peer=record.peer,
     )
 
 

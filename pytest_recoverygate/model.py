@@ -20,7 +20,9 @@ __all__ = [
     "GroupEventKind",
     "KillOutcome",
     "KillResult",
+    "LiveRecovery",
     "Node",
+    "ReplicaSteps",
     "TimelineEntry",
     "TrainingEvent",
     "TrainingEventKind",
@@ -50,7 +52,10 @@ class TrainingEvent:
     sorted by name; see docs/state-digest.md. ``ppid``, ``parent`` and ``world_size``
     (start events) say how the process was launched: ``parent`` is set for a subprocess
     or forked child of a process that had the reporter loaded, never for a worker its
-    launcher started.
+    launcher started. ``replica`` (start events) is the replica
+    group of the process (torchft's ``REPLICA_GROUP_ID``); ``source`` (checkpoint loaded)
+    is ``"peer"`` when the state was copied from a live replica (``peer``: its rank), else
+    ``None`` (a checkpoint); see docs/torchft.md.
     """
 
     kind: TrainingEventKind
@@ -67,6 +72,9 @@ class TrainingEvent:
     ppid: int | None = None
     parent: str | None = None  # the incarnation that started this process, if it reported
     world_size: int | None = None
+    replica: int | None = None
+    source: str | None = None
+    peer: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,3 +274,47 @@ class TimelineEntry:
     kind: str
     detail: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSteps:
+    """One replica group's committed steps around the kill (recovery: live).
+
+    ``before``: its last committed step reported before the kill; ``at_rejoin``: its last
+    before the replacement's first committed step; ``last``: its last seen at all;
+    ``stall_seconds``: its longest gap between committed steps from the kill to the rejoin
+    (the gaps spanning both included); ``target``: the replica the drill killed.
+    """
+
+    replica: int
+    target: bool
+    before: int | None
+    at_rejoin: int | None
+    last: int | None
+    stall_seconds: float | None
+    incarnations: int
+    incs: tuple[str, ...] = ()  # its incarnation ids, oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRecovery:
+    """The figures of a live recovery (torchft: survivors train on, the replacement heals).
+
+    ``rejoin_step``: the step of the state the replacement healed to (as ``resumeStep``
+    is the loaded step); ``rejoin_source``: ``peer``, ``checkpoint``, ``scratch`` or
+    ``None`` (unknown); ``phases``: seconds after the kill of the replacement's start,
+    its heal and its first committed step; ``lost_throughput_steps``: steps the job did
+    not make while the world was smaller (the survivors' rate before the kill x the
+    missing replica's share of it over the rejoin time).
+    """
+
+    target_replica: int
+    survivor_stall_seconds: float | None
+    rejoin_time_seconds: float | None
+    rejoin_step: int | None
+    rejoin_source: str | None
+    rejoin_peer: int | None
+    survivors_kept_training: bool | None
+    replicas: tuple[ReplicaSteps, ...] = ()
+    phases: dict[str, float | None] = field(default_factory=dict)
+    lost_throughput_steps: float | None = None

@@ -46,6 +46,8 @@ __all__ = [
     "cost_line",
     "evidence_to_dict",
     "figures",
+    "live_figures",
+    "live_to_dict",
     "markdown_summary",
     "project_config",
     "result_to_dict",
@@ -70,6 +72,48 @@ def figures(result: DrillResult) -> dict[str, Any]:
         "triggerCheckpoint": result.trigger_checkpoint,
         "loadedStep": result.loaded_step,
         "inconclusive": result.inconclusive,
+        **live_figures(result),
+    }
+
+
+def live_figures(result: DrillResult) -> dict[str, Any]:
+    """``recovery: live``'s headline figures (docs/torchft.md); none in restart mode."""
+    live = result.live
+    if live is None:
+        return {}
+    return {
+        "recoveryMode": "live",
+        "survivorStallSeconds": live.survivor_stall_seconds,
+        "rejoinTimeSeconds": live.rejoin_time_seconds,
+        "rejoinStep": live.rejoin_step,
+        "rejoinSource": live.rejoin_source,
+        "survivorsKeptTraining": live.survivors_kept_training,
+    }
+
+
+def live_to_dict(result: DrillResult) -> dict[str, Any] | None:
+    """The ``live`` block of report.json: per replica its steps around the kill."""
+    live = result.live
+    if live is None:
+        return None
+    return {
+        "targetReplica": live.target_replica,
+        "rejoinPeer": live.rejoin_peer,
+        "lostThroughputSteps": live.lost_throughput_steps,
+        "phases": dict(live.phases),
+        "replicas": [
+            {
+                "replica": r.replica,
+                "target": r.target,
+                "stepBeforeKill": r.before,
+                "stepAtRejoin": r.at_rejoin,
+                "lastStep": r.last,
+                "stallSeconds": r.stall_seconds,
+                "incarnations": r.incarnations,
+                "incs": list(r.incs),
+            }
+            for r in live.replicas
+        ],
     }
 
 
@@ -89,6 +133,11 @@ def cost_figures(result: DrillResult) -> dict[str, Any]:
         "recoveryTimeMedianSeconds": recovery.get("median")
         if recovery.get("count", 0) > 1
         else None,
+        **(
+            {"lostThroughputSteps": result.live.lost_throughput_steps}
+            if result.live is not None
+            else {}
+        ),
     }
 
 
@@ -115,8 +164,14 @@ def cost_line(result: DrillResult) -> str | None:
             f"over {lost['count']} kills: lost work {lost['min']:.3f}–"
             f"{lost['max']:.3f}s (p95 {lost['p95']:.3f}s)"
         )
+    live = result.live
+    if live is not None and live.lost_throughput_steps is not None:
+        parts.append(
+            f"lost throughput {live.lost_throughput_steps:g} steps' worth of samples while "
+            f"replica {live.target_replica} was out"
+        )
     missing = (result.costs or {}).get("missing") or {}
-    if "saveTime" in missing and result.costs:
+    if "saveTime" in missing and result.costs and live is None:
         parts.append("save time unknown (no checkpoint_started)")
     return "cost of a failure: " + ", ".join(parts) if parts else None
 
@@ -176,6 +231,8 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         ],
         "progress": [{"time": t, "inc": inc, "step": step} for t, inc, step in result.progress],
     }
+    if result.live is not None:
+        doc["live"] = live_to_dict(result)
     if config is not None and config.projection is not None:
         doc["projection"] = _projection(doc, config)
     return doc
@@ -414,14 +471,23 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         "| figure | value |",
         "| --- | --- |",
     ]
-    for key in (
+    keys: tuple[str, ...] = (
         "resumeStep",
         "expectedResumeStep",
         "lostSteps",
         "recoveryTimeSeconds",
         "maxRecoveryTimeSeconds",
         "restarts",
-    ):
+    )
+    if doc.get("recoveryMode") == "live":
+        keys = (
+            "survivorStallSeconds",
+            "rejoinTimeSeconds",
+            "rejoinStep",
+            "rejoinSource",
+            "survivorsKeptTraining",
+        )
+    for key in keys:
         lines.append(f"| {key} | {_fmt(doc.get(key))} |")
     breakdown = doc.get("breakdown") or {}
     if breakdown:

@@ -477,16 +477,18 @@ class _Drill:
         if event.kind is TrainingEventKind.PROGRESS and event.step is not None:
             self.progress.append((event.timestamp, event.incarnation, event.step))
         if event.kind is not TrainingEventKind.PROGRESS or len(self.raw_log) < 100_000:
-            self.raw_log.append(
-                {
-                    "time": event.timestamp,
-                    "received": event.received,
-                    "event": event.kind.value,
-                    "step": event.step,
-                    "inc": event.incarnation,
-                    "rank": event.rank,
-                }
-            )
+            row: dict[str, Any] = {
+                "time": event.timestamp,
+                "received": event.received,
+                "event": event.kind.value,
+                "step": event.step,
+                "inc": event.incarnation,
+                "rank": event.rank,
+            }
+            # recovery: live's fields, only where a line carried them
+            extra = {"replica": event.replica, "source": event.source, "peer": event.peer}
+            row.update({k: v for k, v in extra.items() if v is not None})
+            self.raw_log.append(row)
 
     def _sync_phase(self, message: str | None = None) -> None:
         """Show the engine's phase when it changed, else a fresh status line now and then."""

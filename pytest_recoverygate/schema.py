@@ -83,6 +83,8 @@ __all__ = [
     "step_ref",
 ]
 
+#: ``maxRecoveryTime`` in live mode when neither it nor ``maxRejoinTime`` is given.
+LIVE_REJOIN_DEFAULT = "90s"
 #: Bounds that turn absurd values into errors instead of overflows or endless waits.
 MAX_DURATION = 30 * 24 * 3600.0  # 30 days
 MAX_RANK = 1_000_000
@@ -467,6 +469,17 @@ def _count(value: Any) -> Any:
 # ------------------------------------------------------------------ the sections
 
 
+def _optional_step_ref(literal: str) -> BeforeValidator:
+    """:func:`step_ref`, with ``null`` meaning "not set" (a key that has an alternative)."""
+    check = step_ref(literal).func
+
+    def optional(value: Any, info: ValidationInfo) -> Any:
+        return None if value is None else check(value, info)  # type: ignore[call-arg]
+
+    optional.kind = "step"  # type: ignore[attr-defined]  # dump_effective writes step-N back
+    return BeforeValidator(optional)
+
+
 class InjectFailure(Section):
     """What to break, and when (the fault catalogue: README, "Faults")."""
 
@@ -474,8 +487,30 @@ class InjectFailure(Section):
         default="KillWorker",
         json_schema_extra=meta(_fault_types_allowed, "type: KillWorker"),
     )
-    after_checkpoint: Annotated[int | Literal["next"], step_ref("next")] = Field(
-        json_schema_extra=meta("step-N or next", "afterCheckpoint: step-1000")
+    after_checkpoint: Annotated[int | Literal["next"] | None, _optional_step_ref("next")] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "step-N or next (required unless afterStep is set)", "afterCheckpoint: step-1000"
+        ),
+    )
+    after_step: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_STEP,
+        json_schema_extra=meta(
+            "a whole number >= 1: kill once the job reported this step (no checkpoint needed)",
+            "afterStep: 50",
+        ),
+    )
+    target_replica: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RANK,
+        json_schema_extra=meta(
+            "a whole number >= 0: the replica group to hit (the reporter's replica, "
+            "torchft's REPLICA_GROUP_ID); recovery: live",
+            "targetReplica: 1",
+        ),
     )
     target_rank: int | None = Field(
         default=None,
@@ -567,6 +602,30 @@ class InjectFailure(Section):
 
     @model_validator(mode="after")
     def _keys_fit_the_fault(self) -> InjectFailure:
+        if self.after_checkpoint is None and self.after_step is None:
+            raise refuse(
+                "required key is missing",
+                "afterCheckpoint (step-N or next), or afterStep (a step number)",
+                "add afterCheckpoint: step-1000 (or afterStep: 50 to trigger on progress)",
+                key=("afterCheckpoint",),
+                got="nothing",
+            )
+        if self.after_checkpoint is not None and self.after_step is not None:
+            raise refuse(
+                "afterStep and afterCheckpoint cannot both be set",
+                "one trigger: afterCheckpoint or afterStep",
+                "remove one of them",
+                key=("afterStep",),
+                got=str(self.after_step),
+            )
+        if self.after_step is not None and self.type == "KillDuringCheckpoint":
+            raise refuse(
+                "does not apply to KillDuringCheckpoint (it kills inside a save)",
+                "afterCheckpoint with KillDuringCheckpoint",
+                "use afterCheckpoint, or another type",
+                key=("afterStep",),
+                got=str(self.after_step),
+            )
         if self.grace_period is not None and self.type != "Preempt":
             raise refuse(
                 f"applies to type: Preempt only (this drill injects {self.type})",
@@ -603,8 +662,63 @@ class InjectFailure(Section):
         return self
 
 
+def _one_of(*values: str) -> BeforeValidator:
+    """A text key that takes one of ``values`` (worded like the other keys' errors)."""
+    allowed = _or_list(list(values))
+
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value in values):
+            return value
+        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
+
+    return BeforeValidator(check)
+
+
 class Expectations(Section):
-    """What a successful recovery looks like (the drill's pass criteria)."""
+    """What a successful recovery looks like (the drill's pass criteria). ``recovery: live``
+    (docs/torchft.md): ``maxRecoveryTime`` may be left out, it is ``maxRejoinTime`` then."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _live_defaults(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("recovery") == "live"
+            and "maxRecoveryTime" not in data
+            and "max_recovery_time" not in data
+        ):
+            data = dict(data)
+            rejoin = data.get("maxRejoinTime", data.get("max_rejoin_time"))
+            data["maxRecoveryTime"] = rejoin if rejoin is not None else LIVE_REJOIN_DEFAULT
+        return data
+
+    recovery: Annotated[str, _one_of("restart", "live")] = Field(
+        default="restart",
+        json_schema_extra=meta("restart or live", "recovery: live"),
+    )
+    max_survivor_stall: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (recovery: live): the survivors' longest gap between "
+            "committed steps from the kill to the rejoin",
+            "maxSurvivorStall: 10s",
+        ),
+    )
+    max_rejoin_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (recovery: live): kill -> the replacement's first "
+            "committed step (default maxRecoveryTime)",
+            "maxRejoinTime: 90s",
+        ),
+    )
+    rejoin_from: Annotated[str | None, _one_of("peer", "checkpoint")] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "peer or checkpoint (recovery: live): where the replacement's state must come from",
+            "rejoinFrom: peer",
+        ),
+    )
 
     resume_from_checkpoint: Annotated[int | Literal["latest"], step_ref("latest")] = Field(
         default="latest",
@@ -903,6 +1017,39 @@ class DrillConfig(Section):
                 failure.count == "untilBudgetExhausted",
             ),
         )
+        live = expectations.recovery == "live"
+        for key, given in (
+            ("maxSurvivorStall", expectations.max_survivor_stall is not None),
+            ("maxRejoinTime", expectations.max_rejoin_time is not None),
+            ("rejoinFrom", expectations.rejoin_from is not None),
+        ):
+            if given and not live:
+                raise refuse(
+                    "applies to recovery: live only",
+                    f"{key} with recovery: live",
+                    f"remove {key}, or set recovery: live",
+                    key=(key,),
+                )
+        if live and failure.target_replica is None:
+            raise refuse(
+                "recovery: live needs injectFailure.targetReplica (the replica group to kill)",
+                "injectFailure.targetReplica: a replica group's REPLICA_GROUP_ID",
+                "add targetReplica: 1 to injectFailure",
+                key=("recovery",),
+                got="live",
+            )
+        if live and expectations.state_digest_matches:
+            problem = "is not judged in recovery: live yet (no digest comparison between replicas)"
+            allowed, hint = "stateDigestMatches with recovery: restart", "remove it, or restart"
+            raise refuse(problem, allowed, hint, key=("stateDigestMatches",), got="true")
+        if live and (failure.count != 1 or failure.type not in ("KillWorker", "KillStep")):
+            raise refuse(
+                "recovery: live judges one KillWorker kill",
+                "injectFailure type: KillWorker with count: 1",
+                "use type: KillWorker and leave count out, or recovery: restart",
+                key=("recovery",),
+                got="live",
+            )
         for key, given, wants, fits in needs:
             if given and not fits:
                 raise refuse(
@@ -998,6 +1145,8 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
     """The engine's plain-value view of a validated config."""
     failure, expect = config.inject_failure, config.expectations
     after = failure.after_checkpoint
+    if after is None:
+        after = "next"  # afterStep is the trigger
     expected = expect.resume_from_checkpoint
     return DrillSpec(
         max_recovery_time=expect.max_recovery_time,
@@ -1024,6 +1173,12 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         partition_duration=failure.duration,
         drain_node=bool(failure.drain_node),
         cordon=bool(failure.cordon),
+        recovery=expect.recovery,
+        after_step=failure.after_step,
+        target_replica=failure.target_replica,
+        max_survivor_stall=expect.max_survivor_stall,
+        max_rejoin_time=expect.max_rejoin_time,
+        rejoin_from=expect.rejoin_from or "peer",
     )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "PICTURE_HINT",
     "build_figure",
     "plotting_available",
+    "replica_of_incarnation",
     "series_by_incarnation",
     "write_timeline_picture",
 ]
@@ -33,7 +34,12 @@ _PHASE_LABELS = {
     "firstReport": "first report",
     "checkpointLoaded": "checkpoint loaded",
     "firstStepAfterResume": "first step after resume",
+    # recovery: live (docs/torchft.md)
+    "replica restarted": "replica restarted",
+    "healed": "healed from a peer",
+    "first committed step": "first committed step",
 }
+_REPLICA_COLORS = ("#0969da", "#bf3989", "#1a7f37", "#9a6700", "#8250df", "#57606a")
 
 _COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
 
@@ -81,18 +87,30 @@ def series_by_incarnation(doc: dict[str, Any], origin: float) -> dict[str, list[
     return out
 
 
+def replica_of_incarnation(doc: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """recovery: live: incarnation -> (its replica group, its number within it from 1)."""
+    out: dict[str, tuple[int, int]] = {}
+    for replica in (doc.get("live") or {}).get("replicas", []):
+        for number, inc in enumerate(replica.get("incs", [])):
+            out[inc] = (replica["replica"], number + 1)
+    return out
+
+
 def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
     verdict = doc["verdict"]
     series = series_by_incarnation(doc, origin)
+    replicas = replica_of_incarnation(doc)  # live mode: one colour per replica group
     for number, (inc, points) in enumerate(series.items()):
         xs, ys = zip(*points, strict=True)
-        ax.plot(
-            xs,
-            ys,
-            lw=1.6,
-            marker="." if len(points) < 30 else None,
-            label=f"incarnation {number + 1} ({inc})",
-        )
+        style: dict[str, Any] = {"label": f"incarnation {number + 1} ({inc})"}
+        if inc in replicas:
+            replica, nth = replicas[inc]
+            style = {
+                "label": f"replica {replica}" + (f" (replacement {nth - 1})" if nth > 1 else ""),
+                "color": _REPLICA_COLORS[replica % len(_REPLICA_COLORS)],
+                "ls": "-" if nth == 1 else "--",
+            }
+        ax.plot(xs, ys, lw=1.6, marker="." if len(points) < 30 else None, **style)
     checkpoints = [e for e in doc["timeline"] if e["kind"] == "checkpoint" and "step" in e]
     if checkpoints:
         ax.scatter(
@@ -142,6 +160,10 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
                     fontsize=7,
                     color="#57606a",
                 )
+    heal = doc.get("rejoinStep")
+    healed = (doc.get("breakdown") or {}).get("healed")
+    if heal is not None and healed is not None:
+        ax.scatter([healed], [heal], color="#8250df", zorder=4, label=f"healed at step {heal}")
     resume, last = doc.get("resumeStep"), doc.get("lastStepBeforeKill")
     if resume is not None:
         ax.axhline(resume, color="#8250df", lw=0.8, ls=":")

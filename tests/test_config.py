@@ -164,6 +164,10 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
         "hang_timeout": 1800.0,
         "max_restarts": None,
         "elastic": True,
+        "replicas": None,
+        "min_replicas": 1,
+        "heal": "peer",
+        "heartbeat_timeout": 2.0,
     }
     assert config.inject_failure.after_checkpoint == "next"
     assert config.inject_failure.target_rank == 3

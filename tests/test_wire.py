@@ -436,9 +436,14 @@ def records_strategy(draw: st.DrawFn) -> Record:
     event = draw(st.sampled_from(sorted(wire.EVENT_KINDS - {"start"})))
     digest: str | None = None
     parts: tuple[tuple[str, str], ...] = ()
+    source: str | None = None
+    peer: int | None = None
     if event in wire.DIGEST_EVENTS:
         digest = draw(st.none() | hex_strategy)
         parts = draw(st.just(()) | parts_strategy)
+    if event == "checkpoint_loaded":
+        source = draw(st.none() | st.sampled_from(sorted(wire.LOAD_SOURCES)))
+        peer = draw(st.none() | st.integers(0, 1000))
     return Record(
         event,
         draw(st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000)),
@@ -447,6 +452,8 @@ def records_strategy(draw: st.DrawFn) -> Record:
         rank=draw(st.none() | st.integers(0, 100_000)),
         digest=digest,
         parts=parts,
+        source=source,
+        peer=peer,
     )
 
 
@@ -467,6 +474,9 @@ start_strategy = st.builds(
     ppid=st.none() | st.integers(0, 2**22),
     parent=st.none() | st.text(alphabet="0123456789abcdef", min_size=16, max_size=16),
     world_size=st.none() | st.integers(1, 100_000),
+    replica=st.none() | st.integers(0, 1000),
+    source=st.none(),
+    peer=st.none(),
 )
 
 

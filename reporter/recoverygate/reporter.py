@@ -35,6 +35,8 @@ Environment (read on the first call, and again in a forked child):
   first two progress calls of a process always print; checkpoint events always print.
 - ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_RUN_ID``,
   ``WORLD_SIZE``: copied into the start event when set.
+- ``RECOVERYGATE_REPLICA``, else ``REPLICA_GROUP_ID`` (torchft's): the replica group,
+  copied into the start event as ``replica`` when it is a whole number.
 
 How a process says how it was launched: importing this module sets
 ``RECOVERYGATE_PARENT_INC`` to this process's incarnation id, so a subprocess it starts
@@ -150,19 +152,31 @@ def checkpoint_completed(step: SupportsInt, digest: Digest = None) -> None:
             _emit_digest(_completed_parts, step, digest)
 
 
-def checkpoint_loaded(step: SupportsInt, digest: Digest = None) -> None:
+def checkpoint_loaded(
+    step: SupportsInt,
+    digest: Digest = None,
+    *,
+    source: str = "checkpoint",
+    peer: int | None = None,
+) -> None:
     """Report that a resume loaded the checkpoint of ``step``. Never rate-limited.
 
     ``digest``: the fingerprint of the state now held (after every ``load_state_dict``),
     computed like the one passed to :func:`checkpoint_completed` for the same step.
+    ``source``: where the state came from, ``"checkpoint"`` (storage, the default) or
+    ``"peer"`` (copied from a live replica, torchft's heal); ``peer``: that replica's rank.
+    An unknown ``source`` is dropped (the line says ``checkpoint``).
     """
     if not _ready:
         _init()
     if _ckpt_on:
-        if digest is None:
-            _emit(_loaded_parts, step)
+        if source == "checkpoint" and peer is None:
+            if digest is None:
+                _emit(_loaded_parts, step)
+            else:
+                _emit_digest(_loaded_parts, step, digest)
         else:
-            _emit_digest(_loaded_parts, step, digest)
+            _emit_digest(_loaded_parts, step, digest, source=source, peer=peer)
 
 
 def enabled() -> bool:
@@ -231,6 +245,22 @@ def _env_int(name: str) -> int | None:
         return None
 
 
+def _whole(value: object) -> int | None:
+    """``value`` as an int >= 0, else None (bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _replica() -> int | None:
+    """The replica group: ``RECOVERYGATE_REPLICA``, else torchft's ``REPLICA_GROUP_ID``."""
+    for name in ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID"):
+        value = _env_int(name)
+        if value is not None and value >= 0:
+            return value
+    return None
+
+
 def _wants(rank: int, ranks: str) -> bool:
     ranks = ranks.strip().lower()
     if ranks == "all":
@@ -295,6 +325,7 @@ def _init() -> None:
                     ppid=os.getppid(),
                     parent=_parent if _parent != _inc else None,
                     world_size=_env_int("WORLD_SIZE"),
+                    replica=_replica(),
                 ).encode("ascii")
         except Exception:  # never raise into training code: stay silent instead
             _on = _ckpt_on = False
@@ -382,8 +413,15 @@ def _emit(parts: tuple[bytes, bytes], step: SupportsInt, now: float | None = Non
         return
 
 
-def _emit_digest(parts: tuple[bytes, bytes], step: SupportsInt, digest: object) -> None:
-    """Like :func:`_emit`, with the ``digest``/``parts`` fields (json-free, not hot)."""
+def _emit_digest(
+    parts: tuple[bytes, bytes],
+    step: SupportsInt,
+    digest: object,
+    *,
+    source: str | None = None,
+    peer: int | None = None,
+) -> None:
+    """Like :func:`_emit`, with the ``digest``/``parts`` (and ``source``/``peer``) fields."""
     global _start_line
     try:
         value = int(step)
@@ -393,11 +431,16 @@ def _emit_digest(parts: tuple[bytes, bytes], step: SupportsInt, digest: object) 
         try:
             from recoverygate import wire  # loaded by _init already: a dict lookup
 
-            fields = wire.normalize_digest(digest)
+            fields = wire.normalize_digest(digest) if digest is not None else None
             if fields is not None:
                 tail = wire.digest_fields(*fields).encode("ascii")
         except Exception:  # an invalid digest is dropped; the step is still reported
             tail = b""
+        if source is not None or peer is not None:
+            from recoverygate import wire
+
+            known = source if source in wire.LOAD_SOURCES else None
+            tail += wire.source_fields(known, _whole(peer)).encode("ascii")
         line = b"%s%.6f%s%d%s}\n" % (parts[0], _clock(), parts[1], value, tail)
         if _start_line:
             with _lock:

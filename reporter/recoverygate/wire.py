@@ -30,6 +30,11 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
                         or forked child of a worker: warm-up, evaluation, a checkpoint
                         writer); absent for a process its launcher started
 ``world_size``  int     start only, optional: ``WORLD_SIZE``
+``replica``     int     start only, optional: the replica group (torchft's
+                        ``REPLICA_GROUP_ID``, or ``RECOVERYGATE_REPLICA``)
+``source``      str     checkpoint_loaded only, optional: where the state came from,
+                        ``checkpoint`` (the default when absent) or ``peer`` (a live replica)
+``peer``        int     checkpoint_loaded only, optional: the replica rank the state came from
 =============== ======= =====================================================================
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
@@ -63,6 +68,7 @@ from typing import NamedTuple
 
 __all__ = [
     "EVENT_KINDS",
+    "LOAD_SOURCES",
     "MAX_DIGEST_CHARS",
     "MAX_DIGEST_PARTS",
     "MAX_EVENT_BYTES",
@@ -81,6 +87,7 @@ __all__ = [
     "normalize_digest",
     "parse_text",
     "record_from_json",
+    "source_fields",
     "step_line_parts",
 ]
 
@@ -94,6 +101,8 @@ CHECKPOINT_LOADED = "checkpoint_loaded"
 EVENT_KINDS = frozenset(
     {START, PROGRESS, CHECKPOINT_STARTED, CHECKPOINT_COMPLETED, CHECKPOINT_LOADED}
 )
+#: ``source`` values of checkpoint_loaded (absent means ``checkpoint``).
+LOAD_SOURCES = frozenset({"checkpoint", "peer"})
 #: Events that may carry ``digest`` and ``parts``.
 DIGEST_EVENTS = frozenset({CHECKPOINT_COMPLETED, CHECKPOINT_LOADED})
 
@@ -139,6 +148,9 @@ class Record(NamedTuple):
     ppid: int | None = None
     parent: str | None = None
     world_size: int | None = None
+    replica: int | None = None
+    source: str | None = None  # checkpoint_loaded: "checkpoint" (None) or "peer"
+    peer: int | None = None
 
 
 # ---------------------------------------------------------------------------- digests
@@ -253,11 +265,14 @@ def format_step(
     *,
     digest: str | None = None,
     parts: tuple[tuple[str, str], ...] = (),
+    source: str | None = None,
+    peer: int | None = None,
 ) -> str:
     """One complete progress/checkpoint line, newline included.
 
     ``digest`` and ``parts`` (checkpoint_completed and checkpoint_loaded only) must be
     valid: lower-case hex, parts sorted by name, as :func:`normalize_digest` returns them.
+    ``source`` and ``peer``: checkpoint_loaded only (see :func:`source_fields`).
     """
     head, middle = step_line_parts(event, inc, rank)
     extra = ""
@@ -265,7 +280,24 @@ def format_step(
         if event not in DIGEST_EVENTS:
             raise ValueError(f"a {event} event carries no digest")
         extra = digest_fields(digest, parts)
+    if source is not None or peer is not None:
+        if event != CHECKPOINT_LOADED:
+            raise ValueError(f"a {event} event carries no source")
+        extra += source_fields(source, peer)
     return f"{head}{_time(time)}{middle}{int(step)}{extra}}}\n"
+
+
+def source_fields(source: str | None, peer: int | None = None) -> str:
+    """The text of the optional ``source`` and ``peer`` fields, each with a leading comma.
+
+    ``source`` must be one of :data:`LOAD_SOURCES` (or None); ``peer`` an int >= 0.
+    """
+    if source is not None and source not in LOAD_SOURCES:
+        raise ValueError(f"source must be one of {sorted(LOAD_SOURCES)}, got {source!r}")
+    text = "" if source is None else f',"source":"{source}"'
+    if peer is not None:
+        text += f',"peer":{int(peer)}'
+    return text
 
 
 def format_start(
@@ -281,6 +313,7 @@ def format_start(
     ppid: int | None = None,
     parent: str | None = None,
     world_size: int | None = None,
+    replica: int | None = None,
 ) -> str:
     """One complete start line, newline included (formatted once per process)."""
     parts = [f'{SENTINEL} {{"event":"start","time":{_time(time)},"inc":{json_string(inc)}']
@@ -299,6 +332,8 @@ def format_start(
         parts.append(f',"parent":{json_string(parent)}')
     if world_size is not None:
         parts.append(f',"world_size":{int(world_size)}')
+    if replica is not None:
+        parts.append(f',"replica":{int(replica)}')
     parts.append("}\n")
     return "".join(parts)
 
@@ -318,6 +353,7 @@ def format_record(record: Record) -> str:
             ppid=record.ppid,
             parent=record.parent,
             world_size=record.world_size,
+            replica=record.replica,
         )
     if record.step is None:
         raise ValueError(f"a {record.event} record needs a step")
@@ -329,6 +365,8 @@ def format_record(record: Record) -> str:
         record.rank,
         digest=record.digest,
         parts=record.parts,
+        source=record.source,
+        peer=record.peer,
     )
 
 
@@ -402,6 +440,13 @@ def record_from_json(obj: object) -> Record | None:
         if event in DIGEST_EVENTS:  # elsewhere the fields are unknown ones: ignored
             digest = _opt_digest(get("digest"))
             parts = _opt_parts(get("parts"))
+        source: str | None = None
+        peer: int | None = None
+        if event == CHECKPOINT_LOADED:  # elsewhere unknown fields: ignored
+            source = _opt_str(get("source"))
+            if source is not None and source not in LOAD_SOURCES:
+                raise _Bad
+            peer = _opt_int(get("peer"))
         return Record(
             event,
             time,
@@ -420,6 +465,9 @@ def record_from_json(obj: object) -> Record | None:
                 if event == START
                 else (None, None, None)
             ),
+            _opt_int(get("replica")) if event == START else None,
+            source,
+            peer,
         )
     except _Bad:
         return None

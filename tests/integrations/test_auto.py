@@ -198,9 +198,10 @@ def test_uninstall_restores_the_original_init() -> None:
 
 
 def test_wanted_reads_the_variable() -> None:
-    assert auto.wanted("1") == {"transformers", "lightning", "ray"}
-    assert auto.wanted("true") == {"transformers", "lightning", "ray"}
+    assert auto.wanted("1") == {"transformers", "lightning", "ray", "torchft"}
+    assert auto.wanted("true") == {"transformers", "lightning", "ray", "torchft"}
     assert auto.wanted("lightning, transformers") == {"transformers", "lightning"}
     assert auto.wanted("lightning") == {"lightning"}
+    assert auto.wanted("torchft") == {"torchft"}
     for off in ("", "0", "off", "no", "false", "nonsense"):
         assert auto.wanted(off) == frozenset()

@@ -2,7 +2,9 @@
 
 - :mod:`.processes`: process instances by pid and start time, signals through pidfds;
 - :mod:`.torchrun`: what torchrun's command line and output say (pure);
-- :mod:`.orchestrator`: :class:`LocalOrchestrator`, the drill's four methods.
+- :mod:`.orchestrator`: :class:`LocalOrchestrator`, the drill's four methods;
+- :mod:`.members`: ``workload.group``, a job of several members (a torchft lighthouse
+  and its replica groups), each a command of its own.
 
 This module is the backend's registry entry (:data:`BACKEND`) and its ``workload``
 section (:class:`LocalWorkload`); importing it does not import psutil.
@@ -11,6 +13,7 @@ section (:class:`LocalWorkload`); importing it does not import psutil.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -22,6 +25,7 @@ from pytest_recoverygate.orchestrators.local.torchrun import max_restarts
 from pytest_recoverygate.schema import (
     MAX_PID,
     InjectFailure,
+    Section,
     WorkloadBase,
     command_arguments,
     file_path,
@@ -33,12 +37,80 @@ from pytest_recoverygate.schema import (
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock, Orchestrator
+    from pytest_recoverygate.orchestrators.local.members import GroupOrchestrator
     from pytest_recoverygate.orchestrators.local.orchestrator import (
         DRILL_MARKER,
         LocalOrchestrator,
     )
 
-__all__ = ["BACKEND", "DRILL_MARKER", "LocalOrchestrator", "LocalWorkload"]
+__all__ = [
+    "BACKEND",
+    "DRILL_MARKER",
+    "GroupOrchestrator",
+    "LocalOrchestrator",
+    "LocalWorkload",
+    "Member",
+]
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")  # members.REPLICA_VARIABLES
+
+
+def _replica_of(env: Mapping[str, str]) -> int | None:
+    for name in _REPLICA_VARIABLES:
+        value = env.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class Member(Section):
+    """One member of ``workload.group``: a command of its own (docs/torchft.md)."""
+
+    name: str = Field(
+        json_schema_extra=meta("a short unique name (letters, digits, _ . -)", "name: replica-0"),
+    )
+    command: Annotated[list[str], BeforeValidator(command_arguments)] = Field(
+        json_schema_extra=meta(
+            "a non-empty list of strings, or one string split like a shell; "
+            "{port:NAME} is a free port",
+            'command: ["torchrun", "--nproc-per-node=1", "train_ft.py"]',
+        ),
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra=meta(
+            "a mapping of names to text values ({port:NAME} is a free port)",
+            'env: {REPLICA_GROUP_ID: "0"}',
+        ),
+    )
+    workdir: Annotated[Path | None, file_path(must_be_dir=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "an existing folder, relative to the config file's folder (default: workload.workdir)",
+            "workdir: .",
+        ),
+    )
+    service: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false: runs for the others (a lighthouse) and never keeps the job alive",
+            "service: true",
+        ),
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if _NAME.fullmatch(name) is None:
+            raise refuse(
+                "is not a usable member name",
+                "1 to 64 of letters, digits, _ . -",
+                "e.g. replica-0",
+                got=repr(name),
+            )
+        return name
 
 
 class LocalWorkload(WorkloadBase):
@@ -68,6 +140,13 @@ class LocalWorkload(WorkloadBase):
         ),
     )
     nodes: int = node_count_field()
+    group: list[Member] | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a list of members, each with name and command (and env, workdir, service)",
+            "group: [{name: replica-0, command: [torchrun, train_ft.py]}]",
+        ),
+    )
     attach_pid: Annotated[int | None, BeforeValidator(id_number)] = Field(
         default=None,
         ge=1,
@@ -93,6 +172,8 @@ class LocalWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _command_xor_attach(self) -> LocalWorkload:
+        if self.group is not None:
+            return self._one_group()
         if self.command is None and self.attach_pid is None:
             raise refuse(
                 "required key is missing",
@@ -113,6 +194,14 @@ class LocalWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _nodes_are_launched(self) -> LocalWorkload:
+        if self.nodes > 1 and self.group is not None:
+            raise refuse(
+                "cannot be combined with group: a node runs one command",
+                "nodes: 1 with group, or a command with nodes: N",
+                "remove nodes, or give one command instead of the group",
+                key=("nodes",),
+                got=str(self.nodes),
+            )
         if self.nodes > 1 and self.attach_pid is not None:
             raise refuse(
                 "cannot be combined with attachPid: the drill launches each node itself",
@@ -123,7 +212,72 @@ class LocalWorkload(WorkloadBase):
             )
         return self
 
+    def _one_group(self) -> LocalWorkload:
+        if self.command is not None or self.attach_pid is not None:
+            key = "command" if self.command is not None else "attachPid"
+            raise refuse(
+                f"group and {key} cannot both be set",
+                "either group (several members) or command / attachPid (one job)",
+                f"remove {key}, or group",
+                key=(key,),
+            )
+        group = self.group or []
+        if not group:
+            raise refuse("needs at least one member", "a list of members", key=("group",))
+        seen: set[str] = set()
+        for index, member in enumerate(group):
+            if member.name in seen:
+                raise refuse(
+                    "is the name of another member too",
+                    "a name no other member has",
+                    key=("group", str(index), "name"),
+                    got=member.name,
+                )
+            seen.add(member.name)
+        if all(member.service for member in group):
+            raise refuse(
+                "has no member that trains (every member is service: true)",
+                "at least one member without service: true",
+                key=("group",),
+            )
+        return self
+
+    def replicas(self) -> list[int]:
+        """The replica groups of the group's members (REPLICA_GROUP_ID / RECOVERYGATE_REPLICA)."""
+        envs = [{**self.env, **m.env} for m in (self.group or []) if not m.service]
+        if self.group is None:
+            envs = [dict(self.env)]
+        return sorted({r for env in envs if (r := _replica_of(env)) is not None})
+
+    def check_failure(self, failure: InjectFailure) -> None:
+        replica = failure.target_replica
+        if replica is None:
+            return
+        known = self.replicas()
+        if replica not in known:
+            where = "workload.group members'" if self.group is not None else "workload.env's"
+            raise refuse(
+                f"is not among the {where} REPLICA_GROUP_ID / RECOVERYGATE_REPLICA values "
+                f"({', '.join(map(str, known)) or 'none set'})",
+                f"one of {known}" if known else "a replica the job's members declare",
+                "set targetReplica to one of them, or give each member "
+                'env: {REPLICA_GROUP_ID: "N"}',
+                key=("targetReplica",),
+                got=str(replica),
+            )
+
+    def target_member(self, replica: int | None) -> Member | None:
+        """The member the drill kills in: the target replica's, else the first that trains."""
+        trainers = [m for m in (self.group or []) if not m.service]
+        for member in trainers:
+            if replica is not None and _replica_of({**self.env, **member.env}) == replica:
+                return member
+        return trainers[0] if trainers else None
+
     def launched_with(self) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        member = self.target_member(None)
+        if member is not None:
+            return tuple(member.command), {**self.env, **member.env}
         return tuple(self.command or ()), dict(self.env)
 
     def node_count(self) -> int:
@@ -136,6 +290,26 @@ def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Or
     env = dict(workload.env)
     if workload.reporting_rank and "RECOVERYGATE_RANKS" not in os.environ:
         env.setdefault("RECOVERYGATE_RANKS", str(workload.reporting_rank))  # the reporter's filter
+    if workload.group is not None:
+        from pytest_recoverygate.orchestrators.local.members import GroupOrchestrator, MemberSpec
+
+        members = [
+            MemberSpec(
+                m.name,
+                tuple(m.command),
+                dict(m.env),
+                m.workdir if m.workdir is not None else workload.workdir,
+                m.service,
+            )
+            for m in workload.group
+        ]
+        return GroupOrchestrator(
+            members,
+            env,
+            target_replica=failure.target_replica,
+            target_rank=failure.rank_for(workload.reporting_rank),
+            clock=clock,
+        )
     if workload.nodes > 1:
         from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
 
@@ -154,6 +328,9 @@ def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Or
 
 def _restart_budget(workload: LocalWorkload) -> int | None:
     """torchrun's ``--max-restarts`` from the command the drill launches (None: attached)."""
+    if workload.group is not None:
+        member = workload.target_member(None)
+        return max_restarts(member.command) if member is not None else None
     return max_restarts(workload.command) if workload.command is not None else None
 
 
@@ -174,4 +351,8 @@ def __getattr__(name: str) -> Any:
         from pytest_recoverygate.orchestrators.local import orchestrator
 
         return getattr(orchestrator, name)
+    if name == "GroupOrchestrator":
+        from pytest_recoverygate.orchestrators.local import members
+
+        return members.GroupOrchestrator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

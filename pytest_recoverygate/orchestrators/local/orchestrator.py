@@ -114,7 +114,11 @@ class LocalOrchestrator:
         target_rank: int | None = 1,
         clock: Clock,
         attach_pid: int | None = None,
+        source: StreamEventSource | None = None,
+        stream: str = "torchrun",
     ) -> None:
+        """``source`` and ``stream``: one member of a group (``.members``) shares the
+        group's event source, its output named ``stream`` (default: its own, "torchrun")."""
         if not command and attach_pid is None:
             raise DiscoveryError(
                 "workload.command is empty: give the torchrun command to launch, "
@@ -126,7 +130,12 @@ class LocalOrchestrator:
         self.target_rank = target_rank
         self.attach_pid = attach_pid
         self._clock = clock
-        self._source = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
+        self._stream = stream
+        self._source = (
+            source
+            if source is not None
+            else StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
+        )
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poke = threading.Event()  # wakes the watcher at once (kill, cleanup)
@@ -141,7 +150,7 @@ class LocalOrchestrator:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._raw_size = 0
         # torchrun's whole stream, plus each rank's prefixed lines ([default1]:, [rank1]:)
-        self._output = OutputSplitter(torchrun_rank_of, merged="torchrun")
+        self._output = OutputSplitter(torchrun_rank_of, merged=stream)
         self._seen: dict[int, Identity] = {}
         self._drill_id: str | None = None  # the marker's value in the launched job's environment
         self._marked: set[Identity] = set()  # every process found carrying the marker
@@ -435,10 +444,10 @@ class LocalOrchestrator:
                 "marks ([default1]: with torchrun --tee=3, [rank1]: on torch tracebacks) "
                 "also in that rank's file"
             ),
-            order=["torchrun"],
+            order=[self._stream],
         )
         cause = ROOT_CAUSE.search(self.raw_output()[-50000:])
-        if cause and output.failing not in (None, "torchrun"):
+        if cause and output.failing not in (None, self._stream):
             root = output.get(f"rank {cause.group(1)}")
             if root is not None and any(
                 ERROR_LINE.match(line) for line in root.text.splitlines()[-200:]
@@ -497,7 +506,7 @@ class LocalOrchestrator:
         assert self._popen.stdout is not None
         self._source.attach_pipe(
             self._popen.stdout,
-            stream="torchrun",
+            stream=self._stream,
             on_chunk=self._keep_output,
             name="recoverygate-local-output",
         )

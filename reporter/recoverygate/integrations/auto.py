@@ -18,14 +18,18 @@ module                                        patched
 ``pytorch_lightning.trainer.trainer``         the same, with the ``pytorch_lightning`` callback
 ``ray.train``                                 ``report`` and ``get_checkpoint``: the wrappers
                                               of :mod:`recoverygate.integrations.ray`
+``torchft.manager``                           ``Manager.__init__``: after it returns,
+                                              ``integrations.torchft.instrument(self)``
 ============================================  ===============================================
 
-A trainer that already has a ``RecoveryGateCallback`` (added by hand) gets no second one.
+A trainer that already has a ``RecoveryGateCallback`` (added by hand) gets no second one;
+a manager instrumented by hand is not instrumented twice.
 Nothing else is changed: the resume logic, the checkpoint folder and the process group
 are the job's own -- a drill is there to see them as they are.
 
 ``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers``,
-``lightning`` (it covers both Lightning packages) and ``ray``, or ``0``/empty/unset (off).
+``lightning`` (it covers both Lightning packages), ``ray`` and ``torchft``, or
+``0``/empty/unset (off).
 To turn it off, unset it; :func:`uninstall` removes the finder and the patches in a
 running process.
 """
@@ -45,7 +49,7 @@ __all__ = ["ENV", "install", "installed", "patched", "uninstall", "wanted"]
 ENV = "RECOVERYGATE_AUTO"
 _OFF = {"", "0", "false", "no", "off"}
 _ON = {"1", "true", "yes", "on", "all"}
-_FRAMEWORKS = ("transformers", "lightning", "ray")
+_FRAMEWORKS = ("transformers", "lightning", "ray", "torchft")
 _MARK = "__recoverygate_original__"
 
 #: module name -> (framework, what to patch in it)
@@ -54,7 +58,10 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "lightning.pytorch.trainer.trainer": ("lightning", "lightning.pytorch"),
     "pytorch_lightning.trainer.trainer": ("lightning", "pytorch_lightning"),
     "ray.train": ("ray", "ray.train"),
+    "torchft.manager": ("torchft", "torchft"),
 }
+#: module name -> the class whose ``__init__`` is patched (default ``Trainer``)
+_CLASSES = {"torchft.manager": "Manager"}
 
 
 def wanted(value: str | None = None) -> frozenset[str]:
@@ -90,11 +97,17 @@ def _add_lightning(namespace: str, trainer: Any) -> None:
         trainer.callbacks.append(cls())
 
 
-def _patch(module: Any, add: Callable[[Any], None]) -> None:
-    """Wrap ``module.Trainer.__init__`` so that ``add(trainer)`` runs after it returns."""
+def _instrument_torchft(manager: Any) -> None:
+    from recoverygate.integrations.torchft import instrument
+
+    instrument(manager)
+
+
+def _patch(module: Any, add: Callable[[Any], None], name: str = "Trainer") -> None:
+    """Wrap ``module.<name>.__init__`` so that ``add(instance)`` runs after it returns."""
     import functools
 
-    cls = module.Trainer
+    cls = getattr(module, name)
     original = cls.__dict__["__init__"]
     if hasattr(original, _MARK):
         return
@@ -119,6 +132,8 @@ def _patch_module(name: str, module: Any) -> None:
         install_ray(module)
     elif framework == "transformers":
         _patch(module, _add_transformers)
+    elif framework == "torchft":
+        _patch(module, _instrument_torchft, _CLASSES[name])
     else:
         _patch(module, lambda trainer: _add_lightning(namespace, trainer))
 
@@ -188,7 +203,9 @@ def install(value: str | None = None) -> bool:
         sys.meta_path.insert(0, _Finder(names))
         for name in names:
             module = sys.modules.get(name)
-            if module is not None and (hasattr(module, "Trainer") or name == "ray.train"):
+            if module is not None and (
+                name == "ray.train" or hasattr(module, _CLASSES.get(name, "Trainer"))
+            ):
                 _patch_module(name, module)
         return True
     except Exception as error:
@@ -197,7 +214,7 @@ def install(value: str | None = None) -> bool:
 
 
 def patched() -> list[str]:
-    """The trainer modules whose ``Trainer.__init__`` is patched in this process."""
+    """The modules whose ``Trainer.__init__`` (``Manager.__init__``) is patched here."""
     found = []
     for name in _TARGETS:
         module = sys.modules.get(name)
@@ -205,7 +222,8 @@ def patched() -> list[str]:
             if hasattr(getattr(module, "report", None), _MARK):
                 found.append(name)
             continue
-        init = getattr(getattr(module, "Trainer", None), "__dict__", {}).get("__init__")
+        cls = getattr(module, _CLASSES.get(name, "Trainer"), None)
+        init = getattr(cls, "__dict__", {}).get("__init__")
         if init is not None and hasattr(init, _MARK):
             found.append(name)
     return found
@@ -221,5 +239,5 @@ def uninstall() -> None:
                 fn = getattr(module, attr)
                 setattr(module, attr, getattr(fn, _MARK, fn))
             continue
-        cls = sys.modules[name].Trainer
+        cls = getattr(sys.modules[name], _CLASSES.get(name, "Trainer"))
         cls.__init__ = getattr(cls.__dict__["__init__"], _MARK)

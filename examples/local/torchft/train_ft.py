@@ -1,0 +1,94 @@
+"""A torchft DDP job on CPU (gloo): two replica groups, one lighthouse, live recovery.
+
+Each replica group is its own ``torchrun`` (``REPLICA_GROUP_ID`` 0 or 1). When one dies,
+torchrun restarts it; the other keeps committing steps with a smaller world; the
+replacement joins the next quorum and heals its state from the survivor (no checkpoint).
+``recoverygate.integrations.torchft.instrument(manager)`` reports the committed steps and
+the heal: the training loop has no RecoveryGate line.
+
+Gradients are averaged with ``manager.allreduce`` per parameter, not torchft's DDP comm
+hook: with torchft 0.2.0 the comm hook can crash the *survivor* when the killed peer
+resets a connection inside the allreduce (``assert fut._fut`` in torchft/ddp.py; 1 run in
+4 here with ``TRAIN_FT_DDP=1``, about 1 in 8 in the issue), while ``manager.allreduce``
+turns that error into a discarded step (see docs/torchft.md).
+
+Environment: ``MIN_REPLICA_SIZE`` (default 1; 2 makes the survivors wait for the dead
+replica), ``ALLOW_HEAL`` (default 1; 0 makes a replacement start from scratch instead of
+healing), ``TRAIN_STEPS`` (default 150), ``STEP_SECONDS`` (default 0.05), and
+``PG_TIMEOUT_SECONDS`` (default 5: how long a collective waits for a dead peer), and
+``RESTART_DELAY_SECONDS`` (default 0: a restarted process, TORCHELASTIC_RESTART_COUNT > 0,
+waits this long before it joins -- a model that takes that long to load), and
+``TRAIN_FT_INSTRUMENT`` (default 1; 0 leaves the reporting to ``RECOVERYGATE_AUTO=1``),
+``TRAIN_FT_DDP`` (default 0; 1 averages through torchft's DDP comm hook instead, to
+compare the two).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+from recoverygate.integrations.torchft import instrument
+from torch import nn
+from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+
+REPLICA = int(os.environ.get("REPLICA_GROUP_ID", "0"))
+MIN_REPLICA_SIZE = int(os.environ.get("MIN_REPLICA_SIZE", "1"))
+ALLOW_HEAL = os.environ.get("ALLOW_HEAL", "1") != "0"
+STEPS = int(os.environ.get("TRAIN_STEPS", "150"))
+STEP_SECONDS = float(os.environ.get("STEP_SECONDS", "0.05"))
+PG_TIMEOUT = timedelta(seconds=float(os.environ.get("PG_TIMEOUT_SECONDS", "5")))
+RESTART_DELAY = float(os.environ.get("RESTART_DELAY_SECONDS", "0"))
+
+
+def main() -> None:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        time.sleep(RESTART_DELAY)  # a slow restart: loading a big model, say
+    torch.manual_seed(0)  # the same initial weights everywhere (init_sync heals anyway)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def load_state_dict(state: dict[str, object]) -> None:
+        model.load_state_dict(state["model"])  # type: ignore[arg-type]
+        optimizer.load_state_dict(state["optim"])  # type: ignore[arg-type]
+
+    def state_dict() -> dict[str, object]:
+        return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=PG_TIMEOUT),
+        min_replica_size=MIN_REPLICA_SIZE,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"train_ft_{REPLICA}",
+        timeout=PG_TIMEOUT,
+        quorum_timeout=timedelta(seconds=60),
+        connect_timeout=timedelta(seconds=10),
+    )
+    if os.environ.get("TRAIN_FT_INSTRUMENT", "1") != "0":
+        instrument(manager)  # with RECOVERYGATE_AUTO=1 it is instrumented already: a no-op
+    ddp = os.environ.get("TRAIN_FT_DDP", "0") == "1"
+    net = DistributedDataParallel(manager, model) if ddp else model
+    data = torch.Generator().manual_seed(1000 + REPLICA)
+    while manager.current_step() < STEPS:
+        manager.start_quorum(allow_heal=ALLOW_HEAL)
+        x = torch.randn(64, 32, generator=data)
+        y = torch.randn(64, 4, generator=data)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()  # with TRAIN_FT_DDP=1 the comm hook averages inside backward
+        if not ddp:
+            works = [manager.allreduce(p.grad) for p in model.parameters() if p.grad is not None]
+            for work in works:
+                work.wait()
+        if manager.should_commit():
+            optimizer.step()
+        time.sleep(STEP_SECONDS)
+    manager.shutdown(wait=False)
+
+
+if __name__ == "__main__":
+    main()
