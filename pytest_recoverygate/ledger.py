@@ -428,10 +428,7 @@ class Ledger:
         # from at most F - 1.
         seen = base.start_seen or base.loaded is not None  # its first line is its first call
         after_step = bool(
-            problem is None
-            and not grid.held_line
-            and seen
-            and grid.regular is not False
+            problem is None and not grid.held_line and seen and grid.regular is not False
         )
         held_line = grid.held_line and problem is None and grid.first_line is not None
         return StepContract(

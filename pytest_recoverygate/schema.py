@@ -211,6 +211,8 @@ def sustain_of(text: str | None) -> Sustain:
     if match:
         return Sustain(lines=1, seconds=0.0, steps=int(match.group(1)))
     return Sustain(lines=1, seconds=parse_duration(text))
+
+
 _duration = duration  # for a field named ``duration`` (its name hides the function)
 
 
