@@ -130,6 +130,7 @@ def run_drill(
             "resumeFromCheckpoint": "latest",
             "maxRecoveryTime": max_recovery,
             "maxLostSteps": 100,
+            "sustain": "3 steps",  # about the integrations, not the sustain window
             **(extra_expectations or {}),
         },
         "safety": {"requireConfirm": False},

@@ -69,7 +69,9 @@ def drill_yaml(
     hit by ``fault`` after checkpoint ``after``, a resume from the latest checkpoint
     expected; ``failure`` and ``expect`` add keys to injectFailure / expectations."""
     more_failure = "".join(f"\n  {key}: {value}" for key, value in (failure or {}).items())
-    more_expect = "".join(f"\n  {key}: {value}" for key, value in (expect or {}).items())
+    # These drills are about the backend, not the sustain window: keep it short.
+    expect = {"sustain": "3 steps", **(expect or {})}
+    more_expect = "".join(f"\n  {key}: {value}" for key, value in expect.items())
     return f"""
 name: {name}
 workload:

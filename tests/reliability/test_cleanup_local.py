@@ -125,6 +125,7 @@ def drill_yaml(
             "resumeFromCheckpoint": "latest",
             "maxRecoveryTime": "20s",
             "maxLostSteps": 1000,
+            "sustain": "3 steps",  # about cleanup, not the sustain window: keep it short
             **(expectations or {}),
         },
         "safety": {"requireConfirm": False},
