@@ -235,13 +235,18 @@ def print_effective_config(config: DrillConfig, stream: TextIO) -> None:
     run it, defaults filled in, as YAML (``env`` values redacted)."""
     import yaml
 
-    from pytest_recoverygate.config import dump_effective
+    from pytest_recoverygate.config import RUN_TIME_DEFAULTS, dump_effective
 
     stream.write(
         f"# {config.source_path}: valid ({config.workload.orchestrator} drill "
         f"'{config.name}')\n# the effective config, defaults filled in:\n"
     )
     stream.write(yaml.safe_dump(dump_effective(config), sort_keys=False, allow_unicode=True))
+    failure = config.inject_failure
+    unset = {"targetRank": failure.target_rank, "delay": failure.delay}
+    for line in RUN_TIME_DEFAULTS.get(failure.type, ()):
+        if unset.get(line.split(":", 1)[0], 0) is None:
+            stream.write(f"# injectFailure.{line} (decided when the drill runs)\n")
     stream.flush()
 
 
