@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report fo
 
 __all__ = [
     "OUTPUT_FOLDER",
+    "RECOVERY_PHASES",
     "REPORT_VERSION",
     "cost_figures",
     "cost_line",
@@ -40,12 +42,38 @@ __all__ = [
     "figures",
     "markdown_summary",
     "project_config",
+    "recovery_phases",
     "result_to_dict",
     "write_private",
     "write_reports",
 ]
 
 REPORT_VERSION = 1
+
+
+#: The recovery's phases, in the order they happen: (report name, what it is on a terminal,
+#: the breakdown point it starts at (None: the kill), the point it ends at). They mean the
+#: same on every backend; ``startup`` is the replacement's own start-up (imports,
+#: rendezvous, process-group init), from its start line to its first reporter line.
+RECOVERY_PHASES: tuple[tuple[str, str, str | None, str], ...] = (
+    ("detection", "detection", None, "failureDetected"),
+    ("scheduling", "scheduling", "failureDetected", "replacementScheduled"),
+    ("launch", "launch", "replacementScheduled", "processStarted"),
+    ("startup", "start-up (imports, rendezvous, init)", "processStarted", "firstReport"),
+    ("checkpointLoad", "checkpoint load", "firstReport", "checkpointLoaded"),
+    ("firstStep", "first step", "checkpointLoaded", "firstStepAfterResume"),
+)
+
+
+def recovery_phases(breakdown: Mapping[str, float | None]) -> dict[str, float | None]:
+    """How long each phase of :data:`RECOVERY_PHASES` took, in seconds (None: an end the
+    backend could not see), from the breakdown's points (seconds after the kill)."""
+    phases: dict[str, float | None] = {}
+    for name, _, start, end in RECOVERY_PHASES:
+        began = 0.0 if start is None else breakdown.get(start)
+        ended = breakdown.get(end)
+        phases[name] = None if began is None or ended is None else round(max(ended - began, 0.0), 6)
+    return phases
 
 
 def figures(result: DrillResult) -> dict[str, Any]:
@@ -147,6 +175,7 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "recoveries": [recovery.as_dict() for recovery in result.recoveries],
         "costs": dict(result.costs),
         "breakdown": dict(result.breakdown),
+        "recoveryPhases": recovery_phases(result.breakdown) if result.breakdown else {},
         "target": None
         if target is None
         else {
@@ -362,6 +391,9 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if breakdown:
         lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
         lines += [f"| {name} | {_fmt(value)} |" for name, value in breakdown.items()]
+        lines += ["", "| phase (in the order they happen) | seconds |", "| --- | --- |"]
+        took = recovery_phases(breakdown)
+        lines += [f"| {label} | {_fmt(took[name])} |" for name, label, _, _ in RECOVERY_PHASES]
     if doc.get("timelinePicture"):
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):
