@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from recoverygate import __version__
 
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.terminal import print_result, shorten
 from pytest_recoverygate.verdict import EXIT_CODES, EXIT_USAGE, Verdict
 
@@ -90,7 +91,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="project a drill's measured failure cost to a large run",
         description="From a drill's report.json (its measured step time, checkpoint "
         "interval, save stall and recovery time), the expected goodput of the job at a "
-        "scale and the checkpoint interval that maximises it (docs/goodput.md).",
+        "scale and the checkpoint interval that maximises it (" + docs_link("goodput.md") + ").",
     )
     goodput.add_argument("report", type=Path, help="a drill's report.json")
     goodput.add_argument("--gpus", type=int, required=True, help="GPUs of the projected run")

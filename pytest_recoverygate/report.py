@@ -52,27 +52,30 @@ REPORT_VERSION = 1
 
 
 #: The recovery's phases, in the order they happen: (report name, what it is on a terminal,
-#: the breakdown point it starts at (None: the kill), the point it ends at). They mean the
-#: same on every backend; ``startup`` is the replacement's own start-up (imports,
-#: rendezvous, process-group init), from its start line to its first reporter line.
-RECOVERY_PHASES: tuple[tuple[str, str, str | None, str], ...] = (
-    ("detection", "detection", None, "failureDetected"),
-    ("scheduling", "scheduling", "failureDetected", "replacementScheduled"),
-    ("launch", "launch", "replacementScheduled", "processStarted"),
-    ("startup", "start-up (imports, rendezvous, init)", "processStarted", "firstReport"),
-    ("checkpointLoad", "checkpoint load", "firstReport", "checkpointLoaded"),
-    ("firstStep", "first step", "checkpointLoaded", "firstStepAfterResume"),
+#: the breakdown point it ends at). Each starts where the one before it ended (the first at
+#: the kill), so they mean the same on every backend and add up to the recovery time;
+#: ``startup`` is the replacement's own start-up (imports, rendezvous, process-group init),
+#: from its start line to its first reporter line.
+RECOVERY_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("detection", "detection", "failureDetected"),
+    ("scheduling", "scheduling", "replacementScheduled"),
+    ("launch", "launch", "processStarted"),
+    ("startup", "start-up (imports, rendezvous, init)", "firstReport"),
+    ("checkpointLoad", "checkpoint load", "checkpointLoaded"),
+    ("firstStep", "first step", "firstStepAfterResume"),
 )
 
 
 def recovery_phases(breakdown: Mapping[str, float | None]) -> dict[str, float | None]:
-    """How long each phase of :data:`RECOVERY_PHASES` took, in seconds (None: an end the
-    backend could not see), from the breakdown's points (seconds after the kill)."""
+    """How long each phase of :data:`RECOVERY_PHASES` took, in seconds, from the
+    breakdown's points (seconds after the kill). A phase whose end the backend could not
+    see is None, and the next one counts from the last point seen."""
     phases: dict[str, float | None] = {}
-    for name, _, start, end in RECOVERY_PHASES:
-        began = 0.0 if start is None else breakdown.get(start)
+    began = 0.0
+    for name, _, end in RECOVERY_PHASES:
         ended = breakdown.get(end)
-        phases[name] = None if began is None or ended is None else round(max(ended - began, 0.0), 6)
+        phases[name] = None if ended is None else round(max(ended - began, 0.0), 6)
+        began = began if ended is None else max(ended, began)
     return phases
 
 
@@ -393,7 +396,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         lines += [f"| {name} | {_fmt(value)} |" for name, value in breakdown.items()]
         lines += ["", "| phase (in the order they happen) | seconds |", "| --- | --- |"]
         took = recovery_phases(breakdown)
-        lines += [f"| {label} | {_fmt(took[name])} |" for name, label, _, _ in RECOVERY_PHASES]
+        lines += [f"| {label} | {_fmt(took[name])} |" for name, label, _ in RECOVERY_PHASES]
     if doc.get("timelinePicture"):
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):

@@ -67,7 +67,7 @@ def figure_lines(result: DrillResult) -> list[str]:
             "recovery phases (s): "
             + ", ".join(
                 f"{label} {'unknown' if took[name] is None else f'{took[name]:.3f}'}"
-                for name, label, _, _ in RECOVERY_PHASES
+                for name, label, _ in RECOVERY_PHASES
             )
         )
     costs = cost_line(result)
