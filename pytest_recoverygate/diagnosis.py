@@ -76,13 +76,9 @@ class Diagnosis:
         return docs_link(DOCS_PAGE, self.signature)
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "signature": self.signature,
-            "title": self.title,
-            "diagnosis": self.text,
-            "evidence": self.evidence,
-            "docs": self.docs,
-        }
+        """Its ``diagnoses`` entry in report.json (the key ``diagnosis`` holds ``text``)."""
+        keys = ("signature", "title", "diagnosis", "evidence", "docs")
+        return {key: getattr(self, "text" if key == "diagnosis" else key) for key in keys}
 
 
 @dataclass(frozen=True, slots=True)
