@@ -42,7 +42,7 @@ def linked_pages() -> set[tuple[str, str | None]]:
                 if len(args) < len(node.args):  # the diagnoses' links: the signatures above
                     assert path.name == "diagnosis.py", f"{path}: docs_link of a computed page"
                     continue
-                found.add((args[0], args[1] if len(args) > 1 else None))
+                found.add((str(args[0]), str(args[1]) if len(args) > 1 else None))
     return found
 
 
