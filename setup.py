@@ -5,15 +5,34 @@ Everything else is in pyproject.toml.
 """
 
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 _SOURCE = (HERE / "reporter" / "recoverygate" / "__init__.py").read_text(encoding="utf-8")
 VERSION = re.search(r'^__version__ = "([^"]+)"$', _SOURCE, re.M).group(1)  # type: ignore[union-attr]
 
+
+class BuildWithDocs(build_py):
+    """Ship docs/*.md inside the package (``pytest_recoverygate/docs/``): the links that
+    messages print (``pytest_recoverygate.links``) resolve to these files once installed."""
+
+    def run(self) -> None:
+        super().run()
+        pages = sorted((HERE / "docs").glob("*.md"))
+        if not pages:
+            raise SystemExit("setup.py: docs/*.md is missing; the package's links need it")
+        target = Path(self.build_lib, "pytest_recoverygate", "docs")
+        target.mkdir(parents=True, exist_ok=True)
+        for page in pages:
+            shutil.copyfile(page, target / page.name)
+
+
 setup(
+    cmdclass={"build_py": BuildWithDocs},
     version=VERSION,
     install_requires=[
         f"recoverygate-reporter=={VERSION}",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from recoverygate import __version__
 
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.terminal import print_result, shorten
 from pytest_recoverygate.verdict import EXIT_CODES, EXIT_USAGE, Verdict
 
@@ -92,7 +93,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="project a drill's measured failure cost to a large run",
         description="From a drill's report.json (its measured step time, checkpoint "
         "interval, save stall and recovery time), the expected goodput of the job at a "
-        "scale and the checkpoint interval that maximises it (docs/goodput.md).",
+        "scale and the checkpoint interval that maximises it (" + docs_link("goodput.md") + ").",
     )
     goodput.add_argument("report", type=Path, help="a drill's report.json")
     goodput.add_argument("--gpus", type=int, required=True, help="GPUs of the projected run")
@@ -320,13 +321,18 @@ def print_effective_config(config: DrillConfig, stream: TextIO) -> None:
     run it, defaults filled in, as YAML (``env`` values redacted)."""
     import yaml
 
-    from pytest_recoverygate.config import dump_effective
+    from pytest_recoverygate.config import RUN_TIME_DEFAULTS, dump_effective
 
     stream.write(
         f"# {config.source_path}: valid ({config.workload.orchestrator} drill "
         f"'{config.name}')\n# the effective config, defaults filled in:\n"
     )
     stream.write(yaml.safe_dump(dump_effective(config), sort_keys=False, allow_unicode=True))
+    failure = config.inject_failure
+    unset = {"targetRank": failure.target_rank, "delay": failure.delay}
+    for line in RUN_TIME_DEFAULTS.get(failure.type, ()):
+        if unset.get(line.split(":", 1)[0], 0) is None:
+            stream.write(f"# injectFailure.{line} (decided when the drill runs)\n")
     stream.flush()
 
 

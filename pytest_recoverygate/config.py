@@ -60,12 +60,14 @@ from pytest_recoverygate.yamlfile import (
 
 __all__ = [
     "MAX_CONFIG_BYTES",
+    "RUN_TIME_DEFAULTS",
     "DrillConfig",
     "Expectations",
     "InjectFailure",
     "Safety",
     "Timeouts",
     "dump_effective",
+    "injection_defaults",
     "load_config",
     "parse_config",
     "schema_keys",
@@ -479,8 +481,38 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
             for key in keys:
                 if part.get(key, 0) is None:
                     del part[key]
+    inject = dumped.get("injectFailure")
+    if isinstance(inject, dict):  # the fault's fixed defaults, in the schema's key order
+        filled = {**inject, **injection_defaults(config)}
+        order = [info.alias or name for name, info in InjectFailure.model_fields.items()]
+        dumped["injectFailure"] = {k: filled[k] for k in order if k in filled}
     return dumped
 
+
+def injection_defaults(config: DrillConfig) -> dict[str, Any]:
+    """The ``injectFailure`` keys the file left out whose default is a fixed value, in
+    YAML form: ``targetRank: 1`` and ``delay: 0s`` (not for KillDuringCheckpoint, where
+    both come from the run: the saving rank, half the measured save), ``gracePeriod: 30s``
+    (Preempt)."""
+    failure = config.inject_failure
+    filled: dict[str, Any] = {}
+    if failure.type != "KillDuringCheckpoint":
+        if failure.target_rank is None:
+            filled["targetRank"] = failure.effective_target_rank
+        if failure.delay is None:
+            filled["delay"] = format_duration(0.0)
+    if failure.type == "Preempt" and failure.grace_period is None:
+        filled["gracePeriod"] = format_duration(spec_from_config(config).grace_period)
+    return filled
+
+
+#: What ``validate`` says of the ``injectFailure`` defaults only a run can fill in.
+RUN_TIME_DEFAULTS = {
+    "KillDuringCheckpoint": (
+        "targetRank: the rank that reports the save (workload.reportingRank)",
+        "delay: half the save time measured on the first checkpoint",
+    ),
+}
 
 #: A workload.group member's replica id: shown by ``dump_effective`` (not a secret).
 _REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.links import docs_link
 
 if TYPE_CHECKING:
     from pytest_recoverygate.schema import DrillConfig
@@ -35,7 +36,8 @@ __all__ = [
     "diagnose",
 ]
 
-DOCS_PAGE = "https://github.com/recoverygate/recoverygate/blob/main/docs/troubleshooting.md"
+#: The page of docs/ (shipped with the package) with one section per signature.
+DOCS_PAGE = "troubleshooting.md"
 _READ_LIMIT = 8 * 1024 * 1024  # characters of output a diagnosis reads (the end matters most)
 
 
@@ -70,16 +72,13 @@ class Diagnosis:
 
     @property
     def docs(self) -> str:
-        return f"{DOCS_PAGE}#{self.signature}"
+        """Where to read more: its section of the shipped troubleshooting page."""
+        return docs_link(DOCS_PAGE, self.signature)
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "signature": self.signature,
-            "title": self.title,
-            "diagnosis": self.text,
-            "evidence": self.evidence,
-            "docs": self.docs,
-        }
+        """Its ``diagnoses`` entry in report.json (the key ``diagnosis`` holds ``text``)."""
+        keys = ("signature", "title", "diagnosis", "evidence", "docs")
+        return {key: getattr(self, "text" if key == "diagnosis" else key) for key in keys}
 
 
 @dataclass(frozen=True, slots=True)

@@ -576,12 +576,27 @@ def breakdown(spec: DrillSpec, kill: KillRecord) -> dict[str, float | None]:
         times["checkpointLoaded"] = judged.loaded_at
         if judged.first is not None and kill.resume is not None:
             times["firstStepAfterResume"] = judged.first[1]
+    _bound_by_what_follows(times, kill.time)
     relative = {k: (round(v - kill.time, 6) if v is not None else None) for k, v in times.items()}
     order = sorted(
         BREAKDOWN_PHASES,
         key=lambda k: (relative[k] is None, relative[k] or 0.0, BREAKDOWN_PHASES.index(k)),
     )
     return {k: relative[k] for k in order}
+
+
+def _bound_by_what_follows(times: dict[str, float | None], killed_at: float) -> None:
+    """Each phase means the same on every backend: a restart is scheduled before its
+    process starts, and a failure detected before its restart is scheduled. A backend that
+    sees one only by scanning for what follows it (local: torchrun's new process) saw it
+    late; what followed bounds when it happened."""
+    for phase, bound in (
+        ("replacementScheduled", "processStarted"),
+        ("failureDetected", "replacementScheduled"),
+    ):
+        at, limit = times[phase], times[bound]
+        if at is not None and limit is not None and killed_at <= limit < at:
+            times[phase] = limit
 
 
 def budget_checks(

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ REPORT_URL_ENV = "RECOVERYGATE_REPORT_URL"
 __all__ = [
     "HTML_REPORT",
     "OUTPUT_FOLDER",
+    "RECOVERY_PHASES",
     "REPORT_URL_ENV",
     "REPORT_VERSION",
     "cost_figures",
@@ -50,6 +52,7 @@ __all__ = [
     "live_to_dict",
     "markdown_summary",
     "project_config",
+    "recovery_phases",
     "result_to_dict",
     "write_html_report",
     "write_private",
@@ -57,6 +60,34 @@ __all__ = [
 ]
 
 REPORT_VERSION = 1
+
+
+#: The recovery's phases, in the order they happen: (report name, what it is on a terminal,
+#: the breakdown point it ends at). Each starts where the one before it ended (the first at
+#: the kill), so they mean the same on every backend and add up to the recovery time;
+#: ``startup`` is the replacement's own start-up (imports, rendezvous, process-group init),
+#: from its start line to its first reporter line.
+RECOVERY_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("detection", "detection", "failureDetected"),
+    ("scheduling", "scheduling", "replacementScheduled"),
+    ("launch", "launch", "processStarted"),
+    ("startup", "start-up (imports, rendezvous, init)", "firstReport"),
+    ("checkpointLoad", "checkpoint load", "checkpointLoaded"),
+    ("firstStep", "first step", "firstStepAfterResume"),
+)
+
+
+def recovery_phases(breakdown: Mapping[str, float | None]) -> dict[str, float | None]:
+    """How long each phase of :data:`RECOVERY_PHASES` took, in seconds, from the
+    breakdown's points (seconds after the kill). A phase whose end the backend could not
+    see is None, and the next one counts from the last point seen."""
+    phases: dict[str, float | None] = {}
+    began = 0.0
+    for name, _, end in RECOVERY_PHASES:
+        ended = breakdown.get(end)
+        phases[name] = None if ended is None else round(max(ended - began, 0.0), 6)
+        began = began if ended is None else max(ended, began)
+    return phases
 
 
 def figures(result: DrillResult) -> dict[str, Any]:
@@ -217,6 +248,7 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "recoveries": [recovery.as_dict() for recovery in result.recoveries],
         "costs": dict(result.costs),
         "breakdown": dict(result.breakdown),
+        "recoveryPhases": recovery_phases(result.breakdown) if result.breakdown else {},
         "target": None
         if target is None
         else {
@@ -493,6 +525,9 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if breakdown:
         lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
         lines += [f"| {name} | {_fmt(value)} |" for name, value in breakdown.items()]
+        lines += ["", "| phase (in the order they happen) | seconds |", "| --- | --- |"]
+        took = recovery_phases(breakdown)
+        lines += [f"| {label} | {_fmt(took[name])} |" for name, label, _ in RECOVERY_PHASES]
     if doc.get("htmlReport"):
         lines += ["", _html_link(doc["htmlReport"])]
     if doc.get("timelinePicture"):

@@ -44,7 +44,12 @@ def shorten(text: str, limit: int = TERMINAL_MESSAGE_LIMIT) -> str:
 
 def figure_lines(result: DrillResult) -> list[str]:
     """The figures (by their report names) and the recovery breakdown, one line each."""
-    from pytest_recoverygate.report import cost_line, figures  # not at import: --help stays light
+    from pytest_recoverygate.report import (  # not at import: --help stays light
+        RECOVERY_PHASES,
+        cost_line,
+        figures,
+        recovery_phases,
+    )
 
     lines = []
     shown = {k: v for k, v in figures(result).items() if k != "verdict" and v is not None}
@@ -55,6 +60,14 @@ def figure_lines(result: DrillResult) -> list[str]:
             "recovery breakdown (s after kill): "
             + ", ".join(
                 f"{k}={'unknown' if v is None else f'{v:.3f}'}" for k, v in result.breakdown.items()
+            )
+        )
+        took = recovery_phases(result.breakdown)
+        lines.append(
+            "recovery phases (s): "
+            + ", ".join(
+                f"{label} {'unknown' if took[name] is None else f'{took[name]:.3f}'}"
+                for name, label, _ in RECOVERY_PHASES
             )
         )
     costs = cost_line(result)

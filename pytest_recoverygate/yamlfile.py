@@ -22,6 +22,7 @@ from yaml.events import AliasEvent, CollectionStartEvent, Event, ScalarEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from pytest_recoverygate.errors import ConfigError
+from pytest_recoverygate.links import docs_link
 
 __all__ = [
     "INVALID",
@@ -440,7 +441,7 @@ def read_document(
                 "is empty",
                 "no YAML content",
                 "a mapping with workload, injectFailure and expectations",
-                "see docs/config.md for a complete example",
+                "see " + docs_link("config.md") + " for a complete example",
             ).render(file)
         )
 

@@ -189,13 +189,41 @@ def test_validate_prints_the_effective_config_with_the_defaults_as_yaml(
         "recoveryGrace": "30s",
     }
     assert effective["injectFailure"]["count"] == 1
-    # targetRank left out stays out: its default depends on the fault (1; the saving rank
-    # for KillDuringCheckpoint), as the reference says
-    assert "targetRank" not in effective["injectFailure"]
+    # the fault's own defaults, filled in like every other section's
+    assert effective["injectFailure"]["targetRank"] == 1
+    assert effective["injectFailure"]["delay"] == "0s"
     assert effective["workload"]["reportingRank"] == 0
     again = tmp_path / "again.yaml"
     again.write_text(proc.stdout)
     assert run_cli("validate", "-f", str(again)).returncode == 0  # it loads back
+
+
+@pytest.mark.parametrize(
+    ("fault", "filled", "left_to_the_run"),
+    [
+        ("KillWorker", {"targetRank": 1, "delay": "0s"}, []),
+        ("Preempt", {"targetRank": 1, "delay": "0s", "gracePeriod": "30s"}, []),
+        ("KillDuringCheckpoint", {}, ["targetRank", "delay"]),
+    ],
+)
+def test_validate_fills_in_the_defaults_of_inject_failure(
+    write_drill: WriteDrill,
+    tmp_path: Path,
+    fault: str,
+    filled: dict[str, object],
+    left_to_the_run: list[str],
+) -> None:
+    path = write_drill({"injectFailure": {"type": fault, "afterCheckpoint": "next"}})
+    proc = run_cli("validate", "-f", str(path))
+    assert proc.returncode == 0, proc.stderr
+    inject = yaml.safe_load(proc.stdout)["injectFailure"]
+    assert {k: inject[k] for k in filled} == filled
+    for key in left_to_the_run:  # decided by the run: said, not made up
+        assert key not in inject
+        assert f"# injectFailure.{key}: " in proc.stdout
+    again = tmp_path / "again.yaml"
+    again.write_text(proc.stdout)
+    assert run_cli("validate", "-f", str(again)).returncode == 0, "it loads back"
 
 
 def test_validate_never_prints_env_values(tmp_path: Path) -> None:

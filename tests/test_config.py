@@ -352,7 +352,9 @@ def test_dump_effective_uses_yaml_names_and_the_yaml_language(tmp_path: Path) ->
     assert dumped["injectFailure"] == {
         "type": "KillWorker",
         "afterCheckpoint": "step-100",
-        "count": 1,  # targetRank, delay and gracePeriod left out: their defaults apply
+        "targetRank": 1,  # the fault's defaults, filled in (gracePeriod: Preempt only)
+        "delay": "0s",
+        "count": 1,
     }
     assert dumped["expectations"]["maxRecoveryTime"] == "5m"
     assert dumped["timeouts"] == {
@@ -369,11 +371,16 @@ def test_dump_effective_loads_back_to_the_same_config(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, FAKE.replace("step-100", "next")))
     dumped = dump_effective(config)
     again = parse_config(yaml.safe_dump(dumped), tmp_path / "drill.yaml")
-    # the same drill, with the derived recovery deadline now written out
+    # the same drill, with the derived recovery deadline and the fault's defaults written out
     derived = spec_from_config(config).effective_recovery_timeout
     assert again.timeouts.recovery == derived
     assert again == config.model_copy(
-        update={"timeouts": config.timeouts.model_copy(update={"recovery": derived})}
+        update={
+            "timeouts": config.timeouts.model_copy(update={"recovery": derived}),
+            "inject_failure": config.inject_failure.model_copy(
+                update={"target_rank": 1, "delay": "0s"}
+            ),
+        }
     )
     assert dump_effective(again) == dumped
 

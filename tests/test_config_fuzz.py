@@ -37,7 +37,7 @@ from pytest_recoverygate.durations import (
     parse_duration,
 )
 from pytest_recoverygate.errors import ConfigError
-from pytest_recoverygate.schema import MAX_DURATION, DrillConfig
+from pytest_recoverygate.schema import MAX_DURATION, DrillConfig, delay_of
 
 #: Examples per fuzz test; raise it for a long soak: RECOVERYGATE_FUZZ_EXAMPLES=20000.
 FUZZ_EXAMPLES = int(os.environ.get("RECOVERYGATE_FUZZ_EXAMPLES", "300"))
@@ -113,7 +113,12 @@ def check_outcome(text: str | bytes, folder: Path) -> DrillConfig | None:
     if not getattr(config.workload, "env", None):
         again = parse_config(yaml.safe_dump(dumped), source)
         assert dump_effective(again) == dumped  # the effective config is a fixed point
-        assert again.model_copy(update={"timeouts": config.timeouts}) == config
+        # the same config but for the derived deadline and the fault's defaults written out
+        kept = {"timeouts": config.timeouts, "inject_failure": config.inject_failure}
+        assert again.model_copy(update=kept) == config
+        fault, fault_again = config.inject_failure, again.inject_failure
+        assert fault_again.effective_target_rank == fault.effective_target_rank
+        assert delay_of(fault_again.delay).value == delay_of(fault.delay).value
     return config
 
 

@@ -110,6 +110,7 @@ def test_live_objects_after_a_correct_resume_digest_like_the_saved_state(tmp_pat
     assert state_digest(clone, clone_optimizer, clone_scheduler, parts=True) == saved
 
 
+@pytest.mark.slow  # a torch process of its own
 def test_the_same_seed_in_another_process_gives_the_same_digest() -> None:
     code = textwrap.dedent(
         f"""
@@ -493,6 +494,7 @@ def test_the_module_exports_state_digest_and_its_constants() -> None:
     assert reporter.state_digest is state_digest
 
 
+@pytest.mark.slow  # a torch process of its own
 def test_a_dtensor_digests_its_local_shard(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
@@ -578,6 +580,7 @@ BUGS = {
 }
 
 
+@pytest.mark.slow  # torch processes running the documented loop
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_the_documented_loop_resumes_with_the_saved_state_or_names_the_part_that_is_not(
     bug: str, first_run: tuple[bytes, wire.Record], tmp_path: Path

@@ -676,7 +676,7 @@ def test_it_counts_restarts_and_sorts_the_recovery_phases_by_time() -> None:
     b = result.breakdown
     assert b["failureDetected"] == pytest.approx(0.2)
     assert b["processStarted"] == pytest.approx(2.5)  # before the backend's scan saw it
-    assert b["replacementScheduled"] == pytest.approx(2.7)
+    assert b["replacementScheduled"] == pytest.approx(2.5)  # so no later than the start
     assert b["replacementRunning"] == pytest.approx(2.9)
     assert b["firstReport"] == pytest.approx(3.0)
     assert b["checkpointLoaded"] == pytest.approx(3.0)

@@ -70,7 +70,9 @@ def test_each_fake_example_reaches_its_verdict(
 ) -> None:
     report = tmp_path / "report.json"
     assert run_example(name, report) == code
-    failed = [c["reason"] for c in json.loads(report.read_text())["checks"] if c["passed"] is False]
+    checks = json.loads(report.read_text())["checks"]
+    failed = [c["reason"] for c in checks if c["passed"] is False]
+    assert [c["message"] for c in checks if c["passed"] is None] == [], "every check decided"
     if reason is None:
         assert failed == []
     else:

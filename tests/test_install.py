@@ -161,6 +161,7 @@ def wheel_files(wheel: Path) -> set[str]:
         return {row[0] for row in rows if ".dist-info/" not in row[0]}
 
 
+@pytest.mark.slow  # builds the two wheels
 def test_the_version_is_written_once_and_the_reporter_is_pinned_to_it(
     wheels: dict[str, Path],
 ) -> None:
@@ -182,6 +183,7 @@ def test_the_version_is_written_once_and_the_reporter_is_pinned_to_it(
     assert f"-{version}-" in wheels["recoverygate-reporter"].name
 
 
+@pytest.mark.slow  # builds the two wheels
 def test_the_two_distributions_share_no_file(wheels: dict[str, Path]) -> None:
     main, reporter = (
         wheel_files(wheels["recoverygate"]),
@@ -192,6 +194,17 @@ def test_the_two_distributions_share_no_file(wheels: dict[str, Path]) -> None:
     # the reporter also ships its RECOVERYGATE_AUTO start-up hook, which must sit at the
     # root of site-packages to run (docs/frameworks.md)
     assert {p.split("/")[0] for p in reporter} == {"recoverygate", "recoverygate-auto.pth"}
+
+
+@pytest.mark.slow  # builds the two wheels
+def test_the_wheel_ships_every_docs_page_a_message_links_to(wheels: dict[str, Path]) -> None:
+    from tests.test_links import linked_pages
+
+    shipped = wheel_files(wheels["recoverygate"])
+    pages = {page for page, _ in linked_pages()}
+    assert pages, "the messages link to some page"
+    missing = sorted(p for p in pages if f"pytest_recoverygate/docs/{p}" not in shipped)
+    assert missing == [], f"linked but not in the wheel: {missing}"
 
 
 @pytest.fixture
@@ -221,6 +234,7 @@ def site_files(python: Path) -> set[str]:
     }  # fmt: skip
 
 
+@pytest.mark.slow  # two wheels into a fresh virtualenv, twice
 @pytest.mark.parametrize(
     "order",
     [("recoverygate-reporter", "recoverygate"), ("recoverygate", "recoverygate-reporter")],

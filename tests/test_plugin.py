@@ -380,11 +380,10 @@ def test_a_failing_drill_shows_the_diagnosis_in_the_failure_and_the_summary(
     result.stdout.fnmatch_lines(
         [
             "*diagnosis: checkpoints on per-process or node-local storage",
-            "*more: https://github.com/recoverygate/recoverygate/blob/main/docs/"
-            "troubleshooting.md#checkpoints-not-shared",
+            "*more: file://*/docs/troubleshooting.md#checkpoints-not-shared",
             "*= recoverygate drills =*",
             "FAIL recovery-test.yaml::drill: resumed from step 0*",
-            "  diagnosis: checkpoints on per-process or node-local storage (https://*)",
+            "  diagnosis: checkpoints on per-process or node-local storage (file://*troubleshooting.md#*)",
         ]
     )
 

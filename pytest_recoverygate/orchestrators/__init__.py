@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from pytest_recoverygate.errors import UsageError
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.orchestrators.base import (
     Backend,
     Clock,
@@ -127,7 +128,7 @@ def get_backend(name: str) -> Backend[Any]:
     if not isinstance(found, Backend) or found.name != name:
         raise UsageError(
             f"{where} does not give a Backend named {name!r} (it gives {found!r}); "
-            "export BACKEND = Backend(name=..., ...) as docs/backends.md shows"
+            f"export BACKEND = Backend(name=..., ...) as {docs_link('backends.md')} shows"
         )
     return found
 

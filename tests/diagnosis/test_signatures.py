@@ -28,6 +28,7 @@ import yaml
 
 from pytest_recoverygate.diagnosis import DOCS_PAGE, SIGNATURES, Clues, diagnose
 from pytest_recoverygate.engine import FailureReason, Verdict
+from pytest_recoverygate.links import docs_link
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -153,7 +154,7 @@ def test_every_sample_file_is_a_case_and_every_signature_has_a_sample() -> None:
 def test_every_signature_has_its_section_in_the_troubleshooting_page() -> None:
     headings = re.findall(r"^## `([a-z0-9-]+)`$", DOCS.read_text(), re.M)
     assert headings == [s.id for s in SIGNATURES]
-    assert DOCS_PAGE.endswith("/docs/troubleshooting.md")
+    assert DOCS_PAGE == "troubleshooting.md"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -162,7 +163,7 @@ def test_a_diagnosis_is_one_paragraph_with_a_fix_its_evidence_and_its_link(name:
         assert "\n" not in diagnosis.text
         assert "Fix" in diagnosis.text
         assert diagnosis.evidence and "\n" not in diagnosis.evidence
-        assert diagnosis.docs == f"{DOCS_PAGE}#{diagnosis.signature}"
+        assert diagnosis.docs == docs_link(DOCS_PAGE, diagnosis.signature)
         assert set(diagnosis.as_dict()) == {"signature", "title", "diagnosis", "evidence", "docs"}
 
 
@@ -287,7 +288,7 @@ def test_the_cli_shows_the_diagnosis_and_the_failing_workers_last_lines(tmp_path
     text = proc.stdout
     assert "RecoveryGate verdict: FAIL" in text
     assert "diagnosis: torch.load on a truncated checkpoint" in text
-    assert f"more: {DOCS_PAGE}#torch-load-truncated" in text
+    assert f"more: {docs_link(DOCS_PAGE, 'torch-load-truncated')}" in text
     # the failing worker's own lines, ending at its error, with where the rest is
     tail = re.search(
         r"last (\d+) lines of (rank \d) \(whole output: (\S+)\):\n((?:    \| .*\n)+)", text

@@ -65,7 +65,12 @@ def drill_yaml(tmp: Path, tag: str, fault: str, **expect: Any) -> Path:
             "env": {"RG_TEST_TAG": tag},
         },
         "injectFailure": {"type": fault, "afterCheckpoint": "step-10", "targetNode": 1},
-        "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "30s", "sustain": "3 steps", **expect},
+        "expectations": {
+            "resumeFromCheckpoint": "latest",
+            "maxRecoveryTime": "30s",
+            "sustain": "3 steps",
+            **expect,
+        },
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "1m", "checkpoint": "1m", "recoveryGrace": "2s"},
     }

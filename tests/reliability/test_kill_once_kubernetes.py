@@ -141,6 +141,7 @@ def attack(
         SLOW_CLEANUPS.extend([namespace] if time.monotonic() - started > 3 else [])
 
 
+@pytest.mark.slow  # a thousand drills: the full run counts them for RELIABILITY.md
 def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
     server: FakeApiServer, router: FaultRouter, kubeconfig: Path, figures: Figures
 ) -> None:

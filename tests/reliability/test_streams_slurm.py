@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from recoverygate.wire import format_start, format_step
 
-from pytest_recoverygate.engine import DrillEngine, DrillSpec, Finish, KillTarget, Verdict
+from pytest_recoverygate.engine import DrillEngine, DrillSpec, Finish, KillTarget, Sustain, Verdict
 from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.model import KillOutcome, KillResult, TrainingEvent, TrainingEventKind
 from pytest_recoverygate.orchestrators.base import Clock, RealClock, SimulatedClock
@@ -294,7 +294,9 @@ def as_events(keys: tuple[Key, ...]) -> list[TrainingEvent]:
 
 def verdict_of(events: list[TrainingEvent]) -> tuple[object, ...]:
     """Drive the real engine with ``events``; the kill lands at KILL_AT when asked for."""
-    engine = DrillEngine(DrillSpec(max_recovery_time=10.0, after_checkpoint=20), T0)
+    # The streams' new runs are a few lines long: hold them for 3 lines, not 10 s.
+    spec = DrillSpec(max_recovery_time=10.0, after_checkpoint=20, sustain=Sustain(3, 0.0))
+    engine = DrillEngine(spec, T0)
     engine.discovered(T0, "the stream under test")
     for event in events:
         for action in engine.on_training_event(event):
