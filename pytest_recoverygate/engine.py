@@ -376,6 +376,15 @@ class DrillEngine:
             window = kill.window
             if window is not None:
                 end = window.last[1] + window.stall_limit  # a stall is proven then
+                # ... and never later than the window could have been held after the
+                # recovery deadline (processes taking turns must not keep it open)
+                cap = (
+                    kill.time
+                    + self.spec.effective_recovery_timeout
+                    + self.spec.sustain.seconds
+                    + window.stall_limit
+                )
+                end = min(end, cap)
             else:
                 end = kill.time + self.spec.effective_recovery_timeout
             if self._restore_pending and self._restore_at is not None:
@@ -866,7 +875,14 @@ class DrillEngine:
                 return []  # a line of the state it holds: its first step is still to come
             # Decided when proven: a failure needs no sustain window.
             provisional = judge(
-                self.ledger, self.spec, kill, inc, now=at, note=_quiet, ranks=self.ranks
+                self.ledger,
+                self.spec,
+                kill,
+                inc,
+                now=at,
+                note=_quiet,
+                ranks=self.ranks,
+                final=False,
             )
             # ... unless it may be a child whose worker has not reported yet (its start
             # line names a parent the drill has not heard from): then the window decides.
@@ -898,6 +914,8 @@ class DrillEngine:
                 f"{self.spec.sustain.describe()} of training (a stall is "
                 f"{format_seconds(window.stall_limit)} without an advancing step)",
             )
+        if inc.backwards is not None:
+            return self._judge(at)  # its counter went back: proven, no window needed
         if step > window.last[0]:
             window.last = (step, at)
             window.lines += 1

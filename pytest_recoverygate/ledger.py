@@ -180,6 +180,7 @@ class Ledger:
         self.open = False  # a kill is under judgement: its replacements are "new"
         self.round = _Round()
         self.current_step: int | None = None
+        self.advance_gap = 0.0  # the longest gap between advancing lines of the old workers
         self.ignored_lines = 0  # lines not of this run (stamped before it), not evidence
         self.ignored_incs: set[str] = set()
         # The other ranks: their start and checkpoint lines only (one line per save or load),
@@ -266,7 +267,12 @@ class Ledger:
                 (o for o in known if o is not inc and o.pid == inc.ppid and o.host == inc.host),
                 None,
             )
-        if parent is not None and parent is not inc:
+        # A child inherits RANK: a process of another rank started by a worker (Lightning's
+        # launcher starts ranks 1..N-1 from rank 0) is a worker itself.
+        same_rank = (
+            parent is None or parent.rank is None or inc.rank is None or (parent.rank == inc.rank)
+        )
+        if parent is not None and parent is not inc and same_rank:
             inc.child = True
             inc.parent = parent.id
         return inc.child
@@ -304,6 +310,10 @@ class Ledger:
         if last is not None and step < last[0] and inc.backwards is None:
             inc.backwards = (last[0], step)
         if inc.advanced is None or step > inc.advanced[0]:
+            if inc.advanced is not None and not new:
+                # The longest wait between two advancing lines before the kill (repeated
+                # counts of a timer and evaluation pauses included): what a stall must beat.
+                self.advance_gap = max(self.advance_gap, at - inc.advanced[1])
             inc.advanced = (step, at)
         inc.last = (step, at)
         self.current_step = step
@@ -729,9 +739,7 @@ class Ledger:
         """How long without an advancing progress line proves a stall after the resume:
         three times the longest gap between the job's advancing lines before the kill,
         and at least 5 s."""
-        points = list(self.round.recent)
-        gaps = [t1 - t0 for (s0, t0), (s1, t1) in itertools.pairwise(points) if s1 > s0]
-        return max(5.0, 3.0 * max(gaps, default=0.0))
+        return max(5.0, 3.0 * self.advance_gap)
 
     def save_seconds(self) -> float | None:
         """The median time from checkpoint_started to checkpoint_completed seen so far."""
@@ -856,6 +864,18 @@ class Ledger:
                     )
             return Check(name, passed, expected, observed, message, reason)
 
+        if resume.replayed and contract.problem is not None and first == resume.loaded:
+            # A job that breaks the contract (progress(epoch)) reports the loaded step as
+            # its first step after a correct resume too: no proof of a replay.
+            return check(
+                None,
+                (
+                    f"loaded checkpoint {resume.loaded} and then reported step {first}, but the "
+                    "job breaks the step contract (see step_contract), so that cannot be "
+                    "told from a correct resume"
+                ),
+                R.INCONCLUSIVE,
+            )
         if resume.replayed:
             assert first is not None
             return check(

@@ -141,6 +141,7 @@ def judge(
     now: float,
     note: Note,
     ranks: Sequence[int] = (),
+    final: bool = True,
 ) -> Recovery:
     ev = ledger
     resume = kill.resume
@@ -235,7 +236,20 @@ def judge(
             digest = ev.digest_check(inc, resume)
             if digest is not None:
                 checks.append(digest)
-        sustained = sustain_check(spec, kill, inc, past, now)
+        if inc.backwards is not None:
+            was, then = inc.backwards
+            checks.append(
+                Check(
+                    "progress_after_resume",
+                    False,
+                    f"steps advancing from {resume.step}",
+                    f"{was}, then {then}",
+                    f"progress went backwards after the resume ({was}, then {then}): the "
+                    "step counter was reset and steps were done again",
+                    R.RESTARTED_FROM_SCRATCH if then <= 1 else R.STEPS_REPLAYED,
+                )
+            )
+        sustained = sustain_check(spec, kill, inc, past, now, final=final)
         if sustained is not None:
             checks.append(sustained)
     rank_states: list[dict[str, Any]] = []
@@ -253,6 +267,8 @@ def judge(
     if spec.fault == "Preempt":
         checks += preempt_checks(spec, kill, resume)
     failed = [c for c in checks if c.passed is False]
+    if failed:  # a sustain window still open adds nothing to a proven failure
+        checks = [c for c in checks if not (c.name == "progress_after_resume" and c.undecided)]
     undecided = [c for c in checks if c.passed is None]
     if failed:
         verdict, summary = Verdict.FAIL, "; ".join(c.message for c in failed)
@@ -327,7 +343,13 @@ def _sustained(kill: KillRecord, spec: DrillSpec) -> dict[str, Any] | None:
 
 
 def sustain_check(
-    spec: DrillSpec, kill: KillRecord, inc: Inc, past: tuple[int, float], now: float
+    spec: DrillSpec,
+    kill: KillRecord,
+    inc: Inc,
+    past: tuple[int, float],
+    now: float,
+    *,
+    final: bool = True,
 ) -> Check | None:
     """``progress_after_resume``: training kept advancing for the whole sustain window."""
     window = kill.window
@@ -384,7 +406,17 @@ def sustain_check(
             f"{format_seconds(now - at)} (stall limit {format_seconds(window.stall_limit)})",
             R.STOPPED_PROGRESSING,
         )
-    return None  # the window is still open: nothing is proven either way yet
+    if not final:
+        return None  # the window is still open: nothing is proven either way yet
+    return Check(
+        "progress_after_resume",
+        None,
+        expected,
+        observed,
+        f"inconclusive: the sustain window ({spec.sustain.describe()}) was not held by the "
+        f"drill's deadline ({where}); several processes may be reporting for the rank",
+        R.INCONCLUSIVE,
+    )
 
 
 def ranks_check(
@@ -421,7 +453,9 @@ def ranks_check(
             for o in ledger.others.values()
             if o.rank == rank and o.born == kill.index and not ledger.is_child(o)
         ]
-        loaded = [o for o in new if o.loaded is not None]
+        # The rank's newest process is its member of the group (an older one died).
+        newest = max(new, key=lambda o: o.first_seen) if new else None
+        loaded = [newest] if newest is not None and newest.loaded is not None else []
         state: dict[str, Any] = {"rank": rank, "expected": expected}
         if loaded:
             o = loaded[-1]
@@ -457,7 +491,7 @@ def ranks_check(
                         )
                         reason = reason or R.STATE_DIFFERS
             state["status"] = "ok" if ok else "failed"
-        elif any(o.first_line is not None for o in new):
+        elif newest is not None and newest.first_line is not None:
             state["status"] = "failed"
             failed.append(
                 f"rank {rank} loaded no checkpoint: its replacement saved again without "
