@@ -7,6 +7,8 @@ breaks the contract). The attempts that found no defect stay as guards.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pytest_recoverygate.engine import DrillEngine, Finish, Sustain, Verdict
 from tests.test_engine_patterns import (
     T0,
@@ -47,7 +49,7 @@ def run_ticking(engine: DrillEngine, events, end: float | None = None):
     return None
 
 
-def old_run(engine: DrillEngine, kill_at: float = 2.55, n: int = 25, **kw: object) -> None:
+def old_run(engine: DrillEngine, kill_at: float = 2.55, n: int = 25, **kw: Any) -> None:
     drive(engine, steps_run("old", 0.0, list(range(1, n + 1)), **kw), kill_at=kill_at)
 
 
@@ -118,7 +120,7 @@ def test_a_timer_repeating_the_count_between_20s_steps_is_no_stall() -> None:
 
 
 # 4. Lightning's default DDP launcher: ranks 1..N-1 are subprocesses of rank 0
-def lightning(load1: int, **kw: object):
+def lightning(load1: int, **kw: Any):
     engine = engine_for(ranks=(0, 1), max_recovery_time=20.0, **kw)
     old = steps_run("old0", 0.0, list(range(1, 26)), pid=100, host="h")
     old.append(ev(S, 0.0, "old1", rank=1, pid=101, host="h", ppid=100, parent="old0"))
