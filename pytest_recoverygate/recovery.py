@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_recoverygate import checks as checks_of
 from pytest_recoverygate.ledger import Inc, Ledger, Resume
 from pytest_recoverygate.model import GroupEventKind
 from pytest_recoverygate.verdict import (
@@ -39,7 +40,9 @@ __all__ = [
     "node_details",
     "overall",
     "preempt_checks",
+    "ranks_check",
     "restarts",
+    "sustain_check",
 ]
 
 R = FailureReason
@@ -160,7 +163,9 @@ def judge(
         detected = None if kill.detected is None else kill.detected - kill.time
         what = "the hung worker" if spec.fault == "HangWorker" else "the cut link"
         checks.append(
-            ev.detection_check(detected, spec.max_detection_time, deadline_passed=True, what=what)
+            checks_of.detection_check(
+                ev, detected, spec.max_detection_time, deadline_passed=True, what=what
+            )
         )
         kill.details["detectionSeconds"] = None if detected is None else round(detected, 6)
     node_details(spec, kill, came_back=inc is not None)
@@ -183,7 +188,7 @@ def judge(
             None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
         )
     )
-    checks.append(ev.contract_check(contract))
+    checks.append(checks_of.contract_check(ev, contract))
     explicit = spec.expected_resume_step is not None and kill.index == 1
     expected, floor = ev.expected(inc, spec.expected_resume_step if explicit else None)
     recovery_time: float | None = None
@@ -192,10 +197,10 @@ def judge(
     if inc is not None and resume is not None and inc.first is not None:
         past = inc.first_trained(resume)
     if inc is not None and (inc.first is None or past is None):
-        checks += ev.no_progress_checks(inc, expected, ended, finished_ok)
+        checks += checks_of.no_progress_checks(ev, inc, expected, ended, finished_ok)
     elif inc is not None and resume is not None and past is not None:
-        resume_check = ev.resume_check(
-            inc, resume, expected, floor, explicit=explicit, contract=contract
+        resume_check = checks_of.resume_check(
+            ev, inc, resume, expected, floor, explicit=explicit, contract=contract
         )
         checks.append(resume_check)
         if resume.step is None and resume_check.observed == 0 and resume_check.passed is False:
@@ -229,11 +234,11 @@ def judge(
                 None if ok else (R.TOO_SLOW if ok is False else R.INCONCLUSIVE),
             )
         )
-        lost = ev.lost(resume, inc)
+        lost = checks_of.lost(ev, resume, inc)
         if spec.max_lost_steps is not None:
-            checks.append(ev.lost_check(lost, spec.max_lost_steps))
+            checks.append(checks_of.lost_check(lost, spec.max_lost_steps))
         if spec.state_digest_matches:
-            digest = ev.digest_check(inc, resume)
+            digest = checks_of.digest_check(ev, inc, resume)
             if digest is not None:
                 checks.append(digest)
         if inc.backwards is not None:

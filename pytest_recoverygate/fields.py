@@ -1,0 +1,289 @@
+"""The building blocks of the config's fields: bounds, messages, and the validators that
+read durations, step references, sustain windows, paths, commands and ids (shared by the
+schema and every backend's own section; :mod:`pytest_recoverygate.schema` re-exports them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BeforeValidator, Field, ValidationInfo
+from pydantic_core import PydanticCustomError
+
+from pytest_recoverygate.durations import (
+    DurationSyntaxError,
+    StepRefSyntaxError,
+    format_duration,
+    parse_duration,
+    parse_step_ref,
+)
+from pytest_recoverygate.engine import Sustain
+
+__all__ = [
+    "MAX_DURATION",
+    "MAX_PID",
+    "MAX_RANK",
+    "MAX_STEP",
+    "command_arguments",
+    "duration",
+    "file_path",
+    "id_number",
+    "meta",
+    "node_count_field",
+    "refuse",
+    "step_ref",
+    "sustain_of",
+    "sustain_value",
+]
+
+#: Bounds that turn absurd values into errors instead of overflows or endless waits.
+MAX_DURATION = 30 * 24 * 3600.0  # 30 days
+MAX_RANK = 1_000_000
+MAX_STEP = 2**63 - 1
+MAX_PID = 4_194_304  # Linux PID_MAX_LIMIT on 64-bit
+
+
+# --------------------------------------------------------------------------- values
+
+
+def meta(allowed: str | Callable[[], str], example: str) -> dict[str, Any]:
+    """Field metadata the error messages and docs use: what is allowed, and an example.
+
+    ``allowed`` may be a function, for text that depends on the installed backends.
+    """
+    return {"allowed": allowed, "example": example}
+
+
+def refuse(
+    problem: str,
+    allowed: str = "",
+    hint: str = "",
+    key: tuple[str, ...] = (),
+    got: str | None = None,
+) -> PydanticCustomError:
+    """An error in our own words; ``key`` extends the error's location (model checks)."""
+    ctx: dict[str, Any] = {"problem": problem, "allowed": allowed, "hint": hint, "key": key}
+    if got is not None:
+        ctx["got"] = got
+    return PydanticCustomError("recoverygate", "{problem}", ctx)
+
+
+def _from_yaml(info: ValidationInfo) -> bool:
+    return isinstance(info.context, Mapping) and bool(info.context.get("yaml"))
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    if isinstance(info.context, Mapping):
+        base = info.context.get("base_dir")
+        if isinstance(base, Path):
+            return base
+    return Path.cwd()
+
+
+def duration(
+    minimum: float = 0.0,
+    maximum: float = MAX_DURATION,
+    *,
+    zero_ok: bool = True,
+    optional: bool = False,
+) -> BeforeValidator:
+    """A validator turning ``90s``/``5m``/``1h30m``/``250ms`` into float seconds within bounds.
+
+    ``optional``: ``null`` means "not set" (the field's default, ``None``).
+    """
+    low = format_duration(minimum)
+    if minimum == 0 and not zero_ok:
+        allowed = f"a duration above 0 and at most {format_duration(maximum)}, like 90s, 5m, 1h30m"
+    else:
+        allowed = f"a duration from {low} to {format_duration(maximum)}, like 90s, 5m, 1h30m"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool):
+            raise refuse("must be a duration, not true/false", allowed)
+        if isinstance(value, (int, float)):
+            if _from_yaml(info):
+                hint = f"write {value}s" if value >= 0 else "durations are never negative"
+                raise refuse("a duration needs a unit", allowed, hint)
+            seconds = float(value)
+        elif isinstance(value, str):
+            try:
+                seconds = parse_duration(value)
+            except DurationSyntaxError as exc:
+                raise refuse(f"is not a valid duration ({exc})", allowed) from None
+        else:
+            raise refuse("must be a duration", allowed)
+        if not math.isfinite(seconds) or seconds < minimum or seconds > maximum:
+            raise refuse("is out of range", allowed)
+        if seconds == 0 and not zero_ok:
+            raise refuse("must be longer than zero", allowed)
+        return seconds
+
+    check.kind = "duration"  # type: ignore[attr-defined]  # dump_effective writes it back as 5m
+    return BeforeValidator(check)
+
+
+_SUSTAIN_STEPS = re.compile(r"^\s*(\d+)\s+steps?\s*$")
+
+
+def sustain_value() -> BeforeValidator:
+    """A validator for ``sustain``: ``N steps`` (N >= 1) or a duration above 0, normalised."""
+    allowed = "N steps (N >= 1) or a duration above 0, like 5 steps, 30s, 2m"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str):
+            hint = f"write {value}s or {value} steps" if isinstance(value, int) else ""
+            raise refuse("is neither a step count nor a duration", allowed, hint)
+        match = _SUSTAIN_STEPS.match(value)
+        if match:
+            steps = int(match.group(1))
+            if not 1 <= steps <= MAX_STEP:
+                raise refuse("is out of range", allowed)
+            return f"{steps} steps"
+        try:
+            seconds = parse_duration(value)
+        except DurationSyntaxError:
+            raise refuse("is neither a step count nor a duration", allowed) from None
+        if not 0 < seconds <= MAX_DURATION:
+            raise refuse("is out of range", allowed)
+        return value.strip()
+
+    return BeforeValidator(check)
+
+
+def sustain_of(text: str | None) -> Sustain:
+    """The engine's :class:`~pytest_recoverygate.engine.Sustain` for a validated ``sustain``."""
+    if text is None:
+        return Sustain()
+    match = _SUSTAIN_STEPS.match(text)
+    if match:
+        return Sustain(lines=1, seconds=0.0, steps=int(match.group(1)))
+    return Sustain(lines=1, seconds=parse_duration(text))
+
+
+_duration = duration  # for a field named ``duration`` (its name hides the function)
+
+
+def step_ref(literal: str) -> BeforeValidator:
+    """A validator turning ``step-N`` into N and passing ``literal`` (``latest``/``next``)."""
+    allowed = f"step-N (N a whole number >= 0) or {literal}"
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            if value.strip() == literal:
+                return literal
+            try:
+                return parse_step_ref(value)
+            except StepRefSyntaxError:
+                raise refuse("is not a step reference", allowed) from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if _from_yaml(info):
+                raise refuse("a step reference is written step-N", allowed, f"write step-{value}")
+            if 0 <= value <= MAX_STEP:
+                return value
+            raise refuse("is out of range", allowed)
+        raise refuse("is not a step reference", allowed)
+
+    check.kind = "step"  # type: ignore[attr-defined]  # dump_effective writes it back as step-N
+    return BeforeValidator(check)
+
+
+def file_path(*, must_be_dir: bool = False, optional: bool = True) -> BeforeValidator:
+    """A validator turning a path string (``~`` expanded, relative to the config's folder)
+    into an absolute, resolved :class:`~pathlib.Path`."""
+
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if value is None and optional:  # an optional path left out (or written as null)
+            return None
+        if isinstance(value, Path):  # the default, or a model built in Python
+            raw = str(value)
+        elif isinstance(value, str):
+            raw = value
+        else:
+            raise refuse("must be a path (text)", "a file or folder path", 'quote it: "…"')
+        if not raw.strip() or "\x00" in raw:
+            raise refuse("is not a usable path", "a non-empty path")
+        if not raw.isprintable():  # a line break or control character in a path: a typo
+            raise refuse("contains a control character", "a path of printable characters")
+        try:
+            path = Path(raw).expanduser()
+        except RuntimeError:  # ~user with no such user, or no home directory at all
+            raise refuse(
+                "starts with ~ but that home directory cannot be found",
+                "an absolute path, or one relative to the config file's folder",
+            ) from None
+        if not path.is_absolute():
+            path = _base_dir(info) / path
+        path = path.resolve()
+        if must_be_dir and not path.is_dir():
+            what = "does not exist" if not path.exists() else "is not a folder"
+            raise refuse(
+                f"{what}: {path}",
+                "an existing folder, relative to the config file's folder",
+                "create it or fix the path",
+            )
+        return path
+
+    return BeforeValidator(check)
+
+
+def command_arguments(value: Any) -> Any:
+    """Accept a list of strings or one string split like a shell would (no shell runs)."""
+    allowed = 'a list of strings like ["torchrun", "train.py"], or one string'
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:
+            raise refuse(f"cannot be split into arguments ({exc})", allowed) from None
+    if isinstance(value, list):
+        if not value:
+            raise refuse("must not be empty", allowed)
+        for index, item in enumerate(value):
+            if isinstance(item, str) and "\x00" in item:
+                raise refuse(f"argument {index} contains a NUL byte", allowed)
+        if isinstance(value[0], str) and not value[0].strip():
+            raise refuse("the program (first item) is empty", allowed)
+    return value
+
+
+_WHOLE_NUMBER = re.compile(r"[1-9][0-9]*")
+
+
+def node_count_field() -> Any:
+    """``workload.nodes`` for a backend that launches one agent per node (local, fake)."""
+    return Field(
+        default=1,
+        ge=1,
+        le=64,
+        json_schema_extra=meta(
+            "a whole number from 1 to 64 (default 1): > 1 runs one node per number",
+            "nodes: 2",
+        ),
+    )
+
+
+def id_number(value: Any) -> Any:
+    """An id written as text (``jobId: "12345"``, what envsubst or a template produces).
+
+    Only plain decimal digits without a leading zero become a number; anything else is
+    left for strict validation to refuse (``"0123"``, ``"12.0"``, ``" 12"``, ``"1e3"``).
+    """
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value):
+        return int(value)
+    return value
+
+
+# ------------------------------------------------------------------------- models
+
+
+# ------------------------------------------------------------------------- models

@@ -1,0 +1,306 @@
+"""The fake backend's replica groups: a simulated torchft job for ``recovery: live``.
+
+Replica groups train together and commit each step; one is killed, restarted after
+``restartDelay`` and heals from a peer (or a checkpoint, or from scratch: ``fake.heal``),
+on any clock. Built by the fake backend's ``_create`` when ``fake.replicas`` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
+from pytest_recoverygate.model import (
+    KILL,
+    Fault,
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    TrainingEventKind,
+    Worker,
+    Workload,
+)
+
+if TYPE_CHECKING:
+    from pytest_recoverygate.orchestrators.base import Clock
+
+__all__ = ["FakeLiveOrchestrator"]
+
+
+# ------------------------------------------------------------------ replica groups
+
+
+@dataclass(slots=True)
+class _LiveProc:
+    """One incarnation of one replica group: the steps it commits, by formula."""
+
+    replica: int
+    number: int  # 0: the first of its group
+    start: float
+    killed_at: float | None = None
+    heal: tuple[float, int] | None = None  # (when, step) of its load line
+    heal_source: str | None = None
+    next_step: int = 1
+    start_sent: bool = False
+    heal_sent: bool = False
+
+    @property
+    def inc_id(self) -> str:
+        return f"fake-replica-{self.replica}-{self.number}"
+
+
+class FakeLiveOrchestrator:
+    """A simulated torchft job: replica groups training together, one killed and healed.
+
+    Before the kill every group commits step n at ``t0 + n / steps_per_second``. After
+    the kill of the target group at K (its last step s_K): the survivors commit s_K + 1
+    at ``max(K + heartbeat_timeout, last + step)`` (or, with ``min_replicas`` more than
+    the survivors, one step after the rejoin) and on each step after it; the replacement
+    starts at ``K + restart_delay``, joins 0.2 s later and then heals by ``heal``.
+    """
+
+    name = "fake"
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        replicas: int = 2,
+        workers: int = 2,
+        steps_per_second: float = 50.0,
+        checkpoint_every: int = 20,
+        restart_delay: float = 1.0,
+        startup_delay: float = 0.0,
+        min_replicas: int = 1,
+        heal: str = "peer",
+        heartbeat_timeout: float = 2.0,
+        target_replica: int = 1,
+    ) -> None:
+        self.clock = clock
+        self.replicas = replicas
+        self.workers = workers
+        self.dt = 1.0 / steps_per_second
+        self.checkpoint_every = checkpoint_every
+        self.restart_delay = restart_delay
+        self.startup_delay = startup_delay
+        self.min_replicas = min_replicas
+        self.heal = heal
+        self.heartbeat_timeout = heartbeat_timeout
+        self.target_replica = target_replica
+        self.kills: list[tuple[Worker, bool]] = []
+        self.cleanups = 0
+        self._t0 = 0.0
+        self._procs: list[_LiveProc] = []
+        self._kill: tuple[float, int] | None = None  # (time, last step before it)
+        self._resume_at = 0.0  # the survivors' first commit after the kill
+        self._group_events: list[GroupEvent] = []
+        self._printed = OutputSplitter(lambda line: None, default="replica 0")
+        self._running = False
+        self._source = _LiveSource(self)
+
+    # ---------------------------------------------------------------- protocol
+
+    def discover(self, deadline: float) -> Workload:
+        if not self._running:
+            now = self.clock.now()
+            self._t0 = now + self.startup_delay
+            self._procs = [_LiveProc(r, 0, now) for r in range(self.replicas)]
+            self._running = True
+        return self._workload()
+
+    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+        self.kills.append((worker, dry_run))
+        now = self.clock.now()
+        self._generate()
+        victim = self._current(self.target_replica)
+        if victim is None or worker.instance_id not in {w.instance_id for w in self._workers()}:
+            return KillResult(KillOutcome.ALREADY_GONE, now, f"{worker.instance_id} is not running")
+        if dry_run:
+            return KillResult(KillOutcome.DRY_RUN, now, f"would kill {worker.describe()}")
+        if self._kill is not None:
+            return KillResult(KillOutcome.ALREADY_GONE, now, "one kill per simulated live job")
+        victim.killed_at = now
+        last = max(int((now - self._t0) / self.dt + 1e-9), 0)
+        self._kill = (now, last)
+        survivors = self.replicas - 1
+        rejoin = now + self.restart_delay + 0.2
+        if survivors >= self.min_replicas:
+            self._resume_at = max(now + self.heartbeat_timeout, self._t0 + (last + 1) * self.dt)
+        else:
+            self._resume_at = rejoin + self.dt
+        replacement = _LiveProc(self.target_replica, victim.number + 1, now + self.restart_delay)
+        healed = self._survivor_step(rejoin)
+        if self.heal == "peer":
+            replacement.heal, replacement.heal_source = (rejoin, healed), "peer"
+            replacement.next_step = healed + 1
+        elif self.heal == "checkpoint":
+            step = (last // self.checkpoint_every) * self.checkpoint_every
+            replacement.heal, replacement.heal_source = (rejoin, step), None
+            replacement.next_step = step + 1
+        self._procs.append(replacement)
+        self._printed.feed(
+            f"[fake job] replica {self.target_replica} rank {worker.rank} was killed\n".encode(),
+            label=f"replica {self.target_replica}",
+        )
+        self._group_events += [
+            GroupEvent(GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker),
+            GroupEvent(GroupEventKind.RESTARTING, now + 0.15, "restarting the replica", None, 1),
+            GroupEvent(
+                GroupEventKind.REPLACEMENT_RUNNING, now + self.restart_delay, "replica running"
+            ),
+        ]
+        return KillResult(KillOutcome.KILLED, now, f"killed {worker.describe()}")
+
+    def current_worker(self, rank: int) -> Worker | None:
+        proc = self._current(self.target_replica)
+        if proc is None or proc.start > self.clock.now():
+            return None
+        return next((w for w in self._workers() if w.rank == rank), None)
+
+    def watch_group(self) -> list[GroupEvent]:
+        now = self.clock.now()
+        due = [e for e in self._group_events if e.timestamp <= now]
+        self._group_events = [e for e in self._group_events if e.timestamp > now]
+        return due
+
+    def events(self) -> _LiveSource:
+        return self._source
+
+    def job_output(self) -> JobOutput:
+        return self._printed.output(note="the fake live job's simulated output, per replica")
+
+    def cleanup(self) -> None:
+        self.cleanups += 1
+        self._running = False
+        self._source.closed = True
+
+    # ---------------------------------------------------------------- simulation
+
+    def _current(self, replica: int) -> _LiveProc | None:
+        procs = [p for p in self._procs if p.replica == replica and p.killed_at is None]
+        return procs[-1] if procs else None
+
+    def _workers(self) -> list[Worker]:
+        target = self._current(self.target_replica)
+        number = target.number if target is not None else 0
+        return [
+            Worker(
+                rank,
+                f"fake-replica-{self.target_replica}-rank-{rank}",
+                f"fake-{self.target_replica}-{rank}-{number}",
+                node="simulated",
+            )
+            for rank in range(self.workers)
+        ]
+
+    def _workload(self) -> Workload:
+        others = [
+            Worker(rank, f"fake-replica-{r}-rank-{rank}", f"fake-{r}-{rank}-0", node="simulated")
+            for r in range(self.replicas)
+            if r != self.target_replica
+            for rank in range(self.workers)
+        ]
+        return Workload(
+            job=f"fake-live-job ({self.replicas} replica groups)",
+            workers=(*self._workers(), *others),
+        )
+
+    def _survivor_step(self, at: float) -> int:
+        """The survivors' committed step at ``at`` (after the kill)."""
+        assert self._kill is not None
+        last = self._kill[1]
+        if at < self._resume_at:
+            return last
+        return last + 1 + int((at - self._resume_at) / self.dt + 1e-9)
+
+    def _time_of(self, proc: _LiveProc, step: int) -> float:
+        kill = self._kill
+        if proc.number == 0 and (kill is None or step <= kill[1]):
+            return self._t0 + step * self.dt
+        if proc.number > 0 and proc.heal_source != "peer" and proc.heal is None:
+            return proc.start + 0.2 + step * self.dt  # from scratch: its own count
+        if proc.number > 0 and proc.heal_source != "peer":
+            assert proc.heal is not None
+            return proc.heal[0] + (step - proc.heal[1]) * self.dt
+        assert kill is not None
+        return self._resume_at + (step - kill[1] - 1) * self.dt
+
+    def _generate(self) -> list[TrainingEvent]:
+        now = self.clock.now()
+        out: list[TrainingEvent] = []
+        for proc in self._procs:
+            out += self._generate_for(proc, now)
+        out.sort(key=lambda e: e.timestamp)
+        return out
+
+    def _generate_for(self, proc: _LiveProc, now: float) -> list[TrainingEvent]:
+        end = now if proc.killed_at is None else min(now, proc.killed_at)
+        out: list[TrainingEvent] = []
+
+        def event(
+            kind: TrainingEventKind,
+            at: float,
+            step: int | None,
+            *,
+            replica: int | None = None,
+            source: str | None = None,
+            peer: int | None = None,
+        ) -> None:
+            out.append(
+                TrainingEvent(
+                    kind,
+                    at,
+                    proc.inc_id,
+                    step=step,
+                    received=now,
+                    rank=0,
+                    pid=2000 + 10 * proc.replica + proc.number,
+                    host="simulated",
+                    restart_count=proc.number,
+                    replica=replica,
+                    source=source,
+                    peer=peer,
+                )
+            )
+
+        if not proc.start_sent and proc.start <= end:
+            proc.start_sent = True
+            event(TrainingEventKind.START, proc.start, None, replica=proc.replica)
+        if proc.heal is not None and not proc.heal_sent and proc.heal[0] <= end:
+            proc.heal_sent = True
+            peer = 0 if proc.heal_source == "peer" else None
+            event(
+                TrainingEventKind.CHECKPOINT_LOADED,
+                proc.heal[0],
+                proc.heal[1],
+                source=proc.heal_source,
+                peer=peer,
+            )
+        while proc.start_sent:
+            at = self._time_of(proc, proc.next_step)
+            if at > end or at < proc.start:
+                break
+            event(TrainingEventKind.PROGRESS, at, proc.next_step)
+            proc.next_step += 1
+        return out
+
+
+class _LiveSource:
+    """The simulated live job's reporter lines, generated up to the clock's now."""
+
+    def __init__(self, owner: FakeLiveOrchestrator) -> None:
+        self._owner = owner
+        self.closed = False
+
+    def poll(self) -> list[TrainingEvent]:
+        return [] if self.closed else self._owner._generate()
+
+    @property
+    def malformed_lines(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.closed = True
