@@ -72,6 +72,7 @@ def drill(folder: Path, workload: str) -> Path:
         "expectations:\n"
         "  maxRecoveryTime: 30s\n"
         "  maxLostSteps: 50\n"
+        "  sustain: 3 steps\n"  # the example job trains 120 steps (2.4 s) in all
         "safety:\n"
         "  requireConfirm: false\n"
     )

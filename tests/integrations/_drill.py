@@ -63,13 +63,19 @@ class Drill:
             f"--- drill output (tail) ---\n{self.output[-3000:]}"
         )
 
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.lines if e.get("event") == kind]
+    def events(self, kind: str, rank: int | None = 0) -> list[dict[str, Any]]:
+        """The job's ``kind`` lines of ``rank`` (every rank prints its checkpoint lines;
+        None: all ranks)."""
+        return [
+            e
+            for e in self.lines
+            if e.get("event") == kind and (rank is None or e.get("rank", 0) == rank)
+        ]
 
-    def incarnations(self) -> list[str]:
+    def incarnations(self, rank: int | None = 0) -> list[str]:
         seen: list[str] = []
         for e in self.lines:
-            if e.get("inc") not in seen:
+            if (rank is None or e.get("rank", 0) == rank) and e.get("inc") not in seen:
                 seen.append(e["inc"])
         return seen
 
