@@ -486,7 +486,14 @@ def ranks_check(
                 saved = (
                     ledger.rank_saves.get(rank, {}).get(o.loaded) if o.loaded is not None else None
                 )
-                if saved is not None and saved.digest is not None and o.loaded_digest is not None:
+                if saved is None or saved.digest is None or o.loaded_digest is None:
+                    # Its shard's digest at that step was never seen (the kill came first,
+                    # or no digest=): the state cannot be compared.
+                    state["status"] = "unchecked"
+                    unchecked.append(rank)
+                    states.append(state)
+                    continue
+                if saved.digest is not None and o.loaded_digest is not None:
                     state["digestMatches"] = saved.digest == o.loaded_digest
                     if saved.digest != o.loaded_digest:
                         ok = False
