@@ -126,7 +126,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="compare a drill's figures with a baseline report",
         description="Figure by figure (recovery time and each phase, lost steps, lost "
         "work, save stall, step time): base, new, change. With --max-regression, exit 1 "
-        "when a figure got worse than its allowance (docs/reports.md).",
+        f"when a figure got worse than its allowance ({docs_link('reports.md')}).",
         epilog="exit codes: 0 no regression beyond an allowance, 1 a figure regressed, "
         "2 bad input (a missing file, no drill report, an unknown figure or allowance)",
     )

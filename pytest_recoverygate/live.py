@@ -309,7 +309,8 @@ class LiveJudge:
             why = (
                 f"replica(s) {restarted} restarted after the kill: a survivor crashed instead of "
                 "training on (torchft's DDP comm hook does when the dead peer resets a "
-                "connection inside the allreduce; see docs/torchft.md)"
+                "connection inside the allreduce; use manager.allreduce on the gradients, as "
+                "the torchft example does)"
                 if restarted
                 else "the survivors waited for the dead replica (min_replica_size > survivors?) "
                 "instead of training on"

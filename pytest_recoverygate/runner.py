@@ -38,6 +38,7 @@ from pytest_recoverygate.errors import (
     UsageError,
     describe_exception,
 )
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.lock import DrillLock, job_lock
 from pytest_recoverygate.model import (
     Fault,
@@ -341,7 +342,7 @@ class _Drill:
             raise _discovery_error(
                 f"{failure.type} needs a backend that can act on nodes, and "
                 f"orchestrator {self.orchestrator.name} implements no current_node/"
-                "kill_node/restore_node (docs/nodes.md); use type: KillWorker"
+                f"kill_node/restore_node ({docs_link('nodes.md')}); use type: KillWorker"
             )
         indexes = ", ".join(str(n.index) for n in workload.nodes) or "none"
         if len(workload.nodes) < 2:
