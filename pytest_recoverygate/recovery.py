@@ -493,15 +493,14 @@ def ranks_check(
                     unchecked.append(rank)
                     states.append(state)
                     continue
-                if saved.digest is not None and o.loaded_digest is not None:
-                    state["digestMatches"] = saved.digest == o.loaded_digest
-                    if saved.digest != o.loaded_digest:
-                        ok = False
-                        failed.append(
-                            f"rank {rank} loaded checkpoint {o.loaded} but its state differs "
-                            "from the shard it saved at that step"
-                        )
-                        reason = reason or R.STATE_DIFFERS
+                state["digestMatches"] = saved.digest == o.loaded_digest
+                if saved.digest != o.loaded_digest:
+                    ok = False
+                    failed.append(
+                        f"rank {rank} loaded checkpoint {o.loaded} but its state differs "
+                        "from the shard it saved at that step"
+                    )
+                    reason = reason or R.STATE_DIFFERS
             state["status"] = "ok" if ok else "failed"
         elif newest is not None and newest.first_line is not None:
             state["status"] = "failed"
