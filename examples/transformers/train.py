@@ -61,14 +61,20 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 class StepTime(TrainerCallback):
-    """Sleep after each optimizer step, so a drill has time to watch the run."""
+    """Sleep after each optimizer step, so a drill has time to watch the run; and in each
+    save before it is marked complete, as a bigger model's save on slow storage takes."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, save_seconds: float = 0.0) -> None:
         self.seconds = seconds
+        self.save_seconds = save_seconds
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         if self.seconds > 0:
             time.sleep(self.seconds)
+
+    def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if self.save_seconds > 0:  # runs before RecoveryGateCallback's marker
+            time.sleep(self.save_seconds)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--step-time", type=float, default=0.05, help="seconds of sleep after each optimizer step"
+    )
+    parser.add_argument(
+        "--save-time",
+        type=float,
+        default=0.0,
+        help="seconds each save takes before it is marked complete (slow storage)",
     )
     parser.add_argument("--resume", choices=("complete", "hf", "none"), default="complete")
     parser.add_argument(
@@ -129,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         disable_tqdm=True,
         seed=0,
     )
-    callbacks: list[TrainerCallback] = [StepTime(args.step_time)]
+    callbacks: list[TrainerCallback] = [StepTime(args.step_time, args.save_time)]
     if not args.no_callback:
         from recoverygate.integrations.transformers import RecoveryGateCallback
 
@@ -145,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.resume == "hf" and os.path.isdir(output_dir):
         resume = get_last_checkpoint(output_dir)
     trainer.train(resume_from_checkpoint=resume)
+    if torch.distributed.is_initialized():
+        # an orderly teardown: a process group left to the interpreter's exit can abort
+        # in gloo's threads ("terminate called without an active exception")
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ from tests.integrations._drill import HF_TRAIN, LIGHTNING_TRAIN, Drill, run_dril
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
+# The tiny model saves in about 0.02 s: a kill aimed a quarter into that lands after it on
+# a loaded machine. A save of 0.3 s (a bigger model's, on slow storage) is one to tear.
+SLOW_SAVE = "--save-time=0.3"
+
 
 def test_an_hf_trainer_resuming_from_the_last_complete_checkpoint_passes(
     tmp_path: Path,
@@ -34,7 +38,7 @@ def test_an_hf_trainer_resuming_from_the_last_complete_checkpoint_passes(
     drill = run_drill(
         tmp_path,
         HF_TRAIN,
-        ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05"],
+        ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05", SLOW_SAVE],
         fault="KillDuringCheckpoint",
         target_rank=None,
     )
@@ -48,7 +52,13 @@ def test_an_hf_trainer_resuming_from_get_last_checkpoint_fails(tmp_path: Path) -
     drill = run_drill(
         tmp_path,
         HF_TRAIN,
-        ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05", "--resume=hf"],
+        [
+            "--output-dir={tmpdir}/out",
+            "--save-steps=10",
+            "--step-time=0.05",
+            SLOW_SAVE,
+            "--resume=hf",
+        ],
         fault="KillDuringCheckpoint",
         target_rank=None,
     )

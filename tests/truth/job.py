@@ -102,7 +102,7 @@ Everyday patterns (the verdict's second pass):
 ``--eval-after-kill``
     rank 0, once a peer is gone, starts an evaluation subprocess (it inherits ``RANK``)
     that loads the newest checkpoint, reports ``checkpoint_loaded`` and evaluation
-    "progress", and runs until the drill's cleanup.
+    "progress", and runs until the drill's cleanup; rank 0 goes on once it has reported.
 ``--replay-log FILE``
     the first worker of rank 0 prints FILE at start-up: an earlier run's log, reporter
     lines included (a ``tee``'d log replayed).
@@ -151,6 +151,7 @@ CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{8})\.json$")
 KEEP_CHECKPOINTS = 5
 SIGTERM_EXIT = 128 + signal.SIGTERM
 TERM_WAIT_CEILING = 120.0  # a survivor that stopped training waits this long at most
+EVAL_READY_CEILING = 10.0  # the survivor waits this long at most for its evaluation to report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -555,10 +556,17 @@ class Job:
     def start_eval(self) -> None:
         """The survivor's evaluation subprocess (it inherits RANK)."""
         self.eval_started = True
+        ready = self.folder / ".eval-ready"
         subprocess.Popen(
             [sys.executable, __file__, f"--ckpt-dir={self.folder}", "--child=eval"],
             stdin=subprocess.DEVNULL,
         )
+        # The evaluation has reported before the survivor goes on: on a loaded machine
+        # its start-up would otherwise lose the race to the replacement (and a scenario
+        # about an evaluation would hold none). A SIGTERM meanwhile stays pending.
+        deadline = time.monotonic() + EVAL_READY_CEILING
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def train(self) -> None:
         a = self.args
@@ -634,6 +642,8 @@ def child(args: argparse.Namespace) -> int:
     for n in range(1, 100_000):  # evaluation batches, until the drill's cleanup
         time.sleep(0.05)
         reporter.progress(step + n)
+        if n == 1:
+            (args.ckpt_dir / ".eval-ready").touch()
     return 0
 
 
