@@ -13,6 +13,20 @@ from pytest_recoverygate.config import DrillConfig, load_config
 
 pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per session, for all folders
 
+#: Under ``pytest -n N`` (pytest-xdist, ``--dist loadgroup``: scripts/test), the tests that
+#: share one machine-wide thing run in one worker, one after another: the session's Slurm
+#: cluster (one per worker process otherwise), the Ray clusters, torchft's lighthouses.
+XDIST_GROUPS = ("slurm", "ray", "torchft")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for group in XDIST_GROUPS:
+            if item.get_closest_marker(group) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 FAKE_DRILL: dict[str, Any] = {
     "workload": {
         "orchestrator": "fake",

@@ -2,8 +2,9 @@
 
 Every test that proves a safety property adds what it did to :data:`FIGURES` (drills
 run, faults injected, kills observed, leftovers found, fuzz cases tried, ...). With
-``RECOVERYGATE_RELIABILITY_OUT=path.json`` the session writes them there when it ends;
-``scripts/reliability-figures --check path.json`` then holds RELIABILITY.md to them.
+``RECOVERYGATE_RELIABILITY_OUT=path.json`` the session writes them there when it ends
+(under pytest-xdist each worker writes ``path.gwN.json``); ``scripts/reliability-figures
+check FILE...`` then holds RELIABILITY.md to their sum.
 Counting happens where the work happens, so a figure can only grow by doing the work.
 """
 
@@ -49,6 +50,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = os.environ.get("RECOVERYGATE_RELIABILITY_OUT")
     if not out:
         return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None and getattr(session.config.option, "dist", "no") != "no":
+        return  # the xdist controller ran no test: its workers write their own figures
+    path = Path(out)
+    if worker is not None:  # one file per worker: OUT.gw0.json, ... (the check sums them)
+        path = path.with_name(f"{path.stem}.{worker}{path.suffix}")
     doc = {
         "figures": FIGURES.snapshot(),
         "seconds": round(time.monotonic() - FIGURES.started, 1),
@@ -56,6 +63,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }
-    path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

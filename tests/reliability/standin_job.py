@@ -50,6 +50,8 @@ import threading
 import time
 from pathlib import Path
 
+RENDEZVOUS_CEILING = 10.0  # seconds a worker waits for its node's peers at start
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -148,6 +150,23 @@ def take_signals(args: argparse.Namespace) -> None:
             time.sleep(5)
 
 
+def rendezvous(args: argparse.Namespace, rank: int) -> None:
+    """Wait (at most RENDEZVOUS_CEILING s) until every worker of this restart on this node
+    is up, before anyone reads the checkpoint: a real group's rendezvous. Without it, a
+    rank that starts late on a loaded machine loads a checkpoint its faster peer wrote
+    after the restart."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    base = rank - local
+    folder = args.ckpt.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f".up-{restart}-{rank}").touch()
+    deadline = time.monotonic() + RENDEZVOUS_CEILING
+    peers = [folder / f".up-{restart}-{base + r}" for r in range(args.nproc)]
+    while not all(p.exists() for p in peers) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def worker(args: argparse.Namespace) -> int:
     from recoverygate import reporter
 
@@ -165,6 +184,7 @@ def worker(args: argparse.Namespace) -> int:
         )
     if args.spawn_grandchild:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    rendezvous(args, rank)
     step = 0
     if args.resume == "latest" and args.ckpt.exists():
         step = int(args.ckpt.read_text() or 0)

@@ -16,6 +16,8 @@ imports) run on two nodes:
 
 from __future__ import annotations
 
+import contextlib
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +86,7 @@ class Watched(LocalNodesOrchestrator):
 
     raise_after_node_gone = False
     raise_in_restore = False
+    seen_id: str | None = None  # the drill's id: its namespaces are rg<id>-*
 
     def discover(self, deadline: float) -> Workload:
         workload = super().discover(deadline)
@@ -105,6 +108,8 @@ class Watched(LocalNodesOrchestrator):
 
     def cleanup(self) -> None:
         self.node0_alive = all(i is not None and i.process() is not None for i in self.node0)
+        with contextlib.suppress(AssertionError):  # the network exists until this cleanup
+            self.seen_id = self.drill_id
         super().cleanup()
 
 
@@ -122,13 +127,21 @@ def build(path: Path) -> tuple[Any, Watched]:
     return config, orch
 
 
-def assert_nothing_left(tag: str, before: set[str], figures: Figures) -> None:
+def assert_nothing_left(
+    tag: str, before: set[str], figures: Figures, drill_id: str | None = None
+) -> None:
+    """No process of the drill (its tag), none stopped, no namespace of the drill: those
+    named rg<drill_id>-*, or, without the id, any rg*- namespace that was not there
+    before (other drills on the machine may make and remove theirs meanwhile)."""
     deadline = time.monotonic() + 10
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = tagged_processes(tag)
     stopped = [p for p in left if " state T" in p]
-    namespaces = drill_namespaces() - before
+    if drill_id is None:
+        namespaces = drill_namespaces() - before
+    else:
+        namespaces = {n for n in drill_namespaces() if n.startswith(f"rg{drill_id}-")}
     figures.add("node_rows", 1)
     figures.add("leftovers_found", len(left) + len(namespaces))
     figures.add("stopped_left", len(stopped))
@@ -147,7 +160,7 @@ def test_a_node_kill_that_passes_leaves_nothing_and_never_touches_the_other_node
 
     assert result.verdict is Verdict.PASS, result.summary
     assert orch.node0_alive, "the KillNode of node 1 ended a process of node 0"
-    assert_nothing_left(tag, before, figures)
+    assert_nothing_left(tag, before, figures, orch.seen_id)
 
 
 def test_an_exception_right_after_the_node_kill_still_cleans_everything_up(
@@ -162,7 +175,7 @@ def test_an_exception_right_after_the_node_kill_still_cleans_everything_up(
     assert result.verdict is Verdict.ERROR, result.summary
     assert "injected" in result.summary
     assert orch.node0_alive
-    assert_nothing_left(tag, before, figures)
+    assert_nothing_left(tag, before, figures, orch.seen_id)
 
 
 @pytest.mark.parametrize("broken_restore", [False, True], ids=["fail", "restore-raises"])
@@ -180,7 +193,7 @@ def test_a_partition_nobody_notices_fails_early_and_its_link_and_namespaces_go(
         assert result.kill_time is not None
         assert result.finished_at is not None
         assert result.finished_at - result.kill_time < 10.0  # 2 s + 2 s grace, not 30 s + 2 s
-    assert_nothing_left(tag, before, figures)
+    assert_nothing_left(tag, before, figures, orch.seen_id)
 
 
 def test_sigterm_to_the_cli_while_a_node_recovers_leaves_nothing(
@@ -199,5 +212,6 @@ def test_sigterm_to_the_cli_while_a_node_recovers_leaves_nothing(
     output, _ = proc.communicate(timeout=60)
 
     assert proc.returncode == 130, output
-    assert_nothing_left(tag, before, figures)
+    ids = set(re.findall(r"\brg([0-9a-f]{6})-node\d", output))  # its hostnames
+    assert_nothing_left(tag, before, figures, ids.pop() if len(ids) == 1 else None)
     assert not [p for p in psutil.Process().children(recursive=True) if p.pid == proc.pid]
