@@ -1118,12 +1118,24 @@ class DrillEngine:
             return max(trained, key=lambda i: i.last[1] if i.last is not None else 0.0)
         return new[-1] if new else None
 
+    def _world_sizes(self, kill: KillRecord) -> None:
+        """Node faults: the world size before and after from the job's start lines (the
+        group at the kill, the group that came back), else from the backend; and which."""
+        for key, born in (("worldSizeBefore", kill.index - 1), ("worldSizeAfter", kill.index)):
+            lines = self.ledger.world_size(born)
+            if lines is not None:
+                kill.details[key] = lines
+            if key in kill.details:
+                kill.details[f"{key}From"] = "startLines" if lines is not None else "backend"
+
     def _judge(self, now: float) -> list[Action]:
         """Judge the kill under judgement; then the next kill, or the drill's verdict."""
         kill = self._kill
         assert kill is not None
         if self._live is not None:
             return self._live_decide(now, final=True)
+        if self.spec.fault in NODE_FAULTS:
+            self._world_sizes(kill)
         budget_mode = self.spec.count is None
         if kill.judged is not None and self.ledger.is_child(kill.judged):
             # Its parent reported after it: a worker's child, never the replacement.

@@ -243,6 +243,21 @@ class Ledger:
         inc.parent = event.parent
         inc.world_size = event.world_size
 
+    def world_size(self, born: int) -> int | None:
+        """The WORLD_SIZE on the newest start line of the workers of round ``born``.
+
+        Round 0 is the group before the first kill, round ``k`` the group that came back
+        after kill ``k`` (every rank's start line counts, the reporting rank's or not; a
+        worker's child does not). ``None`` when no such start line carries it.
+        """
+        sized = [
+            inc
+            for inc in itertools.chain(self.order, self.others.values())
+            if inc.born == born and inc.world_size is not None and not self.is_child(inc)
+        ]
+        newest = max(sized, key=lambda i: i.start_time or i.first_seen, default=None)
+        return newest.world_size if newest is not None else None
+
     def is_child(self, inc: Inc) -> bool:
         """A subprocess or forked child of another process the drill heard from.
 

@@ -8,6 +8,8 @@ We test these aspects:
   re-admitted and the group is judged as any other (PASS from the latest checkpoint,
   FAIL from scratch); ``replace: false`` on an elastic job carries on with fewer ranks,
   and fails on a job that is not elastic;
+- the world size before and after a node fault: the WORLD_SIZE on the start lines of the
+  group at the kill and of the group that came back, else the backend's, and which;
 - PartitionNode: detection is the first worker gone after the cut, checked against
   maxDetectionTime; recovery counts from the cut; the link is restored after
   ``duration``, or when the job noticed; the report says how long the link was cut and
@@ -20,21 +22,23 @@ We test these aspects:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import FailureReason, Verdict
+from pytest_recoverygate.engine import FailureReason, KillTarget, Verdict
 from pytest_recoverygate.errors import ConfigError
-from pytest_recoverygate.model import KILL, Fault, GroupEventKind, KillOutcome
+from pytest_recoverygate.model import KILL, Fault, GroupEvent, GroupEventKind, KillOutcome
 from pytest_recoverygate.orchestrators import get_backend
 from pytest_recoverygate.orchestrators.base import NodeFaults, Orchestrator, SimulatedClock
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
 from pytest_recoverygate.runner import RunOptions, run_drill
 from pytest_recoverygate.schema import DrillConfig
 from pytest_recoverygate.verdict import DrillResult
+from tests.test_engine_faults import T0, Drill, Life, SimJob
 
 BASE = """\
 workload:
@@ -165,6 +169,10 @@ def test_a_killed_node_replaced_resumes_from_the_latest_checkpoint_and_passes(
     assert figures["replaceNode"] is True
     assert 0 < figures["replacementNodeStartedSeconds"] < result.recovery_time_seconds
     assert (figures["worldSizeBefore"], figures["worldSizeAfter"]) == (4, 4)
+    assert (figures["worldSizeBeforeFrom"], figures["worldSizeAfterFrom"]) == (
+        "startLines",
+        "startLines",
+    )
 
 
 def test_a_killed_node_whose_job_restarts_from_scratch_fails(tmp_path: Path) -> None:
@@ -189,8 +197,69 @@ def test_an_elastic_job_carries_on_with_fewer_ranks_after_a_node_stays_dead(
     assert result.verdict is Verdict.PASS, result.summary
     assert details(result)["replaceNode"] is False
     assert (details(result)["worldSizeBefore"], details(result)["worldSizeAfter"]) == (4, 2)
+    assert details(result)["worldSizeAfterFrom"] == "startLines"
     assert [n.index for n in job.discover(0.0).nodes] == [1]  # node 0 hosted rank 1
     assert len(job.discover(0.0).workers) == 2
+
+
+def test_the_world_size_comes_from_the_backend_when_the_job_prints_no_start_lines(
+    tmp_path: Path,
+) -> None:
+    config = config_of(tmp_path, failure="  replace: false\n")
+    clock = SimulatedClock()
+    job = FakeOrchestrator(
+        clock=clock, workers=4, nodes=2, restart_delay=2.0, checkpoint_every=20, start_events=False
+    )
+    result = run_drill(
+        config, RunOptions(confirmed=True, handle_signals=False), clock=clock, orchestrator=job
+    )
+
+    assert result.verdict is Verdict.PASS, result.summary
+    figures = details(result)
+    assert (figures["worldSizeBefore"], figures["worldSizeAfter"]) == (4, 2)
+    assert (figures["worldSizeBeforeFrom"], figures["worldSizeAfterFrom"]) == ("backend", "backend")
+
+
+class SizedJob(SimJob):
+    """A job whose start lines carry WORLD_SIZE ``sizes[i]`` (incarnation i; None: absent)
+    and whose backend reports ``backend`` workers after the kill."""
+
+    def __init__(self, sizes: tuple[int | None, ...], backend: int) -> None:
+        self.sizes, self.backend = sizes, backend
+        super().__init__()
+
+    def _life(self, start: float, resume: int, loaded: int | None) -> Life:
+        life = super()._life(start, resume, loaded)
+        size = self.sizes[min(len(getattr(self, "lives", [])), len(self.sizes) - 1)]
+        life.events[0] = dataclasses.replace(life.events[0], world_size=size)
+        return life
+
+    def kill(self, target: KillTarget, at: float) -> None:
+        super().kill(target, at)
+        running = GroupEventKind.REPLACEMENT_RUNNING
+        self.group.append(GroupEvent(running, T0 + at + 1.0, world_size=self.backend))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected", "sources"),
+    [
+        ((2, 1), (2, 1), ("startLines", "startLines")),  # the lines win over the backend
+        ((2, None), (2, 3), ("startLines", "backend")),  # the replacement printed none
+        ((None, None), (4, 3), ("backend", "backend")),
+    ],
+)
+def test_the_world_size_before_and_after_is_the_start_lines_else_the_backends(
+    sizes: tuple[int | None, ...], expected: tuple[int, int], sources: tuple[str, str]
+) -> None:
+    engine_drill = Drill(SizedJob(sizes, backend=3), fault="KillNode")
+    engine_drill.engine.discovered(T0, "test", world_size=4)  # the backend found 4 workers
+
+    result = engine_drill.run()
+
+    assert result.verdict is Verdict.PASS, result.summary
+    figures = dict(result.recoveries[0].fault_details)
+    assert (figures["worldSizeBefore"], figures["worldSizeAfter"]) == expected
+    assert (figures["worldSizeBeforeFrom"], figures["worldSizeAfterFrom"]) == sources
 
 
 def test_a_job_that_is_not_elastic_fails_when_a_node_stays_dead(tmp_path: Path) -> None:

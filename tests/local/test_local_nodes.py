@@ -152,6 +152,9 @@ def test_kill_node_passes_from_shared_storage_fails_from_node_local_disk_and_sca
     assert details(shrunk)["replaceNode"] is False
     assert "replacementNodeStartedSeconds" not in details(shrunk)
     assert (details(shrunk)["worldSizeBefore"], details(shrunk)["worldSizeAfter"]) == (2, 1)
+    # from the workers' own start lines (WORLD_SIZE), not the backend's count
+    assert details(shrunk)["worldSizeBeforeFrom"] == details(shrunk)["worldSizeAfterFrom"]
+    assert details(shrunk)["worldSizeAfterFrom"] == "startLines"
     assert_nothing_left(tag, before)
 
 

@@ -12,8 +12,10 @@ from tests.slurm.slurm_testcluster import SlurmCluster
 
 @pytest.fixture
 def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The session cluster; jobs a test submits are cancelled after it."""
+    """The session cluster; jobs a test submits are cancelled after it, and a node it left
+    drained is RESUMEd (a node is never left drained for the next test)."""
     try:
         yield slurm_cluster
     finally:
         slurm_cluster.cancel_all()
+        slurm_cluster.resume_drained()

@@ -92,6 +92,16 @@ class SlurmCluster:
             f"job {job_id} not {state} after {timeout} s: {self.job_field(job_id, 'JobState')}"
         )
 
+    def resume_drained(self) -> list[str]:
+        """RESUME every node left DRAIN (a drill that failed before its cleanup); their names."""
+        drained = []
+        for row in self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).splitlines():
+            parts = row.split()
+            if len(parts) == 2 and parts[1].startswith("drain") and parts[0] not in drained:
+                drained.append(parts[0])
+                self.run("scontrol", "update", f"NodeName={parts[0]}", "State=RESUME", check=False)
+        return drained
+
     def cancel_all(self) -> None:
         if self.submitted:
             self.run("scancel", *self.submitted, check=False)

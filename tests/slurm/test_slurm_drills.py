@@ -14,10 +14,10 @@ would copy (examples/slurm/), run by ``run_drill`` exactly as the CLI runs them:
   ``maxDetectionTime`` with a 5 s process-group timeout and leaves nothing stopped;
   KillDuringCheckpoint (SIGKILL mid-save) of atomic saves resumes from the last
   completed checkpoint;
-- on two nodes (the default test cluster): a job with one torchrun per node PASSes from
-  shared storage after losing the rank on the second node (the step fails, the job
-  requeues itself), and FAILs "restarted from scratch" when each node checkpoints to
-  its own $SLURM_TMPDIR.
+- on several nodes (the default test cluster has three): a job with one torchrun per
+  node PASSes from shared storage after KillNode of its second node with drainNode (the
+  step fails, the job requeues itself onto the spare node, the drained node is RESUMEd),
+  and FAILs "restarted from scratch" when each node checkpoints to its own $SLURM_TMPDIR.
 
 Each drill trains a small DDP model (gloo, 2 CPU ranks) and takes 20-60 s here.
 """
@@ -236,28 +236,51 @@ def test_a_kill_mid_save_of_atomic_checkpoints_resumes_from_the_last_completed(
     )
 
 
-# --- two nodes: one torchrun per node (scripts/slurm-cluster up --nodes 2) ---------------
+# --- two-node jobs: one torchrun per node (scripts/slurm-cluster up --nodes 3) ----------
 
 
 def two_node_env(slurm: SlurmCluster) -> dict[str, str]:
     """The job environment of a two-node drill (gloo on eth0: the fixture's, on 2 nodes)."""
     if len(slurm.nodes) < 2:
-        pytest.skip("needs the two-node cluster (RECOVERYGATE_SLURM_NODES=2, the default)")
+        pytest.skip("needs two nodes or more (RECOVERYGATE_SLURM_NODES=3, the default)")
     return {"GLOO_SOCKET_IFNAME": slurm.env["GLOO_SOCKET_IFNAME"]}
 
 
-def test_a_two_node_job_resumes_from_shared_storage(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_two_node_job_resumes_from_shared_storage_off_a_drained_node(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The two-node job, KillNode of its second node. On the default three-node cluster
+    with ``drainNode: true``: the node is DRAIN, so the requeued run starts on the spare
+    node and resumes from shared storage, and cleanup RESUMEs the drained node (one drill
+    for both: the plain KillNode's requeue is the node-local twin's below). On two nodes
+    (RECOVERYGATE_SLURM_NODES=2) the plain KillNode, requeued on the same nodes."""
+    env = two_node_env(slurm)
+    drain = len(slurm.nodes) >= 3
     result, seconds = drill(
         slurm,
         tmp_path,
         "two-node-torchrun.sbatch",
         "recovery-test-two-node.yaml",
-        env=two_node_env(slurm),
+        env=env,
+        replace=("  targetNode: 1", "  targetNode: 1\n  drainNode: true") if drain else None,
     )
     assert result.verdict is Verdict.PASS, explain(result)
     assert result.resume_step == result.expected_resume_step
     assert any("requeued" in e.detail for e in result.timeline), explain(result)
-    print(f"\ntwo-node: recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s")
+    if not drain:
+        print(f"\ntwo-node: recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s")
+        return
+    job_id = slurm.submitted[-1]
+    assert result.target is not None
+    drained = result.target.node
+    placed = slurm.run("scontrol", "show", "hostnames", slurm.job_field(job_id, "NodeList"))
+    assert drained not in placed.split(), explain(result)
+    state = slurm.run("sinfo", "-h", "-N", "-n", drained, "-o", "%T").strip()
+    assert not state.startswith("drain"), f"{drained} is {state} after cleanup"
+    print(
+        f"\ntwo-node, KillNode + drainNode: off {drained} onto {' '.join(placed.split())}, "
+        f"recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
+    )
 
 
 def test_a_two_node_job_with_node_local_checkpoints_fails(
@@ -275,34 +298,3 @@ def test_a_two_node_job_with_node_local_checkpoints_fails(
     reasons = {c.reason for c in result.checks if not c.passed}
     assert FailureReason.RESTARTED_FROM_SCRATCH in reasons, explain(result)
     print(f"\ntwo-node node-local: {result.summary}; drill {seconds:.1f} s")
-
-
-def test_killnode_with_drain_lands_the_requeued_job_on_another_node(
-    slurm: SlurmCluster, tmp_path: Path
-) -> None:
-    """The two-node job, KillNode of its second node with drainNode: true. The node is
-    DRAIN, so the requeued run starts on the spare node and resumes from shared storage;
-    cleanup RESUMEs the drained node. Needs a spare node: RECOVERYGATE_SLURM_NODES=3."""
-    env = two_node_env(slurm)
-    if len(slurm.nodes) < 3:
-        pytest.skip("needs a spare node for the requeued job (RECOVERYGATE_SLURM_NODES=3)")
-    result, seconds = drill(
-        slurm,
-        tmp_path,
-        "two-node-torchrun.sbatch",
-        "recovery-test-two-node.yaml",
-        env=env,
-        replace=("  targetNode: 1", "  targetNode: 1\n  drainNode: true"),
-    )
-    assert result.verdict is Verdict.PASS, explain(result)
-    job_id = slurm.submitted[-1]
-    assert result.target is not None
-    drained = result.target.node
-    placed = slurm.run("scontrol", "show", "hostnames", slurm.job_field(job_id, "NodeList"))
-    assert drained not in placed.split(), explain(result)
-    state = slurm.run("sinfo", "-h", "-N", "-n", drained, "-o", "%T").strip()
-    assert not state.startswith("drain"), f"{drained} is {state} after cleanup"
-    print(
-        f"\nKillNode + drainNode: off {drained} onto {' '.join(placed.split())}, "
-        f"recovery {result.recovery_time_seconds:.1f} s, drill {seconds:.1f} s"
-    )

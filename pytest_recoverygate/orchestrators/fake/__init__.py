@@ -752,6 +752,7 @@ class FakeOrchestrator:
                 restart_count=inc.number,
                 digest=wire.combine_parts(digest) if digest else None,
                 digest_parts=digest,
+                world_size=inc.ranks if kind is TrainingEventKind.START else None,
             )
 
         if not inc.start_emitted and inc.start <= end:
@@ -767,6 +768,7 @@ class FakeOrchestrator:
                         host=self._host(),
                         rank=0,
                         restart=inc.number,
+                        world_size=inc.ranks,
                     ),
                 )
             for rank in range(self.workers):
