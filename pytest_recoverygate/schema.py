@@ -749,7 +749,11 @@ class DrillConfig(Section):
             problem, allowed, hint = refused
             raise refuse(problem, allowed, hint, key=("type",), got=failure.type)
         backend = _backend_of(workload.orchestrator)
-        for key, given in (("drainNode", failure.drain_node), ("cordon", failure.cordon)):
+        for key, given in (
+            ("drainNode", failure.drain_node),
+            ("cordon", failure.cordon),
+            ("targetReplica", failure.target_replica is not None),  # replica groups
+        ):
             if given and backend is not None and key not in backend.failure_keys:
                 honoured = [
                     name for name, other in _all_backends().items() if key in other.failure_keys

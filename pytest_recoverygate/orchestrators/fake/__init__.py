@@ -879,6 +879,7 @@ BACKEND: Backend[FakeWorkload] = Backend(
             "PartitionNode",
         }
     ),
+    failure_keys=frozenset({"targetReplica"}),
     lock_scope=lambda workload, target: None,
     restart_budget=lambda workload: workload.fake.max_restarts,
     summary="an in-memory simulated job, on any clock",

@@ -73,13 +73,15 @@ class LogStream:
         reporting_rank: int,
         container: str | None,
         reporting_pod: Callable[[], Pod | None],
+        source: StreamEventSource | None = None,
     ) -> None:
         self._session = session
         self._clock = session.clock
         self.reporting_rank = reporting_rank
         self.container = container
         self._reporting_pod = reporting_pod
-        self.source = StreamEventSource(wakeup=self._clock.wakeup, clock=self._clock.now)
+        # ``source``: one shared by several streams (the replica groups of a live drill)
+        self.source = source or StreamEventSource(wakeup=self._clock.wakeup, clock=self._clock.now)
         self.events = PodLogEvents(self.source, session)
         self._seen_lines: dict[tuple[str, bytes], float] = {}
         self._last_log_time: float | None = None
