@@ -7,7 +7,8 @@ torchft 0.2.0, gloo on CPU); examples/slurm/recovery-test-torchft.yaml drills it
 - PASS: the kill reaches exactly the target replica's step (rank 0 of ``replica-1``,
   identity-checked on its node), the survivor's step keeps committing, torchrun's
   restarted worker inside that step is observed and heals from the survivor;
-- the survivor's step is untouched: the same step, the same pid, after the drill.
+- the survivor's step is untouched: it still runs, its process started once (one start
+  line), and the step hit is the one named ``replica-1``.
 
 One drill takes about 30-50 s here (torch's import and torchft's quorum dominate).
 """
@@ -85,6 +86,11 @@ def test_the_target_replica_s_step_is_hit_and_heals_from_the_survivor(
     live = result.live
     assert live is not None
     assert live.rejoin_source == "peer", explain
+    assert live.survivors_kept_training is True, explain
+    replicas = {r.replica: r for r in live.replicas}
+    # the survivor's step is untouched: one incarnation (one start line) from start to end
+    assert (replicas[0].incarnations, replicas[1].incarnations) == (1, 2), replicas
+    assert set(steps) == {"replica-0", "replica-1"}, steps  # both steps still run
     print(
         f"\nslurm torchft live: stall {live.survivor_stall_seconds} s, rejoin "
         f"{live.rejoin_time_seconds} s, heal step {live.rejoin_step}, drill {seconds:.1f} s"
