@@ -8,7 +8,8 @@ HTTP and the judgement are real. We test these aspects:
   survivor's log keeps its committed steps, the pod recreated by the operator is
   observed and its heal from the peer is judged from its own log;
 - FAIL, rejoined from scratch: the twin whose replacement does not heal;
-- the drill stays inside the pods-only RBAC.
+- the drill stays inside the pods-only RBAC; a dry run deletes nothing;
+- the replica groups' orchestrator is an Orchestrator (mypy and at run time).
 
 Each drill takes 2-4 s here (a 20 ms step, a 0.5 s heartbeat timeout).
 """
@@ -21,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from pytest_recoverygate.orchestrators.base import EventSource, Orchestrator, RealClock
+from pytest_recoverygate.orchestrators.kubernetes import ReplicaGroupsOrchestrator
 from tests.cli_drill import CliRun, run_cli_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer
 from tests.kubernetes.fake_cluster import NAMESPACE
@@ -65,8 +68,33 @@ def live_config(job: FakeLiveJob, kubeconfig: Path) -> dict[str, Any]:
     }
 
 
-def run_live(job: FakeLiveJob, kubeconfig: Path, tmp_path: Path) -> CliRun:
-    return run_cli_drill(live_config(job, kubeconfig), tmp_path / "recovery-test.yaml", timeout=60)
+def run_live(
+    job: FakeLiveJob, kubeconfig: Path, tmp_path: Path, *, dry_run: bool = False
+) -> CliRun:
+    config = live_config(job, kubeconfig)
+    config["safety"]["dryRun"] = dry_run
+    return run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=60)
+
+
+def test_the_replica_groups_orchestrator_is_an_orchestrator(kubeconfig: Path) -> None:
+    orchestrator = ReplicaGroupsOrchestrator(
+        {0: "job=a", 1: "job=b"}, target_replica=1, kubeconfig=kubeconfig, clock=RealClock()
+    )
+    try:
+        conforming: Orchestrator = orchestrator  # the static check (mypy)
+        assert isinstance(conforming, Orchestrator)
+        assert isinstance(conforming.events(), EventSource)
+        assert list(orchestrator.groups) == [1, 0]  # the target's workers come first
+    finally:
+        orchestrator.cleanup()
+
+
+def test_a_dry_run_deletes_nothing(
+    apiserver: FakeApiServer, live_job: FakeLiveJob, kubeconfig: Path, tmp_path: Path
+) -> None:
+    run_live(live_job, kubeconfig, tmp_path, dry_run=True)
+    assert apiserver.deletes(acted_only=True) == []
+    assert [len(r.incarnations) for r in live_job.replicas] == [1, 1]
 
 
 def test_the_target_replica_s_pod_is_killed_and_heals_from_a_peer(

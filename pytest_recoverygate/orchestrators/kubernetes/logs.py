@@ -185,6 +185,11 @@ class LogStream:
         self._output.feed(content + b"\n", stream, label=self._labels.get(stream))
         return True
 
+    @property
+    def last_line_time(self) -> float | None:
+        """The kubelet time of the newest line streamed so far (None: none yet)."""
+        return self._last_log_time
+
     def job_output(self) -> JobOutput:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""
         return self._output.output(

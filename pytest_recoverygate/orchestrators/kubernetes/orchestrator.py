@@ -264,6 +264,11 @@ class KubernetesOrchestrator:
         return self._logs.job_output()
 
     @property
+    def last_line_time(self) -> float | None:
+        """The kubelet time of the newest log line streamed so far (None: none yet)."""
+        return self._logs.last_line_time
+
+    @property
     def uncordoned(self) -> list[str]:
         """The nodes cleanup uncordoned (the ones this drill cordoned)."""
         return list(self._nodes.uncordoned)

@@ -15,6 +15,9 @@ stream of lines, each knowing its replica from its start line.
 - A surviving group's orchestrator only reads: its pods' list, watch and logs. Its job
   failing ends the drill (JOB_FAILED, naming the group); a group whose pods cannot be
   found is refused at discovery, naming its selector.
+- Discovery returns once every group's log stream is current (its newest line at most
+  1 s old, waiting at most 15 s): a survivor's stream still replaying its backlog when
+  the kill lands would read as a survivor that stalled.
 - Cleanup cleans every group's orchestrator (threads, streams, clients).
 """
 
@@ -45,7 +48,12 @@ if TYPE_CHECKING:
 
     from pytest_recoverygate.orchestrators.base import Clock
 
-__all__ = ["ReplicaGroupsOrchestrator"]
+__all__ = ["CATCH_UP_WAIT", "CAUGHT_UP", "ReplicaGroupsOrchestrator"]
+
+#: A log stream is current when its newest line is at most this old (seconds).
+CAUGHT_UP = 1.0
+#: The longest discovery waits for every group's stream to be current (seconds).
+CATCH_UP_WAIT = 15.0
 
 
 class _SharedEvents:
@@ -136,6 +144,7 @@ class ReplicaGroupsOrchestrator:
                     f"workload.replicas: replica {replica} "
                     f"(selector {self.selectors[replica]!r}): {exc}"
                 ) from exc
+        self._catch_up(deadline)
         uids = [w.instance_id for w in (w for wl in found.values() for w in wl.workers)]
         if len(set(uids)) != len(uids):
             raise DiscoveryError(
@@ -155,6 +164,23 @@ class ReplicaGroupsOrchestrator:
             workers=workers,
             nodes=found[self.target_replica].nodes,
         )
+
+    def _catch_up(self, deadline: float) -> None:
+        """Wait until every group's log stream is current (its newest line at most
+        :data:`CAUGHT_UP` seconds old), for at most :data:`CATCH_UP_WAIT`: a survivor's
+        stream still replaying its backlog when the kill lands would look like a stall."""
+        clock = self._clock
+        until = min(deadline, clock.now() + CATCH_UP_WAIT)
+        while True:
+            now = clock.now()
+            behind = [
+                replica
+                for replica, group in self.groups.items()
+                if (last := group.last_line_time) is None or last < now - CAUGHT_UP
+            ]
+            if not behind or now >= until:
+                return
+            clock.wait(0.05)
 
     def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
         """One DELETE of the target group's pod instance (uid precondition)."""
