@@ -814,10 +814,6 @@ class DrillConfig(Section):
                 key=("recovery",),
                 got="live",
             )
-        if live and expectations.state_digest_matches:
-            problem = "is not judged in recovery: live yet (no digest comparison between replicas)"
-            allowed, hint = "stateDigestMatches with recovery: restart", "remove it, or restart"
-            raise refuse(problem, allowed, hint, key=("stateDigestMatches",), got="true")
         if live and (failure.count != 1 or failure.type not in ("KillWorker", "KillStep")):
             raise refuse(
                 "recovery: live judges one KillWorker kill",
