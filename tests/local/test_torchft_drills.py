@@ -103,9 +103,10 @@ def test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer
     heals = [
         e for e in events if e["event"] == "checkpoint_loaded" and e["time"] > report["killTime"]
     ]
+    # the heal line at the transfer, then again once load_state_dict applied it (its digest)
     assert [(e["step"], e.get("source"), e.get("peer")) for e in heals] == [
         (report["rejoinStep"], "peer", 0)
-    ]
+    ] * 2
 
 
 def test_the_min_replica_size_2_twin_fails_survivors_stalled(tmp_path: Path) -> None:
