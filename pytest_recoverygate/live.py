@@ -19,7 +19,11 @@ The checks, as data (:data:`CHECKS`: name -> what it proves and the reason it fa
   ``checkpoint_loaded(source="peer")``, or a checkpoint load); a first committed step of
   1 with no load line is a start from scratch;
 - ``heal_step``: it healed to a step at or after the survivors' step when it joined;
-- ``lost_steps``: no committed step went backwards (``maxLostSteps``, 0 by default here).
+- ``lost_steps``: no committed step went backwards (``maxLostSteps``, 0 by default here);
+- ``state_digest`` (``stateDigestMatches``): the healed replica's digest at its heal step
+  (``checkpoint_loaded(step, source="peer", digest=...)``, the state it applied) equals a
+  survivor's digest of the state it sent for that step (``checkpoint_completed(step,
+  digest=...)``); a second heal line of the same step only adds its digest.
 
 Heals that are not recoveries (torchft's initial sync at step 0, a replica joining late at
 its first start, any heal before the kill) are recorded and never judged. Decided when
@@ -58,6 +62,8 @@ class LiveSpec(Protocol):
     def max_rejoin_time(self) -> float | None: ...
     @property
     def rejoin_from(self) -> str: ...
+    @property
+    def state_digest_matches(self) -> bool: ...
 
 
 __all__ = ["CHECKS", "LiveJudge", "LiveJudgement", "LiveSpec"]
@@ -81,6 +87,10 @@ CHECKS: dict[str, tuple[str, FailureReason]] = {
         R.HEALED_TO_OLDER_STEP,
     ),
     "lost_steps": ("no committed step went backwards", R.LOST_TOO_MANY_STEPS),
+    "state_digest": (
+        "the healed replica's state digest at its heal step equals a survivor's there",
+        R.STATE_DIFFERS,
+    ),
 }
 
 
@@ -94,6 +104,8 @@ class _Proc:
     start_time: float | None = None
     commits: list[tuple[float, int]] = field(default_factory=list)  # (time, step)
     loads: list[tuple[float, int, str, int | None]] = field(default_factory=list)
+    load_digests: dict[int, str] = field(default_factory=dict)  # step -> its newest digest
+    served: dict[int, str] = field(default_factory=dict)  # step -> digest of the state sent
     last_line: float = 0.0
 
 
@@ -150,8 +162,14 @@ class LiveJudge:
             return
         if event.kind is TrainingEventKind.PROGRESS:
             proc.commits.append((event.timestamp, event.step))
+        elif event.kind is TrainingEventKind.CHECKPOINT_COMPLETED and event.digest is not None:
+            proc.served[event.step] = event.digest  # torchft: the state sent to a healing peer
         elif event.kind is TrainingEventKind.CHECKPOINT_LOADED:
             source = event.source or "checkpoint"
+            if event.digest is not None:
+                proc.load_digests[event.step] = event.digest
+            if any(load[1] == event.step and load[2] == source for load in proc.loads):
+                return  # the same heal again, now with the applied state's digest
             proc.loads.append((event.timestamp, event.step, source, event.peer))
             where = f" from replica {event.peer}" if event.peer is not None else ""
             self.notes.append(
@@ -518,6 +536,9 @@ class LiveJudge:
                 )
             )
 
+        if spec.state_digest_matches:
+            checks.append(self._digest_check(survivors, rejoin, heal_step))
+
         figures = self._figures(survivors, rejoin, stalls, source, heal_step, peer, heal_at)
         failed = [c for c in checks if c.passed is False]
         undecided = [c for c in checks if c.passed is None]
@@ -536,6 +557,56 @@ class LiveJudge:
                 f", healed from a peer at step {heal_step}"
             )
         return LiveJudgement(verdict, summary, tuple(checks), figures)
+
+    def _digest_check(
+        self, survivors: list[int], rejoin: tuple[_Proc, float, int] | None, heal_step: int | None
+    ) -> Check:
+        """``stateDigestMatches``: the healed replica's digest at its heal step (of the
+        state it applied) against the survivors' digests of the state at that step."""
+        wanted = "a survivor's digest at the heal step"
+        if rejoin is None or heal_step is None:
+            return Check(
+                "state_digest",
+                None,
+                wanted,
+                "no heal",
+                "no heal of the replacement was seen, so there is no healed state to compare",
+                R.INCONCLUSIVE,
+            )
+        healed = rejoin[0].load_digests.get(heal_step)
+        theirs = {
+            digest
+            for p in self.procs.values()
+            if p.replica in survivors
+            for step, digest in p.served.items()
+            if step == heal_step
+        }
+        if healed is None or not theirs:
+            missing = "the healed replica's" if healed is None else "no survivor's"
+            return Check(
+                "state_digest",
+                None,
+                wanted,
+                f"{missing} digest at step {heal_step}",
+                f"{missing} state digest at heal step {heal_step} was reported: report heals "
+                "with recoverygate.integrations.torchft (it sends both), or "
+                "checkpoint_loaded(step, source='peer', digest=...) on the healed replica and "
+                "checkpoint_completed(step, digest=...) on the survivor that sent the state",
+                R.INCONCLUSIVE,
+            )
+        ok = healed in theirs
+        return Check(
+            "state_digest",
+            ok,
+            ", ".join(sorted(theirs)),
+            healed,
+            f"the healed replica's state at step {heal_step} is the survivors' (digest {healed})"
+            if ok
+            else f"the healed replica's state at step {heal_step} (digest {healed}) differs "
+            f"from the state the survivors sent ({', '.join(sorted(theirs))}): the heal did not "
+            "apply what it received (the job's load_state_dict?)",
+            None if ok else R.STATE_DIFFERS,
+        )
 
     def _figures(  # noqa: PLR0917 -- one private call site, the judgement's parts
         self,

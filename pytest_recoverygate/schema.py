@@ -749,7 +749,11 @@ class DrillConfig(Section):
             problem, allowed, hint = refused
             raise refuse(problem, allowed, hint, key=("type",), got=failure.type)
         backend = _backend_of(workload.orchestrator)
-        for key, given in (("drainNode", failure.drain_node), ("cordon", failure.cordon)):
+        for key, given in (
+            ("drainNode", failure.drain_node),
+            ("cordon", failure.cordon),
+            ("targetReplica", failure.target_replica is not None),  # replica groups
+        ):
             if given and backend is not None and key not in backend.failure_keys:
                 honoured = [
                     name for name, other in _all_backends().items() if key in other.failure_keys
@@ -810,10 +814,6 @@ class DrillConfig(Section):
                 key=("recovery",),
                 got="live",
             )
-        if live and expectations.state_digest_matches:
-            problem = "is not judged in recovery: live yet (no digest comparison between replicas)"
-            allowed, hint = "stateDigestMatches with recovery: restart", "remove it, or restart"
-            raise refuse(problem, allowed, hint, key=("stateDigestMatches",), got="true")
         if live and (failure.count != 1 or failure.type not in ("KillWorker", "KillStep")):
             raise refuse(
                 "recovery: live judges one KillWorker kill",

@@ -9,6 +9,8 @@ drill ~40-60 s on two cores; the three ~3 min). We test these aspects:
   passed ``maxSurvivorStall`` (before the replica came back);
 - FAIL, rejoined from scratch: the ``allow_heal=False`` twin, reported through
   ``RECOVERYGATE_AUTO=1`` (no ``instrument()`` call in the job);
+- FAIL, state differs: the twin whose ``load_state_dict`` applies nothing
+  (``stateDigestMatches``: every other check passes, only the digests differ; ~50 s);
 - every member ends with the drill: no process carrying the run's marker is left.
 """
 
@@ -90,6 +92,7 @@ def test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer
         "rejoin_source": True,
         "heal_step": True,
         "lost_steps": True,
+        "state_digest": True,  # stateDigestMatches: the healed state is the survivor's
     }
     phases = report["breakdown"]
     assert phases["replica restarted"] < phases["healed"] <= phases["first committed step"]
@@ -100,9 +103,10 @@ def test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer
     heals = [
         e for e in events if e["event"] == "checkpoint_loaded" and e["time"] > report["killTime"]
     ]
+    # the heal line at the transfer, then again once load_state_dict applied it (its digest)
     assert [(e["step"], e.get("source"), e.get("peer")) for e in heals] == [
         (report["rejoinStep"], "peer", 0)
-    ]
+    ] * 2
 
 
 def test_the_min_replica_size_2_twin_fails_survivors_stalled(tmp_path: Path) -> None:
@@ -131,3 +135,16 @@ def test_the_no_heal_twin_fails_rejoined_from_scratch(tmp_path: Path) -> None:
     assert "REJOINED_FROM_SCRATCH" in report["reasons"]
     assert "LOST_TOO_MANY_STEPS" in report["reasons"]
     assert report["survivorsKeptTraining"] is True
+
+
+def test_the_heal_applies_nothing_twin_fails_state_differs(tmp_path: Path) -> None:
+    run = run_example(tmp_path, "recovery-test-heal-applies-nothing.yaml")
+    report = run.report
+    assert run.code == 1, run.output
+    assert report["verdict"] == "FAIL"
+    assert report["reasons"] == ["STATE_DIFFERS"], report["summary"]
+    assert report["rejoinSource"] == "peer"  # torchft healed; the job did not apply it
+    checks = {c["name"]: c for c in report["checks"]}
+    assert all(c["passed"] for name, c in checks.items() if name != "state_digest")
+    assert checks["state_digest"]["passed"] is False
+    assert checks["state_digest"]["observed"] not in checks["state_digest"]["expected"]

@@ -20,11 +20,14 @@ healing), ``TRAIN_STEPS`` (default 150), ``STEP_SECONDS`` (default 0.05), and
 waits this long before it joins -- a model that takes that long to load), and
 ``TRAIN_FT_INSTRUMENT`` (default 1; 0 leaves the reporting to ``RECOVERYGATE_AUTO=1``),
 ``TRAIN_FT_DDP`` (default 0; 1 averages through torchft's DDP comm hook instead, to
-compare the two).
+compare the two), ``HEAL_APPLIES_NOTHING`` (default 0; 1 makes ``load_state_dict`` load
+into a copy of the model, so a heal applies nothing: the broken twin of
+``stateDigestMatches``).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from datetime import timedelta
@@ -41,6 +44,7 @@ STEPS = int(os.environ.get("TRAIN_STEPS", "150"))
 STEP_SECONDS = float(os.environ.get("STEP_SECONDS", "0.05"))
 PG_TIMEOUT = timedelta(seconds=float(os.environ.get("PG_TIMEOUT_SECONDS", "5")))
 RESTART_DELAY = float(os.environ.get("RESTART_DELAY_SECONDS", "0"))
+HEAL_APPLIES_NOTHING = os.environ.get("HEAL_APPLIES_NOTHING", "0") == "1"
 
 
 def main() -> None:
@@ -52,6 +56,9 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def load_state_dict(state: dict[str, object]) -> None:
+        if HEAL_APPLIES_NOTHING:  # the bug: the state goes into a copy, not the model
+            copy.deepcopy(model).load_state_dict(state["model"])  # type: ignore[arg-type]
+            return
         model.load_state_dict(state["model"])  # type: ignore[arg-type]
         optimizer.load_state_dict(state["optim"])  # type: ignore[arg-type]
 

@@ -196,10 +196,11 @@ class FakeJobSpec(Section):
             "minReplicas: 1",
         ),
     )
-    heal: Literal["peer", "checkpoint", "scratch"] = Field(
+    heal: Literal["peer", "peer-unapplied", "checkpoint", "scratch"] = Field(
         default="peer",
         json_schema_extra=meta(
-            "peer, checkpoint or scratch (replicas): how the restarted group gets its state",
+            "peer, peer-unapplied, checkpoint or scratch (replicas): how the restarted group "
+            "gets its state (peer-unapplied: healed, but its state digest is not the peer's)",
             "heal: peer",
         ),
     )
@@ -881,6 +882,7 @@ BACKEND: Backend[FakeWorkload] = Backend(
             "PartitionNode",
         }
     ),
+    failure_keys=frozenset({"targetReplica"}),
     lock_scope=lambda workload, target: None,
     restart_budget=lambda workload: workload.fake.max_restarts,
     summary="an in-memory simulated job, on any clock",

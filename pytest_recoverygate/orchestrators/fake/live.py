@@ -43,6 +43,9 @@ class _LiveProc:
     killed_at: float | None = None
     heal: tuple[float, int] | None = None  # (when, step) of its load line
     heal_source: str | None = None
+    heal_digest: str | None = None  # the digest of the state it applied (heal peer)
+    served: tuple[float, int, str] | None = None  # (when, step, digest) of a state it sent
+    served_sent: bool = False
     next_step: int = 1
     start_sent: bool = False
     heal_sent: bool = False
@@ -133,9 +136,14 @@ class FakeLiveOrchestrator:
             self._resume_at = rejoin + self.dt
         replacement = _LiveProc(self.target_replica, victim.number + 1, now + self.restart_delay)
         healed = self._survivor_step(rejoin)
-        if self.heal == "peer":
+        if self.heal in ("peer", "peer-unapplied"):
             replacement.heal, replacement.heal_source = (rejoin, healed), "peer"
             replacement.next_step = healed + 1
+            sent = f"{healed:016x}"  # the survivors' state at the heal step, as a digest
+            replacement.heal_digest = sent if self.heal == "peer" else f"{healed + 1:016x}"
+            peer = self._current(0 if self.target_replica != 0 else 1)
+            if peer is not None:
+                peer.served = (rejoin, healed, sent)
         elif self.heal == "checkpoint":
             step = (last // self.checkpoint_every) * self.checkpoint_every
             replacement.heal, replacement.heal_source = (rejoin, step), None
@@ -248,6 +256,7 @@ class FakeLiveOrchestrator:
             replica: int | None = None,
             source: str | None = None,
             peer: int | None = None,
+            digest: str | None = None,
         ) -> None:
             out.append(
                 TrainingEvent(
@@ -263,6 +272,7 @@ class FakeLiveOrchestrator:
                     replica=replica,
                     source=source,
                     peer=peer,
+                    digest=digest,
                 )
             )
 
@@ -278,6 +288,15 @@ class FakeLiveOrchestrator:
                 proc.heal[1],
                 source=proc.heal_source,
                 peer=peer,
+                digest=proc.heal_digest,
+            )
+        if proc.served is not None and not proc.served_sent and proc.served[0] <= end:
+            proc.served_sent = True
+            event(
+                TrainingEventKind.CHECKPOINT_COMPLETED,
+                proc.served[0],
+                proc.served[1],
+                digest=proc.served[2],
             )
         while proc.start_sent:
             at = self._time_of(proc, proc.next_step)

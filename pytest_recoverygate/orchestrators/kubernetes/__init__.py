@@ -17,23 +17,34 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pytest_recoverygate.lock import LockScope
 from pytest_recoverygate.model import Worker, Workload
 from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import InjectFailure, WorkloadBase, file_path, meta, refuse
+from pytest_recoverygate.schema import (
+    MAX_RANK,
+    InjectFailure,
+    Section,
+    WorkloadBase,
+    file_path,
+    meta,
+    refuse,
+)
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.orchestrators.base import Clock, Orchestrator
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
+    from pytest_recoverygate.orchestrators.kubernetes.replicas import ReplicaGroupsOrchestrator
 
 __all__ = [
     "BACKEND",
     "FAULT_TYPES",
     "PARTITION_REFUSED",
     "KubernetesOrchestrator",
+    "KubernetesReplica",
     "KubernetesWorkload",
+    "ReplicaGroupsOrchestrator",
 ]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -48,14 +59,57 @@ PARTITION_REFUSED = (
 )
 
 
+def _strip(value: Any) -> Any:
+    """A selector without its surrounding blanks; an empty one is refused."""
+    if isinstance(value, str):
+        stripped = value.strip()
+        if not stripped:
+            raise refuse(
+                "must not be empty (an empty selector matches every pod)",
+                "a label selector naming one job",
+                'e.g. selector: "training-run=llama"',
+            )
+        return stripped
+    return value
+
+
+class KubernetesReplica(Section):
+    """One replica group of a torchft job (``workload.replicas``, recovery: live): the
+    pods its own label selector matches (docs/torchft.md)."""
+
+    replica: int = Field(
+        ge=0,
+        le=MAX_RANK,
+        json_schema_extra=meta("a whole number >= 0 (its REPLICA_GROUP_ID)", "replica: 1"),
+    )
+    selector: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        json_schema_extra=meta(
+            "a non-empty label selector matching this replica group's pods",
+            'selector: "training.kubeflow.org/job-name=ft-replica-1"',
+        )
+    )
+
+    _strip_selector = field_validator("selector", mode="before")(_strip)
+
+
 class KubernetesWorkload(WorkloadBase):
-    """Pods of one training job (e.g. a Kubeflow PyTorchJob), found by label selector."""
+    """Pods of one training job (e.g. a Kubeflow PyTorchJob), found by label selector; or
+    the replica groups of a torchft job, one selector each (``replicas``)."""
 
     orchestrator: Literal["kubernetes"] = Field(
         json_schema_extra=meta("kubernetes", "orchestrator: kubernetes")
     )
-    selector: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
-        json_schema_extra=meta("a non-empty label selector", 'selector: "training-run=llama"')
+    selector: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
+        default=None,
+        json_schema_extra=meta("a non-empty label selector", 'selector: "training-run=llama"'),
+    )
+    replicas: list[KubernetesReplica] | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a list of {replica, selector}: one label selector per replica group (recovery: live)",
+            'replicas: [{replica: 0, selector: "job-name=ft-0"}, '
+            '{replica: 1, selector: "job-name=ft-1"}]',
+        ),
     )
     namespace: str | None = Field(
         default=None,
@@ -81,26 +135,108 @@ class KubernetesWorkload(WorkloadBase):
         ),
     )
 
-    @field_validator("selector", mode="before")
-    @classmethod
-    def _strip_selector(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            stripped = value.strip()
-            if not stripped:
+    _strip_selector = field_validator("selector", mode="before")(_strip)
+
+    @model_validator(mode="after")
+    def _selector_or_replicas(self) -> KubernetesWorkload:
+        if self.replicas is None:
+            if self.selector is None:
                 raise refuse(
-                    "must not be empty (an empty selector matches every pod)",
-                    "a label selector naming one job",
+                    "required key is missing",
+                    "selector (one job), or replicas (one selector per replica group)",
                     'e.g. selector: "training-run=llama"',
+                    key=("selector",),
+                    got="nothing",
                 )
-            return stripped
-        return value
+            return self
+        if self.selector is not None:
+            raise refuse(
+                "selector and replicas cannot both be set",
+                "selector (one job) or replicas (one selector per replica group)",
+                "keep replicas for recovery: live, or selector for one job",
+                key=("selector",),
+                got=self.selector,
+            )
+        if not self.replicas:
+            raise refuse(
+                "needs at least one replica group",
+                "a list of {replica, selector}",
+                key=("replicas",),
+                got="[]",
+            )
+        seen: dict[int, int] = {}
+        for index, item in enumerate(self.replicas):
+            if item.replica in seen:
+                raise refuse(
+                    f"is the replica of item {seen[item.replica]} too",
+                    "a replica id no other item has",
+                    key=("replicas", str(index), "replica"),
+                    got=str(item.replica),
+                )
+            seen[item.replica] = index
+        selectors = [item.selector for item in self.replicas]
+        for index, item in enumerate(self.replicas):
+            if selectors.index(item.selector) != index:
+                raise refuse(
+                    f"is the selector of item {selectors.index(item.selector)} too "
+                    "(two replica groups cannot be the same pods)",
+                    "a selector no other item has",
+                    key=("replicas", str(index), "selector"),
+                    got=item.selector,
+                )
+        return self
+
+    def replica_ids(self) -> list[int]:
+        """The replica groups ``replicas`` declares (empty without it)."""
+        return sorted(item.replica for item in self.replicas or [])
+
+    def check_failure(self, failure: InjectFailure) -> None:
+        replica = failure.target_replica
+        if self.replicas is None:
+            if replica is not None:
+                raise refuse(
+                    "needs workload.replicas on kubernetes: the drill finds a replica group's "
+                    "pods by a label selector of its own",
+                    "targetReplica with workload.replicas",
+                    'add replicas: [{replica: 0, selector: "..."}, {replica: 1, selector: '
+                    '"..."}] instead of selector',
+                    key=("targetReplica",),
+                    got=str(replica),
+                )
+            return
+        known = self.replica_ids()
+        if replica is None or replica not in known:
+            raise refuse(
+                f"is not among workload.replicas' replica ids ({', '.join(map(str, known))})"
+                if replica is not None
+                else "is required with workload.replicas (the replica group to kill)",
+                f"one of {known}",
+                "set targetReplica to one of them",
+                key=("targetReplica",),
+                got=str(replica) if replica is not None else "nothing",
+            )
 
 
-def _create(
-    workload: KubernetesWorkload, failure: InjectFailure, clock: Clock
-) -> KubernetesOrchestrator:
+def _create(workload: KubernetesWorkload, failure: InjectFailure, clock: Clock) -> Orchestrator:
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 
+    if workload.replicas is not None:
+        from pytest_recoverygate.orchestrators.kubernetes.replicas import (
+            ReplicaGroupsOrchestrator,
+        )
+
+        return ReplicaGroupsOrchestrator(
+            {item.replica: item.selector for item in workload.replicas},
+            target_replica=failure.target_replica if failure.target_replica is not None else 0,
+            namespace=workload.namespace,
+            context=workload.context,
+            kubeconfig=workload.kubeconfig,
+            container=workload.container,
+            target_rank=failure.rank_for(workload.reporting_rank),
+            reporting_rank=workload.reporting_rank,
+            clock=clock,
+        )
+    assert workload.selector is not None  # _selector_or_replicas
     return KubernetesOrchestrator(
         selector=workload.selector,
         namespace=workload.namespace,
@@ -132,7 +268,7 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
         ),
         "PartitionNode": PARTITION_REFUSED,
     },
-    failure_keys=frozenset({"cordon"}),
+    failure_keys=frozenset({"cordon", "targetReplica"}),
     lock_scope=_lock_scope,
     summary="Kubeflow PyTorchJob / Trainer TrainJob pods, through the kubernetes client",
 )
@@ -145,4 +281,10 @@ def __getattr__(name: str) -> Any:
         )
 
         return KubernetesOrchestrator
+    if name == "ReplicaGroupsOrchestrator":
+        from pytest_recoverygate.orchestrators.kubernetes.replicas import (
+            ReplicaGroupsOrchestrator,
+        )
+
+        return ReplicaGroupsOrchestrator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

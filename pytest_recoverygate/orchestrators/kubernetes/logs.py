@@ -73,13 +73,15 @@ class LogStream:
         reporting_rank: int,
         container: str | None,
         reporting_pod: Callable[[], Pod | None],
+        source: StreamEventSource | None = None,
     ) -> None:
         self._session = session
         self._clock = session.clock
         self.reporting_rank = reporting_rank
         self.container = container
         self._reporting_pod = reporting_pod
-        self.source = StreamEventSource(wakeup=self._clock.wakeup, clock=self._clock.now)
+        # ``source``: one shared by several streams (the replica groups of a live drill)
+        self.source = source or StreamEventSource(wakeup=self._clock.wakeup, clock=self._clock.now)
         self.events = PodLogEvents(self.source, session)
         self._seen_lines: dict[tuple[str, bytes], float] = {}
         self._last_log_time: float | None = None
@@ -182,6 +184,11 @@ class LogStream:
         self.source.feed(content + b"\n", received, stream=stream)
         self._output.feed(content + b"\n", stream, label=self._labels.get(stream))
         return True
+
+    @property
+    def last_line_time(self) -> float | None:
+        """The kubelet time of the newest line streamed so far (None: none yet)."""
+        return self._last_log_time
 
     def job_output(self) -> JobOutput:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
+from pytest_recoverygate.events import StreamEventSource
 from pytest_recoverygate.joboutput import JobOutput
 from pytest_recoverygate.model import (
     KILL,
@@ -81,6 +82,7 @@ class KubernetesOrchestrator:
         retry: RetryPolicy = RETRY,
         fault: str = "KillWorker",
         cordon: bool = False,
+        source: StreamEventSource | None = None,
     ) -> None:
         if fault == "PartitionNode":
             raise UsageError(PARTITION_REFUSED)
@@ -107,6 +109,7 @@ class KubernetesOrchestrator:
             reporting_rank=reporting_rank,
             container=container,
             reporting_pod=lambda: self._watch.pod_of_rank(reporting_rank),
+            source=source,
         )
         self._main: Any = None
         self._job = ""
@@ -259,6 +262,11 @@ class KubernetesOrchestrator:
     def job_output(self) -> JobOutput:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""
         return self._logs.job_output()
+
+    @property
+    def last_line_time(self) -> float | None:
+        """The kubelet time of the newest log line streamed so far (None: none yet)."""
+        return self._logs.last_line_time
 
     @property
     def uncordoned(self) -> list[str]:

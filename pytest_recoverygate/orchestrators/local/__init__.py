@@ -341,6 +341,7 @@ BACKEND: Backend[LocalWorkload] = Backend(
     faults=frozenset(
         {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker", "KillNode", "PartitionNode"}
     ),
+    failure_keys=frozenset({"targetReplica"}),
     restart_budget=_restart_budget,
     summary="a torchrun job the drill launches (or attaches to) on this machine",
 )

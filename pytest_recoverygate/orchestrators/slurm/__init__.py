@@ -18,7 +18,9 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from pytest_recoverygate.orchestrators.base import Backend
 from pytest_recoverygate.schema import (
+    MAX_RANK,
     InjectFailure,
+    Section,
     WorkloadBase,
     duration,
     file_path,
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.slurm.orchestrator import SlurmOrchestrator
 
-__all__ = ["BACKEND", "FAULT_TYPES", "SlurmOrchestrator", "SlurmWorkload"]
+__all__ = ["BACKEND", "FAULT_TYPES", "SlurmOrchestrator", "SlurmReplica", "SlurmWorkload"]
 
 MAX_SLURM_JOB_ID = 2**32 - 1
 #: What this backend can inject: a signal to one rank through a kill step on its node
@@ -49,8 +51,29 @@ FAULT_TYPES = (
 )
 
 
+class SlurmReplica(Section):
+    """One replica group of a torchft job (``workload.replicas``, recovery: live): the
+    job step its ``srun --job-name`` names (docs/torchft.md)."""
+
+    replica: int = Field(
+        ge=0,
+        le=MAX_RANK,
+        json_schema_extra=meta("a whole number >= 0 (its REPLICA_GROUP_ID)", "replica: 1"),
+    )
+    step: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\s]+$",
+        json_schema_extra=meta(
+            "the name of this replica group's job step (srun --job-name), no blanks",
+            "step: replica-1",
+        ),
+    )
+
+
 class SlurmWorkload(WorkloadBase):
-    """One SLURM job, by id or by name (+ user)."""
+    """One SLURM job, by id or by name (+ user); with ``replicas``, one job step per
+    replica group of a torchft job."""
 
     orchestrator: Literal["slurm"] = Field(json_schema_extra=meta("slurm", "orchestrator: slurm"))
     job_id: Annotated[int | None, BeforeValidator(id_number)] = Field(
@@ -79,6 +102,13 @@ class SlurmWorkload(WorkloadBase):
     poll_interval: Annotated[float, duration(0.1, 60.0)] = Field(
         default=1.0, json_schema_extra=meta("a duration from 100ms to 1m", "pollInterval: 1s")
     )
+    replicas: list[SlurmReplica] | None = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a list of {replica, step}: the job step of each replica group (recovery: live)",
+            "replicas: [{replica: 0, step: replica-0}, {replica: 1, step: replica-1}]",
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_job(self) -> SlurmWorkload:
@@ -106,7 +136,72 @@ class SlurmWorkload(WorkloadBase):
                 key=("user",),
                 got=self.user,
             )
+        if self.replicas is not None:
+            _distinct_replicas(self.replicas)
         return self
+
+    def replica_ids(self) -> list[int]:
+        """The replica groups ``replicas`` declares (empty without it)."""
+        return sorted(item.replica for item in self.replicas or [])
+
+    def check_failure(self, failure: InjectFailure) -> None:
+        replica = failure.target_replica
+        if self.replicas is None:
+            if replica is not None:
+                raise refuse(
+                    "needs workload.replicas on slurm: the drill finds a replica group by "
+                    "the name of its job step",
+                    "targetReplica with workload.replicas",
+                    "add replicas: [{replica: 0, step: replica-0}, {replica: 1, step: "
+                    "replica-1}] (each replica group's srun --job-name)",
+                    key=("targetReplica",),
+                    got=str(replica),
+                )
+            return
+        if failure.type not in ("KillWorker", "KillStep"):
+            raise refuse(
+                "with workload.replicas the drill kills one rank (KillWorker) or the whole "
+                "job step (KillStep) of the target replica group",
+                "type: KillWorker or KillStep with workload.replicas",
+                "use type: KillWorker, or remove replicas",
+                key=("type",),
+                got=failure.type,
+            )
+        known = self.replica_ids()
+        if replica is None or replica not in known:
+            raise refuse(
+                f"is not among workload.replicas' replica ids ({', '.join(map(str, known))})"
+                if replica is not None
+                else "is required with workload.replicas (the replica group to kill)",
+                f"one of {known}",
+                "set targetReplica to one of them",
+                key=("targetReplica",),
+                got=str(replica) if replica is not None else "nothing",
+            )
+
+    def step_of(self, replica: int | None) -> str | None:
+        """The job step name of ``replica`` (None without ``replicas``)."""
+        for item in self.replicas or []:
+            if item.replica == replica:
+                return item.step
+        return None
+
+
+def _distinct_replicas(items: list[SlurmReplica]) -> None:
+    if not items:
+        raise refuse(
+            "needs at least one replica group", "a list of {replica, step}", key=("replicas",)
+        )
+    for field_name in ("replica", "step"):
+        values = [str(getattr(item, field_name)) for item in items]
+        for index, value in enumerate(values):
+            if values.index(value) != index:
+                raise refuse(
+                    f"is the {field_name} of item {values.index(value)} too",
+                    f"a {field_name} no other item has",
+                    key=("replicas", str(index), field_name),
+                    got=value,
+                )
 
 
 def _create(workload: SlurmWorkload, failure: InjectFailure, clock: Clock) -> SlurmOrchestrator:
@@ -124,6 +219,7 @@ def _create(workload: SlurmWorkload, failure: InjectFailure, clock: Clock) -> Sl
         reporting_rank=workload.reporting_rank,
         clock=clock,
         drain_node=bool(failure.drain_node),
+        step_name=workload.step_of(failure.target_replica),
     )
 
 
@@ -144,7 +240,7 @@ BACKEND: Backend[SlurmWorkload] = Backend(
             "(the node's tasks SIGKILLed, the node set DRAIN, RESUMEd at cleanup)"
         ),
     },
-    failure_keys=frozenset({"drainNode"}),
+    failure_keys=frozenset({"drainNode", "targetReplica"}),
     summary="a running SLURM job, three recovery layouts",
 )
 

@@ -158,6 +158,7 @@ class SlurmOrchestrator:
         env: Mapping[str, str] | None = None,
         command_timeout: float = 20.0,
         drain_node: bool = False,
+        step_name: str | None = None,
     ) -> None:
         if job_id is None and not job_name:
             raise UsageError("the slurm backend needs workload.jobId or workload.jobName")
@@ -197,6 +198,9 @@ class SlurmOrchestrator:
         #: KillNode with ``drainNode``: also set the node DRAIN (RESUMEd at cleanup).
         self.drain_node = drain_node
         self._nodes = NodeKills(self.commands, clock)
+        #: recovery: live (``workload.replicas``): the target replica group's job step, by
+        #: name (``srun --job-name``); the other groups' steps run beside it, untouched.
+        self.step_name = step_name
 
     # --- discovery ----------------------------------------------------------------------
 
@@ -229,7 +233,8 @@ class SlurmOrchestrator:
                 if snapshot is not None and snapshot.workers and snapshot.complete:
                     break
                 if snapshot is None:
-                    last_problem = f"job {job_id} is running but has no training step yet"
+                    named = f" named {self.step_name!r}" if self.step_name is not None else ""
+                    last_problem = f"job {job_id} is running but has no training step{named} yet"
                 else:
                     last_problem = (
                         f"step {job_id}.{snapshot.step} shows {len(snapshot.workers)} of "
@@ -267,7 +272,11 @@ class SlurmOrchestrator:
 
     def _training_steps(self, job_id: str) -> list[StepInfo]:
         return [
-            s for s in self.commands.show_steps(job_id) if s.is_training and s.state == "RUNNING"
+            s
+            for s in self.commands.show_steps(job_id)
+            if s.is_training
+            and s.state == "RUNNING"
+            and (self.step_name is None or s.name == self.step_name)
         ]
 
     def _snapshot_workers(self, job: JobInfo) -> _Snapshot | None:
@@ -277,9 +286,15 @@ class SlurmOrchestrator:
             return None
         if len(steps) > 1:
             names = ", ".join(f"{job.job_id}.{s.step} ({s.name})" for s in steps)
+            if self.step_name is not None:
+                raise DiscoveryError(
+                    f"job {job.job_id} runs several steps named {self.step_name!r} at once "
+                    f"({names}); give each replica group's srun a --job-name of its own"
+                )
             raise DiscoveryError(
                 f"job {job.job_id} runs several steps at once ({names}); RecoveryGate drills a job "
-                "with one training step"
+                "with one training step (or, with recovery: live, one step per replica group: "
+                "workload.replicas)"
             )
         step = steps[0]
         rows: list[ProcessRow] = []

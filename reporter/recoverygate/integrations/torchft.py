@@ -12,7 +12,18 @@ transport) instance:
   state it healed to (the quorum's max step) and the replica rank it came from. Reported
   there, not when ``should_commit`` applies the state: the survivors cannot commit the
   next step before this replica's transfer is done (their allreduce waits for it), so the
-  line is stamped before any survivor step past the heal step.
+  line is stamped before any survivor step past the heal step;
+- for ``stateDigestMatches`` (docs/torchft.md), the state digests of a heal, on the rank
+  that prints: the transport's ``send_checkpoint(dst_ranks, step, state_dict, timeout)``
+  on the survivor that serves the heal -- once it returned,
+  ``reporter.checkpoint_completed(step, digest=...)`` of the user state it sent (torchft's
+  in-memory checkpoint for the peer) -- and the manager's ``_apply_pending_state_dict``
+  on the healed replica -- once the job's ``load_state_dict`` applied the state, the heal
+  line again, ``checkpoint_loaded(step, source="peer", peer=..., digest=...)``, with the
+  digest of the state the job's ``state_dict`` returns now. Equal digests: the heal
+  applied what the survivor sent. The user state is read through the job's own
+  ``state_dict`` callbacks, without torchft's lock. A heal reads the whole state once
+  more on each side (cheap for small models; a large one pays a full read per heal).
 
 The start line carries ``replica`` from torchft's ``REPLICA_GROUP_ID``. torchft's
 initial sync at step 0 and a replica joining late also heal; they are reported like any
@@ -27,7 +38,7 @@ import functools
 from typing import Any
 
 from recoverygate import reporter
-from recoverygate.integrations._common import warn_once
+from recoverygate.integrations._common import digest_of, warn_once
 
 __all__ = ["instrument", "instrumented"]
 
@@ -54,10 +65,21 @@ def instrument(manager: Any) -> Any:
     return manager
 
 
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, index: int) -> Any:
+    return kwargs.get(name, args[index] if len(args) > index else None)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _wrap(manager: Any) -> None:
     should_commit = manager.should_commit
     transport = manager._checkpoint_transport
     recv = transport.recv_checkpoint
+    send = transport.send_checkpoint
+    apply = manager._apply_pending_state_dict
+    healing: list[tuple[int, int | None]] = []  # (step, peer) of the heal being applied
 
     @functools.wraps(recv)
     def recv_checkpoint(*args: Any, **kwargs: Any) -> Any:
@@ -68,9 +90,38 @@ def _wrap(manager: Any) -> None:
             if isinstance(step, int) and not isinstance(step, bool):
                 peer = src if isinstance(src, int) and not isinstance(src, bool) else None
                 reporter.checkpoint_loaded(step, source="peer", peer=peer)
+                healing[:] = [(step, peer)]
         except Exception as error:
             warn_once("torchft: a heal was not reported", error)
         return state
+
+    @functools.wraps(send)
+    def send_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        result = send(*args, **kwargs)
+        try:
+            step, state = _arg(args, kwargs, "step", 1), _arg(args, kwargs, "state_dict", 2)
+            user = state.get("user") if isinstance(state, dict) else None
+            if _is_int(step) and isinstance(user, dict):
+                digest = digest_of(user, "torchft: the state sent to a healing peer")
+                if digest is not None:
+                    reporter.checkpoint_completed(step, digest=digest)
+        except Exception as error:
+            warn_once("torchft: the state sent to a peer was not reported", error)
+        return result
+
+    @functools.wraps(apply)
+    def apply_pending_state_dict(*args: Any, **kwargs: Any) -> Any:
+        result = apply(*args, **kwargs)
+        try:
+            if healing:
+                (step, peer), healing[:] = healing[0], []
+                user = {key: fn() for key, fn in manager._user_state_dicts.items()}
+                digest = digest_of(user, "torchft: the healed state")
+                if digest is not None:
+                    reporter.checkpoint_loaded(step, digest=digest, source="peer", peer=peer)
+        except Exception as error:
+            warn_once("torchft: the healed state was not reported", error)
+        return result
 
     @functools.wraps(should_commit)
     def wrapped_should_commit(*args: Any, **kwargs: Any) -> Any:
@@ -83,4 +134,6 @@ def _wrap(manager: Any) -> None:
         return committed
 
     transport.recv_checkpoint = recv_checkpoint
+    transport.send_checkpoint = send_checkpoint
+    manager._apply_pending_state_dict = apply_pending_state_dict
     manager.should_commit = wrapped_should_commit
