@@ -13,18 +13,39 @@ from pytest_recoverygate.config import DrillConfig, load_config
 
 pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per session, for all folders
 
-#: Under ``pytest -n N`` (pytest-xdist, ``--dist loadgroup``: scripts/test), the tests that
+#: Under ``pytest -n N`` (pytest-xdist, ``--dist loadgroup``: scripts/test) tests that
 #: share one machine-wide thing run in one worker, one after another: the session's Slurm
 #: cluster (one per worker process otherwise), the Ray clusters, torchft's lighthouses.
 XDIST_GROUPS = ("slurm", "ray", "torchft")
 
+#: The end-to-end drills whose jobs are light (the truth corpus's and the reliability
+#: suite's stand-in jobs import no torch; the Kubernetes jobs are the fake cluster's): they
+#: may run beside the others. Every other drill (torch, Lightning, HF, Ray, torchft, Slurm
+#: jobs: seconds of CPU per process on a 2-core machine) runs in the one ``drills`` worker,
+#: one at a time, as their timings assume.
+LIGHT_DRILLS = ("tests/truth/", "tests/kubernetes/", "tests/reliability/")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The worker group of a test (None: any worker)."""
+    shared = next((g for g in XDIST_GROUPS if item.get_closest_marker(g) is not None), None)
+    path = item.path.resolve()
+    where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
+    if item.get_closest_marker("e2e") is None:
+        if shared is None and where.startswith("tests/contract/"):
+            return "contract"  # one worker builds each backend's jobs once (module scope)
+        return shared
+    if shared is None and where.startswith(LIGHT_DRILLS):
+        return None
+    return "drills"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        for group in XDIST_GROUPS:
-            if item.get_closest_marker(group) is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 FAKE_DRILL: dict[str, Any] = {
