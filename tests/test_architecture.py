@@ -67,5 +67,5 @@ def test_no_module_is_over_a_thousand_lines() -> None:
         if (lines := len(path.read_text().splitlines())) > 1000
     }
     # the engine is being split by its owner (its own issue); nothing else may grow so far
-    long.pop("pytest_recoverygate/engine.py", None)
+    long.pop("pytest_recoverygate/engine/machine.py", None)
     assert long == {}

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from pytest_recoverygate.lock import LockScope
-from pytest_recoverygate.model import Worker, Workload
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import InjectFailure, WorkloadBase, file_path, meta, refuse
+from pytest_recoverygate.config.schema import InjectFailure, WorkloadBase, file_path, meta, refuse
+from pytest_recoverygate.engine.model import Worker, Workload
+from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.shared.lock import LockScope
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = [
     "BACKEND",
@@ -140,9 +140,7 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
 
 def __getattr__(name: str) -> Any:
     if name == "KubernetesOrchestrator":
-        from pytest_recoverygate.orchestrators.kubernetes.orchestrator import (
-            KubernetesOrchestrator,
-        )
+        from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 
         return KubernetesOrchestrator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,11 +53,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.filetail import OutputTail
-from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -68,7 +64,7 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
 from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
 from pytest_recoverygate.orchestrators.ray.helper import process_ticks
@@ -81,9 +77,13 @@ from pytest_recoverygate.orchestrators.ray.state import (
     first_words,
     parse_runs,
 )
+from pytest_recoverygate.registry.seams import cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.filetail import OutputTail
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["DRILL_MARKER", "RayOrchestrator"]
 

@@ -3,7 +3,7 @@ their own ``workload`` section from.
 
 The file's sections (``injectFailure``, ``expectations``, ``safety``, ``timeouts``) are
 models here; the ``workload`` section is the model of the backend it names, found in the
-backend registry (:mod:`pytest_recoverygate.orchestrators`), so this module names no
+backend registry (:mod:`pytest_recoverygate.registry`), so this module names no
 backend: a third-party backend's keys are validated exactly like a built-in one's.
 
 Models are strict and frozen, camelCase in YAML and snake_case in Python
@@ -13,7 +13,7 @@ the value helpers below -- :func:`duration`, :func:`step_ref`, :func:`file_path`
 allowed, an example: the error messages and docs/config.md are made from them) and
 :func:`refuse` for its own checks, so its errors read like every other:
 ``FILE:LINE: workload.key: problem — got VALUE; allowed: …``. Reading the YAML (with the
-lines) and rewriting pydantic's errors is :mod:`pytest_recoverygate.config`.
+lines) and rewriting pydantic's errors is :mod:`pytest_recoverygate.config.loading`.
 
 In Python, models can be built by field name; there durations may be plain seconds and
 step references plain ints, while YAML insists on ``90s`` and ``step-1000``.
@@ -40,14 +40,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticKnownError
 
-from pytest_recoverygate.durations import (
-    DurationSyntaxError,
-    format_duration,
-    parse_duration,
-)
-from pytest_recoverygate.engine import FAULTS, MAX_KILLS, Delay, DrillSpec
-from pytest_recoverygate.errors import UsageError
-from pytest_recoverygate.fields import (
+from pytest_recoverygate.config.fields import (
     MAX_DURATION,
     MAX_PID,
     MAX_RANK,
@@ -65,10 +58,17 @@ from pytest_recoverygate.fields import (
     sustain_of,
     sustain_value,
 )
-from pytest_recoverygate.model import NODE_FAULTS
+from pytest_recoverygate.durations import (
+    DurationSyntaxError,
+    format_duration,
+    parse_duration,
+)
+from pytest_recoverygate.engine.model import NODE_FAULTS
+from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec
+from pytest_recoverygate.errors import UsageError
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Backend
+    from pytest_recoverygate.registry.seams import Backend
 
 __all__ = [
     "MAX_DURATION",
@@ -148,7 +148,7 @@ class WorkloadBase(Section):
 def fault_types() -> tuple[str, ...]:
     """The fault types a drill may name: those the engine knows that at least one
     installed backend carries out (each backend declares its own), in the engine's order."""
-    from pytest_recoverygate.orchestrators import all_backends
+    from pytest_recoverygate.registry import all_backends
 
     offered = {kind for backend in all_backends().values() for kind in backend.faults}
     return tuple(kind for kind in FAULTS if kind in offered)
@@ -163,7 +163,7 @@ def _or_list(words: list[str] | tuple[str, ...]) -> str:
 
 def _fault_types_allowed() -> str:
     """``KillWorker, KillStep or Requeue (the last two with slurm only)``, from the registry."""
-    from pytest_recoverygate.orchestrators import all_backends
+    from pytest_recoverygate.registry import all_backends
 
     backends = all_backends()
     kinds = fault_types()
@@ -609,7 +609,7 @@ class Timeouts(Section):
 
     ``recovery`` left out stays None: "never came back" is then decided
     ``maxRecoveryTime + recoveryGrace`` after the kill, a value computed in one place
-    (:attr:`~pytest_recoverygate.engine.DrillSpec.effective_recovery_timeout`).
+    (:attr:`~pytest_recoverygate.engine.spec.DrillSpec.effective_recovery_timeout`).
     """
 
     discovery: Annotated[float, duration(zero_ok=False)] = Field(
@@ -628,7 +628,7 @@ class Timeouts(Section):
 
 
 def _workload_allowed() -> str:
-    from pytest_recoverygate.orchestrators import backend_names
+    from pytest_recoverygate.registry import backend_names
 
     return f"a mapping with orchestrator: {' | '.join(backend_names())} and that backend's keys"
 
@@ -639,7 +639,7 @@ def _by_backend(value: Any, info: ValidationInfo) -> Any:
         return value
     if not isinstance(value, dict):
         raise PydanticKnownError("model_type", {"class_name": "WorkloadBase"})
-    from pytest_recoverygate.orchestrators import backend_names, get_backend
+    from pytest_recoverygate.registry import backend_names, get_backend
 
     names = backend_names()
     if "orchestrator" not in value:
@@ -851,7 +851,7 @@ class DrillConfig(Section):
 
 
 def _backend_of(orchestrator: str) -> Backend[Any] | None:
-    from pytest_recoverygate.orchestrators import get_backend
+    from pytest_recoverygate.registry import get_backend
 
     try:
         return get_backend(orchestrator)
@@ -860,7 +860,7 @@ def _backend_of(orchestrator: str) -> Backend[Any] | None:
 
 
 def _all_backends() -> dict[str, Backend[Any]]:
-    from pytest_recoverygate.orchestrators import all_backends
+    from pytest_recoverygate.registry import all_backends
 
     return all_backends()
 
@@ -894,7 +894,7 @@ def fault_refusal(orchestrator: str, fault: str) -> tuple[str, str, str] | None:
 
     The backend's own reason when it gives one; else which backends can.
     """
-    from pytest_recoverygate.orchestrators import all_backends, get_backend
+    from pytest_recoverygate.registry import all_backends, get_backend
 
     try:
         backend = get_backend(orchestrator)
@@ -955,7 +955,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
 
 
 def delay_of(text: str | None) -> Delay:
-    """The engine's :class:`~pytest_recoverygate.engine.Delay` for a validated ``delay``."""
+    """The engine's :class:`~pytest_recoverygate.engine.spec.Delay` for a validated ``delay``."""
     if text is None:
         return Delay()
     if text == "beforeNextCheckpoint":

@@ -2,9 +2,9 @@
 
 Training events, group events, kill results and clock ticks go in; actions come out
 (:class:`KillTarget` once per injected failure, then :class:`Finish` with the
-:class:`~pytest_recoverygate.verdict.DrillResult`). Every backend drives the same engine
+:class:`~pytest_recoverygate.engine.verdict.DrillResult`). Every backend drives the same engine
 through the runner, and the tests drive it directly. What the evidence *proves* is
-:mod:`pytest_recoverygate.ledger`; this module decides *when*: which checkpoint
+:mod:`pytest_recoverygate.engine.ledger`; this module decides *when*: which checkpoint
 triggers a kill, when the kill lands (``delay``), what each fault adds, when a recovery
 is judged, whether another kill follows (``count``).
 
@@ -45,12 +45,12 @@ passed, not at the recovery deadline.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any
 
-from pytest_recoverygate.ledger import Inc, Ledger
-from pytest_recoverygate.live import LiveJudge
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.ledger import Inc, Ledger
+from pytest_recoverygate.engine.live import LiveJudge
+from pytest_recoverygate.engine.model import (
     NODE_FAULTS,
     GroupEvent,
     GroupEventKind,
@@ -61,7 +61,7 @@ from pytest_recoverygate.model import (
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.recovery import (
+from pytest_recoverygate.engine.recovery import (
     KillRecord,
     Window,
     breakdown,
@@ -70,7 +70,15 @@ from pytest_recoverygate.recovery import (
     overall,
     restarts,
 )
-from pytest_recoverygate.verdict import (
+from pytest_recoverygate.engine.spec import (
+    DETECTED_FAULTS,
+    FAULTS,
+    MAX_KILLS,
+    Delay,
+    DrillSpec,
+    Sustain,
+)
+from pytest_recoverygate.engine.verdict import (
     BREAKDOWN_PHASES,
     EXIT_CODES,
     Check,
@@ -110,24 +118,6 @@ __all__ = [
 
 R = FailureReason
 
-#: Fault types the engine knows (backends declare which of them they can carry out).
-FAULTS = (
-    "KillWorker",
-    "KillStep",
-    "Requeue",
-    "KillDuringCheckpoint",
-    "Preempt",
-    "HangWorker",
-    "KillNode",
-    "PartitionNode",
-    "DrainNode",
-)
-
-#: Faults whose detection by the job is timed and checked (``maxDetectionTime``).
-DETECTED_FAULTS = ("HangWorker", "PartitionNode")
-
-#: ``count: untilBudgetExhausted`` stops here, inconclusive, if the job never gives up.
-MAX_KILLS = 50
 
 #: What the other ranks' lines are read for: who they are, what they saved and loaded.
 _RANK_KINDS = frozenset(
@@ -163,95 +153,6 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 
 class IllegalTransition(RuntimeError):
     """The engine was asked to move between two phases the table does not connect."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delay:
-    """When the kill lands after its trigger checkpoint.
-
-    ``seconds``: that long after it; ``fraction``: that fraction of the measured checkpoint
-    interval (of the measured save time for KillDuringCheckpoint); ``before_next``: just
-    before the next save is due; ``spread``: the N kills of ``count: N`` at 0, 1/N, 2/N …
-    of the interval.
-    """
-
-    kind: Literal["seconds", "fraction", "before_next", "spread"] = "seconds"
-    value: float = 0.0
-    explicit: bool = False  # given in the config (KillDuringCheckpoint has its own default)
-
-    def describe(self) -> str:
-        if self.kind == "seconds":
-            return format_seconds(self.value)
-        if self.kind == "fraction":
-            return f"{self.value:.0%}"
-        return "beforeNextCheckpoint" if self.kind == "before_next" else "spread"
-
-
-@dataclass(frozen=True, slots=True)
-class Sustain:
-    """How long a recovered job must keep training before it PASSes (``sustain``).
-
-    The window opens at the replacement's first step past the resume step. It is held
-    once ``lines`` further progress lines advanced the step, ``seconds`` passed and, with
-    ``steps``, the job trained that many steps past the resume step. The default is the
-    larger of 3 progress lines and 10 s. A stall inside it (no advancing line for the
-    stall limit) FAILs "stopped progressing after resume".
-    """
-
-    lines: int = 3
-    seconds: float = 10.0
-    steps: int | None = None
-
-    def describe(self) -> str:
-        if self.steps is not None:
-            return f"{self.steps} steps"
-        if self.lines <= 1:
-            return format_seconds(self.seconds)
-        return f"{self.lines} progress lines and {format_seconds(self.seconds)}"
-
-
-@dataclass(frozen=True, slots=True)
-class DrillSpec:
-    """What the engine needs from the config, in plain values (seconds, steps)."""
-
-    max_recovery_time: float
-    after_checkpoint: int | None = None  # None: the next checkpoint after the start
-    expected_resume_step: int | None = None  # None: the latest checkpoint durable at the load
-    max_lost_steps: int | None = None
-    checkpoint_timeout: float = 3600.0
-    recovery_timeout: float | None = None  # None: max_recovery_time + recovery_grace
-    recovery_grace: float = 30.0
-    reporting_rank: int | None = 0  # events of other ranks are ignored; None: all ranks
-    fault: str = "KillWorker"
-    target_rank: int | None = 1  # None: the rank that reports the save (KillDuringCheckpoint)
-    delay: Delay = field(default_factory=Delay)
-    grace_period: float = 30.0
-    count: int | None = 1  # None: until the job's restart budget is exhausted
-    restart_budget: int | None = None
-    max_detection_time: float | None = None
-    saved_on_preempt: bool = False
-    state_digest_matches: bool = False
-    sustain: Sustain = field(default_factory=Sustain)
-    all_ranks: bool = False  # a rank that says nothing about its resume FAILs
-    target_node: int | None = None  # node faults: None = the node of target_rank
-    replace_node: bool = True  # KillNode: a replacement node starts
-    partition_duration: float | None = None  # PartitionNode: None = until noticed
-    drain_node: bool = False  # KillNode on SLURM: DRAIN the node too
-    cordon: bool = False  # KillNode/DrainNode on Kubernetes: cordon it first
-    # issue 23: the trigger on progress, and live recovery (see pytest_recoverygate.live)
-    recovery: str = "restart"  # "restart" | "live"
-    after_step: int | None = None  # kill once this step was reported (instead of a checkpoint)
-    target_replica: int | None = None
-    max_survivor_stall: float | None = None
-    max_rejoin_time: float | None = None  # None: max_recovery_time
-    rejoin_from: str = "peer"
-
-    @property
-    def effective_recovery_timeout(self) -> float:
-        """When "never came back" is decided, in seconds after the kill."""
-        if self.recovery_timeout is not None:
-            return max(self.recovery_timeout, self.max_recovery_time)
-        return self.max_recovery_time + self.recovery_grace
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +236,7 @@ class DrillEngine:
         self._world_size: int | None = None  # the workers found at discovery
         self._restore_at: float | None = None  # PartitionNode: the link back at the latest
         self._restore_pending = False
-        # recovery: live (issue 23): its own record and judgement, pytest_recoverygate.live
+        # recovery: live (issue 23): its own record and judgement, pytest_recoverygate.engine.live
         self._live = LiveJudge(spec) if spec.recovery == "live" else None
         self._live_result: LiveRecovery | None = None
         self._live_waiting_noted = False
