@@ -155,7 +155,7 @@ def run_drill(
     check_confirmation(config, options)
     check_report_paths(options)
     if orchestrator is None:
-        from pytest_recoverygate.registry import build_orchestrator
+        from pytest_recoverygate.orchestrators import build_orchestrator
 
         orchestrator = build_orchestrator(config, clock)
     drill = _Drill(config, options, clock, orchestrator)

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_recoverygate.cli import main
 from pytest_recoverygate.config.loading import load_config
-from pytest_recoverygate.registry import build_orchestrator
+from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.registry.seams import SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
 

@@ -351,7 +351,7 @@ def test_the_fake_live_job_reaches_the_verdict_of_what_it_simulates(
     import yaml
 
     from pytest_recoverygate.config.loading import load_config
-    from pytest_recoverygate.registry import build_orchestrator
+    from pytest_recoverygate.orchestrators import build_orchestrator
     from pytest_recoverygate.registry.seams import SimulatedClock
     from pytest_recoverygate.runner import RunOptions, run_drill
 
@@ -408,7 +408,7 @@ def test_after_step_triggers_a_restart_mode_drill_too(tmp_path: Path) -> None:
     import yaml
 
     from pytest_recoverygate.config.loading import load_config
-    from pytest_recoverygate.registry import build_orchestrator
+    from pytest_recoverygate.orchestrators import build_orchestrator
     from pytest_recoverygate.registry.seams import SimulatedClock
     from pytest_recoverygate.runner import RunOptions, run_drill
 

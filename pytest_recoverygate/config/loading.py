@@ -57,6 +57,7 @@ from pytest_recoverygate.config.yamlfile import (
 )
 from pytest_recoverygate.durations import format_duration, format_step_ref
 from pytest_recoverygate.errors import ConfigError, UsageError
+from pytest_recoverygate.registry import all_backends, backend_names, get_backend
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -78,8 +79,6 @@ _ROOT_ONLY_IN_PYTHON = ("sourcePath", "source_path")
 
 def _workload_model(tag: Any) -> type[WorkloadBase] | None:
     """The model of the backend ``tag`` names, when there is one that loads."""
-    from pytest_recoverygate.registry import backend_names, get_backend
-
     if not isinstance(tag, str) or tag not in backend_names():
         return None
     try:
@@ -184,8 +183,6 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
 
 def _elsewhere(key: str) -> str:
     """Name the backends where an unknown workload key would be valid."""
-    from pytest_recoverygate.registry import all_backends
-
     owners = [
         name for name, backend in all_backends().items() if key in _allowed_keys(backend.workload)
     ]
@@ -236,8 +233,6 @@ def _translate(
     quoted = spot is not None and spot.text.startswith(("'", '"'))
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        from pytest_recoverygate.registry import backend_names
-
         names = list(backend_names())
         path = (*path, "orchestrator")
         spot = where.get(path)
@@ -595,8 +590,6 @@ def schema_keys() -> list[tuple[str, str, str]]:
     The reference in ``docs/config.md`` is checked against this list, so a key added to a
     model without documentation fails a test.
     """
-    from pytest_recoverygate.registry import all_backends
-
     sections: list[tuple[str, type[BaseModel]]] = [("", DrillConfig)]
     for name, backend in all_backends().items():
         sections.append((f"workload ({name})", backend.workload))

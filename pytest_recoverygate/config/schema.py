@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -66,9 +66,8 @@ from pytest_recoverygate.durations import (
 from pytest_recoverygate.engine.model import NODE_FAULTS
 from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec
 from pytest_recoverygate.errors import UsageError
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.registry import all_backends, backend_names, get_backend
+from pytest_recoverygate.registry.seams import Backend
 
 __all__ = [
     "MAX_DURATION",
@@ -148,8 +147,6 @@ class WorkloadBase(Section):
 def fault_types() -> tuple[str, ...]:
     """The fault types a drill may name: those the engine knows that at least one
     installed backend carries out (each backend declares its own), in the engine's order."""
-    from pytest_recoverygate.registry import all_backends
-
     offered = {kind for backend in all_backends().values() for kind in backend.faults}
     return tuple(kind for kind in FAULTS if kind in offered)
 
@@ -163,8 +160,6 @@ def _or_list(words: list[str] | tuple[str, ...]) -> str:
 
 def _fault_types_allowed() -> str:
     """``KillWorker, KillStep or Requeue (the last two with slurm only)``, from the registry."""
-    from pytest_recoverygate.registry import all_backends
-
     backends = all_backends()
     kinds = fault_types()
     groups: dict[tuple[str, ...], list[str]] = {}
@@ -628,8 +623,6 @@ class Timeouts(Section):
 
 
 def _workload_allowed() -> str:
-    from pytest_recoverygate.registry import backend_names
-
     return f"a mapping with orchestrator: {' | '.join(backend_names())} and that backend's keys"
 
 
@@ -639,8 +632,6 @@ def _by_backend(value: Any, info: ValidationInfo) -> Any:
         return value
     if not isinstance(value, dict):
         raise PydanticKnownError("model_type", {"class_name": "WorkloadBase"})
-    from pytest_recoverygate.registry import backend_names, get_backend
-
     names = backend_names()
     if "orchestrator" not in value:
         raise PydanticKnownError("union_tag_not_found", {"discriminator": "'orchestrator'"})
@@ -851,8 +842,6 @@ class DrillConfig(Section):
 
 
 def _backend_of(orchestrator: str) -> Backend[Any] | None:
-    from pytest_recoverygate.registry import get_backend
-
     try:
         return get_backend(orchestrator)
     except UsageError:
@@ -860,8 +849,6 @@ def _backend_of(orchestrator: str) -> Backend[Any] | None:
 
 
 def _all_backends() -> dict[str, Backend[Any]]:
-    from pytest_recoverygate.registry import all_backends
-
     return all_backends()
 
 
@@ -894,8 +881,6 @@ def fault_refusal(orchestrator: str, fault: str) -> tuple[str, str, str] | None:
 
     The backend's own reason when it gives one; else which backends can.
     """
-    from pytest_recoverygate.registry import all_backends, get_backend
-
     try:
         backend = get_backend(orchestrator)
     except UsageError:

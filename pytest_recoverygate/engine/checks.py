@@ -9,12 +9,8 @@ bounds, the loaded state's digest, and the detection of a hang or a cut link.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume, steps_text
 from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
 
 __all__ = [
     "contract_check",
@@ -28,12 +24,6 @@ __all__ = [
 ]
 
 R = FailureReason
-
-
-def steps_text(values: list[int], limit: int = 6) -> str:
-    """``10, 20, 30`` (the last ``limit``), or ``none``."""
-    shown = ", ".join(str(v) for v in values[-limit:])
-    return ("…, " if len(values) > limit else "") + shown if values else "none"
 
 
 def contract_check(ledger: Ledger, contract: StepContract) -> Check:

@@ -27,7 +27,6 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.engine.checks import steps_text
 from pytest_recoverygate.engine.grid import GridTracker
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.verdict import (
@@ -39,6 +38,12 @@ from pytest_recoverygate.engine.verdict import (
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
 R = FailureReason
+
+
+def steps_text(values: list[int], limit: int = 6) -> str:
+    """``10, 20, 30`` (the last ``limit``), or ``none``."""
+    shown = ", ".join(str(v) for v in values[-limit:])
+    return ("…, " if len(values) > limit else "") + shown if values else "none"
 
 
 @dataclass(slots=True)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_recoverygate.engine import checks as checks_of
 from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
 from pytest_recoverygate.engine.model import GroupEventKind
+from pytest_recoverygate.engine.spec import DrillSpec, Sustain
 from pytest_recoverygate.engine.verdict import (
     BREAKDOWN_PHASES,
     Check,
@@ -25,9 +26,6 @@ from pytest_recoverygate.engine.verdict import (
     Verdict,
     format_seconds,
 )
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.engine.spec import DrillSpec, Sustain
 
 __all__ = [
     "KillRecord",

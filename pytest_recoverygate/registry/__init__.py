@@ -23,7 +23,7 @@ import importlib
 import importlib.metadata
 import warnings
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_recoverygate.errors import UsageError
 from pytest_recoverygate.links import docs_link
@@ -38,9 +38,6 @@ from pytest_recoverygate.registry.seams import (
     SimulatedClock,
 )
 
-if TYPE_CHECKING:
-    from pytest_recoverygate.config.schema import DrillConfig
-
 __all__ = [
     "BUILTIN",
     "ENTRY_POINT_GROUP",
@@ -54,7 +51,6 @@ __all__ = [
     "SimulatedClock",
     "all_backends",
     "backend_names",
-    "build_orchestrator",
     "get_backend",
 ]
 
@@ -142,9 +138,3 @@ def all_backends() -> dict[str, Backend[Any]]:
         except UsageError:
             continue  # said when a config names it
     return loaded
-
-
-def build_orchestrator(config: DrillConfig, clock: Clock) -> Orchestrator:
-    """The backend ``workload.orchestrator`` names, built from the config."""
-    backend = get_backend(config.workload.orchestrator)
-    return backend.create(config.workload, config.inject_failure, clock)

@@ -61,10 +61,11 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel
 
 from pytest_recoverygate.engine.model import (
     Fault,
@@ -75,11 +76,9 @@ from pytest_recoverygate.engine.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.shared.clock import Clock, RealClock, SimulatedClock
 from pytest_recoverygate.shared.joboutput import JobOutput
 from pytest_recoverygate.shared.lock import LockScope, job_scope
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.config.schema import InjectFailure, WorkloadBase
 
 __all__ = [
     "Backend",
@@ -95,7 +94,7 @@ __all__ = [
 
 S = TypeVar("S")
 R = TypeVar("R")
-W = TypeVar("W", bound="WorkloadBase")
+W = TypeVar("W", bound=BaseModel)
 _ONCE_LOCK = threading.Lock()
 
 
@@ -182,59 +181,6 @@ class NodeFaults(Protocol):
         ...
 
 
-class Clock(Protocol):
-    """The drill's notion of time: real for real backends, simulated for the fake one."""
-
-    def now(self) -> float:
-        """POSIX seconds."""
-        ...
-
-    def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds, or less once :meth:`wakeup` is called."""
-        ...
-
-    def wakeup(self) -> None:
-        """Cut the current or next :meth:`wait` short (thread-safe)."""
-        ...
-
-
-class RealClock:
-    """Wall-clock time; ``wait`` returns early when a backend thread calls ``wakeup``."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def now(self) -> float:
-        return time.time()
-
-    def wait(self, timeout: float) -> None:
-        if timeout > 0:
-            self._event.wait(timeout)
-        self._event.clear()
-
-    def wakeup(self) -> None:
-        self._event.set()
-
-
-class SimulatedClock:
-    """A clock that only moves when waited on: a drill over minutes runs in milliseconds."""
-
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self._now = start
-
-    def now(self) -> float:
-        return self._now
-
-    def wait(self, timeout: float) -> None:
-        self._now += max(timeout, 0.0)
-
-    def wakeup(self) -> None:
-        """Nothing to do: simulated waits never block."""
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-
-
 def _unknown_budget(workload: Any) -> int | None:
     return None
 
@@ -267,7 +213,7 @@ class Backend(Generic[W]):
 
     name: str
     workload: type[W]
-    create: Callable[[W, InjectFailure, Clock], Orchestrator]
+    create: Callable[[W, Any, Clock], Orchestrator]  # (workload, InjectFailure, clock)
     faults: frozenset[str] = frozenset({"KillWorker"})
     refusals: Mapping[str, str] = field(default_factory=dict)
     failure_keys: frozenset[str] = frozenset()

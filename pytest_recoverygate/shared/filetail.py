@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.registry.seams import Clock
+    from pytest_recoverygate.shared.clock import Clock
 
 __all__ = ["MARKER_LINE_KEEP", "READ_CHUNK", "OutputTail"]
 

@@ -57,8 +57,8 @@ from pytest_recoverygate.engine.model import (
     Workload,
 )
 from pytest_recoverygate.errors import BackendError, DrillInterrupted
+from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
-from pytest_recoverygate.registry import build_orchestrator
 from pytest_recoverygate.registry.seams import EventSource, RealClock
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
 from tests.reliability.conftest import Figures
