@@ -133,9 +133,9 @@ def ground_truth(
 
 def run_local_drill(config_path: Path = EXAMPLE) -> DrillOutcome:
     """Run one real drill and compare its report with train.py's ground truth."""
-    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.orchestrators import build_orchestrator
-    from pytest_recoverygate.orchestrators.base import RealClock
+    from pytest_recoverygate.registry.seams import RealClock
     from pytest_recoverygate.runner import RunOptions, run_drill
 
     with tempfile.TemporaryDirectory(prefix="rg-bench-drill-") as tmp_name:

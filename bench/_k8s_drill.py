@@ -31,9 +31,9 @@ from kubernetes.client import CoreV1Api  # noqa: E402,F401  (imported lazily: ~0
 _ru = resource.getrusage(resource.RUSAGE_SELF)
 IMPORT_CPU = _ru.ru_utime + _ru.ru_stime - _IMPORT_START
 
-from pytest_recoverygate.config import parse_config  # noqa: E402
+from pytest_recoverygate.config.loading import parse_config  # noqa: E402
 from pytest_recoverygate.orchestrators import build_orchestrator  # noqa: E402
-from pytest_recoverygate.orchestrators.base import RealClock  # noqa: E402
+from pytest_recoverygate.registry.seams import RealClock  # noqa: E402
 from pytest_recoverygate.runner import RunOptions, run_drill  # noqa: E402
 from tests.kubernetes.fake_cluster import drill_yaml  # noqa: E402
 

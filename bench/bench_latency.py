@@ -30,8 +30,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Result, info, main_for, percentile, subprocess_env
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.orchestrators.base import RealClock
+from pytest_recoverygate.registry.seams import RealClock
+from pytest_recoverygate.shared.events import StreamEventSource
 
 WRITER = Path(__file__).resolve().parent / "_latency_writer.py"
 RUNNER_POLL = 0.05  # RunOptions.poll_interval, the runner's default
@@ -100,7 +100,7 @@ def pipe_case(count: int, tmp: Path) -> list[float]:
 
 
 def file_case(count: int, tmp: Path, interval: float, *, inotify: bool) -> list[float]:
-    from pytest_recoverygate.filetail import OutputTail
+    from pytest_recoverygate.shared.filetail import OutputTail
 
     clock = RealClock()
     source = StreamEventSource(wakeup=clock.wakeup)

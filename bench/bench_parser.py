@@ -90,7 +90,7 @@ def _floor(path: Path) -> float:
 
 
 def _event_source(path: Path) -> tuple[float, int]:
-    from pytest_recoverygate.events import StreamEventSource
+    from pytest_recoverygate.shared.events import StreamEventSource
 
     source = StreamEventSource()
     before = cpu_self()
@@ -244,9 +244,9 @@ def giant(quick: bool, tmp: Path) -> list[Result]:
 
 def _slurm_tail(path: Path) -> Result:
     """The SLURM adapter's OutputTail (a file tail in front of the same parser), same file."""
-    from pytest_recoverygate.events import StreamEventSource
-    from pytest_recoverygate.filetail import OutputTail
-    from pytest_recoverygate.orchestrators.base import RealClock
+    from pytest_recoverygate.registry.seams import RealClock
+    from pytest_recoverygate.shared.events import StreamEventSource
+    from pytest_recoverygate.shared.filetail import OutputTail
 
     source = StreamEventSource()
     tail = OutputTail(str(path), source.feed, RealClock(), interval=0.05)

@@ -85,9 +85,10 @@ def one_drill(nodes: int) -> dict[str, Any]:
 
 
 def engine_rate(quick: bool) -> tuple[float, dict[str, Any]]:
-    from pytest_recoverygate.engine import DrillEngine, DrillSpec
-    from pytest_recoverygate.model import TrainingEvent, TrainingEventKind
-    from pytest_recoverygate.orchestrators.base import SimulatedClock
+    from pytest_recoverygate.engine.machine import DrillEngine
+    from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+    from pytest_recoverygate.engine.spec import DrillSpec
+    from pytest_recoverygate.registry.seams import SimulatedClock
 
     n = 200_000 if quick else 1_000_000
     clock = SimulatedClock()

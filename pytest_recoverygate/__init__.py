@@ -23,18 +23,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.config import load_config
-    from pytest_recoverygate.engine import Check, DrillResult, FailureReason, Verdict
+    from pytest_recoverygate.config.loading import load_config
+    from pytest_recoverygate.engine.machine import Check, DrillResult, FailureReason, Verdict
     from pytest_recoverygate.runner import RunOptions, run_drill
 
 _LAZY = {
-    "Check": "pytest_recoverygate.engine",
-    "DrillResult": "pytest_recoverygate.engine",
-    "FailureReason": "pytest_recoverygate.engine",
-    "Verdict": "pytest_recoverygate.engine",
+    "Check": "pytest_recoverygate.engine.machine",
+    "DrillResult": "pytest_recoverygate.engine.machine",
+    "FailureReason": "pytest_recoverygate.engine.machine",
+    "Verdict": "pytest_recoverygate.engine.machine",
     "RunOptions": "pytest_recoverygate.runner",
     "run_drill": "pytest_recoverygate.runner",
-    "load_config": "pytest_recoverygate.config",
+    "load_config": "pytest_recoverygate.config.loading",
 }
 
 

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, TextIO
 
 from recoverygate import __version__
 
+from pytest_recoverygate.engine.verdict import EXIT_CODES, EXIT_USAGE, Verdict
 from pytest_recoverygate.links import docs_link
-from pytest_recoverygate.terminal import print_result, shorten
-from pytest_recoverygate.verdict import EXIT_CODES, EXIT_USAGE, Verdict
+from pytest_recoverygate.report.terminal import print_result, shorten
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.evidence import Evidence
-    from pytest_recoverygate.model import Worker, Workload
+    from pytest_recoverygate.config.schema import DrillConfig
+    from pytest_recoverygate.engine.model import Worker, Workload
+    from pytest_recoverygate.report.evidence import Evidence
     from pytest_recoverygate.runner import Status
-    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "DESCRIPTION",
@@ -41,7 +41,7 @@ __all__ = [
     "shorten",
 ]
 
-#: The exit codes, from the one table (:data:`pytest_recoverygate.verdict.EXIT_CODES`).
+#: The exit codes, from the one table (:data:`pytest_recoverygate.engine.verdict.EXIT_CODES`).
 EXIT_PASS = EXIT_CODES[Verdict.PASS]
 EXIT_ERROR = EXIT_CODES[Verdict.ERROR]
 EXIT_INTERRUPTED = EXIT_CODES[Verdict.INTERRUPTED]
@@ -169,8 +169,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def compare_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate compare BASE NEW``: the table; 1 when a figure regressed."""
-    from pytest_recoverygate.compare import compare, format_table, load_report, parse_allowances
     from pytest_recoverygate.errors import BaselineError
+    from pytest_recoverygate.report.compare import (
+        compare,
+        format_table,
+        load_report,
+        parse_allowances,
+    )
 
     try:
         allowances = {}
@@ -195,7 +200,7 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
 def history_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate history DIR... -o OUT``: the trend picture and table."""
     from pytest_recoverygate.errors import BaselineError
-    from pytest_recoverygate.history import collect_runs, write_history
+    from pytest_recoverygate.report.history import collect_runs, write_history
 
     try:
         runs = collect_runs(args.dirs, by_start=args.by_start, drill=args.drill)
@@ -212,7 +217,7 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
     import json
 
     from pytest_recoverygate.durations import parse_duration
-    from pytest_recoverygate.goodput import (
+    from pytest_recoverygate.engine.goodput import (
         ProjectionError,
         format_projection,
         inputs_from_report,
@@ -256,7 +261,7 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
         return EXIT_USAGE
     print("\n".join(format_projection(projection)))
     if args.plot is not None:
-        from pytest_recoverygate.charts import PLOT_HINT, write_goodput_picture
+        from pytest_recoverygate.report.charts import PLOT_HINT, write_goodput_picture
 
         pictures = write_goodput_picture(projection, args.plot)
         print(
@@ -321,7 +326,7 @@ def print_effective_config(config: DrillConfig, stream: TextIO) -> None:
     run it, defaults filled in, as YAML (``env`` values redacted)."""
     import yaml
 
-    from pytest_recoverygate.config import RUN_TIME_DEFAULTS, dump_effective
+    from pytest_recoverygate.config.loading import RUN_TIME_DEFAULTS, dump_effective
 
     stream.write(
         f"# {config.source_path}: valid ({config.workload.orchestrator} drill "
@@ -354,7 +359,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.command == "history":
         return history_command(args, name)
 
-    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.errors import (
         ConfigError,
         DrillInterrupted,

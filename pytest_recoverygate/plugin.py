@@ -20,10 +20,10 @@ import pytest
 from recoverygate import __version__
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.engine import DrillResult
-    from pytest_recoverygate.evidence import Evidence
+    from pytest_recoverygate.config.schema import DrillConfig
+    from pytest_recoverygate.engine.machine import DrillResult
+    from pytest_recoverygate.report.evidence import Evidence
     from pytest_recoverygate.runner import Status
-    from pytest_recoverygate.schema import DrillConfig
 
 __all__ = [
     "HELP_BASELINE",
@@ -124,8 +124,8 @@ def _baseline_dir(config: pytest.Config) -> Path | None:
 
 
 def _allowances(config: pytest.Config) -> dict[str, Any]:
-    from pytest_recoverygate.compare import parse_allowances
     from pytest_recoverygate.errors import BaselineError
+    from pytest_recoverygate.report.compare import parse_allowances
 
     option = config.getoption("drill_max_regression")
     where = "--drill-max-regression" if option else "drill_max_regression"
@@ -145,7 +145,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     notes = config.stash.get(_BASELINE_NOTES, [])
     if not ((results or notes) and verbosity >= 0) and not (skipped and verbosity >= -1):
         return
-    from pytest_recoverygate.terminal import figure_lines
+    from pytest_recoverygate.report.terminal import figure_lines
 
     terminalreporter.section("recoverygate drills")
     for nodeid, note in config.stash.get(_BASELINE_NOTES, []):
@@ -200,7 +200,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def _describe_config(path: Path) -> str:
     try:
-        from pytest_recoverygate.config import load_config
+        from pytest_recoverygate.config.loading import load_config
 
         loaded = load_config(path)
     except Exception:
@@ -351,7 +351,7 @@ def recovery_drill(request: pytest.FixtureRequest) -> RecoveryDrill:
 
 
 def _load(path: Path, overrides: dict[str, Any] | None) -> DrillConfig:
-    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.errors import ConfigError
 
     try:
@@ -404,15 +404,15 @@ def _run_and_judge(
     raise_on_fail: bool,
     asked_by_file: bool = False,
 ) -> DrillResult:
-    from pytest_recoverygate.engine import Verdict
+    from pytest_recoverygate.engine.machine import Verdict
     from pytest_recoverygate.errors import (
         ConfirmationRequired,
         DrillInterrupted,
         ReportError,
         UsageError,
     )
+    from pytest_recoverygate.report.terminal import print_result
     from pytest_recoverygate.runner import RunOptions, run_drill
-    from pytest_recoverygate.terminal import print_result
 
     pconfig = node.config
     drill_config = _load(path, overrides)
@@ -468,9 +468,9 @@ def _against_baseline(
     baseline = _baseline_dir(node.config)
     if baseline is None:
         return None
-    from pytest_recoverygate.compare import compare, format_table, load_report
     from pytest_recoverygate.errors import BaselineError
-    from pytest_recoverygate.report import result_to_dict
+    from pytest_recoverygate.report.compare import compare, format_table, load_report
+    from pytest_recoverygate.report.files import result_to_dict
 
     notes = node.config.stash.setdefault(_BASELINE_NOTES, [])
     path = baseline / folder
@@ -517,7 +517,7 @@ def _junit_property(node: pytest.Item, key: str, value: str) -> None:
 
 
 def _record_junit(node: pytest.Item, result: DrillResult) -> None:
-    from pytest_recoverygate.report import cost_figures, figures
+    from pytest_recoverygate.report.files import cost_figures, figures
 
     values = {k: ("" if v is None else v) for k, v in figures(result).items()}
     values["summary"] = result.summary

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_recoverygate.engine import (
+from pytest_recoverygate.config.schema import spec_from_config
+from pytest_recoverygate.engine.machine import (
     DrillEngine,
     DrillResult,
     Finish,
@@ -28,6 +29,16 @@ from pytest_recoverygate.engine import (
     Phase,
     RestoreTarget,
     Verdict,
+)
+from pytest_recoverygate.engine.model import (
+    Fault,
+    KillOutcome,
+    KillResult,
+    Node,
+    TrainingEvent,
+    TrainingEventKind,
+    Worker,
+    Workload,
 )
 from pytest_recoverygate.errors import (
     ConfigError,
@@ -39,19 +50,8 @@ from pytest_recoverygate.errors import (
     describe_exception,
 )
 from pytest_recoverygate.links import docs_link
-from pytest_recoverygate.lock import DrillLock, job_lock
-from pytest_recoverygate.model import (
-    Fault,
-    KillOutcome,
-    KillResult,
-    Node,
-    TrainingEvent,
-    TrainingEventKind,
-    Worker,
-    Workload,
-)
-from pytest_recoverygate.orchestrators import get_backend
-from pytest_recoverygate.orchestrators.base import (
+from pytest_recoverygate.registry import get_backend
+from pytest_recoverygate.registry.seams import (
     Clock,
     EventSource,
     NodeFaults,
@@ -59,11 +59,11 @@ from pytest_recoverygate.orchestrators.base import (
     RealClock,
     cleanup_once,
 )
-from pytest_recoverygate.schema import spec_from_config
+from pytest_recoverygate.shared.lock import DrillLock, job_lock
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.evidence import Evidence
-    from pytest_recoverygate.schema import DrillConfig
+    from pytest_recoverygate.config.schema import DrillConfig
+    from pytest_recoverygate.report.evidence import Evidence
 
 __all__ = [
     "RunOptions",
@@ -167,7 +167,7 @@ def run_drill(
         or options.report_dir is not None
         or os.environ.get("GITHUB_STEP_SUMMARY")  # every run appends its summary in CI
     ):
-        from pytest_recoverygate.report import write_reports
+        from pytest_recoverygate.report.files import write_reports
 
         try:
             write_reports(
@@ -195,7 +195,7 @@ def _keep_evidence(
     result: DrillResult, config: DrillConfig, options: RunOptions, orchestrator: Orchestrator
 ) -> Evidence:
     """After cleanup: the job's own output and the diagnoses, handed to ``on_evidence``."""
-    from pytest_recoverygate.evidence import gather_evidence
+    from pytest_recoverygate.report.evidence import gather_evidence
 
     evidence = gather_evidence(result, orchestrator, config)
     if options.on_evidence is not None:
@@ -557,7 +557,7 @@ class _Drill:
     def _finalize(self, result: DrillResult) -> DrillResult:
         malformed = self.source.malformed_lines if self.source is not None else 0
         timeline = tuple(sorted(self.engine.timeline_entries(), key=lambda e: e.timestamp))
-        from pytest_recoverygate.costs import measure
+        from pytest_recoverygate.engine.costs import measure
 
         costs = measure(
             self.progress,

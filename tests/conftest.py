@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_recoverygate.config import DrillConfig, load_config
+from pytest_recoverygate.config.loading import DrillConfig, load_config
 
 pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per session, for all folders
 

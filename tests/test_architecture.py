@@ -3,7 +3,7 @@ has its line there.
 
 We test these aspects: the layer drawing lists, in order, exactly the layers of the
 ``layers`` contract that ``lint-imports`` enforces; every module of both packages is
-named in the "one job per module" list; no module of the package is over 1,000 lines.
+named in the "one job per module" list; no module of the package is over 900 lines.
 """
 
 from __future__ import annotations
@@ -60,12 +60,10 @@ def test_every_module_has_its_line() -> None:
     assert missing == []
 
 
-def test_no_module_is_over_a_thousand_lines() -> None:
+def test_no_module_is_over_900_lines() -> None:
     long = {
         str(path.relative_to(ROOT)): lines
         for path in (ROOT / "pytest_recoverygate").rglob("*.py")
-        if (lines := len(path.read_text().splitlines())) > 1000
+        if (lines := len(path.read_text().splitlines())) > 900
     }
-    # the engine is being split by its owner (its own issue); nothing else may grow so far
-    long.pop("pytest_recoverygate/engine.py", None)
     assert long == {}

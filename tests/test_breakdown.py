@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.model import GroupEvent, GroupEventKind
-from pytest_recoverygate.report import RECOVERY_PHASES, recovery_phases
-from pytest_recoverygate.verdict import BREAKDOWN_PHASES
+from pytest_recoverygate.engine.model import GroupEvent, GroupEventKind
+from pytest_recoverygate.engine.verdict import BREAKDOWN_PHASES
+from pytest_recoverygate.report.files import RECOVERY_PHASES, recovery_phases
 from tests.test_engine import T0, drive, engine_for, new_run, old_run, verdict_of
 
 #: The order things happen in: a point listed before another never happened after it.

@@ -17,8 +17,13 @@ from typing import Any
 import pytest
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.compare import compare, extract_figures, load_report, parse_allowances
 from pytest_recoverygate.errors import BaselineError
+from pytest_recoverygate.report.compare import (
+    compare,
+    extract_figures,
+    load_report,
+    parse_allowances,
+)
 from tests.trend_reports import run_fake_drill
 
 

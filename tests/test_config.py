@@ -24,7 +24,19 @@ from typing import TypeVar
 import pytest
 import yaml
 
-from pytest_recoverygate.config import dump_effective, load_config, parse_config, schema_keys
+from pytest_recoverygate.config.loading import (
+    dump_effective,
+    load_config,
+    parse_config,
+    schema_keys,
+)
+from pytest_recoverygate.config.schema import (
+    DrillConfig,
+    Expectations,
+    InjectFailure,
+    WorkloadBase,
+    spec_from_config,
+)
 from pytest_recoverygate.durations import format_duration, parse_duration
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.fake import FakeWorkload
@@ -32,13 +44,6 @@ from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
 from pytest_recoverygate.orchestrators.local import LocalWorkload
 from pytest_recoverygate.orchestrators.ray import RayWorkload
 from pytest_recoverygate.orchestrators.slurm import SlurmWorkload
-from pytest_recoverygate.schema import (
-    DrillConfig,
-    Expectations,
-    InjectFailure,
-    WorkloadBase,
-    spec_from_config,
-)
 
 REST = """\
 injectFailure:

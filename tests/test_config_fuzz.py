@@ -30,14 +30,14 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pytest_recoverygate.config import dump_effective, parse_config
+from pytest_recoverygate.config.loading import dump_effective, parse_config
+from pytest_recoverygate.config.schema import MAX_DURATION, DrillConfig, delay_of
 from pytest_recoverygate.durations import (
     DurationSyntaxError,
     format_duration,
     parse_duration,
 )
 from pytest_recoverygate.errors import ConfigError
-from pytest_recoverygate.schema import MAX_DURATION, DrillConfig, delay_of
 
 #: Examples per fuzz test; raise it for a long soak: RECOVERYGATE_FUZZ_EXAMPLES=20000.
 FUZZ_EXAMPLES = int(os.environ.get("RECOVERYGATE_FUZZ_EXAMPLES", "300"))

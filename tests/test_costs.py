@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_recoverygate.costs import measure, percentile
-from pytest_recoverygate.verdict import Recovery, Verdict
+from pytest_recoverygate.engine.costs import measure, percentile
+from pytest_recoverygate.engine.verdict import Recovery, Verdict
 
 
 def job(

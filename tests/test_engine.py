@@ -34,20 +34,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pytest_recoverygate.engine import (
+from pytest_recoverygate.engine.machine import (
     TRANSITIONS,
     DrillEngine,
     DrillResult,
-    DrillSpec,
     FailureReason,
     Finish,
     IllegalTransition,
     KillTarget,
     Phase,
-    Sustain,
     Verdict,
 )
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -55,6 +53,7 @@ from pytest_recoverygate.model import (
     TrainingEvent,
     TrainingEventKind,
 )
+from pytest_recoverygate.engine.spec import DrillSpec, Sustain
 
 T0 = 1_800_000_000.0
 P = TrainingEventKind.PROGRESS

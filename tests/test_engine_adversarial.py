@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_recoverygate.engine import DrillEngine, Finish, Sustain, Verdict
+from pytest_recoverygate.engine.machine import DrillEngine, Finish, Verdict
+from pytest_recoverygate.engine.spec import Sustain
 from tests.test_engine_patterns import (
     T0,
     C,
@@ -27,8 +28,8 @@ from tests.test_engine_patterns import (
 
 def run_ticking(engine: DrillEngine, events, end: float | None = None):
     """Like the runner: tick at the engine's deadline whenever it comes before the next line."""
-    from pytest_recoverygate.engine import KillTarget
-    from pytest_recoverygate.model import KillOutcome, KillResult
+    from pytest_recoverygate.engine.machine import KillTarget
+    from pytest_recoverygate.engine.model import KillOutcome, KillResult
 
     for event in events:
         while engine.deadline is not None and engine.deadline < event.timestamp:

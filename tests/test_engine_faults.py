@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pytest_recoverygate.engine import (
-    Delay,
+from pytest_recoverygate.engine.machine import (
     DrillEngine,
     DrillResult,
-    DrillSpec,
     FailureReason,
     Finish,
     KillTarget,
@@ -39,7 +37,7 @@ from pytest_recoverygate.engine import (
     RestoreTarget,
     Verdict,
 )
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -47,6 +45,7 @@ from pytest_recoverygate.model import (
     TrainingEvent,
     TrainingEventKind,
 )
+from pytest_recoverygate.engine.spec import Delay, DrillSpec
 
 T0 = 1_800_000_000.0
 P = TrainingEventKind.PROGRESS

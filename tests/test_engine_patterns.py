@@ -24,18 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_recoverygate.engine import (
-    Delay,
+from pytest_recoverygate.engine.machine import (
     DrillEngine,
     DrillResult,
-    DrillSpec,
     FailureReason,
     Finish,
     KillTarget,
-    Sustain,
     Verdict,
 )
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -43,6 +40,7 @@ from pytest_recoverygate.model import (
     TrainingEvent,
     TrainingEventKind,
 )
+from pytest_recoverygate.engine.spec import Delay, DrillSpec, Sustain
 
 T0 = 1_800_000_000.0
 P = TrainingEventKind.PROGRESS

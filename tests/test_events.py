@@ -26,9 +26,9 @@ import recoverygate
 from recoverygate import reporter
 from recoverygate.wire import Record, format_start, format_step
 
-from pytest_recoverygate.events import StreamEventSource, to_training_event
-from pytest_recoverygate.model import TrainingEvent, TrainingEventKind
-from pytest_recoverygate.orchestrators.base import EventSource
+from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.registry.seams import EventSource
+from pytest_recoverygate.shared.events import StreamEventSource, to_training_event
 
 INC = "00112233aabbccdd"
 

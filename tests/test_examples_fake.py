@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.config import load_config
+from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.orchestrators import build_orchestrator
-from pytest_recoverygate.orchestrators.base import SimulatedClock
+from pytest_recoverygate.registry.seams import SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "fake"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_recoverygate.config import DrillConfig, load_config
+from pytest_recoverygate.config.loading import DrillConfig, load_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_recoverygate.goodput import (
+from pytest_recoverygate.engine.goodput import (
     LLAMA3_FAILURES_PER_GPU_HOUR,
     LLAMA3_SOURCE,
     Inputs,

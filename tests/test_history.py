@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.compare import phase_durations
-from pytest_recoverygate.history import build_history_figure, collect_runs
+from pytest_recoverygate.report.compare import phase_durations
+from pytest_recoverygate.report.history import build_history_figure, collect_runs
 from tests.trend_reports import run_fake_drill
 
 pytest.importorskip("matplotlib")

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.html import OUTPUT_LINE_LIMIT, svg_for_inline
+from pytest_recoverygate.report.html import OUTPUT_LINE_LIMIT, svg_for_inline
 from tests.trend_reports import run_fake_drill
 
 ROOT = Path(__file__).resolve().parents[1]

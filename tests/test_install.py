@@ -28,11 +28,11 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from pytest_recoverygate.config import load_config
-from pytest_recoverygate.engine import Verdict
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.engine.machine import Verdict
 from pytest_recoverygate.errors import describe_exception, pip_command_for
-from pytest_recoverygate.orchestrators.base import SimulatedClock
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+from pytest_recoverygate.registry.seams import SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
 
 ROOT = Path(__file__).resolve().parents[1]

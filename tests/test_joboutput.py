@@ -1,4 +1,4 @@
-"""The job's own output, kept per worker in bounded memory (pytest_recoverygate/joboutput.py).
+"""The job's own output, kept per worker in bounded memory (pytest_recoverygate/shared/joboutput.py).
 
 We test these aspects: a worker's log keeps its head and its tail within the bound and
 marks the cut visibly, on a line boundary; torchrun's merged stream stays whole while
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_recoverygate.joboutput import (
+from pytest_recoverygate.shared.joboutput import (
     JobOutput,
     OutputSplitter,
     WorkerLog,
@@ -149,7 +149,7 @@ def test_a_stream_that_is_one_worker_goes_to_its_label() -> None:
 
 
 def test_the_number_of_separate_worker_logs_is_bounded() -> None:
-    from pytest_recoverygate.joboutput import MAX_WORKERS
+    from pytest_recoverygate.shared.joboutput import MAX_WORKERS
 
     splitter = OutputSplitter(slurm_task_of, merged="job", limit=1024)
     for task in range(MAX_WORKERS + 50):

@@ -21,8 +21,8 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from pytest_recoverygate.diagnosis import SIGNATURES, Diagnosis
 from pytest_recoverygate.links import DOCS_URL_ENV, docs_folder, docs_link
+from pytest_recoverygate.report.diagnosis import SIGNATURES, Diagnosis
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pytest_recoverygate"

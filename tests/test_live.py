@@ -23,21 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.engine import (
-    DrillEngine,
-    DrillResult,
-    DrillSpec,
-    Finish,
-    KillTarget,
-    Verdict,
-)
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Finish, KillTarget, Verdict
+from pytest_recoverygate.engine.model import (
     KillOutcome,
     KillResult,
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.verdict import FailureReason
+from pytest_recoverygate.engine.spec import DrillSpec
+from pytest_recoverygate.engine.verdict import FailureReason
 
 T0 = 1_800_000_000.0
 FAKE_LIVE = Path(__file__).resolve().parent.parent / "examples" / "fake" / "live.yaml"
@@ -300,8 +294,8 @@ def test_heals_before_the_kill_and_of_other_replicas_are_not_judged() -> None:
 
 def test_the_report_carries_the_live_figures_and_the_picture_one_line_per_replica() -> None:
     pytest.importorskip("matplotlib")
-    from pytest_recoverygate.report import markdown_summary, result_to_dict
-    from pytest_recoverygate.timeline import build_figure
+    from pytest_recoverygate.report.files import markdown_summary, result_to_dict
+    from pytest_recoverygate.report.timeline import build_figure
 
     job = start()
     kill_at_20(job)
@@ -356,9 +350,9 @@ def test_the_fake_live_job_reaches_the_verdict_of_what_it_simulates(
 ) -> None:
     import yaml
 
-    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.orchestrators import build_orchestrator
-    from pytest_recoverygate.orchestrators.base import SimulatedClock
+    from pytest_recoverygate.registry.seams import SimulatedClock
     from pytest_recoverygate.runner import RunOptions, run_drill
 
     data = yaml.safe_load(FAKE_LIVE.read_text())
@@ -413,9 +407,9 @@ def test_a_survivor_that_crashed_and_restarted_is_named_as_such() -> None:
 def test_after_step_triggers_a_restart_mode_drill_too(tmp_path: Path) -> None:
     import yaml
 
-    from pytest_recoverygate.config import load_config
+    from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.orchestrators import build_orchestrator
-    from pytest_recoverygate.orchestrators.base import SimulatedClock
+    from pytest_recoverygate.registry.seams import SimulatedClock
     from pytest_recoverygate.runner import RunOptions, run_drill
 
     data = yaml.safe_load((FAKE_LIVE.parent / "recovery-test.yaml").read_text())

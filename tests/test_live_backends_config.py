@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.config import load_config
+from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
 from pytest_recoverygate.orchestrators.slurm import SlurmWorkload

@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 from recoverygate import reporter, wire
 
-from pytest_recoverygate.config import load_config
-from pytest_recoverygate.events import to_training_event
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.config.schema import spec_from_config
 from pytest_recoverygate.orchestrators.local.members import (
     MemberSpec,
     allocate_ports,
     fill_ports,
     replica_of,
 )
-from pytest_recoverygate.schema import spec_from_config
+from pytest_recoverygate.shared.events import to_training_event
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "local" / "torchft"
 

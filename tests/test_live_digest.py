@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pytest_recoverygate.config import load_config
+from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.base import SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill

@@ -6,7 +6,7 @@ import io
 import re
 
 from pytest_recoverygate.cli import LiveStatus
-from pytest_recoverygate.engine import Phase
+from pytest_recoverygate.engine.machine import Phase
 from pytest_recoverygate.runner import Status
 
 

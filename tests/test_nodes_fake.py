@@ -28,16 +28,16 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import FailureReason, KillTarget, Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.config.schema import DrillConfig
+from pytest_recoverygate.engine.machine import FailureReason, KillTarget, Verdict
+from pytest_recoverygate.engine.model import KILL, Fault, GroupEvent, GroupEventKind, KillOutcome
+from pytest_recoverygate.engine.verdict import DrillResult
 from pytest_recoverygate.errors import ConfigError
-from pytest_recoverygate.model import KILL, Fault, GroupEvent, GroupEventKind, KillOutcome
-from pytest_recoverygate.orchestrators import get_backend
-from pytest_recoverygate.orchestrators.base import NodeFaults, Orchestrator, SimulatedClock
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+from pytest_recoverygate.registry import get_backend
+from pytest_recoverygate.registry.seams import NodeFaults, Orchestrator, SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
-from pytest_recoverygate.schema import DrillConfig
-from pytest_recoverygate.verdict import DrillResult
 from tests.test_engine_faults import T0, Drill, Life, SimJob
 
 BASE = """\

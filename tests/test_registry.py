@@ -27,11 +27,19 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate import orchestrators
+from pytest_recoverygate import registry as orchestrators
+from pytest_recoverygate.config.schema import (
+    DrillConfig,
+    Expectations,
+    InjectFailure,
+    fault_refusal,
+    fault_types,
+)
+from pytest_recoverygate.engine.model import Worker, Workload
 from pytest_recoverygate.errors import UsageError
-from pytest_recoverygate.lock import LockScope
-from pytest_recoverygate.model import Worker, Workload
-from pytest_recoverygate.orchestrators import (
+from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+from pytest_recoverygate.orchestrators.local import LocalWorkload
+from pytest_recoverygate.registry import (
     BUILTIN,
     ENTRY_POINT_GROUP,
     Backend,
@@ -39,16 +47,8 @@ from pytest_recoverygate.orchestrators import (
     backend_names,
     get_backend,
 )
-from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
-from pytest_recoverygate.orchestrators.local import LocalWorkload
 from pytest_recoverygate.runner import RunOptions, run_drill
-from pytest_recoverygate.schema import (
-    DrillConfig,
-    Expectations,
-    InjectFailure,
-    fault_refusal,
-    fault_types,
-)
+from pytest_recoverygate.shared.lock import LockScope
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_A_BACKEND = object()
@@ -78,7 +78,7 @@ def _required(name: str) -> dict[str, Any]:
 def test_importing_the_entries_imports_no_cluster_client_and_no_psutil() -> None:
     code = (
         "import sys\n"
-        "from pytest_recoverygate.orchestrators import get_backend\n"
+        "from pytest_recoverygate.registry import get_backend\n"
         "for name in ('fake', 'local', 'kubernetes', 'slurm'): get_backend(name)\n"
         "print(sorted(m for m in ('kubernetes', 'psutil', 'urllib3') if m in sys.modules))\n"
     )
@@ -154,7 +154,7 @@ def test_an_entry_point_that_takes_a_builtin_name_is_ignored_with_a_warning(
 def test_a_config_naming_a_broken_backend_gets_a_file_line_error(
     entry_points: list[importlib.metadata.EntryPoint], tmp_path: Path
 ) -> None:
-    from pytest_recoverygate.config import parse_config
+    from pytest_recoverygate.config.loading import parse_config
     from pytest_recoverygate.errors import ConfigError
 
     entry_points.append(
@@ -242,8 +242,8 @@ def test_only_the_local_backend_reads_the_jobs_restart_budget() -> None:
 def test_the_runner_hands_the_backends_restart_budget_to_the_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from pytest_recoverygate.engine import DrillEngine
-    from pytest_recoverygate.orchestrators.base import SimulatedClock
+    from pytest_recoverygate.engine.machine import DrillEngine
+    from pytest_recoverygate.registry.seams import SimulatedClock
 
     seen: list[int | None] = []
     original = DrillEngine.discovered
@@ -282,7 +282,14 @@ def test_no_module_outside_a_backends_folder_names_a_backend() -> None:
     names = re.compile(r"\b(fake|local|kubernetes|slurm)\b['\"]")
     package = ROOT / "pytest_recoverygate"
     offenders = []
-    for module in ("config.py", "schema.py", "runner.py", "lock.py", "engine.py", "cli.py"):
+    for module in (
+        "config/loading.py",
+        "config/schema.py",
+        "runner.py",
+        "shared/lock.py",
+        "engine/machine.py",
+        "cli.py",
+    ):
         for number, line in enumerate((package / module).read_text().splitlines(), 1):
             example = "e.g. orchestrator:" in line or "{orchestrator: fake}" in line
             if names.search(line) and not example:  # examples in messages may name one

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_recoverygate.orchestrators.base import cleanup_once
-from pytest_recoverygate.retry import RetryPolicy, retry_after, retry_read, send_destructive
+from pytest_recoverygate.registry.seams import cleanup_once
+from pytest_recoverygate.shared.retry import RetryPolicy, retry_after, retry_read, send_destructive
 
 
 class Transient(Exception):

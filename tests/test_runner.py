@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate.config import DrillConfig
-from pytest_recoverygate.engine import FailureReason, Phase, Verdict
+from pytest_recoverygate.config.loading import DrillConfig
+from pytest_recoverygate.engine.machine import FailureReason, Phase, Verdict
+from pytest_recoverygate.engine.model import KillOutcome, Worker, Workload
 from pytest_recoverygate.errors import BackendError, DrillInterrupted, UsageError
-from pytest_recoverygate.model import KillOutcome, Worker, Workload
-from pytest_recoverygate.orchestrators.base import Orchestrator, SimulatedClock
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator, FakeWorkload
+from pytest_recoverygate.registry.seams import Orchestrator, SimulatedClock
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
 
 ConfigFactory = Callable[..., DrillConfig]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.timeline import build_figure, series_by_incarnation
+from pytest_recoverygate.report.timeline import build_figure, series_by_incarnation
 
 pytest.importorskip("matplotlib")
 
@@ -53,7 +53,7 @@ def test_without_matplotlib_the_report_says_how_to_get_the_picture(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import pytest_recoverygate.timeline as timeline
+    import pytest_recoverygate.report.timeline as timeline
 
     monkeypatch.setattr(timeline, "plotting_available", lambda: False)
     out = tmp_path / "report"

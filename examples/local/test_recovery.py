@@ -18,7 +18,7 @@ import pytest
 import torch
 from train import FEATURES, batch, list_checkpoints, load_checkpoint, save_checkpoint
 
-from pytest_recoverygate.engine import Verdict
+from pytest_recoverygate import Verdict
 from pytest_recoverygate.plugin import RecoveryDrill
 
 

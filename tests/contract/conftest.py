@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psutil
 import pytest
 
-from pytest_recoverygate.model import Worker, Workload
-from pytest_recoverygate.orchestrators.base import Clock, Orchestrator, RealClock, SimulatedClock
+from pytest_recoverygate.engine.model import Worker, Workload
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+from pytest_recoverygate.registry.seams import Clock, Orchestrator, RealClock, SimulatedClock
 
 if TYPE_CHECKING:
     from tests.slurm.slurm_testcluster import SlurmCluster

@@ -2,7 +2,7 @@
 
 Each test runs for fake (simulated clock), local (real torchrun), kubernetes (the real
 client against the fake API server) and slurm (a real one-node cluster); the harnesses
-are in conftest.py. We test these aspects, as pytest_recoverygate/orchestrators/base.py
+are in conftest.py. We test these aspects, as pytest_recoverygate/registry/seams.py
 states them:
 
 1. conformance: each adapter is an ``Orchestrator`` for mypy (``conforming: Orchestrator =
@@ -35,8 +35,7 @@ import time
 
 import pytest
 
-from pytest_recoverygate.joboutput import PER_WORKER_LIMIT, JobOutput
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     NODE_FAULTS,
     Fault,
     GroupEvent,
@@ -47,13 +46,14 @@ from pytest_recoverygate.model import (
     TrainingEvent,
     Worker,
 )
-from pytest_recoverygate.orchestrators import get_backend
-from pytest_recoverygate.orchestrators.base import (
+from pytest_recoverygate.registry import get_backend
+from pytest_recoverygate.registry.seams import (
     EventSource,
     JobOutputSource,
     NodeFaults,
     Orchestrator,
 )
+from pytest_recoverygate.shared.joboutput import PER_WORKER_LIMIT, JobOutput
 from tests.contract.conftest import Harness, ThreadSpy
 
 NON_BLOCKING = 0.5  # seconds a never-blocking call may take on a loaded 2-core machine

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_recoverygate.diagnosis import DOCS_PAGE, SIGNATURES, Clues, diagnose
-from pytest_recoverygate.engine import FailureReason, Verdict
+from pytest_recoverygate.engine.machine import FailureReason, Verdict
 from pytest_recoverygate.links import docs_link
+from pytest_recoverygate.report.diagnosis import DOCS_PAGE, SIGNATURES, Clues, diagnose
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.engine.model import Fault, GroupEvent, GroupEventKind, KillOutcome
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError, UsageError
-from pytest_recoverygate.model import Fault, GroupEvent, GroupEventKind, KillOutcome
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, RBAC_NODE_RULES, FakeApiServer

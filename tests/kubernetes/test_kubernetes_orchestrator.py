@@ -24,16 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.errors import DiscoveryError, PermissionDeniedError
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.orchestrators.base import Orchestrator
+from pytest_recoverygate.errors import DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
+from pytest_recoverygate.registry.seams import Orchestrator
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod, trainjob_pod
 

@@ -27,8 +27,8 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_recoverygate.config import load_config
-from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 
 pytest.importorskip("torch")

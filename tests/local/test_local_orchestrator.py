@@ -34,8 +34,7 @@ import psutil
 import pytest
 import recoverygate
 
-from pytest_recoverygate.errors import DiscoveryError
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
@@ -43,8 +42,9 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import Orchestrator, RealClock
+from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.local import DRILL_MARKER, LocalOrchestrator
+from pytest_recoverygate.registry.seams import Orchestrator, RealClock
 
 pytestmark = pytest.mark.local
 

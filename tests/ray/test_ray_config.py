@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.config import load_config
+from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
-from pytest_recoverygate.orchestrators import get_backend
 from pytest_recoverygate.orchestrators.ray import RayWorkload
 from pytest_recoverygate.orchestrators.ray.state import parse_runs
+from pytest_recoverygate.registry import get_backend
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
 DATA = Path(__file__).resolve().parent / "data"
@@ -83,7 +83,7 @@ def test_the_issue_keys_load_address_and_submission_id_included(tmp_path: Path) 
 
 def test_the_backend_registers_without_importing_ray() -> None:
     code = (
-        "import sys; from pytest_recoverygate.orchestrators import get_backend;"
+        "import sys; from pytest_recoverygate.registry import get_backend;"
         "b = get_backend('ray'); print(b.name, sorted(b.faults), 'ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -30,13 +30,13 @@ from hypothesis import strategies as st
 from recoverygate import wire
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.config import DrillConfig
-from pytest_recoverygate.engine import Verdict
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.model import TrainingEvent
-from pytest_recoverygate.orchestrators.base import SimulatedClock
+from pytest_recoverygate.config.loading import DrillConfig
+from pytest_recoverygate.engine.machine import Verdict
+from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.orchestrators.fake import FakeEventSource, FakeOrchestrator
+from pytest_recoverygate.registry.seams import SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.events import StreamEventSource
 from tests.reliability.conftest import Figures
 
 FUZZ_EXAMPLES = 400

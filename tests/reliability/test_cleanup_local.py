@@ -44,10 +44,9 @@ import pytest
 import recoverygate
 import yaml
 
-from pytest_recoverygate.config import DrillConfig, load_config
-from pytest_recoverygate.engine import Phase
-from pytest_recoverygate.errors import BackendError, DrillInterrupted
-from pytest_recoverygate.model import (
+from pytest_recoverygate.config.loading import DrillConfig, load_config
+from pytest_recoverygate.engine.machine import Phase
+from pytest_recoverygate.engine.model import (
     Fault,
     GroupEvent,
     GroupEventKind,
@@ -57,9 +56,10 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.errors import BackendError, DrillInterrupted
 from pytest_recoverygate.orchestrators import build_orchestrator
-from pytest_recoverygate.orchestrators.base import EventSource, RealClock
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
+from pytest_recoverygate.registry.seams import EventSource, RealClock
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
 from tests.reliability.conftest import Figures
 

@@ -30,13 +30,13 @@ import psutil
 import pytest
 import yaml
 
-from pytest_recoverygate.config import load_config
-from pytest_recoverygate.engine import Verdict
-from pytest_recoverygate.model import GroupEvent, GroupEventKind, KillResult, Node, Workload
-from pytest_recoverygate.orchestrators.base import RealClock
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.engine.machine import Verdict
+from pytest_recoverygate.engine.model import GroupEvent, GroupEventKind, KillResult, Node, Workload
 from pytest_recoverygate.orchestrators.local.netns import missing_capabilities
 from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import Identity
+from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
 from tests.reliability.conftest import Figures

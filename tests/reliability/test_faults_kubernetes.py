@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import DrillResult, Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillResult, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
 from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml

@@ -37,8 +37,8 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate.config import load_config
-from pytest_recoverygate.engine import DrillResult, Phase, Verdict
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.engine.machine import DrillResult, Phase, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.reliability.conftest import Figures
 from tests.reliability.test_cleanup_local import (

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_recoverygate.engine.model import Fault, KillOutcome, Node
 from pytest_recoverygate.errors import BackendError
-from pytest_recoverygate.model import Fault, KillOutcome, Node
 from pytest_recoverygate.orchestrators.base import RealClock
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 from tests.reliability.conftest import Figures

@@ -28,11 +28,11 @@ import pytest
 import yaml
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.config import load_config
-from pytest_recoverygate.engine import Verdict
-from pytest_recoverygate.lock import DrillLock, lock_path
-from pytest_recoverygate.model import Fault, KillResult, Worker
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.engine.machine import Verdict
+from pytest_recoverygate.engine.model import Fault, KillResult, Worker
 from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.lock import DrillLock, lock_path
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob
 from tests.reliability.conftest import Figures
@@ -195,7 +195,7 @@ def test_a_second_drill_against_the_same_job_is_refused_while_the_first_runs(
             [
                 sys.executable,
                 "-c",
-                "import sys, time\nfrom pytest_recoverygate.lock import DrillLock\n"
+                "import sys, time\nfrom pytest_recoverygate.shared.lock import DrillLock\n"
                 "key = chr(0).join(sys.argv[1:4])\n"
                 "lock = DrillLock(key, job='ns/PyTorchJob/llama', config_path=sys.argv[4])\n"
                 "lock.acquire(); print('held', flush=True); time.sleep(60)",

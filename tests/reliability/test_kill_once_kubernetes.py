@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import Verdict
+from pytest_recoverygate.engine.model import KillOutcome
 from pytest_recoverygate.errors import DrillError
-from pytest_recoverygate.model import KillOutcome
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY
 from pytest_recoverygate.runner import RunOptions, run_drill

@@ -24,10 +24,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_recoverygate.model import KillOutcome, Worker
-from pytest_recoverygate.orchestrators.base import RealClock
+from pytest_recoverygate.engine.model import KillOutcome, Worker
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
+from pytest_recoverygate.registry.seams import RealClock
 from tests.reliability.conftest import Figures
 
 DATA = Path(__file__).resolve().parents[1] / "slurm" / "data"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import DrillResult, Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillResult, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, RBAC_NODE_RULES, FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml

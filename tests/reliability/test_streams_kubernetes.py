@@ -37,8 +37,8 @@ from pathlib import Path
 import pytest
 from recoverygate import wire
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
 from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml

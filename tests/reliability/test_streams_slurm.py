@@ -33,12 +33,18 @@ from pathlib import Path
 import pytest
 from recoverygate.wire import format_start, format_step
 
-from pytest_recoverygate.engine import DrillEngine, DrillSpec, Finish, KillTarget, Sustain, Verdict
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.model import KillOutcome, KillResult, TrainingEvent, TrainingEventKind
-from pytest_recoverygate.orchestrators.base import Clock, RealClock, SimulatedClock
+from pytest_recoverygate.engine.machine import DrillEngine, Finish, KillTarget, Verdict
+from pytest_recoverygate.engine.model import (
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    TrainingEventKind,
+)
+from pytest_recoverygate.engine.spec import DrillSpec, Sustain
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
 from pytest_recoverygate.orchestrators.slurm.parsing import parse_slurm_marker
+from pytest_recoverygate.registry.seams import Clock, RealClock, SimulatedClock
+from pytest_recoverygate.shared.events import StreamEventSource
 from tests.reliability.conftest import Figures
 
 T0 = 1_800_000_000.0

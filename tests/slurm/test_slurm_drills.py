@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.slurm.slurm_testcluster import SlurmCluster
 

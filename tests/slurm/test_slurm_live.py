@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.config import parse_config
-from pytest_recoverygate.engine import Verdict
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.slurm.slurm_testcluster import SlurmCluster
 

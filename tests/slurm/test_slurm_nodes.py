@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_recoverygate.engine.model import Fault, KillOutcome, Worker
 from pytest_recoverygate.errors import PermissionDeniedError
-from pytest_recoverygate.model import Fault, KillOutcome, Worker
-from pytest_recoverygate.orchestrators.base import RealClock
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
+from pytest_recoverygate.registry.seams import RealClock
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -206,7 +206,7 @@ def test_drain_node_without_operator_rights_is_refused_before_anything_is_touche
     user = pwd.getpwnam("nobody")
     code = (
         "import sys, time\n"
-        "from pytest_recoverygate.orchestrators.base import RealClock\n"
+        "from pytest_recoverygate.registry.seams import RealClock\n"
         "from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator\n"
         f"o = SlurmOrchestrator(job_id={job}, fault='KillNode', drain_node=True, "
         "clock=RealClock())\n"

@@ -39,8 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     Fault,
     GroupEvent,
     GroupEventKind,
@@ -49,10 +48,11 @@ from pytest_recoverygate.model import (
     TrainingEventKind,
     Worker,
 )
-from pytest_recoverygate.orchestrators.base import RealClock
+from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 from pytest_recoverygate.orchestrators.slurm.commands import SlurmCommands
 from pytest_recoverygate.orchestrators.slurm.parsing import KILL_SCRIPT, parse_listpids
+from pytest_recoverygate.registry.seams import RealClock
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm

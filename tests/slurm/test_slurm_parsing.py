@@ -24,8 +24,6 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.errors import DiscoveryError, UsageError
-from pytest_recoverygate.filetail import MARKER_LINE_KEEP, READ_CHUNK, OutputTail
-from pytest_recoverygate.orchestrators.base import Orchestrator, SimulatedClock
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     JobInfo,
@@ -39,6 +37,8 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_slurm_marker,
     parse_squeue_rows,
 )
+from pytest_recoverygate.registry.seams import Orchestrator, SimulatedClock
+from pytest_recoverygate.shared.filetail import MARKER_LINE_KEEP, READ_CHUNK, OutputTail
 
 DATA = Path(__file__).parent / "data"
 

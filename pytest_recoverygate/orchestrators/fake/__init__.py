@@ -2,7 +2,7 @@
 
 It is a shipped adapter, not a test double: a new user runs a whole drill in seconds
 with no infrastructure, and our own tests drive the engine and the runner through it on
-a :class:`~pytest_recoverygate.orchestrators.base.SimulatedClock` (a drill over
+a :class:`~pytest_recoverygate.registry.seams.SimulatedClock` (a drill over
 simulated minutes takes milliseconds).
 
 The simulated job: ``workers`` ranks train at ``steps_per_second``; rank 0 reports every
@@ -64,8 +64,17 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, model_validator
 from recoverygate import wire
 
-from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.model import (
+from pytest_recoverygate.config.schema import (
+    MAX_STEP,
+    InjectFailure,
+    Section,
+    WorkloadBase,
+    duration,
+    meta,
+    node_count_field,
+    refuse,
+)
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -78,21 +87,12 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import (
-    MAX_STEP,
-    InjectFailure,
-    Section,
-    WorkloadBase,
-    duration,
-    meta,
-    node_count_field,
-    refuse,
-)
+from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.fake.live import FakeLiveOrchestrator
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = [
     "BACKEND",

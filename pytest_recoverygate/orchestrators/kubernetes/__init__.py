@@ -19,10 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pytest_recoverygate.lock import LockScope
-from pytest_recoverygate.model import Worker, Workload
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import (
+from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
     Section,
@@ -31,11 +28,14 @@ from pytest_recoverygate.schema import (
     meta,
     refuse,
 )
+from pytest_recoverygate.engine.model import Worker, Workload
+from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.shared.lock import LockScope
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock, Orchestrator
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
     from pytest_recoverygate.orchestrators.kubernetes.replicas import ReplicaGroupsOrchestrator
+    from pytest_recoverygate.registry.seams import Clock, Orchestrator
 
 __all__ = [
     "BACKEND",
@@ -276,9 +276,7 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
 
 def __getattr__(name: str) -> Any:
     if name == "KubernetesOrchestrator":
-        from pytest_recoverygate.orchestrators.kubernetes.orchestrator import (
-            KubernetesOrchestrator,
-        )
+        from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 
         return KubernetesOrchestrator
     if name == "ReplicaGroupsOrchestrator":

@@ -4,7 +4,7 @@ The only module that imports ``kubernetes`` (lazily, inside its functions: ``rec
 --help`` and the other backends never pay for it). :class:`ApiSession` loads the client
 configuration once (a given client, in-cluster, or a kubeconfig), gives each thread and
 each kill its own connection pool, retries reads on 429/5xx/connection errors with the
-shared :func:`~pytest_recoverygate.retry.retry_read` (a 403 becomes an error that names
+shared :func:`~pytest_recoverygate.shared.retry.retry_read` (a 403 becomes an error that names
 the RBAC it needs), registers streamed responses so that cleanup can cut them, starts
 and joins the backend's threads, and carries the first fatal error a thread met to the
 runner.
@@ -33,9 +33,9 @@ from pytest_recoverygate.errors import (
     PermissionDeniedError,
     UsageError,
 )
-from pytest_recoverygate.orchestrators.base import Clock
 from pytest_recoverygate.orchestrators.kubernetes.pods import Pod
-from pytest_recoverygate.retry import RetryPolicy, retry_read
+from pytest_recoverygate.registry.seams import Clock
+from pytest_recoverygate.shared.retry import RetryPolicy, retry_read
 
 __all__ = [
     "RBAC_EXAMPLE",

@@ -9,7 +9,7 @@ have acted.
   there is no second request to guard).
   Each kill gets a fresh connection pool, so it never rides a stale keep-alive socket.
 - It is sent again only after a 429, which the API server's flow control answers before
-  any handler runs (the shared :func:`~pytest_recoverygate.retry.send_destructive`). Any
+  any handler runs (the shared :func:`~pytest_recoverygate.shared.retry.send_destructive`). Any
   other failure is *checked* by listing: the uid gone or terminating means KILLED, still
   there means UNCONFIRMED (the runner reports ERROR), and the DELETE is never re-sent.
 - KILLED is stamped when the acting DELETE was *sent*, never when its answer or the
@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from pytest_recoverygate.engine.model import KillOutcome, KillResult, Worker
 from pytest_recoverygate.errors import BackendError, DrillError
-from pytest_recoverygate.model import KillOutcome, KillResult, Worker
 from pytest_recoverygate.orchestrators.kubernetes.api import (
     ApiSession,
     is_transient,
     status_message,
 )
 from pytest_recoverygate.orchestrators.kubernetes.pods import is_terminating, pod_uid
-from pytest_recoverygate.retry import send_destructive
+from pytest_recoverygate.shared.retry import send_destructive
 
 __all__ = ["REFUSALS_RESENT", "delete_instance"]
 

@@ -2,7 +2,7 @@
 
 A background thread follows the log of the pod that holds the reporting rank, with
 kubelet timestamps, and feeds each line to the shared
-:class:`~pytest_recoverygate.events.StreamEventSource` with the *kubelet's* time as the
+:class:`~pytest_recoverygate.shared.events.StreamEventSource` with the *kubelet's* time as the
 receive time, so recovery time excludes streaming delay. The stream ends when the
 container stops; it is reopened on whichever pod now holds that rank (400 "waiting to
 start" while it is Pending is retried), from ``sinceSeconds`` covering the gap, and lines
@@ -17,9 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.model import TrainingEvent
+from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, is_transient, iter_lines
 from pytest_recoverygate.orchestrators.kubernetes.pods import (
     Pod,
@@ -27,6 +25,8 @@ from pytest_recoverygate.orchestrators.kubernetes.pods import (
     pod_name,
     pod_uid,
 )
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 __all__ = ["LogStream", "PodLogEvents", "parse_kubelet_timestamp"]
 

@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_recoverygate.engine.model import KillOutcome, KillResult, Worker
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError
-from pytest_recoverygate.model import KillOutcome, KillResult, Worker
 from pytest_recoverygate.orchestrators.kubernetes import PARTITION_REFUSED
 from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance

@@ -34,10 +34,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import JobOutput
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -47,7 +44,7 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import Clock, EventSource, RealClock, cleanup_once
+from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
 from pytest_recoverygate.orchestrators.kubernetes import FAULT_TYPES
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY, ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance
@@ -55,7 +52,10 @@ from pytest_recoverygate.orchestrators.kubernetes.logs import LogStream
 from pytest_recoverygate.orchestrators.kubernetes.nodes import PARTITION_REFUSED, NodeOps
 from pytest_recoverygate.orchestrators.kubernetes.pods import find_job, pod_phase, worker_of
 from pytest_recoverygate.orchestrators.kubernetes.watch import GroupWatch
-from pytest_recoverygate.retry import RetryPolicy
+from pytest_recoverygate.registry.seams import Clock, EventSource, RealClock, cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.joboutput import JobOutput
+from pytest_recoverygate.shared.retry import RetryPolicy
 
 __all__ = ["KubernetesOrchestrator"]
 

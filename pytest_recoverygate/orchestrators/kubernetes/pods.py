@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_recoverygate.engine.model import Worker
 from pytest_recoverygate.errors import DiscoveryError
-from pytest_recoverygate.model import Worker
 
 __all__ = [
     "JS_JOBSET",

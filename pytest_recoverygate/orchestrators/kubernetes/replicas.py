@@ -27,10 +27,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import JobOutput, WorkerOutput
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -40,8 +37,11 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.base import cleanup_once
 from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_recoverygate.engine.model import GroupEvent, GroupEventKind, Worker
 from pytest_recoverygate.errors import DiscoveryError, PermissionDeniedError
-from pytest_recoverygate.model import GroupEvent, GroupEventKind, Worker
 from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, is_transient, iter_lines
 from pytest_recoverygate.orchestrators.kubernetes.pods import (
     Job,

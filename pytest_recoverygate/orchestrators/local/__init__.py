@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.orchestrators.local.torchrun import max_restarts
-from pytest_recoverygate.schema import (
+from pytest_recoverygate.config.schema import (
     MAX_PID,
     InjectFailure,
     Section,
@@ -34,14 +32,16 @@ from pytest_recoverygate.schema import (
     node_count_field,
     refuse,
 )
+from pytest_recoverygate.orchestrators.local.torchrun import max_restarts
+from pytest_recoverygate.registry.seams import Backend
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock, Orchestrator
     from pytest_recoverygate.orchestrators.local.members import GroupOrchestrator
     from pytest_recoverygate.orchestrators.local.orchestrator import (
         DRILL_MARKER,
         LocalOrchestrator,
     )
+    from pytest_recoverygate.registry.seams import Clock, Orchestrator
 
 __all__ = [
     "BACKEND",

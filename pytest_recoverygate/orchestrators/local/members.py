@@ -41,10 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import JobOutput, WorkerOutput
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -53,14 +50,17 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.local.orchestrator import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import SubreaperGuard, resolve_executable
+from pytest_recoverygate.registry.seams import cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = [
     "PORT_PATTERN",

@@ -40,9 +40,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError, DrillError
-from pytest_recoverygate.joboutput import JobOutput, WorkerOutput
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -54,7 +52,7 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.errors import BackendError, DiscoveryError, DrillError
 from pytest_recoverygate.orchestrators.local.netns import (
     IFACE,
     Network,
@@ -68,9 +66,11 @@ from pytest_recoverygate.orchestrators.local.processes import (
     pidfd_open,
     resolve_executable,
 )
+from pytest_recoverygate.registry.seams import cleanup_once
+from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["PLACEHOLDERS", "RDZV_PORT", "LocalNodesOrchestrator", "expand"]
 

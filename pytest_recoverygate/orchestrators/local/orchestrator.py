@@ -49,11 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.filetail import OutputTail
-from pytest_recoverygate.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -63,7 +59,7 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.local.processes import (
     Identity,
     Scan,
@@ -76,9 +72,13 @@ from pytest_recoverygate.orchestrators.local.processes import (
     signal_exactly,
 )
 from pytest_recoverygate.orchestrators.local.torchrun import ERROR_LINE, ROOT_CAUSE, root_cause
+from pytest_recoverygate.registry.seams import cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.filetail import OutputTail
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["DRILL_MARKER", "LocalOrchestrator"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pytest_recoverygate.joboutput import EXCEPTION_LINE, torchrun_rank_of
+from pytest_recoverygate.shared.joboutput import EXCEPTION_LINE, torchrun_rank_of
 
 __all__ = ["ERROR_LINE", "ROOT_CAUSE", "max_restarts", "root_cause"]
 

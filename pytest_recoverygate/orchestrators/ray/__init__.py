@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import (
+from pytest_recoverygate.config.schema import (
     InjectFailure,
     WorkloadBase,
     command_arguments,
@@ -28,10 +27,11 @@ from pytest_recoverygate.schema import (
     meta,
     refuse,
 )
+from pytest_recoverygate.registry.seams import Backend
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["BACKEND", "FAULT_TYPES", "INSTALL_HINT", "RayOrchestrator", "RayWorkload"]
 

@@ -41,8 +41,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,11 +51,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_recoverygate.errors import BackendError, DiscoveryError
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.filetail import OutputTail
-from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     KILL,
     Fault,
     GroupEvent,
@@ -68,10 +62,16 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
 from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
 from pytest_recoverygate.orchestrators.ray.helper import process_ticks
+from pytest_recoverygate.orchestrators.ray.processes import (
+    DRILL_MARKER,
+    end_driver,
+    end_marked,
+    local_addresses,
+)
 from pytest_recoverygate.orchestrators.ray.server import KillServer
 from pytest_recoverygate.orchestrators.ray.state import (
     TrainAttempt,
@@ -81,33 +81,21 @@ from pytest_recoverygate.orchestrators.ray.state import (
     first_words,
     parse_runs,
 )
+from pytest_recoverygate.registry.seams import cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.filetail import OutputTail
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["DRILL_MARKER", "RayOrchestrator"]
 
-#: In the launched driver's environment (and so the cluster's): cleanup ends what carries it.
-DRILL_MARKER = "RECOVERYGATE_DRILL_ID"
 POLL_INTERVAL = 0.3  # seconds between looks at Train's state
 HELPER_TIMEOUT = 90.0  # seconds a helper subprocess may take (ray import + init + task)
 HTTP_TIMEOUT = 10.0
-TERM_GRACE = 15.0  # seconds the driver gets to shut its cluster down after SIGTERM
-REAP_TIMEOUT = 10.0
 RUNS_PATH = "/api/train/v2/runs/v1"
 DRIVER_BUFFER_CHUNKS = 4096  # chunks of driver output kept until the evidence is chosen
-
-
-def _local_addresses() -> set[str]:
-    found = {"127.0.0.1", "localhost", socket.gethostname()}
-    with contextlib.suppress(Exception):  # a strange interface: the hostname still counts
-        import psutil
-
-        for addresses in psutil.net_if_addrs().values():
-            found.update(a.address for a in addresses)
-    with contextlib.suppress(OSError):
-        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    return found
 
 
 def _token_from(env: dict[str, str]) -> str | None:
@@ -175,7 +163,7 @@ class RayOrchestrator:
         self._reader: threading.Thread | None = None
         self._server: KillServer | None = None
         self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
-        self._local = _local_addresses()
+        self._local = local_addresses()
         self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
         self._seen_attempts: set[str] = set()
         self._reported: set[tuple[str, str]] = set()  # (attempt id, phase) already emitted
@@ -413,11 +401,11 @@ class RayOrchestrator:
             self._server.close()
         problems = []
         if self._popen is not None:
-            problems += self._end_driver()
+            problems += end_driver(self._popen)
         if self._reader is not None:
             self._reader.join(timeout=5)
         if self._started_cluster:
-            problems += self._end_marked()
+            problems += end_marked(self._drill_id)
         self._source.close()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
@@ -864,53 +852,3 @@ class RayOrchestrator:
                 )
 
     # ------------------------------------------------------------------ cleanup
-
-    def _end_driver(self) -> list[str]:
-        proc = self._popen
-        assert proc is not None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=TERM_GRACE)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                try:
-                    proc.wait(timeout=REAP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    return [f"the driver pid {proc.pid} did not exit"]
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # what is left of its session
-        return []
-
-    def _marked(self) -> list[Any]:
-        import psutil
-
-        found = []
-        me = os.getpid()
-        for proc in psutil.process_iter(["pid"]):
-            if proc.pid == me:
-                continue
-            try:
-                if proc.environ().get(DRILL_MARKER) == self._drill_id:
-                    found.append(proc)
-            except (psutil.Error, OSError):
-                continue
-        return found
-
-    def _end_marked(self) -> list[str]:
-        """SIGKILL every process of the cluster this drill's driver started (by its marker)."""
-        import psutil
-
-        deadline = time.monotonic() + REAP_TIMEOUT
-        left: list[Any] = []
-        while time.monotonic() < deadline:
-            left = self._marked()
-            if not left:
-                return []
-            for proc in left:
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
-            psutil.wait_procs(left, timeout=1.0)
-        return [f"pid {p.pid} ({' '.join(p.cmdline()[:3])})" for p in left if p.is_running()]

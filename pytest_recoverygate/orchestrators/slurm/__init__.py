@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import (
+from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
     Section,
@@ -28,10 +27,11 @@ from pytest_recoverygate.schema import (
     meta,
     refuse,
 )
+from pytest_recoverygate.registry.seams import Backend
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
     from pytest_recoverygate.orchestrators.slurm.orchestrator import SlurmOrchestrator
+    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["BACKEND", "FAULT_TYPES", "SlurmOrchestrator", "SlurmReplica", "SlurmWorkload"]
 

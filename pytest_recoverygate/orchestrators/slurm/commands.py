@@ -2,10 +2,10 @@
 
 :meth:`SlurmCommands.run` is for commands that only read: a transient controller error
 (a socket timeout, slurmctld restarting) is retried with
-:func:`~pytest_recoverygate.retry.retry_read`.
+:func:`~pytest_recoverygate.shared.retry.retry_read`.
 :meth:`SlurmCommands.run_destructive` is for commands that act (``scontrol requeue``,
 ``scancel``, the kill step): sent again only while it is certain they never started
-(:class:`CommandNotStarted`), through :func:`~pytest_recoverygate.retry.send_destructive`;
+(:class:`CommandNotStarted`), through :func:`~pytest_recoverygate.shared.retry.send_destructive`;
 a timeout or any failure after that is :class:`CommandOutcomeUnknown`. A missing binary,
 a missing ``SLURM_CONF`` or an unreachable controller is a :class:`BackendError` that says
 what to fix. No command goes through a shell with user-provided text.
@@ -29,7 +29,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_scontrol_records,
     parse_squeue_rows,
 )
-from pytest_recoverygate.retry import RetryPolicy, retry_read, send_destructive
+from pytest_recoverygate.shared.retry import RetryPolicy, retry_read, send_destructive
 
 __all__ = [
     "RETRY",

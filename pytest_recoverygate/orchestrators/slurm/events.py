@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.filetail import OutputTail
-from pytest_recoverygate.joboutput import OutputSplitter, slurm_task_of
-from pytest_recoverygate.model import TrainingEvent
-from pytest_recoverygate.orchestrators.base import Clock
+from pytest_recoverygate.engine.model import TrainingEvent
+from pytest_recoverygate.registry.seams import Clock
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.filetail import OutputTail
+from pytest_recoverygate.shared.joboutput import OutputSplitter, slurm_task_of
 
 __all__ = ["SlurmEventSource"]
 

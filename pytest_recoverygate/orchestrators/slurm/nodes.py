@@ -11,15 +11,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pytest_recoverygate.engine.model import KillOutcome, KillResult, Node, Worker
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError
-from pytest_recoverygate.model import KillOutcome, KillResult, Node, Worker
-from pytest_recoverygate.orchestrators.base import Clock
 from pytest_recoverygate.orchestrators.slurm.commands import JobGone, SlurmCommands
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     KILL_STEP_NAME,
     NODE_KILL_SCRIPT,
     JobInfo,
 )
+from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["Failed", "NodeKills", "Snapshot", "job_nodes", "rgkill", "rgnode", "rgnode_gone"]
 

@@ -22,7 +22,7 @@ Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
   id), or the job is requeued (``Restarts`` increments, the job pends, then runs again).
   A job that reaches a final state instead is ``JOB_FAILED``.
 - Training events come from the job's ``StdOut`` file, tailed from a byte offset by the
-  shared :class:`~pytest_recoverygate.filetail.OutputTail` in bounded memory
+  shared :class:`~pytest_recoverygate.shared.filetail.OutputTail` in bounded memory
   (:mod:`.events`). inotify wakes it early where it works; the poll interval still
   bounds the wait, because inotify does not see writes from other nodes on NFS or
   Lustre, where real output files live.
@@ -37,21 +37,12 @@ pids and job ids as arguments.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.errors import (
-    BackendError,
-    DiscoveryError,
-    PermissionDeniedError,
-    UsageError,
-)
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import JobOutput
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     Fault,
     GroupEvent,
     GroupEventKind,
@@ -61,7 +52,12 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import Clock, EventSource, cleanup_once
+from pytest_recoverygate.errors import (
+    BackendError,
+    DiscoveryError,
+    PermissionDeniedError,
+    UsageError,
+)
 from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
 from pytest_recoverygate.orchestrators.slurm.commands import (
     CommandNotStarted,
@@ -82,12 +78,15 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     ProcessRow,
     StepInfo,
     assign_ranks,
-    expand_output_pattern,
     int_or_none,
     int_or_zero,
+    output_file,
     parse_probe_output,
     parse_slurm_marker,
 )
+from pytest_recoverygate.registry.seams import Clock, EventSource, cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.joboutput import JobOutput
 
 __all__ = ["SlurmOrchestrator"]
 _INSTANCE_ID = re.compile(r"(?P<job>[^./@]+)\.(?P<step>[^/@]+)/(?P<pid>\d+)@(?P<start>\d+)")
@@ -873,15 +872,7 @@ class SlurmOrchestrator:
     # --- the output file ----------------------------------------------------------------
 
     def output_path(self, job: JobInfo) -> str:
-        if self.output:
-            path = expand_output_pattern(self.output, job)
-        elif job.stdout:
-            path = job.stdout
-        else:
-            path = f"slurm-{job.job_id}.out"
-        if not os.path.isabs(path) and job.work_dir:
-            path = os.path.join(job.work_dir, path)
-        return path
+        return output_file(self.output, job)
 
     def _start_tail(self, job: JobInfo) -> None:
         if self._events.tail is not None:

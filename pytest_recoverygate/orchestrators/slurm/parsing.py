@@ -12,6 +12,7 @@ they print: they are constant text and receive pids and job ids as arguments onl
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = [
     "expand_output_pattern",
     "int_or_none",
     "int_or_zero",
+    "output_file",
     "parse_listpids",
     "parse_probe_output",
     "parse_scontrol_records",
@@ -389,6 +391,21 @@ def expand_output_pattern(pattern: str, job: JobInfo) -> str:
         "%%": "%",
     }
     return re.sub(r"%[jJAaxuN%]", lambda m: replacements[m.group(0)], pattern)
+
+
+def output_file(pattern: str | None, job: JobInfo) -> str:
+    """The job's output file: the user's ``output`` pattern expanded, else the job's
+    ``StdOut``, else Slurm's default ``slurm-<id>.out``; relative paths are under its
+    working directory."""
+    if pattern:
+        path = expand_output_pattern(pattern, job)
+    elif job.stdout:
+        path = job.stdout
+    else:
+        path = f"slurm-{job.job_id}.out"
+    if not os.path.isabs(path) and job.work_dir:
+        path = os.path.join(job.work_dir, path)
+    return path
 
 
 def int_or_zero(value: str) -> int:

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from pytest_recoverygate.orchestrators.base import Backend
-from pytest_recoverygate.schema import (
+from pytest_recoverygate.config.schema import (
     InjectFailure,
     WorkloadBase,
     command_arguments,
@@ -21,6 +20,7 @@ from pytest_recoverygate.schema import (
     meta,
     refuse,
 )
+from pytest_recoverygate.orchestrators.base import Backend
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.base import Clock, Orchestrator

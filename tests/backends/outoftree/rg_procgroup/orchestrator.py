@@ -17,9 +17,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_recoverygate.events import StreamEventSource
-from pytest_recoverygate.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     Fault,
     GroupEvent,
     GroupEventKind,
@@ -29,6 +27,8 @@ from pytest_recoverygate.model import (
     Workload,
 )
 from pytest_recoverygate.orchestrators.base import Clock, cleanup_once
+from pytest_recoverygate.shared.events import StreamEventSource
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 __all__ = ["ProcGroupOrchestrator"]
 

@@ -10,7 +10,7 @@ and the files of the folder. Everything that comes from the job or the report is
 (:func:`html.escape`); job output is decoded with replacement characters, and a huge line
 is cut with a marker saying how much was left out. ``@media print`` keeps it printable.
 
-Pure: strings in, a string out; :func:`pytest_recoverygate.report.write_html_report`
+Pure: strings in, a string out; :func:`pytest_recoverygate.report.files.write_html_report`
 reads the folder and writes the page.
 """
 

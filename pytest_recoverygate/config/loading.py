@@ -6,11 +6,11 @@ and every problem is reported at once, each on its own line, in the form::
 
     FILE:LINE: key.path: problem — got VALUE; allowed: … (fix hint)
 
-How: :mod:`pytest_recoverygate.yamlfile` reads the YAML with the line of every value
+How: :mod:`pytest_recoverygate.config.yamlfile` reads the YAML with the line of every value
 (anchors, aliases, deep nesting and oversized files refused while composing). The schema
-(:mod:`pytest_recoverygate.schema`, the ``workload`` section from the backend the file
+(:mod:`pytest_recoverygate.config.schema`, the ``workload`` section from the backend the file
 names) validates the values, and pydantic's errors are rewritten here in our words with
-those lines, using each field's :func:`~pytest_recoverygate.schema.meta`. Nothing here
+those lines, using each field's :func:`~pytest_recoverygate.config.schema.meta`. Nothing here
 touches the cluster or the job: checking a config is safe to run anywhere
 (``recoverygate validate``).
 
@@ -29,9 +29,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from pytest_recoverygate.durations import format_duration, format_step_ref
-from pytest_recoverygate.errors import ConfigError, UsageError
-from pytest_recoverygate.schema import (
+from pytest_recoverygate.config.schema import (
     MAX_DURATION,
     DrillConfig,
     Expectations,
@@ -44,7 +42,7 @@ from pytest_recoverygate.schema import (
     fault_types,
     spec_from_config,
 )
-from pytest_recoverygate.yamlfile import (
+from pytest_recoverygate.config.yamlfile import (
     INVALID,
     MAX_CONFIG_BYTES,
     PathKey,
@@ -57,6 +55,9 @@ from pytest_recoverygate.yamlfile import (
     line_for,
     read_document,
 )
+from pytest_recoverygate.durations import format_duration, format_step_ref
+from pytest_recoverygate.errors import ConfigError, UsageError
+from pytest_recoverygate.registry import all_backends, backend_names, get_backend
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -78,8 +79,6 @@ _ROOT_ONLY_IN_PYTHON = ("sourcePath", "source_path")
 
 def _workload_model(tag: Any) -> type[WorkloadBase] | None:
     """The model of the backend ``tag`` names, when there is one that loads."""
-    from pytest_recoverygate.orchestrators import backend_names, get_backend
-
     if not isinstance(tag, str) or tag not in backend_names():
         return None
     try:
@@ -184,8 +183,6 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
 
 def _elsewhere(key: str) -> str:
     """Name the backends where an unknown workload key would be valid."""
-    from pytest_recoverygate.orchestrators import all_backends
-
     owners = [
         name for name, backend in all_backends().items() if key in _allowed_keys(backend.workload)
     ]
@@ -236,8 +233,6 @@ def _translate(
     quoted = spot is not None and spot.text.startswith(("'", '"'))
 
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        from pytest_recoverygate.orchestrators import backend_names
-
         names = list(backend_names())
         path = (*path, "orchestrator")
         spot = where.get(path)
@@ -456,7 +451,7 @@ def dump_effective(config: DrillConfig) -> dict[str, Any]:
 
     Durations come back as ``5m``, step numbers as ``step-N``, paths as absolute strings;
     ``timeouts.recovery`` left out shows the deadline the drill derives from the SLO
-    (:attr:`~pytest_recoverygate.engine.DrillSpec.effective_recovery_timeout`). Environment
+    (:attr:`~pytest_recoverygate.engine.spec.DrillSpec.effective_recovery_timeout`). Environment
     values of the job are never included (they may be secrets): each shows as
     ``<redacted>``.
     """
@@ -595,8 +590,6 @@ def schema_keys() -> list[tuple[str, str, str]]:
     The reference in ``docs/config.md`` is checked against this list, so a key added to a
     model without documentation fails a test.
     """
-    from pytest_recoverygate.orchestrators import all_backends
-
     sections: list[tuple[str, type[BaseModel]]] = [("", DrillConfig)]
     for name, backend in all_backends().items():
         sections.append((f"workload ({name})", backend.workload))

@@ -1,5 +1,5 @@
 """The decision pictures: failure cost against where the kill landed, goodput against the
-checkpoint interval. Like the timeline picture (:mod:`pytest_recoverygate.timeline`),
+checkpoint interval. Like the timeline picture (:mod:`pytest_recoverygate.report.timeline`),
 each is drawn from plain data (the report document, a projection), with matplotlib as the
 optional ``plot`` extra; without it, nothing is drawn and :data:`PLOT_HINT` says how.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.goodput import Projection
+    from pytest_recoverygate.engine.goodput import Projection
 
 __all__ = [
     "PLOT_HINT",
@@ -105,7 +105,7 @@ def build_goodput_figure(projection: Projection) -> Any:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from pytest_recoverygate.goodput import useful_fraction
+    from pytest_recoverygate.engine.goodput import useful_fraction
 
     i = projection.inputs
     mtbf = projection.mtbf_hours * 3600.0

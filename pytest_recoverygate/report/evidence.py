@@ -1,9 +1,9 @@
 """What a drill keeps beyond its verdict: the job's own output, and what it means.
 
 After the drill (cleanup included) the runner asks the backend for the job's output
-(:class:`~pytest_recoverygate.orchestrators.base.JobOutputSource`, optional) and matches
+(:class:`~pytest_recoverygate.registry.seams.JobOutputSource`, optional) and matches
 it, with the result, against the known failure signatures
-(:mod:`pytest_recoverygate.diagnosis`). The CLI prints the failing worker's last lines and
+(:mod:`pytest_recoverygate.report.diagnosis`). The CLI prints the failing worker's last lines and
 the diagnoses under the verdict; the report keeps the output files and the diagnoses.
 """
 
@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.diagnosis import Diagnosis, clues_from, diagnose
-from pytest_recoverygate.engine import DrillResult, Verdict
+from pytest_recoverygate.engine.machine import DrillResult, Verdict
 from pytest_recoverygate.errors import describe_exception
-from pytest_recoverygate.joboutput import EXCERPT_LINES, JobOutput
-from pytest_recoverygate.orchestrators.base import JobOutputSource
+from pytest_recoverygate.registry.seams import JobOutputSource
+from pytest_recoverygate.report.diagnosis import Diagnosis, clues_from, diagnose
+from pytest_recoverygate.shared.joboutput import EXCERPT_LINES, JobOutput
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Orchestrator
-    from pytest_recoverygate.schema import DrillConfig
+    from pytest_recoverygate.config.schema import DrillConfig
+    from pytest_recoverygate.registry.seams import Orchestrator
 
 __all__ = ["Evidence", "gather_evidence"]
 

@@ -1,7 +1,7 @@
 """The checks of one recovery, as the ledger's evidence decides them (pure).
 
-Each function takes the :class:`~pytest_recoverygate.ledger.Ledger` (what the job's lines
-prove) and returns one :class:`~pytest_recoverygate.verdict.Check`, passed, failed or
+Each function takes the :class:`~pytest_recoverygate.engine.ledger.Ledger` (what the job's lines
+prove) and returns one :class:`~pytest_recoverygate.engine.verdict.Check`, passed, failed or
 undecided with the fix: the step contract, the resume step (a FAIL only on what holds
 whatever the reporting grid), a replacement that never trained, lost steps against their
 bounds, the loaded state's digest, and the detection of a hang or a cut link.
@@ -9,12 +9,8 @@ bounds, the loaded state's digest, and the detection of a hang or a cut link.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pytest_recoverygate.verdict import Check, FailureReason, StepContract, format_seconds
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume, steps_text
+from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
 
 __all__ = [
     "contract_check",
@@ -28,12 +24,6 @@ __all__ = [
 ]
 
 R = FailureReason
-
-
-def steps_text(values: list[int], limit: int = 6) -> str:
-    """``10, 20, 30`` (the last ``limit``), or ``none``."""
-    shown = ", ".join(str(v) for v in values[-limit:])
-    return ("…, " if len(values) > limit else "") + shown if values else "none"
 
 
 def contract_check(ledger: Ledger, contract: StepContract) -> Check:

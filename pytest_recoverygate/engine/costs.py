@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_recoverygate.verdict import Recovery
+from pytest_recoverygate.engine.verdict import Recovery
 
 __all__ = ["Costs", "Spread", "measure", "percentile"]
 

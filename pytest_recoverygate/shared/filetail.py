@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Clock
+    from pytest_recoverygate.shared.clock import Clock
 
 __all__ = ["MARKER_LINE_KEEP", "READ_CHUNK", "OutputTail"]
 
@@ -119,7 +119,7 @@ class OutputTail:
 
     Every byte is handed to ``sink(chunk, received)`` once, in reads of at most
     :data:`READ_CHUNK`: partial lines are the sink's business (a
-    :class:`~pytest_recoverygate.events.StreamEventSource` keeps them per stream in
+    :class:`~pytest_recoverygate.shared.events.StreamEventSource` keeps them per stream in
     bounded memory), so a giant line never sits in memory whole. ``on_line``, when given,
     gets the file's lines (SLURM looks there for its own failure markers); of an
     unfinished line only the last :data:`MARKER_LINE_KEEP` bytes are kept between reads.

@@ -15,7 +15,7 @@ answers the questions a verdict rests on:
   bounded (extrapolated at the fastest rate seen, capped by a survivor's later line);
 - **the checks** of one recovery, each passed, failed or undecided with the fix.
 
-Nothing here has a clock, a phase or an action: :mod:`pytest_recoverygate.engine` decides
+Nothing here has a clock, a phase or an action: :mod:`pytest_recoverygate.engine.machine` decides
 *when* to judge; this module decides *what* the evidence says.
 """
 
@@ -27,10 +27,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.checks import steps_text
-from pytest_recoverygate.grid import GridTracker
-from pytest_recoverygate.model import TrainingEvent, TrainingEventKind
-from pytest_recoverygate.verdict import (
+from pytest_recoverygate.engine.grid import GridTracker
+from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.verdict import (
     FailureReason,
     IncarnationInfo,
     StepContract,
@@ -39,6 +38,12 @@ from pytest_recoverygate.verdict import (
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
 R = FailureReason
+
+
+def steps_text(values: list[int], limit: int = 6) -> str:
+    """``10, 20, 30`` (the last ``limit``), or ``none``."""
+    shown = ", ".join(str(v) for v in values[-limit:])
+    return ("…, " if len(values) > limit else "") + shown if values else "none"
 
 
 @dataclass(slots=True)
@@ -396,7 +401,7 @@ class Ledger:
     def contract(self) -> StepContract:
         """The step contract and the reporting grid, learned from every line of the baseline.
 
-        The grid comes from :class:`~pytest_recoverygate.grid.GridTracker` (every line,
+        The grid comes from :class:`~pytest_recoverygate.engine.grid.GridTracker` (every line,
         not only the first two); a first line equal to the state held (0 at a fresh start,
         the loaded step) is a line of that state, not a step — except ``0, 1, …`` at a
         fresh start, which is what a job reporting ``progress(epoch)`` prints.

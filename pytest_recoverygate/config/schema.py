@@ -3,7 +3,7 @@ their own ``workload`` section from.
 
 The file's sections (``injectFailure``, ``expectations``, ``safety``, ``timeouts``) are
 models here; the ``workload`` section is the model of the backend it names, found in the
-backend registry (:mod:`pytest_recoverygate.orchestrators`), so this module names no
+backend registry (:mod:`pytest_recoverygate.registry`), so this module names no
 backend: a third-party backend's keys are validated exactly like a built-in one's.
 
 Models are strict and frozen, camelCase in YAML and snake_case in Python
@@ -13,7 +13,7 @@ the value helpers below -- :func:`duration`, :func:`step_ref`, :func:`file_path`
 allowed, an example: the error messages and docs/config.md are made from them) and
 :func:`refuse` for its own checks, so its errors read like every other:
 ``FILE:LINE: workload.key: problem — got VALUE; allowed: …``. Reading the YAML (with the
-lines) and rewriting pydantic's errors is :mod:`pytest_recoverygate.config`.
+lines) and rewriting pydantic's errors is :mod:`pytest_recoverygate.config.loading`.
 
 In Python, models can be built by field name; there durations may be plain seconds and
 step references plain ints, while YAML insists on ``90s`` and ``step-1000``.
@@ -24,12 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainValidator,
     SerializeAsAny,
@@ -37,17 +35,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticKnownError
 
-from pytest_recoverygate.durations import (
-    DurationSyntaxError,
-    format_duration,
-    parse_duration,
-)
-from pytest_recoverygate.engine import FAULTS, MAX_KILLS, Delay, DrillSpec
-from pytest_recoverygate.errors import UsageError
-from pytest_recoverygate.fields import (
+from pytest_recoverygate.config.fields import (
     MAX_DURATION,
     MAX_PID,
     MAX_RANK,
@@ -65,10 +55,24 @@ from pytest_recoverygate.fields import (
     sustain_of,
     sustain_value,
 )
-from pytest_recoverygate.model import NODE_FAULTS
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.orchestrators.base import Backend
+from pytest_recoverygate.config.sections import (
+    Expectations,
+    Projection,
+    Safety,
+    Section,
+    Timeouts,
+)
+from pytest_recoverygate.config.sections import or_list as _or_list
+from pytest_recoverygate.durations import (
+    DurationSyntaxError,
+    format_duration,
+    parse_duration,
+)
+from pytest_recoverygate.engine.model import NODE_FAULTS
+from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec
+from pytest_recoverygate.errors import UsageError
+from pytest_recoverygate.registry import all_backends, backend_names, get_backend
+from pytest_recoverygate.registry.seams import Backend
 
 __all__ = [
     "MAX_DURATION",
@@ -98,21 +102,6 @@ __all__ = [
     "sustain_of",
     "sustain_value",
 ]
-
-#: ``maxRecoveryTime`` in live mode when neither it nor ``maxRejoinTime`` is given.
-LIVE_REJOIN_DEFAULT = "90s"
-
-
-class Section(BaseModel):
-    """Strict, frozen, camelCase in YAML and snake_case in Python."""
-
-    model_config = ConfigDict(
-        strict=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        frozen=True,
-    )
 
 
 class WorkloadBase(Section):
@@ -148,8 +137,6 @@ class WorkloadBase(Section):
 def fault_types() -> tuple[str, ...]:
     """The fault types a drill may name: those the engine knows that at least one
     installed backend carries out (each backend declares its own), in the engine's order."""
-    from pytest_recoverygate.orchestrators import all_backends
-
     offered = {kind for backend in all_backends().values() for kind in backend.faults}
     return tuple(kind for kind in FAULTS if kind in offered)
 
@@ -157,14 +144,8 @@ def fault_types() -> tuple[str, ...]:
 _NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five"}
 
 
-def _or_list(words: list[str] | tuple[str, ...]) -> str:
-    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-
 def _fault_types_allowed() -> str:
     """``KillWorker, KillStep or Requeue (the last two with slurm only)``, from the registry."""
-    from pytest_recoverygate.orchestrators import all_backends
-
     backends = all_backends()
     kinds = fault_types()
     groups: dict[tuple[str, ...], list[str]] = {}
@@ -434,202 +415,7 @@ class InjectFailure(Section):
         return self
 
 
-def _one_of(*values: str) -> BeforeValidator:
-    """A text key that takes one of ``values`` (worded like the other keys' errors)."""
-    allowed = _or_list(list(values))
-
-    def check(value: Any) -> Any:
-        if value is None or (isinstance(value, str) and value in values):
-            return value
-        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
-
-    return BeforeValidator(check)
-
-
-class Expectations(Section):
-    """What a successful recovery looks like (the drill's pass criteria). ``recovery: live``
-    (docs/torchft.md): ``maxRecoveryTime`` may be left out, it is ``maxRejoinTime`` then."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _live_defaults(cls, data: Any) -> Any:
-        if (
-            isinstance(data, dict)
-            and data.get("recovery") == "live"
-            and "maxRecoveryTime" not in data
-            and "max_recovery_time" not in data
-        ):
-            data = dict(data)
-            rejoin = data.get("maxRejoinTime", data.get("max_rejoin_time"))
-            data["maxRecoveryTime"] = rejoin if rejoin is not None else LIVE_REJOIN_DEFAULT
-        return data
-
-    recovery: Annotated[str, _one_of("restart", "live")] = Field(
-        default="restart",
-        json_schema_extra=meta("restart or live", "recovery: live"),
-    )
-    max_survivor_stall: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (recovery: live): the survivors' longest gap between "
-            "committed steps from the kill to the rejoin",
-            "maxSurvivorStall: 10s",
-        ),
-    )
-    max_rejoin_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (recovery: live): kill -> the replacement's first "
-            "committed step (default maxRecoveryTime)",
-            "maxRejoinTime: 90s",
-        ),
-    )
-    rejoin_from: Annotated[str | None, _one_of("peer", "checkpoint")] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "peer or checkpoint (recovery: live): where the replacement's state must come from",
-            "rejoinFrom: peer",
-        ),
-    )
-
-    resume_from_checkpoint: Annotated[int | Literal["latest"], step_ref("latest")] = Field(
-        default="latest",
-        json_schema_extra=meta("step-N or latest", "resumeFromCheckpoint: latest"),
-    )
-    max_recovery_time: Annotated[float, duration(zero_ok=False)] = Field(
-        json_schema_extra=meta("a duration above 0, like 5m", "maxRecoveryTime: 5m")
-    )
-    max_lost_steps: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_STEP,
-        json_schema_extra=meta("a whole number >= 0", "maxLostSteps: 100"),
-    )
-    max_detection_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (HangWorker, PartitionNode): the stop or the cut -> the "
-            "job notices",
-            "maxDetectionTime: 2m",
-        ),
-    )
-    saved_on_preempt: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false (Preempt): require a checkpoint completed in the grace period",
-            "savedOnPreempt: true",
-        ),
-    )
-    restart_budget: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_KILLS,
-        json_schema_extra=meta(
-            "a whole number >= 0 (count: untilBudgetExhausted): the restarts the job survives",
-            "restartBudget: 3",
-        ),
-    )
-    state_digest_matches: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false: the loaded state must equal the one saved at that step "
-            "(needs digest= on checkpoint_completed and checkpoint_loaded)",
-            "stateDigestMatches: true",
-        ),
-    )
-    sustain: Annotated[str | None, sustain_value()] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "N steps or a duration: how long training must keep advancing after the resume "
-            "before a PASS (default: the larger of 3 progress lines and 10s)",
-            "sustain: 5 steps",
-        ),
-    )
-    all_ranks: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false: every rank must report checkpoint_loaded of the expected step "
-            "(a rank that says nothing FAILs instead of being reported unchecked)",
-            "allRanks: true",
-        ),
-    )
-
-
-class Projection(Section):
-    """Project the measured failure cost to a large run (``recoverygate goodput``)."""
-
-    gpus: int = Field(
-        ge=1, le=10_000_000, json_schema_extra=meta("a whole number >= 1", "gpus: 16384")
-    )
-    mtbf_hours: float | None = Field(
-        default=None,
-        gt=0,
-        json_schema_extra=meta(
-            "hours > 0: the whole job's mean time between failures at that scale",
-            "mtbfHours: 3",
-        ),
-    )
-    failures_per_gpu_hour: float | None = Field(
-        default=None,
-        gt=0,
-        json_schema_extra=meta(
-            "a rate > 0 (default: Llama 3 405B's, 419 in 54 days on 16,384 GPUs)",
-            "failuresPerGpuHour: 2e-5",
-        ),
-    )
-    interval: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta("a duration: also evaluate this interval", "interval: 30m"),
-    )
-
-    @model_validator(mode="after")
-    def _one_rate(self) -> Projection:
-        if self.mtbf_hours is not None and self.failures_per_gpu_hour is not None:
-            raise refuse(
-                "gives both mtbfHours and failuresPerGpuHour",
-                "one of them",
-                "keep the one you measured",
-                key=("mtbfHours",),
-                got=str(self.mtbf_hours),
-            )
-        return self
-
-
-class Safety(Section):
-    """Interlocks before anything is destroyed."""
-
-    require_confirm: bool = Field(
-        default=True, json_schema_extra=meta("true or false", "requireConfirm: true")
-    )
-    dry_run: bool = Field(default=False, json_schema_extra=meta("true or false", "dryRun: false"))
-
-
-class Timeouts(Section):
-    """Deadlines of the drill's phases, in seconds.
-
-    ``recovery`` left out stays None: "never came back" is then decided
-    ``maxRecoveryTime + recoveryGrace`` after the kill, a value computed in one place
-    (:attr:`~pytest_recoverygate.engine.DrillSpec.effective_recovery_timeout`).
-    """
-
-    discovery: Annotated[float, duration(zero_ok=False)] = Field(
-        default=300.0, json_schema_extra=meta("a duration above 0", "discovery: 5m")
-    )
-    checkpoint: Annotated[float, duration(zero_ok=False)] = Field(
-        default=3600.0, json_schema_extra=meta("a duration above 0", "checkpoint: 1h")
-    )
-    recovery: Annotated[float | None, duration(zero_ok=False)] = Field(
-        default=None, json_schema_extra=meta("a duration above 0", "recovery: 10m")
-    )
-    recovery_grace: Annotated[float, duration(zero_ok=True)] = Field(
-        default=30.0,
-        json_schema_extra=meta("a duration >= 0", "recoveryGrace: 30s"),
-    )
-
-
 def _workload_allowed() -> str:
-    from pytest_recoverygate.orchestrators import backend_names
-
     return f"a mapping with orchestrator: {' | '.join(backend_names())} and that backend's keys"
 
 
@@ -639,8 +425,6 @@ def _by_backend(value: Any, info: ValidationInfo) -> Any:
         return value
     if not isinstance(value, dict):
         raise PydanticKnownError("model_type", {"class_name": "WorkloadBase"})
-    from pytest_recoverygate.orchestrators import backend_names, get_backend
-
     names = backend_names()
     if "orchestrator" not in value:
         raise PydanticKnownError("union_tag_not_found", {"discriminator": "'orchestrator'"})
@@ -851,8 +635,6 @@ class DrillConfig(Section):
 
 
 def _backend_of(orchestrator: str) -> Backend[Any] | None:
-    from pytest_recoverygate.orchestrators import get_backend
-
     try:
         return get_backend(orchestrator)
     except UsageError:
@@ -860,8 +642,6 @@ def _backend_of(orchestrator: str) -> Backend[Any] | None:
 
 
 def _all_backends() -> dict[str, Backend[Any]]:
-    from pytest_recoverygate.orchestrators import all_backends
-
     return all_backends()
 
 
@@ -894,8 +674,6 @@ def fault_refusal(orchestrator: str, fault: str) -> tuple[str, str, str] | None:
 
     The backend's own reason when it gives one; else which backends can.
     """
-    from pytest_recoverygate.orchestrators import all_backends, get_backend
-
     try:
         backend = get_backend(orchestrator)
     except UsageError:
@@ -955,7 +733,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
 
 
 def delay_of(text: str | None) -> Delay:
-    """The engine's :class:`~pytest_recoverygate.engine.Delay` for a validated ``delay``."""
+    """The engine's :class:`~pytest_recoverygate.engine.spec.Delay` for a validated ``delay``."""
     if text is None:
         return Delay()
     if text == "beforeNextCheckpoint":

@@ -265,7 +265,7 @@ def project(
 
 def _seconds(value: float) -> str:
     """A duration for the projection's lines: milliseconds below a second."""
-    from pytest_recoverygate.verdict import format_seconds
+    from pytest_recoverygate.engine.verdict import format_seconds
 
     return f"{value * 1000:.1f}ms" if value < 1 else format_seconds(value)
 

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.engine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.links import docs_link
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.schema import DrillConfig
+    from pytest_recoverygate.config.schema import DrillConfig
 
 __all__ = [
     "DOCS_PAGE",

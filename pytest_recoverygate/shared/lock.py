@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_recoverygate.engine.model import Worker, Workload
 from pytest_recoverygate.errors import DiscoveryError
-from pytest_recoverygate.model import Worker, Workload
 
 __all__ = ["DrillLock", "LockScope", "job_lock", "job_scope", "lock_dir", "lock_path"]
 
@@ -55,7 +55,7 @@ def lock_path(key: str, directory: Path | None = None) -> Path:
 class LockScope:
     """What "one drill at a time" covers: one job, within a namespace where a backend has
     them (a Kubernetes namespace). Each backend says what it is for the job it found
-    (:attr:`~pytest_recoverygate.orchestrators.base.Backend.lock_scope`)."""
+    (:attr:`~pytest_recoverygate.registry.seams.Backend.lock_scope`)."""
 
     job: str
     namespace: str = ""

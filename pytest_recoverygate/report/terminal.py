@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.engine import DrillResult
-    from pytest_recoverygate.evidence import Evidence
+    from pytest_recoverygate.engine.machine import DrillResult
+    from pytest_recoverygate.report.evidence import Evidence
 
 __all__ = [
     "TAIL_LINE_LIMIT",
@@ -44,7 +44,7 @@ def shorten(text: str, limit: int = TERMINAL_MESSAGE_LIMIT) -> str:
 
 def figure_lines(result: DrillResult) -> list[str]:
     """The figures (by their report names) and the recovery breakdown, one line each."""
-    from pytest_recoverygate.report import (  # not at import: --help stays light
+    from pytest_recoverygate.report.files import (  # not at import: --help stays light
         RECOVERY_PHASES,
         cost_line,
         figures,
@@ -124,8 +124,8 @@ def _print_evidence(
     if tail is None or result.verdict.value not in ("FAIL", "ERROR"):
         return
     label, lines = tail
-    from pytest_recoverygate.joboutput import file_name
-    from pytest_recoverygate.report import OUTPUT_FOLDER
+    from pytest_recoverygate.report.files import OUTPUT_FOLDER
+    from pytest_recoverygate.shared.joboutput import file_name
 
     where = (
         f"whole output: {report_dir / OUTPUT_FOLDER / file_name(label)}"

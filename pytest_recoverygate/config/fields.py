@@ -1,6 +1,6 @@
 """The building blocks of the config's fields: bounds, messages, and the validators that
 read durations, step references, sustain windows, paths, commands and ids (shared by the
-schema and every backend's own section; :mod:`pytest_recoverygate.schema` re-exports them).
+schema and every backend's own section; :mod:`pytest_recoverygate.config.schema` re-exports them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pytest_recoverygate.durations import (
     parse_duration,
     parse_step_ref,
 )
-from pytest_recoverygate.engine import Sustain
+from pytest_recoverygate.engine.spec import Sustain
 
 __all__ = [
     "MAX_DURATION",
@@ -160,7 +160,8 @@ def sustain_value() -> BeforeValidator:
 
 
 def sustain_of(text: str | None) -> Sustain:
-    """The engine's :class:`~pytest_recoverygate.engine.Sustain` for a validated ``sustain``."""
+    """The engine's :class:`~pytest_recoverygate.engine.spec.Sustain` for a validated
+    ``sustain``."""
     if text is None:
         return Sustain()
     match = _SUSTAIN_STEPS.match(text)

@@ -3,7 +3,7 @@
 Each backend gets bytes from somewhere different -- a pipe from torchrun (local), an
 HTTP log stream per pod (Kubernetes), a growing output file (SLURM) -- but all of them
 carry RECOVERYGATE/v1 lines. :class:`StreamEventSource` turns those bytes into
-:class:`~pytest_recoverygate.model.TrainingEvent` values with one
+:class:`~pytest_recoverygate.engine.model.TrainingEvent` values with one
 :class:`recoverygate.wire.StreamParser` per stream, so the line format is parsed in
 exactly one place.
 
@@ -26,7 +26,7 @@ from typing import BinaryIO, Protocol
 
 from recoverygate.wire import Record, StreamParser
 
-from pytest_recoverygate.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 
 __all__ = ["READ_SIZE", "StreamEventSource", "to_training_event"]
 
@@ -65,7 +65,7 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
 
 
 class StreamEventSource:
-    """A thread-safe :class:`~pytest_recoverygate.orchestrators.base.EventSource`.
+    """A thread-safe :class:`~pytest_recoverygate.registry.seams.EventSource`.
 
     Bytes go in through :meth:`feed` (from any thread, one ``stream`` key per byte
     stream so partial lines of two pods never mix) or through reader threads started by

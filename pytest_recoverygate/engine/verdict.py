@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_recoverygate.model import LiveRecovery, TimelineEntry, Worker
+from pytest_recoverygate.engine.model import LiveRecovery, TimelineEntry, Worker
 
 __all__ = [
     "BREAKDOWN_PHASES",
@@ -74,7 +74,7 @@ class FailureReason(enum.Enum):
     NOT_SAVED_ON_PREEMPT = "no checkpoint was completed within the grace period"
     RESTART_BUDGET_MISMATCH = "the job's restart budget is not the expected one"
     HUNG_INSTEAD_OF_FAILING = "the job neither came back nor failed: it hangs"
-    # recovery: live (pytest_recoverygate.live)
+    # recovery: live (pytest_recoverygate.engine.live)
     SURVIVORS_STALLED = "the surviving replicas stalled instead of training on"
     NEVER_REJOINED = "the killed replica never rejoined"
     REJOINED_FROM_CHECKPOINT = "the replacement loaded a checkpoint instead of healing from a peer"
@@ -355,7 +355,7 @@ class DrillResult:
     progress: tuple[tuple[float, str, int], ...] = ()  # (time, incarnation, step) as seen
     started_at: float | None = None
     finished_at: float | None = None
-    live: LiveRecovery | None = None  # recovery: live only (pytest_recoverygate.live)
+    live: LiveRecovery | None = None  # recovery: live only (pytest_recoverygate.engine.live)
 
     @property
     def passed(self) -> bool:

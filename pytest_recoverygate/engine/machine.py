@@ -2,9 +2,9 @@
 
 Training events, group events, kill results and clock ticks go in; actions come out
 (:class:`KillTarget` once per injected failure, then :class:`Finish` with the
-:class:`~pytest_recoverygate.verdict.DrillResult`). Every backend drives the same engine
+:class:`~pytest_recoverygate.engine.verdict.DrillResult`). Every backend drives the same engine
 through the runner, and the tests drive it directly. What the evidence *proves* is
-:mod:`pytest_recoverygate.ledger`; this module decides *when*: which checkpoint
+:mod:`pytest_recoverygate.engine.ledger`; this module decides *when*: which checkpoint
 triggers a kill, when the kill lands (``delay``), what each fault adds, when a recovery
 is judged, whether another kill follows (``count``).
 
@@ -44,33 +44,43 @@ passed, not at the recovery deadline.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
-from pytest_recoverygate.ledger import Inc, Ledger
-from pytest_recoverygate.live import LiveJudge
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.model import (
     NODE_FAULTS,
     GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
-    LiveRecovery,
-    TimelineEntry,
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.recovery import (
+from pytest_recoverygate.engine.recovery import (
     KillRecord,
     Window,
-    breakdown,
     hung,
     judge,
-    overall,
-    restarts,
 )
-from pytest_recoverygate.verdict import (
+from pytest_recoverygate.engine.spec import (
+    FAULTS,
+    MAX_KILLS,
+    Delay,
+    DrillSpec,
+    Sustain,
+)
+from pytest_recoverygate.engine.state import (
+    TRANSITIONS,
+    Action,
+    DrillState,
+    Finish,
+    IllegalTransition,
+    KillTarget,
+    Phase,
+    RestoreTarget,
+    _Armed,
+)
+from pytest_recoverygate.engine.verdict import (
     BREAKDOWN_PHASES,
     EXIT_CODES,
     Check,
@@ -110,24 +120,6 @@ __all__ = [
 
 R = FailureReason
 
-#: Fault types the engine knows (backends declare which of them they can carry out).
-FAULTS = (
-    "KillWorker",
-    "KillStep",
-    "Requeue",
-    "KillDuringCheckpoint",
-    "Preempt",
-    "HangWorker",
-    "KillNode",
-    "PartitionNode",
-    "DrainNode",
-)
-
-#: Faults whose detection by the job is timed and checked (``maxDetectionTime``).
-DETECTED_FAULTS = ("HangWorker", "PartitionNode")
-
-#: ``count: untilBudgetExhausted`` stops here, inconclusive, if the job never gives up.
-MAX_KILLS = 50
 
 #: What the other ranks' lines are read for: who they are, what they saved and loaded.
 _RANK_KINDS = frozenset(
@@ -139,288 +131,15 @@ _RANK_KINDS = frozenset(
 )
 
 
-class Phase(enum.Enum):
-    """Where the drill is; see the module docstring and :data:`TRANSITIONS`."""
-
-    DISCOVERING = "discovering"
-    WAITING_FOR_CHECKPOINT = "waiting for checkpoint"
-    KILLING = "killing"
-    RECOVERING = "recovering"
-    VERIFYING = "verifying"
-    DONE = "done"
-
-
-#: Every legal phase change. Anything else is a bug and raises :class:`IllegalTransition`.
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.DISCOVERING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
-    Phase.WAITING_FOR_CHECKPOINT: frozenset({Phase.KILLING, Phase.DONE}),
-    Phase.KILLING: frozenset({Phase.RECOVERING, Phase.DONE}),
-    Phase.RECOVERING: frozenset({Phase.VERIFYING, Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
-    Phase.VERIFYING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
-    Phase.DONE: frozenset(),
-}
-
-
-class IllegalTransition(RuntimeError):
-    """The engine was asked to move between two phases the table does not connect."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delay:
-    """When the kill lands after its trigger checkpoint.
-
-    ``seconds``: that long after it; ``fraction``: that fraction of the measured checkpoint
-    interval (of the measured save time for KillDuringCheckpoint); ``before_next``: just
-    before the next save is due; ``spread``: the N kills of ``count: N`` at 0, 1/N, 2/N …
-    of the interval.
-    """
-
-    kind: Literal["seconds", "fraction", "before_next", "spread"] = "seconds"
-    value: float = 0.0
-    explicit: bool = False  # given in the config (KillDuringCheckpoint has its own default)
-
-    def describe(self) -> str:
-        if self.kind == "seconds":
-            return format_seconds(self.value)
-        if self.kind == "fraction":
-            return f"{self.value:.0%}"
-        return "beforeNextCheckpoint" if self.kind == "before_next" else "spread"
-
-
-@dataclass(frozen=True, slots=True)
-class Sustain:
-    """How long a recovered job must keep training before it PASSes (``sustain``).
-
-    The window opens at the replacement's first step past the resume step. It is held
-    once ``lines`` further progress lines advanced the step, ``seconds`` passed and, with
-    ``steps``, the job trained that many steps past the resume step. The default is the
-    larger of 3 progress lines and 10 s. A stall inside it (no advancing line for the
-    stall limit) FAILs "stopped progressing after resume".
-    """
-
-    lines: int = 3
-    seconds: float = 10.0
-    steps: int | None = None
-
-    def describe(self) -> str:
-        if self.steps is not None:
-            return f"{self.steps} steps"
-        if self.lines <= 1:
-            return format_seconds(self.seconds)
-        return f"{self.lines} progress lines and {format_seconds(self.seconds)}"
-
-
-@dataclass(frozen=True, slots=True)
-class DrillSpec:
-    """What the engine needs from the config, in plain values (seconds, steps)."""
-
-    max_recovery_time: float
-    after_checkpoint: int | None = None  # None: the next checkpoint after the start
-    expected_resume_step: int | None = None  # None: the latest checkpoint durable at the load
-    max_lost_steps: int | None = None
-    checkpoint_timeout: float = 3600.0
-    recovery_timeout: float | None = None  # None: max_recovery_time + recovery_grace
-    recovery_grace: float = 30.0
-    reporting_rank: int | None = 0  # events of other ranks are ignored; None: all ranks
-    fault: str = "KillWorker"
-    target_rank: int | None = 1  # None: the rank that reports the save (KillDuringCheckpoint)
-    delay: Delay = field(default_factory=Delay)
-    grace_period: float = 30.0
-    count: int | None = 1  # None: until the job's restart budget is exhausted
-    restart_budget: int | None = None
-    max_detection_time: float | None = None
-    saved_on_preempt: bool = False
-    state_digest_matches: bool = False
-    sustain: Sustain = field(default_factory=Sustain)
-    all_ranks: bool = False  # a rank that says nothing about its resume FAILs
-    target_node: int | None = None  # node faults: None = the node of target_rank
-    replace_node: bool = True  # KillNode: a replacement node starts
-    partition_duration: float | None = None  # PartitionNode: None = until noticed
-    drain_node: bool = False  # KillNode on SLURM: DRAIN the node too
-    cordon: bool = False  # KillNode/DrainNode on Kubernetes: cordon it first
-    # issue 23: the trigger on progress, and live recovery (see pytest_recoverygate.live)
-    recovery: str = "restart"  # "restart" | "live"
-    after_step: int | None = None  # kill once this step was reported (instead of a checkpoint)
-    target_replica: int | None = None
-    max_survivor_stall: float | None = None
-    max_rejoin_time: float | None = None  # None: max_recovery_time
-    rejoin_from: str = "peer"
-
-    @property
-    def effective_recovery_timeout(self) -> float:
-        """When "never came back" is decided, in seconds after the kill."""
-        if self.recovery_timeout is not None:
-            return max(self.recovery_timeout, self.max_recovery_time)
-        return self.max_recovery_time + self.recovery_grace
-
-
-@dataclass(frozen=True, slots=True)
-class KillTarget:
-    """Action: inject the failure into the target instance now (exactly once per kill).
-
-    ``rank`` is the rank to hit (the runner finds its current instance); ``fault`` and
-    ``grace_period`` say how (a Preempt is SIGTERM, then SIGKILL after the grace period).
-    """
-
-    checkpoint_step: int
-    index: int = 1
-    fault: str = "KillWorker"
-    rank: int | None = None
-    grace_period: float = 30.0
-    node: int | None = None  # node faults: the node index (None: the node of ``rank``)
-
-
-@dataclass(frozen=True, slots=True)
-class RestoreTarget:
-    """Action: end the fault on the target now (a PartitionNode's link back up), once.
-
-    ``why`` says what made it due: its ``duration`` passed, the job noticed, or
-    ``maxDetectionTime`` passed with nothing noticed.
-    """
-
-    index: int
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """Action: the drill is over."""
-
-    result: DrillResult
-
-
-Action = KillTarget | RestoreTarget | Finish
-
-
-@dataclass(slots=True)
-class _Armed:
-    """A kill decided but not yet due (its delay runs)."""
-
-    fire_at: float
-    step: int
-    trigger_time: float
-    rank: int | None
-    why: str
-    save_started: float | None = None  # KillDuringCheckpoint: the save it aims into
-
-
 def _quiet(*args: Any, **kwargs: Any) -> None:
     """A timeline note that goes nowhere (a provisional judgement)."""
 
 
-class DrillEngine:
-    """One drill's state machine. Feed it; it tells you what to do."""
-
-    def __init__(self, spec: DrillSpec, started_at: float) -> None:
-        self.spec = spec
-        self.phase = Phase.DISCOVERING
-        self.started_at = started_at
-        self.ledger = Ledger()
-        self._timeline: list[TimelineEntry] = []
-        self._pending_starts: dict[str, TrainingEvent] = {}
-        self._skipped_triggers: set[int] = set()
-        self._waiting_since = started_at
-        self._next_after: float | None = None  # later kills: checkpoints after this time
-        self._armed: _Armed | None = None
-        self._slipped: list[int] = []  # checkpoints completed while the armed kill waited
-        self._torn_retry = False
-        self._kill: KillRecord | None = None
-        self._recoveries: list[Recovery] = []
-        self._gave_up: tuple[int, float, str] | None = None  # (kill index, time, detail)
-        self.known_budget: int | None = None
-        self.trigger_step: int | None = None
-        self.result: DrillResult | None = None
-        self.ranks: tuple[int, ...] = ()
-        self.not_before: float | None = None
-        self._world_size: int | None = None  # the workers found at discovery
-        self._restore_at: float | None = None  # PartitionNode: the link back at the latest
-        self._restore_pending = False
-        # recovery: live (issue 23): its own record and judgement, pytest_recoverygate.live
-        self._live = LiveJudge(spec) if spec.recovery == "live" else None
-        self._live_result: LiveRecovery | None = None
-        self._live_waiting_noted = False
-
-    # ------------------------------------------------------------------ phase
-
-    def _move(self, to: Phase) -> None:
-        """The one place the phase changes."""
-        if to is self.phase:
-            return
-        if to not in TRANSITIONS[self.phase]:
-            raise IllegalTransition(f"{self.phase.name} -> {to.name} is not a drill transition")
-        self.phase = to
+class DrillEngine(DrillState):
+    """One drill's state machine. Feed it; it tells you what to do (its state, deadlines
+    and result: :class:`~pytest_recoverygate.engine.state.DrillState`)."""
 
     # ------------------------------------------------------------------ inputs
-
-    @property
-    def kill_time(self) -> float | None:
-        return self._kill.time if self._kill is not None else None
-
-    @property
-    def current_step(self) -> int | None:
-        return self.ledger.current_step
-
-    @property
-    def resume_step(self) -> int | None:
-        kill = self._kill
-        return kill.resume.step if kill is not None and kill.resume is not None else None
-
-    @property
-    def deadline(self) -> float | None:
-        """When :meth:`tick` must be called at the latest (drill clock)."""
-        if self.phase is Phase.WAITING_FOR_CHECKPOINT:
-            timeout = self._waiting_since + self.spec.checkpoint_timeout
-            return min(timeout, self._armed.fire_at) if self._armed is not None else timeout
-        if self.phase in (Phase.RECOVERING, Phase.VERIFYING) and self._kill is not None:
-            kill = self._kill
-            window = kill.window
-            if window is not None:
-                end = window.last[1] + window.stall_limit  # a stall is proven then
-                # ... and never later than the window could have been held after the
-                # recovery deadline (processes taking turns must not keep it open)
-                cap = (
-                    kill.time
-                    + self.spec.effective_recovery_timeout
-                    + self.spec.sustain.seconds
-                    + window.stall_limit
-                )
-                end = min(end, cap)
-            else:
-                end = kill.time + self.spec.effective_recovery_timeout
-            if self._restore_pending and self._restore_at is not None:
-                end = min(end, self._restore_at)
-            noticed_by = self._detection_deadline() if window is None else None
-            if noticed_by is not None:
-                end = min(end, noticed_by)
-            if self._live is not None:
-                final = kill.time + self.spec.effective_recovery_timeout
-                return min(end, self._live_next_look(final))
-            return end
-        return None
-
-    def _detection_deadline(self) -> float | None:
-        """Decided when proven: when a stop or a cut nobody noticed is a FAIL."""
-        kill, spec = self._kill, self.spec
-        if (
-            kill is None
-            or spec.fault not in DETECTED_FAULTS
-            or spec.max_detection_time is None
-            or kill.detected is not None
-        ):
-            return None
-        return kill.time + spec.max_detection_time + spec.recovery_grace
-
-    @property
-    def waiting_for(self) -> str:
-        """A short description of the trigger the drill waits for."""
-        what = "the save of" if self.spec.fault == "KillDuringCheckpoint" else ""
-        if self.spec.after_step is not None:
-            return f"step {self.spec.after_step}"
-        if self._recoveries:
-            return f"{what} the next checkpoint after recovery {len(self._recoveries)}".strip()
-        if self.spec.after_checkpoint is None:
-            return f"{what} the next checkpoint".strip()
-        return f"{what} checkpoint >= step {self.spec.after_checkpoint}".strip()
 
     def discovered(
         self,
@@ -447,57 +166,6 @@ class DrillEngine:
         self.not_before = not_before
         self.note(now, "discovered", detail)
         self._move(Phase.WAITING_FOR_CHECKPOINT)
-
-    def note(self, at: float, kind: str, detail: str = "", **data: Any) -> None:
-        """Add a line to the drill's one timeline (the runner's notes go here too)."""
-        self._timeline.append(TimelineEntry(at, kind, detail, dict(data)))
-
-    def timeline_entries(self) -> list[TimelineEntry]:
-        """Every timeline entry so far, in the order noted."""
-        return list(self._timeline)
-
-    def status(self, now: float) -> str:
-        """What the drill is doing right now, in one sentence for a live display."""
-        ev = self.ledger
-        if self.phase is Phase.DISCOVERING:
-            return "discovering the workload"
-        if self.phase is Phase.WAITING_FOR_CHECKPOINT:
-            armed = self._armed
-            if armed is not None:
-                return (
-                    f"{armed.why}; the kill lands in "
-                    f"{format_seconds(max(armed.fire_at - now, 0.0))}"
-                )
-            last = ev.checkpoints[-1].step if ev.checkpoints else None
-            seen = f"; last checkpoint step {last}" if last is not None else ""
-            return f"waiting for {self.waiting_for}{seen}"
-        if self.phase is Phase.KILLING:
-            return "killing the target"
-        if self.phase in (Phase.RECOVERING, Phase.VERIFYING):
-            kill = self._kill
-            new = [inc for inc in ev.order if ev.is_new(inc)]
-            if not new:
-                group = kill.group_seen if kill is not None else {}
-                latest = max(group.items(), key=lambda kv: kv[1], default=None)
-                what = f"; the backend reports {latest[0].value}" if latest else ""
-                return f"killed; waiting for a replacement to report{what}"
-            inc = new[-1]
-            if inc.first is not None:
-                return (
-                    f"the replacement's first step was {inc.first[0]}; waiting for its next "
-                    "progress line to learn the progress stride"
-                )
-            if inc.loaded is not None and inc.loaded_at is not None:
-                return (
-                    f"replacement loaded checkpoint {inc.loaded} "
-                    f"{max(now - inc.loaded_at, 0.0):.1f}s ago; no training step yet"
-                )
-            since = inc.start_time if inc.start_time is not None else inc.first_seen
-            return (
-                f"replacement process started {max(now - since, 0.0):.1f}s ago; "
-                "no training step yet"
-            )
-        return str(self.phase.value)
 
     def on_training_event(self, event: TrainingEvent) -> list[Action]:
         if self.phase is Phase.DONE:
@@ -1008,105 +676,6 @@ class DrillEngine:
             return self._fire(at)
         return []
 
-    def _fire_time(self, step: int, at: float) -> tuple[float, str] | None:
-        """When the kill triggered by checkpoint ``step`` (seen at ``at``) lands, and why."""
-        spec, ev = self.spec, self.ledger
-        delay = spec.delay
-        if spec.fault == "KillDuringCheckpoint":
-            save = ev.save_seconds()
-            if self._torn_retry:
-                # Half was too late (the start line was read late, or the save sped up):
-                # aim earlier, but still inside the save, past its first writes.
-                offset = 0.25 * (save or 0.0)
-                how = (
-                    f"a quarter of the {format_seconds(save or 0.0)} saves take in (the last "
-                    "save completed before a later kill)"
-                )
-            elif save is None and not delay.explicit:
-                offset, how = 0.0, "at once (no save time measured yet)"
-            elif delay.kind == "seconds" and delay.explicit:
-                offset, how = delay.value, f"{format_seconds(delay.value)} into it"
-            else:
-                fraction = delay.value if delay.kind == "fraction" else 0.5
-                offset = fraction * (save or 0.0)
-                how = f"{fraction:.0%} of the {format_seconds(save or 0.0)} saves take"
-            return at + offset, f"the save of checkpoint {step} started; killing {how}"
-        if delay.kind == "seconds":
-            if delay.value <= 0:
-                return at, f"checkpoint {step} completed"
-            return at + delay.value, f"checkpoint {step} completed; delay {delay.describe()}"
-        since = self._next_after
-        interval = ev.interval(since) or (ev.interval() if since is not None else None)
-        if interval is None:
-            if step not in self._skipped_triggers:
-                self._skipped_triggers.add(step)
-                self.note(
-                    at,
-                    "note",
-                    f"delay {delay.describe()} needs the checkpoint interval: "
-                    f"waiting for another checkpoint after step {step} to measure it",
-                )
-            return None
-        seconds, steps = interval
-        if delay.kind == "fraction":
-            return at + delay.value * seconds, (
-                f"checkpoint {step} completed; the kill lands {delay.value:.0%} into the "
-                f"{format_seconds(seconds)} checkpoint interval"
-            )
-        if delay.kind == "spread":
-            total = spec.count or 1
-            index = len(self._recoveries)
-            fraction = index / total
-            return at + fraction * seconds, (
-                f"checkpoint {step} completed; kill {index + 1} of {total} lands at "
-                f"{fraction:.0%} of the {format_seconds(seconds)} checkpoint interval"
-            )
-        save = ev.save_seconds() or 0.0
-        rate = ev.rate()
-        step_time = 1.0 / rate if rate else 0.0
-        margin = max(0.1 * seconds, 2 * step_time)
-        offset = max(seconds - save - margin, 0.0)
-        return at + offset, (
-            f"checkpoint {step} completed; the kill lands {format_seconds(offset)} later, "
-            f"just before the next save is due (interval {format_seconds(seconds)}, "
-            f"{steps:g} steps)"
-        )
-
-    def _fire(self, now: float) -> list[Action]:
-        armed = self._armed
-        assert armed is not None
-        self._move(Phase.KILLING)
-        return [
-            KillTarget(
-                armed.step,
-                len(self._recoveries) + 1,
-                self.spec.fault,
-                armed.rank,
-                self.spec.grace_period,
-                self.spec.target_node,
-            )
-        ]
-
-    def _position(self, trigger_time: float, kill_time: float) -> float | None:
-        """Where in the checkpoint interval the kill landed (0 right after a checkpoint)."""
-        interval = self.ledger.interval()
-        if interval is None or interval[0] <= 0:
-            return None
-        return round(min(max((kill_time - trigger_time) / interval[0], 0.0), 1.0), 4)
-
-    def _fault_details_at_kill(self, kill: KillRecord, armed: _Armed) -> None:
-        kill.slipped = list(self._slipped)
-        if kill.slipped:
-            kill.details["checkpointsBeforeKill"] = list(kill.slipped)
-        if armed.save_started is not None:
-            kill.details["tornStep"] = armed.step
-            kill.details["intoSaveSeconds"] = round(kill.time - armed.save_started, 6)
-            kill.details["saveSeconds"] = self.ledger.save_seconds()
-        if self.spec.delay.kind in ("fraction", "before_next", "spread") or (
-            self.spec.delay.value > 0
-        ):
-            kill.details["delay"] = self.spec.delay.describe()
-
     # ------------------------------------------------------------------ judging
 
     def _candidate(self) -> Inc | None:
@@ -1172,107 +741,6 @@ class DrillEngine:
             )
             return []
         return self._finish_overall(now)
-
-    # ------------------------------------------------------------------ the verdict
-
-    # ------------------------------------------------------------------ output
-
-    def _finish_overall(self, now: float, *, error: str | None = None) -> list[Action]:
-        if error is not None:
-            return self._finish(now, Verdict.ERROR, error, ())
-        verdict, summary, checks, headline = overall(
-            self.spec, self._recoveries, self._gave_up, self.known_budget
-        )
-        return self._finish(now, verdict, summary, checks, headline=headline)
-
-    def _finish_error(self, now: float, message: str) -> list[Action]:
-        return self._finish(now, Verdict.ERROR, message, ())
-
-    def _finish(
-        self,
-        now: float,
-        verdict: Verdict,
-        summary: str,
-        checks: tuple[Check, ...],
-        *,
-        headline: Recovery | None = None,
-    ) -> list[Action]:
-        self.note(now, "verdict", f"{verdict.value}: {summary}")
-        self.result = self._result(now, verdict, summary, checks, headline=headline)
-        self._move(Phase.DONE)
-        return [Finish(self.result)]
-
-    def _notes(self, contract: StepContract) -> tuple[str, ...]:
-        notes: list[str] = []
-        if contract.resumed_from is not None:
-            notes.append(
-                f"the job resumed from step {contract.resumed_from} when the drill "
-                "started (a checkpoint left by an earlier run)"
-            )
-        ignored = self.ledger.ignored_lines
-        if ignored:
-            notes.append(
-                f"{ignored} reporter line(s) of {len(self.ledger.ignored_incs)} process(es) were "
-                "stamped before the job started (an earlier run's log printed at start-up?) "
-                "and were ignored: they are not evidence of this run"
-            )
-        notes += [
-            e.detail
-            for e in self._timeline
-            if e.kind == "note" and not e.detail.startswith("recovery ")
-        ]
-        return tuple(dict.fromkeys(notes))
-
-    def _result(
-        self,
-        now: float,
-        verdict: Verdict,
-        summary: str,
-        checks: tuple[Check, ...],
-        *,
-        headline: Recovery | None = None,
-    ) -> DrillResult:
-        ev = self.ledger
-        contract = ev.contract()
-        if headline is None and self._recoveries:
-            headline = self._recoveries[-1]
-        h = headline
-        kill = self._kill
-        expected = h.expected_resume_step if h is not None else None
-        if h is None and kill is not None:
-            expected = ev.expected(None, self.spec.expected_resume_step)[0]
-        saves = tuple((s.step, s.started, s.completed) for s in ev.saves.values())
-        return DrillResult(
-            verdict=verdict,
-            summary=summary,
-            checks=checks,
-            resume_step=h.resume_step if h else None,
-            expected_resume_step=expected,
-            loaded_step=h.loaded_step if h else None,
-            last_step_before_kill=(
-                h.last_step_before_kill if h else ev.last_before_kill()[0] if kill else None
-            ),
-            last_step_before_kill_upper_bound=h.last_step_before_kill_upper_bound if h else None,
-            lost_steps=h.lost_steps if h else None,
-            lost_steps_upper_bound=h.lost_steps_upper_bound if h else None,
-            recovery_time_seconds=h.recovery_time_seconds if h else None,
-            restarts=(h.restarts if h else restarts(self.ledger, kill) if kill else None),
-            trigger_checkpoint=h.trigger_checkpoint if h else self.trigger_step,
-            kill_time=h.kill_time if h else self.kill_time,
-            judged_incarnation=h.judged_incarnation if h else None,
-            step_contract=contract if contract.first_step is not None else None,
-            recoveries=tuple(self._recoveries),
-            notes=self._notes(contract),
-            incarnations=tuple(inc.info() for inc in ev.order),
-            checkpoints=tuple((c.step, c.time, c.inc) for c in ev.checkpoints),
-            saves=saves,
-            breakdown=h.breakdown if h else ({} if kill is None else breakdown(self.spec, kill)),
-            timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),
-            started_at=self.started_at,
-            finished_at=now,
-            ignored_lines=self.ledger.ignored_lines,
-            live=self._live_result,
-        )
 
     # ------------------------------------------------------------------ afterStep, live
 
@@ -1345,47 +813,3 @@ class DrillEngine:
         self.trigger_step = step
         self.note(at, "trigger", why, step=step)
         return self._fire(at)
-
-    def _live_final_deadline(self) -> float:
-        kill = self._kill
-        assert kill is not None
-        return kill.time + self.spec.effective_recovery_timeout
-
-    def _live_next_look(self, final: float) -> float:
-        """When a live FAIL may become provable without any new line (a stall, no rejoin)."""
-        live, kill = self._live, self._kill
-        assert live is not None
-        assert kill is not None
-        looks = [final, kill.time + live.rejoin_limit]
-        limit = self.spec.max_survivor_stall
-        if limit is not None:
-            last = [
-                c[0]
-                for p in live.procs.values()
-                if p.replica != live.target and p.commits
-                for c in p.commits[-1:]
-            ]
-            if last:
-                looks.append(max(min(last), kill.time) + limit + 0.001)
-        return min(looks)
-
-    def _live_decide(self, now: float, *, final: bool) -> list[Action]:
-        live = self._live
-        assert live is not None
-        judgement = live.decide(now, final=final)
-        if judgement is None:
-            return []
-        self._live_result = judgement.figures
-        figures = judgement.figures
-        self.note(
-            now,
-            "rejoin",
-            f"replica {figures.target_replica}: rejoin "
-            f"{figures.rejoin_time_seconds}s, source {figures.rejoin_source}, step "
-            f"{figures.rejoin_step}; survivors' stall {figures.survivor_stall_seconds}s",
-        )
-        self._finish(now, judgement.verdict, judgement.summary, judgement.checks)
-        assert self.result is not None
-        # the live breakdown: the replica's restart -> its heal -> its first committed step
-        self.result = replace(self.result, breakdown=dict(figures.phases))
-        return [Finish(self.result)]

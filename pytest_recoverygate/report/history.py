@@ -17,9 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_recoverygate.compare import KNOWN_PHASES, extract_figures, load_report, phase_durations
 from pytest_recoverygate.errors import BaselineError
-from pytest_recoverygate.report import write_private
+from pytest_recoverygate.report.compare import (
+    KNOWN_PHASES,
+    extract_figures,
+    load_report,
+    phase_durations,
+)
+from pytest_recoverygate.report.files import write_private
 
 __all__ = [
     "HISTORY_PLOT_HINT",

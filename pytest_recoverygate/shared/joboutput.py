@@ -17,7 +17,7 @@ thread-safe enough for one writer thread (the backend's reader) and one reader a
 drill (the runner).
 
 The seam is :class:`JobOutput`, returned by a backend's optional ``job_output()`` method
-(see :class:`pytest_recoverygate.orchestrators.base.JobOutputSource`).
+(see :class:`pytest_recoverygate.registry.seams.JobOutputSource`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Judging kills: the checks of one recovery, and the drill's verdict over all of them.
 
-Pure functions of the :class:`~pytest_recoverygate.ledger.Ledger` (what the job's lines
-prove), the :class:`~pytest_recoverygate.engine.DrillSpec` and a :class:`KillRecord` (one
+Pure functions of the :class:`~pytest_recoverygate.engine.ledger.Ledger` (what the job's lines
+prove), the :class:`~pytest_recoverygate.engine.spec.DrillSpec` and a :class:`KillRecord` (one
 kill and what the backend and the job showed since). The engine decides *when* a kill is
 judged; this module says what the judgement is: one
-:class:`~pytest_recoverygate.verdict.Recovery` per kill, then :func:`overall`.
+:class:`~pytest_recoverygate.engine.verdict.Recovery` per kill, then :func:`overall`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pytest_recoverygate import checks as checks_of
-from pytest_recoverygate.ledger import Inc, Ledger, Resume
-from pytest_recoverygate.model import GroupEventKind
-from pytest_recoverygate.verdict import (
+from pytest_recoverygate.engine import checks as checks_of
+from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.model import GroupEventKind
+from pytest_recoverygate.engine.spec import DrillSpec, Sustain
+from pytest_recoverygate.engine.verdict import (
     BREAKDOWN_PHASES,
     Check,
     FailureReason,
@@ -25,9 +26,6 @@ from pytest_recoverygate.verdict import (
     Verdict,
     format_seconds,
 )
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.engine import DrillSpec, Sustain
 
 __all__ = [
     "KillRecord",

@@ -38,13 +38,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pytest_recoverygate.model import (
+from pytest_recoverygate.engine.model import (
     LiveRecovery,
     ReplicaSteps,
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.verdict import Check, FailureReason, Verdict, format_seconds
+from pytest_recoverygate.engine.verdict import Check, FailureReason, Verdict, format_seconds
 
 
 class LiveSpec(Protocol):

@@ -5,7 +5,7 @@ expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) pl
 breakdown and bookkeeping, the diagnoses of known failure signatures, the failing
 worker's last lines and, in a report folder, the job's own output (``output/*.log``, one
 file per worker, named in ``jobOutput``) and ``report.html``, the folder as one page
-(:mod:`pytest_recoverygate.html`). Files are written owner-read/write,
+(:mod:`pytest_recoverygate.report.html`). Files are written owner-read/write,
 group/other-read at most (never world-writable), atomically (temp file + rename).
 
 With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there (pointing
@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_recoverygate.engine import DrillResult
+from pytest_recoverygate.engine.machine import DrillResult
 from pytest_recoverygate.errors import describe_exception
 
 if TYPE_CHECKING:
-    from pytest_recoverygate.evidence import Evidence
-    from pytest_recoverygate.goodput import Projection
-    from pytest_recoverygate.schema import DrillConfig
+    from pytest_recoverygate.config.schema import DrillConfig
+    from pytest_recoverygate.engine.goodput import Projection
+    from pytest_recoverygate.report.evidence import Evidence
 
 OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report folder
 HTML_REPORT = "report.html"  # the one-page report in a report folder
@@ -272,7 +272,7 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
 
 def _projection(doc: dict[str, Any], config: DrillConfig) -> dict[str, Any]:
     """The ``projection:`` block's figures, or why this drill's record cannot give them."""
-    from pytest_recoverygate.goodput import ProjectionError
+    from pytest_recoverygate.engine.goodput import ProjectionError
 
     try:
         return project_config(doc, config).as_dict()
@@ -283,7 +283,7 @@ def _projection(doc: dict[str, Any], config: DrillConfig) -> dict[str, Any]:
 
 def project_config(doc: dict[str, Any], config: DrillConfig) -> Projection:
     """The projection a config's ``projection:`` block asks for, from a report document."""
-    from pytest_recoverygate.goodput import inputs_from_report, project
+    from pytest_recoverygate.engine.goodput import inputs_from_report, project
 
     asked = config.projection
     assert asked is not None
@@ -385,7 +385,7 @@ def write_reports(
         write_private(report_path, text)
         written.append(report_path)
     if report_dir is not None:
-        from pytest_recoverygate.timeline import PICTURE_HINT, write_timeline_picture
+        from pytest_recoverygate.report.timeline import PICTURE_HINT, write_timeline_picture
 
         report_dir.mkdir(parents=True, exist_ok=True)
         hint = PICTURE_HINT
@@ -429,7 +429,7 @@ def write_html_report(report_dir: Path, doc: dict[str, Any] | None = None) -> Pa
     """Render ``report.html`` in a report folder from its own files: ``report.json`` (or
     ``doc``), ``timeline.svg`` and ``output/*.log`` (read as bytes, decoded with
     replacement characters). Works on any report folder, old ones too."""
-    from pytest_recoverygate.html import render_report
+    from pytest_recoverygate.report.html import render_report
 
     if doc is None:
         doc = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
@@ -454,7 +454,7 @@ def write_html_report(report_dir: Path, doc: dict[str, Any] | None = None) -> Pa
 def _decision_pictures(doc: dict[str, Any], config: DrillConfig, report_dir: Path) -> list[Path]:
     """The spread picture (kills at two or more points of the interval) and, with a
     ``projection:`` block, the goodput picture."""
-    from pytest_recoverygate.charts import write_goodput_picture, write_spread_picture
+    from pytest_recoverygate.report.charts import write_goodput_picture, write_spread_picture
 
     drawn: list[Path] = []
     try:

@@ -1,0 +1,244 @@
+"""The config's sections that ask no backend: the strict, frozen, camelCase
+:class:`Section` every model of the config (and of a backend's ``workload``) builds on,
+``expectations``, ``projection``, ``safety`` and ``timeouts``; re-exported by
+:mod:`pytest_recoverygate.config.schema`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from pytest_recoverygate.config.fields import (
+    MAX_STEP,
+    duration,
+    meta,
+    refuse,
+    step_ref,
+    sustain_value,
+)
+from pytest_recoverygate.engine.spec import MAX_KILLS
+
+__all__ = ["Expectations", "Projection", "Safety", "Section", "Timeouts", "or_list"]
+
+
+#: ``maxRecoveryTime`` in live mode when neither it nor ``maxRejoinTime`` is given.
+LIVE_REJOIN_DEFAULT = "90s"
+
+
+class Section(BaseModel):
+    """Strict, frozen, camelCase in YAML and snake_case in Python."""
+
+    model_config = ConfigDict(
+        strict=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+    )
+
+
+def or_list(words: list[str] | tuple[str, ...]) -> str:
+    """``a``, ``a or b``, ``a, b or c``: the words a message offers."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _one_of(*values: str) -> BeforeValidator:
+    """A text key that takes one of ``values`` (worded like the other keys' errors)."""
+    allowed = or_list(list(values))
+
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value in values):
+            return value
+        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
+
+    return BeforeValidator(check)
+
+
+class Expectations(Section):
+    """What a successful recovery looks like (the drill's pass criteria). ``recovery: live``
+    (docs/torchft.md): ``maxRecoveryTime`` may be left out, it is ``maxRejoinTime`` then."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _live_defaults(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("recovery") == "live"
+            and "maxRecoveryTime" not in data
+            and "max_recovery_time" not in data
+        ):
+            data = dict(data)
+            rejoin = data.get("maxRejoinTime", data.get("max_rejoin_time"))
+            data["maxRecoveryTime"] = rejoin if rejoin is not None else LIVE_REJOIN_DEFAULT
+        return data
+
+    recovery: Annotated[str, _one_of("restart", "live")] = Field(
+        default="restart",
+        json_schema_extra=meta("restart or live", "recovery: live"),
+    )
+    max_survivor_stall: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (recovery: live): the survivors' longest gap between "
+            "committed steps from the kill to the rejoin",
+            "maxSurvivorStall: 10s",
+        ),
+    )
+    max_rejoin_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (recovery: live): kill -> the replacement's first "
+            "committed step (default maxRecoveryTime)",
+            "maxRejoinTime: 90s",
+        ),
+    )
+    rejoin_from: Annotated[str | None, _one_of("peer", "checkpoint")] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "peer or checkpoint (recovery: live): where the replacement's state must come from",
+            "rejoinFrom: peer",
+        ),
+    )
+
+    resume_from_checkpoint: Annotated[int | Literal["latest"], step_ref("latest")] = Field(
+        default="latest",
+        json_schema_extra=meta("step-N or latest", "resumeFromCheckpoint: latest"),
+    )
+    max_recovery_time: Annotated[float, duration(zero_ok=False)] = Field(
+        json_schema_extra=meta("a duration above 0, like 5m", "maxRecoveryTime: 5m")
+    )
+    max_lost_steps: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_STEP,
+        json_schema_extra=meta("a whole number >= 0", "maxLostSteps: 100"),
+    )
+    max_detection_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "a duration above 0 (HangWorker, PartitionNode): the stop or the cut -> the "
+            "job notices",
+            "maxDetectionTime: 2m",
+        ),
+    )
+    saved_on_preempt: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false (Preempt): require a checkpoint completed in the grace period",
+            "savedOnPreempt: true",
+        ),
+    )
+    restart_budget: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_KILLS,
+        json_schema_extra=meta(
+            "a whole number >= 0 (count: untilBudgetExhausted): the restarts the job survives",
+            "restartBudget: 3",
+        ),
+    )
+    state_digest_matches: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false: the loaded state must equal the one saved at that step "
+            "(needs digest= on checkpoint_completed and checkpoint_loaded)",
+            "stateDigestMatches: true",
+        ),
+    )
+    sustain: Annotated[str | None, sustain_value()] = Field(
+        default=None,
+        json_schema_extra=meta(
+            "N steps or a duration: how long training must keep advancing after the resume "
+            "before a PASS (default: the larger of 3 progress lines and 10s)",
+            "sustain: 5 steps",
+        ),
+    )
+    all_ranks: bool = Field(
+        default=False,
+        json_schema_extra=meta(
+            "true or false: every rank must report checkpoint_loaded of the expected step "
+            "(a rank that says nothing FAILs instead of being reported unchecked)",
+            "allRanks: true",
+        ),
+    )
+
+
+class Projection(Section):
+    """Project the measured failure cost to a large run (``recoverygate goodput``)."""
+
+    gpus: int = Field(
+        ge=1, le=10_000_000, json_schema_extra=meta("a whole number >= 1", "gpus: 16384")
+    )
+    mtbf_hours: float | None = Field(
+        default=None,
+        gt=0,
+        json_schema_extra=meta(
+            "hours > 0: the whole job's mean time between failures at that scale",
+            "mtbfHours: 3",
+        ),
+    )
+    failures_per_gpu_hour: float | None = Field(
+        default=None,
+        gt=0,
+        json_schema_extra=meta(
+            "a rate > 0 (default: Llama 3 405B's, 419 in 54 days on 16,384 GPUs)",
+            "failuresPerGpuHour: 2e-5",
+        ),
+    )
+    interval: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
+        default=None,
+        json_schema_extra=meta("a duration: also evaluate this interval", "interval: 30m"),
+    )
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Projection:
+        if self.mtbf_hours is not None and self.failures_per_gpu_hour is not None:
+            raise refuse(
+                "gives both mtbfHours and failuresPerGpuHour",
+                "one of them",
+                "keep the one you measured",
+                key=("mtbfHours",),
+                got=str(self.mtbf_hours),
+            )
+        return self
+
+
+class Safety(Section):
+    """Interlocks before anything is destroyed."""
+
+    require_confirm: bool = Field(
+        default=True, json_schema_extra=meta("true or false", "requireConfirm: true")
+    )
+    dry_run: bool = Field(default=False, json_schema_extra=meta("true or false", "dryRun: false"))
+
+
+class Timeouts(Section):
+    """Deadlines of the drill's phases, in seconds.
+
+    ``recovery`` left out stays None: "never came back" is then decided
+    ``maxRecoveryTime + recoveryGrace`` after the kill, a value computed in one place
+    (:attr:`~pytest_recoverygate.engine.spec.DrillSpec.effective_recovery_timeout`).
+    """
+
+    discovery: Annotated[float, duration(zero_ok=False)] = Field(
+        default=300.0, json_schema_extra=meta("a duration above 0", "discovery: 5m")
+    )
+    checkpoint: Annotated[float, duration(zero_ok=False)] = Field(
+        default=3600.0, json_schema_extra=meta("a duration above 0", "checkpoint: 1h")
+    )
+    recovery: Annotated[float | None, duration(zero_ok=False)] = Field(
+        default=None, json_schema_extra=meta("a duration above 0", "recovery: 10m")
+    )
+    recovery_grace: Annotated[float, duration(zero_ok=True)] = Field(
+        default=30.0,
+        json_schema_extra=meta("a duration >= 0", "recoveryGrace: 30s"),
+    )
