@@ -13,36 +13,45 @@ or only the unit tests with ``-m "not drill"``, or the drills without the kill w
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from train import FEATURES, batch, list_checkpoints, load_checkpoint, save_checkpoint
+from train import (
+    FEATURES,
+    batch,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    training_state,
+)
 
 from pytest_recoverygate import Verdict
 from pytest_recoverygate.plugin import RecoveryDrill
 
 
-def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
     model = torch.nn.Sequential(
         torch.nn.Linear(FEATURES, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)
     )
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
 
 
 def test_a_checkpoint_restores_the_model_exactly(tmp_path: Path) -> None:
-    model, opt = make_model()
-    save_checkpoint(tmp_path, 40, model, opt)
+    model, opt, sched = make_model()
+    save_checkpoint(tmp_path, 40, training_state(40, model, opt, sched), "atomic")
 
-    fresh, fresh_opt = make_model()
-    assert load_checkpoint(tmp_path, "latest", fresh, fresh_opt) == 40
+    fresh, fresh_opt, fresh_sched = make_model()
+    assert load_checkpoint(tmp_path, "latest", fresh, fresh_opt, fresh_sched) == 40
     for saved, loaded in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert torch.equal(saved, loaded)
 
 
 def test_resume_picks_the_latest_of_the_kept_checkpoints(tmp_path: Path) -> None:
-    model, opt = make_model()
+    model, opt, sched = make_model()
     for step in (20, 40, 60, 80):
-        save_checkpoint(tmp_path, step, model, opt)
+        save_checkpoint(tmp_path, step, training_state(step, model, opt, sched), "atomic")
 
     assert [step for step, _ in list_checkpoints(tmp_path)] == [40, 60, 80]
     assert load_checkpoint(tmp_path, "latest", *make_model()) == 80
