@@ -63,3 +63,25 @@ def test_an_example_decides_lost_steps_even_for_a_restart_from_scratch(path: Pat
         f"maxLostSteps {limit} lies in {band}, where a restart from scratch lands: "
         f"set it below {trigger}"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.local
+def test_the_local_examples_own_unit_tests_pass() -> None:
+    """What a user copies keeps working: examples/local/test_recovery.py's unit tests (the
+    checkpoint round trip, the latest of the kept checkpoints, the batches) against the
+    example's train.py as it is now. Its drills are run by tests/local."""
+    import subprocess
+    import sys
+
+    folder = EXAMPLES / "local"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not drill"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "3 passed" in proc.stdout, proc.stdout[-3000:]
