@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,8 +40,21 @@ def xdist_group(item: pytest.Item) -> str | None:
             return "contract"  # one worker builds each backend's jobs once (module scope)
         return shared
     if shared is None and where.startswith(LIGHT_DRILLS):
-        return None
+        # the truth corpus checks at its end that no job of its own is left: one worker
+        return "truth" if where.startswith("tests/truth/") else None
     return "drills"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker keeps its drill locks apart (RECOVERYGATE_LOCK_DIR, inherited by the
+    drills it starts): the tests' jobs share names (the fake cluster's ``ns/llama``), and
+    a drill in the other worker holding that job's lock is not what a test is about."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None and "RECOVERYGATE_LOCK_DIR" not in os.environ:
+        folder = Path(tempfile.gettempdir()) / f"recoverygate-locks-{os.getpid()}-{worker}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.environ["RECOVERYGATE_LOCK_DIR"] = str(folder)
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -102,7 +102,8 @@ Everyday patterns (the verdict's second pass):
 ``--eval-after-kill``
     rank 0, once a peer is gone, starts an evaluation subprocess (it inherits ``RANK``)
     that loads the newest checkpoint, reports ``checkpoint_loaded`` and evaluation
-    "progress", and runs until the drill's cleanup; rank 0 goes on once it has reported.
+    "progress" in a session of its own, and runs until the drill's cleanup; rank 0 goes on
+    once it has reported.
 ``--replay-log FILE``
     the first worker of rank 0 prints FILE at start-up: an earlier run's log, reporter
     lines included (a ``tee``'d log replayed).
@@ -560,6 +561,10 @@ class Job:
         subprocess.Popen(
             [sys.executable, __file__, f"--ckpt-dir={self.folder}", "--child=eval"],
             stdin=subprocess.DEVNULL,
+            # its own session, as a detached evaluation is: torchrun's SIGTERM to the
+            # worker's process group would otherwise end it before its first line (only
+            # the drill's cleanup, by its marker, ends it)
+            start_new_session=True,
         )
         # The evaluation has reported before the survivor goes on: on a loaded machine
         # its start-up would otherwise lose the race to the replacement (and a scenario
