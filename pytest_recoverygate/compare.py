@@ -34,6 +34,7 @@ from typing import Any
 
 from pytest_recoverygate.durations import parse_duration
 from pytest_recoverygate.errors import BaselineError
+from pytest_recoverygate.verdict import BREAKDOWN_PHASES
 
 __all__ = [
     "KNOWN_FIGURES",
@@ -110,15 +111,7 @@ KNOWN_FIGURES: tuple[Figure, ...] = (
 )
 
 #: The recovery phases the backends report (``breakdown``), in their order after a kill.
-KNOWN_PHASES = (
-    "failureDetected",
-    "replacementScheduled",
-    "replacementRunning",
-    "processStarted",
-    "firstReport",
-    "checkpointLoaded",
-    "firstStepAfterResume",
-)
+KNOWN_PHASES = BREAKDOWN_PHASES
 
 _KNOWN_PATHS = {f.path for f in KNOWN_FIGURES}
 # limits and settings, not measurements
