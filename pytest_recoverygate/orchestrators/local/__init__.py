@@ -46,19 +46,23 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKEND",
     "DRILL_MARKER",
+    "REPLICA_VARIABLES",
     "GroupOrchestrator",
     "LocalOrchestrator",
     "LocalWorkload",
     "Member",
+    "replica_of",
 ]
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")  # members.REPLICA_VARIABLES
+#: Where a member's replica group is read from, first match wins (the reporter's order).
+REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")
 
 
-def _replica_of(env: Mapping[str, str]) -> int | None:
-    for name in _REPLICA_VARIABLES:
+def replica_of(env: Mapping[str, str]) -> int | None:
+    """The member's replica group from its environment, or None."""
+    for name in REPLICA_VARIABLES:
         value = env.get(name)
         if value is not None and value.strip().isdigit():
             return int(value)
@@ -247,7 +251,7 @@ class LocalWorkload(WorkloadBase):
         envs = [{**self.env, **m.env} for m in (self.group or []) if not m.service]
         if self.group is None:
             envs = [dict(self.env)]
-        return sorted({r for env in envs if (r := _replica_of(env)) is not None})
+        return sorted({r for env in envs if (r := replica_of(env)) is not None})
 
     def check_failure(self, failure: InjectFailure) -> None:
         replica = failure.target_replica
@@ -270,7 +274,7 @@ class LocalWorkload(WorkloadBase):
         """The member the drill kills in: the target replica's, else the first that trains."""
         trainers = [m for m in (self.group or []) if not m.service]
         for member in trainers:
-            if replica is not None and _replica_of({**self.env, **member.env}) == replica:
+            if replica is not None and replica_of({**self.env, **member.env}) == replica:
                 return member
         return trainers[0] if trainers else None
 

@@ -54,6 +54,7 @@ from pytest_recoverygate.model import (
     Workload,
 )
 from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.orchestrators.local import REPLICA_VARIABLES, replica_of
 from pytest_recoverygate.orchestrators.local.orchestrator import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import SubreaperGuard, resolve_executable
 
@@ -76,8 +77,6 @@ __all__ = [
 
 #: ``{port:NAME}``: one free port per NAME.
 PORT_PATTERN = re.compile(r"\{port:([A-Za-z0-9_.-]+)\}")
-#: Where a member's replica group is read from, first match wins (the reporter's order).
-REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")
 SERVICE_TERM_GRACE = 3.0  # seconds a service gets after SIGTERM before SIGKILL
 SERVICE_READY_WAIT = 0.5  # seconds a service gets to bind its port before the others start
 
@@ -91,15 +90,6 @@ class MemberSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: Path = Path()
     service: bool = False
-
-
-def replica_of(env: Mapping[str, str]) -> int | None:
-    """The member's replica group from its environment, or None."""
-    for name in REPLICA_VARIABLES:
-        value = env.get(name)
-        if value is not None and value.strip().isdigit():
-            return int(value)
-    return None
 
 
 def _free_port() -> int:
