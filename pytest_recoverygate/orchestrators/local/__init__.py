@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from pytest_recoverygate.fields import env_field, env_names, exactly_one, workdir_field
 from pytest_recoverygate.orchestrators.base import Backend
 from pytest_recoverygate.orchestrators.local.torchrun import max_restarts
 from pytest_recoverygate.schema import (
@@ -129,20 +130,8 @@ class LocalWorkload(WorkloadBase):
             'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
         ),
     )
-    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = Field(
-        default=Path(),
-        validate_default=True,
-        json_schema_extra=meta(
-            "an existing folder, relative to the config file's folder", "workdir: ."
-        ),
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        json_schema_extra=meta(
-            "a mapping of names to text values (plain numbers like 1 count as written)",
-            'env: {NCCL_DEBUG: "INFO"}',
-        ),
-    )
+    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
+    env: dict[str, str] = env_field('env: {NCCL_DEBUG: "INFO"}')
     nodes: int = node_count_field()
     group: list[Member] | None = Field(
         default=None,
@@ -164,36 +153,24 @@ class LocalWorkload(WorkloadBase):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not name or "=" in name or "\x00" in name:
-                raise refuse(
-                    "is not a usable environment variable name",
-                    "names without '=' or NUL, like NCCL_DEBUG",
-                    key=(name,),
-                    got=repr(name),
-                )
-        return env
+        return env_names(env, "NCCL_DEBUG")
 
     @model_validator(mode="after")
     def _command_xor_attach(self) -> LocalWorkload:
         if self.group is not None:
             return self._one_group()
-        if self.command is None and self.attach_pid is None:
-            raise refuse(
-                "required key is missing",
+        exactly_one(
+            ("command", self.command),
+            ("attachPid", self.attach_pid),
+            missing=(
                 "command (the job to launch) or attachPid (a torchrun agent already running)",
                 'e.g. command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-                key=("command",),
-                got="nothing",
-            )
-        if self.command is not None and self.attach_pid is not None:
-            raise refuse(
-                "attachPid and command cannot both be set",
+            ),
+            both=(
                 "either command (launch) or attachPid (attach)",
                 "remove command to attach to the running job, or attachPid to launch one",
-                key=("attachPid",),
-                got=str(self.attach_pid),
-            )
+            ),
+        )
         return self
 
     @model_validator(mode="after")
