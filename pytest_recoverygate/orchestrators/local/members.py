@@ -57,6 +57,7 @@ from pytest_recoverygate.orchestrators.base import cleanup_once
 from pytest_recoverygate.orchestrators.local import REPLICA_VARIABLES, replica_of
 from pytest_recoverygate.orchestrators.local.orchestrator import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import SubreaperGuard, resolve_executable
+from pytest_recoverygate.procs import launch
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -143,21 +144,13 @@ class ServiceProcess:
     def launch(self, source: StreamEventSource, keep: OutputKeeper) -> None:
         member = self.member
         executable = resolve_executable(member.command[0])
-        try:
-            self._popen = subprocess.Popen(
-                [executable, *member.command[1:]],
-                cwd=member.workdir,
-                env={**os.environ, **self._env},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise DiscoveryError(
-                f"workload.group member {member.name!r}: could not start "
-                f"`{shlex.join(member.command)}` in {member.workdir}: {exc}"
-            ) from exc
+        self._popen = launch(
+            [executable, *member.command[1:]],
+            cwd=member.workdir,
+            env={**os.environ, **self._env},
+            what=f"workload.group member {member.name!r}: could not start "
+            f"`{shlex.join(member.command)}`",
+        )
         assert self._popen.stdout is not None
         source.attach_pipe(
             self._popen.stdout,
