@@ -61,7 +61,12 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import Clock, EventSource, cleanup_once
+from pytest_recoverygate.orchestrators.base import (
+    Clock,
+    EventSource,
+    cleanup_once,
+    node_moved,
+)
 from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
 from pytest_recoverygate.orchestrators.slurm.commands import (
     CommandNotStarted,
@@ -426,14 +431,9 @@ class SlurmOrchestrator:
                 f"{fault.type} cannot be injected on slurm; the node fault here is KillNode"
             )
         now = self.current_node(node.index)
-        if now is None or now.identity != node.identity or not node.workers:
-            seen = now.describe() if now is not None else "no such node in a running step"
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                self.clock.now(),
-                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
-                "nothing was touched",
-            )
+        moved = node_moved(node, now, self.clock, "no such node in a running step")
+        if moved is not None:
+            return moved
         result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
         if result.outcome is KillOutcome.KILLED:
             gone_at = rgnode_gone(result.detail)
