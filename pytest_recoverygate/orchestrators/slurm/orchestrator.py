@@ -61,12 +61,7 @@ from pytest_recoverygate.model import (
     Worker,
     Workload,
 )
-from pytest_recoverygate.orchestrators.base import (
-    Clock,
-    EventSource,
-    cleanup_once,
-    node_moved,
-)
+from pytest_recoverygate.orchestrators.base import Clock, EventSource, cleanup_once, node_moved
 from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
 from pytest_recoverygate.orchestrators.slurm.commands import (
     CommandNotStarted,
