@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from pytest_recoverygate.config.schema import spec_from_config
 from pytest_recoverygate.engine.machine import (
@@ -73,6 +73,8 @@ __all__ = [
     "run_drill",
     "spec_from_config",
 ]
+
+_P = ParamSpec("_P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,15 +379,9 @@ class _Drill:
         target = self._target_for(action)
         if target is None:
             rank = self.target.rank if action.rank is None else action.rank
-            return list(
-                self.engine.on_kill_result(
-                    KillResult(
-                        KillOutcome.ALREADY_GONE,
-                        self.clock.now(),
-                        f"no running instance of rank {rank} other than the one killed before was "
-                        "found; nothing was killed",
-                    )
-                )
+            return self._already_gone(
+                f"no running instance of rank {rank} other than the one killed before was "
+                "found; nothing was killed"
             )
         self.target = target
         self._killed.add(target.instance_id)
@@ -396,10 +392,7 @@ class _Drill:
             + (f" (kill {action.index})" if action.index > 1 else "")
         )
         fault = Fault(action.fault, action.grace_period)
-        try:
-            result = self.orchestrator.kill(target, dry_run=self.dry_run, fault=fault)
-        except DrillError as exc:
-            result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        result = self._attempt(self.orchestrator.kill, target, dry_run=self.dry_run, fault=fault)
         return list(self.engine.on_kill_result(result))
 
     def _execute_on_node(self, action: KillTarget) -> list[Action]:
@@ -412,15 +405,8 @@ class _Drill:
         if node is None and action.index == 1:
             node = self.node
         if node is None or (action.fault == "KillNode" and node.identity in self._killed_nodes):
-            return list(
-                self.engine.on_kill_result(
-                    KillResult(
-                        KillOutcome.ALREADY_GONE,
-                        self.clock.now(),
-                        f"node {index} is not running, or is the node killed before; "
-                        "nothing was touched",
-                    )
-                )
+            return self._already_gone(
+                f"node {index} is not running, or is the node killed before; nothing was touched"
             )
         self.node = node
         if action.fault == "KillNode":
@@ -442,10 +428,7 @@ class _Drill:
             drain_node=spec.drain_node,
             cordon=spec.cordon,
         )
-        try:
-            result = self.orchestrator.kill_node(node, dry_run=self.dry_run, fault=fault)
-        except DrillError as exc:
-            result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        result = self._attempt(self.orchestrator.kill_node, node, dry_run=self.dry_run, fault=fault)
         return list(self.engine.on_kill_result(result))
 
     def _restore(self, action: RestoreTarget) -> list[Action]:
@@ -453,11 +436,26 @@ class _Drill:
         assert self.node is not None
         assert isinstance(self.orchestrator, NodeFaults)
         self._note("restore", f"restoring {self.node.describe()}: {action.why}")
-        try:
-            result = self.orchestrator.restore_node(self.node)
-        except DrillError as exc:
-            result = KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+        result = self._attempt(self.orchestrator.restore_node, self.node)
         return list(self.engine.on_restore_result(result))
+
+    def _already_gone(self, detail: str) -> list[Action]:
+        """The engine's answer to a target that is not there to hit (nothing was)."""
+        return list(
+            self.engine.on_kill_result(
+                KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), detail)
+            )
+        )
+
+    def _attempt(
+        self, hit: Callable[_P, KillResult], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> KillResult:
+        """The backend's answer to a fault call; UNCONFIRMED with the error it raised
+        instead (the call may have hit before it failed)."""
+        try:
+            return hit(*args, **kwargs)
+        except DrillError as exc:
+            return KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
 
     def _target_for(self, action: KillTarget) -> Worker | None:
         """The instance to hit: the discovered one first; after that, the rank's current one.

@@ -31,6 +31,9 @@ __all__ = [
     "MAX_STEP",
     "command_arguments",
     "duration",
+    "env_field",
+    "env_names",
+    "exactly_one",
     "file_path",
     "id_number",
     "meta",
@@ -39,6 +42,7 @@ __all__ = [
     "step_ref",
     "sustain_of",
     "sustain_value",
+    "workdir_field",
 ]
 
 #: Bounds that turn absurd values into errors instead of overflows or endless waits.
@@ -71,6 +75,28 @@ def refuse(
     if got is not None:
         ctx["got"] = got
     return PydanticCustomError("recoverygate", "{problem}", ctx)
+
+
+def exactly_one(
+    first: tuple[str, object],
+    second: tuple[str, object],
+    *,
+    missing: tuple[str, str],
+    both: tuple[str, str],
+) -> None:
+    """Refuse a section that sets neither or both of two keys, each given as ``(key,
+    value)``: neither is reported at ``first``'s key, both at ``second``'s; ``missing``
+    and ``both`` are the (allowed, hint) texts of those two refusals."""
+    (first_key, first_value), (second_key, second_value) = first, second
+    if first_value is None and second_value is None:
+        raise refuse("required key is missing", *missing, key=(first_key,), got="nothing")
+    if first_value is not None and second_value is not None:
+        raise refuse(
+            f"{second_key} and {first_key} cannot both be set",
+            *both,
+            key=(second_key,),
+            got=str(second_value),
+        )
 
 
 def _from_yaml(info: ValidationInfo) -> bool:
@@ -271,6 +297,41 @@ def node_count_field() -> Any:
             "nodes: 2",
         ),
     )
+
+
+def workdir_field() -> Any:
+    """``workload.workdir`` of a backend that launches the job from a folder here."""
+    return Field(
+        default=Path(),
+        validate_default=True,
+        json_schema_extra=meta(
+            "an existing folder, relative to the config file's folder", "workdir: ."
+        ),
+    )
+
+
+def env_field(example: str) -> Any:
+    """``workload.env``: what the launched job gets added to its environment."""
+    return Field(
+        default_factory=dict,
+        json_schema_extra=meta(
+            "a mapping of names to text values (plain numbers like 1 count as written)",
+            example,
+        ),
+    )
+
+
+def env_names(env: dict[str, str], like: str) -> dict[str, str]:
+    """``env`` if every name is one an environment can hold (``like``: an example name)."""
+    for name in env:
+        if not name or "=" in name or "\x00" in name:
+            raise refuse(
+                "is not a usable environment variable name",
+                f"names without '=' or NUL, like {like}",
+                key=(name,),
+                got=repr(name),
+            )
+    return env
 
 
 def id_number(value: Any) -> Any:

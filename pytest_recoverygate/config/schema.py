@@ -46,6 +46,7 @@ from pytest_recoverygate.config.fields import (
     _from_yaml,
     command_arguments,
     duration,
+    exactly_one,
     file_path,
     id_number,
     meta,
@@ -355,22 +356,15 @@ class InjectFailure(Section):
 
     @model_validator(mode="after")
     def _keys_fit_the_fault(self) -> InjectFailure:
-        if self.after_checkpoint is None and self.after_step is None:
-            raise refuse(
-                "required key is missing",
+        exactly_one(
+            ("afterCheckpoint", self.after_checkpoint),
+            ("afterStep", self.after_step),
+            missing=(
                 "afterCheckpoint (step-N or next), or afterStep (a step number)",
                 "add afterCheckpoint: step-1000 (or afterStep: 50 to trigger on progress)",
-                key=("afterCheckpoint",),
-                got="nothing",
-            )
-        if self.after_checkpoint is not None and self.after_step is not None:
-            raise refuse(
-                "afterStep and afterCheckpoint cannot both be set",
-                "one trigger: afterCheckpoint or afterStep",
-                "remove one of them",
-                key=("afterStep",),
-                got=str(self.after_step),
-            )
+            ),
+            both=("one trigger: afterCheckpoint or afterStep", "remove one of them"),
+        )
         if self.after_step is not None and self.type == "KillDuringCheckpoint":
             raise refuse(
                 "does not apply to KillDuringCheckpoint (it kills inside a save)",

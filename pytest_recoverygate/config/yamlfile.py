@@ -182,19 +182,39 @@ class Reader:
     ) -> None:
         self.problems.append(Problem(line, format_path(path), problem, got, allowed, hint))
 
+    def _unsupported_tag(
+        self, node: Node, line: int, path: PathKey, got: str, allowed: str
+    ) -> object:
+        """Report ``node``'s YAML tag as one not read; the value is INVALID."""
+        self._problem(
+            line,
+            path,
+            f"YAML tag {node.tag} is not supported",
+            got=got,
+            allowed=allowed,
+            hint="remove the tag",
+        )
+        return INVALID
+
+    def _read_child(self, node: Node, child: PathKey, line: int) -> Any:
+        """Read a mapping's value or a list's item, remembering its line and its text as
+        written (a scalar) or described (a mapping or list)."""
+        value = self.read(node, child)
+        text = _scalar_text(node) if isinstance(node, ScalarNode) else describe(value)
+        self.where[child] = Where(line, text)
+        return value
+
     def read(self, node: Node, path: PathKey) -> Any:
         line = node.start_mark.line + 1
         if isinstance(node, ScalarNode):
             if node.tag not in _SCALAR_TAGS:
-                self._problem(
+                return self._unsupported_tag(
+                    node,
                     line,
                     path,
-                    f"YAML tag {node.tag} is not supported",
-                    got=_scalar_text(node),
-                    allowed="plain YAML values (text, numbers, true/false)",
-                    hint="remove the tag",
+                    _scalar_text(node),
+                    "plain YAML values (text, numbers, true/false)",
                 )
-                return INVALID
             try:
                 value = self.loader.construct_object(node)
             except (yaml.YAMLError, ValueError, OverflowError, TypeError) as exc:
@@ -213,15 +233,9 @@ class Reader:
             return value
         if isinstance(node, MappingNode):
             if node.tag != _MAP_TAG:
-                self._problem(
-                    line,
-                    path,
-                    f"YAML tag {node.tag} is not supported",
-                    got="a tagged mapping",
-                    allowed="a plain mapping",
-                    hint="remove the tag",
+                return self._unsupported_tag(
+                    node, line, path, "a tagged mapping", "a plain mapping"
                 )
-                return INVALID
             result: dict[Any, Any] = {}
             for key_node, value_node in node.value:
                 key_line = key_node.start_mark.line + 1
@@ -250,37 +264,15 @@ class Reader:
                         hint="remove one of them",
                     )
                     continue
-                value = self.read(value_node, child)
-                text = (
-                    _scalar_text(value_node)
-                    if isinstance(value_node, ScalarNode)
-                    else describe(value)
-                )
-                self.where[child] = Where(key_line, text)
-                result[key] = value
+                result[key] = self._read_child(value_node, child, key_line)
             return result
         if isinstance(node, SequenceNode):
             if node.tag != _SEQ_TAG:
-                self._problem(
-                    line,
-                    path,
-                    f"YAML tag {node.tag} is not supported",
-                    got="a tagged list",
-                    allowed="a plain list",
-                    hint="remove the tag",
-                )
-                return INVALID
+                return self._unsupported_tag(node, line, path, "a tagged list", "a plain list")
             items: list[Any] = []
             for index, item_node in enumerate(node.value):
                 child = (*path, index)
-                value = self.read(item_node, child)
-                text = (
-                    _scalar_text(item_node)
-                    if isinstance(item_node, ScalarNode)
-                    else describe(value)
-                )
-                self.where[child] = Where(item_node.start_mark.line + 1, text)
-                items.append(value)
+                items.append(self._read_child(item_node, child, item_node.start_mark.line + 1))
             return items
         raise AssertionError(f"unexpected YAML node {node!r}")  # pragma: no cover
 

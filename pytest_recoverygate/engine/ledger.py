@@ -192,15 +192,19 @@ class Ledger:
         """The incarnation of ``event``, created (new or old for this kill) on first sight."""
         inc = self.incs.get(event.incarnation)
         if inc is None:
-            kill = self.round.kill_time
-            if kill is not None:
-                born = self.kills if event.timestamp > kill else max(self.kills - 1, 0)
-            else:  # before the first kill, or between two kills (old for the next one)
-                born = self.kills
-            inc = Inc(event.incarnation, event.rank, born, event.timestamp)
+            inc = self._first_sight(event)
             self.incs[event.incarnation] = inc
             self.order.append(inc)
         return inc
+
+    def _first_sight(self, event: TrainingEvent) -> Inc:
+        """The incarnation ``event`` is the first line of: new or old for this kill."""
+        kill = self.round.kill_time
+        if kill is not None:
+            born = self.kills if event.timestamp > kill else max(self.kills - 1, 0)
+        else:  # before the first kill, or between two kills (old for the next one)
+            born = self.kills
+        return Inc(event.incarnation, event.rank, born, event.timestamp)
 
     def is_new(self, inc: Inc) -> bool:
         """A replacement for the kill under judgement (a worker, never a child of one)."""
@@ -210,12 +214,7 @@ class Ledger:
         """A start or checkpoint line of a rank other than the reporting one."""
         inc = self.others.get(event.incarnation)
         if inc is None:
-            kill = self.round.kill_time
-            if kill is not None:
-                born = self.kills if event.timestamp > kill else max(self.kills - 1, 0)
-            else:
-                born = self.kills
-            inc = Inc(event.incarnation, event.rank, born, event.timestamp)
+            inc = self._first_sight(event)
             self.others[event.incarnation] = inc
         if event.kind is TrainingEventKind.START:
             self.start(inc, event)

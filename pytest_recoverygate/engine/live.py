@@ -305,6 +305,18 @@ class LiveJudge:
         stall_value = max((v for v, _ in stalls.values()), default=None)
         limit = spec.max_survivor_stall
         silent = [r for r in survivors if not any(t > kill for t, _ in self._commits(r))]
+        kept_expected = f"<= {format_seconds(limit)}" if limit is not None else "training on"
+
+        def kept_training(how: str) -> Check:
+            return Check(
+                "survivors_kept_training",
+                True,
+                kept_expected,
+                format_seconds(stall_value or 0.0),
+                f"the survivors kept training{how}; longest stall "
+                f"{format_seconds(stall_value or 0)}",
+            )
+
         if not survivors:
             checks.append(
                 Check(
@@ -357,22 +369,13 @@ class LiveJudge:
                 )
             )
         elif rejoin is None and not silent:
-            checks.append(
-                Check(
-                    "survivors_kept_training",
-                    True,
-                    f"<= {format_seconds(limit)}" if limit is not None else "training on",
-                    format_seconds(stall_value or 0.0),
-                    "the survivors kept training (no rejoin to wait for); longest stall "
-                    f"{format_seconds(stall_value or 0)}",
-                )
-            )
+            checks.append(kept_training(" (no rejoin to wait for)"))
         elif rejoin is None or not all(done for _, done in stalls.values()):
             checks.append(
                 Check(
                     "survivors_kept_training",
                     None,
-                    f"<= {format_seconds(limit)}" if limit is not None else "training on",
+                    kept_expected,
                     f">= {format_seconds(stall_value or 0.0)} so far",
                     "the survivors' stall is not closed: the replacement has not rejoined, or "
                     "a survivor committed nothing after the rejoin before the drill ended",
@@ -380,16 +383,7 @@ class LiveJudge:
                 )
             )
         else:
-            checks.append(
-                Check(
-                    "survivors_kept_training",
-                    True,
-                    f"<= {format_seconds(limit)}" if limit is not None else "training on",
-                    format_seconds(stall_value or 0.0),
-                    "the survivors kept training; longest stall "
-                    f"{format_seconds(stall_value or 0)}",
-                )
-            )
+            checks.append(kept_training(""))
 
         # rejoin_time
         rejoin_seconds = rejoin[1] - kill if rejoin is not None else None

@@ -70,6 +70,7 @@ from pydantic import BaseModel
 from pytest_recoverygate.engine.model import (
     Fault,
     GroupEvent,
+    KillOutcome,
     KillResult,
     Node,
     TrainingEvent,
@@ -90,6 +91,7 @@ __all__ = [
     "RealClock",
     "SimulatedClock",
     "cleanup_once",
+    "node_moved",
 ]
 
 S = TypeVar("S")
@@ -116,6 +118,21 @@ def cleanup_once(method: Callable[[S], R]) -> Callable[[S], R | None]:
         return method(self)
 
     return once
+
+
+def node_moved(node: Node, now: Node | None, clock: Clock, absent: str) -> KillResult | None:
+    """ALREADY_GONE when ``node``, as a node fault was aimed at it, is not the job's node
+    ``node.index`` any more: ``now`` is that node as the backend sees it now (None: there
+    is none, which ``absent`` says in the backend's words). None while it still is."""
+    if now is not None and now.identity == node.identity and node.workers:
+        return None
+    seen = now.describe() if now is not None else absent
+    return KillResult(
+        KillOutcome.ALREADY_GONE,
+        clock.now(),
+        f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
+        "nothing was touched",
+    )
 
 
 @runtime_checkable

@@ -6,9 +6,10 @@ optional ``plot`` extra; without it, nothing is drawn and :data:`PLOT_HINT` says
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pytest_recoverygate.report.pictures import plotting_available, save_pictures
 
 if TYPE_CHECKING:
     from pytest_recoverygate.engine.goodput import Projection
@@ -23,24 +24,6 @@ __all__ = [
 ]
 
 PLOT_HINT = "install the plot extra (pip install 'recoverygate[plot]') to get the pictures"
-
-
-def _available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def _save(fig: Any, directory: Path, stem: str) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        paths = [directory / f"{stem}.png", directory / f"{stem}.svg"]
-        for path in paths:
-            fig.savefig(path)
-            path.chmod(0o644)
-    finally:
-        plt.close(fig)
-    return paths
 
 
 def spread_points(doc: dict[str, Any]) -> list[tuple[float, float | None, float | None]]:
@@ -93,9 +76,9 @@ def build_spread_figure(doc: dict[str, Any]) -> Any:
 
 def write_spread_picture(doc: dict[str, Any], directory: Path) -> list[Path]:
     """``spread.png``/``.svg`` for a drill that killed at two or more positions; else []."""
-    if not _available() or len(spread_points(doc)) < 2:
+    if not plotting_available() or len(spread_points(doc)) < 2:
         return []
-    return _save(build_spread_figure(doc), directory, "spread")
+    return save_pictures(build_spread_figure(doc), directory, "spread")
 
 
 def build_goodput_figure(projection: Projection) -> Any:
@@ -138,6 +121,6 @@ def build_goodput_figure(projection: Projection) -> Any:
 
 def write_goodput_picture(projection: Projection, directory: Path) -> list[Path]:
     """``goodput.png``/``.svg`` in ``directory``; [] without matplotlib."""
-    if not _available():
+    if not plotting_available():
         return []
-    return _save(build_goodput_figure(projection), directory, "goodput")
+    return save_pictures(build_goodput_figure(projection), directory, "goodput")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_recoverygate.durations import parse_duration
+from pytest_recoverygate.engine.verdict import BREAKDOWN_PHASES
 from pytest_recoverygate.errors import BaselineError
 
 __all__ = [
@@ -110,15 +111,7 @@ KNOWN_FIGURES: tuple[Figure, ...] = (
 )
 
 #: The recovery phases the backends report (``breakdown``), in their order after a kill.
-KNOWN_PHASES = (
-    "failureDetected",
-    "replacementScheduled",
-    "replacementRunning",
-    "processStarted",
-    "firstReport",
-    "checkpointLoaded",
-    "firstStepAfterResume",
-)
+KNOWN_PHASES = BREAKDOWN_PHASES
 
 _KNOWN_PATHS = {f.path for f in KNOWN_FIGURES}
 # limits and settings, not measurements

@@ -11,7 +11,6 @@ The picture needs the ``plot`` extra (matplotlib); the table never does.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from pytest_recoverygate.report.compare import (
     phase_durations,
 )
 from pytest_recoverygate.report.files import write_private
+from pytest_recoverygate.report.pictures import plotting_available, save_pictures
 
 __all__ = [
     "HISTORY_PLOT_HINT",
@@ -252,17 +252,8 @@ def write_history(runs: Sequence[Run], out: Path) -> list[Path]:
         raise BaselineError(f"-o {out}: is a file; give a folder for history.png/.svg/.md")
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    if importlib.util.find_spec("matplotlib") is not None:
-        import matplotlib.pyplot as plt
-
-        fig = build_history_figure(runs)
-        try:
-            for path in (out / "history.png", out / "history.svg"):
-                fig.savefig(path)
-                path.chmod(0o644)
-                written.append(path)
-        finally:
-            plt.close(fig)
+    if plotting_available():
+        written = save_pictures(build_history_figure(runs), out, "history")
     text = history_markdown(runs, "history.png" if written else None)
     if not written:
         text += f"\nNo picture: {HISTORY_PLOT_HINT}.\n"

@@ -11,9 +11,10 @@ document, so its data is exactly the report's.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
+
+from pytest_recoverygate.report.pictures import plotting_available, save_pictures
 
 __all__ = [
     "PICTURE_HINT",
@@ -44,25 +45,11 @@ _REPLICA_COLORS = ("#0969da", "#bf3989", "#1a7f37", "#9a6700", "#8250df", "#5760
 _COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
 
 
-def plotting_available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
-
-
 def write_timeline_picture(doc: dict[str, Any], directory: Path) -> list[Path]:
     """Draw ``timeline.png`` and ``timeline.svg`` from a report document; [] without matplotlib."""
     if not plotting_available() or not doc.get("progress"):
         return []
-    import matplotlib.pyplot as plt
-
-    fig = build_figure(doc)
-    try:
-        paths = [directory / "timeline.png", directory / "timeline.svg"]
-        for path in paths:
-            fig.savefig(path)
-            path.chmod(0o644)
-    finally:
-        plt.close(fig)
-    return paths
+    return save_pictures(build_figure(doc), directory, "timeline")
 
 
 def build_figure(doc: dict[str, Any]) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,19 +144,22 @@ class NodeOps:
 
     # ------------------------------------------------------------------ cordon
 
+    def _write(self, call: Callable[..., Any], *args: Any, dry_run: bool) -> None:
+        """One write to the API server (``dry_run``: the server's own dry run of it)."""
+        resp = call(
+            *args,
+            dry_run="All" if dry_run else None,
+            _preload_content=False,
+            _request_timeout=(5, self.session.request_timeout),
+        )
+        resp.release_conn()
+
     def _patch(self, api: Any, node: str, unschedulable: bool, *, dry_run: bool, why: str) -> None:
         from kubernetes.client.exceptions import ApiException
 
         body = {"spec": {"unschedulable": True if unschedulable else None}}
         try:
-            resp = api.patch_node(
-                node,
-                body,
-                dry_run="All" if dry_run else None,
-                _preload_content=False,
-                _request_timeout=(5, self.session.request_timeout),
-            )
-            resp.release_conn()
+            self._write(api.patch_node, node, body, dry_run=dry_run)
         except ApiException as exc:
             if exc.status == 403:
                 raise self._forbidden("patch", "nodes", why, exc) from None
@@ -188,17 +192,24 @@ class NodeOps:
 
     # ------------------------------------------------------------------ the faults
 
+    def _target_gone(self, node: str, target: Worker, victims: list[Worker]) -> KillResult | None:
+        """ALREADY_GONE when ``target`` is not among the job's pods on ``node`` any more."""
+        if target.instance_id in {w.instance_id for w in victims}:
+            return None
+        return KillResult(
+            KillOutcome.ALREADY_GONE,
+            self.session.clock.now(),
+            f"pod {target.name!r} (uid {target.instance_id}) is no longer on node {node}; "
+            "nothing was touched",
+        )
+
     def kill_node(self, node: str, target: Worker, *, dry_run: bool, cordon: bool) -> KillResult:
         """KillNode: (cordon, then) delete every pod of the job on ``node``, grace 0."""
         now = self.session.clock.now
         victims = self.job_pods_on(node)
-        if target.instance_id not in {w.instance_id for w in victims}:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                now(),
-                f"pod {target.name!r} (uid {target.instance_id}) is no longer on node {node}; "
-                "nothing was touched",
-            )
+        gone = self._target_gone(node, target, victims)
+        if gone is not None:
+            return gone
         names = ", ".join(f"{w.name} (rank {w.rank})" for w in victims)
         if dry_run:
             if cordon:
@@ -253,15 +264,13 @@ class NodeOps:
             ),
         )
         try:
-            resp = self._api().create_namespaced_pod_eviction(
+            self._write(
+                self._api().create_namespaced_pod_eviction,
                 worker.name,
                 self.session.namespace,
                 body,
-                dry_run="All" if dry_run else None,
-                _preload_content=False,
-                _request_timeout=(5, self.session.request_timeout),
+                dry_run=dry_run,
             )
-            resp.release_conn()
         except ApiException as exc:
             budget = blocking_budget(exc)
             if budget is not None:
@@ -285,13 +294,9 @@ class NodeOps:
         first, so a PodDisruptionBudget that blocks any of them stops it before any."""
         now = self.session.clock.now
         victims = self.job_pods_on(node)
-        if target.instance_id not in {w.instance_id for w in victims}:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                now(),
-                f"pod {target.name!r} (uid {target.instance_id}) is no longer on node {node}; "
-                "nothing was touched",
-            )
+        gone = self._target_gone(node, target, victims)
+        if gone is not None:
+            return gone
         if cordon:
             self.check_rights(node, cordon=True, evict=None)
         for worker in victims:

@@ -52,7 +52,13 @@ from pytest_recoverygate.orchestrators.kubernetes.logs import LogStream
 from pytest_recoverygate.orchestrators.kubernetes.nodes import PARTITION_REFUSED, NodeOps
 from pytest_recoverygate.orchestrators.kubernetes.pods import find_job, pod_phase, worker_of
 from pytest_recoverygate.orchestrators.kubernetes.watch import GroupWatch
-from pytest_recoverygate.registry.seams import Clock, EventSource, RealClock, cleanup_once
+from pytest_recoverygate.registry.seams import (
+    Clock,
+    EventSource,
+    RealClock,
+    cleanup_once,
+    node_moved,
+)
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput
 from pytest_recoverygate.shared.retry import RetryPolicy
@@ -231,14 +237,9 @@ class KubernetesOrchestrator:
         """KillNode / DrainNode of every pod of the job on ``node`` (:mod:`.nodes`);
         ALREADY_GONE when the pods seen on it are no longer there."""
         now = self.current_node(node.index)
-        if now is None or now.identity != node.identity or not node.workers:
-            seen = now.describe() if now is not None else "no such node with Running pods"
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                self.clock.now(),
-                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
-                "nothing was touched",
-            )
+        moved = node_moved(node, now, self.clock, "no such node with Running pods")
+        if moved is not None:
+            return moved
         return self.kill(node.workers[0], dry_run=dry_run, fault=fault)
 
     def restore_node(self, node: Node) -> KillResult:

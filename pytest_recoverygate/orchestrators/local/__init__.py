@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from pytest_recoverygate.config.fields import env_field, env_names, exactly_one, workdir_field
 from pytest_recoverygate.config.schema import (
     MAX_PID,
     InjectFailure,
@@ -46,19 +47,23 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKEND",
     "DRILL_MARKER",
+    "REPLICA_VARIABLES",
     "GroupOrchestrator",
     "LocalOrchestrator",
     "LocalWorkload",
     "Member",
+    "replica_of",
 ]
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")  # members.REPLICA_VARIABLES
+#: Where a member's replica group is read from, first match wins (the reporter's order).
+REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")
 
 
-def _replica_of(env: Mapping[str, str]) -> int | None:
-    for name in _REPLICA_VARIABLES:
+def replica_of(env: Mapping[str, str]) -> int | None:
+    """The member's replica group from its environment, or None."""
+    for name in REPLICA_VARIABLES:
         value = env.get(name)
         if value is not None and value.strip().isdigit():
             return int(value)
@@ -125,20 +130,8 @@ class LocalWorkload(WorkloadBase):
             'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
         ),
     )
-    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = Field(
-        default=Path(),
-        validate_default=True,
-        json_schema_extra=meta(
-            "an existing folder, relative to the config file's folder", "workdir: ."
-        ),
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        json_schema_extra=meta(
-            "a mapping of names to text values (plain numbers like 1 count as written)",
-            'env: {NCCL_DEBUG: "INFO"}',
-        ),
-    )
+    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
+    env: dict[str, str] = env_field('env: {NCCL_DEBUG: "INFO"}')
     nodes: int = node_count_field()
     group: list[Member] | None = Field(
         default=None,
@@ -160,36 +153,24 @@ class LocalWorkload(WorkloadBase):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not name or "=" in name or "\x00" in name:
-                raise refuse(
-                    "is not a usable environment variable name",
-                    "names without '=' or NUL, like NCCL_DEBUG",
-                    key=(name,),
-                    got=repr(name),
-                )
-        return env
+        return env_names(env, "NCCL_DEBUG")
 
     @model_validator(mode="after")
     def _command_xor_attach(self) -> LocalWorkload:
         if self.group is not None:
             return self._one_group()
-        if self.command is None and self.attach_pid is None:
-            raise refuse(
-                "required key is missing",
+        exactly_one(
+            ("command", self.command),
+            ("attachPid", self.attach_pid),
+            missing=(
                 "command (the job to launch) or attachPid (a torchrun agent already running)",
                 'e.g. command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-                key=("command",),
-                got="nothing",
-            )
-        if self.command is not None and self.attach_pid is not None:
-            raise refuse(
-                "attachPid and command cannot both be set",
+            ),
+            both=(
                 "either command (launch) or attachPid (attach)",
                 "remove command to attach to the running job, or attachPid to launch one",
-                key=("attachPid",),
-                got=str(self.attach_pid),
-            )
+            ),
+        )
         return self
 
     @model_validator(mode="after")
@@ -247,7 +228,7 @@ class LocalWorkload(WorkloadBase):
         envs = [{**self.env, **m.env} for m in (self.group or []) if not m.service]
         if self.group is None:
             envs = [dict(self.env)]
-        return sorted({r for env in envs if (r := _replica_of(env)) is not None})
+        return sorted({r for env in envs if (r := replica_of(env)) is not None})
 
     def check_failure(self, failure: InjectFailure) -> None:
         replica = failure.target_replica
@@ -270,7 +251,7 @@ class LocalWorkload(WorkloadBase):
         """The member the drill kills in: the target replica's, else the first that trains."""
         trainers = [m for m in (self.group or []) if not m.service]
         for member in trainers:
-            if replica is not None and _replica_of({**self.env, **member.env}) == replica:
+            if replica is not None and replica_of({**self.env, **member.env}) == replica:
                 return member
         return trainers[0] if trainers else None
 

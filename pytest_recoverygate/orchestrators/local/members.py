@@ -51,11 +51,13 @@ from pytest_recoverygate.engine.model import (
     Workload,
 )
 from pytest_recoverygate.errors import BackendError, DiscoveryError
+from pytest_recoverygate.orchestrators.local import REPLICA_VARIABLES, replica_of
 from pytest_recoverygate.orchestrators.local.orchestrator import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import SubreaperGuard, resolve_executable
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
+from pytest_recoverygate.shared.procs import launch
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -76,8 +78,6 @@ __all__ = [
 
 #: ``{port:NAME}``: one free port per NAME.
 PORT_PATTERN = re.compile(r"\{port:([A-Za-z0-9_.-]+)\}")
-#: Where a member's replica group is read from, first match wins (the reporter's order).
-REPLICA_VARIABLES = ("RECOVERYGATE_REPLICA", "REPLICA_GROUP_ID")
 SERVICE_TERM_GRACE = 3.0  # seconds a service gets after SIGTERM before SIGKILL
 SERVICE_READY_WAIT = 0.5  # seconds a service gets to bind its port before the others start
 
@@ -91,15 +91,6 @@ class MemberSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: Path = Path()
     service: bool = False
-
-
-def replica_of(env: Mapping[str, str]) -> int | None:
-    """The member's replica group from its environment, or None."""
-    for name in REPLICA_VARIABLES:
-        value = env.get(name)
-        if value is not None and value.strip().isdigit():
-            return int(value)
-    return None
 
 
 def _free_port() -> int:
@@ -153,21 +144,13 @@ class ServiceProcess:
     def launch(self, source: StreamEventSource, keep: OutputKeeper) -> None:
         member = self.member
         executable = resolve_executable(member.command[0])
-        try:
-            self._popen = subprocess.Popen(
-                [executable, *member.command[1:]],
-                cwd=member.workdir,
-                env={**os.environ, **self._env},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise DiscoveryError(
-                f"workload.group member {member.name!r}: could not start "
-                f"`{shlex.join(member.command)}` in {member.workdir}: {exc}"
-            ) from exc
+        self._popen = launch(
+            [executable, *member.command[1:]],
+            cwd=member.workdir,
+            env={**os.environ, **self._env},
+            what=f"workload.group member {member.name!r}: could not start "
+            f"`{shlex.join(member.command)}`",
+        )
         assert self._popen.stdout is not None
         source.attach_pipe(
             self._popen.stdout,

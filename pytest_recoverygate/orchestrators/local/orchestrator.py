@@ -76,6 +76,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
+from pytest_recoverygate.shared.procs import launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -486,20 +487,12 @@ class LocalOrchestrator:
         SubreaperGuard.acquire()
         self._subreaper = True
         self._launched_at = time.time()  # the reporter's clock: lines before are not this run's
-        try:
-            self._popen = subprocess.Popen(
-                [executable, *self.command[1:]],
-                cwd=self.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise DiscoveryError(
-                f"could not start `{shlex.join(self.command)}` in {self.workdir}: {exc}"
-            ) from exc
+        self._popen = launch(
+            [executable, *self.command[1:]],
+            cwd=self.workdir,
+            env=env,
+            what=f"could not start `{shlex.join(self.command)}`",
+        )
         agent = psutil.Process(self._popen.pid)
         self._agent = Identity.of(agent)
         self._remember(self._agent)

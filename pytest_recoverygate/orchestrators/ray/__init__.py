@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from pytest_recoverygate.config.fields import env_field, env_names, exactly_one, workdir_field
 from pytest_recoverygate.config.schema import (
     InjectFailure,
     WorkloadBase,
@@ -53,20 +54,8 @@ class RayWorkload(WorkloadBase):
             "entrypoint: [python, train_ray.py]",
         ),
     )
-    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = Field(
-        default=Path(),
-        validate_default=True,
-        json_schema_extra=meta(
-            "an existing folder, relative to the config file's folder", "workdir: ."
-        ),
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        json_schema_extra=meta(
-            "a mapping of names to text values (plain numbers like 1 count as written)",
-            'env: {RECOVERYGATE_AUTO: "1"}',
-        ),
-    )
+    workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
+    env: dict[str, str] = env_field('env: {RECOVERYGATE_AUTO: "1"}')
     address: str | None = Field(
         default=None,
         min_length=1,
@@ -87,15 +76,7 @@ class RayWorkload(WorkloadBase):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not name or "=" in name or "\x00" in name:
-                raise refuse(
-                    "is not a usable environment variable name",
-                    "names without '=' or NUL, like RECOVERYGATE_AUTO",
-                    key=(name,),
-                    got=repr(name),
-                )
-        return env
+        return env_names(env, "RECOVERYGATE_AUTO")
 
     @field_validator("address")
     @classmethod
@@ -116,22 +97,18 @@ class RayWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _entrypoint_xor_submission(self) -> RayWorkload:
-        if self.entrypoint is None and self.submission_id is None:
-            raise refuse(
-                "required key is missing",
+        exactly_one(
+            ("entrypoint", self.entrypoint),
+            ("submissionId", self.submission_id),
+            missing=(
                 "entrypoint (the driver to launch) or submissionId (a Ray Job already running)",
                 "e.g. entrypoint: [python, train_ray.py]",
-                key=("entrypoint",),
-                got="nothing",
-            )
-        if self.entrypoint is not None and self.submission_id is not None:
-            raise refuse(
-                "submissionId and entrypoint cannot both be set",
+            ),
+            both=(
                 "either entrypoint (launch) or submissionId (attach)",
                 "remove entrypoint to attach to the running job, or submissionId to launch one",
-                key=("submissionId",),
-                got=self.submission_id,
-            )
+            ),
+        )
         if self.submission_id is not None and self.address is None:
             raise refuse(
                 "submissionId needs the cluster it runs on",

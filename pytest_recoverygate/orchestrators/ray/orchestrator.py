@@ -85,6 +85,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
+from pytest_recoverygate.shared.procs import launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -443,21 +444,12 @@ class RayOrchestrator:
         command = [shutil.which(self.entrypoint[0]) or self.entrypoint[0], *self.entrypoint[1:]]
         if command[0] == "python" or Path(command[0]).name in ("python", "python3"):
             command[0] = sys.executable  # the drill's own interpreter: the one with ray
-        try:
-            self._popen = subprocess.Popen(
-                command,
-                cwd=self.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise DiscoveryError(
-                f"could not launch workload.entrypoint `{shlex.join(self.entrypoint)}` in "
-                f"{self.workdir}: {exc}"
-            ) from exc
+        self._popen = launch(
+            command,
+            cwd=self.workdir,
+            env=env,
+            what=f"could not launch workload.entrypoint `{shlex.join(self.entrypoint)}`",
+        )
         assert self._popen.stdout is not None
         self._reader = threading.Thread(
             target=self._read_driver, args=(self._popen.stdout,), name="ray-driver", daemon=True

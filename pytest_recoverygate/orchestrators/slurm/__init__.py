@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from pytest_recoverygate.config.fields import exactly_one
 from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
@@ -112,22 +113,12 @@ class SlurmWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _one_job(self) -> SlurmWorkload:
-        if self.job_id is None and self.job_name is None:
-            raise refuse(
-                "required key is missing",
-                "jobId or jobName (exactly one)",
-                "e.g. jobId: 12345",
-                key=("jobId",),
-                got="nothing",
-            )
-        if self.job_id is not None and self.job_name is not None:
-            raise refuse(
-                "jobId and jobName cannot both be set",
-                "exactly one of jobId / jobName",
-                "keep the one that names the job",
-                key=("jobName",),
-                got=self.job_name,
-            )
+        exactly_one(
+            ("jobId", self.job_id),
+            ("jobName", self.job_name),
+            missing=("jobId or jobName (exactly one)", "e.g. jobId: 12345"),
+            both=("exactly one of jobId / jobName", "keep the one that names the job"),
+        )
         if self.user is not None and self.job_name is None:
             raise refuse(
                 "user only applies with jobName",

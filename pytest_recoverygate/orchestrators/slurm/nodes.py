@@ -21,7 +21,16 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
 )
 from pytest_recoverygate.registry.seams import Clock
 
-__all__ = ["Failed", "NodeKills", "Snapshot", "job_nodes", "rgkill", "rgnode", "rgnode_gone"]
+__all__ = [
+    "Failed",
+    "NodeKills",
+    "Snapshot",
+    "job_nodes",
+    "rgkill",
+    "rgnode",
+    "rgnode_gone",
+    "signal_time",
+]
 
 
 class Snapshot(Protocol):
@@ -153,10 +162,7 @@ class NodeKills:
             )
         what = answer[0] if answer else "no answer"
         if what == "killed":
-            try:
-                killed_at = float(answer[1])
-            except (IndexError, ValueError):
-                killed_at = sent_at
+            killed_at = signal_time(answer, sent_at)
             count = answer[2] if len(answer) > 2 else "?"
             after = rgnode(out_text[0])
             return KillResult(
@@ -198,6 +204,17 @@ def rgkill(out: str) -> list[str]:
     """The words of a kill step's ``RGKILL`` answer (or its whole output when none)."""
     answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
     return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
+
+
+def signal_time(answer: list[str], sent_at: float) -> float:
+    """When a ``killed`` answer says the signal landed: the node's own time of it (the
+    clock the job's lines are stamped with), else ``sent_at``, when the step was sent;
+    never the time the answer came back, which would shorten the recovery time by the
+    step's latency."""
+    try:
+        return float(answer[1])
+    except (IndexError, ValueError):
+        return sent_at
 
 
 def rgnode(out: str) -> str:

@@ -65,7 +65,12 @@ from pytest_recoverygate.orchestrators.slurm.commands import (
     SlurmCommands,
 )
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
-from pytest_recoverygate.orchestrators.slurm.nodes import NodeKills, job_nodes, rgnode_gone
+from pytest_recoverygate.orchestrators.slurm.nodes import (
+    NodeKills,
+    job_nodes,
+    rgnode_gone,
+    signal_time,
+)
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     FINAL_STATES,
     KILL_SCRIPT,
@@ -84,7 +89,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_probe_output,
     parse_slurm_marker,
 )
-from pytest_recoverygate.registry.seams import Clock, EventSource, cleanup_once
+from pytest_recoverygate.registry.seams import Clock, EventSource, cleanup_once, node_moved
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput
 
@@ -335,6 +340,15 @@ class SlurmOrchestrator:
 
     # --- the kill -----------------------------------------------------------------------
 
+    def _not_discovered(self, worker: Worker) -> KillResult:
+        """ALREADY_GONE for an instance id that is not one :meth:`discover` issued."""
+        return KillResult(
+            KillOutcome.ALREADY_GONE,
+            self.clock.now(),
+            f"{worker.instance_id!r} is not a SLURM worker instance this drill "
+            "discovered; nothing was touched",
+        )
+
     def kill(self, worker: Worker, *, dry_run: bool, fault: Fault | None = None) -> KillResult:
         """Hit the instance ``worker.instance_id`` names, as ``fault.type`` says; never twice.
 
@@ -349,23 +363,13 @@ class SlurmOrchestrator:
             # Details are for display only, so a stale Worker can never aim at a live pid.
             match = _INSTANCE_ID.fullmatch(worker.instance_id)
             if match is None:
-                return KillResult(
-                    KillOutcome.ALREADY_GONE,
-                    self.clock.now(),
-                    f"{worker.instance_id!r} is not a SLURM worker instance this drill "
-                    "discovered; nothing was touched",
-                )
+                return self._not_discovered(worker)
             details.update(match.groupdict())
             result = self._kill_worker(worker, details, dry_run, fault)
         elif fault.type == "KillNode":
             match = _INSTANCE_ID.fullmatch(worker.instance_id)
             if match is None:
-                return KillResult(
-                    KillOutcome.ALREADY_GONE,
-                    self.clock.now(),
-                    f"{worker.instance_id!r} is not a SLURM worker instance this drill "
-                    "discovered; nothing was touched",
-                )
+                return self._not_discovered(worker)
             drain = fault.drain_node or self.drain_node
             result = self._nodes.kill(
                 worker, match.groupdict(), dry_run, drain, self._failed_destructive
@@ -388,15 +392,19 @@ class SlurmOrchestrator:
                 )
         return result
 
-    def current_worker(self, rank: int) -> Worker | None:
-        """That rank's worker in the job's running training step now, as discover() builds
-        it; None when there is none, or when it is an instance a kill already reached."""
+    def _running_snapshot(self) -> _Snapshot | None:
+        """The job's running training step now; None when it is not running (or gone)."""
         assert self.job_id is not None
         try:
             job = self.commands.show_job(self.job_id)
-            snapshot = self._snapshot_workers(job) if job.state == "RUNNING" else None
+            return self._snapshot_workers(job) if job.state == "RUNNING" else None
         except (JobGone, DiscoveryError):
             return None
+
+    def current_worker(self, rank: int) -> Worker | None:
+        """That rank's worker in the job's running training step now, as discover() builds
+        it; None when there is none, or when it is an instance a kill already reached."""
+        snapshot = self._running_snapshot()
         worker = snapshot.workers.get(rank) if snapshot is not None else None
         with self._lock:
             if worker is None or worker.instance_id in self._hit:
@@ -415,12 +423,7 @@ class SlurmOrchestrator:
     def current_node(self, index: int) -> Node | None:
         """Node ``index`` of the job's running training step now (its ranks there), or
         None (no running step, no such node)."""
-        assert self.job_id is not None
-        try:
-            job = self.commands.show_job(self.job_id)
-            snapshot = self._snapshot_workers(job) if job.state == "RUNNING" else None
-        except (JobGone, DiscoveryError):
-            return None
+        snapshot = self._running_snapshot()
         if snapshot is None:
             return None
         self._snapshot = snapshot
@@ -437,14 +440,9 @@ class SlurmOrchestrator:
                 f"{fault.type} cannot be injected on slurm; the node fault here is KillNode"
             )
         now = self.current_node(node.index)
-        if now is None or now.identity != node.identity or not node.workers:
-            seen = now.describe() if now is not None else "no such node in a running step"
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
-                self.clock.now(),
-                f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
-                "nothing was touched",
-            )
+        moved = node_moved(node, now, self.clock, "no such node in a running step")
+        if moved is not None:
+            return moved
         result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
         if result.outcome is KillOutcome.KILLED:
             gone_at = rgnode_gone(result.detail)
@@ -499,13 +497,7 @@ class SlurmOrchestrator:
         now = self.clock.now()
         what = verdict[0] if verdict else "no answer"
         if what == "killed":
-            # The node's own time of the signal (the clock the job's lines are stamped
-            # with), else when the step was sent: never the time the answer came back,
-            # which would shorten the recovery time by the step's latency.
-            try:
-                killed_at = float(verdict[1])
-            except (IndexError, ValueError):
-                killed_at = sent_at
+            killed_at = signal_time(verdict, sent_at)
             detail = f"kill -{sig} {target}"
             if sig == "TERM":
                 self._escalate_later(worker, fault.grace_period)

@@ -1,0 +1,35 @@
+"""Starting the job's own processes on this machine: one way for every backend that
+launches one (the local backend's torchrun and group members, the Ray driver)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pytest_recoverygate.errors import DiscoveryError
+
+__all__ = ["launch"]
+
+
+def launch(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], what: str
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in ``cwd`` in a session of its own (a kill of its group reaches only
+    the job), stdin closed, stdout and stderr merged on one pipe.
+
+    A program that cannot start (not found, not executable, the folder gone) is a
+    :class:`DiscoveryError` that opens with ``what`` (the config key and the command).
+    """
+    try:
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise DiscoveryError(f"{what} in {cwd}: {exc}") from exc
