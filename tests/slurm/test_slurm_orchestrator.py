@@ -559,6 +559,9 @@ def test_cleanup_continues_what_a_hang_stopped_before_anything_else(spawn: Spawn
     orch, worker, here = on_this_machine(proc)
     result = orch.kill(worker, dry_run=False, fault=Fault("HangWorker"))
     assert result.outcome is KillOutcome.KILLED, result.detail
+    deadline = time.monotonic() + 5  # a SIGSTOP is delivered when the target is next scheduled
+    while process_state(proc.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert process_state(proc.pid) == "T"
     orch.cleanup()
     assert process_state(proc.pid) in ("S", "R")

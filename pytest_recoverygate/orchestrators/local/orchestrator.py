@@ -95,6 +95,18 @@ OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once 
 KILL_ROUND_INTERVAL = 0.02  # seconds between cleanup's looks for marked processes
 
 
+def _running(identity: Identity) -> bool:
+    """The process with this identity still runs: a zombie (dead, its exit status not yet
+    collected by a parent that is not ours) holds nothing and is not left running."""
+    proc = identity.process()
+    if proc is None:
+        return False
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class LocalOrchestrator:
     """Launches a torchrun job (or attaches to one), kills one worker by identity, watches it.
 
@@ -763,7 +775,7 @@ class LocalOrchestrator:
         survivors = {i.pid: i for i in self._marked_processes()}
         with self._lock:
             seen = list(self._seen.values())
-        unmarked = {i.pid: i for i in seen if i.pid not in survivors and i.process() is not None}
+        unmarked = {i.pid: i for i in seen if i.pid not in survivors and _running(i)}
         return [describe_process(i, "") for i in survivors.values()] + [
             describe_process(i, f"; not signalled: it does not carry the drill's {DRILL_MARKER}")
             for i in unmarked.values()
