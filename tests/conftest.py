@@ -21,28 +21,20 @@ pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per sessio
 #: cluster (one per worker process otherwise), the Ray clusters, torchft's lighthouses.
 XDIST_GROUPS = ("slurm", "ray", "torchft")
 
-#: The end-to-end drills whose jobs are light (the truth corpus's and the reliability
-#: suite's stand-in jobs import no torch; the Kubernetes jobs are the fake cluster's): they
-#: may run beside the others. Every other drill (torch, Lightning, HF, Ray, torchft, Slurm
-#: jobs: seconds of CPU per process on a 2-core machine) runs in the one ``drills`` worker,
-#: one at a time, as their timings assume.
-LIGHT_DRILLS = ("tests/truth/", "tests/kubernetes/", "tests/reliability/")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The worker group of a test (None: any worker)."""
+    """The worker group of a test (None: any worker). scripts/test runs the drills one at
+    a time (no xdist); under ``-n`` every drill goes to the ``drills`` group all the same."""
     shared = next((g for g in XDIST_GROUPS if item.get_closest_marker(g) is not None), None)
     path = item.path.resolve()
     where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
-    if item.get_closest_marker("e2e") is None:
-        if shared is None and where.startswith("tests/contract/"):
-            return "contract"  # one worker builds each backend's jobs once (module scope)
-        return shared
-    if shared is None and where.startswith(LIGHT_DRILLS):
-        # the truth corpus checks at its end that no job of its own is left: one worker
-        return "truth" if where.startswith("tests/truth/") else None
-    return "drills"
+    if item.get_closest_marker("e2e") is not None:
+        return "drills"
+    if shared is None and where.startswith("tests/contract/"):
+        return "contract"  # one worker builds each backend's jobs once (module scope)
+    return shared
 
 
 def pytest_configure(config: pytest.Config) -> None:
