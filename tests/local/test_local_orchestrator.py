@@ -46,7 +46,9 @@ from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.local import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.registry.seams import Orchestrator, RealClock
 
-pytestmark = pytest.mark.local
+# Real torchrun processes: run with the drills, one at a time (under xdist, beside another
+# worker's tests, the orphaned-workers cleanup found a process of the job it could not end).
+pytestmark = [pytest.mark.local, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "local" / "train.py"
