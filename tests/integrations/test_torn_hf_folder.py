@@ -17,6 +17,7 @@ aspects:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -101,6 +102,11 @@ def tear_the_save_of_step_20(
         proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
+            # torchrun starts each worker in a session of its own: its group is not enough
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     reader.join(10)
