@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -47,6 +48,16 @@ def pytest_configure(config: pytest.Config) -> None:
         folder.mkdir(mode=0o700, exist_ok=True)
         os.environ["RECOVERYGATE_LOCK_DIR"] = str(folder)
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Collect garbage after each drill (its fixtures are finalised by now): a pipe or file
+    a drill or the code it drove left open is then reported on that drill, not on whichever
+    later test the collector happened to run in. Only where processes run (e2e, slow): a
+    collection per unit test would cost the quick lane a minute."""
+    if item.get_closest_marker("e2e") or item.get_closest_marker("slow"):
+        gc.collect()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -189,6 +189,16 @@ _EOF_IN_LOAD = re.compile(
     r"(?:[^\n]*\n){0,8}?[^\n]*\bEOFError\b[^\n]*$",
     re.M,
 )
+#: torch 2.13's zip reader on a zip checkpoint of more than a few KiB cut short: a bare
+#: EINVAL from ``PyTorchFileReader`` inside torch.load (captured:
+#: tests/diagnosis/data/torch-load-zip-large-half.log). Only inside torch.load: an EINVAL
+#: anywhere else says nothing about a checkpoint.
+_EINVAL_IN_LOAD = re.compile(
+    r"torch/serialization\.py\", line \d+, in load\n"
+    r"(?:[^\n]*\n){0,6}?[^\n]*\bPyTorchFileReader\(\w*\)[^\n]*\n"
+    r"(?:[^\n]*\n){0,3}?[^\n]*\bOSError: \[Errno 22\] Invalid argument[^\n]*$",
+    re.M,
+)
 
 
 def _truncated_match(clues: Clues) -> str | None:
@@ -201,6 +211,10 @@ def _truncated_match(clues: Clues) -> str | None:
     if eof:
         frame = eof.group(0).splitlines()[0].strip()  # File ".../torch/serialization.py", …
         return f"EOFError raised in torch.load ({frame})"
+    einval = _last(_EINVAL_IN_LOAD, clues.output)
+    if einval:
+        frame = einval.group(0).splitlines()[0].strip()
+        return f"OSError [Errno 22] from torch.load's zip reader, PyTorchFileReader ({frame})"
     return None
 
 

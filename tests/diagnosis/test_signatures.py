@@ -101,6 +101,10 @@ CASES = {
         failed_after_kill(sample("torch-load-zip-half.log")),
         {"torch-load-truncated"},
     ),
+    "torch-load-zip-large-half.log": (
+        failed_after_kill(sample("torch-load-zip-large-half.log")),
+        {"torch-load-truncated"},
+    ),
     "torch-load-zip-empty.log": (
         failed_after_kill(sample("torch-load-zip-empty.log")),
         {"torch-load-truncated"},
@@ -168,6 +172,19 @@ def test_a_diagnosis_is_one_paragraph_with_a_fix_its_evidence_and_its_link(name:
 
 
 # ------------------------------------------------------------------- the guards
+
+
+def test_a_truncated_load_is_recognised_in_a_rank_prefixed_log_as_torchrun_prints_it() -> None:
+    for name in ("torch-load-zip-large-half.log", "torch-load-zip-half.log"):
+        prefixed = "".join(f"[rank0]: {line}\n" for line in sample(name).splitlines())
+        assert ids(failed_after_kill(prefixed)) == {"torch-load-truncated"}, name
+
+
+def test_an_einval_outside_torch_load_is_no_truncated_checkpoint() -> None:
+    output = sample("torch-load-zip-large-half.log").replace(", in load\n", ", in read_all\n")
+    assert "torch-load-truncated" not in ids(failed_after_kill(output))
+    (diagnosis,) = diagnose(failed_after_kill(sample("torch-load-zip-large-half.log")))
+    assert "Errno 22" in diagnosis.evidence and "PyTorchFileReader" in diagnosis.evidence
 
 
 def test_the_tcp_store_diagnosis_names_both_fixes() -> None:

@@ -51,11 +51,12 @@ class KillServer:
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            line = raw.decode("utf-8", "replace").strip()
-            if line.startswith(HELPER_MARK):
-                with contextlib.suppress(ValueError):
-                    self._answers.put(json.loads(line[len(HELPER_MARK) :]))
+        with self._proc.stdout as pipe:  # closed when the server ends: no pipe left open
+            for raw in pipe:
+                line = raw.decode("utf-8", "replace").strip()
+                if line.startswith(HELPER_MARK):
+                    with contextlib.suppress(ValueError):
+                        self._answers.put(json.loads(line[len(HELPER_MARK) :]))
         self._answers.put(None)
 
     def ready(self, timeout: float) -> bool:
