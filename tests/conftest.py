@@ -79,7 +79,14 @@ FAKE_DRILL: dict[str, Any] = {
         },
     },
     "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-40"},
-    "expectations": {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "2s", "maxLostSteps": 40},
+    # A 1 s sustain window, not the default 10 s: the fake job's steps are steady, and ten
+    # seconds of it per drill cost the quick lane minutes. The tests of the window set it.
+    "expectations": {
+        "resumeFromCheckpoint": "latest",
+        "maxRecoveryTime": "2s",
+        "maxLostSteps": 40,
+        "sustain": "1s",
+    },
     "safety": {"requireConfirm": False},
     "timeouts": {"recovery": "5s"},
 }

@@ -692,6 +692,12 @@ def test_the_live_status_says_what_the_replacement_is_doing() -> None:
     assert engine.status(T0 + 3.4) == "replacement process started 0.4s ago; no training step yet"
     drive(engine, [ev(L, 3.5, "new", 20)])
     assert "replacement loaded checkpoint 20" in engine.status(T0 + 4.0)
+    drive(engine, [ev(P, 4.0, "new", 21)])
+    drive(engine, [ev(P, 4.5, "new", 22), ev(P, 5.0, "new", 23)])
+    # In the sustain window it says how far the hold has come, not that it is still learning.
+    status = engine.status(T0 + 5.1)
+    assert status.startswith("the replacement trains: 2 step(s) over 1.0s since its step 21;")
+    assert "holding the recovery for" in status
 
 
 def test_a_replacement_whose_start_line_predates_the_kill_by_a_tick_is_still_new() -> None:

@@ -82,8 +82,9 @@ class Life:
     start: float
     resume: int  # the state it trains from
     loaded: int | None
-    events: list[TrainingEvent] = field(default_factory=list)
+    events: list[TrainingEvent] = field(default_factory=list)  # in time order
     end: float = math.inf
+    sent: int = 0  # how many of ``events`` the engine has been given
 
 
 class SimJob:
@@ -121,7 +122,6 @@ class SimJob:
         self.lives = [self._life(0.0, 0, None)]
         self.group: list[GroupEvent] = []
         self.kills = 0
-        self.sent: set[int] = set()
 
     def _parts(self, step: int, *, loading: bool = False) -> tuple[tuple[str, str], ...]:
         optimizer = "f" * 16 if loading and self.bad_parts else f"{step:016x}"
@@ -144,16 +144,16 @@ class SimJob:
                 digest = combined(parts)
                 t += self.save
                 life.events.append(ev(C, t + 0.002, life.inc, step, digest=digest, parts=parts))
+        life.events.sort(key=lambda e: e.timestamp)  # stable: lines of one instant keep order
         return life
 
     def lines_until(self, now: float) -> list[TrainingEvent]:
         out = []
         for life in self.lives:
-            for event in life.events:
-                key = id(event)
-                if event.timestamp - T0 <= min(now, life.end) and key not in self.sent:
-                    self.sent.add(key)
-                    out.append(event)
+            horizon = min(now, life.end)
+            while life.sent < len(life.events) and life.events[life.sent].timestamp - T0 <= horizon:
+                out.append(life.events[life.sent])
+                life.sent += 1
         return sorted(out, key=lambda e: e.timestamp)
 
     def group_until(self, now: float) -> list[GroupEvent]:

@@ -276,6 +276,15 @@ class DrillState:
                 what = f"; the backend reports {latest[0].value}" if latest else ""
                 return f"killed; waiting for a replacement to report{what}"
             inc = new[-1]
+            window = kill.window if kill is not None else None
+            if window is not None:
+                trained = window.last[0] - window.start[0]
+                held = max(window.last[1] - window.start[1], 0.0)
+                return (
+                    f"the replacement trains: {trained} step(s) over {held:.1f}s since its "
+                    f"step {window.start[0]}; holding the recovery for "
+                    f"{self.spec.sustain.describe()} of training"
+                )
             if inc.first is not None:
                 return (
                     f"the replacement's first step was {inc.first[0]}; waiting for its next "

@@ -94,6 +94,7 @@ def test_a_kubeconfig_token_reaches_no_report_and_no_output(
                     "resumeFromCheckpoint": "latest",
                     "maxRecoveryTime": "10s",
                     "maxLostSteps": 100,
+                    "sustain": "1s",
                 },
                 "safety": {"requireConfirm": False},
             }
