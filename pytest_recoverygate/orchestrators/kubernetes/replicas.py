@@ -33,12 +33,12 @@ from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillResult,
-    TrainingEvent,
     Worker,
     Workload,
 )
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.orchestrators.kubernetes.logs import PodLogEvents
 from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
@@ -54,26 +54,6 @@ __all__ = ["CATCH_UP_WAIT", "CAUGHT_UP", "ReplicaGroupsOrchestrator"]
 CAUGHT_UP = 1.0
 #: The longest discovery waits for every group's stream to be current (seconds).
 CATCH_UP_WAIT = 15.0
-
-
-class _SharedEvents:
-    """The shared event source, raising any group's background failure (a 403 on a log)."""
-
-    def __init__(self, source: StreamEventSource, groups: list[KubernetesOrchestrator]) -> None:
-        self._source = source
-        self._groups = groups
-
-    def poll(self) -> list[TrainingEvent]:
-        for group in self._groups:
-            group.session.raise_fatal()
-        return self._source.poll()
-
-    @property
-    def malformed_lines(self) -> int:
-        return self._source.malformed_lines
-
-    def close(self) -> None:
-        self._source.close()
 
 
 class ReplicaGroupsOrchestrator:
@@ -119,7 +99,9 @@ class ReplicaGroupsOrchestrator:
                 api_client=api_client,
                 source=self._source,
             )
-        self._events = _SharedEvents(self._source, list(self.groups.values()))
+        self._events = PodLogEvents(
+            self._source, *(group.session for group in self.groups.values())
+        )
         self._failed_reported = False
 
     @property
@@ -203,7 +185,7 @@ class ReplicaGroupsOrchestrator:
                     )
         return out
 
-    def events(self) -> _SharedEvents:
+    def events(self) -> PodLogEvents:
         return self._events
 
     def job_output(self) -> JobOutput:

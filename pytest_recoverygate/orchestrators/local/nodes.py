@@ -68,6 +68,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
 )
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
+from pytest_recoverygate.shared.procs import job_command
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -157,9 +158,7 @@ class LocalNodesOrchestrator:
         nodes: int,
         clock: Clock,
     ) -> None:
-        if not command:
-            raise DiscoveryError("workload.command is empty: give the torchrun command to launch")
-        self.command = list(command)
+        self.command = job_command(command, key="workload.command", what="the torchrun command")
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.nodes = nodes

@@ -76,7 +76,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
-from pytest_recoverygate.shared.procs import launch
+from pytest_recoverygate.shared.procs import job_command, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -132,12 +132,13 @@ class LocalOrchestrator:
     ) -> None:
         """``source`` and ``stream``: one member of a group (``.members``) shares the
         group's event source, its output named ``stream`` (default: its own, "torchrun")."""
-        if not command and attach_pid is None:
-            raise DiscoveryError(
-                "workload.command is empty: give the torchrun command to launch, "
-                'e.g. ["torchrun", "--nproc-per-node=2", "train.py"]'
-            )
-        self.command = list(command)
+        self.command = job_command(
+            command,
+            key="workload.command",
+            what="the torchrun command",
+            example='["torchrun", "--nproc-per-node=2", "train.py"]',
+            attached=attach_pid is not None,
+        )
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.target_rank = target_rank

@@ -85,7 +85,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.shared.procs import launch
+from pytest_recoverygate.shared.procs import job_command, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -130,12 +130,13 @@ class RayOrchestrator:
         target_rank: int = 1,
         clock: Clock,
     ) -> None:
-        if not entrypoint and submission_id is None:
-            raise DiscoveryError(
-                "workload.entrypoint is empty: give the driver to launch, "
-                "e.g. [python, train_ray.py]"
-            )
-        self.entrypoint = list(entrypoint)
+        self.entrypoint = job_command(
+            entrypoint,
+            key="workload.entrypoint",
+            what="the driver",
+            example="[python, train_ray.py]",
+            attached=submission_id is not None,
+        )
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.address = address
