@@ -27,15 +27,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillResult,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.base import cleanup_once
 from pytest_recoverygate.orchestrators.kubernetes.logs import PodLogEvents
@@ -115,9 +107,9 @@ class ReplicaGroupsOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Discover every group (the target's first: its workers lead the workload)."""
-        found: dict[int, Workload] = {}
+        found: dict[int, model.Workload] = {}
         for replica, group in self.groups.items():
             try:
                 found[replica] = group.discover(deadline)
@@ -141,7 +133,7 @@ class ReplicaGroupsOrchestrator:
         what = ", ".join(
             f"replica {r}: {wl.job} ({len(wl.workers)} pod(s))" for r, wl in found.items()
         )
-        return Workload(
+        return model.Workload(
             job=f"{len(found)} replica groups ({what})",
             workers=workers,
             nodes=found[self.target_replica].nodes,
@@ -164,21 +156,23 @@ class ReplicaGroupsOrchestrator:
                 return
             clock.wait(0.05)
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         """One DELETE of the target group's pod instance (uid precondition)."""
         return self.target.kill(worker, dry_run=dry_run, fault=fault)
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         return self.target.current_worker(rank)
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         """The target group's events; a surviving group's job failing is JOB_FAILED."""
         out = list(self.target.watch_group())
         for replica, group in self.groups.items():
             if replica == self.target_replica:
                 continue
             for event in group.watch_group():
-                if event.kind is GroupEventKind.JOB_FAILED and not self._failed_reported:
+                if event.kind is model.GroupEventKind.JOB_FAILED and not self._failed_reported:
                     self._failed_reported = True
                     out.append(
                         dataclasses.replace(event, detail=f"replica {replica}: {event.detail}")
