@@ -119,7 +119,7 @@ def distinct_items(
 
 
 def check_target_replica(
-    replica: int | None, known: list[int] | None, *, needs: str, add: str
+    replica: int | None, known: list[int] | None, needs: str, add: str
 ) -> None:
     """Refuse a ``targetReplica`` the job cannot take: one set without
     ``workload.replicas`` (``known`` None; ``needs`` says why it takes them, ``add`` how

@@ -74,6 +74,15 @@ def _strip(value: Any) -> Any:
     return value
 
 
+#: A targetReplica without workload.replicas: why the drill needs them, how to add them.
+_REPLICAS_NEEDED = (
+    "needs workload.replicas on kubernetes: the drill finds a replica group's pods by a "
+    "label selector of its own",
+    'add replicas: [{replica: 0, selector: "..."}, {replica: 1, selector: "..."}] instead '
+    "of selector",
+)
+
+
 class KubernetesReplica(Section):
     """One replica group of a torchft job (``workload.replicas``, recovery: live): the
     pods its own label selector matches (docs/torchft.md)."""
@@ -176,14 +185,8 @@ class KubernetesWorkload(WorkloadBase):
         return sorted(item.replica for item in self.replicas or [])
 
     def check_failure(self, failure: InjectFailure) -> None:
-        check_target_replica(
-            failure.target_replica,
-            self.replica_ids() if self.replicas is not None else None,
-            needs="needs workload.replicas on kubernetes: the drill finds a replica group's "
-            "pods by a label selector of its own",
-            add='add replicas: [{replica: 0, selector: "..."}, {replica: 1, selector: '
-            '"..."}] instead of selector',
-        )
+        known = self.replica_ids() if self.replicas is not None else None
+        check_target_replica(failure.target_replica, known, *_REPLICAS_NEEDED)
 
 
 def _create(workload: KubernetesWorkload, failure: InjectFailure, clock: Clock) -> Orchestrator:

@@ -51,6 +51,13 @@ FAULT_TYPES = (
     "KillNode",
 )
 
+#: A targetReplica without workload.replicas: why the drill needs them, how to add them.
+_REPLICAS_NEEDED = (
+    "needs workload.replicas on slurm: the drill finds a replica group by the name of its job step",
+    "add replicas: [{replica: 0, step: replica-0}, {replica: 1, step: replica-1}] (each "
+    "replica group's srun --job-name)",
+)
+
 
 class SlurmReplica(Section):
     """One replica group of a torchft job (``workload.replicas``, recovery: live): the
@@ -145,14 +152,8 @@ class SlurmWorkload(WorkloadBase):
                 key=("type",),
                 got=failure.type,
             )
-        check_target_replica(
-            failure.target_replica,
-            self.replica_ids() if self.replicas is not None else None,
-            needs="needs workload.replicas on slurm: the drill finds a replica group by "
-            "the name of its job step",
-            add="add replicas: [{replica: 0, step: replica-0}, {replica: 1, step: "
-            "replica-1}] (each replica group's srun --job-name)",
-        )
+        known = self.replica_ids() if self.replicas is not None else None
+        check_target_replica(failure.target_replica, known, *_REPLICAS_NEEDED)
 
     def step_of(self, replica: int | None) -> str | None:
         """The job step name of ``replica`` (None without ``replicas``)."""
