@@ -170,20 +170,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def compare_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate compare BASE NEW``: the table; 1 when a figure regressed."""
     from pytest_recoverygate.errors import BaselineError
-    from pytest_recoverygate.report.compare import (
-        compare,
-        format_table,
-        load_report,
-        parse_allowances,
-    )
+    from pytest_recoverygate.report import compare as baseline
 
     try:
         allowances = {}
         for text in args.max_regression:
-            allowances.update(parse_allowances(text, "--max-regression"))
-        base = load_report(args.base, "BASE")
-        new = load_report(args.new, "NEW")
-        comparison = compare(base, new, allowances, base_name="base", new_name="new")
+            allowances.update(baseline.parse_allowances(text, "--max-regression"))
+        base = baseline.load_report(args.base, "BASE")
+        new = baseline.load_report(args.new, "NEW")
+        comparison = baseline.compare(base, new, allowances, base_name="base", new_name="new")
     except BaselineError as exc:
         print(f"{name} compare: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -193,7 +188,7 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
             return EXIT_USAGE
         print(f"{name} compare: warning: {warning}", file=sys.stderr)
     print(f"base: {args.base}\nnew:  {args.new}")
-    print(format_table(comparison, markdown=args.markdown))
+    print(baseline.format_table(comparison, markdown=args.markdown))
     return EXIT_CODES[Verdict.FAIL] if comparison.regressed else EXIT_PASS
 
 
@@ -217,12 +212,7 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
     import json
 
     from pytest_recoverygate.durations import parse_duration
-    from pytest_recoverygate.engine.goodput import (
-        ProjectionError,
-        format_projection,
-        inputs_from_report,
-        project,
-    )
+    from pytest_recoverygate.engine import goodput
 
     try:
         doc = json.loads(args.report.read_text(encoding="utf-8"))
@@ -230,13 +220,13 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
         print(f"{name} goodput: cannot read {args.report}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        inputs = inputs_from_report(doc)
+        inputs = goodput.inputs_from_report(doc)
         interval: float | None = None
         if args.interval:
             text = args.interval.replace(" ", "")
             if text.endswith("steps") and text[:-5].isdigit():
                 if not inputs.interval_steps:
-                    raise ProjectionError(
+                    raise goodput.ProjectionError(
                         "--interval in steps needs the checkpoint interval "
                         "in steps, which the report lacks"
                     )
@@ -245,21 +235,21 @@ def goodput_command(args: argparse.Namespace, name: str) -> int:
                 try:
                     interval = parse_duration(text)
                 except ValueError as exc:
-                    raise ProjectionError(
+                    raise goodput.ProjectionError(
                         f"--interval {args.interval!r}: {exc}; write a "
                         "duration (30m) or a step count (500steps)"
                     ) from None
-        projection = project(
+        projection = goodput.project(
             inputs,
             args.gpus,
             mtbf_hours=args.mtbf_hours,
             failures_per_gpu_hour=args.failures_per_gpu_hour,
             interval=interval,
         )
-    except ProjectionError as exc:
+    except goodput.ProjectionError as exc:
         print(f"{name} goodput: {args.report}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print("\n".join(format_projection(projection)))
+    print("\n".join(goodput.format_projection(projection)))
     if args.plot is not None:
         from pytest_recoverygate.report.charts import PLOT_HINT, write_goodput_picture
 

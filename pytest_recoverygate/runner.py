@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec
 
 from pytest_recoverygate.config.schema import spec_from_config
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.machine import (
     DrillEngine,
     DrillResult,
@@ -29,16 +30,6 @@ from pytest_recoverygate.engine.machine import (
     Phase,
     RestoreTarget,
     Verdict,
-)
-from pytest_recoverygate.engine.model import (
-    Fault,
-    KillOutcome,
-    KillResult,
-    Node,
-    TrainingEvent,
-    TrainingEventKind,
-    Worker,
-    Workload,
 )
 from pytest_recoverygate.errors import (
     ConfigError,
@@ -92,7 +83,7 @@ class Status:
 
 Observer = Callable[[Status], None]
 Action = KillTarget | RestoreTarget | Finish
-Confirm = Callable[[Worker, Workload], bool]
+Confirm = Callable[[model.Worker, model.Workload], bool]
 EvidenceSink = Callable[["Evidence"], None]
 
 
@@ -223,8 +214,8 @@ class _Drill:
         self.dry_run = options.dry_run or config.safety.dry_run
         self.started = clock.now()
         self.engine = DrillEngine(spec_from_config(config), self.started)
-        self.target: Worker | None = None
-        self.node: Node | None = None  # node faults: the node hit (or to hit)
+        self.target: model.Worker | None = None
+        self.node: model.Node | None = None  # node faults: the node hit (or to hit)
         self._killed: set[str] = set()  # instance ids hit so far: never twice
         self._killed_nodes: set[str] = set()  # node identities a KillNode hit: never twice
         self.source: EventSource | None = None
@@ -337,7 +328,7 @@ class _Drill:
         actions += self.engine.tick(self.clock.now())
         return actions
 
-    def _target_node(self, workload: Workload, target: Worker) -> Node:
+    def _target_node(self, workload: model.Workload, target: model.Worker) -> model.Node:
         """The node a node fault hits: ``targetNode``, else the target rank's node."""
         failure = self.config.inject_failure
         if not isinstance(self.orchestrator, NodeFaults):
@@ -391,7 +382,7 @@ class _Drill:
             f"checkpoint step {action.checkpoint_step} reached; {verb} {target.describe()}"
             + (f" (kill {action.index})" if action.index > 1 else "")
         )
-        fault = Fault(action.fault, action.grace_period)
+        fault = model.Fault(action.fault, action.grace_period)
         result = self._attempt(self.orchestrator.kill, target, dry_run=self.dry_run, fault=fault)
         return list(self.engine.on_kill_result(result))
 
@@ -420,7 +411,7 @@ class _Drill:
             f"checkpoint step {action.checkpoint_step} reached; {verb} {node.describe()}"
             + (f" (kill {action.index})" if action.index > 1 else "")
         )
-        fault = Fault(
+        fault = model.Fault(
             action.fault,
             action.grace_period,
             replace=spec.replace_node,
@@ -443,21 +434,21 @@ class _Drill:
         """The engine's answer to a target that is not there to hit (nothing was)."""
         return list(
             self.engine.on_kill_result(
-                KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), detail)
+                model.KillResult(model.KillOutcome.ALREADY_GONE, self.clock.now(), detail)
             )
         )
 
     def _attempt(
-        self, hit: Callable[_P, KillResult], /, *args: _P.args, **kwargs: _P.kwargs
-    ) -> KillResult:
+        self, hit: Callable[_P, model.KillResult], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> model.KillResult:
         """The backend's answer to a fault call; UNCONFIRMED with the error it raised
         instead (the call may have hit before it failed)."""
         try:
             return hit(*args, **kwargs)
         except DrillError as exc:
-            return KillResult(KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
+            return model.KillResult(model.KillOutcome.UNCONFIRMED, self.clock.now(), str(exc))
 
-    def _target_for(self, action: KillTarget) -> Worker | None:
+    def _target_for(self, action: KillTarget) -> model.Worker | None:
         """The instance to hit: the discovered one first; after that, the rank's current one.
 
         A later kill never reuses an instance already killed (a stale view after a
@@ -472,10 +463,10 @@ class _Drill:
             return None
         return current
 
-    def _record(self, event: TrainingEvent) -> None:
-        if event.kind is TrainingEventKind.PROGRESS and event.step is not None:
+    def _record(self, event: model.TrainingEvent) -> None:
+        if event.kind is model.TrainingEventKind.PROGRESS and event.step is not None:
             self.progress.append((event.timestamp, event.incarnation, event.step))
-        if event.kind is not TrainingEventKind.PROGRESS or len(self.raw_log) < 100_000:
+        if event.kind is not model.TrainingEventKind.PROGRESS or len(self.raw_log) < 100_000:
             row: dict[str, Any] = {
                 "time": event.timestamp,
                 "received": event.received,
@@ -582,7 +573,7 @@ def _discovery_error(message: str) -> DrillError:
     return DiscoveryError(message)
 
 
-def _usage_declined(target: Worker) -> DrillError:
+def _usage_declined(target: model.Worker) -> DrillError:
     return DrillError(f"the kill of {target.describe()} was not confirmed; nothing was killed")
 
 

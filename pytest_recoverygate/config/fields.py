@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,9 @@ __all__ = [
     "MAX_PID",
     "MAX_RANK",
     "MAX_STEP",
+    "check_target_replica",
     "command_arguments",
+    "distinct_items",
     "duration",
     "env_field",
     "env_names",
@@ -96,6 +98,51 @@ def exactly_one(
             *both,
             key=(second_key,),
             got=str(second_value),
+        )
+
+
+def distinct_items(
+    items: Sequence[object], field_name: str, *, allowed: str = "", why: str = ""
+) -> None:
+    """Refuse a list of ``workload.replicas`` items two of which share ``field_name``,
+    at the later item's key; ``allowed`` replaces "a FIELD no other item has", ``why``
+    follows the problem."""
+    values = [str(getattr(item, field_name)) for item in items]
+    for index, value in enumerate(values):
+        if values.index(value) != index:
+            raise refuse(
+                f"is the {field_name} of item {values.index(value)} too{why}",
+                allowed or f"a {field_name} no other item has",
+                key=("replicas", str(index), field_name),
+                got=value,
+            )
+
+
+def check_target_replica(
+    replica: int | None, known: list[int] | None, needs: str, add: str
+) -> None:
+    """Refuse a ``targetReplica`` the job cannot take: one set without
+    ``workload.replicas`` (``known`` None; ``needs`` says why it takes them, ``add`` how
+    to write them), or, with them, one missing or not among the ``known`` replica ids."""
+    if known is None:
+        if replica is not None:
+            raise refuse(
+                needs,
+                "targetReplica with workload.replicas",
+                add,
+                key=("targetReplica",),
+                got=str(replica),
+            )
+        return
+    if replica is None or replica not in known:
+        raise refuse(
+            f"is not among workload.replicas' replica ids ({', '.join(map(str, known))})"
+            if replica is not None
+            else "is required with workload.replicas (the replica group to kill)",
+            f"one of {known}",
+            "set targetReplica to one of them",
+            key=("targetReplica",),
+            got=str(replica) if replica is not None else "nothing",
         )
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "no_progress_checks",
     "resume_check",
     "steps_text",
+    "unless_proven",
 ]
 
 R = FailureReason
@@ -55,41 +56,7 @@ def resume_check(
     explicit: bool,
     contract: StepContract,
 ) -> Check:
-    verdict = _resume_check(
-        ledger, inc, resume, expected, floor, explicit=explicit, contract=contract
-    )
-    if (
-        verdict.passed is False
-        and resume.loaded is None
-        and not resume.replayed
-        and verdict.reason is not R.CHECKPOINT_NEVER_COMPLETED
-        and not (resume.upper is not None and expected is not None and resume.upper < expected)
-    ):
-        # The failure rests on a step inferred from the reporting grid, not on what
-        # holds whatever the grid: no proof, so no FAIL.
-        return Check(
-            verdict.name,
-            None,
-            verdict.expected,
-            verdict.observed,
-            f"inferred from the job's reporting grid ({contract.grid}), not proven: "
-            f"{verdict.message}; call reporter.checkpoint_loaded(step) after loading so "
-            "the drill knows",
-            R.INCONCLUSIVE,
-        )
-    return verdict
-
-
-def _resume_check(
-    ledger: Ledger,
-    inc: Inc,
-    resume: Resume,
-    expected: int | None,
-    floor: int | None,
-    *,
-    explicit: bool,
-    contract: StepContract,
-) -> Check:
+    """The resume step's check, as the evidence reads (see :func:`unless_proven`)."""
     observed = resume.step
     first = inc.first[0] if inc.first else None
     completed = sorted({c.step for c in ledger.before(inc)})
@@ -321,6 +288,34 @@ def _resume_check(
         ),
         R.STEPS_REPLAYED,
     )
+
+
+def unless_proven(
+    verdict: Check, resume: Resume, expected: int | None, contract: StepContract
+) -> Check:
+    """:func:`resume_check`'s FAIL made undecided where it rests on a step inferred from
+    the reporting grid (nothing loaded, nothing replayed, no upper bound below the
+    expected step, the checkpoint not merely never completed): no proof, so no FAIL."""
+    if (
+        verdict.passed is False
+        and resume.loaded is None
+        and not resume.replayed
+        and verdict.reason is not R.CHECKPOINT_NEVER_COMPLETED
+        and not (resume.upper is not None and expected is not None and resume.upper < expected)
+    ):
+        # The failure rests on a step inferred from the reporting grid, not on what
+        # holds whatever the grid: no proof, so no FAIL.
+        return Check(
+            verdict.name,
+            None,
+            verdict.expected,
+            verdict.observed,
+            f"inferred from the job's reporting grid ({contract.grid}), not proven: "
+            f"{verdict.message}; call reporter.checkpoint_loaded(step) after loading so "
+            "the drill knows",
+            R.INCONCLUSIVE,
+        )
+    return verdict
 
 
 def no_progress_checks(

@@ -46,16 +46,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.ledger import Inc
-from pytest_recoverygate.engine.model import (
-    NODE_FAULTS,
-    GroupEvent,
-    GroupEventKind,
-    KillOutcome,
-    KillResult,
-    TrainingEvent,
-    TrainingEventKind,
-)
 from pytest_recoverygate.engine.recovery import (
     KillRecord,
     Window,
@@ -124,9 +116,9 @@ R = FailureReason
 #: What the other ranks' lines are read for: who they are, what they saved and loaded.
 _RANK_KINDS = frozenset(
     {
-        TrainingEventKind.START,
-        TrainingEventKind.CHECKPOINT_COMPLETED,
-        TrainingEventKind.CHECKPOINT_LOADED,
+        model.TrainingEventKind.START,
+        model.TrainingEventKind.CHECKPOINT_COMPLETED,
+        model.TrainingEventKind.CHECKPOINT_LOADED,
     }
 )
 
@@ -167,7 +159,7 @@ class DrillEngine(DrillState):
         self.note(now, "discovered", detail)
         self._move(Phase.WAITING_FOR_CHECKPOINT)
 
-    def on_training_event(self, event: TrainingEvent) -> list[Action]:
+    def on_training_event(self, event: model.TrainingEvent) -> list[Action]:
         if self.phase is Phase.DONE:
             return []
         ev = self.ledger
@@ -193,7 +185,7 @@ class DrillEngine(DrillState):
         if (
             event.incarnation not in ev.incs
             and kill is not None
-            and event.kind is TrainingEventKind.START
+            and event.kind is model.TrainingEventKind.START
             and event.timestamp <= kill
         ):
             # A start line carries the process's start time, read at a coarse tick: a
@@ -208,26 +200,26 @@ class DrillEngine(DrillState):
             actions += self._on_event(inc, pending)
         return actions + self._on_event(inc, event)
 
-    def on_group_event(self, event: GroupEvent) -> list[Action]:
+    def on_group_event(self, event: model.GroupEvent) -> list[Action]:
         if self.phase is Phase.DONE:
             return []
         self.note(event.timestamp, f"group:{event.kind.value}", event.detail)
-        ended = event.kind in (GroupEventKind.JOB_FAILED, GroupEventKind.JOB_SUCCEEDED)
+        ended = event.kind in (model.GroupEventKind.JOB_FAILED, model.GroupEventKind.JOB_SUCCEEDED)
         kill = self._kill
         if kill is None or not self.ledger.open:
             if ended:
                 return self._ended_between_kills(event)
             return []
         kill.group_seen.setdefault(event.kind, event.timestamp)
-        if event.world_size is not None and self.spec.fault in NODE_FAULTS:
+        if event.world_size is not None and self.spec.fault in model.NODE_FAULTS:
             kill.details["worldSizeAfter"] = event.world_size  # the newest group's size
         if kill.detected is None and event.kind in (
-            GroupEventKind.WORKER_GONE,
-            GroupEventKind.RESTARTING,
-            GroupEventKind.JOB_FAILED,
+            model.GroupEventKind.WORKER_GONE,
+            model.GroupEventKind.RESTARTING,
+            model.GroupEventKind.JOB_FAILED,
         ):
             kill.detected = event.timestamp
-        if event.kind is GroupEventKind.RESTARTING:
+        if event.kind is model.GroupEventKind.RESTARTING:
             if event.restart_count is not None:
                 kill.group_restarts = max(kill.group_restarts, event.restart_count)
             else:
@@ -236,17 +228,17 @@ class DrillEngine(DrillState):
             kill.job_ended = (
                 event.timestamp,
                 event.detail,
-                event.kind is GroupEventKind.JOB_SUCCEEDED,
+                event.kind is model.GroupEventKind.JOB_SUCCEEDED,
             )
             return self._judge(event.timestamp)
         return []
 
-    def on_kill_result(self, result: KillResult) -> list[Action]:
+    def on_kill_result(self, result: model.KillResult) -> list[Action]:
         if self.phase is not Phase.KILLING:
             return []
         armed = self._armed
         self._armed = None
-        if result.outcome is KillOutcome.KILLED:
+        if result.outcome is model.KillOutcome.KILLED:
             assert armed is not None
             index = len(self._recoveries) + 1
             self._kill = KillRecord(
@@ -254,7 +246,7 @@ class DrillEngine(DrillState):
             )
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
-            if self.spec.fault in NODE_FAULTS and self._world_size is not None:
+            if self.spec.fault in model.NODE_FAULTS and self._world_size is not None:
                 self._kill.details["worldSizeBefore"] = self._world_size
             self.ledger.killed(result.timestamp)
             if self._live is not None:
@@ -266,7 +258,7 @@ class DrillEngine(DrillState):
                 limit = self.spec.partition_duration or self.spec.max_detection_time
                 self._restore_at = None if limit is None else result.timestamp + limit
             return []
-        if result.outcome is KillOutcome.DRY_RUN:
+        if result.outcome is model.KillOutcome.DRY_RUN:
             self.note(result.timestamp, "kill:dry-run", result.detail)
             check = Check(
                 "kill_allowed",
@@ -284,20 +276,20 @@ class DrillEngine(DrillState):
             )
         what = (
             "the target instance was already gone; nothing was killed"
-            if result.outcome is KillOutcome.ALREADY_GONE
+            if result.outcome is model.KillOutcome.ALREADY_GONE
             else "the kill could not be confirmed"
         )
         self.note(result.timestamp, f"kill:{result.outcome.value}", result.detail)
         detail = f": {result.detail}" if result.detail else ""
         return self._finish_error(result.timestamp, f"{what}{detail}")
 
-    def on_restore_result(self, result: KillResult) -> list[Action]:
+    def on_restore_result(self, result: model.KillResult) -> list[Action]:
         """The fault on the target ended (the link is back): note when, for the report."""
         kill = self._kill
         if kill is None:
             return []
         self.note(result.timestamp, f"restore:{result.outcome.value}", result.detail)
-        if result.outcome is KillOutcome.KILLED:
+        if result.outcome is model.KillOutcome.KILLED:
             kill.details["partitionSeconds"] = round(result.timestamp - kill.time, 6)
         return []
 
@@ -374,12 +366,12 @@ class DrillEngine(DrillState):
 
     # ------------------------------------------------------------------ events
 
-    def _on_event(self, inc: Inc, event: TrainingEvent) -> list[Action]:
+    def _on_event(self, inc: Inc, event: model.TrainingEvent) -> list[Action]:
         ev = self.ledger
         kind = event.kind
         if event.restart_count is not None:
             inc.restart = event.restart_count
-        if kind is TrainingEventKind.START:
+        if kind is model.TrainingEventKind.START:
             ev.start(inc, event)
             child = ev.is_child(inc)
             new = ev.is_new(inc)
@@ -406,20 +398,20 @@ class DrillEngine(DrillState):
         step = event.step
         if step is None:
             return []
-        if kind is TrainingEventKind.PROGRESS:
+        if kind is model.TrainingEventKind.PROGRESS:
             ev.progress(inc, step, event.timestamp, new=new)
             if not new and self.spec.after_step is not None:
                 return self._step_trigger(step, event.timestamp)
             return self._on_new_progress(inc, step, event.timestamp) if new else []
-        if kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+        if kind is model.TrainingEventKind.CHECKPOINT_COMPLETED:
             return self._on_checkpoint(inc, event, new=new)
-        if kind is TrainingEventKind.CHECKPOINT_STARTED:
+        if kind is model.TrainingEventKind.CHECKPOINT_STARTED:
             save = ev.save_started(inc, event)
             self.note(event.timestamp, "checkpoint_started", f"step {step}", step=step)
             if not new and self.spec.fault == "KillDuringCheckpoint":
                 return self._consider_trigger(step, event.timestamp, save_rank=save.rank)
             return []
-        if kind is TrainingEventKind.CHECKPOINT_LOADED:
+        if kind is model.TrainingEventKind.CHECKPOINT_LOADED:
             ev.loaded(inc, event)
             where = "replacement " if new else ""
             self.note(event.timestamp, "checkpoint_loaded", f"{where}step {step}", step=step)
@@ -433,7 +425,7 @@ class DrillEngine(DrillState):
                 )
         return []
 
-    def _on_child_event(self, inc: Inc, event: TrainingEvent) -> list[Action]:
+    def _on_child_event(self, inc: Inc, event: model.TrainingEvent) -> list[Action]:
         """A line of a worker's child: only its checkpoints count, as its worker's.
 
         A forked writer that saves and reports each checkpoint belongs to the lineage of
@@ -444,16 +436,16 @@ class DrillEngine(DrillState):
             return []
         root = self.ledger.root(inc)
         new = self.ledger.is_new(root)
-        if event.kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+        if event.kind is model.TrainingEventKind.CHECKPOINT_COMPLETED:
             return self._on_checkpoint(inc, event, new=new)
-        if event.kind is TrainingEventKind.CHECKPOINT_STARTED:
+        if event.kind is model.TrainingEventKind.CHECKPOINT_STARTED:
             save = self.ledger.save_started(inc, event)
             self.note(event.timestamp, "checkpoint_started", f"step {event.step}", step=event.step)
             if not new and self.spec.fault == "KillDuringCheckpoint":
                 return self._consider_trigger(event.step, event.timestamp, save_rank=save.rank)
         return []
 
-    def _on_checkpoint(self, inc: Inc, event: TrainingEvent, *, new: bool) -> list[Action]:
+    def _on_checkpoint(self, inc: Inc, event: model.TrainingEvent, *, new: bool) -> list[Action]:
         assert event.step is not None
         step, at = event.step, event.timestamp
         ckpt = self.ledger.checkpoint(inc, event, new=new)
@@ -597,14 +589,14 @@ class DrillEngine(DrillState):
         if kill is not None and kill.detected is None:
             kill.detected = at
 
-    def _ended_between_kills(self, event: GroupEvent) -> list[Action]:
-        how = "failed" if event.kind is GroupEventKind.JOB_FAILED else "finished"
+    def _ended_between_kills(self, event: model.GroupEvent) -> list[Action]:
+        how = "failed" if event.kind is model.GroupEventKind.JOB_FAILED else "finished"
         step = f" at step {self.current_step}" if self.current_step is not None else ""
         detail = f": {event.detail}" if event.detail else ""
         if not self._recoveries:
             fix = (
                 ""
-                if event.kind is GroupEventKind.JOB_FAILED
+                if event.kind is model.GroupEventKind.JOB_FAILED
                 else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
             )
             return self._finish_error(
@@ -703,7 +695,7 @@ class DrillEngine(DrillState):
         assert kill is not None
         if self._live is not None:
             return self._live_decide(now, final=True)
-        if self.spec.fault in NODE_FAULTS:
+        if self.spec.fault in model.NODE_FAULTS:
             self._world_sizes(kill)
         budget_mode = self.spec.count is None
         if kill.judged is not None and self.ledger.is_child(kill.judged):
@@ -763,7 +755,7 @@ class DrillEngine(DrillState):
         self.note(at, "trigger", why, step=step)
         return self._fire(at) if offset <= 0 else []
 
-    def _on_live_event(self, event: TrainingEvent) -> list[Action]:
+    def _on_live_event(self, event: model.TrainingEvent) -> list[Action]:
         """recovery: live: every replica's lines go to the live record, not the ledger."""
         live = self._live
         assert live is not None
@@ -774,7 +766,7 @@ class DrillEngine(DrillState):
         for at, text in live.notes[notes:]:
             self.note(at, "heal", text)
         kind, step = event.kind, event.step
-        if kind is TrainingEventKind.START and not known:
+        if kind is model.TrainingEventKind.START and not known:
             self.note(
                 event.timestamp,
                 "start",
@@ -785,7 +777,7 @@ class DrillEngine(DrillState):
         if self.phase is Phase.WAITING_FOR_CHECKPOINT and step is not None:
             if not live.target_committed():
                 # Killing a replica that has not joined yet tests nothing: wait for it.
-                if kind is TrainingEventKind.PROGRESS and not self._live_waiting_noted:
+                if kind is model.TrainingEventKind.PROGRESS and not self._live_waiting_noted:
                     self._live_waiting_noted = True
                     self.note(
                         event.timestamp,
@@ -794,16 +786,19 @@ class DrillEngine(DrillState):
                         "one before the kill",
                     )
                 return []
-            if self.spec.after_step is not None and kind is TrainingEventKind.PROGRESS:
+            if self.spec.after_step is not None and kind is model.TrainingEventKind.PROGRESS:
                 return self._step_trigger(live.max_step() or step, event.timestamp)
-            if self.spec.after_step is None and kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+            if (
+                self.spec.after_step is None
+                and kind is model.TrainingEventKind.CHECKPOINT_COMPLETED
+            ):
                 after = self.spec.after_checkpoint
                 if (after is None and event.timestamp >= self.started_at) or (
                     after is not None and step >= after
                 ):
                     self.note(event.timestamp, "checkpoint", f"step {step}", step=step)
                     return self._step_trigger_now(step, event.timestamp)
-        if self.phase is Phase.RECOVERING and kind is TrainingEventKind.PROGRESS:
+        if self.phase is Phase.RECOVERING and kind is model.TrainingEventKind.PROGRESS:
             return self._live_decide(received, final=False)
         return []
 

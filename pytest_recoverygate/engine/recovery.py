@@ -197,8 +197,13 @@ def judge(
     if inc is not None and (inc.first is None or past is None):
         checks += checks_of.no_progress_checks(ev, inc, expected, ended, finished_ok)
     elif inc is not None and resume is not None and past is not None:
-        resume_check = checks_of.resume_check(
-            ev, inc, resume, expected, floor, explicit=explicit, contract=contract
+        resume_check = checks_of.unless_proven(
+            checks_of.resume_check(
+                ev, inc, resume, expected, floor, explicit=explicit, contract=contract
+            ),
+            resume,
+            expected,
+            contract,
         )
         checks.append(resume_check)
         if resume.step is None and resume_check.observed == 0 and resume_check.passed is False:

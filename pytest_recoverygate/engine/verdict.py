@@ -232,8 +232,26 @@ class IncarnationInfo:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Figures:
+    """The figures a kill (:class:`Recovery`) and a whole drill (:class:`DrillResult`)
+    both report, given by keyword: the step the replacement resumed from and the one it
+    should have, the steps lost (and their upper bound), the recovery time, the restarts.
+    """
+
+    resume_step: int | None = None
+    expected_resume_step: int | None = None
+    loaded_step: int | None = None
+    last_step_before_kill: int | None = None
+    last_step_before_kill_upper_bound: int | None = None
+    lost_steps: int | None = None
+    lost_steps_upper_bound: int | None = None
+    recovery_time_seconds: float | None = None
+    restarts: int | None = None
+
+
 @dataclass(frozen=True)
-class Recovery:
+class Recovery(_Figures):
     """One injected failure and how the job came back from it (one per kill).
 
     Figures are those of :class:`DrillResult`, for this kill. ``fault`` is the injected
@@ -253,15 +271,6 @@ class Recovery:
     kill_time: float | None = None
     delay_seconds: float | None = None
     position: float | None = None
-    resume_step: int | None = None
-    expected_resume_step: int | None = None
-    loaded_step: int | None = None
-    last_step_before_kill: int | None = None
-    last_step_before_kill_upper_bound: int | None = None
-    lost_steps: int | None = None
-    lost_steps_upper_bound: int | None = None
-    recovery_time_seconds: float | None = None
-    restarts: int | None = None
     judged_incarnation: str | None = None
     breakdown: dict[str, float | None] = field(default_factory=dict)
     fault_details: dict[str, Any] = field(default_factory=dict)
@@ -307,7 +316,7 @@ class Recovery:
 
 
 @dataclass(frozen=True)
-class DrillResult:
+class DrillResult(_Figures):
     """The outcome of one drill.
 
     Policy: PASS iff, for every kill, a new incarnation was seen, it resumed from the
@@ -328,15 +337,6 @@ class DrillResult:
     verdict: Verdict
     summary: str
     checks: tuple[Check, ...] = ()
-    resume_step: int | None = None
-    expected_resume_step: int | None = None
-    loaded_step: int | None = None
-    last_step_before_kill: int | None = None
-    last_step_before_kill_upper_bound: int | None = None
-    lost_steps: int | None = None
-    lost_steps_upper_bound: int | None = None
-    recovery_time_seconds: float | None = None
-    restarts: int | None = None
     trigger_checkpoint: int | None = None
     kill_time: float | None = None
     target: Worker | None = None

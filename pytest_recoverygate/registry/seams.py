@@ -67,16 +67,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
-from pytest_recoverygate.engine.model import (
-    Fault,
-    GroupEvent,
-    KillOutcome,
-    KillResult,
-    Node,
-    TrainingEvent,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.shared.clock import Clock, RealClock, SimulatedClock
 from pytest_recoverygate.shared.joboutput import JobOutput
 from pytest_recoverygate.shared.lock import LockScope, job_scope
@@ -120,15 +111,17 @@ def cleanup_once(method: Callable[[S], R]) -> Callable[[S], R | None]:
     return once
 
 
-def node_moved(node: Node, now: Node | None, clock: Clock, absent: str) -> KillResult | None:
+def node_moved(
+    node: model.Node, now: model.Node | None, clock: Clock, absent: str
+) -> model.KillResult | None:
     """ALREADY_GONE when ``node``, as a node fault was aimed at it, is not the job's node
     ``node.index`` any more: ``now`` is that node as the backend sees it now (None: there
     is none, which ``absent`` says in the backend's words). None while it still is."""
     if now is not None and now.identity == node.identity and node.workers:
         return None
     seen = now.describe() if now is not None else absent
-    return KillResult(
-        KillOutcome.ALREADY_GONE,
+    return model.KillResult(
+        model.KillOutcome.ALREADY_GONE,
         clock.now(),
         f"{node.describe()} is not the job's node {node.index} any more ({seen}); "
         "nothing was touched",
@@ -139,7 +132,7 @@ def node_moved(node: Node, now: Node | None, clock: Clock, absent: str) -> KillR
 class EventSource(Protocol):
     """Training events read from the job's output (RECOVERYGATE/v1 lines)."""
 
-    def poll(self) -> list[TrainingEvent]:
+    def poll(self) -> list[model.TrainingEvent]:
         """Events parsed since the last call, in arrival order. Never blocks."""
         ...
 
@@ -159,13 +152,15 @@ class Orchestrator(Protocol):
 
     name: str
 
-    def discover(self, deadline: float) -> Workload: ...
+    def discover(self, deadline: float) -> model.Workload: ...
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = ...) -> KillResult: ...
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = ...
+    ) -> model.KillResult: ...
 
-    def current_worker(self, rank: int) -> Worker | None: ...
+    def current_worker(self, rank: int) -> model.Worker | None: ...
 
-    def watch_group(self) -> list[GroupEvent]: ...
+    def watch_group(self) -> list[model.GroupEvent]: ...
 
     def events(self) -> EventSource: ...
 
@@ -185,15 +180,15 @@ class JobOutputSource(Protocol):
 class NodeFaults(Protocol):
     """Required for node faults: a node as it is now, a fault on all of it, the link back."""
 
-    def current_node(self, index: int) -> Node | None:
+    def current_node(self, index: int) -> model.Node | None:
         """Node ``index`` as the backend sees it now (its running instances), or None."""
         ...
 
-    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+    def kill_node(self, node: model.Node, *, dry_run: bool, fault: model.Fault) -> model.KillResult:
         """Inject ``fault`` into every instance of ``node``, each by identity, once."""
         ...
 
-    def restore_node(self, node: Node) -> KillResult:
+    def restore_node(self, node: model.Node) -> model.KillResult:
         """End a partition of ``node`` (idempotent; cleanup does it too)."""
         ...
 
@@ -234,6 +229,6 @@ class Backend(Generic[W]):
     faults: frozenset[str] = frozenset({"KillWorker"})
     refusals: Mapping[str, str] = field(default_factory=dict)
     failure_keys: frozenset[str] = frozenset()
-    lock_scope: Callable[[Workload, Worker], LockScope | None] = job_scope
+    lock_scope: Callable[[model.Workload, model.Worker], LockScope | None] = job_scope
     restart_budget: Callable[[W], int | None] = _unknown_budget
     summary: str = ""

@@ -47,20 +47,13 @@ def build_spread_figure(doc: dict[str, Any]) -> Any:
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=100)
     nan = float("nan")  # a kill without the figure leaves a gap
     xs = [p for p, _, _ in points]
-    ax.plot(
-        xs,
-        [nan if r is None else r for _, r, _ in points],
-        "o-",
-        color="#0969da",
-        label="recovery time (s)",
-    )
-    ax.plot(
-        xs,
-        [nan if w is None else w for _, _, w in points],
-        "s--",
-        color="#cf222e",
-        label="lost work (s)",
-    )
+    # (which figure of a point, line style, colour, label): recovery time, lost work
+    for figure, style, colour, label in (
+        (1, "o-", "#0969da", "recovery time (s)"),
+        (2, "s--", "#cf222e", "lost work (s)"),
+    ):
+        ys = [nan if (y := point[figure]) is None else y for point in points]
+        ax.plot(xs, ys, style, color=colour, label=label)
     ax.set_xlim(-0.05, 1.05)
     ax.set_xlabel("where the kill landed in the checkpoint interval (0 = right after a save)")
     ax.set_ylabel("seconds")

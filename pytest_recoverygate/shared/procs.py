@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pytest_recoverygate.errors import DiscoveryError
 
-__all__ = ["launch"]
+__all__ = ["job_command", "launch"]
 
 
 def launch(
@@ -33,3 +33,16 @@ def launch(
         )
     except OSError as exc:
         raise DiscoveryError(f"{what} in {cwd}: {exc}") from exc
+
+
+def job_command(
+    command: Sequence[str], *, key: str, what: str, example: str = "", attached: bool = False
+) -> list[str]:
+    """The command a backend launches the job with, copied; an empty one is a
+    :class:`DiscoveryError` naming ``key`` and ``what`` to give (and ``example``), unless
+    the drill ``attached`` to a running job instead."""
+    if not command and not attached:
+        raise DiscoveryError(
+            f"{key} is empty: give {what} to launch" + (f", e.g. {example}" if example else "")
+        )
+    return list(command)

@@ -10,18 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillOutcome,
-    KillResult,
-    TrainingEvent,
-    TrainingEventKind,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 if TYPE_CHECKING:
@@ -93,20 +82,20 @@ class FakeLiveOrchestrator:
         self.heal = heal
         self.heartbeat_timeout = heartbeat_timeout
         self.target_replica = target_replica
-        self.kills: list[tuple[Worker, bool]] = []
+        self.kills: list[tuple[model.Worker, bool]] = []
         self.cleanups = 0
         self._t0 = 0.0
         self._procs: list[_LiveProc] = []
         self._kill: tuple[float, int] | None = None  # (time, last step before it)
         self._resume_at = 0.0  # the survivors' first commit after the kill
-        self._group_events: list[GroupEvent] = []
+        self._group_events: list[model.GroupEvent] = []
         self._printed = OutputSplitter(lambda line: None, default="replica 0")
         self._running = False
         self._source = _LiveSource(self)
 
     # ---------------------------------------------------------------- protocol
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         if not self._running:
             now = self.clock.now()
             self._t0 = now + self.startup_delay
@@ -114,17 +103,25 @@ class FakeLiveOrchestrator:
             self._running = True
         return self._workload()
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         self.kills.append((worker, dry_run))
         now = self.clock.now()
         self._generate()
         victim = self._current(self.target_replica)
         if victim is None or worker.instance_id not in {w.instance_id for w in self._workers()}:
-            return KillResult(KillOutcome.ALREADY_GONE, now, f"{worker.instance_id} is not running")
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE, now, f"{worker.instance_id} is not running"
+            )
         if dry_run:
-            return KillResult(KillOutcome.DRY_RUN, now, f"would kill {worker.describe()}")
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN, now, f"would kill {worker.describe()}"
+            )
         if self._kill is not None:
-            return KillResult(KillOutcome.ALREADY_GONE, now, "one kill per simulated live job")
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE, now, "one kill per simulated live job"
+            )
         victim.killed_at = now
         last = max(int((now - self._t0) / self.dt + 1e-9), 0)
         self._kill = (now, last)
@@ -154,21 +151,27 @@ class FakeLiveOrchestrator:
             label=f"replica {self.target_replica}",
         )
         self._group_events += [
-            GroupEvent(GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker),
-            GroupEvent(GroupEventKind.RESTARTING, now + 0.15, "restarting the replica", None, 1),
-            GroupEvent(
-                GroupEventKind.REPLACEMENT_RUNNING, now + self.restart_delay, "replica running"
+            model.GroupEvent(
+                model.GroupEventKind.WORKER_GONE, now + 0.1, f"{worker.name} exited", worker
+            ),
+            model.GroupEvent(
+                model.GroupEventKind.RESTARTING, now + 0.15, "restarting the replica", None, 1
+            ),
+            model.GroupEvent(
+                model.GroupEventKind.REPLACEMENT_RUNNING,
+                now + self.restart_delay,
+                "replica running",
             ),
         ]
-        return KillResult(KillOutcome.KILLED, now, f"killed {worker.describe()}")
+        return model.KillResult(model.KillOutcome.KILLED, now, f"killed {worker.describe()}")
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         proc = self._current(self.target_replica)
         if proc is None or proc.start > self.clock.now():
             return None
         return next((w for w in self._workers() if w.rank == rank), None)
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         now = self.clock.now()
         due = [e for e in self._group_events if e.timestamp <= now]
         self._group_events = [e for e in self._group_events if e.timestamp > now]
@@ -191,11 +194,11 @@ class FakeLiveOrchestrator:
         procs = [p for p in self._procs if p.replica == replica and p.killed_at is None]
         return procs[-1] if procs else None
 
-    def _workers(self) -> list[Worker]:
+    def _workers(self) -> list[model.Worker]:
         target = self._current(self.target_replica)
         number = target.number if target is not None else 0
         return [
-            Worker(
+            model.Worker(
                 rank,
                 f"fake-replica-{self.target_replica}-rank-{rank}",
                 f"fake-{self.target_replica}-{rank}-{number}",
@@ -204,14 +207,16 @@ class FakeLiveOrchestrator:
             for rank in range(self.workers)
         ]
 
-    def _workload(self) -> Workload:
+    def _workload(self) -> model.Workload:
         others = [
-            Worker(rank, f"fake-replica-{r}-rank-{rank}", f"fake-{r}-{rank}-0", node="simulated")
+            model.Worker(
+                rank, f"fake-replica-{r}-rank-{rank}", f"fake-{r}-{rank}-0", node="simulated"
+            )
             for r in range(self.replicas)
             if r != self.target_replica
             for rank in range(self.workers)
         ]
-        return Workload(
+        return model.Workload(
             job=f"fake-live-job ({self.replicas} replica groups)",
             workers=(*self._workers(), *others),
         )
@@ -236,20 +241,20 @@ class FakeLiveOrchestrator:
         assert kill is not None
         return self._resume_at + (step - kill[1] - 1) * self.dt
 
-    def _generate(self) -> list[TrainingEvent]:
+    def _generate(self) -> list[model.TrainingEvent]:
         now = self.clock.now()
-        out: list[TrainingEvent] = []
+        out: list[model.TrainingEvent] = []
         for proc in self._procs:
             out += self._generate_for(proc, now)
         out.sort(key=lambda e: e.timestamp)
         return out
 
-    def _generate_for(self, proc: _LiveProc, now: float) -> list[TrainingEvent]:
+    def _generate_for(self, proc: _LiveProc, now: float) -> list[model.TrainingEvent]:
         end = now if proc.killed_at is None else min(now, proc.killed_at)
-        out: list[TrainingEvent] = []
+        out: list[model.TrainingEvent] = []
 
         def event(
-            kind: TrainingEventKind,
+            kind: model.TrainingEventKind,
             at: float,
             step: int | None,
             *,
@@ -259,7 +264,7 @@ class FakeLiveOrchestrator:
             digest: str | None = None,
         ) -> None:
             out.append(
-                TrainingEvent(
+                model.TrainingEvent(
                     kind,
                     at,
                     proc.inc_id,
@@ -278,12 +283,12 @@ class FakeLiveOrchestrator:
 
         if not proc.start_sent and proc.start <= end:
             proc.start_sent = True
-            event(TrainingEventKind.START, proc.start, None, replica=proc.replica)
+            event(model.TrainingEventKind.START, proc.start, None, replica=proc.replica)
         if proc.heal is not None and not proc.heal_sent and proc.heal[0] <= end:
             proc.heal_sent = True
             peer = 0 if proc.heal_source == "peer" else None
             event(
-                TrainingEventKind.CHECKPOINT_LOADED,
+                model.TrainingEventKind.CHECKPOINT_LOADED,
                 proc.heal[0],
                 proc.heal[1],
                 source=proc.heal_source,
@@ -293,7 +298,7 @@ class FakeLiveOrchestrator:
         if proc.served is not None and not proc.served_sent and proc.served[0] <= end:
             proc.served_sent = True
             event(
-                TrainingEventKind.CHECKPOINT_COMPLETED,
+                model.TrainingEventKind.CHECKPOINT_COMPLETED,
                 proc.served[0],
                 proc.served[1],
                 digest=proc.served[2],
@@ -302,7 +307,7 @@ class FakeLiveOrchestrator:
             at = self._time_of(proc, proc.next_step)
             if at > end or at < proc.start:
                 break
-            event(TrainingEventKind.PROGRESS, at, proc.next_step)
+            event(model.TrainingEventKind.PROGRESS, at, proc.next_step)
             proc.next_step += 1
         return out
 
@@ -314,7 +319,7 @@ class _LiveSource:
         self._owner = owner
         self.closed = False
 
-    def poll(self) -> list[TrainingEvent]:
+    def poll(self) -> list[model.TrainingEvent]:
         return [] if self.closed else self._owner._generate()
 
     @property

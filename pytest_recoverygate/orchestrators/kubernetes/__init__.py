@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from pytest_recoverygate.config.fields import check_target_replica, distinct_items
 from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
@@ -71,6 +72,15 @@ def _strip(value: Any) -> Any:
             )
         return stripped
     return value
+
+
+#: A targetReplica without workload.replicas: why the drill needs them, how to add them.
+_REPLICAS_NEEDED = (
+    "needs workload.replicas on kubernetes: the drill finds a replica group's pods by a "
+    "label selector of its own",
+    'add replicas: [{replica: 0, selector: "..."}, {replica: 1, selector: "..."}] instead '
+    "of selector",
+)
 
 
 class KubernetesReplica(Section):
@@ -164,26 +174,10 @@ class KubernetesWorkload(WorkloadBase):
                 key=("replicas",),
                 got="[]",
             )
-        seen: dict[int, int] = {}
-        for index, item in enumerate(self.replicas):
-            if item.replica in seen:
-                raise refuse(
-                    f"is the replica of item {seen[item.replica]} too",
-                    "a replica id no other item has",
-                    key=("replicas", str(index), "replica"),
-                    got=str(item.replica),
-                )
-            seen[item.replica] = index
-        selectors = [item.selector for item in self.replicas]
-        for index, item in enumerate(self.replicas):
-            if selectors.index(item.selector) != index:
-                raise refuse(
-                    f"is the selector of item {selectors.index(item.selector)} too "
-                    "(two replica groups cannot be the same pods)",
-                    "a selector no other item has",
-                    key=("replicas", str(index), "selector"),
-                    got=item.selector,
-                )
+        distinct_items(self.replicas, "replica", allowed="a replica id no other item has")
+        distinct_items(
+            self.replicas, "selector", why=" (two replica groups cannot be the same pods)"
+        )
         return self
 
     def replica_ids(self) -> list[int]:
@@ -191,35 +185,23 @@ class KubernetesWorkload(WorkloadBase):
         return sorted(item.replica for item in self.replicas or [])
 
     def check_failure(self, failure: InjectFailure) -> None:
-        replica = failure.target_replica
-        if self.replicas is None:
-            if replica is not None:
-                raise refuse(
-                    "needs workload.replicas on kubernetes: the drill finds a replica group's "
-                    "pods by a label selector of its own",
-                    "targetReplica with workload.replicas",
-                    'add replicas: [{replica: 0, selector: "..."}, {replica: 1, selector: '
-                    '"..."}] instead of selector',
-                    key=("targetReplica",),
-                    got=str(replica),
-                )
-            return
-        known = self.replica_ids()
-        if replica is None or replica not in known:
-            raise refuse(
-                f"is not among workload.replicas' replica ids ({', '.join(map(str, known))})"
-                if replica is not None
-                else "is required with workload.replicas (the replica group to kill)",
-                f"one of {known}",
-                "set targetReplica to one of them",
-                key=("targetReplica",),
-                got=str(replica) if replica is not None else "nothing",
-            )
+        known = self.replica_ids() if self.replicas is not None else None
+        check_target_replica(failure.target_replica, known, *_REPLICAS_NEEDED)
 
 
 def _create(workload: KubernetesWorkload, failure: InjectFailure, clock: Clock) -> Orchestrator:
     from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 
+    # What either orchestrator takes from the section: where the pods are and who reports.
+    where: dict[str, Any] = {
+        "namespace": workload.namespace,
+        "context": workload.context,
+        "kubeconfig": workload.kubeconfig,
+        "container": workload.container,
+        "target_rank": failure.rank_for(workload.reporting_rank),
+        "reporting_rank": workload.reporting_rank,
+        "clock": clock,
+    }
     if workload.replicas is not None:
         from pytest_recoverygate.orchestrators.kubernetes.replicas import (
             ReplicaGroupsOrchestrator,
@@ -228,26 +210,14 @@ def _create(workload: KubernetesWorkload, failure: InjectFailure, clock: Clock) 
         return ReplicaGroupsOrchestrator(
             {item.replica: item.selector for item in workload.replicas},
             target_replica=failure.target_replica if failure.target_replica is not None else 0,
-            namespace=workload.namespace,
-            context=workload.context,
-            kubeconfig=workload.kubeconfig,
-            container=workload.container,
-            target_rank=failure.rank_for(workload.reporting_rank),
-            reporting_rank=workload.reporting_rank,
-            clock=clock,
+            **where,
         )
     assert workload.selector is not None  # _selector_or_replicas
     return KubernetesOrchestrator(
         selector=workload.selector,
-        namespace=workload.namespace,
-        context=workload.context,
-        kubeconfig=workload.kubeconfig,
-        container=workload.container,
-        target_rank=failure.rank_for(workload.reporting_rank),
-        reporting_rank=workload.reporting_rank,
-        clock=clock,
         fault=failure.type,
         cordon=bool(failure.cordon),
+        **where,
     )
 
 

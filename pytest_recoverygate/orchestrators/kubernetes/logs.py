@@ -45,14 +45,17 @@ def parse_kubelet_timestamp(text: str) -> float:
 
 
 class PodLogEvents:
-    """The adapter's EventSource: the shared parser, plus the threads' fatal errors."""
+    """The adapter's EventSource: the shared parser, plus the threads' fatal errors (of
+    every session given: one per replica group shares one parser, a 403 on any log
+    raised)."""
 
-    def __init__(self, source: StreamEventSource, session: ApiSession) -> None:
+    def __init__(self, source: StreamEventSource, *sessions: ApiSession) -> None:
         self._source = source
-        self._session = session
+        self._sessions = sessions
 
     def poll(self) -> list[TrainingEvent]:
-        self._session.raise_fatal()
+        for session in self._sessions:
+            session.raise_fatal()
         return self._source.poll()
 
     @property

@@ -34,16 +34,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    KillOutcome,
-    KillResult,
-    Node,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
 from pytest_recoverygate.orchestrators.kubernetes import FAULT_TYPES
 from pytest_recoverygate.orchestrators.kubernetes.api import RETRY, ApiSession, status_message
@@ -128,7 +119,7 @@ class KubernetesOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         if not self.selector:
             raise DiscoveryError(
                 "refusing an empty label selector: it would match every pod in the namespace. "
@@ -157,7 +148,7 @@ class KubernetesOrchestrator:
             worker_of(pod, rank, namespace=session.namespace, job=job.name)
             for rank, pod in sorted(job.members.items())
         )
-        workload = Workload(job=job.name, workers=workers, nodes=_nodes(workers))
+        workload = model.Workload(job=job.name, workers=workers, nodes=_nodes(workers))
         if workload.by_rank(self.target_rank) is None:
             raise DiscoveryError(
                 f"target rank {self.target_rank} is not among the ranks of {workload.job} "
@@ -189,7 +180,9 @@ class KubernetesOrchestrator:
             session.start_thread(self._logs.run, "recoverygate-k8s-logs")
         return workload
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         """One DELETE of exactly this pod instance (uid precondition).
 
         Its grace period is 0, or ``fault.grace_period`` for ``Preempt``, rounded up to
@@ -203,8 +196,8 @@ class KubernetesOrchestrator:
             )
         if fault.type in ("KillNode", "DrainNode"):
             if not worker.node:
-                return KillResult(
-                    KillOutcome.ALREADY_GONE,
+                return model.KillResult(
+                    model.KillOutcome.ALREADY_GONE,
                     self.clock.now(),
                     f"pod {worker.name!r} is bound to no node; nothing was touched",
                 )
@@ -223,7 +216,7 @@ class KubernetesOrchestrator:
             self._watch.arm(worker)
         return delete_instance(self.session, worker, dry_run=dry_run, grace_seconds=grace)
 
-    def current_node(self, index: int) -> Node | None:
+    def current_node(self, index: int) -> model.Node | None:
         """Node ``index`` of the job now (its Running pods), or None."""
         workers = []
         for rank in sorted(set(self._watch.ranks())):
@@ -233,7 +226,7 @@ class KubernetesOrchestrator:
         nodes = _nodes(tuple(workers))
         return nodes[index] if 0 <= index < len(nodes) else None
 
-    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+    def kill_node(self, node: model.Node, *, dry_run: bool, fault: model.Fault) -> model.KillResult:
         """KillNode / DrainNode of every pod of the job on ``node`` (:mod:`.nodes`);
         ALREADY_GONE when the pods seen on it are no longer there."""
         now = self.current_node(node.index)
@@ -242,18 +235,20 @@ class KubernetesOrchestrator:
             return moved
         return self.kill(node.workers[0], dry_run=dry_run, fault=fault)
 
-    def restore_node(self, node: Node) -> KillResult:
+    def restore_node(self, node: model.Node) -> model.KillResult:
         """Nothing to restore: PartitionNode is refused on kubernetes."""
-        return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore")
+        return model.KillResult(
+            model.KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore"
+        )
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         """The Running pod that holds ``rank`` now, as the watch sees it (None: none yet)."""
         pod = self._watch.pod_of_rank(rank)
         if pod is None or pod_phase(pod) != "Running":
             return None
         return worker_of(pod, rank, namespace=self.session.namespace, job=self._job)
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         self.session.raise_fatal()
         return self._watch.drain()
 
@@ -286,7 +281,7 @@ class KubernetesOrchestrator:
             raise BackendError("cleanup could not uncordon: " + "; ".join(stuck))
 
 
-def _nodes(workers: tuple[Worker, ...]) -> tuple[Node, ...]:
+def _nodes(workers: tuple[model.Worker, ...]) -> tuple[model.Node, ...]:
     """The job's nodes, sorted by name (``targetNode`` is the position), each with its
     pods; the identity is the node with the pod instances on it, so it changes when they
     are replaced (the drill needs no nodes get to tell)."""
@@ -296,6 +291,8 @@ def _nodes(workers: tuple[Worker, ...]) -> tuple[Node, ...]:
         on = tuple(w for w in workers if w.node == name)
         digest = hashlib.sha256(",".join(sorted(w.instance_id for w in on)).encode())
         nodes.append(
-            Node(index=index, name=name, identity=f"{name}#{digest.hexdigest()[:12]}", workers=on)
+            model.Node(
+                index=index, name=name, identity=f"{name}#{digest.hexdigest()[:12]}", workers=on
+            )
         )
     return tuple(nodes)

@@ -27,18 +27,10 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillResult,
-    TrainingEvent,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.base import cleanup_once
+from pytest_recoverygate.orchestrators.kubernetes.logs import PodLogEvents
 from pytest_recoverygate.orchestrators.kubernetes.orchestrator import KubernetesOrchestrator
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
@@ -54,26 +46,6 @@ __all__ = ["CATCH_UP_WAIT", "CAUGHT_UP", "ReplicaGroupsOrchestrator"]
 CAUGHT_UP = 1.0
 #: The longest discovery waits for every group's stream to be current (seconds).
 CATCH_UP_WAIT = 15.0
-
-
-class _SharedEvents:
-    """The shared event source, raising any group's background failure (a 403 on a log)."""
-
-    def __init__(self, source: StreamEventSource, groups: list[KubernetesOrchestrator]) -> None:
-        self._source = source
-        self._groups = groups
-
-    def poll(self) -> list[TrainingEvent]:
-        for group in self._groups:
-            group.session.raise_fatal()
-        return self._source.poll()
-
-    @property
-    def malformed_lines(self) -> int:
-        return self._source.malformed_lines
-
-    def close(self) -> None:
-        self._source.close()
 
 
 class ReplicaGroupsOrchestrator:
@@ -119,7 +91,9 @@ class ReplicaGroupsOrchestrator:
                 api_client=api_client,
                 source=self._source,
             )
-        self._events = _SharedEvents(self._source, list(self.groups.values()))
+        self._events = PodLogEvents(
+            self._source, *(group.session for group in self.groups.values())
+        )
         self._failed_reported = False
 
     @property
@@ -133,9 +107,9 @@ class ReplicaGroupsOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Discover every group (the target's first: its workers lead the workload)."""
-        found: dict[int, Workload] = {}
+        found: dict[int, model.Workload] = {}
         for replica, group in self.groups.items():
             try:
                 found[replica] = group.discover(deadline)
@@ -159,7 +133,7 @@ class ReplicaGroupsOrchestrator:
         what = ", ".join(
             f"replica {r}: {wl.job} ({len(wl.workers)} pod(s))" for r, wl in found.items()
         )
-        return Workload(
+        return model.Workload(
             job=f"{len(found)} replica groups ({what})",
             workers=workers,
             nodes=found[self.target_replica].nodes,
@@ -182,28 +156,30 @@ class ReplicaGroupsOrchestrator:
                 return
             clock.wait(0.05)
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         """One DELETE of the target group's pod instance (uid precondition)."""
         return self.target.kill(worker, dry_run=dry_run, fault=fault)
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         return self.target.current_worker(rank)
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         """The target group's events; a surviving group's job failing is JOB_FAILED."""
         out = list(self.target.watch_group())
         for replica, group in self.groups.items():
             if replica == self.target_replica:
                 continue
             for event in group.watch_group():
-                if event.kind is GroupEventKind.JOB_FAILED and not self._failed_reported:
+                if event.kind is model.GroupEventKind.JOB_FAILED and not self._failed_reported:
                     self._failed_reported = True
                     out.append(
                         dataclasses.replace(event, detail=f"replica {replica}: {event.detail}")
                     )
         return out
 
-    def events(self) -> _SharedEvents:
+    def events(self) -> PodLogEvents:
         return self._events
 
     def job_output(self) -> JobOutput:

@@ -41,15 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillResult,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.local import REPLICA_VARIABLES, replica_of
 from pytest_recoverygate.orchestrators.local.orchestrator import DRILL_MARKER, LocalOrchestrator
@@ -271,7 +263,7 @@ class GroupOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Start the services, then each worker member, and wait for every worker group."""
         SubreaperGuard.acquire()
         self._subreaper = True
@@ -289,7 +281,7 @@ class GroupOrchestrator:
                 )
         # Every member starts at once: a replica launched only after another's workers
         # appeared would join the quorum seconds late.
-        found: dict[str, Workload] = {}
+        found: dict[str, model.Workload] = {}
         with ThreadPoolExecutor(
             len(self._workers), thread_name_prefix="recoverygate-member"
         ) as pool:
@@ -309,24 +301,28 @@ class GroupOrchestrator:
             [f"{n} ({len(found[n].workers)} worker(s))" for n in found]
             + [f"{s.member.name} (service, pid {s.pid})" for s in self._services]
         )
-        return Workload(job=f"a group of {len(self.members)} members: {what}", workers=workers)
+        return model.Workload(
+            job=f"a group of {len(self.members)} members: {what}", workers=workers
+        )
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         return self._workers[self.target_member].kill(worker, dry_run=dry_run, fault=fault)
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         worker = self._workers[self.target_member].current_worker(rank)
         if worker is None:
             return None
         return dataclasses.replace(worker, name=f"{self.target_member} {worker.name}")
 
-    def watch_group(self) -> list[GroupEvent]:
-        out: list[GroupEvent] = []
-        ended_kinds = (GroupEventKind.JOB_FAILED, GroupEventKind.JOB_SUCCEEDED)
+    def watch_group(self) -> list[model.GroupEvent]:
+        out: list[model.GroupEvent] = []
+        ended_kinds = (model.GroupEventKind.JOB_FAILED, model.GroupEventKind.JOB_SUCCEEDED)
         for name, member in self._workers.items():
             for event in member.watch_group():
                 if event.kind in ended_kinds:
-                    ok = event.kind is GroupEventKind.JOB_SUCCEEDED
+                    ok = event.kind is model.GroupEventKind.JOB_SUCCEEDED
                     self._ended[name] = ok
                     if not ok and not self._failed_reported:
                         self._failed_reported = True
@@ -343,8 +339,8 @@ class GroupOrchestrator:
         ):
             self._failed_reported = True
             out.append(
-                GroupEvent(
-                    GroupEventKind.JOB_SUCCEEDED,
+                model.GroupEvent(
+                    model.GroupEventKind.JOB_SUCCEEDED,
                     self._clock.now(),
                     f"every member that trains exited with 0 ({', '.join(self._workers)})",
                 )
@@ -355,8 +351,8 @@ class GroupOrchestrator:
                 if code is not None:
                     self._failed_reported = True
                     out.append(
-                        GroupEvent(
-                            GroupEventKind.JOB_FAILED,
+                        model.GroupEvent(
+                            model.GroupEventKind.JOB_FAILED,
                             self._clock.now(),
                             f"service member {service.member.name} exited with code {code} "
                             "while the job trained",

@@ -40,18 +40,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillOutcome,
-    KillResult,
-    Node,
-    TrainingEvent,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, DrillError
 from pytest_recoverygate.orchestrators.local.netns import (
     IFACE,
@@ -68,6 +57,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
 )
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
+from pytest_recoverygate.shared.procs import job_command
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -122,10 +112,10 @@ class _MergedSource:
         with self._lock:
             self._sources.append((host, orch))
 
-    def poll(self) -> list[TrainingEvent]:
+    def poll(self) -> list[model.TrainingEvent]:
         with self._lock:
             sources = list(self._sources)
-        events: list[TrainingEvent] = []
+        events: list[model.TrainingEvent] = []
         for _, orch in sources:
             events += orch.events().poll()
         events.sort(key=lambda e: e.received if e.received is not None else e.timestamp)
@@ -157,9 +147,7 @@ class LocalNodesOrchestrator:
         nodes: int,
         clock: Clock,
     ) -> None:
-        if not command:
-            raise DiscoveryError("workload.command is empty: give the torchrun command to launch")
-        self.command = list(command)
+        self.command = job_command(command, key="workload.command", what="the torchrun command")
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.nodes = nodes
@@ -169,7 +157,7 @@ class LocalNodesOrchestrator:
         self._runs: list[_NodeRun] = []  # every node ever launched, replacements too
         self._source = _MergedSource()
         self._lock = threading.Lock()
-        self._events: list[GroupEvent] = []
+        self._events: list[model.GroupEvent] = []
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._launching = threading.Lock()  # a replacement launch, or cleanup's start
@@ -249,7 +237,7 @@ class LocalNodesOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Make the network, start every node's agent, wait until every node's group is up."""
         require_capabilities(self.nodes)
         if not self.workdir.is_dir():
@@ -273,21 +261,21 @@ class LocalNodesOrchestrator:
                 raise DiscoveryError(f"node {run.net.rank} did not start before the deadline")
         return self._workload(runs)
 
-    def _workload(self, runs: list[_NodeRun]) -> Workload:
+    def _workload(self, runs: list[_NodeRun]) -> model.Workload:
         nodes = [self._node(run) for run in runs]
         workers = sorted((w for n in nodes for w in n.workers), key=lambda w: w.rank)
         agents = ", ".join(f"{r.net.hostname} (agent pid {r.orch.agent_pid})" for r in runs)
-        return Workload(
+        return model.Workload(
             job=f"{self.nodes} torchrun nodes: {agents}",
             workers=tuple(workers),
             nodes=tuple(nodes),
         )
 
-    def _node(self, run: _NodeRun) -> Node:
+    def _node(self, run: _NodeRun) -> model.Node:
         workers = tuple(
             dataclasses.replace(w, node=run.net.hostname) for w in run.orch.current_workers()
         )
-        return Node(
+        return model.Node(
             run.net.rank,
             run.net.hostname,
             run.net.identity,
@@ -305,13 +293,13 @@ class LocalNodesOrchestrator:
             runs = [r for r in self._runs if r.net.rank == rank]
         return runs[-1] if runs else None
 
-    def current_node(self, index: int) -> Node | None:
+    def current_node(self, index: int) -> model.Node | None:
         run = self._current_run(index)
         if run is None or run.killed or not run.ready.is_set() or run.error is not None:
             return None
         return self._node(run)
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         with self._lock:
             runs = [r for r in self._runs if not r.killed and r.ready.is_set()]
         for run in runs:
@@ -320,53 +308,57 @@ class LocalNodesOrchestrator:
                     return dataclasses.replace(worker, node=run.net.hostname)
         return None
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         """A worker fault: the node that runs that instance carries it out."""
         with self._lock:
             runs = [r for r in self._runs if not r.killed]
         for run in runs:
             if any(w.instance_id == worker.instance_id for w in run.orch.current_workers()):
                 return run.orch.kill(worker, dry_run=dry_run, fault=fault)
-        return KillResult(
-            KillOutcome.ALREADY_GONE,
+        return model.KillResult(
+            model.KillOutcome.ALREADY_GONE,
             self._clock.now(),
             f"{worker.describe()} runs on no node now; nothing was touched",
         )
 
-    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+    def kill_node(self, node: model.Node, *, dry_run: bool, fault: model.Fault) -> model.KillResult:
         run = self._current_run(node.index)
         now = self._clock.now()
         if run is None or run.killed or run.net.identity != node.identity:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 now,
                 f"{node.describe()} is not the node running now; nothing was touched",
             )
         if fault.type == "PartitionNode":
             return self._partition(run, node, dry_run=dry_run)
         if fault.type != "KillNode":
-            return KillResult(
-                KillOutcome.ALREADY_GONE, now, f"{fault.type} is not a fault of the local backend"
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
+                now,
+                f"{fault.type} is not a fault of the local backend",
             )
         targets = run.orch.processes()
         alive = {str(i.instance_id) for i in targets}
         if not any(w.instance_id in alive for w in node.workers):
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 now,
                 f"none of the instances of {node.describe()} runs any more; nothing was touched",
             )
         if dry_run:
-            return KillResult(
-                KillOutcome.DRY_RUN,
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN,
                 now,
                 f"would SIGKILL {len(targets)} process(es) of {node.describe()}",
             )
         return self._kill_all(run, node, targets, replace=fault.replace)
 
     def _kill_all(
-        self, run: _NodeRun, node: Node, targets: list[Identity], *, replace: bool
-    ) -> KillResult:
+        self, run: _NodeRun, node: model.Node, targets: list[Identity], *, replace: bool
+    ) -> model.KillResult:
         """SIGKILL every process of the node at once: pidfds first, each checked, then signals."""
         fds: list[tuple[Identity, int | None]] = []
         try:
@@ -401,8 +393,8 @@ class LocalNodesOrchestrator:
         with self._lock:
             self._threads.append(thread)
         thread.start()
-        return KillResult(
-            KillOutcome.KILLED,
+        return model.KillResult(
+            model.KillOutcome.KILLED,
             timestamp,
             f"SIGKILL sent to {sent} process(es) of {node.describe()} (agent and workers)",
         )
@@ -415,7 +407,7 @@ class LocalNodesOrchestrator:
                 return
         left = [i for i in killed if i.process() is not None]
         self._emit(
-            GroupEventKind.NODE_GONE,
+            model.GroupEventKind.NODE_GONE,
             f"every process of {run.net.hostname} is gone ({len(killed)} killed)"
             if not left
             else f"{len(left)} process(es) of {run.net.hostname} still run after SIGKILL",
@@ -434,40 +426,46 @@ class LocalNodesOrchestrator:
                 new = self._launch(net)
             except (DrillError, OSError) as exc:
                 self._emit(
-                    GroupEventKind.JOB_FAILED, f"the replacement node could not start: {exc}"
+                    model.GroupEventKind.JOB_FAILED, f"the replacement node could not start: {exc}"
                 )
                 return
         self._emit(
-            GroupEventKind.NODE_REPLACEMENT_STARTED,
+            model.GroupEventKind.NODE_REPLACEMENT_STARTED,
             f"replacement node {net.hostname} ({net.netns}, empty nodeDir {new.node_dir})",
         )
-        self._emit(GroupEventKind.REPLACEMENT_PENDING, f"replacement node {net.hostname} started")
+        self._emit(
+            model.GroupEventKind.REPLACEMENT_PENDING, f"replacement node {net.hostname} started"
+        )
         self._discover_node(new, self._clock.now() + 600.0)
 
-    def _partition(self, run: _NodeRun, node: Node, *, dry_run: bool) -> KillResult:
+    def _partition(self, run: _NodeRun, node: model.Node, *, dry_run: bool) -> model.KillResult:
         assert self._network is not None
         now = self._clock.now()
         if dry_run:
-            return KillResult(KillOutcome.DRY_RUN, now, f"would cut the link of {node.describe()}")
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN, now, f"would cut the link of {node.describe()}"
+            )
         timestamp = self._clock.now()
         self._network.cut(run.net)
         run.cut = True
-        return KillResult(
-            KillOutcome.KILLED,
+        return model.KillResult(
+            model.KillOutcome.KILLED,
             timestamp,
             f"cut the link of {node.describe()} (bridge port {run.net.port} down; its "
             "processes keep running)",
         )
 
-    def restore_node(self, node: Node) -> KillResult:
+    def restore_node(self, node: model.Node) -> model.KillResult:
         assert self._network is not None
         run = self._current_run(node.index)
         now = self._clock.now()
         if run is None or not run.cut or not self._network.restore(run.net):
-            return KillResult(KillOutcome.ALREADY_GONE, now, f"{node.name} is not cut off")
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE, now, f"{node.name} is not cut off"
+            )
         run.cut = False
-        self._emit(GroupEventKind.NODE_RESTORED, f"the link of {node.name} is back")
-        return KillResult(KillOutcome.KILLED, now, f"restored the link of {node.name}")
+        self._emit(model.GroupEventKind.NODE_RESTORED, f"the link of {node.name} is back")
+        return model.KillResult(model.KillOutcome.KILLED, now, f"restored the link of {node.name}")
 
     @staticmethod
     def _world_size_of(run: _NodeRun) -> int | None:
@@ -481,29 +479,29 @@ class LocalNodesOrchestrator:
                 return int(proc.environ()["WORLD_SIZE"])
         return None
 
-    def _emit(self, kind: GroupEventKind, detail: str) -> None:
+    def _emit(self, kind: model.GroupEventKind, detail: str) -> None:
         with self._lock:
-            self._events.append(GroupEvent(kind, self._clock.now(), detail))
+            self._events.append(model.GroupEvent(kind, self._clock.now(), detail))
         self._clock.wakeup()
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         """Every live node's group events, the killed nodes' own end left out."""
         with self._lock:
             runs = list(self._runs)
             mine, self._events = self._events, []
-        out: list[GroupEvent] = []
+        out: list[model.GroupEvent] = []
         for run in runs:
             for seen in run.orch.watch_group():
                 if run.killed:
                     continue  # the node we killed: its end is NODE_GONE, not the job's
                 event = seen
-                if seen.kind is GroupEventKind.REPLACEMENT_RUNNING:
+                if seen.kind is model.GroupEventKind.REPLACEMENT_RUNNING:
                     event = dataclasses.replace(seen, world_size=self._world_size_of(run))
                 if seen.worker is not None:
                     event = dataclasses.replace(
                         seen, worker=dataclasses.replace(seen.worker, node=run.net.hostname)
                     )
-                if event.kind is GroupEventKind.JOB_SUCCEEDED:
+                if event.kind is model.GroupEventKind.JOB_SUCCEEDED:
                     self._succeeded.add(id(run))
                     live = [r for r in runs if not r.killed]
                     if any(id(r) not in self._succeeded for r in live):

@@ -49,16 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillOutcome,
-    KillResult,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.local.processes import (
     Identity,
@@ -76,7 +67,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
-from pytest_recoverygate.shared.procs import launch
+from pytest_recoverygate.shared.procs import job_command, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -132,12 +123,13 @@ class LocalOrchestrator:
     ) -> None:
         """``source`` and ``stream``: one member of a group (``.members``) shares the
         group's event source, its output named ``stream`` (default: its own, "torchrun")."""
-        if not command and attach_pid is None:
-            raise DiscoveryError(
-                "workload.command is empty: give the torchrun command to launch, "
-                'e.g. ["torchrun", "--nproc-per-node=2", "train.py"]'
-            )
-        self.command = list(command)
+        self.command = job_command(
+            command,
+            key="workload.command",
+            what="the torchrun command",
+            example='["torchrun", "--nproc-per-node=2", "train.py"]',
+            attached=attach_pid is not None,
+        )
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.target_rank = target_rank
@@ -167,7 +159,7 @@ class LocalOrchestrator:
         self._seen: dict[int, Identity] = {}
         self._drill_id: str | None = None  # the marker's value in the launched job's environment
         self._marked: set[Identity] = set()  # every process found carrying the marker
-        self._events: list[GroupEvent] = []
+        self._events: list[model.GroupEvent] = []
         self._environ_cache: dict[Identity, dict[str, str] | None] = {}
         # group state, owned by the watcher thread after discover()
         self._base_restart = 0
@@ -186,7 +178,7 @@ class LocalOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Launch (or attach to) the job and wait until every local rank's worker is up."""
         if self.attach_pid is None:
             self._launch()
@@ -231,7 +223,7 @@ class LocalOrchestrator:
         self._threads.append(watcher)
         host = socket.gethostname()
         workers = tuple(
-            Worker(
+            model.Worker(
                 rank=rank,
                 name=f"rank {rank} pid {group[rank].identity.pid}",
                 instance_id=group[rank].identity.instance_id,
@@ -244,13 +236,15 @@ class LocalOrchestrator:
             for rank in ranks
         )
         agent = self._agent.pid if self._agent else "?"
-        return Workload(
+        return model.Workload(
             job=f"torchrun agent pid {agent} on {host}",
             workers=workers,
             started_at=self._launched_at,  # None when attached: the job predates the drill
         )
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         """Signal exactly the instance named by ``worker.instance_id``; never retried.
 
         KillWorker / KillDuringCheckpoint: SIGKILL. Preempt: SIGTERM now, and SIGKILL after
@@ -262,8 +256,8 @@ class LocalOrchestrator:
         )
         identity = Identity.parse(worker.instance_id)
         if identity is None:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 self._clock.now(),
                 f"{worker.instance_id!r} is not a pid@start_time instance id; nothing was touched",
             )
@@ -272,8 +266,8 @@ class LocalOrchestrator:
             # With a pidfd open, the identity check below holds for the signal too:
             # the fd pins this exact process even if its pid is recycled meanwhile.
             if identity.process() is None:
-                return KillResult(
-                    KillOutcome.ALREADY_GONE,
+                return model.KillResult(
+                    model.KillOutcome.ALREADY_GONE,
                     self._clock.now(),
                     f"{worker.describe()} no longer exists (pid gone or reused); "
                     "nothing was touched",
@@ -287,11 +281,11 @@ class LocalOrchestrator:
                         "user that owns the job"
                     ) from exc
                 except ProcessLookupError:
-                    return KillResult(
-                        KillOutcome.ALREADY_GONE, self._clock.now(), "exited just now"
+                    return model.KillResult(
+                        model.KillOutcome.ALREADY_GONE, self._clock.now(), "exited just now"
                     )
-                return KillResult(
-                    KillOutcome.DRY_RUN,
+                return model.KillResult(
+                    model.KillOutcome.DRY_RUN,
                     self._clock.now(),
                     f"would send {sig.name} to pid {identity.pid} ({worker.describe()})",
                 )
@@ -309,7 +303,9 @@ class LocalOrchestrator:
             except ProcessLookupError:
                 with self._lock:
                     self._victim = None
-                return KillResult(KillOutcome.ALREADY_GONE, self._clock.now(), "exited just now")
+                return model.KillResult(
+                    model.KillOutcome.ALREADY_GONE, self._clock.now(), "exited just now"
+                )
             except PermissionError as exc:
                 with self._lock:
                     self._victim = None
@@ -324,12 +320,12 @@ class LocalOrchestrator:
                 self._escalate_later(identity, pidfd, fault.grace_period)
                 pidfd = None  # the escalation owns it now
                 detail += f"; SIGKILL after {fault.grace_period:g}s if it still runs"
-            return KillResult(KillOutcome.KILLED, timestamp, detail)
+            return model.KillResult(model.KillOutcome.KILLED, timestamp, detail)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         """That rank's worker in the newest restart generation running now, if any."""
         scan = self._scan()
         newest = max((w.restart_count for w in scan.workers), default=None)
@@ -338,7 +334,7 @@ class LocalOrchestrator:
                 return self._worker(proc)
         return None
 
-    def current_workers(self) -> list[Worker]:
+    def current_workers(self) -> list[model.Worker]:
         """The newest restart generation's workers running now, by rank (node faults)."""
         scan = self._scan()
         newest = max((w.restart_count for w in scan.workers), default=None)
@@ -378,7 +374,7 @@ class LocalOrchestrator:
         thread.start()
         self._threads.append(thread)
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         """Group events observed by the watcher thread since the previous call."""
         with self._lock:
             events, self._events = self._events, []
@@ -657,9 +653,9 @@ class LocalOrchestrator:
 
     # ------------------------------------------------------------------ watching
 
-    def _emit(self, kind: GroupEventKind, detail: str, **extra: Any) -> None:
+    def _emit(self, kind: model.GroupEventKind, detail: str, **extra: Any) -> None:
         with self._lock:
-            self._events.append(GroupEvent(kind, self._clock.now(), detail, **extra))
+            self._events.append(model.GroupEvent(kind, self._clock.now(), detail, **extra))
         self._clock.wakeup()
 
     def _watch_loop(self) -> None:
@@ -667,7 +663,7 @@ class LocalOrchestrator:
             try:
                 self._watch_once()
             except Exception as exc:  # never die silently: the drill would wait for nothing
-                self._emit(GroupEventKind.JOB_FAILED, f"watching the job failed: {exc!r}")
+                self._emit(model.GroupEventKind.JOB_FAILED, f"watching the job failed: {exc!r}")
                 return
             if self._job_failed_reported:
                 return
@@ -685,7 +681,7 @@ class LocalOrchestrator:
                 first = next((w for w in missing if w.identity == victim), missing[0])
                 self._gone_reported = True
                 self._emit(
-                    GroupEventKind.WORKER_GONE,
+                    model.GroupEventKind.WORKER_GONE,
                     f"rank {first.rank} (pid {first.identity.pid}) is gone",
                     worker=self._worker(first),
                 )
@@ -697,7 +693,7 @@ class LocalOrchestrator:
             self._gone_reported = False
             self._running_reported = False
             self._emit(
-                GroupEventKind.RESTARTING,
+                model.GroupEventKind.RESTARTING,
                 f"torchrun restarted the worker group (TORCHELASTIC_RESTART_COUNT={newest})",
                 restart_count=newest - self._base_restart,
             )
@@ -710,7 +706,7 @@ class LocalOrchestrator:
             self._recovering = False
             pids = ", ".join(f"rank {r} pid {w.identity.pid}" for r, w in sorted(current.items()))
             self._emit(
-                GroupEventKind.REPLACEMENT_RUNNING,
+                model.GroupEventKind.REPLACEMENT_RUNNING,
                 f"all {len(current)} local ranks running again ({pids})",
                 restart_count=self._generation - self._base_restart,
             )
@@ -723,13 +719,13 @@ class LocalOrchestrator:
             while self._source.open_streams and time.monotonic() < drained:
                 time.sleep(0.01)
             if self._popen is not None and self._popen.poll() == 0:
-                self._emit(GroupEventKind.JOB_SUCCEEDED, failure)
+                self._emit(model.GroupEventKind.JOB_SUCCEEDED, failure)
                 return
             cause = root_cause(self.raw_output())
-            self._emit(GroupEventKind.JOB_FAILED, f"{failure}{': ' + cause if cause else ''}")
+            self._emit(model.GroupEventKind.JOB_FAILED, f"{failure}{': ' + cause if cause else ''}")
 
-    def _worker(self, proc: WorkerProc) -> Worker:
-        return Worker(
+    def _worker(self, proc: WorkerProc) -> model.Worker:
+        return model.Worker(
             rank=proc.rank,
             name=f"rank {proc.rank} pid {proc.identity.pid}",
             instance_id=proc.identity.instance_id,

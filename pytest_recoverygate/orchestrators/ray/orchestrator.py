@@ -51,17 +51,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_recoverygate.engine.model import (
-    KILL,
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillOutcome,
-    KillResult,
-    Node,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
 from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
@@ -85,7 +75,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.shared.procs import launch
+from pytest_recoverygate.shared.procs import job_command, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -130,12 +120,13 @@ class RayOrchestrator:
         target_rank: int = 1,
         clock: Clock,
     ) -> None:
-        if not entrypoint and submission_id is None:
-            raise DiscoveryError(
-                "workload.entrypoint is empty: give the driver to launch, "
-                "e.g. [python, train_ray.py]"
-            )
-        self.entrypoint = list(entrypoint)
+        self.entrypoint = job_command(
+            entrypoint,
+            key="workload.entrypoint",
+            what="the driver",
+            example="[python, train_ray.py]",
+            attached=submission_id is not None,
+        )
         self.workdir = Path(workdir)
         self.env = dict(env)
         self.address = address
@@ -155,7 +146,7 @@ class RayOrchestrator:
         self._token: str | None = None
         self._run_id: str | None = None
         self._run: TrainRun | None = None
-        self._events: list[GroupEvent] = []
+        self._events: list[model.GroupEvent] = []
         self._watcher: threading.Thread | None = None
         self._tails: dict[str, OutputTail] = {}
         self._worker_logs: Path | None = None  # the session's logs folder, when on this machine
@@ -174,7 +165,7 @@ class RayOrchestrator:
 
     # ------------------------------------------------------------------ Orchestrator
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Launch the driver (or find the Job), wait for Train's worker group, name it."""
         if self.submission_id is None:
             self._launch()
@@ -199,13 +190,15 @@ class RayOrchestrator:
         self._watcher = threading.Thread(target=self._watch, name="recoverygate-ray", daemon=True)
         self._watcher.start()
         self.discovered_at = self._clock.now()
-        return Workload(
+        return model.Workload(
             job=f"ray train run {run.name} ({run.run_id[:8]})",
             workers=tuple(self._worker(w) for w in attempt.workers),
             nodes=self._nodes(attempt),
         )
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault = KILL) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
+    ) -> model.KillResult:
         """One SIGKILL to exactly that instance, from a task pinned to its node; never retried.
 
         ``fault`` is always ``KillWorker`` here: validation refuses the types that
@@ -218,20 +211,20 @@ class RayOrchestrator:
             (w for w in (current.workers if current else ()) if w.actor_id == actor_id), None
         )
         if found is None or not found.alive or found.pid != pid:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 self._clock.now(),
                 f"{worker.describe()} is no longer a live worker of the run; nothing was touched",
             )
         if ticks is not None and self._is_local(found) and process_ticks(pid) != ticks:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 self._clock.now(),
                 f"pid {pid} is another process now; nothing was touched",
             )
         if dry_run:
-            return KillResult(
-                KillOutcome.DRY_RUN,
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN,
                 self._clock.now(),
                 f"would send SIGKILL to pid {pid} (actor {actor_id}) from a task pinned to "
                 f"node {found.node_id[:12]}",
@@ -246,24 +239,24 @@ class RayOrchestrator:
                     "kill", self._gcs, found.node_id, str(pid), ticks or "-", timeout=HELPER_TIMEOUT
                 )
         except BackendError as exc:
-            return KillResult(
-                KillOutcome.UNCONFIRMED,
+            return model.KillResult(
+                model.KillOutcome.UNCONFIRMED,
                 before,
                 f"the kill task for pid {pid} did not answer ({exc}); not retried",
             )
         if result.get("outcome") == "killed":
             at = float(result.get("at", before))
-            return KillResult(
-                KillOutcome.KILLED,
+            return model.KillResult(
+                model.KillOutcome.KILLED,
                 at,
                 f"SIGKILL sent to pid {pid} (actor {actor_id}) by a task on node "
                 f"{found.node_id[:12]}",
             )
-        return KillResult(
-            KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
+        return model.KillResult(
+            model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
         )
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         """That rank's worker in the run's current attempt, when that attempt is running."""
         with self._lock:
             run = self._run
@@ -273,14 +266,14 @@ class RayOrchestrator:
         found = next((w for w in current.workers if w.rank == rank), None)
         return self._worker(found) if found is not None else None
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         with self._lock:
             events, self._events = self._events, []
         return events
 
     # ------------------------------------------------------------------ NodeFaults
 
-    def _nodes(self, attempt: TrainAttempt) -> tuple[Node, ...]:
+    def _nodes(self, attempt: TrainAttempt) -> tuple[model.Node, ...]:
         """The attempt's nodes, each with its live workers, in the order of their lowest
         world rank (index 0: rank 0's node). Not Train's ``node_rank``: Train numbers nodes
         by IP address, and the nodes of one machine share it."""
@@ -291,7 +284,7 @@ class RayOrchestrator:
         for index, (node_id, workers) in enumerate(by_node.items()):
             first = workers[0]
             nodes.append(
-                Node(
+                model.Node(
                     index,
                     first.node,
                     node_id,
@@ -301,7 +294,7 @@ class RayOrchestrator:
             )
         return tuple(nodes)
 
-    def current_node(self, index: int) -> Node | None:
+    def current_node(self, index: int) -> model.Node | None:
         """Node ``index`` (Train's node rank) of the current attempt, when it runs."""
         run = self._fetch_run()
         current = run.current if run is not None else None
@@ -309,7 +302,7 @@ class RayOrchestrator:
             return None
         return next((n for n in self._nodes(current) if n.index == index), None)
 
-    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+    def kill_node(self, node: model.Node, *, dry_run: bool, fault: model.Fault) -> model.KillResult:
         """``KillNode``: SIGKILL the node's raylet from a task pinned to it; its workers die
         with it. Never the head (its raylet's death ends the cluster); never retried."""
         run = self._fetch_run()
@@ -320,8 +313,8 @@ class RayOrchestrator:
             if w.node_id == node.identity and w.alive
         ]
         if not live:
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 self._clock.now(),
                 f"{node.describe()} runs no live worker of the run now; nothing was touched",
             )
@@ -332,8 +325,8 @@ class RayOrchestrator:
                 "another node"
             )
         if dry_run:
-            return KillResult(
-                KillOutcome.DRY_RUN,
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN,
                 self._clock.now(),
                 f"would SIGKILL the raylet of {node.describe()} from a task pinned to it",
             )
@@ -349,23 +342,27 @@ class RayOrchestrator:
                     "kill", self._gcs, node.identity, "-1", "-", timeout=HELPER_TIMEOUT
                 )
         except BackendError as exc:
-            return KillResult(
-                KillOutcome.UNCONFIRMED, before, f"the raylet kill task did not answer ({exc})"
+            return model.KillResult(
+                model.KillOutcome.UNCONFIRMED,
+                before,
+                f"the raylet kill task did not answer ({exc})",
             )
         if result.get("outcome") != "killed":
-            return KillResult(
-                KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
             )
-        return KillResult(
-            KillOutcome.KILLED,
+        return model.KillResult(
+            model.KillOutcome.KILLED,
             float(result.get("at", before)),
             f"SIGKILL sent to the raylet of {node.describe()} by a task on that node "
             f"({result.get('detail', '')})",
         )
 
-    def restore_node(self, node: Node) -> KillResult:
+    def restore_node(self, node: model.Node) -> model.KillResult:
         """Nothing to restore: the ray backend offers no PartitionNode."""
-        return KillResult(KillOutcome.ALREADY_GONE, self._clock.now(), "nothing to restore")
+        return model.KillResult(
+            model.KillOutcome.ALREADY_GONE, self._clock.now(), "nothing to restore"
+        )
 
     def _head_node(self) -> str | None:
         """The node id of the cluster's head, from the state API (None: unknown)."""
@@ -679,10 +676,10 @@ class RayOrchestrator:
             if ticks is not None:
                 self._ticks[worker.pid] = ticks
 
-    def _worker(self, worker: TrainWorker) -> Worker:
+    def _worker(self, worker: TrainWorker) -> model.Worker:
         ticks = self._ticks.get(worker.pid)
         instance = f"{worker.actor_id}:{worker.pid}" + (f"@{ticks}" if ticks else "")
-        return Worker(
+        return model.Worker(
             worker.rank,
             f"RayTrainWorker pid {worker.pid}",
             instance,
@@ -746,10 +743,12 @@ class RayOrchestrator:
 
     # ------------------------------------------------------------------ the group
 
-    def _emit(self, kind: GroupEventKind, detail: str, worker: Worker | None = None) -> None:
+    def _emit(
+        self, kind: model.GroupEventKind, detail: str, worker: model.Worker | None = None
+    ) -> None:
         with self._lock:
             restarts = max(len(self._run.attempts) - 1, 0) if self._run is not None else None
-            self._events.append(GroupEvent(kind, self._clock.now(), detail, worker, restarts))
+            self._events.append(model.GroupEvent(kind, self._clock.now(), detail, worker, restarts))
         self._clock.wakeup()
 
     def _once(self, attempt: str, phase: str) -> bool:
@@ -764,7 +763,7 @@ class RayOrchestrator:
             try:
                 self._look()
             except Exception as exc:  # a watcher that dies silently would hang the drill
-                self._emit(GroupEventKind.JOB_FAILED, f"watching Train's state failed: {exc}")
+                self._emit(model.GroupEventKind.JOB_FAILED, f"watching Train's state failed: {exc}")
                 return
             if self._ended:
                 return
@@ -775,12 +774,14 @@ class RayOrchestrator:
             self._ended = True
             code = self._popen.returncode
             if code == 0:
-                self._emit(GroupEventKind.JOB_SUCCEEDED, "the driver exited with 0")
+                self._emit(model.GroupEventKind.JOB_SUCCEEDED, "the driver exited with 0")
             else:
                 status = (
                     f" (run {run.status}: {first_words(run.detail)})" if run is not None else ""
                 )
-                self._emit(GroupEventKind.JOB_FAILED, f"the driver exited with {code}{status}")
+                self._emit(
+                    model.GroupEventKind.JOB_FAILED, f"the driver exited with {code}{status}"
+                )
             return
         if run is None:
             return
@@ -790,7 +791,7 @@ class RayOrchestrator:
             on_node = [w for a in run.attempts for w in a.workers if w.node_id == node_id]
             if on_node and not any(w.alive for w in on_node) and self._once(node_id, "node gone"):
                 self._emit(
-                    GroupEventKind.NODE_GONE,
+                    model.GroupEventKind.NODE_GONE,
                     f"every worker of node {on_node[0].node} is gone with its raylet",
                 )
         for index, attempt in enumerate(run.attempts):
@@ -803,7 +804,7 @@ class RayOrchestrator:
             if seen and (dead or attempt.status == "ERRORED") and self._once(aid, "gone"):
                 who = failed_worker(attempt, dead)
                 self._emit(
-                    GroupEventKind.WORKER_GONE,
+                    model.GroupEventKind.WORKER_GONE,
                     "worker death detected: "
                     + (
                         first_words(attempt.detail)
@@ -816,13 +817,13 @@ class RayOrchestrator:
             )
             if shut_down and not run.terminal and self._once(aid, "shut down"):
                 self._emit(
-                    GroupEventKind.RESTARTING,
+                    model.GroupEventKind.RESTARTING,
                     f"group shut down (run {run.status}); Train restarts it",
                 )
             if aid not in self._seen_attempts and index == len(run.attempts) - 1:
                 if self._once(aid, "pending"):
                     self._emit(
-                        GroupEventKind.REPLACEMENT_PENDING,
+                        model.GroupEventKind.REPLACEMENT_PENDING,
                         f"new group being placed: {attempt.detail or attempt.status}",
                     )
                 if attempt.running and self._once(aid, "running"):
@@ -830,16 +831,16 @@ class RayOrchestrator:
                         self._seen_attempts.add(aid)
                     self._follow_logs(attempt)
                     self._emit(
-                        GroupEventKind.REPLACEMENT_RUNNING,
+                        model.GroupEventKind.REPLACEMENT_RUNNING,
                         f"new group placed, train function restarted "
                         f"({len(attempt.workers)} workers)",
                     )
         if run.terminal and self._once(run.run_id, "terminal"):
             if run.status == "FINISHED":
-                self._emit(GroupEventKind.JOB_SUCCEEDED, "the Train run FINISHED")
+                self._emit(model.GroupEventKind.JOB_SUCCEEDED, "the Train run FINISHED")
             else:
                 self._emit(
-                    GroupEventKind.JOB_FAILED,
+                    model.GroupEventKind.JOB_FAILED,
                     f"the Train run {run.status}: {first_words(run.detail)}",
                 )
 

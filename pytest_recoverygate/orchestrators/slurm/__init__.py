@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from pytest_recoverygate.config.fields import exactly_one
+from pytest_recoverygate.config.fields import check_target_replica, distinct_items, exactly_one
 from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
@@ -49,6 +49,13 @@ FAULT_TYPES = (
     "KillStep",
     "Requeue",
     "KillNode",
+)
+
+#: A targetReplica without workload.replicas: why the drill needs them, how to add them.
+_REPLICAS_NEEDED = (
+    "needs workload.replicas on slurm: the drill finds a replica group by the name of its job step",
+    "add replicas: [{replica: 0, step: replica-0}, {replica: 1, step: replica-1}] (each "
+    "replica group's srun --job-name)",
 )
 
 
@@ -136,20 +143,7 @@ class SlurmWorkload(WorkloadBase):
         return sorted(item.replica for item in self.replicas or [])
 
     def check_failure(self, failure: InjectFailure) -> None:
-        replica = failure.target_replica
-        if self.replicas is None:
-            if replica is not None:
-                raise refuse(
-                    "needs workload.replicas on slurm: the drill finds a replica group by "
-                    "the name of its job step",
-                    "targetReplica with workload.replicas",
-                    "add replicas: [{replica: 0, step: replica-0}, {replica: 1, step: "
-                    "replica-1}] (each replica group's srun --job-name)",
-                    key=("targetReplica",),
-                    got=str(replica),
-                )
-            return
-        if failure.type not in ("KillWorker", "KillStep"):
+        if self.replicas is not None and failure.type not in ("KillWorker", "KillStep"):
             raise refuse(
                 "with workload.replicas the drill kills one rank (KillWorker) or the whole "
                 "job step (KillStep) of the target replica group",
@@ -158,17 +152,8 @@ class SlurmWorkload(WorkloadBase):
                 key=("type",),
                 got=failure.type,
             )
-        known = self.replica_ids()
-        if replica is None or replica not in known:
-            raise refuse(
-                f"is not among workload.replicas' replica ids ({', '.join(map(str, known))})"
-                if replica is not None
-                else "is required with workload.replicas (the replica group to kill)",
-                f"one of {known}",
-                "set targetReplica to one of them",
-                key=("targetReplica",),
-                got=str(replica) if replica is not None else "nothing",
-            )
+        known = self.replica_ids() if self.replicas is not None else None
+        check_target_replica(failure.target_replica, known, *_REPLICAS_NEEDED)
 
     def step_of(self, replica: int | None) -> str | None:
         """The job step name of ``replica`` (None without ``replicas``)."""
@@ -184,15 +169,7 @@ def _distinct_replicas(items: list[SlurmReplica]) -> None:
             "needs at least one replica group", "a list of {replica, step}", key=("replicas",)
         )
     for field_name in ("replica", "step"):
-        values = [str(getattr(item, field_name)) for item in items]
-        for index, value in enumerate(values):
-            if values.index(value) != index:
-                raise refuse(
-                    f"is the {field_name} of item {values.index(value)} too",
-                    f"a {field_name} no other item has",
-                    key=("replicas", str(index), field_name),
-                    got=value,
-                )
+        distinct_items(items, field_name)
 
 
 def _create(workload: SlurmWorkload, failure: InjectFailure, clock: Clock) -> SlurmOrchestrator:

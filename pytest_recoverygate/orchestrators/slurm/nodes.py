@@ -113,18 +113,16 @@ class NodeKills:
             try:
                 answer = rgkill(run_kill("check"))
             except (JobGone, BackendError) as exc:
-                return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), str(exc))
+                return self._result(KillOutcome.ALREADY_GONE, str(exc))
             if answer[:1] == ["alive"]:
                 more = " and set it DRAIN" if drain else ""
-                return KillResult(
+                return self._result(
                     KillOutcome.DRY_RUN,
-                    self.clock.now(),
                     f"would kill -KILL {target} ({answer[1]} processes: "
                     f"{' '.join(answer[2:])}){more}",
                 )
-            return KillResult(
+            return self._result(
                 KillOutcome.ALREADY_GONE,
-                self.clock.now(),
                 f"{worker.describe()} (pid {pid} on {node}) no longer exists; nothing touched",
             )
         drained = ""
@@ -141,9 +139,8 @@ class NodeKills:
             try:
                 self.commands.run_destructive(args)
             except (JobGone, BackendError) as exc:
-                return KillResult(
+                return self._result(
                     KillOutcome.UNCONFIRMED,
-                    self.clock.now(),
                     f"'scontrol update NodeName={node} State=DRAIN' failed ({exc}); no process "
                     "was killed, cleanup RESUMEs the node",
                 )
@@ -172,17 +169,19 @@ class NodeKills:
                 f"{after or 'no answer after the kill'}{drained}",
             )
         if what in ("gone", "replaced"):
-            return KillResult(
+            return self._result(
                 KillOutcome.ALREADY_GONE,
-                self.clock.now(),
                 f"{worker.describe()} (pid {pid} on {node}) no longer exists; no process was "
                 f"killed{drained}",
             )
-        return KillResult(
+        return self._result(
             KillOutcome.UNCONFIRMED,
-            self.clock.now(),
             f"node kill step answered {' '.join(answer) or what!r}{drained}",
         )
+
+    def _result(self, outcome: KillOutcome, detail: str) -> KillResult:
+        """The kill's result, stamped now (a result without a signal time of its own)."""
+        return KillResult(outcome, self.clock.now(), detail)
 
     def resume_drained(self) -> list[str]:
         """RESUME every node a KillNode drained; what could not be resumed, with the fix."""

@@ -42,16 +42,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.engine.model import (
-    Fault,
-    GroupEvent,
-    GroupEventKind,
-    KillOutcome,
-    KillResult,
-    Node,
-    Worker,
-    Workload,
-)
+from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import (
     BackendError,
     DiscoveryError,
@@ -109,7 +100,7 @@ SIGNAL_OF = {
 class _Snapshot:
     job: JobInfo
     step: str  # the training step the workers were found in
-    workers: dict[int, Worker]
+    workers: dict[int, model.Worker]
     expected: int  # world size (WORLD_SIZE of the workers, else the step's task count)
 
     @property
@@ -121,14 +112,14 @@ class _Snapshot:
 class _Watch:
     """What the watcher follows after one kill: a new one per kill (``count: N``)."""
 
-    killed: Worker
+    killed: model.Worker
     time: float
     restarts: int  # the job's Restarts when it was hit
-    group: dict[int, Worker] = field(default_factory=dict)  # the ranks it was hit among
+    group: dict[int, model.Worker] = field(default_factory=dict)  # the ranks it was hit among
     gone: bool = False
     restarting: bool = False
     pending_reported: bool = False
-    replacement: Worker | None = None
+    replacement: model.Worker | None = None
 
 
 class SlurmOrchestrator:
@@ -186,14 +177,14 @@ class SlurmOrchestrator:
         self._stream = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
         self._events = SlurmEventSource(self._stream)
         self._lock = threading.Lock()
-        self._pending: list[GroupEvent] = []
+        self._pending: list[model.GroupEvent] = []
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._snapshot: _Snapshot | None = None
         self._watch: _Watch | None = None  # the latest kill, followed by the watcher
         self._hit: set[str] = set()  # every instance id a kill reached
-        self._stopped: dict[str, Worker] = {}  # SIGSTOPped by a HangWorker: continued first
+        self._stopped: dict[str, model.Worker] = {}  # SIGSTOPped by a HangWorker: continued first
         self._escalations: list[threading.Thread] = []
         #: What each Preempt's escalation did (``kill -KILL …`` answered, or why not sent).
         self.escalations: list[str] = []
@@ -208,7 +199,7 @@ class SlurmOrchestrator:
 
     # --- discovery ----------------------------------------------------------------------
 
-    def discover(self, deadline: float) -> Workload:
+    def discover(self, deadline: float) -> model.Workload:
         """Find the job and its ranks; wait (until ``deadline``) for it to be running."""
         self.commands.check_setup()
         if self.fault == "KillNode" and self.drain_node:
@@ -254,7 +245,7 @@ class SlurmOrchestrator:
         self._start_tail(job)
         self._start_watcher()
         workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
-        return Workload(
+        return model.Workload(
             job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=job_nodes(snapshot)
         )
 
@@ -319,7 +310,7 @@ class SlurmOrchestrator:
         expected = max(sizes) if sizes else step.tasks
         return _Snapshot(job=job, step=step.step, workers=workers, expected=expected)
 
-    def _worker(self, job: JobInfo, step: str, row: ProcessRow, rank: int) -> Worker:
+    def _worker(self, job: JobInfo, step: str, row: ProcessRow, rank: int) -> model.Worker:
         details: tuple[tuple[str, str], ...] = (
             ("job", job.job_id),
             ("step", step),
@@ -330,7 +321,7 @@ class SlurmOrchestrator:
         )
         if row.restart_count is not None:
             details += (("torchelastic_restart_count", str(row.restart_count)),)
-        return Worker(
+        return model.Worker(
             rank=rank,
             name=f"{job.job_id}.{step} rank {rank}",
             instance_id=f"{job.job_id}.{step}/{row.pid}@{row.start}",
@@ -340,21 +331,23 @@ class SlurmOrchestrator:
 
     # --- the kill -----------------------------------------------------------------------
 
-    def _not_discovered(self, worker: Worker) -> KillResult:
+    def _not_discovered(self, worker: model.Worker) -> model.KillResult:
         """ALREADY_GONE for an instance id that is not one :meth:`discover` issued."""
-        return KillResult(
-            KillOutcome.ALREADY_GONE,
+        return model.KillResult(
+            model.KillOutcome.ALREADY_GONE,
             self.clock.now(),
             f"{worker.instance_id!r} is not a SLURM worker instance this drill "
             "discovered; nothing was touched",
         )
 
-    def kill(self, worker: Worker, *, dry_run: bool, fault: Fault | None = None) -> KillResult:
+    def kill(
+        self, worker: model.Worker, *, dry_run: bool, fault: model.Fault | None = None
+    ) -> model.KillResult:
         """Hit the instance ``worker.instance_id`` names, as ``fault.type`` says; never twice.
 
         Without ``fault`` the constructor's fault type is used (30 s grace for a Preempt).
         """
-        fault = fault if fault is not None else Fault(self.fault)
+        fault = fault if fault is not None else model.Fault(self.fault)
         details = dict(worker.details)
         job_id = details.get("job", self.job_id or "")
         step = details.get("step", "")
@@ -380,7 +373,7 @@ class SlurmOrchestrator:
             raise UsageError(
                 f"unknown fault type {fault.type!r} for slurm; use one of {', '.join(FAULT_TYPES)}"
             )
-        if result.outcome is KillOutcome.KILLED:
+        if result.outcome is model.KillOutcome.KILLED:
             group = self._snapshot.workers if self._snapshot is not None else {}
             with self._lock:
                 self._hit.add(worker.instance_id)
@@ -401,7 +394,7 @@ class SlurmOrchestrator:
         except (JobGone, DiscoveryError):
             return None
 
-    def current_worker(self, rank: int) -> Worker | None:
+    def current_worker(self, rank: int) -> model.Worker | None:
         """That rank's worker in the job's running training step now, as discover() builds
         it; None when there is none, or when it is an instance a kill already reached."""
         snapshot = self._running_snapshot()
@@ -420,7 +413,7 @@ class SlurmOrchestrator:
         """What cleanup's RESUME of each node a KillNode drained answered."""
         return list(self._nodes.resumed)
 
-    def current_node(self, index: int) -> Node | None:
+    def current_node(self, index: int) -> model.Node | None:
         """Node ``index`` of the job's running training step now (its ranks there), or
         None (no running step, no such node)."""
         snapshot = self._running_snapshot()
@@ -430,7 +423,7 @@ class SlurmOrchestrator:
         nodes = job_nodes(snapshot)
         return nodes[index] if 0 <= index < len(nodes) else None
 
-    def kill_node(self, node: Node, *, dry_run: bool, fault: Fault) -> KillResult:
+    def kill_node(self, node: model.Node, *, dry_run: bool, fault: model.Fault) -> model.KillResult:
         """KillNode: every process of the training step on ``node``, by one kill step
         there (``fault.drain_node``: the node set DRAIN first). ALREADY_GONE when the
         node's identity (node, job step, run) is no longer the job's, or none of the
@@ -444,23 +437,25 @@ class SlurmOrchestrator:
         if moved is not None:
             return moved
         result = self.kill(node.workers[0], dry_run=dry_run, fault=fault)
-        if result.outcome is KillOutcome.KILLED:
+        if result.outcome is model.KillOutcome.KILLED:
             gone_at = rgnode_gone(result.detail)
             if gone_at is not None:
                 self._emit(
-                    GroupEventKind.NODE_GONE,
+                    model.GroupEventKind.NODE_GONE,
                     f"every process of the job on {node.name} is gone",
                     node.workers[0],
                 )
         return result
 
-    def restore_node(self, node: Node) -> KillResult:
+    def restore_node(self, node: model.Node) -> model.KillResult:
         """Nothing to restore: slurm has no PartitionNode."""
-        return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore")
+        return model.KillResult(
+            model.KillOutcome.ALREADY_GONE, self.clock.now(), "nothing to restore"
+        )
 
     def _kill_worker(
-        self, worker: Worker, details: dict[str, str], dry_run: bool, fault: Fault
-    ) -> KillResult:
+        self, worker: model.Worker, details: dict[str, str], dry_run: bool, fault: model.Fault
+    ) -> model.KillResult:
         """One signal to one rank on its node, through the kill step, once.
 
         The kill step runs through ``run_destructive``: it is sent again only when it is
@@ -507,24 +502,26 @@ class SlurmOrchestrator:
                 )
             elif sig == "STOP":
                 detail += "; cleanup sends SIGCONT if that same instance is still there"
-            return KillResult(KillOutcome.KILLED, killed_at, detail)
+            return model.KillResult(model.KillOutcome.KILLED, killed_at, detail)
         if not dry_run and sig == "STOP":
             with self._lock:
                 self._stopped.pop(worker.instance_id, None)  # never stopped: nothing to undo
         if what == "alive":
-            return KillResult(
-                KillOutcome.DRY_RUN, now, f"would kill -{sig} {target}; it is running"
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN, now, f"would kill -{sig} {target}; it is running"
             )
         if what in ("gone", "replaced"):
-            return KillResult(
-                KillOutcome.ALREADY_GONE, now, f"{target} no longer exists; nothing was killed"
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
+                now,
+                f"{target} no longer exists; nothing was killed",
             )
-        return KillResult(
-            KillOutcome.UNCONFIRMED, now, f"kill step answered {' '.join(verdict) or what!r}"
+        return model.KillResult(
+            model.KillOutcome.UNCONFIRMED, now, f"kill step answered {' '.join(verdict) or what!r}"
         )
 
     def _signal(
-        self, worker: Worker, sig: str, *, dry_run: bool = False, destructive: bool = True
+        self, worker: model.Worker, sig: str, *, dry_run: bool = False, destructive: bool = True
     ) -> list[str]:
         """Run the kill step for ``worker`` (pid + start time from its instance id); its
         ``RGKILL`` answer as words (``killed TIME``, ``gone``, ``replaced START``, …)."""
@@ -545,7 +542,7 @@ class SlurmOrchestrator:
         answer = next((line for line in out.splitlines() if line.startswith("RGKILL ")), "")
         return answer.split()[1:] if answer else ([out.strip()] if out.strip() else [])
 
-    def _escalate_later(self, worker: Worker, grace: float) -> None:
+    def _escalate_later(self, worker: model.Worker, grace: float) -> None:
         """Preempt: SIGKILL that same instance after ``grace`` if it still runs.
 
         A second kill step, identity-checked by pid + start time on the node like the
@@ -573,7 +570,7 @@ class SlurmOrchestrator:
 
     def _kill_job_level(
         self, job_id: str, step: str, details: dict[str, str], dry_run: bool, fault: str
-    ) -> KillResult:
+    ) -> model.KillResult:
         """``scancel --signal=KILL J.S`` or ``scontrol requeue J``, sent at most once.
 
         Both act on the controller; a timeout or a lost answer may come after they acted
@@ -583,10 +580,12 @@ class SlurmOrchestrator:
         try:
             job = self.commands.show_job(job_id)
         except JobGone:
-            return KillResult(KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone")
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE, self.clock.now(), f"job {job_id} is gone"
+            )
         if job.restarts != int_or_zero(details.get("restarts", "0")) or job.state != "RUNNING":
-            return KillResult(
-                KillOutcome.ALREADY_GONE,
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
                 self.clock.now(),
                 f"job {job_id} is no longer the run discovered "
                 f"(state {job.state}, Restarts {job.restarts})",
@@ -594,13 +593,15 @@ class SlurmOrchestrator:
         if fault == "KillStep":
             args = ["scancel", "--signal=KILL", f"{job_id}.{step}"]
             if step not in {s.step for s in self._training_steps(job_id)}:
-                return KillResult(
-                    KillOutcome.ALREADY_GONE, self.clock.now(), f"step {job_id}.{step} ended"
+                return model.KillResult(
+                    model.KillOutcome.ALREADY_GONE, self.clock.now(), f"step {job_id}.{step} ended"
                 )
         else:
             args = ["scontrol", "requeue", job_id]
         if dry_run:
-            return KillResult(KillOutcome.DRY_RUN, self.clock.now(), f"would run: {' '.join(args)}")
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN, self.clock.now(), f"would run: {' '.join(args)}"
+            )
         sent_at = self.clock.now()  # it acts no earlier than this
         try:
             self.commands.run_destructive(args)
@@ -612,7 +613,7 @@ class SlurmOrchestrator:
                 not_started=lambda e: f"{command} never reached slurmctld ({e}); nothing was done",
                 unknown=lambda e: f"{command} failed; whether it acted is unknown: {e}",
             )
-        return KillResult(KillOutcome.KILLED, sent_at, " ".join(args))
+        return model.KillResult(model.KillOutcome.KILLED, sent_at, " ".join(args))
 
     def _failed_destructive(
         self,
@@ -621,20 +622,20 @@ class SlurmOrchestrator:
         *,
         not_started: Callable[[Exception], str],
         unknown: Callable[[Exception], str],
-    ) -> KillResult:
+    ) -> model.KillResult:
         """What a destructive command that raised means: the job is gone, the command
         certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
         since only the first is proof that nothing else was hit)."""
         now = self.clock.now()
         if isinstance(exc, JobGone):
-            return KillResult(KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
+            return model.KillResult(model.KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
         if isinstance(exc, CommandNotStarted):
-            return KillResult(KillOutcome.UNCONFIRMED, now, not_started(exc))
-        return KillResult(KillOutcome.UNCONFIRMED, now, unknown(exc))
+            return model.KillResult(model.KillOutcome.UNCONFIRMED, now, not_started(exc))
+        return model.KillResult(model.KillOutcome.UNCONFIRMED, now, unknown(exc))
 
     # --- watching -----------------------------------------------------------------------
 
-    def watch_group(self) -> list[GroupEvent]:
+    def watch_group(self) -> list[model.GroupEvent]:
         with self._lock:
             events, self._pending = self._pending, []
             error, self._error = self._error, None
@@ -706,12 +707,12 @@ class SlurmOrchestrator:
 
     def _emit(
         self,
-        kind: GroupEventKind,
+        kind: model.GroupEventKind,
         detail: str,
-        worker: Worker | None = None,
+        worker: model.Worker | None = None,
         restarts: int | None = None,
     ) -> None:
-        event = GroupEvent(kind, self.clock.now(), detail, worker, restarts)
+        event = model.GroupEvent(kind, self.clock.now(), detail, worker, restarts)
         with self._lock:
             self._pending.append(event)
         self.clock.wakeup()
@@ -757,7 +758,8 @@ class SlurmOrchestrator:
         except JobGone:
             self._ended = True
             self._emit(
-                GroupEventKind.JOB_FAILED, f"job {self.job_id} is no longer known to slurmctld"
+                model.GroupEventKind.JOB_FAILED,
+                f"job {self.job_id} is no longer known to slurmctld",
             )
             return
         with self._lock:
@@ -768,12 +770,12 @@ class SlurmOrchestrator:
                 self._events.tail.restart()
             if watch is not None and self._mark_gone(watch):
                 self._emit(
-                    GroupEventKind.WORKER_GONE, f"job {job.job_id} was requeued", watch.killed
+                    model.GroupEventKind.WORKER_GONE, f"job {job.job_id} was requeued", watch.killed
                 )
             if watch is not None and watch.replacement is None and not watch.restarting:
                 watch.restarting = True
                 self._emit(
-                    GroupEventKind.RESTARTING,
+                    model.GroupEventKind.RESTARTING,
                     f"job {job.job_id} was requeued (Restarts={job.restarts})",
                     restarts=job.restarts,
                 )
@@ -781,7 +783,7 @@ class SlurmOrchestrator:
             self._ended = True
             if job.state == "COMPLETED" and (watch is None or watch.replacement is not None):
                 return  # training finished normally
-            self._emit(GroupEventKind.JOB_FAILED, job.describe_end())
+            self._emit(model.GroupEventKind.JOB_FAILED, job.describe_end())
             return
         if watch is None or watch.replacement is not None:
             return
@@ -789,7 +791,7 @@ class SlurmOrchestrator:
             if not watch.pending_reported and job.restarts > watch.restarts:
                 watch.pending_reported = True
                 self._emit(
-                    GroupEventKind.REPLACEMENT_PENDING,
+                    model.GroupEventKind.REPLACEMENT_PENDING,
                     f"requeued job {job.job_id} is {job.state} (reason {job.reason})",
                     restarts=job.restarts,
                 )
@@ -824,7 +826,7 @@ class SlurmOrchestrator:
             )
             if other is not None and self._mark_gone(watch):
                 self._emit(
-                    GroupEventKind.WORKER_GONE,
+                    model.GroupEventKind.WORKER_GONE,
                     f"rank {other.rank} (pid {dict(other.details).get('pid')}) is gone from "
                     f"step {job.job_id}.{old.get('step')}; the rank hit is still there",
                     other,
@@ -835,7 +837,7 @@ class SlurmOrchestrator:
                 f"rank {killed.rank} (pid {old.get('pid')}) is gone from step "
                 f"{job.job_id}.{old.get('step')}"
             )
-            self._emit(GroupEventKind.WORKER_GONE, where, killed)
+            self._emit(model.GroupEventKind.WORKER_GONE, where, killed)
         if worker is None or snapshot is None:
             return
         new = dict(worker.details)
@@ -855,10 +857,10 @@ class SlurmOrchestrator:
             count = None
         if not watch.restarting:
             watch.restarting = True
-            self._emit(GroupEventKind.RESTARTING, path, restarts=count)
+            self._emit(model.GroupEventKind.RESTARTING, path, restarts=count)
         watch.replacement = worker
         self._emit(
-            GroupEventKind.REPLACEMENT_RUNNING, f"{path}: {worker.describe()}", worker, count
+            model.GroupEventKind.REPLACEMENT_RUNNING, f"{path}: {worker.describe()}", worker, count
         )
 
     # --- the output file ----------------------------------------------------------------
@@ -888,4 +890,4 @@ class SlurmOrchestrator:
             if watch is None or received < watch.time or watch.gone:
                 return
             watch.gone = True
-        self._emit(GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)
+        self._emit(model.GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)
