@@ -15,7 +15,22 @@ from typing import Any
 
 import yaml
 
-__all__ = ["CliRun", "run_cli_drill"]
+__all__ = ["DRILL_SUSTAIN", "CliRun", "run_cli_drill", "with_drill_sustain"]
+
+#: The sustain window of the test drills, unless a config sets its own: the drills are
+#: about recovery, not about how long a job trains on, and the default (the larger of 3
+#: progress lines and 10 s, what users get) would hold each PASS 7 s longer, every kill of
+#: it again. The default itself is tested in tests/test_config.py and the engine tests.
+DRILL_SUSTAIN = "3s"
+
+
+def with_drill_sustain(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with ``expectations.sustain`` set to :data:`DRILL_SUSTAIN` where it sets
+    none (live-mode drills are judged without a sustain window and keep theirs)."""
+    expect = dict(config.get("expectations") or {})
+    if expect.get("recovery") != "live":
+        expect.setdefault("sustain", DRILL_SUSTAIN)
+    return {**config, "expectations": expect}
 
 
 @dataclass(frozen=True)
@@ -35,10 +50,13 @@ def run_cli_drill(
     report_dir: Path | None = None,
     timeout: float,
     env: Mapping[str, str] | None = None,
+    drill_sustain: bool = True,
 ) -> CliRun:
-    """Write ``config`` to ``path`` and run it (``--yes -q``). The report goes next to the
-    config (``report.json``), or with ``report_dir`` into that folder (``--report-dir``)."""
-    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    """Write ``config`` (with :func:`with_drill_sustain`) to ``path`` and run it (``--yes
+    -q``). The report goes next to the config (``report.json``), or with ``report_dir``
+    into that folder (``--report-dir``). ``drill_sustain=False`` runs ``config`` as it is."""
+    text = with_drill_sustain(config) if drill_sustain else dict(config)
+    path.write_text(yaml.safe_dump(text, sort_keys=False))
     if report_dir is None:
         report_path = path.parent / "report.json"
         where = ["--report", str(report_path)]

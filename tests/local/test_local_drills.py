@@ -30,6 +30,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
+from tests.cli_drill import DRILL_SUSTAIN
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.local, pytest.mark.e2e]
@@ -48,7 +49,7 @@ BASE_COMMAND = [
     "--step-time=0.02",
 ]
 # Trigger earlier than the example (step 40, not 100): the same drill, 1-2 s shorter.
-FAST = {"injectFailure.afterCheckpoint": "step-40"}
+FAST = {"injectFailure.afterCheckpoint": "step-40", "expectations.sustain": DRILL_SUSTAIN}
 
 
 def marker_env(tmp_path: Path) -> tuple[str, dict[str, Any]]:
@@ -189,6 +190,7 @@ def write_config(tmp_path: Path, **changes: Any) -> tuple[Path, str]:
     data = yaml.safe_load(PASSING.read_text())
     data["workload"]["workdir"] = str(EXAMPLES)
     data["workload"]["env"]["RG_E2E_MARK"] = mark
+    data["expectations"].setdefault("sustain", DRILL_SUSTAIN)
     for dotted, value in changes.items():
         node = data
         *parents, last = dotted.split(".")

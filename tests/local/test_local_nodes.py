@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from pytest_recoverygate.orchestrators.local.netns import NETNS_DIR, missing_capabilities
+from tests.cli_drill import with_drill_sustain
 
 pytestmark = [
     pytest.mark.e2e,
@@ -77,7 +78,7 @@ def example(name: str, tmp: Path, tag: str, **changes: Any) -> Path:
     for section, values in changes.items():
         config[section] = {**config.get(section, {}), **values}
     path = tmp / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.write_text(yaml.safe_dump(with_drill_sustain(config), sort_keys=False))
     return path
 
 

@@ -32,6 +32,7 @@ import pytest
 from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
+from tests.cli_drill import DRILL_SUSTAIN
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -81,7 +82,9 @@ def drill(
     )
     if replace:
         text = text.replace(*replace)
-    cfg = parse_config(text, EXAMPLES / config)
+    own = "sustain:" in text or "recovery: live" in text
+    sustain = {} if own else {"expectations.sustain": DRILL_SUSTAIN}
+    cfg = parse_config(text, EXAMPLES / config, sustain)
     started = time.monotonic()
     result = run_drill(cfg, RunOptions(confirmed=True, handle_signals=False))
     return result, time.monotonic() - started

@@ -62,7 +62,6 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 DRILL_TIMEOUT = 240  # seconds for one `recoverygate run`; every phase has its own deadline
 RECOVERY_TIME_TOLERANCE = 0.05
 REPORTING_RANK = 0
-SUSTAIN = "3s"
 
 
 @dataclass(frozen=True)
@@ -131,13 +130,9 @@ def run_drill(
         f"--ckpt-dir={tmp_path / 'ckpt'}",
         *(job_args or []),
     ]
-    # A 3 s sustain window (the default is 10 s): every job trains on until it is ended
-    # or proves its stall within it; 7 s saved on each of the corpus's PASSes.
-    expectations: dict[str, Any] = {
-        "resumeFromCheckpoint": "latest",
-        "maxRecoveryTime": "60s",
-        "sustain": SUSTAIN,
-    }
+    # run_cli_drill holds a 3 s sustain window (DRILL_SUSTAIN): every job trains on until
+    # it is ended or proves its stall within it.
+    expectations: dict[str, Any] = {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "60s"}
     if max_lost is not None:
         expectations["maxLostSteps"] = max_lost
     expectations.update(expect or {})
