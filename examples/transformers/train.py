@@ -24,6 +24,7 @@ tokens that depend only on the example's index.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import time
@@ -158,8 +159,18 @@ def main(argv: list[str] | None = None) -> None:
         resume = get_last_checkpoint(output_dir)
     trainer.train(resume_from_checkpoint=resume)
     if torch.distributed.is_initialized():
-        # an orderly teardown: a process group left to the interpreter's exit can abort
-        # in gloo's threads ("terminate called without an active exception")
+        # An orderly teardown, in three steps (each seen to hang or abort without it):
+        # - every rank meets here, so no collective is still in flight in gloo's threads;
+        # - the trainer and its DDP model go while the process group is alive: freeing the
+        #   DDP reducer ends its gloo group, whose thread may still be freeing an
+        #   all_gather's tensors and wait for the GIL the freeing thread holds (a deadlock
+        #   at exit, 2 runs in 3 after a restart, py-spy showed both threads);
+        # - then the process group ends (left to the interpreter's exit, gloo's threads can
+        #   abort: "terminate called without an active exception").
+        torch.distributed.barrier()
+        time.sleep(0.1)  # the GIL left free while gloo's threads free what they ran
+        del trainer, model
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 

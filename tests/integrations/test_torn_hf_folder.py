@@ -99,7 +99,13 @@ def tear_the_save_of_step_20(
         ]
         rank0.send_signal(signal.SIGKILL)
         unmarked = folder.exists() and not (folder / MARKER_NAME).exists()
-        proc.wait(timeout=180)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                "torchrun did not end within 180 s of the kill; its last lines:\n"
+                + "".join(text[-60:])
+            ) from None
     finally:
         if proc.poll() is None:
             # torchrun starts each worker in a session of its own: its group is not enough
@@ -109,8 +115,8 @@ def tear_the_save_of_step_20(
                         child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    reader.join(10)
-    proc.stdout.close()
+        reader.join(10)
+        proc.stdout.close()  # on every way out: a failed wait must not leak the pipe too
     return events, proc.returncode, "".join(text), unmarked
 
 
