@@ -18,14 +18,21 @@ import traceback
 
 import torch
 
-state = {"step": 60, "model": torch.nn.Linear(16, 32).state_dict()}
+small = {"step": 60, "model": torch.nn.Linear(16, 32).state_dict()}
+large = {"step": 60, "model": torch.nn.Linear(64, 64).state_dict()}
+# (file name, format, state, zip format, cut to half only)
+CASES = (
+    ("zip", "zip", small, True, False),
+    ("legacy", "legacy", small, False, False),
+    ("zip-large", "zip", large, True, True),
+)
 with tempfile.TemporaryDirectory() as folder:
-    for fmt, zipped in (("zip", True), ("legacy", False)):
-        whole = os.path.join(folder, f"whole-{fmt}.pt")
+    for name, fmt, state, zipped, half_only in CASES:
+        whole = os.path.join(folder, f"whole-{name}.pt")
         torch.save(state, whole, _use_new_zipfile_serialization=zipped)
         size = os.path.getsize(whole)
-        for cut in (size // 2, 0):
-            path = os.path.join(folder, f"step-00000060-{fmt}-{cut}.pt")
+        for cut in (size // 2,) if half_only else (size // 2, 0):
+            path = os.path.join(folder, f"step-00000060-{name}-{cut}.pt")
             with open(whole, "rb") as src, open(path, "wb") as dst:
                 dst.write(src.read(cut))
             print(f"# torch.load of a {fmt} checkpoint truncated from {size} to {cut} bytes")
@@ -34,16 +41,3 @@ with tempfile.TemporaryDirectory() as folder:
             except Exception:
                 traceback.print_exc(file=sys.stdout)
             print()
-    big = {"step": 60, "model": torch.nn.Linear(64, 64).state_dict()}
-    whole = os.path.join(folder, "whole-zip-large.pt")
-    torch.save(big, whole)
-    size = os.path.getsize(whole)
-    path = os.path.join(folder, f"step-00000060-zip-large-{size // 2}.pt")
-    with open(whole, "rb") as src, open(path, "wb") as dst:
-        dst.write(src.read(size // 2))
-    print(f"# torch.load of a zip checkpoint truncated from {size} to {size // 2} bytes")
-    try:
-        torch.load(path, map_location="cpu")
-    except Exception:
-        traceback.print_exc(file=sys.stdout)
-    print()
