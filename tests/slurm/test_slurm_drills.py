@@ -28,11 +28,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.cli_drill import DRILL_SUSTAIN
+from tests.cli_drill import with_drill_sustain
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -82,9 +83,11 @@ def drill(
     )
     if replace:
         text = text.replace(*replace)
-    own = "sustain:" in text or "recovery: live" in text
-    sustain = {} if own else {"expectations.sustain": DRILL_SUSTAIN}
-    cfg = parse_config(text, EXAMPLES / config, sustain)
+    # The drills' sustain window, by the one rule every drill helper uses.
+    sustain = with_drill_sustain(yaml.safe_load(text))["expectations"].get("sustain")
+    cfg = parse_config(
+        text, EXAMPLES / config, {"expectations.sustain": sustain} if sustain else {}
+    )
     started = time.monotonic()
     result = run_drill(cfg, RunOptions(confirmed=True, handle_signals=False))
     return result, time.monotonic() - started
