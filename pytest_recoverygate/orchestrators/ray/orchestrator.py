@@ -41,6 +41,7 @@ import os
 import secrets
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,7 @@ __all__ = ["DRILL_MARKER", "RayOrchestrator"]
 POLL_INTERVAL = 0.3  # seconds between looks at Train's state
 HELPER_TIMEOUT = 90.0  # seconds a helper subprocess may take (ray import + init + task)
 HTTP_TIMEOUT = 10.0
+PROBE_TIMEOUT = 5.0  # seconds a TCP connect to a given address may take
 RUNS_PATH = "/api/train/v2/runs/v1"
 DRIVER_BUFFER_CHUNKS = 4096  # chunks of driver output kept until the evidence is chosen
 
@@ -505,6 +507,8 @@ class RayOrchestrator:
                 time.sleep(0.2)
         else:
             self._gcs = self.address
+            if self.address != "auto":
+                self._probe(self.address)
         token = _token_from(env)
         if token is not None:
             env.setdefault("RAY_AUTH_MODE", "token")
@@ -525,6 +529,20 @@ class RayOrchestrator:
                     ) from None
                 self._check_driver("before its Ray cluster answered")
                 time.sleep(0.5)
+
+    @staticmethod
+    def _probe(address: str) -> None:
+        """A TCP connect to the given GCS address: where nothing listens, say so now, not
+        after ``ray.init`` has waited out its own GCS timeout (about 30 s)."""
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT).close()
+        except OSError as exc:
+            raise DiscoveryError(
+                f"no Ray cluster answers at {address} (from workload.address {address!r}): "
+                f"a TCP connect says {exc.strerror or type(exc).__name__}; start the cluster "
+                "(`ray start --head`) or fix the address"
+            ) from None
 
     def _helper(self, *args: str, timeout: float) -> dict[str, Any]:
         """Run ``helper ARGS`` (the one place ray is imported) and return its JSON answer."""
