@@ -803,6 +803,14 @@ def _parts(step: int, *, fresh_optimizer: bool = False) -> tuple[tuple[str, str]
     return (("model", f"{(step * 104729) % 2**64:016x}"), ("optimizer", optimizer))
 
 
+#: The keys of ``workload.fake`` each fake orchestrator takes as keywords of the same name:
+#: the replica groups' own go to the live one only, every other key to the solo one.
+_LIVE_ONLY = {"replicas", "min_replicas", "heal", "heartbeat_timeout"}
+_SOLO_KEYS = set(FakeJobSpec.model_fields) - _LIVE_ONLY
+_LIVE_KEYS = _LIVE_ONLY | {"workers", "steps_per_second", "checkpoint_every"}
+_LIVE_KEYS |= {"restart_delay", "startup_delay"}
+
+
 def _create(
     workload: FakeWorkload, failure: InjectFailure, clock: Clock
 ) -> FakeOrchestrator | FakeLiveOrchestrator:
@@ -812,32 +820,11 @@ def _create(
 
         return FakeLiveOrchestrator(
             clock=clock,
-            replicas=spec.replicas,
-            workers=spec.workers,
-            steps_per_second=spec.steps_per_second,
-            checkpoint_every=spec.checkpoint_every,
-            restart_delay=spec.restart_delay,
-            startup_delay=spec.startup_delay,
-            min_replicas=spec.min_replicas,
-            heal=spec.heal,
-            heartbeat_timeout=spec.heartbeat_timeout,
             target_replica=failure.target_replica if failure.target_replica is not None else 1,
+            **spec.model_dump(include=_LIVE_KEYS),
         )
     return FakeOrchestrator(
-        clock=clock,
-        workers=spec.workers,
-        steps_per_second=spec.steps_per_second,
-        checkpoint_every=spec.checkpoint_every,
-        restart_delay=spec.restart_delay,
-        resume=spec.resume,
-        startup_delay=spec.startup_delay,
-        save_time=spec.save_time,
-        atomic_saves=spec.atomic_saves,
-        saves_on_sigterm=spec.saves_on_sigterm,
-        hang_timeout=spec.hang_timeout,
-        max_restarts=spec.max_restarts,
-        nodes=workload.nodes,
-        elastic=spec.elastic,
+        clock=clock, nodes=workload.nodes, **spec.model_dump(include=_SOLO_KEYS)
     )
 
 
