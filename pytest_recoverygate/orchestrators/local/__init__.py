@@ -114,6 +114,11 @@ class Member(Section):
         return name
 
 
+#: What to do about ``nodes: N`` with a group, or with attachPid.
+_NODES_GROUP_FIX = "remove nodes, or give one command instead of the group"
+_NODES_PID_FIX = "remove attachPid and give the command every node runs"
+
+
 class LocalWorkload(WorkloadBase):
     """A torchrun job on this machine, launched by the drill or attached to by pid."""
 
@@ -165,22 +170,18 @@ class LocalWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _nodes_are_launched(self) -> LocalWorkload:
-        if self.nodes > 1 and self.group is not None:
-            raise refuse(
-                "cannot be combined with group: a node runs one command",
-                "nodes: 1 with group, or a command with nodes: N",
-                "remove nodes, or give one command instead of the group",
-                key=("nodes",),
-                got=str(self.nodes),
-            )
-        if self.nodes > 1 and self.attach_pid is not None:
-            raise refuse(
-                "cannot be combined with attachPid: the drill launches each node itself",
-                "nodes: 1 with attachPid, or a command with nodes: N",
-                "remove attachPid and give the command every node runs",
-                key=("nodes",),
-                got=str(self.nodes),
-            )
+        for other, given, why, fix in (
+            ("group", self.group, "a node runs one command", _NODES_GROUP_FIX),
+            ("attachPid", self.attach_pid, "the drill launches each node itself", _NODES_PID_FIX),
+        ):
+            if self.nodes > 1 and given is not None:
+                raise refuse(
+                    f"cannot be combined with {other}: {why}",
+                    f"nodes: 1 with {other}, or a command with nodes: N",
+                    fix,
+                    key=("nodes",),
+                    got=str(self.nodes),
+                )
         return self
 
     def _one_group(self) -> LocalWorkload:
