@@ -56,6 +56,11 @@ EPILOG = (
 )
 
 
+def _switch(parser: argparse.ArgumentParser, *names: str, help: str) -> None:
+    """An option that takes no value: true when given."""
+    parser.add_argument(*names, action="store_true", help=help)
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -64,15 +69,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "run", help="run a drill", description="Run the drill a config describes.", epilog=EPILOG
     )
     run.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
-    run.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="run the whole flow minus the kill; issue no destructive call",
-    )
-    run.add_argument(
+    _switch(run, "--dry-run", help="run the whole flow minus the kill; issue no destructive call")
+    _switch(
+        run,
         "--yes",
         "-y",
-        action="store_true",
         help="confirm the kill without asking (needed when not on a terminal "
         "and safety.requireConfirm is true)",
     )
@@ -83,9 +84,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="DIR",
         help="write report.json, events.jsonl, summary.md and the timeline picture into DIR",
     )
-    run.add_argument(
-        "-q", "--quiet", action="store_true", help="no live progress; print only the verdict block"
-    )
+    _switch(run, "-q", "--quiet", help="no live progress; print only the verdict block")
     validate = sub.add_parser("validate", help="check a config without touching anything")
     validate.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
     goodput = sub.add_parser(
@@ -139,14 +138,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="FIG=ALLOW,...",
         help="allowances, e.g. recoveryTime=20%%,lostSteps=0,checkpointLoaded=2s (repeatable)",
     )
-    compare.add_argument(
+    _switch(
+        compare,
         "--strict",
-        action="store_true",
         help="refuse to compare reports of different drills or backends (exit 2)",
     )
-    compare.add_argument(
-        "--markdown", action="store_true", help="print the table as markdown (for a CI comment)"
-    )
+    _switch(compare, "--markdown", help="print the table as markdown (for a CI comment)")
     history = sub.add_parser(
         "history",
         help="draw the trend of many runs of a drill",
@@ -156,9 +153,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     history.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="report folders")
     history.add_argument("-o", "--output", type=Path, required=True, metavar="OUT")
-    history.add_argument(
+    _switch(
+        history,
         "--by-start",
-        action="store_true",
         help="order the runs by their start time (default: in the order given)",
     )
     history.add_argument(

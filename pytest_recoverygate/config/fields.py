@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BeforeValidator, Field, ValidationInfo
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from pytest_recoverygate.durations import (
     DurationSyntaxError,
@@ -40,6 +40,7 @@ __all__ = [
     "id_number",
     "meta",
     "node_count_field",
+    "option",
     "refuse",
     "step_ref",
     "sustain_of",
@@ -63,6 +64,15 @@ def meta(allowed: str | Callable[[], str], example: str) -> dict[str, Any]:
     ``allowed`` may be a function, for text that depends on the installed backends.
     """
     return {"allowed": allowed, "example": example}
+
+
+def option(default: Any, allowed: str | Callable[[], str], example: str, **constraints: Any) -> Any:
+    """A config key's ``Field``: its default (``...``: the key is required, or its
+    ``default_factory`` gives it), what is allowed and an example (:func:`meta`), and
+    pydantic's own constraints (``ge``, ``le``, ``min_length``, ...) as keywords.
+    """
+    first = PydanticUndefined if default is ... else default
+    return Field(first, json_schema_extra=meta(allowed, example), **constraints)
 
 
 def refuse(
@@ -335,36 +345,32 @@ _WHOLE_NUMBER = re.compile(r"[1-9][0-9]*")
 
 def node_count_field() -> Any:
     """``workload.nodes`` for a backend that launches one agent per node (local, fake)."""
-    return Field(
-        default=1,
+    return option(
+        1,
+        "a whole number from 1 to 64 (default 1): > 1 runs one node per number",
+        "nodes: 2",
         ge=1,
         le=64,
-        json_schema_extra=meta(
-            "a whole number from 1 to 64 (default 1): > 1 runs one node per number",
-            "nodes: 2",
-        ),
     )
 
 
 def workdir_field() -> Any:
     """``workload.workdir`` of a backend that launches the job from a folder here."""
-    return Field(
-        default=Path(),
+    return option(
+        Path(),
+        "an existing folder, relative to the config file's folder",
+        "workdir: .",
         validate_default=True,
-        json_schema_extra=meta(
-            "an existing folder, relative to the config file's folder", "workdir: ."
-        ),
     )
 
 
 def env_field(example: str) -> Any:
     """``workload.env``: what the launched job gets added to its environment."""
-    return Field(
+    return option(
+        ...,
+        "a mapping of names to text values (plain numbers like 1 count as written)",
+        example,
         default_factory=dict,
-        json_schema_extra=meta(
-            "a mapping of names to text values (plain numbers like 1 count as written)",
-            example,
-        ),
     )
 
 

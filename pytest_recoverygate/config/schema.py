@@ -51,6 +51,7 @@ from pytest_recoverygate.config.fields import (
     id_number,
     meta,
     node_count_field,
+    option,
     refuse,
     step_ref,
     sustain_of,
@@ -109,13 +110,8 @@ class WorkloadBase(Section):
     """What every backend's ``workload`` section has; a backend's model subclasses it and
     declares ``orchestrator: Literal["<its name>"]`` and its own keys."""
 
-    reporting_rank: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_RANK,
-        json_schema_extra=meta("a whole number >= 0", "reportingRank: 0"),
-    )
-    orchestrator: str = Field(json_schema_extra=meta("the backend's name", "orchestrator: NAME"))
+    reporting_rank: int = option(0, "a whole number >= 0", "reportingRank: 0", ge=0, le=MAX_RANK)
+    orchestrator: str = option(..., "the backend's name", "orchestrator: NAME")
 
     def check_failure(self, failure: InjectFailure) -> None:
         """Refuse (with :func:`refuse`, ``key`` naming the injectFailure key) a failure
@@ -237,104 +233,77 @@ def _optional_step_ref(literal: str) -> BeforeValidator:
 class InjectFailure(Section):
     """What to break, and when (the fault catalogue: README, "Faults")."""
 
-    type: Annotated[str, BeforeValidator(_fault_type)] = Field(
-        default="KillWorker",
-        json_schema_extra=meta(_fault_types_allowed, "type: KillWorker"),
+    type: Annotated[str, BeforeValidator(_fault_type)] = option(
+        "KillWorker", _fault_types_allowed, "type: KillWorker"
     )
-    after_checkpoint: Annotated[int | Literal["next"] | None, _optional_step_ref("next")] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "step-N or next (required unless afterStep is set)", "afterCheckpoint: step-1000"
-        ),
+    after_checkpoint: Annotated[int | Literal["next"] | None, _optional_step_ref("next")] = option(
+        None, "step-N or next (required unless afterStep is set)", "afterCheckpoint: step-1000"
     )
-    after_step: int | None = Field(
-        default=None,
+    after_step: int | None = option(
+        None,
+        "a whole number >= 1: kill once the job reported this step (no checkpoint needed)",
+        "afterStep: 50",
         ge=1,
         le=MAX_STEP,
-        json_schema_extra=meta(
-            "a whole number >= 1: kill once the job reported this step (no checkpoint needed)",
-            "afterStep: 50",
-        ),
     )
-    target_replica: int | None = Field(
-        default=None,
+    target_replica: int | None = option(
+        None,
+        "a whole number >= 0: the replica group to hit (the reporter's replica, "
+        "torchft's REPLICA_GROUP_ID); recovery: live",
+        "targetReplica: 1",
         ge=0,
         le=MAX_RANK,
-        json_schema_extra=meta(
-            "a whole number >= 0: the replica group to hit (the reporter's replica, "
-            "torchft's REPLICA_GROUP_ID); recovery: live",
-            "targetReplica: 1",
-        ),
     )
-    target_rank: int | None = Field(
-        default=None,
+    target_rank: int | None = option(
+        None,
+        "a whole number >= 0 (default 1; KillDuringCheckpoint: the rank that reports the save)",
+        "targetRank: 1",
         ge=0,
         le=MAX_RANK,
-        json_schema_extra=meta(
-            "a whole number >= 0 (default 1; KillDuringCheckpoint: the rank that reports the save)",
-            "targetRank: 1",
-        ),
     )
-    delay: Annotated[str | None, BeforeValidator(_delay)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            DELAY_ALLOWED + " (default 0s; KillDuringCheckpoint: half the measured save time)",
-            'delay: "50%"',
-        ),
+    delay: Annotated[str | None, BeforeValidator(_delay)] = option(
+        None,
+        DELAY_ALLOWED + " (default 0s; KillDuringCheckpoint: half the measured save time)",
+        'delay: "50%"',
     )
-    grace_period: Annotated[float | None, _duration(zero_ok=True, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration (Preempt only; default 30s): SIGTERM, then SIGKILL after it",
-            "gracePeriod: 30s",
-        ),
+    grace_period: Annotated[float | None, _duration(zero_ok=True, optional=True)] = option(
+        None,
+        "a duration (Preempt only; default 30s): SIGTERM, then SIGKILL after it",
+        "gracePeriod: 30s",
     )
-    count: Annotated[int | Literal["untilBudgetExhausted"], BeforeValidator(_count)] = Field(
-        default=1,
-        json_schema_extra=meta(
-            "a whole number >= 1, or untilBudgetExhausted", "count: untilBudgetExhausted"
-        ),
+    count: Annotated[int | Literal["untilBudgetExhausted"], BeforeValidator(_count)] = option(
+        1, "a whole number >= 1, or untilBudgetExhausted", "count: untilBudgetExhausted"
     )
-    target_node: int | None = Field(
-        default=None,
+    target_node: int | None = option(
+        None,
+        "a whole number >= 0 (KillNode, PartitionNode, DrainNode; default: the node "
+        "that hosts targetRank)",
+        "targetNode: 1",
         ge=0,
         le=MAX_RANK,
-        json_schema_extra=meta(
-            "a whole number >= 0 (KillNode, PartitionNode, DrainNode; default: the node "
-            "that hosts targetRank)",
-            "targetNode: 1",
-        ),
     )
-    replace: bool | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "true or false (KillNode; default true): a replacement node starts, or the "
-            "node stays dead (with an elastic job: the scale-down drill)",
-            "replace: true",
-        ),
+    replace: bool | None = option(
+        None,
+        "true or false (KillNode; default true): a replacement node starts, or the "
+        "node stays dead (with an elastic job: the scale-down drill)",
+        "replace: true",
     )
-    duration: Annotated[float | None, _duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (PartitionNode; default: until the job noticed, or "
-            "maxDetectionTime passed): how long the link stays cut",
-            "duration: 20s",
-        ),
+    duration: Annotated[float | None, _duration(zero_ok=False, optional=True)] = option(
+        None,
+        "a duration above 0 (PartitionNode; default: until the job noticed, or "
+        "maxDetectionTime passed): how long the link stays cut",
+        "duration: 20s",
     )
-    drain_node: bool | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "true or false (KillNode on slurm): also set the node DRAIN (RESUMEd at cleanup)",
-            "drainNode: true",
-        ),
+    drain_node: bool | None = option(
+        None,
+        "true or false (KillNode on slurm): also set the node DRAIN (RESUMEd at cleanup)",
+        "drainNode: true",
     )
-    cordon: bool | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "true or false (KillNode, DrainNode on kubernetes): cordon the node first "
-            "(uncordoned at cleanup)",
-            "cordon: true",
-        ),
+    cordon: bool | None = option(
+        None,
+        "true or false (KillNode, DrainNode on kubernetes): cordon the node first "
+        "(uncordoned at cleanup)",
+        "cordon: true",
     )
 
     @property
@@ -456,48 +425,40 @@ class DrillConfig(Section):
     """
 
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")] = (
-        Field(
-            default="drill",
-            json_schema_extra=meta("a short name (default: the file's name)", "name: llama-drill"),
-        )
+        option("drill", "a short name (default: the file's name)", "name: llama-drill")
     )
-    workload: SerializeAsAny[Annotated[WorkloadBase, PlainValidator(_by_backend)]] = Field(
-        json_schema_extra=meta(_workload_allowed, "workload: {orchestrator: fake}"),
+    workload: SerializeAsAny[Annotated[WorkloadBase, PlainValidator(_by_backend)]] = option(
+        ..., _workload_allowed, "workload: {orchestrator: fake}"
     )
-    inject_failure: InjectFailure = Field(
-        json_schema_extra=meta(
-            "a mapping with afterCheckpoint (and type, targetRank)",
-            "injectFailure: {afterCheckpoint: next}",
-        )
+    inject_failure: InjectFailure = option(
+        ...,
+        "a mapping with afterCheckpoint (and type, targetRank)",
+        "injectFailure: {afterCheckpoint: next}",
     )
-    expectations: Expectations = Field(
-        json_schema_extra=meta(
-            "a mapping with maxRecoveryTime (and resumeFromCheckpoint, maxLostSteps)",
-            "expectations: {maxRecoveryTime: 5m}",
-        )
+    expectations: Expectations = option(
+        ...,
+        "a mapping with maxRecoveryTime (and resumeFromCheckpoint, maxLostSteps)",
+        "expectations: {maxRecoveryTime: 5m}",
     )
-    safety: Safety = Field(
+    safety: Safety = option(
+        ...,
+        "a mapping with requireConfirm, dryRun",
+        "safety: {dryRun: true}",
         default_factory=Safety,
-        json_schema_extra=meta("a mapping with requireConfirm, dryRun", "safety: {dryRun: true}"),
     )
-    projection: Projection | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a mapping with gpus (and mtbfHours or failuresPerGpuHour, interval)",
-            "projection: {gpus: 16384}",
-        ),
+    projection: Projection | None = option(
+        None,
+        "a mapping with gpus (and mtbfHours or failuresPerGpuHour, interval)",
+        "projection: {gpus: 16384}",
     )
-    timeouts: Timeouts = Field(
+    timeouts: Timeouts = option(
+        ...,
+        "a mapping with discovery, checkpoint, recovery",
+        "timeouts: {discovery: 5m}",
         default_factory=Timeouts,
         validate_default=True,
-        json_schema_extra=meta(
-            "a mapping with discovery, checkpoint, recovery", "timeouts: {discovery: 5m}"
-        ),
     )
-    source_path: Path = Field(
-        default=Path("recovery-test.yaml"),
-        json_schema_extra=meta("set by the loader", ""),
-    )
+    source_path: Path = option(Path("recovery-test.yaml"), "set by the loader", "")
 
     @model_validator(mode="before")
     @classmethod

@@ -12,7 +12,6 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Field,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -20,7 +19,7 @@ from pydantic.alias_generators import to_camel
 from pytest_recoverygate.config.fields import (
     MAX_STEP,
     duration,
-    meta,
+    option,
     refuse,
     step_ref,
     sustain_value,
@@ -81,122 +80,91 @@ class Expectations(Section):
             data["maxRecoveryTime"] = rejoin if rejoin is not None else LIVE_REJOIN_DEFAULT
         return data
 
-    recovery: Annotated[str, _one_of("restart", "live")] = Field(
-        default="restart",
-        json_schema_extra=meta("restart or live", "recovery: live"),
+    recovery: Annotated[str, _one_of("restart", "live")] = option(
+        "restart", "restart or live", "recovery: live"
     )
-    max_survivor_stall: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (recovery: live): the survivors' longest gap between "
-            "committed steps from the kill to the rejoin",
-            "maxSurvivorStall: 10s",
-        ),
+    max_survivor_stall: Annotated[float | None, duration(zero_ok=False, optional=True)] = option(
+        None,
+        "a duration above 0 (recovery: live): the survivors' longest gap between "
+        "committed steps from the kill to the rejoin",
+        "maxSurvivorStall: 10s",
     )
-    max_rejoin_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (recovery: live): kill -> the replacement's first "
-            "committed step (default maxRecoveryTime)",
-            "maxRejoinTime: 90s",
-        ),
+    max_rejoin_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = option(
+        None,
+        "a duration above 0 (recovery: live): kill -> the replacement's first "
+        "committed step (default maxRecoveryTime)",
+        "maxRejoinTime: 90s",
     )
-    rejoin_from: Annotated[str | None, _one_of("peer", "checkpoint")] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "peer or checkpoint (recovery: live): where the replacement's state must come from",
-            "rejoinFrom: peer",
-        ),
+    rejoin_from: Annotated[str | None, _one_of("peer", "checkpoint")] = option(
+        None,
+        "peer or checkpoint (recovery: live): where the replacement's state must come from",
+        "rejoinFrom: peer",
     )
 
-    resume_from_checkpoint: Annotated[int | Literal["latest"], step_ref("latest")] = Field(
-        default="latest",
-        json_schema_extra=meta("step-N or latest", "resumeFromCheckpoint: latest"),
+    resume_from_checkpoint: Annotated[int | Literal["latest"], step_ref("latest")] = option(
+        "latest", "step-N or latest", "resumeFromCheckpoint: latest"
     )
-    max_recovery_time: Annotated[float, duration(zero_ok=False)] = Field(
-        json_schema_extra=meta("a duration above 0, like 5m", "maxRecoveryTime: 5m")
+    max_recovery_time: Annotated[float, duration(zero_ok=False)] = option(
+        ..., "a duration above 0, like 5m", "maxRecoveryTime: 5m"
     )
-    max_lost_steps: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_STEP,
-        json_schema_extra=meta("a whole number >= 0", "maxLostSteps: 100"),
+    max_lost_steps: int | None = option(
+        None, "a whole number >= 0", "maxLostSteps: 100", ge=0, le=MAX_STEP
     )
-    max_detection_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a duration above 0 (HangWorker, PartitionNode): the stop or the cut -> the "
-            "job notices",
-            "maxDetectionTime: 2m",
-        ),
+    max_detection_time: Annotated[float | None, duration(zero_ok=False, optional=True)] = option(
+        None,
+        "a duration above 0 (HangWorker, PartitionNode): the stop or the cut -> the job notices",
+        "maxDetectionTime: 2m",
     )
-    saved_on_preempt: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false (Preempt): require a checkpoint completed in the grace period",
-            "savedOnPreempt: true",
-        ),
+    saved_on_preempt: bool = option(
+        False,
+        "true or false (Preempt): require a checkpoint completed in the grace period",
+        "savedOnPreempt: true",
     )
-    restart_budget: int | None = Field(
-        default=None,
+    restart_budget: int | None = option(
+        None,
+        "a whole number >= 0 (count: untilBudgetExhausted): the restarts the job survives",
+        "restartBudget: 3",
         ge=0,
         le=MAX_KILLS,
-        json_schema_extra=meta(
-            "a whole number >= 0 (count: untilBudgetExhausted): the restarts the job survives",
-            "restartBudget: 3",
-        ),
     )
-    state_digest_matches: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false: the loaded state must equal the one saved at that step "
-            "(needs digest= on checkpoint_completed and checkpoint_loaded)",
-            "stateDigestMatches: true",
-        ),
+    state_digest_matches: bool = option(
+        False,
+        "true or false: the loaded state must equal the one saved at that step "
+        "(needs digest= on checkpoint_completed and checkpoint_loaded)",
+        "stateDigestMatches: true",
     )
-    sustain: Annotated[str | None, sustain_value()] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "N steps or a duration: how long training must keep advancing after the resume "
-            "before a PASS (default: the larger of 3 progress lines and 10s)",
-            "sustain: 5 steps",
-        ),
+    sustain: Annotated[str | None, sustain_value()] = option(
+        None,
+        "N steps or a duration: how long training must keep advancing after the resume "
+        "before a PASS (default: the larger of 3 progress lines and 10s)",
+        "sustain: 5 steps",
     )
-    all_ranks: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false: every rank must report checkpoint_loaded of the expected step "
-            "(a rank that says nothing FAILs instead of being reported unchecked)",
-            "allRanks: true",
-        ),
+    all_ranks: bool = option(
+        False,
+        "true or false: every rank must report checkpoint_loaded of the expected step "
+        "(a rank that says nothing FAILs instead of being reported unchecked)",
+        "allRanks: true",
     )
 
 
 class Projection(Section):
     """Project the measured failure cost to a large run (``recoverygate goodput``)."""
 
-    gpus: int = Field(
-        ge=1, le=10_000_000, json_schema_extra=meta("a whole number >= 1", "gpus: 16384")
-    )
-    mtbf_hours: float | None = Field(
-        default=None,
+    gpus: int = option(..., "a whole number >= 1", "gpus: 16384", ge=1, le=10_000_000)
+    mtbf_hours: float | None = option(
+        None,
+        "hours > 0: the whole job's mean time between failures at that scale",
+        "mtbfHours: 3",
         gt=0,
-        json_schema_extra=meta(
-            "hours > 0: the whole job's mean time between failures at that scale",
-            "mtbfHours: 3",
-        ),
     )
-    failures_per_gpu_hour: float | None = Field(
-        default=None,
+    failures_per_gpu_hour: float | None = option(
+        None,
+        "a rate > 0 (default: Llama 3 405B's, 419 in 54 days on 16,384 GPUs)",
+        "failuresPerGpuHour: 2e-5",
         gt=0,
-        json_schema_extra=meta(
-            "a rate > 0 (default: Llama 3 405B's, 419 in 54 days on 16,384 GPUs)",
-            "failuresPerGpuHour: 2e-5",
-        ),
     )
-    interval: Annotated[float | None, duration(zero_ok=False, optional=True)] = Field(
-        default=None,
-        json_schema_extra=meta("a duration: also evaluate this interval", "interval: 30m"),
+    interval: Annotated[float | None, duration(zero_ok=False, optional=True)] = option(
+        None, "a duration: also evaluate this interval", "interval: 30m"
     )
 
     @model_validator(mode="after")
@@ -215,10 +183,8 @@ class Projection(Section):
 class Safety(Section):
     """Interlocks before anything is destroyed."""
 
-    require_confirm: bool = Field(
-        default=True, json_schema_extra=meta("true or false", "requireConfirm: true")
-    )
-    dry_run: bool = Field(default=False, json_schema_extra=meta("true or false", "dryRun: false"))
+    require_confirm: bool = option(True, "true or false", "requireConfirm: true")
+    dry_run: bool = option(False, "true or false", "dryRun: false")
 
 
 class Timeouts(Section):
@@ -229,16 +195,15 @@ class Timeouts(Section):
     (:attr:`~pytest_recoverygate.engine.spec.DrillSpec.effective_recovery_timeout`).
     """
 
-    discovery: Annotated[float, duration(zero_ok=False)] = Field(
-        default=300.0, json_schema_extra=meta("a duration above 0", "discovery: 5m")
+    discovery: Annotated[float, duration(zero_ok=False)] = option(
+        300.0, "a duration above 0", "discovery: 5m"
     )
-    checkpoint: Annotated[float, duration(zero_ok=False)] = Field(
-        default=3600.0, json_schema_extra=meta("a duration above 0", "checkpoint: 1h")
+    checkpoint: Annotated[float, duration(zero_ok=False)] = option(
+        3600.0, "a duration above 0", "checkpoint: 1h"
     )
-    recovery: Annotated[float | None, duration(zero_ok=False)] = Field(
-        default=None, json_schema_extra=meta("a duration above 0", "recovery: 10m")
+    recovery: Annotated[float | None, duration(zero_ok=False)] = option(
+        None, "a duration above 0", "recovery: 10m"
     )
-    recovery_grace: Annotated[float, duration(zero_ok=True)] = Field(
-        default=30.0,
-        json_schema_extra=meta("a duration >= 0", "recoveryGrace: 30s"),
+    recovery_grace: Annotated[float, duration(zero_ok=True)] = option(
+        30.0, "a duration >= 0", "recoveryGrace: 30s"
     )

@@ -125,7 +125,7 @@ def hung(ledger: Ledger, spec: DrillSpec, kill: KillRecord, now: float) -> Recov
         spec.fault,
         Verdict.FAIL,
         check.message,
-        (check,),
+        checks=(check,),
         trigger_checkpoint=kill.step,
         kill_time=kill.time,
         restarts=restarts(ledger, kill),

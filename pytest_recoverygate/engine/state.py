@@ -407,21 +407,21 @@ class DrillState:
 
     def _finish_overall(self, now: float, *, error: str | None = None) -> list[Action]:
         if error is not None:
-            return self._finish(now, Verdict.ERROR, error, ())
+            return self._finish(now, Verdict.ERROR, error)
         verdict, summary, checks, headline = overall(
             self.spec, self._recoveries, self._gave_up, self.known_budget
         )
         return self._finish(now, verdict, summary, checks, headline=headline)
 
     def _finish_error(self, now: float, message: str) -> list[Action]:
-        return self._finish(now, Verdict.ERROR, message, ())
+        return self._finish(now, Verdict.ERROR, message)
 
     def _finish(
         self,
         now: float,
         verdict: Verdict,
         summary: str,
-        checks: tuple[Check, ...],
+        checks: tuple[Check, ...] = (),
         *,
         headline: Recovery | None = None,
     ) -> list[Action]:

@@ -250,8 +250,29 @@ class _Figures:
     restarts: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Judged(_Figures):
+    """What a kill (:class:`Recovery`) and a whole drill (:class:`DrillResult`) both say
+    of their judgement, given by keyword: the checks, the trigger checkpoint, the kill's
+    time, the incarnation judged and the recovery's phases (``breakdown``)."""
+
+    checks: tuple[Check, ...] = ()
+    trigger_checkpoint: int | None = None
+    kill_time: float | None = None
+    judged_incarnation: str | None = None
+    breakdown: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def failed_checks(self) -> tuple[Check, ...]:
+        return tuple(check for check in self.checks if check.passed is False)
+
+    @property
+    def undecided_checks(self) -> tuple[Check, ...]:
+        return tuple(check for check in self.checks if check.passed is None)
+
+
 @dataclass(frozen=True)
-class Recovery(_Figures):
+class Recovery(_Judged):
     """One injected failure and how the job came back from it (one per kill).
 
     Figures are those of :class:`DrillResult`, for this kill. ``fault`` is the injected
@@ -266,25 +287,12 @@ class Recovery(_Figures):
     fault: str
     verdict: Verdict
     summary: str
-    checks: tuple[Check, ...] = ()
-    trigger_checkpoint: int | None = None
-    kill_time: float | None = None
     delay_seconds: float | None = None
     position: float | None = None
-    judged_incarnation: str | None = None
-    breakdown: dict[str, float | None] = field(default_factory=dict)
     fault_details: dict[str, Any] = field(default_factory=dict)
     resume_basis: str | None = None  # checkpoint_loaded | inferred | unknown
     resume_upper_bound: int | None = None  # holds whatever the reporting grid
     sustained: dict[str, Any] | None = None  # the sustain window as it was held
-
-    @property
-    def failed_checks(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if c.passed is False)
-
-    @property
-    def undecided_checks(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if c.passed is None)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -316,7 +324,7 @@ class Recovery(_Figures):
 
 
 @dataclass(frozen=True)
-class DrillResult(_Figures):
+class DrillResult(_Judged):
     """The outcome of one drill.
 
     Policy: PASS iff, for every kill, a new incarnation was seen, it resumed from the
@@ -336,11 +344,7 @@ class DrillResult(_Figures):
 
     verdict: Verdict
     summary: str
-    checks: tuple[Check, ...] = ()
-    trigger_checkpoint: int | None = None
-    kill_time: float | None = None
     target: Worker | None = None
-    judged_incarnation: str | None = None
     step_contract: StepContract | None = None
     recoveries: tuple[Recovery, ...] = ()
     notes: tuple[str, ...] = ()
@@ -348,7 +352,6 @@ class DrillResult(_Figures):
     checkpoints: tuple[tuple[int, float, str], ...] = ()  # (step, completed, incarnation)
     saves: tuple[tuple[int, float, float | None], ...] = ()  # (step, started, completed)
     costs: dict[str, Any] = field(default_factory=dict)
-    breakdown: dict[str, float | None] = field(default_factory=dict)
     timeline: tuple[TimelineEntry, ...] = ()
     malformed_lines: int = 0
     ignored_lines: int = 0  # lines stamped before the job started: not of this run
@@ -378,14 +381,6 @@ class DrillResult(_Figures):
     def inconclusive(self) -> bool:
         """ERROR because the evidence cannot decide (not because the drill could not run)."""
         return self.verdict is Verdict.ERROR and any(c.undecided for c in self.checks)
-
-    @property
-    def failed_checks(self) -> tuple[Check, ...]:
-        return tuple(check for check in self.checks if check.passed is False)
-
-    @property
-    def undecided_checks(self) -> tuple[Check, ...]:
-        return tuple(check for check in self.checks if check.passed is None)
 
     @property
     def reasons(self) -> tuple[FailureReason, ...]:

@@ -61,16 +61,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 from recoverygate import wire
 
+from pytest_recoverygate.config.fields import option
 from pytest_recoverygate.config.schema import (
     MAX_STEP,
     InjectFailure,
     Section,
     WorkloadBase,
     duration,
-    meta,
     node_count_field,
     refuse,
 )
@@ -111,116 +111,91 @@ ResumeMode = Literal["latest", "zero", "older", "never", "fresh-optimizer"]
 class FakeJobSpec(Section):
     """The simulated training job of ``orchestrator: fake`` (the whole block is optional)."""
 
-    workers: int = Field(
-        default=2,
-        ge=2,
-        le=1024,
-        json_schema_extra=meta("a whole number from 2 to 1024", "workers: 2"),
-    )
-    steps_per_second: float = Field(
-        default=50.0,
+    workers: int = option(2, "a whole number from 2 to 1024", "workers: 2", ge=2, le=1024)
+    steps_per_second: float = option(
+        50.0,
+        "a number above 0 and at most 1000000",
+        "stepsPerSecond: 50",
         gt=0,
         le=1_000_000,
         allow_inf_nan=False,
-        json_schema_extra=meta("a number above 0 and at most 1000000", "stepsPerSecond: 50"),
     )
-    checkpoint_every: int = Field(
-        default=20,
-        ge=1,
-        le=MAX_STEP,
-        json_schema_extra=meta("a whole number >= 1 (steps)", "checkpointEvery: 20"),
+    checkpoint_every: int = option(
+        20, "a whole number >= 1 (steps)", "checkpointEvery: 20", ge=1, le=MAX_STEP
     )
-    restart_delay: Annotated[float, duration()] = Field(
-        default=1.0, json_schema_extra=meta("a duration like 1s", "restartDelay: 1s")
+    restart_delay: Annotated[float, duration()] = option(
+        1.0, "a duration like 1s", "restartDelay: 1s"
     )
-    resume: ResumeMode = Field(
-        default="latest", json_schema_extra=meta("latest, zero, older or never", "resume: latest")
+    resume: ResumeMode = option("latest", "latest, zero, older or never", "resume: latest")
+    startup_delay: Annotated[float, duration()] = option(
+        0.0, "a duration like 0s", "startupDelay: 0s"
     )
-    startup_delay: Annotated[float, duration()] = Field(
-        default=0.0, json_schema_extra=meta("a duration like 0s", "startupDelay: 0s")
+    save_time: Annotated[float, duration()] = option(
+        0.0, "a duration: checkpoint_started -> completed", "saveTime: 0.2s"
     )
-    save_time: Annotated[float, duration()] = Field(
-        default=0.0,
-        json_schema_extra=meta("a duration: checkpoint_started -> completed", "saveTime: 0.2s"),
+    atomic_saves: bool = option(
+        True,
+        "true or false (false: a torn save is loaded, and the restart crashes)",
+        "atomicSaves: true",
     )
-    atomic_saves: bool = Field(
-        default=True,
-        json_schema_extra=meta(
-            "true or false (false: a torn save is loaded, and the restart crashes)",
-            "atomicSaves: true",
-        ),
+    saves_on_sigterm: bool = option(
+        False, "true or false: save and exit on SIGTERM", "savesOnSigterm: true"
     )
-    saves_on_sigterm: bool = Field(
-        default=False,
-        json_schema_extra=meta("true or false: save and exit on SIGTERM", "savesOnSigterm: true"),
+    hang_timeout: Annotated[float, duration(zero_ok=False)] = option(
+        1800.0,
+        "a duration: when the other ranks notice a hung one (the collective timeout)",
+        "hangTimeout: 10s",
     )
-    hang_timeout: Annotated[float, duration(zero_ok=False)] = Field(
-        default=1800.0,
-        json_schema_extra=meta(
-            "a duration: when the other ranks notice a hung one (the collective timeout)",
-            "hangTimeout: 10s",
-        ),
-    )
-    max_restarts: int | None = Field(
-        default=None,
+    max_restarts: int | None = option(
+        None,
+        "a whole number >= 0: the restarts the job survives (default: unlimited)",
+        "maxRestarts: 3",
         ge=0,
         le=1000,
-        json_schema_extra=meta(
-            "a whole number >= 0: the restarts the job survives (default: unlimited)",
-            "maxRestarts: 3",
-        ),
     )
-    elastic: bool = Field(
-        default=True,
-        json_schema_extra=meta(
-            "true or false: after a KillNode with replace: false, carry on with fewer nodes",
-            "elastic: true",
-        ),
+    elastic: bool = option(
+        True,
+        "true or false: after a KillNode with replace: false, carry on with fewer nodes",
+        "elastic: true",
     )
     # replica groups (recovery: live): FakeLiveOrchestrator
-    replicas: int | None = Field(
-        default=None,
+    replicas: int | None = option(
+        None,
+        "a whole number from 2 to 64: torchft-style replica groups (recovery: live)",
+        "replicas: 2",
         ge=2,
         le=64,
-        json_schema_extra=meta(
-            "a whole number from 2 to 64: torchft-style replica groups (recovery: live)",
-            "replicas: 2",
-        ),
     )
-    min_replicas: int = Field(
-        default=1,
+    min_replicas: int = option(
+        1,
+        "a whole number >= 1 (replicas): the groups a step needs (torchft's min_replica_size)",
+        "minReplicas: 1",
         ge=1,
         le=64,
-        json_schema_extra=meta(
-            "a whole number >= 1 (replicas): the groups a step needs (torchft's min_replica_size)",
-            "minReplicas: 1",
-        ),
     )
-    heal: Literal["peer", "peer-unapplied", "checkpoint", "scratch"] = Field(
-        default="peer",
-        json_schema_extra=meta(
-            "peer, peer-unapplied, checkpoint or scratch (replicas): how the restarted group "
-            "gets its state (peer-unapplied: healed, but its state digest is not the peer's)",
-            "heal: peer",
-        ),
+    heal: Literal["peer", "peer-unapplied", "checkpoint", "scratch"] = option(
+        "peer",
+        "peer, peer-unapplied, checkpoint or scratch (replicas): how the restarted group "
+        "gets its state (peer-unapplied: healed, but its state digest is not the peer's)",
+        "heal: peer",
     )
-    heartbeat_timeout: Annotated[float, duration()] = Field(
-        default=2.0,
-        json_schema_extra=meta(
-            "a duration (replicas): how long the survivors wait before training without "
-            "the dead group (the lighthouse's heartbeat timeout)",
-            "heartbeatTimeout: 2s",
-        ),
+    heartbeat_timeout: Annotated[float, duration()] = option(
+        2.0,
+        "a duration (replicas): how long the survivors wait before training without "
+        "the dead group (the lighthouse's heartbeat timeout)",
+        "heartbeatTimeout: 2s",
     )
 
 
 class FakeWorkload(WorkloadBase):
     """An in-memory simulated job: try the whole tool with no infrastructure."""
 
-    orchestrator: Literal["fake"] = Field(json_schema_extra=meta("fake", "orchestrator: fake"))
-    fake: FakeJobSpec = Field(
+    orchestrator: Literal["fake"] = option(..., "fake", "orchestrator: fake")
+    fake: FakeJobSpec = option(
+        ...,
+        "a mapping of the fake job's settings",
+        "fake: {workers: 2}",
         default_factory=FakeJobSpec,
-        json_schema_extra=meta("a mapping of the fake job's settings", "fake: {workers: 2}"),
     )
     nodes: int = node_count_field()
 
@@ -828,6 +803,14 @@ def _parts(step: int, *, fresh_optimizer: bool = False) -> tuple[tuple[str, str]
     return (("model", f"{(step * 104729) % 2**64:016x}"), ("optimizer", optimizer))
 
 
+#: The keys of ``workload.fake`` each fake orchestrator takes as keywords of the same name:
+#: the replica groups' own go to the live one only, every other key to the solo one.
+_LIVE_ONLY = {"replicas", "min_replicas", "heal", "heartbeat_timeout"}
+_SOLO_KEYS = set(FakeJobSpec.model_fields) - _LIVE_ONLY
+_LIVE_KEYS = _LIVE_ONLY | {"workers", "steps_per_second", "checkpoint_every"}
+_LIVE_KEYS |= {"restart_delay", "startup_delay"}
+
+
 def _create(
     workload: FakeWorkload, failure: InjectFailure, clock: Clock
 ) -> FakeOrchestrator | FakeLiveOrchestrator:
@@ -837,32 +820,11 @@ def _create(
 
         return FakeLiveOrchestrator(
             clock=clock,
-            replicas=spec.replicas,
-            workers=spec.workers,
-            steps_per_second=spec.steps_per_second,
-            checkpoint_every=spec.checkpoint_every,
-            restart_delay=spec.restart_delay,
-            startup_delay=spec.startup_delay,
-            min_replicas=spec.min_replicas,
-            heal=spec.heal,
-            heartbeat_timeout=spec.heartbeat_timeout,
             target_replica=failure.target_replica if failure.target_replica is not None else 1,
+            **spec.model_dump(include=_LIVE_KEYS),
         )
     return FakeOrchestrator(
-        clock=clock,
-        workers=spec.workers,
-        steps_per_second=spec.steps_per_second,
-        checkpoint_every=spec.checkpoint_every,
-        restart_delay=spec.restart_delay,
-        resume=spec.resume,
-        startup_delay=spec.startup_delay,
-        save_time=spec.save_time,
-        atomic_saves=spec.atomic_saves,
-        saves_on_sigterm=spec.saves_on_sigterm,
-        hang_timeout=spec.hang_timeout,
-        max_restarts=spec.max_restarts,
-        nodes=workload.nodes,
-        elastic=spec.elastic,
+        clock=clock, nodes=workload.nodes, **spec.model_dump(include=_SOLO_KEYS)
     )
 
 

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pytest_recoverygate.config.fields import check_target_replica, distinct_items
+from pytest_recoverygate.config.fields import check_target_replica, distinct_items, option
 from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
     Section,
     WorkloadBase,
     file_path,
-    meta,
     refuse,
 )
 from pytest_recoverygate.engine.model import Worker, Workload
@@ -87,16 +86,13 @@ class KubernetesReplica(Section):
     """One replica group of a torchft job (``workload.replicas``, recovery: live): the
     pods its own label selector matches (docs/torchft.md)."""
 
-    replica: int = Field(
-        ge=0,
-        le=MAX_RANK,
-        json_schema_extra=meta("a whole number >= 0 (its REPLICA_GROUP_ID)", "replica: 1"),
+    replica: int = option(
+        ..., "a whole number >= 0 (its REPLICA_GROUP_ID)", "replica: 1", ge=0, le=MAX_RANK
     )
-    selector: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
-        json_schema_extra=meta(
-            "a non-empty label selector matching this replica group's pods",
-            'selector: "training.kubeflow.org/job-name=ft-replica-1"',
-        )
+    selector: Annotated[str, Field(min_length=1, max_length=1024)] = option(
+        ...,
+        "a non-empty label selector matching this replica group's pods",
+        'selector: "training.kubeflow.org/job-name=ft-replica-1"',
     )
 
     _strip_selector = field_validator("selector", mode="before")(_strip)
@@ -106,43 +102,31 @@ class KubernetesWorkload(WorkloadBase):
     """Pods of one training job (e.g. a Kubeflow PyTorchJob), found by label selector; or
     the replica groups of a torchft job, one selector each (``replicas``)."""
 
-    orchestrator: Literal["kubernetes"] = Field(
-        json_schema_extra=meta("kubernetes", "orchestrator: kubernetes")
+    orchestrator: Literal["kubernetes"] = option(..., "kubernetes", "orchestrator: kubernetes")
+    selector: Annotated[str, Field(min_length=1, max_length=1024)] | None = option(
+        None, "a non-empty label selector", 'selector: "training-run=llama"'
     )
-    selector: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
-        default=None,
-        json_schema_extra=meta("a non-empty label selector", 'selector: "training-run=llama"'),
+    replicas: list[KubernetesReplica] | None = option(
+        None,
+        "a list of {replica, selector}: one label selector per replica group (recovery: live)",
+        'replicas: [{replica: 0, selector: "job-name=ft-0"}, '
+        '{replica: 1, selector: "job-name=ft-1"}]',
     )
-    replicas: list[KubernetesReplica] | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a list of {replica, selector}: one label selector per replica group (recovery: live)",
-            'replicas: [{replica: 0, selector: "job-name=ft-0"}, '
-            '{replica: 1, selector: "job-name=ft-1"}]',
-        ),
-    )
-    namespace: str | None = Field(
-        default=None,
+    namespace: str | None = option(
+        None,
+        "a namespace name (lowercase letters, digits, '-')",
+        "namespace: default",
         pattern=DNS_LABEL,
-        json_schema_extra=meta(
-            "a namespace name (lowercase letters, digits, '-')", "namespace: default"
-        ),
     )
-    context: str | None = Field(
-        default=None,
-        min_length=1,
-        json_schema_extra=meta("a kubeconfig context name", "context: my-ctx"),
+    context: str | None = option(None, "a kubeconfig context name", "context: my-ctx", min_length=1)
+    kubeconfig: Annotated[Path | None, file_path()] = option(
+        None, "a path to a kubeconfig file", "kubeconfig: ~/.kube/config"
     )
-    kubeconfig: Annotated[Path | None, file_path()] = Field(
-        default=None,
-        json_schema_extra=meta("a path to a kubeconfig file", "kubeconfig: ~/.kube/config"),
-    )
-    container: str | None = Field(
-        default=None,
+    container: str | None = option(
+        None,
+        "a container name (lowercase letters, digits, '-')",
+        "container: pytorch",
         pattern=DNS_LABEL,
-        json_schema_extra=meta(
-            "a container name (lowercase letters, digits, '-')", "container: pytorch"
-        ),
     )
 
     _strip_selector = field_validator("selector", mode="before")(_strip)

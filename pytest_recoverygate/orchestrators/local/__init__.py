@@ -18,9 +18,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, field_validator, model_validator
 
-from pytest_recoverygate.config.fields import env_field, env_names, exactly_one, workdir_field
+from pytest_recoverygate.config.fields import (
+    env_field,
+    env_names,
+    exactly_one,
+    option,
+    workdir_field,
+)
 from pytest_recoverygate.config.schema import (
     MAX_PID,
     InjectFailure,
@@ -29,7 +35,6 @@ from pytest_recoverygate.config.schema import (
     command_arguments,
     file_path,
     id_number,
-    meta,
     node_count_field,
     refuse,
 )
@@ -73,36 +78,27 @@ def replica_of(env: Mapping[str, str]) -> int | None:
 class Member(Section):
     """One member of ``workload.group``: a command of its own (docs/torchft.md)."""
 
-    name: str = Field(
-        json_schema_extra=meta("a short unique name (letters, digits, _ . -)", "name: replica-0"),
+    name: str = option(..., "a short unique name (letters, digits, _ . -)", "name: replica-0")
+    command: Annotated[list[str], BeforeValidator(command_arguments)] = option(
+        ...,
+        "a non-empty list of strings, or one string split like a shell; {port:NAME} is a free port",
+        'command: ["torchrun", "--nproc-per-node=1", "train_ft.py"]',
     )
-    command: Annotated[list[str], BeforeValidator(command_arguments)] = Field(
-        json_schema_extra=meta(
-            "a non-empty list of strings, or one string split like a shell; "
-            "{port:NAME} is a free port",
-            'command: ["torchrun", "--nproc-per-node=1", "train_ft.py"]',
-        ),
-    )
-    env: dict[str, str] = Field(
+    env: dict[str, str] = option(
+        ...,
+        "a mapping of names to text values ({port:NAME} is a free port)",
+        'env: {REPLICA_GROUP_ID: "0"}',
         default_factory=dict,
-        json_schema_extra=meta(
-            "a mapping of names to text values ({port:NAME} is a free port)",
-            'env: {REPLICA_GROUP_ID: "0"}',
-        ),
     )
-    workdir: Annotated[Path | None, file_path(must_be_dir=True)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "an existing folder, relative to the config file's folder (default: workload.workdir)",
-            "workdir: .",
-        ),
+    workdir: Annotated[Path | None, file_path(must_be_dir=True)] = option(
+        None,
+        "an existing folder, relative to the config file's folder (default: workload.workdir)",
+        "workdir: .",
     )
-    service: bool = Field(
-        default=False,
-        json_schema_extra=meta(
-            "true or false: runs for the others (a lighthouse) and never keeps the job alive",
-            "service: true",
-        ),
+    service: bool = option(
+        False,
+        "true or false: runs for the others (a lighthouse) and never keeps the job alive",
+        "service: true",
     )
 
     @field_validator("name")
@@ -118,36 +114,35 @@ class Member(Section):
         return name
 
 
+#: What to do about ``nodes: N`` with a group, or with attachPid.
+_NODES_GROUP_FIX = "remove nodes, or give one command instead of the group"
+_NODES_PID_FIX = "remove attachPid and give the command every node runs"
+
+
 class LocalWorkload(WorkloadBase):
     """A torchrun job on this machine, launched by the drill or attached to by pid."""
 
-    orchestrator: Literal["local"] = Field(json_schema_extra=meta("local", "orchestrator: local"))
-    command: Annotated[list[str] | None, BeforeValidator(command_arguments)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a non-empty list of strings (plain numbers like 2 or 0.5 count as written), "
-            "or one string split like a shell (no shell runs)",
-            'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-        ),
+    orchestrator: Literal["local"] = option(..., "local", "orchestrator: local")
+    command: Annotated[list[str] | None, BeforeValidator(command_arguments)] = option(
+        None,
+        "a non-empty list of strings (plain numbers like 2 or 0.5 count as written), "
+        "or one string split like a shell (no shell runs)",
+        'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
     )
     workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
     env: dict[str, str] = env_field('env: {NCCL_DEBUG: "INFO"}')
     nodes: int = node_count_field()
-    group: list[Member] | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a list of members, each with name and command (and env, workdir, service)",
-            "group: [{name: replica-0, command: [torchrun, train_ft.py]}]",
-        ),
+    group: list[Member] | None = option(
+        None,
+        "a list of members, each with name and command (and env, workdir, service)",
+        "group: [{name: replica-0, command: [torchrun, train_ft.py]}]",
     )
-    attach_pid: Annotated[int | None, BeforeValidator(id_number)] = Field(
-        default=None,
+    attach_pid: Annotated[int | None, BeforeValidator(id_number)] = option(
+        None,
+        'the pid of a running torchrun agent (a whole number, also quoted: "1234")',
+        "attachPid: 1234",
         ge=1,
         le=MAX_PID,
-        json_schema_extra=meta(
-            'the pid of a running torchrun agent (a whole number, also quoted: "1234")',
-            "attachPid: 1234",
-        ),
     )
 
     @field_validator("env")
@@ -175,22 +170,18 @@ class LocalWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _nodes_are_launched(self) -> LocalWorkload:
-        if self.nodes > 1 and self.group is not None:
-            raise refuse(
-                "cannot be combined with group: a node runs one command",
-                "nodes: 1 with group, or a command with nodes: N",
-                "remove nodes, or give one command instead of the group",
-                key=("nodes",),
-                got=str(self.nodes),
-            )
-        if self.nodes > 1 and self.attach_pid is not None:
-            raise refuse(
-                "cannot be combined with attachPid: the drill launches each node itself",
-                "nodes: 1 with attachPid, or a command with nodes: N",
-                "remove attachPid and give the command every node runs",
-                key=("nodes",),
-                got=str(self.nodes),
-            )
+        for other, given, why, fix in (
+            ("group", self.group, "a node runs one command", _NODES_GROUP_FIX),
+            ("attachPid", self.attach_pid, "the drill launches each node itself", _NODES_PID_FIX),
+        ):
+            if self.nodes > 1 and given is not None:
+                raise refuse(
+                    f"cannot be combined with {other}: {why}",
+                    f"nodes: 1 with {other}, or a command with nodes: N",
+                    fix,
+                    key=("nodes",),
+                    got=str(self.nodes),
+                )
         return self
 
     def _one_group(self) -> LocalWorkload:

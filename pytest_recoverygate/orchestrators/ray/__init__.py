@@ -17,15 +17,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, field_validator, model_validator
 
-from pytest_recoverygate.config.fields import env_field, env_names, exactly_one, workdir_field
+from pytest_recoverygate.config.fields import (
+    env_field,
+    env_names,
+    exactly_one,
+    option,
+    workdir_field,
+)
 from pytest_recoverygate.config.schema import (
     InjectFailure,
     WorkloadBase,
     command_arguments,
     file_path,
-    meta,
     refuse,
 )
 from pytest_recoverygate.registry.seams import Backend
@@ -45,32 +50,26 @@ INSTALL_HINT = 'pip install "recoverygate[ray]" (it brings ray[default,train])'
 class RayWorkload(WorkloadBase):
     """A Ray Train job: a driver the drill launches, or a Ray Job already running."""
 
-    orchestrator: Literal["ray"] = Field(json_schema_extra=meta("ray", "orchestrator: ray"))
-    entrypoint: Annotated[list[str] | None, BeforeValidator(command_arguments)] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "the driver to launch: a non-empty list of strings, or one string split like a "
-            "shell (no shell runs)",
-            "entrypoint: [python, train_ray.py]",
-        ),
+    orchestrator: Literal["ray"] = option(..., "ray", "orchestrator: ray")
+    entrypoint: Annotated[list[str] | None, BeforeValidator(command_arguments)] = option(
+        None,
+        "the driver to launch: a non-empty list of strings, or one string split like a "
+        "shell (no shell runs)",
+        "entrypoint: [python, train_ray.py]",
     )
     workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
     env: dict[str, str] = env_field('env: {RECOVERYGATE_AUTO: "1"}')
-    address: str | None = Field(
-        default=None,
+    address: str | None = option(
+        None,
+        "a running Ray cluster: auto, or the head's host:port (its GCS address)",
+        "address: 127.0.0.1:6379",
         min_length=1,
-        json_schema_extra=meta(
-            "a running Ray cluster: auto, or the head's host:port (its GCS address)",
-            "address: 127.0.0.1:6379",
-        ),
     )
-    submission_id: str | None = Field(
-        default=None,
+    submission_id: str | None = option(
+        None,
+        "the submission id of a running Ray Job (with address)",
+        "submissionId: raysubmit_XYZ",
         min_length=1,
-        json_schema_extra=meta(
-            "the submission id of a running Ray Job (with address)",
-            "submissionId: raysubmit_XYZ",
-        ),
     )
 
     @field_validator("env")

@@ -14,9 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, model_validator
 
-from pytest_recoverygate.config.fields import check_target_replica, distinct_items, exactly_one
+from pytest_recoverygate.config.fields import (
+    check_target_replica,
+    distinct_items,
+    exactly_one,
+    option,
+)
 from pytest_recoverygate.config.schema import (
     MAX_RANK,
     InjectFailure,
@@ -25,7 +30,6 @@ from pytest_recoverygate.config.schema import (
     duration,
     file_path,
     id_number,
-    meta,
     refuse,
 )
 from pytest_recoverygate.registry.seams import Backend
@@ -63,19 +67,16 @@ class SlurmReplica(Section):
     """One replica group of a torchft job (``workload.replicas``, recovery: live): the
     job step its ``srun --job-name`` names (docs/torchft.md)."""
 
-    replica: int = Field(
-        ge=0,
-        le=MAX_RANK,
-        json_schema_extra=meta("a whole number >= 0 (its REPLICA_GROUP_ID)", "replica: 1"),
+    replica: int = option(
+        ..., "a whole number >= 0 (its REPLICA_GROUP_ID)", "replica: 1", ge=0, le=MAX_RANK
     )
-    step: str = Field(
+    step: str = option(
+        ...,
+        "the name of this replica group's job step (srun --job-name), no blanks",
+        "step: replica-1",
         min_length=1,
         max_length=200,
         pattern=r"^[^\s]+$",
-        json_schema_extra=meta(
-            "the name of this replica group's job step (srun --job-name), no blanks",
-            "step: replica-1",
-        ),
     )
 
 
@@ -83,39 +84,27 @@ class SlurmWorkload(WorkloadBase):
     """One SLURM job, by id or by name (+ user); with ``replicas``, one job step per
     replica group of a torchft job."""
 
-    orchestrator: Literal["slurm"] = Field(json_schema_extra=meta("slurm", "orchestrator: slurm"))
-    job_id: Annotated[int | None, BeforeValidator(id_number)] = Field(
-        default=None,
+    orchestrator: Literal["slurm"] = option(..., "slurm", "orchestrator: slurm")
+    job_id: Annotated[int | None, BeforeValidator(id_number)] = option(
+        None,
+        'a SLURM job id (a whole number, also quoted: "12345")',
+        "jobId: 12345",
         ge=1,
         le=MAX_SLURM_JOB_ID,
-        json_schema_extra=meta(
-            'a SLURM job id (a whole number, also quoted: "12345")', "jobId: 12345"
-        ),
     )
-    job_name: str | None = Field(
-        default=None, min_length=1, json_schema_extra=meta("a SLURM job name", "jobName: llama-ft")
+    job_name: str | None = option(None, "a SLURM job name", "jobName: llama-ft", min_length=1)
+    user: str | None = option(None, "a user name", "user: alice", min_length=1)
+    partition: str | None = option(None, "a partition name", "partition: gpu", min_length=1)
+    output: Annotated[Path | None, file_path()] = option(
+        None, "the job's stdout file (SLURM patterns like %j allowed)", "output: slurm-%j.out"
     )
-    user: str | None = Field(
-        default=None, min_length=1, json_schema_extra=meta("a user name", "user: alice")
+    poll_interval: Annotated[float, duration(0.1, 60.0)] = option(
+        1.0, "a duration from 100ms to 1m", "pollInterval: 1s"
     )
-    partition: str | None = Field(
-        default=None, min_length=1, json_schema_extra=meta("a partition name", "partition: gpu")
-    )
-    output: Annotated[Path | None, file_path()] = Field(
-        default=None,
-        json_schema_extra=meta(
-            "the job's stdout file (SLURM patterns like %j allowed)", "output: slurm-%j.out"
-        ),
-    )
-    poll_interval: Annotated[float, duration(0.1, 60.0)] = Field(
-        default=1.0, json_schema_extra=meta("a duration from 100ms to 1m", "pollInterval: 1s")
-    )
-    replicas: list[SlurmReplica] | None = Field(
-        default=None,
-        json_schema_extra=meta(
-            "a list of {replica, step}: the job step of each replica group (recovery: live)",
-            "replicas: [{replica: 0, step: replica-0}, {replica: 1, step: replica-1}]",
-        ),
+    replicas: list[SlurmReplica] | None = option(
+        None,
+        "a list of {replica, step}: the job step of each replica group (recovery: live)",
+        "replicas: [{replica: 0, step: replica-0}, {replica: 1, step: replica-1}]",
     )
 
     @model_validator(mode="after")
