@@ -102,6 +102,17 @@ class Inc:
             return self.first
         return next((p for p in self.points if p[0] > step), None)
 
+    def only_zero(self) -> bool:
+        """Whether every progress line it printed said 0 steps completed (no step yet)."""
+        return self.first is not None and self.first[0] == 0 and self.advanced == self.first
+
+    def forget_progress(self) -> None:
+        """Drop its progress lines (lines of the state it held before it loaded)."""
+        self.first = self.second = self.last = self.advanced = self.backwards = None
+        self.tracker = GridTracker()
+        self.points = []
+        self.lines = 0
+
     def first_trained(self, resume: Resume) -> tuple[int, float] | None:
         """Its first step past the resume: a first line at the loaded step (a line of the
         state it holds, not a step) does not count; a progress-only resume counts its
@@ -298,6 +309,10 @@ class Ledger:
         return inc
 
     def loaded(self, inc: Inc, event: TrainingEvent) -> None:
+        if inc.loaded is None and inc.first is not None and inc.only_zero():
+            # Its lines so far said 0 steps completed (a metrics thread ticking while the
+            # checkpoint loads): lines of the state before the load, no step of it.
+            inc.forget_progress()
         if inc.first is None and event.step is not None:
             inc.loaded = event.step
             inc.loaded_at = event.timestamp
@@ -305,6 +320,14 @@ class Ledger:
             inc.loaded_parts = event.digest_parts
 
     def progress(self, inc: Inc, step: int, at: float, *, new: bool) -> None:
+        if (
+            new
+            and step > 0
+            and inc.loaded is None
+            and inc.only_zero()
+            and self.contract().problem is None  # with progress(epoch), 0 is a step
+        ):
+            inc.forget_progress()  # 0 steps completed: lines of the state before a step
         if inc.first is None:
             inc.first = (step, at)
             held = inc.loaded if inc.loaded is not None else (0 if inc.start_seen else None)
@@ -654,6 +677,19 @@ class Ledger:
         expected = max(durable) if durable else None
         floor = max(before) if before else expected
         return expected, floor
+
+    def unreported_shards(self, by: float) -> dict[int, list[int]]:
+        """Checkpoints of the reporting rank durable by ``by`` that another rank, one that
+        reported its own save of an earlier checkpoint (its shard), never reported by then:
+        step -> those ranks. Its shard may be torn (the kill cut it), or complete with its
+        report cut: the lines cannot tell."""
+        out: dict[int, list[int]] = {}
+        for step in sorted({c.step for c in self.checkpoints if c.time <= by}):
+            for rank, saved in sorted(self.rank_saves.items()):
+                done = saved.get(step)
+                if any(s < step for s in saved) and (done is None or done.time > by):
+                    out.setdefault(step, []).append(rank)
+        return out
 
     def torn(self) -> set[int]:
         """Saves started before the kill and never completed: the torn checkpoints."""

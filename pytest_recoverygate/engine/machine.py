@@ -513,6 +513,10 @@ class DrillEngine(DrillState):
     def _on_new_progress(self, inc: Inc, step: int, at: float) -> list[Action]:
         kill = self._kill
         assert kill is not None
+        if inc.loaded is None and inc.only_zero():
+            # 0 steps completed and nothing loaded yet: no step of it (a metrics thread
+            # ticking while the checkpoint loads). Its next line or its load says more.
+            return []
         if inc.first == (step, at):
             self.note(at, "progress", f"replacement's first step {step}", step=step)
         if kill.judged is not inc:

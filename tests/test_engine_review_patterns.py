@@ -1,0 +1,188 @@
+"""Job patterns an adversarial review found fooling the verdict, driven through the engine.
+
+We test these aspects (each a scripted job that records its own truth: what it loaded,
+the first step it trained, whether it started from scratch):
+1. a replacement whose lines say 0 steps completed before it loads (a metrics thread
+   started before a slow checkpoint load) resumed from what it then loads: a correct
+   resume passes with the loaded step, whether it reports checkpoint_loaded or not, and
+   a restart from scratch after such a line still fails as one;
+2. per-rank shards: a rank that reported its own save of every earlier checkpoint but
+   never of the newest (the kill cut its save or its report) leaves the newest one
+   unproven, so a resume from the newest checkpoint every rank reported is no "older
+   checkpoint" FAIL (and no PASS either); one older than that still fails, and a job
+   whose other ranks report no saves keeps today's FAIL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from tests.test_engine_patterns import drive, engine_for, ev, result_of
+
+P = TrainingEventKind.PROGRESS
+C = TrainingEventKind.CHECKPOINT_COMPLETED
+L = TrainingEventKind.CHECKPOINT_LOADED
+S = TrainingEventKind.START
+R = FailureReason
+
+KILL = 2.6  # seconds into the first incarnation: after checkpoint 20, before step 26
+
+
+@dataclass
+class Truth:
+    """What the scripted replacement really did (never what the drill read)."""
+
+    loaded: int | None  # the checkpoint it loaded, None: nothing
+    first_trained: int  # its first completed step
+
+    @property
+    def resume_step(self) -> int:
+        return self.first_trained - 1
+
+
+@dataclass
+class Job:
+    """A job stepping every 0.1 s (progress every step), a checkpoint every 10 steps."""
+
+    shard_ranks: tuple[int, ...] = ()  # other ranks that save and report their own shard
+    events: list[TrainingEvent] = field(default_factory=list)
+
+    def first_run(self, steps: int = 25) -> list[TrainingEvent]:
+        out = [ev(S, 0.0, "old")] + [ev(S, 0.0, f"old{r}", rank=r) for r in self.shard_ranks]
+        for step in range(1, steps + 1):
+            t = step * 0.1
+            out.append(ev(P, t, "old", step))
+            if step % 10 == 0:
+                out.append(ev(C, t + 0.01, "old", step))
+                out += [ev(C, t + 0.02, f"old{r}", step, rank=r) for r in self.shard_ranks]
+        return out
+
+    def replacement(
+        self,
+        truth: Truth,
+        *,
+        zero_lines: int,
+        report_load: bool = True,
+        load_time: float = 0.8,
+    ) -> list[TrainingEvent]:
+        """Start at 3 s; a metrics thread ticks ``zero_lines`` times (0 steps done) while
+        the checkpoint loads for ``load_time`` s; then it trains from its truth."""
+        out = [ev(S, 3.0, "new")]
+        out += [ev(P, 3.05 + 0.2 * i, "new", 0) for i in range(zero_lines)]
+        t = 3.05 + load_time
+        if truth.loaded is not None and report_load:
+            out.append(ev(L, t, "new", truth.loaded))
+        for i, step in enumerate(range(truth.first_trained, truth.first_trained + 12)):
+            out.append(ev(P, t + 0.1 * (i + 1), "new", step))
+        return out
+
+
+def judged(job: Job, old: list[TrainingEvent], new: list[TrainingEvent]) -> DrillResult:
+    engine = engine_for(ranks=(0, *job.shard_ranks))
+    drive(engine, sorted(old, key=lambda e: e.timestamp), kill_at=KILL)
+    return result_of(engine, new)
+
+
+# ------------------------------------------------- 1. lines of 0 steps before the load
+
+
+def test_a_metrics_thread_ticking_zero_while_the_checkpoint_loads_is_no_restart() -> None:
+    job = Job()
+    truth = Truth(loaded=20, first_trained=21)
+    result = judged(job, job.first_run(), job.replacement(truth, zero_lines=3))
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == truth.resume_step == truth.loaded
+    assert result.recoveries[0].resume_basis == "checkpoint_loaded"
+    # The recovery counts to its first step past the load, not to a line of 0 steps.
+    recovery = result.recoveries[0].recovery_time_seconds
+    first_step_at = 3.05 + 0.8 + 0.1
+    assert recovery is not None and abs(recovery - (first_step_at - KILL)) < 1e-6
+
+
+def test_a_zero_line_before_a_resume_reported_by_progress_alone_passes_inferred() -> None:
+    job = Job()
+    truth = Truth(loaded=20, first_trained=21)
+    new = job.replacement(truth, zero_lines=2, report_load=False)
+    result = judged(job, job.first_run(), new)
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == truth.resume_step
+    assert result.recoveries[0].resume_basis == "inferred"
+
+
+def test_a_zero_line_then_a_restart_from_scratch_still_fails_as_one() -> None:
+    job = Job()
+    truth = Truth(loaded=None, first_trained=1)
+    result = judged(job, job.first_run(), job.replacement(truth, zero_lines=2))
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.resume_step == truth.resume_step == 0
+    assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
+
+
+def test_a_zero_line_then_a_load_of_checkpoint_0_still_fails_as_a_restart_from_scratch() -> None:
+    job = Job()
+    truth = Truth(loaded=0, first_trained=1)
+    result = judged(job, job.first_run(), job.replacement(truth, zero_lines=1))
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
+
+
+def test_a_load_then_a_counter_back_at_zero_is_still_a_replay() -> None:
+    job = Job()
+    new = [ev(S, 3.0, "new"), ev(L, 3.1, "new", 20)]
+    new += [ev(P, 3.2 + 0.1 * i, "new", i) for i in range(12)]  # 0, 1, 2: counted again
+    result = judged(job, job.first_run(), new)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.STEPS_REPLAYED
+
+
+# ------------------------------------------------------------ 2. per-rank shards
+
+
+def sharded_first_run(job: Job, *, cut_rank: int, cut_step: int = 30) -> list[TrainingEvent]:
+    """The first run to step 31; rank ``cut_rank``'s shard of ``cut_step`` is still being
+    written when the kill lands (its completion never reported)."""
+    events = job.first_run(steps=31)
+    return [e for e in events if not (e.kind is C and e.rank == cut_rank and e.step == cut_step)]
+
+
+def test_a_resume_from_the_newest_checkpoint_every_rank_reported_is_no_older_checkpoint() -> None:
+    job = Job(shard_ranks=(1,))
+    old = sharded_first_run(job, cut_rank=1)
+    kill_at = 3.15  # after rank 0 reported its shard of 30 (3.01), rank 1 never did
+    engine = engine_for(ranks=(0, 1))
+    drive(engine, sorted(old, key=lambda e: e.timestamp), kill_at=kill_at)
+    truth = Truth(loaded=20, first_trained=21)  # the job loads what every rank holds
+    new = [ev(S, 4.0, "new"), ev(S, 4.0, "new1", rank=1)]
+    new += [ev(L, 4.3, "new", truth.loaded), ev(L, 4.3, "new1", truth.loaded, rank=1)]
+    new += [ev(P, 4.4 + 0.1 * i, "new", truth.first_trained + i) for i in range(12)]
+    result = result_of(engine, new)
+    assert result.verdict is Verdict.ERROR, result.summary
+    assert result.reasons[0] is R.INCONCLUSIVE
+    assert "never by rank(s) 1" in result.summary and "checkpoint 30" in result.summary
+
+
+def test_a_resume_older_than_every_rank_reported_still_fails() -> None:
+    job = Job(shard_ranks=(1,))
+    old = sharded_first_run(job, cut_rank=1)
+    engine = engine_for(ranks=(0, 1))
+    drive(engine, sorted(old, key=lambda e: e.timestamp), kill_at=3.15)
+    truth = Truth(loaded=10, first_trained=11)  # 20 was complete on every rank
+    new = [ev(S, 4.0, "new"), ev(S, 4.0, "new1", rank=1)]
+    new += [ev(L, 4.3, "new", truth.loaded), ev(L, 4.3, "new1", truth.loaded, rank=1)]
+    new += [ev(P, 4.4 + 0.1 * i, "new", truth.first_trained + i) for i in range(12)]
+    result = result_of(engine, new)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.RESUMED_FROM_OLDER_CHECKPOINT
+
+
+def test_without_other_ranks_reporting_saves_an_older_resume_still_fails() -> None:
+    job = Job()  # only rank 0 reports checkpoints: 30 is complete by the job's own word
+    engine = engine_for(ranks=(0, 1))
+    drive(engine, sorted(job.first_run(steps=31), key=lambda e: e.timestamp), kill_at=3.15)
+    new = [ev(S, 4.0, "new"), ev(L, 4.3, "new", 20)]
+    new += [ev(P, 4.4 + 0.1 * i, "new", 21 + i) for i in range(12)]
+    result = result_of(engine, new)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.RESUMED_FROM_OLDER_CHECKPOINT
