@@ -2,10 +2,12 @@
 
 We test these aspects (each a scripted job that records its own truth: what it loaded,
 the first step it trained, whether it started from scratch):
-1. a replacement whose lines say 0 steps completed before it loads (a metrics thread
-   started before a slow checkpoint load) resumed from what it then loads: a correct
-   resume passes with the loaded step, whether it reports checkpoint_loaded or not, and
-   a restart from scratch after such a line still fails as one;
+1. a replacement whose lines say 0 steps completed, or the step it then loads, before it
+   loads (a metrics thread started before a slow checkpoint load, a step counter restored
+   before the weights) resumed from what it then loads: a correct resume passes with the
+   loaded step, whether it reports checkpoint_loaded or not; a restart from scratch after
+   such a line still fails as one at its first step, and a first line at a checkpoint's
+   step with no load after it is still a replay;
 2. per-rank shards: a rank that reported its own save of every earlier checkpoint but
    never of the newest (the kill cut its save or its report) leaves the newest one
    unproven, so a resume from the newest checkpoint every rank reported is no "older
@@ -111,10 +113,16 @@ def test_a_zero_line_before_a_resume_reported_by_progress_alone_passes_inferred(
     assert result.recoveries[0].resume_basis == "inferred"
 
 
-def test_a_zero_line_then_a_restart_from_scratch_still_fails_as_one() -> None:
+def test_a_zero_line_then_a_restart_from_scratch_still_fails_as_one_at_its_first_step() -> None:
     job = Job()
     truth = Truth(loaded=None, first_trained=1)
-    result = judged(job, job.first_run(), job.replacement(truth, zero_lines=2))
+    engine = engine_for()
+    drive(engine, sorted(job.first_run(), key=lambda e: e.timestamp), kill_at=KILL)
+    new = job.replacement(truth, zero_lines=2)
+    upto = next(i for i, e in enumerate(new) if e.kind is P and e.step == truth.first_trained)
+    finishes = drive(engine, new[: upto + 1])  # decided at its first step, not later
+    assert len(finishes) == 1
+    result = finishes[0].result
     assert result.verdict is Verdict.FAIL, result.summary
     assert result.resume_step == truth.resume_step == 0
     assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
@@ -126,6 +134,30 @@ def test_a_zero_line_then_a_load_of_checkpoint_0_still_fails_as_a_restart_from_s
     result = judged(job, job.first_run(), job.replacement(truth, zero_lines=1))
     assert result.verdict is Verdict.FAIL, result.summary
     assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
+
+
+def test_a_step_counter_restored_before_the_weights_load_is_no_replay() -> None:
+    # HF-style: a metrics thread reads state.global_step: 0 at start, 20 once the trainer
+    # state is restored, and checkpoint_loaded(20) comes after (on_train_begin).
+    job = Job()
+    truth = Truth(loaded=20, first_trained=21)
+    new = [ev(S, 3.0, "new"), ev(P, 3.05, "new", 0), ev(P, 3.25, "new", 20)]
+    new += [ev(P, 3.45, "new", 20), ev(L, 3.6, "new", truth.loaded)]
+    new += [ev(P, 3.7 + 0.1 * i, "new", truth.first_trained + i) for i in range(12)]
+    result = judged(job, job.first_run(), new)
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == truth.resume_step
+    assert result.recoveries[0].resume_basis == "checkpoint_loaded"
+
+
+def test_a_first_line_at_a_checkpoint_step_without_a_load_is_still_a_replay() -> None:
+    # Without checkpoint_loaded, a job whose lines come after steps and that reports 20
+    # first redid step 20 (a resume off by one): its next line decides it.
+    job = Job()
+    new = [ev(S, 3.0, "new")] + [ev(P, 3.1 + 0.1 * i, "new", 20 + i) for i in range(12)]
+    result = judged(job, job.first_run(), new)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.STEPS_REPLAYED
 
 
 def test_a_load_then_a_counter_back_at_zero_is_still_a_replay() -> None:

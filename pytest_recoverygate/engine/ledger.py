@@ -106,6 +106,10 @@ class Inc:
         """Whether every progress line it printed said 0 steps completed (no step yet)."""
         return self.first is not None and self.first[0] == 0 and self.advanced == self.first
 
+    def only_held(self, step: int) -> bool:
+        """Whether it printed progress, every line 0 or ``step`` (no step completed yet)."""
+        return self.first is not None and all(s in (0, step) for s, _ in self.points)
+
     def forget_progress(self) -> None:
         """Drop its progress lines (lines of the state it held before it loaded)."""
         self.first = self.second = self.last = self.advanced = self.backwards = None
@@ -309,9 +313,10 @@ class Ledger:
         return inc
 
     def loaded(self, inc: Inc, event: TrainingEvent) -> None:
-        if inc.loaded is None and inc.first is not None and inc.only_zero():
-            # Its lines so far said 0 steps completed (a metrics thread ticking while the
-            # checkpoint loads): lines of the state before the load, no step of it.
+        if inc.loaded is None and event.step is not None and inc.only_held(event.step):
+            # Its lines so far said 0 steps completed, or the step it now loads (a metrics
+            # thread ticking while the checkpoint loads, a counter restored before the
+            # weights): lines of the state before the load, no step of it.
             inc.forget_progress()
         if inc.first is None and event.step is not None:
             inc.loaded = event.step

@@ -513,9 +513,17 @@ class DrillEngine(DrillState):
     def _on_new_progress(self, inc: Inc, step: int, at: float) -> list[Action]:
         kill = self._kill
         assert kill is not None
-        if inc.loaded is None and inc.only_zero():
-            # 0 steps completed and nothing loaded yet: no step of it (a metrics thread
-            # ticking while the checkpoint loads). Its next line or its load says more.
+        held = inc.first is not None and inc.advanced == inc.first
+        if (
+            inc.loaded is None
+            and held
+            and inc.first is not None
+            and (inc.first[0] == 0 or any(c.step == inc.first[0] for c in self.ledger.checkpoints))
+        ):
+            # Nothing loaded yet, and every line says 0 steps, or a checkpoint's step: no
+            # step of it so far, or the state it is loading (a metrics thread ticking while
+            # the checkpoint loads, a counter restored before the weights). Its next line
+            # or its load says which.
             return []
         if inc.first == (step, at):
             self.note(at, "progress", f"replacement's first step {step}", step=step)
