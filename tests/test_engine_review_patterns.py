@@ -12,16 +12,21 @@ the first step it trained, whether it started from scratch):
    never of the newest (the kill cut its save or its report) leaves the newest one
    unproven, so a resume from the newest checkpoint every rank reported is no "older
    checkpoint" FAIL (and no PASS either); one older than that still fails, and a job
-   whose other ranks report no saves keeps today's FAIL.
+   whose other ranks report no saves keeps today's FAIL;
+3. a launcher that imported the reporter (its workers' start lines name it as ``parent``)
+   and never printed: a replacement naming the same parent as the group before the kill
+   is a worker, so its restart from scratch is decided at its first step, not after the
+   sustain window; a child naming a new, silent parent still waits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Finish, Verdict
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
-from tests.test_engine_patterns import drive, engine_for, ev, result_of
+from pytest_recoverygate.engine.spec import Sustain
+from tests.test_engine_patterns import drive, engine_for, ev, result_of, steps_run
 
 P = TrainingEventKind.PROGRESS
 C = TrainingEventKind.CHECKPOINT_COMPLETED
@@ -218,3 +223,37 @@ def test_without_other_ranks_reporting_saves_an_older_resume_still_fails() -> No
     result = result_of(engine, new)
     assert result.verdict is Verdict.FAIL, result.summary
     assert result.reasons[0] is R.RESUMED_FROM_OLDER_CHECKPOINT
+
+
+# ------------------------------------------------- 3. a launcher that loaded the reporter
+
+
+def launched_run(parent: str) -> list[TrainingEvent]:
+    start = ev(S, 0.0, "old", pid=101, host="h", ppid=100, parent=parent)
+    return [start, *steps_run("old", 0.0, list(range(1, 26)), start=False)]
+
+
+def test_a_restart_from_scratch_under_a_silent_launcher_is_decided_at_its_first_step() -> None:
+    engine = engine_for(sustain=Sustain(lines=3, seconds=10.0))
+    drive(engine, launched_run("launcher"), kill_at=KILL)
+    truth = Truth(loaded=None, first_trained=1)
+    new = [ev(S, 3.0, "new", pid=201, host="h", ppid=100, parent="launcher")]
+    new += [ev(P, 3.1 + 0.1 * i, "new", truth.first_trained + i) for i in range(150)]
+    for n, event in enumerate(new):
+        finishes = [a for a in engine.on_training_event(event) if isinstance(a, Finish)]
+        if finishes:
+            break
+    assert finishes, "never decided"
+    assert new[n].step == truth.first_trained  # at its first step, not 10 s later
+    result = finishes[0].result
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
+
+
+def test_a_process_naming_a_new_silent_parent_still_waits_for_its_window() -> None:
+    engine = engine_for(sustain=Sustain(lines=3, seconds=10.0))
+    drive(engine, launched_run("launcher"), kill_at=KILL)
+    # Its parent (a replacement worker that has not printed yet) is no launcher.
+    new = [ev(S, 3.0, "warm", pid=301, host="h", ppid=300, parent="new-worker")]
+    new += [ev(P, 3.1 + 0.1 * i, "warm", 1 + i) for i in range(20)]
+    assert not [a for e in new for a in engine.on_training_event(e) if isinstance(a, Finish)]

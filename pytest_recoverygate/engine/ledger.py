@@ -304,6 +304,18 @@ class Ledger:
             inc.parent = parent.id
         return inc.child
 
+    def names_launcher(self, inc: Inc) -> bool:
+        """Whether the parent ``inc`` names, never heard from, was named by a worker of an
+        earlier group too: a launcher that loaded the reporter and printed nothing (it
+        outlives the groups it starts), not a worker whose child ``inc`` may be."""
+        parent = inc.parent
+        if parent is None or parent in self.incs or parent in self.others:
+            return False
+        return any(
+            o is not inc and o.parent == parent and o.born < inc.born and not self.is_child(o)
+            for o in itertools.chain(self.order, self.others.values())
+        )
+
     def root(self, inc: Inc) -> Inc:
         """The worker a child descends from (itself for a worker)."""
         seen = {inc.id}

@@ -558,7 +558,11 @@ class DrillEngine(DrillState):
             )
             # ... unless it may be a child whose worker has not reported yet (its start
             # line names a parent the drill has not heard from): then the window decides.
-            unknown_parent = inc.parent is not None and not self.ledger.is_child(inc)
+            unknown_parent = (
+                inc.parent is not None
+                and not self.ledger.is_child(inc)
+                and not self.ledger.names_launcher(inc)
+            )
             if provisional.verdict is Verdict.FAIL and not unknown_parent:
                 return self._judge(at)
         return self._sustain(inc, step, at)
