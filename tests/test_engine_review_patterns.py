@@ -16,7 +16,11 @@ the first step it trained, whether it started from scratch):
 3. a launcher that imported the reporter (its workers' start lines name it as ``parent``)
    and never printed: a replacement naming the same parent as the group before the kill
    is a worker, so its restart from scratch is decided at its first step, not after the
-   sustain window; a child naming a new, silent parent still waits.
+   sustain window; a child naming a new, silent parent still waits;
+4. ``progress(global_step)`` on every micro-batch (a hand-written Lightning callback with
+   gradient accumulation) prints the count 0 on several lines at a fresh start: the fresh
+   state held, no ``progress(epoch)``, so a correct resume passes and a restart from
+   scratch fails; a single 0, then 1, is still the zero-based signature.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Finish, Verdict
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.spec import Sustain
-from tests.test_engine_patterns import drive, engine_for, ev, result_of, steps_run
+from tests.test_engine_patterns import T0, drive, engine_for, ev, result_of, steps_run
 
 P = TrainingEventKind.PROGRESS
 C = TrainingEventKind.CHECKPOINT_COMPLETED
@@ -257,3 +261,62 @@ def test_a_process_naming_a_new_silent_parent_still_waits_for_its_window() -> No
     new = [ev(S, 3.0, "warm", pid=301, host="h", ppid=300, parent="new-worker")]
     new += [ev(P, 3.1 + 0.1 * i, "warm", 1 + i) for i in range(20)]
     assert not [a for e in new for a in engine.on_training_event(e) if isinstance(a, Finish)]
+
+
+# ------------------------------------- 4. progress per micro-batch, gradient accumulation
+
+
+ACCUMULATE = 4
+
+
+def micro_batches(
+    inc: str, t0: float, truth: Truth, optimizer_steps: int, *, report_load: bool = True
+) -> list[TrainingEvent]:
+    """progress(global_step) after every micro-batch; the optimizer steps every 4th."""
+    out = [ev(S, t0, inc)]
+    t = t0 + 0.05
+    if truth.loaded is not None and report_load:
+        out.append(ev(L, t, inc, truth.loaded))
+    done = truth.first_trained - 1  # global_step when this process starts
+    for batch in range(optimizer_steps * ACCUMULATE):
+        t += 0.03
+        if batch % ACCUMULATE == ACCUMULATE - 1:
+            done += 1
+            if done % 10 == 0:
+                out.append(ev(C, t + 0.001, inc, done))
+        out.append(ev(P, t, inc, done))
+    return out
+
+
+def accumulation_result(truth: Truth) -> DrillResult:
+    old = micro_batches("old", 0.0, Truth(loaded=None, first_trained=1), 25)
+    engine = engine_for()
+    drive(engine, sorted(old, key=lambda e: e.timestamp), kill_at=old[-1].timestamp - 0.2 - T0)
+    return result_of(engine, micro_batches("new", 4.0, truth, 12))
+
+
+def test_progress_per_micro_batch_keeps_the_contract_and_a_correct_resume_passes() -> None:
+    truth = Truth(loaded=20, first_trained=21)
+    result = accumulation_result(truth)
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == truth.resume_step
+    assert result.step_contract is not None and result.step_contract.problem is None
+
+
+def test_progress_per_micro_batch_and_a_restart_from_scratch_fails_as_one() -> None:
+    truth = Truth(loaded=None, first_trained=1)
+    result = accumulation_result(truth)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons[0] is R.RESTARTED_FROM_SCRATCH
+
+
+def test_a_single_zero_then_one_is_still_the_zero_based_signature() -> None:
+    engine = engine_for(after_checkpoint=10)
+    old = [ev(S, 0.0, "old")] + [ev(P, 0.1 * (i + 1), "old", i) for i in range(25)]
+    old += [ev(C, 0.1 * (i + 1) + 0.01, "old", i) for i in (10, 20)]  # progress(epoch)
+    drive(engine, sorted(old, key=lambda e: e.timestamp), kill_at=2.2)
+    new = [ev(S, 3.0, "new"), ev(L, 3.05, "new", 20)]
+    new += [ev(P, 3.1 + 0.1 * i, "new", 21 + i) for i in range(12)]
+    result = result_of(engine, new)
+    assert result.step_contract is not None and result.step_contract.problem is not None
+    assert result.verdict is Verdict.ERROR, result.summary

@@ -472,7 +472,9 @@ class Ledger:
                     f"{first}: report progress(n) after the n-th completed step (a resume "
                     f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
                 )
-        elif first == 0 and grid.first_line in (None, 1):
+        elif first == 0 and grid.first_line in (None, 1) and base.tracker.held_lines < 2:
+            # One 0, then 1: progress(epoch) after each epoch. The count 0 on several lines
+            # (progress(global_step) per micro-batch, a timer) is the fresh state held.
             fresh = True
             problem = problem or (
                 "the first step after a fresh start was reported as 0: report "
