@@ -209,6 +209,33 @@ def resume_check(
         lowest = floor if floor is not None else expected
         if observed in durable and observed >= lowest:
             return check(True, f"resumed from the latest checkpoint, step {observed}", None)
+        unreported = ledger.unreported_shards(ledger.load_window(inc)[1])
+        newer_ones = sorted(c for c in durable if c > observed)
+        if (
+            observed in durable
+            and observed not in unreported
+            and newer_ones
+            and all(c in unreported for c in newer_ones)
+        ):
+            # Every newer checkpoint lacks another rank's report of its own shard (the
+            # kill cut its save or its report): the newest complete one may be this.
+            ranks = sorted({r for c in newer_ones for r in unreported[c]})
+            return check(
+                None,
+                (
+                    f"{how} checkpoint {observed}, the newest one every rank reported "
+                    f"complete; checkpoint {steps_text(newer_ones, 3)} was reported "
+                    f"complete by the reporting rank but never by rank(s) "
+                    f"{', '.join(map(str, ranks))}, which reported their own save of "
+                    "earlier checkpoints: either that shard was torn and "
+                    f"{observed} is the latest complete checkpoint, or it was complete "
+                    "and the job resumed from an older one. Make it decidable: report "
+                    "checkpoint_completed(step) once every rank's shard is durable "
+                    "(after a barrier), or set injectFailure.delay so the kill does not "
+                    "cut a save"
+                ),
+                R.INCONCLUSIVE,
+            )
         if observed > max(completed, default=-1):
             reach = ledger.reach_bound()
             if reach is not None and observed <= reach:

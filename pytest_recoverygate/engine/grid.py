@@ -9,7 +9,8 @@ alone), is this module's job:
 
 - **held-state line**: a first line equal to the state the process holds (the loaded
   step, or 0 at a fresh start), printed before any step of this process — a timer
-  ticking at start, a log of the state it holds. It is no step and no replay.
+  ticking at start, a log of the state it holds. It is no step and no replay. How many
+  lines repeated it before the first step line is counted (``held_lines``).
 - **regular grid** (``stride``): the first two lines are consecutive calls, and every
   later line is a whole number of strides after the first. Rate-limited lines keep it.
 - **first step, then a grid** (``first_special``): the first line is the first step
@@ -72,6 +73,7 @@ class GridTracker:
         "_gcd_rest",
         "_held",
         "_held_line",
+        "_held_lines",
         "_lines",
         "_prev",
         "_regular_a",
@@ -83,6 +85,7 @@ class GridTracker:
         self._started = False
         self._held: int | None = None
         self._held_line = False
+        self._held_lines = 0  # lines of the held state before the first step line
         self._first: int | None = None
         self._second: int | None = None
         self._prev: int | None = None
@@ -99,9 +102,12 @@ class GridTracker:
             self._held = held
             if held is not None and step == held:
                 self._held_line = True
+                self._held_lines = 1
                 self._prev = step
                 return
         if step == self._prev:
+            if self._first is None and self._held_line:
+                self._held_lines += 1
             return  # the same count again (a timer between two steps): no new information
         self._prev = step
         self._lines += 1
@@ -120,6 +126,11 @@ class GridTracker:
     @property
     def held_line(self) -> bool:
         return self._held_line
+
+    @property
+    def held_lines(self) -> int:
+        """How many lines repeated the held state before the first step line."""
+        return self._held_lines
 
     @property
     def first(self) -> int | None:

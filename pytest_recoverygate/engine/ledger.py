@@ -102,6 +102,21 @@ class Inc:
             return self.first
         return next((p for p in self.points if p[0] > step), None)
 
+    def only_zero(self) -> bool:
+        """Whether every progress line it printed said 0 steps completed (no step yet)."""
+        return self.first is not None and self.first[0] == 0 and self.advanced == self.first
+
+    def only_held(self, step: int) -> bool:
+        """Whether it printed progress, every line 0 or ``step`` (no step completed yet)."""
+        return self.first is not None and all(s in (0, step) for s, _ in self.points)
+
+    def forget_progress(self) -> None:
+        """Drop its progress lines (lines of the state it held before it loaded)."""
+        self.first = self.second = self.last = self.advanced = self.backwards = None
+        self.tracker = GridTracker()
+        self.points = []
+        self.lines = 0
+
     def first_trained(self, resume: Resume) -> tuple[int, float] | None:
         """Its first step past the resume: a first line at the loaded step (a line of the
         state it holds, not a step) does not count; a progress-only resume counts its
@@ -289,6 +304,18 @@ class Ledger:
             inc.parent = parent.id
         return inc.child
 
+    def names_launcher(self, inc: Inc) -> bool:
+        """Whether the parent ``inc`` names, never heard from, was named by a worker of an
+        earlier group too: a launcher that loaded the reporter and printed nothing (it
+        outlives the groups it starts), not a worker whose child ``inc`` may be."""
+        parent = inc.parent
+        if parent is None or parent in self.incs or parent in self.others:
+            return False
+        return any(
+            o is not inc and o.parent == parent and o.born < inc.born and not self.is_child(o)
+            for o in itertools.chain(self.order, self.others.values())
+        )
+
     def root(self, inc: Inc) -> Inc:
         """The worker a child descends from (itself for a worker)."""
         seen = {inc.id}
@@ -298,6 +325,11 @@ class Ledger:
         return inc
 
     def loaded(self, inc: Inc, event: TrainingEvent) -> None:
+        if inc.loaded is None and event.step is not None and inc.only_held(event.step):
+            # Its lines so far said 0 steps completed, or the step it now loads (a metrics
+            # thread ticking while the checkpoint loads, a counter restored before the
+            # weights): lines of the state before the load, no step of it.
+            inc.forget_progress()
         if inc.first is None and event.step is not None:
             inc.loaded = event.step
             inc.loaded_at = event.timestamp
@@ -305,6 +337,14 @@ class Ledger:
             inc.loaded_parts = event.digest_parts
 
     def progress(self, inc: Inc, step: int, at: float, *, new: bool) -> None:
+        if (
+            new
+            and step > 0
+            and inc.loaded is None
+            and inc.only_zero()
+            and self.contract().problem is None  # with progress(epoch), 0 is a step
+        ):
+            inc.forget_progress()  # 0 steps completed: lines of the state before a step
         if inc.first is None:
             inc.first = (step, at)
             held = inc.loaded if inc.loaded is not None else (0 if inc.start_seen else None)
@@ -432,7 +472,9 @@ class Ledger:
                     f"{first}: report progress(n) after the n-th completed step (a resume "
                     f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
                 )
-        elif first == 0 and grid.first_line in (None, 1):
+        elif first == 0 and grid.first_line in (None, 1) and base.tracker.held_lines < 2:
+            # One 0, then 1: progress(epoch) after each epoch. The count 0 on several lines
+            # (progress(global_step) per micro-batch, a timer) is the fresh state held.
             fresh = True
             problem = problem or (
                 "the first step after a fresh start was reported as 0: report "
@@ -654,6 +696,19 @@ class Ledger:
         expected = max(durable) if durable else None
         floor = max(before) if before else expected
         return expected, floor
+
+    def unreported_shards(self, by: float) -> dict[int, list[int]]:
+        """Checkpoints of the reporting rank durable by ``by`` that another rank, one that
+        reported its own save of an earlier checkpoint (its shard), never reported by then:
+        step -> those ranks. Its shard may be torn (the kill cut it), or complete with its
+        report cut: the lines cannot tell."""
+        out: dict[int, list[int]] = {}
+        for step in sorted({c.step for c in self.checkpoints if c.time <= by}):
+            for rank, saved in sorted(self.rank_saves.items()):
+                done = saved.get(step)
+                if any(s < step for s in saved) and (done is None or done.time > by):
+                    out.setdefault(step, []).append(rank)
+        return out
 
     def torn(self) -> set[int]:
         """Saves started before the kill and never completed: the torn checkpoints."""

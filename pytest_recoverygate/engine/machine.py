@@ -513,6 +513,18 @@ class DrillEngine(DrillState):
     def _on_new_progress(self, inc: Inc, step: int, at: float) -> list[Action]:
         kill = self._kill
         assert kill is not None
+        held = inc.first is not None and inc.advanced == inc.first
+        if (
+            inc.loaded is None
+            and held
+            and inc.first is not None
+            and (inc.first[0] == 0 or any(c.step == inc.first[0] for c in self.ledger.checkpoints))
+        ):
+            # Nothing loaded yet, and every line says 0 steps, or a checkpoint's step: no
+            # step of it so far, or the state it is loading (a metrics thread ticking while
+            # the checkpoint loads, a counter restored before the weights). Its next line
+            # or its load says which.
+            return []
         if inc.first == (step, at):
             self.note(at, "progress", f"replacement's first step {step}", step=step)
         if kill.judged is not inc:
@@ -546,7 +558,11 @@ class DrillEngine(DrillState):
             )
             # ... unless it may be a child whose worker has not reported yet (its start
             # line names a parent the drill has not heard from): then the window decides.
-            unknown_parent = inc.parent is not None and not self.ledger.is_child(inc)
+            unknown_parent = (
+                inc.parent is not None
+                and not self.ledger.is_child(inc)
+                and not self.ledger.names_launcher(inc)
+            )
             if provisional.verdict is Verdict.FAIL and not unknown_parent:
                 return self._judge(at)
         return self._sustain(inc, step, at)

@@ -96,6 +96,9 @@ Everyday patterns (the verdict's second pass):
     and once at start, before the first step (a line of the state the process holds);
     the training loop itself never calls ``progress``. Thread reports are recorded as
     ``report`` records.
+``--thread-before-load SECONDS``
+    with ``--progress-style thread``: the metrics thread starts before the resume (it
+    ticks the counter's initial 0 meanwhile), and loading a checkpoint takes SECONDS.
 ``--warmup-subprocess``
     before training, every worker runs a warm-up subprocess (it inherits ``RANK``) that
     reports five progress steps of its own and exits.
@@ -227,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--progress-style", choices=("every", "first-then-every", "thread"), default="every"
     )
     parser.add_argument("--thread-interval", type=float, default=0.1)
+    parser.add_argument("--thread-before-load", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--warmup-subprocess", action="store_true")
     parser.add_argument("--eval-after-kill", action="store_true")
     parser.add_argument("--replay-log", type=Path, default=None)
@@ -432,6 +436,8 @@ class Job:
             return
         state = json.loads(found[-1][1].read_text(encoding="utf-8"))
         held = int(state["step"])  # the state after this many steps
+        if self.args.thread_before_load is not None:
+            time.sleep(self.args.thread_before_load)  # a slow load (a large checkpoint)
         report = self.args.loaded == "yes"
         # The zero-based job labels everything with the epoch index it stored.
         label = int(state["epoch"]) if self.args.zero_based else held
@@ -618,11 +624,14 @@ class Job:
             )
         if self.rank != 0 or a.eval_after_kill:
             self.write_pid_file()
+        early = a.progress_style == "thread" and a.thread_before_load is not None
+        if early:  # started before the load: it ticks 0 while the checkpoint loads
+            threading.Thread(target=self.metrics_thread, daemon=True).start()
         self.resume()
         self.start_done = self.done
         if a.die_after_load is not None and self.restart == a.die_after_load:
             return self.quarantine_and_die()
-        if a.progress_style == "thread":
+        if a.progress_style == "thread" and not early:
             threading.Thread(target=self.metrics_thread, daemon=True).start()
         try:
             self.train()

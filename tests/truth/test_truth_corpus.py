@@ -585,6 +585,17 @@ def test_a_metrics_thread_that_restarted_from_scratch_fails_whatever_the_grid(
     assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
 
 
+def test_a_metrics_thread_ticking_zero_while_a_slow_checkpoint_loads_is_no_restart(
+    tmp_path: Path,
+) -> None:
+    # The thread starts before the resume and ticks 0 (steps completed) during the 1 s
+    # load; the replacement then reports checkpoint_loaded(20) and trains on from it.
+    drill = run_drill(tmp_path, ["--progress-style=thread", "--thread-before-load=1.0"])
+    assert_no_checkpoint_after_the_kill(drill)
+    assert drill.truth.resume_step == drill.truth.loaded_step == 20, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
 def test_an_evaluation_subprocess_the_survivor_starts_is_not_the_replacement(
     tmp_path: Path,
 ) -> None:
