@@ -148,7 +148,8 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
           fake: {workers: 4, stepsPerSecond: 12.5, checkpointEvery: 7, restartDelay: 250ms,
                  resume: older, startupDelay: 1.5s}
         injectFailure: {type: KillWorker, afterCheckpoint: next, targetRank: 3}
-        expectations: {resumeFromCheckpoint: step-1000, maxRecoveryTime: 1h30m, maxLostSteps: 0}
+        expectations: {resumeFromCheckpoint: step-1000, maxRecoveryTime: 1h30m, maxLostSteps: 0,
+                       maxStall: 2m}
         safety: {requireConfirm: false, dryRun: true}
         """,
     )
@@ -179,6 +180,8 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
     assert config.expectations.resume_from_checkpoint == 1000
     assert config.expectations.max_recovery_time == 5400.0
     assert config.expectations.max_lost_steps == 0
+    assert config.expectations.max_stall == 120.0
+    assert spec_from_config(config).max_stall == 120.0
     assert config.safety.dry_run is True
     assert config.safety.require_confirm is False
 
@@ -571,6 +574,8 @@ PROBLEMS = [  # name, the file's text; the line, key and value named, what it sa
          4, "workload.user", "bob", ("only applies with jobName",)),
     Case("stays_strict_on_a_quoted_number_where_a_count_belongs", FAKE + '  maxLostSteps: "100"\n',
          7, "expectations.maxLostSteps", '"100"', ("remove the quotes",)),
+    Case("refuses_a_max_stall_of_zero", FAKE + "  maxStall: 0s\n",
+         7, "expectations.maxStall", "0s", ("longer than zero",)),
     Case("explains_tabs_in_indentation", "workload:\n\torchestrator: fake\n",
          2, "(YAML syntax)", r"'\torchestrator: fake'", ("spaces, not tabs",)),
     Case("refuses_bytes_that_are_not_utf8", b"workload:\n  orchestrator: fake\nname: caf\xe9\n",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_recoverygate.engine.machine import DrillEngine, Finish, Verdict
+from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Finish, Verdict
 from pytest_recoverygate.engine.spec import Sustain
 from tests.test_engine_patterns import (
     T0,
@@ -294,6 +294,42 @@ def test_a_periodic_evaluation_pause_after_the_resume_is_no_stall() -> None:
     new = eval_run("new", 40.0, 51, 120, loaded=50, ckpt=False)
     result = run_ticking(engine, new)
     assert result is not None and result.verdict is Verdict.PASS, result and result.summary
+
+
+def evaluating_after_the_resume(max_stall: float | None = None) -> DrillResult:
+    """Kill after checkpoint 20 of a job that never evaluated before it; after a correct
+    resume from 20 it trains 21-25, evaluates for 8 s, then trains on (26-60)."""
+    engine = engine_for(sustain=Sustain(), max_stall=max_stall)  # the default: 3 lines, 10 s
+    drive(engine, steps_run("old", 0.0, list(range(1, 26))), kill_at=2.55)
+    new = steps_run("new", 3.0, list(range(21, 26)), loaded=20, ckpt_every=None)
+    new += steps_run("new", 11.6, list(range(26, 61)), start=False, ckpt_every=None)
+    result: DrillResult | None = run_ticking(engine, new)
+    assert result is not None
+    return result
+
+
+def test_a_pause_longer_than_the_stall_limit_fails_naming_the_key_that_allows_it() -> None:
+    result = evaluating_after_the_resume()  # the stall limit: 5 s (gaps of 0.1 s before)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert R.STOPPED_PROGRESSING in result.reasons
+    assert "stall limit 5.00s" in result.summary
+    assert "expectations.maxStall" in result.summary
+
+
+def test_max_stall_lets_a_job_pause_on_purpose_after_the_resume() -> None:
+    result = evaluating_after_the_resume(max_stall=20.0)
+    assert result.verdict is Verdict.PASS, result.summary
+
+
+def test_max_stall_still_fails_a_job_that_stops_for_good() -> None:
+    engine = engine_for(sustain=Sustain(), max_stall=20.0)
+    drive(engine, steps_run("old", 0.0, list(range(1, 26))), kill_at=2.55)
+    drive(engine, steps_run("new", 3.0, [21], loaded=20, ckpt_every=None))
+    deadline = engine.deadline
+    assert deadline is not None and deadline - (T0 + 3.15) == 20.0  # maxStall, not 5 s
+    [finish] = [a for a in engine.tick(deadline) if isinstance(a, Finish)]
+    assert finish.result.verdict is Verdict.FAIL, finish.result.summary
+    assert R.STOPPED_PROGRESSING in finish.result.reasons
 
 
 # 18. deadlocked after 3 steps while a timer keeps printing the same count

@@ -672,6 +672,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         saved_on_preempt=expect.saved_on_preempt,
         state_digest_matches=expect.state_digest_matches,
         sustain=sustain_of(expect.sustain),
+        max_stall=expect.max_stall,
         all_ranks=expect.all_ranks,
         target_node=failure.target_node,
         replace_node=True if failure.replace is None else failure.replace,

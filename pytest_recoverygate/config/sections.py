@@ -139,6 +139,13 @@ class Expectations(Section):
         "before a PASS (default: the larger of 3 progress lines and 10s)",
         "sustain: 5 steps",
     )
+    max_stall: Annotated[float | None, duration(zero_ok=False, optional=True)] = option(
+        None,
+        "a duration above 0: how long the job may go without an advancing step after the "
+        "resume before it is a stall (default: 3x its longest gap before the kill, at "
+        "least 5s); set it when the job pauses on purpose, e.g. to evaluate",
+        "maxStall: 2m",
+    )
     all_ranks: bool = option(
         False,
         "true or false: every rank must report checkpoint_loaded of the expected step "

@@ -582,7 +582,8 @@ class DrillEngine(DrillState):
                 past = inc.first
             if past is None:
                 return []
-            window = kill.window = Window(past, past, self.ledger.stall_limit())
+            stall = self.spec.max_stall or self.ledger.stall_limit()
+            window = kill.window = Window(past, past, stall)
             self.note(
                 past[1],
                 "note",

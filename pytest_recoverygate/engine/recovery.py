@@ -411,7 +411,9 @@ def sustain_check(
             expected,
             observed,
             f"training stopped progressing after resume: {where}, and no step followed for "
-            f"{format_seconds(now - at)} (stall limit {format_seconds(window.stall_limit)})",
+            f"{format_seconds(now - at)} (stall limit {format_seconds(window.stall_limit)}; "
+            "a job that pauses on purpose after the resume, to evaluate say, sets "
+            "expectations.maxStall)",
             R.STOPPED_PROGRESSING,
         )
     if not final:

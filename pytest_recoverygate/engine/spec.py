@@ -101,6 +101,7 @@ class DrillSpec:
     saved_on_preempt: bool = False
     state_digest_matches: bool = False
     sustain: Sustain = field(default_factory=Sustain)
+    max_stall: float | None = None  # None: the ledger's stall limit (from the job's gaps)
     all_ranks: bool = False  # a rank that says nothing about its resume FAILs
     target_node: int | None = None  # node faults: None = the node of target_rank
     replace_node: bool = True  # KillNode: a replacement node starts
