@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class _Inotify:
         os.close(self.fd)
 
 
+@dataclass(eq=False)
 class OutputTail:
     """Follow a file from a byte offset and hand its bytes on in order, in a thread.
 
@@ -145,26 +147,17 @@ class OutputTail:
     _TAIL_CHECK = 64
     _HEAD_CHECK = 4096
 
-    def __init__(
-        self,
-        path: str,
-        sink: Callable[[bytes, float], object],
-        clock: Clock,
-        *,
-        interval: float = 0.2,
-        on_line: Callable[[bytes, float], None] | None = None,
-        on_start_over: Callable[[], None] | None = None,
-        use_inotify: bool = True,
-        name: str = "recoverygate-tail",
-    ) -> None:
-        self.path = path
-        self._sink = sink
-        self._clock = clock
-        self._interval = interval
-        self._on_line = on_line
-        self._on_start_over = on_start_over
-        self._use_inotify = use_inotify
-        self._name = name
+    path: str
+    sink: Callable[[bytes, float], object]
+    clock: Clock
+    _: KW_ONLY
+    interval: float = 0.2
+    on_line: Callable[[bytes, float], None] | None = None
+    on_start_over: Callable[[], None] | None = None
+    use_inotify: bool = True
+    name: str = "recoverygate-tail"
+
+    def __post_init__(self) -> None:
         self._offset = 0
         self._inode: tuple[int, int] | None = None
         self._handle: BinaryIO | None = None  # the file as last read (drained on rotation)
@@ -184,7 +177,7 @@ class OutputTail:
     def start(self) -> None:
         if self._thread is None:
             self._wake = os.pipe()
-            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
             self._thread.start()
 
     def restart(self) -> None:
@@ -300,24 +293,24 @@ class OutputTail:
         return self._read(old, size)
 
     def _deliver(self, data: bytes) -> None:
-        received = self._clock.now()
+        received = self.clock.now()
         self._offset += len(data)
         self._last_bytes = (self._last_bytes + data[-self._TAIL_CHECK :])[-self._TAIL_CHECK :]
         if len(self._head) < self._HEAD_CHECK:
             self._head += data[: self._HEAD_CHECK - len(self._head)]
-        self._sink(data, received)
-        if self._on_line is not None:
+        self.sink(data, received)
+        if self.on_line is not None:
             self._lines(data, received)
 
     def _lines(self, data: bytes, received: float) -> None:
-        assert self._on_line is not None
+        assert self.on_line is not None
         lines = data.split(b"\n")
         rest = lines.pop()
         if lines:
             lines[0] = self._line + lines[0]
             self._line = b""
             for line in lines:
-                self._on_line(line.rstrip(b"\r"), received)
+                self.on_line(line.rstrip(b"\r"), received)
         if len(rest) >= MARKER_LINE_KEEP:
             self._line = rest[-MARKER_LINE_KEEP:]
         else:
@@ -326,8 +319,8 @@ class OutputTail:
     def _start_over(self) -> None:
         if self._inode is not None:
             self.restarts += 1
-        if self._on_start_over is not None:
-            self._on_start_over()
+        if self.on_start_over is not None:
+            self.on_start_over()
         self._offset = 0
         self._line = b""
         self._last_bytes = b""
@@ -350,7 +343,7 @@ class OutputTail:
             return True
 
     def _loop(self) -> None:
-        notify = _Inotify.open(self.path) if self._use_inotify else None
+        notify = _Inotify.open(self.path) if self.use_inotify else None
         self.inotify = notify is not None
         poller = select.poll()
         assert self._wake is not None
@@ -361,7 +354,7 @@ class OutputTail:
             while not self._stop.is_set():
                 try:
                     if self.poll_once():
-                        self._clock.wakeup()
+                        self.clock.wakeup()
                 except OSError:  # a reader hiccup must not end the drill; retry next poll
                     pass
                 self._wait(poller, notify)
@@ -371,7 +364,7 @@ class OutputTail:
 
     def _wait(self, poller: select.poll, notify: _Inotify | None) -> None:
         """Sleep until the next poll: at most the interval, less when inotify sees a write."""
-        deadline = time.monotonic() + self._interval
+        deadline = time.monotonic() + self.interval
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

@@ -1,15 +1,20 @@
-"""Starting the job's own processes on this machine: one way for every backend that
-launches one (the local backend's torchrun and group members, the Ray driver)."""
+"""Starting the job's own processes on this machine: one way, and one holder of the
+command, for every backend that launches one (the local backend's torchrun, its nodes
+and group members, the Ray driver)."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 from pytest_recoverygate.errors import DiscoveryError
 
-__all__ = ["job_command", "launch"]
+if TYPE_CHECKING:
+    from pytest_recoverygate.shared.clock import Clock
+
+__all__ = ["LaunchedJob", "launch"]
 
 
 def launch(
@@ -35,14 +40,37 @@ def launch(
         raise DiscoveryError(f"{what} in {cwd}: {exc}") from exc
 
 
-def job_command(
-    command: Sequence[str], *, key: str, what: str, example: str = "", attached: bool = False
-) -> list[str]:
-    """The command a backend launches the job with, copied; an empty one is a
-    :class:`DiscoveryError` naming ``key`` and ``what`` to give (and ``example``), unless
-    the drill ``attached`` to a running job instead."""
-    if not command and not attached:
-        raise DiscoveryError(
-            f"{key} is empty: give {what} to launch" + (f", e.g. {example}" if example else "")
-        )
-    return list(command)
+class LaunchedJob:
+    """What a backend that launches its job from a command holds of it: ``command``
+    (copied), run in ``workdir`` with ``env`` added to this process's environment, on the
+    drill's ``clock``.
+
+    An empty command is a :class:`DiscoveryError` naming the backend's
+    :attr:`command_key` and :attr:`command_what` to give (and :attr:`command_example`),
+    unless the drill ``attached`` to a running job instead.
+    """
+
+    #: The config key that gives the command, what it is, and an example (for that error).
+    command_key: ClassVar[str] = "workload.command"
+    command_what: ClassVar[str]
+    command_example: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workdir: Path,
+        env: Mapping[str, str],
+        *,
+        clock: Clock,
+        attached: bool = False,
+    ) -> None:
+        if not command and not attached:
+            example = self.command_example
+            raise DiscoveryError(
+                f"{self.command_key} is empty: give {self.command_what} to launch"
+                + (f", e.g. {example}" if example else "")
+            )
+        self.command = list(command)
+        self.workdir = Path(workdir)
+        self.env = dict(env)
+        self._clock = clock

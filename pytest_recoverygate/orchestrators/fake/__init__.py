@@ -58,7 +58,7 @@ give the fake job the output of a real failure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import model_validator
@@ -100,6 +100,7 @@ __all__ = [
     "FakeJobSpec",
     "FakeOrchestrator",
     "FakeWorkload",
+    "SimulatedJob",
 ]
 
 ResumeMode = Literal["latest", "zero", "older", "never", "fresh-optimizer"]
@@ -276,57 +277,59 @@ class FakeEventSource:
         self.closed = True
 
 
-class FakeOrchestrator:
-    """A simulated distributed training job that a drill can kill."""
+@dataclass(eq=False, kw_only=True)
+class SimulatedJob:
+    """What both fake orchestrators simulate alike, with ``workload.fake``'s defaults:
+    ``workers`` ranks on ``clock`` training at ``steps_per_second``, a checkpoint every
+    ``checkpoint_every`` steps, a restart ``restart_delay`` after a kill and the first
+    step ``startup_delay`` after a start; the group events it foresees, which
+    ``watch_group`` hands out once they are due."""
 
     name = "fake"
 
-    def __init__(
-        self,
-        *,
-        clock: Clock,
-        workers: int = 2,
-        steps_per_second: float = 50.0,
-        checkpoint_every: int = 20,
-        restart_delay: float = 1.0,
-        resume: ResumeMode = "latest",
-        startup_delay: float = 0.0,
-        raise_in: dict[str, BaseException] | None = None,
-        kill_outcome: KillOutcome | None = None,
-        progress_before_step: bool = False,
-        start_events: bool = True,
-        loaded_events: bool = True,
-        output: Mapping[str, str] | None = None,
-        save_time: float = 0.0,
-        atomic_saves: bool = True,
-        saves_on_sigterm: bool = False,
-        hang_timeout: float = 1800.0,
-        max_restarts: int | None = None,
-        nodes: int = 1,
-        elastic: bool = True,
-    ) -> None:
-        self.clock = clock
-        self.workers = workers
-        self.steps_per_second = steps_per_second
-        self.checkpoint_every = checkpoint_every
-        self.restart_delay = restart_delay
-        self.resume = resume
-        self.startup_delay = startup_delay
-        self.raise_in = dict(raise_in or {})
-        self.kill_outcome = kill_outcome
-        self.progress_before_step = progress_before_step
-        self.start_events = start_events
-        self.loaded_events = loaded_events
-        self.output = dict(output or {})
-        self.save_time = save_time
-        self.atomic_saves = atomic_saves
-        self.saves_on_sigterm = saves_on_sigterm
-        self.hang_timeout = hang_timeout
-        self.max_restarts = max_restarts
+    clock: Clock
+    workers: int = 2
+    steps_per_second: float = 50.0
+    checkpoint_every: int = 20
+    restart_delay: float = 1.0
+    startup_delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._group_events: list[GroupEvent] = []  # foreseen, handed out once they are due
+
+    def watch_group(self) -> list[GroupEvent]:
+        now = self.clock.now()
+        due = [e for e in self._group_events if e.timestamp <= now]
+        self._group_events = [e for e in self._group_events if e.timestamp > now]
+        return due
+
+
+@dataclass(eq=False, kw_only=True)
+class FakeOrchestrator(SimulatedJob):
+    """A simulated distributed training job that a drill can kill."""
+
+    resume: ResumeMode = "latest"
+    raise_in: dict[str, BaseException] = field(default_factory=dict)
+    kill_outcome: KillOutcome | None = None
+    progress_before_step: bool = False
+    start_events: bool = True
+    loaded_events: bool = True
+    output: Mapping[str, str] = field(default_factory=dict)
+    save_time: float = 0.0
+    atomic_saves: bool = True
+    saves_on_sigterm: bool = False
+    hang_timeout: float = 1800.0
+    max_restarts: int | None = None
+    nodes: int = 1
+    elastic: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        workers, nodes = self.workers, self.nodes
         if nodes < 1 or workers % nodes:
             raise ValueError(f"{workers} workers do not split evenly over {nodes} nodes")
         self.per_node = workers // nodes
-        self.elastic = elastic
+        self.raise_in, self.output = dict(self.raise_in), dict(self.output)  # the caller's: copied
         self._nodes = list(range(nodes))  # the node indexes the group runs on now
         self._generation = dict.fromkeys(range(nodes), 0)  # replacements of each node
         self._multi = nodes > 1
@@ -341,7 +344,6 @@ class FakeOrchestrator:
         self.cleanups = 0
         self._incarnations: list[_Incarnation] = []
         self._checkpoints: list[int] = []
-        self._group_events: list[GroupEvent] = []
         self._source = FakeEventSource(self)
         self._running = False
 
@@ -501,10 +503,7 @@ class FakeOrchestrator:
 
     def watch_group(self) -> list[GroupEvent]:
         self._maybe_raise("watch_group")
-        now = self.clock.now()
-        due = [e for e in self._group_events if e.timestamp <= now]
-        self._group_events = [e for e in self._group_events if e.timestamp > now]
-        return due
+        return super().watch_group()
 
     def events(self) -> FakeEventSource:
         return self._source
@@ -804,11 +803,11 @@ def _parts(step: int, *, fresh_optimizer: bool = False) -> tuple[tuple[str, str]
 
 
 #: The keys of ``workload.fake`` each fake orchestrator takes as keywords of the same name:
-#: the replica groups' own go to the live one only, every other key to the solo one.
+#: the replica groups' own go to the live one only, every other key to the solo one, and
+#: the live one takes those of the job both simulate (SimulatedJob's) too.
 _LIVE_ONLY = {"replicas", "min_replicas", "heal", "heartbeat_timeout"}
 _SOLO_KEYS = set(FakeJobSpec.model_fields) - _LIVE_ONLY
-_LIVE_KEYS = _LIVE_ONLY | {"workers", "steps_per_second", "checkpoint_every"}
-_LIVE_KEYS |= {"restart_delay", "startup_delay"}
+_LIVE_KEYS = _LIVE_ONLY | {f.name for f in fields(SimulatedJob)} - {"clock"}
 
 
 def _create(

@@ -8,13 +8,10 @@ on any clock. Built by the fake backend's ``_create`` when ``fake.replicas`` is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pytest_recoverygate.engine import model
+from pytest_recoverygate.orchestrators.fake import SimulatedJob
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
-
-if TYPE_CHECKING:
-    from pytest_recoverygate.registry.seams import Clock
 
 __all__ = ["FakeLiveOrchestrator"]
 
@@ -44,7 +41,8 @@ class _LiveProc:
         return f"fake-replica-{self.replica}-{self.number}"
 
 
-class FakeLiveOrchestrator:
+@dataclass(eq=False, kw_only=True)
+class FakeLiveOrchestrator(SimulatedJob):
     """A simulated torchft job: replica groups training together, one killed and healed.
 
     Before the kill every group commits step n at ``t0 + n / steps_per_second``. After
@@ -54,41 +52,21 @@ class FakeLiveOrchestrator:
     starts at ``K + restart_delay``, joins 0.2 s later and then heals by ``heal``.
     """
 
-    name = "fake"
+    replicas: int = 2
+    min_replicas: int = 1
+    heal: str = "peer"
+    heartbeat_timeout: float = 2.0
+    target_replica: int = 1
 
-    def __init__(
-        self,
-        *,
-        clock: Clock,
-        replicas: int = 2,
-        workers: int = 2,
-        steps_per_second: float = 50.0,
-        checkpoint_every: int = 20,
-        restart_delay: float = 1.0,
-        startup_delay: float = 0.0,
-        min_replicas: int = 1,
-        heal: str = "peer",
-        heartbeat_timeout: float = 2.0,
-        target_replica: int = 1,
-    ) -> None:
-        self.clock = clock
-        self.replicas = replicas
-        self.workers = workers
-        self.dt = 1.0 / steps_per_second
-        self.checkpoint_every = checkpoint_every
-        self.restart_delay = restart_delay
-        self.startup_delay = startup_delay
-        self.min_replicas = min_replicas
-        self.heal = heal
-        self.heartbeat_timeout = heartbeat_timeout
-        self.target_replica = target_replica
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.dt = 1.0 / self.steps_per_second
         self.kills: list[tuple[model.Worker, bool]] = []
         self.cleanups = 0
         self._t0 = 0.0
         self._procs: list[_LiveProc] = []
         self._kill: tuple[float, int] | None = None  # (time, last step before it)
         self._resume_at = 0.0  # the survivors' first commit after the kill
-        self._group_events: list[model.GroupEvent] = []
         self._printed = OutputSplitter(lambda line: None, default="replica 0")
         self._running = False
         self._source = _LiveSource(self)
@@ -170,12 +148,6 @@ class FakeLiveOrchestrator:
         if proc is None or proc.start > self.clock.now():
             return None
         return next((w for w in self._workers() if w.rank == rank), None)
-
-    def watch_group(self) -> list[model.GroupEvent]:
-        now = self.clock.now()
-        due = [e for e in self._group_events if e.timestamp <= now]
-        self._group_events = [e for e in self._group_events if e.timestamp > now]
-        return due
 
     def events(self) -> _LiveSource:
         return self._source

@@ -24,6 +24,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -108,31 +109,23 @@ def shutdown(resp: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+@dataclass(eq=False, kw_only=True)
 class ApiSession:
-    """The API server as one drill sees it: ``selector`` in one namespace."""
+    """The API server as one drill sees it: ``selector`` in one namespace (``api_client``:
+    a client whose configuration to copy, instead of in-cluster or kubeconfig)."""
 
-    def __init__(
-        self,
-        *,
-        selector: str,
-        namespace: str | None,
-        context: str | None,
-        kubeconfig: str | None,
-        api_client: Any,
-        request_timeout: float,
-        retry: RetryPolicy,
-        clock: Clock,
-    ) -> None:
-        self.selector = selector
-        self.namespace = namespace
-        self.context = context
-        self.kubeconfig = kubeconfig
-        self.request_timeout = request_timeout
-        self.retry = retry
-        self.clock = clock
+    selector: str
+    namespace: str | None
+    context: str | None
+    kubeconfig: str | None
+    api_client: Any
+    request_timeout: float
+    retry: RetryPolicy
+    clock: Clock
+
+    def __post_init__(self) -> None:
         #: set once cleanup begins: threads end, reads stop, new streams cut themselves
         self.stop = threading.Event()
-        self._given_client = api_client
         self._configuration: Any = None
         self._clients: list[Any] = []
         self._lock = threading.Lock()
@@ -157,8 +150,8 @@ class ApiSession:
             ) from None
 
         config: Any = kubernetes.config  # untyped in some client versions
-        if self._given_client is not None:
-            configuration = copy.deepcopy(self._given_client.configuration)
+        if self.api_client is not None:
+            configuration = copy.deepcopy(self.api_client.configuration)
         else:
             configuration = client.Configuration()
             in_cluster = (

@@ -57,7 +57,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
 )
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
-from pytest_recoverygate.shared.procs import job_command
+from pytest_recoverygate.shared.procs import LaunchedJob
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -133,10 +133,11 @@ class _MergedSource:
             orch.events().close()
 
 
-class LocalNodesOrchestrator:
+class LocalNodesOrchestrator(LaunchedJob):
     """``nodes`` torchrun agents on this machine, each in its own network namespace."""
 
     name = "local"
+    command_what = "the torchrun command"
 
     def __init__(
         self,
@@ -147,11 +148,8 @@ class LocalNodesOrchestrator:
         nodes: int,
         clock: Clock,
     ) -> None:
-        self.command = job_command(command, key="workload.command", what="the torchrun command")
-        self.workdir = Path(workdir)
-        self.env = dict(env)
+        super().__init__(command, workdir, env, clock=clock)
         self.nodes = nodes
-        self._clock = clock
         self._root: Path | None = None
         self._network: Network | None = None
         self._runs: list[_NodeRun] = []  # every node ever launched, replacements too

@@ -67,7 +67,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
-from pytest_recoverygate.shared.procs import job_command, launch
+from pytest_recoverygate.shared.procs import LaunchedJob, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -98,7 +98,7 @@ def _running(identity: Identity) -> bool:
         return False
 
 
-class LocalOrchestrator:
+class LocalOrchestrator(LaunchedJob):
     """Launches a torchrun job (or attaches to one), kills one worker by identity, watches it.
 
     ``command`` is run in ``workdir`` with ``env`` added to this process's environment.
@@ -108,6 +108,8 @@ class LocalOrchestrator:
     """
 
     name = "local"
+    command_what = "the torchrun command"
+    command_example = '["torchrun", "--nproc-per-node=2", "train.py"]'
 
     def __init__(
         self,
@@ -123,18 +125,9 @@ class LocalOrchestrator:
     ) -> None:
         """``source`` and ``stream``: one member of a group (``.members``) shares the
         group's event source, its output named ``stream`` (default: its own, "torchrun")."""
-        self.command = job_command(
-            command,
-            key="workload.command",
-            what="the torchrun command",
-            example='["torchrun", "--nproc-per-node=2", "train.py"]',
-            attached=attach_pid is not None,
-        )
-        self.workdir = Path(workdir)
-        self.env = dict(env)
+        super().__init__(command, workdir, env, clock=clock, attached=attach_pid is not None)
         self.target_rank = target_rank
         self.attach_pid = attach_pid
-        self._clock = clock
         self._stream = stream
         self._source = (
             source

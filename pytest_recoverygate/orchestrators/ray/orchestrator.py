@@ -76,7 +76,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.shared.procs import job_command, launch
+from pytest_recoverygate.shared.procs import LaunchedJob, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -106,10 +106,13 @@ def _token_from(env: dict[str, str]) -> str | None:
 # --------------------------------------------------------------------------- orchestrator
 
 
-class RayOrchestrator:
+class RayOrchestrator(LaunchedJob):
     """Launches a Ray Train driver (or attaches to a Ray Job), kills one worker, watches Train."""
 
     name = "ray"
+    command_key = "workload.entrypoint"
+    command_what = "the driver"
+    command_example = "[python, train_ray.py]"
 
     def __init__(
         self,
@@ -122,19 +125,10 @@ class RayOrchestrator:
         target_rank: int = 1,
         clock: Clock,
     ) -> None:
-        self.entrypoint = job_command(
-            entrypoint,
-            key="workload.entrypoint",
-            what="the driver",
-            example="[python, train_ray.py]",
-            attached=submission_id is not None,
-        )
-        self.workdir = Path(workdir)
-        self.env = dict(env)
+        super().__init__(entrypoint, workdir, env, clock=clock, attached=submission_id is not None)
         self.address = address
         self.submission_id = submission_id
         self.target_rank = target_rank
-        self._clock = clock
         self._source = StreamEventSource(wakeup=clock.wakeup, clock=clock.now)
         self._output = OutputSplitter(lambda line: None, default="driver")
         self._lock = threading.Lock()
@@ -440,14 +434,14 @@ class RayOrchestrator:
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         self._client_env = env
         self._started_cluster = self.address is None
-        command = [shutil.which(self.entrypoint[0]) or self.entrypoint[0], *self.entrypoint[1:]]
+        command = [shutil.which(self.command[0]) or self.command[0], *self.command[1:]]
         if command[0] == "python" or Path(command[0]).name in ("python", "python3"):
             command[0] = sys.executable  # the drill's own interpreter: the one with ray
         self._popen = launch(
             command,
             cwd=self.workdir,
             env=env,
-            what=f"could not launch workload.entrypoint `{shlex.join(self.entrypoint)}`",
+            what=f"could not launch workload.entrypoint `{shlex.join(self.command)}`",
         )
         assert self._popen.stdout is not None
         self._reader = threading.Thread(
@@ -646,7 +640,7 @@ class RayOrchestrator:
             if self._clock.now() >= deadline:
                 raise DiscoveryError(
                     f"no running Train worker group appeared before the discovery deadline "
-                    f"(seen: {seen}); does `{shlex.join(self.entrypoint) or self.submission_id}` "
+                    f"(seen: {seen}); does `{shlex.join(self.command) or self.submission_id}` "
                     f"call TorchTrainer.fit()? last output:\n{self.output_tail()}"
                 )
             time.sleep(POLL_INTERVAL)
@@ -675,7 +669,7 @@ class RayOrchestrator:
     def _check_driver(self, when: str) -> None:
         if self._popen is not None and self._popen.poll() is not None:
             raise DiscoveryError(
-                f"the driver `{shlex.join(self.entrypoint)}` exited with "
+                f"the driver `{shlex.join(self.command)}` exited with "
                 f"{self._popen.returncode} {when}; last output:\n{self.output_tail()}"
             )
 
