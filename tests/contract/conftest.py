@@ -18,9 +18,11 @@ orchestrator under test*:
   dashboard serves it (the raw JSON, not the orchestrator's reading of it).
 
 Per backend and module there are two jobs, started lazily: ``backend`` for the checks that
-must kill nothing, and ``disposable_backend`` for the kill and the cleanup checks. A
-disposable job is started again only when a test has cleaned it up already, so in file
-order the kill and the cleanup checks share one job (two torchrun launches in all). A job
+must kill nothing, and ``disposable_backend`` for the kill, the job output and the
+cleanup checks. A disposable job is started again only when a test has cleaned it up
+already, and the cleanup check (``ended_backend``) takes the job the job-output check
+ended with its own cleanup(), so in file order the three share one job (two launches in
+all; a Ray job takes about a minute to start). A job
 that a check killed by mistake (a contract violation) is replaced for the next test, so
 one violation fails one test, not every test after it.
 
@@ -606,9 +608,11 @@ class Jobs:
         self._made: dict[str, Harness] = {}
         self._all: list[Harness] = []
 
-    def get(self, purpose: str) -> Harness:
+    def get(self, purpose: str, *, cleaned_ok: bool = False) -> Harness:
+        """The job for ``purpose``; a new one when the last was spoiled, or cleaned up
+        (unless ``cleaned_ok``: a check of cleanup() itself may take a cleaned job)."""
         harness = self._made.get(purpose)
-        if harness is None or harness.cleaned or harness.spoiled:
+        if harness is None or (harness.cleaned and not cleaned_ok) or harness.spoiled:
             label = f"{self.kind}-{purpose}-{len(self._all)}"
             harness = self._build(purpose, label, self._tmp.mktemp(label))
             self._made[purpose] = harness
@@ -665,10 +669,17 @@ def jobs(
         pool.close()
 
 
+# Backends whose job is too dear to run twice side by side (a Ray cluster and its Train
+# group take about a minute on 2 cores, two at once much longer): the checks that must kill
+# nothing run on the disposable job too. They come before the kill in file order, and a
+# check that killed by mistake still spoils the job for the next one.
+ONE_JOB = {"ray"}
+
+
 @pytest.fixture
 def backend(jobs: Jobs, thread_spy: ThreadSpy) -> Iterator[Harness]:
     """A running job for checks that must kill nothing (shared by the module's tests)."""
-    harness = jobs.get("shared")
+    harness = jobs.get("disposable" if jobs.kind in ONE_JOB else "shared")
     with thread_spy.labelled(harness.label):
         yield harness
 
@@ -677,5 +688,14 @@ def backend(jobs: Jobs, thread_spy: ThreadSpy) -> Iterator[Harness]:
 def disposable_backend(jobs: Jobs, thread_spy: ThreadSpy) -> Iterator[Harness]:
     """A running job a test may kill or clean up (started again once cleaned up)."""
     harness = jobs.get("disposable")
+    with thread_spy.labelled(harness.label):
+        yield harness
+
+
+@pytest.fixture
+def ended_backend(jobs: Jobs, thread_spy: ThreadSpy) -> Iterator[Harness]:
+    """The disposable job as the test before left it, cleaned up or not (cleanup() must
+    hold either way; a Ray job takes a minute to start)."""
+    harness = jobs.get("disposable", cleaned_ok=True)
     with thread_spy.labelled(harness.label):
         yield harness

@@ -264,21 +264,6 @@ def test_a_node_kill_ends_every_instance_of_that_node_and_none_of_another(
     job.spoiled = True  # the job may be down to fewer nodes now
 
 
-def test_cleanup_runs_twice_leaves_poll_working_and_stops_its_threads(
-    disposable_backend: Harness, thread_spy: ThreadSpy
-) -> None:
-    job = disposable_backend
-    orchestrator = job.orchestrator
-
-    job.cleaned = True
-    orchestrator.cleanup()
-    orchestrator.cleanup()
-
-    assert isinstance(orchestrator.events().poll(), list)
-    leftover = [t.name for t in thread_spy.alive(job.label)]
-    assert leftover == [], f"cleanup() left threads running: {leftover}"
-
-
 def test_job_output_keeps_what_the_job_printed_per_worker_even_after_cleanup(
     disposable_backend: Harness,
 ) -> None:
@@ -310,3 +295,18 @@ def test_job_output_keeps_what_the_job_printed_per_worker_even_after_cleanup(
         kept = after.get(before.label)
         assert kept is not None, f"{before.label} is gone from job_output() after cleanup()"
         assert kept.text.startswith(before.text[:200]), before.label
+
+
+def test_cleanup_runs_twice_leaves_poll_working_and_stops_its_threads(
+    ended_backend: Harness, thread_spy: ThreadSpy
+) -> None:
+    job = ended_backend  # the job the job_output check just cleaned up, or a new one
+    orchestrator = job.orchestrator
+
+    job.cleaned = True
+    orchestrator.cleanup()
+    orchestrator.cleanup()
+
+    assert isinstance(orchestrator.events().poll(), list)
+    leftover = [t.name for t in thread_spy.alive(job.label)]
+    assert leftover == [], f"cleanup() left threads running: {leftover}"
