@@ -19,9 +19,10 @@ __all__ = ["DRILL_SUSTAIN", "CliRun", "run_cli_drill", "with_drill_sustain"]
 
 #: The sustain window of the test drills, unless a config sets its own: the drills are
 #: about recovery, not about how long a job trains on, and the default (the larger of 3
-#: progress lines and 10 s, what users get) would hold each PASS 7 s longer, every kill of
-#: it again. The default itself is tested in tests/test_config.py and the engine tests.
-DRILL_SUSTAIN = "3s"
+#: progress lines and 10 s, what users get) would hold each PASS 9 s longer, every kill of
+#: it again. One second of training (tens of steps of the test jobs) shows the replacement
+#: trains on. The default itself is tested in tests/test_config.py and the engine tests.
+DRILL_SUSTAIN = "1s"
 
 
 def with_drill_sustain(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,8 +6,8 @@ We test these aspects, each drill through the CLI as a user runs it:
   new group resumed from the latest checkpoint Ray registered, the breakdown shows Ray's
   phases in order, and cleanup leaves no process of the drill's cluster and no RAY_TMPDIR;
 - its twin that never calls ``get_checkpoint()`` FAILs "restarted from scratch";
-- ``count: untilBudgetExhausted`` is held to ``FailureConfig(max_failures=2)``: two
-  recoveries, then the job gives up loudly;
+- ``count: untilBudgetExhausted`` is held to ``FailureConfig(max_failures=N)`` (N = 1
+  here): N recoveries, then the job gives up loudly on the next kill;
 - ``KillNode`` on a two-node cluster of this machine (``ray.cluster_utils.Cluster``) ends
   the raylet of rank 1's node, and Train restarts the group on the head from the latest
   checkpoint;
@@ -100,13 +100,21 @@ def test_the_twin_without_get_checkpoint_fails_as_restarted_from_scratch(
 
 
 def test_until_budget_exhausted_is_held_to_max_failures(tmp_path: Path) -> None:
-    run = drill(example("recovery-test-budget.yaml"), tmp_path)
+    # The example with a budget of 1 (it ships with 2): one recovery, then the give-up;
+    # each Ray recovery costs about 20 s here.
+    config = example("recovery-test-budget.yaml", expectations={"restartBudget": 1})
+    entrypoint = config["workload"]["entrypoint"]
+    assert "--max-failures=2" in entrypoint, entrypoint
+    entrypoint[entrypoint.index("--max-failures=2")] = "--max-failures=1"
+
+    run = drill(config, tmp_path)
 
     checks = {c["name"]: c for c in run.report["checks"]}
     assert run.code == 0, failed(run)
     assert checks["gave_up_loudly"]["passed"] is True, checks
     assert checks["restart_budget"]["passed"] is True, checks
-    assert checks["restart_budget"]["observed"] == 2
+    assert checks["restart_budget"]["observed"] == 1
+    assert len([e for e in run.report["timeline"] if e["kind"] == "kill"]) == 2
 
 
 def test_kill_node_ends_the_second_nodes_raylet_and_train_resumes_on_the_head(

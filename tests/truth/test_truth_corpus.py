@@ -130,7 +130,7 @@ def run_drill(
         f"--ckpt-dir={tmp_path / 'ckpt'}",
         *(job_args or []),
     ]
-    # run_cli_drill holds a 3 s sustain window (DRILL_SUSTAIN): every job trains on until
+    # run_cli_drill holds a 1 s sustain window (DRILL_SUSTAIN): every job trains on until
     # it is ended or proves its stall within it.
     expectations: dict[str, Any] = {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "60s"}
     if max_lost is not None:
