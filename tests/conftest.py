@@ -22,6 +22,17 @@ pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per sessio
 #: cluster (one per worker process otherwise), the Ray clusters, torchft's lighthouses.
 XDIST_GROUPS = ("slurm", "ray", "torchft")
 
+#: Modules whose module-scoped fixture takes seconds to build (real fake-backend drills
+#: into report folders, a pip install): under ``-n`` each runs in one worker, so the
+#: fixture is built once, not once in every worker that gets one of its tests.
+BUILT_ONCE = (
+    "tests/test_compare.py",
+    "tests/test_history.py",
+    "tests/test_html_report.py",
+    "tests/test_plugin_baseline.py",
+    "tests/backends/test_outoftree_backend.py",
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,6 +46,8 @@ def xdist_group(item: pytest.Item) -> str | None:
         return "drills"
     if shared is None and where.startswith("tests/contract/"):
         return "contract"  # one worker builds each backend's jobs once (module scope)
+    if shared is None and where in BUILT_ONCE:
+        return where
     return shared
 
 
@@ -79,13 +92,15 @@ FAKE_DRILL: dict[str, Any] = {
         },
     },
     "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-40"},
-    # A 1 s sustain window, not the default 10 s: the fake job's steps are steady, and ten
-    # seconds of it per drill cost the quick lane minutes. The tests of the window set it.
+    # A sustain window of 3 progress lines, not the default 10 s: these drills are about
+    # the verdict, the report and the plugin, not how long a job trains on (the fake job's
+    # steps are steady), and each second of it held every real-clock drill of the quick
+    # lane that much longer. The tests of the window set their own.
     "expectations": {
         "resumeFromCheckpoint": "latest",
         "maxRecoveryTime": "2s",
         "maxLostSteps": 40,
-        "sustain": "1s",
+        "sustain": "3 steps",
     },
     "safety": {"requireConfirm": False},
     "timeouts": {"recovery": "5s"},

@@ -40,7 +40,8 @@ from tests.reliability.conftest import Figures
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.slurm.test_slurm_nodes import PER_NODE, alive, node_state, step_processes
 
-pytestmark = pytest.mark.slurm
+# Every row drives a real two-node Slurm job through failing clients (4-7 s each): slow.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 WRAPPER = """#!/bin/sh
 # In front of the real Slurm client: log the call, then apply the first rule of $RG_DIR/rules
