@@ -22,16 +22,19 @@ pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per sessio
 #: cluster (one per worker process otherwise), the Ray clusters, torchft's lighthouses.
 XDIST_GROUPS = ("slurm", "ray", "torchft")
 
-#: Modules whose module-scoped fixture takes seconds to build (real fake-backend drills
-#: into report folders, a pip install): under ``-n`` each runs in one worker, so the
-#: fixture is built once, not once in every worker that gets one of its tests.
-BUILT_ONCE = (
-    "tests/test_compare.py",
-    "tests/test_history.py",
-    "tests/test_html_report.py",
-    "tests/test_plugin_baseline.py",
-    "tests/backends/test_outoftree_backend.py",
-)
+#: Modules whose tests share something that takes seconds to make, by worker group: under
+#: ``-n`` each group runs in one worker, so it is made once, not in every worker that gets
+#: one of its tests. Module-scoped fixtures: report folders of real fake-backend drills, a
+#: pip install; and the import of transformers' and Lightning's Trainers (torch and all).
+ONE_WORKER = {
+    "tests/test_compare.py": "compare-reports",
+    "tests/test_history.py": "history-reports",
+    "tests/test_html_report.py": "html-reports",
+    "tests/test_plugin_baseline.py": "baseline-reports",
+    "tests/backends/test_outoftree_backend.py": "outoftree-install",
+    "tests/integrations/test_callbacks.py": "frameworks",
+    "tests/integrations/test_exported.py": "frameworks",
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,8 +49,8 @@ def xdist_group(item: pytest.Item) -> str | None:
         return "drills"
     if shared is None and where.startswith("tests/contract/"):
         return "contract"  # one worker builds each backend's jobs once (module scope)
-    if shared is None and where in BUILT_ONCE:
-        return where
+    if shared is None and where in ONE_WORKER:
+        return ONE_WORKER[where]
     return shared
 
 
@@ -73,8 +76,16 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         gc.collect()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "e2e"
+        ):
+            # On the session's real Slurm cluster: its bring-up alone takes seconds (3-25 s
+            # on 2 busy cores), and the quick lane starts no daemons (on a fresh clone it
+            # installs no Slurm either); the whole suite runs these.
+            item.add_marker(pytest.mark.slow)
         group = xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))

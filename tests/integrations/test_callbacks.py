@@ -123,7 +123,6 @@ def test_hf_runs_on_the_expected_transformers() -> None:
         assert transformers.__version__ == expected
 
 
-@pytest.mark.slow  # transformers' Trainer: its import (torch, accelerate) takes 5-20 s
 def test_hf_reports_each_optimizer_step_once_and_a_checkpoint_only_when_complete(
     tmp_path: Path,
     lines: Callable[..., CheckingStream],
@@ -145,7 +144,6 @@ def test_hf_reports_each_optimizer_step_once_and_a_checkpoint_only_when_complete
     assert set(stream.of("checkpoint_completed")[0]["parts"]) == {"model", "optimizer", "scheduler"}
 
 
-@pytest.mark.slow  # transformers' Trainer, trained twice (its import alone takes 5-20 s)
 def test_hf_resume_reports_the_restored_step_with_the_saved_digest(
     tmp_path: Path,
     lines: Callable[..., CheckingStream],
@@ -269,7 +267,6 @@ def lightning_fit(
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
 
 
-@pytest.mark.slow  # Lightning's Trainer: its import takes 5-15 s
 def test_lightning_reports_each_optimizer_step_once_and_a_checkpoint_once_written(
     tmp_path: Path,
     lines: Callable[..., CheckingStream],
@@ -295,7 +292,6 @@ def test_lightning_reports_each_optimizer_step_once_and_a_checkpoint_once_writte
     assert stream.of("progress")[0]["step"] == 5
 
 
-@pytest.mark.slow  # Lightning's Trainer: its import takes 5-15 s
 def test_lightning_async_checkpoint_io_is_reported_once_the_file_is_written(
     tmp_path: Path,
     lines: Callable[..., CheckingStream],

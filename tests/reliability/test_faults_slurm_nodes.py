@@ -40,8 +40,7 @@ from tests.reliability.conftest import Figures
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.slurm.test_slurm_nodes import PER_NODE, alive, node_state, step_processes
 
-# Every row drives a real two-node Slurm job through failing clients (4-7 s each): slow.
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 
 WRAPPER = """#!/bin/sh
 # In front of the real Slurm client: log the call, then apply the first rule of $RG_DIR/rules

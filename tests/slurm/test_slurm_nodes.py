@@ -127,7 +127,6 @@ except OSError:
 """
 
 
-@pytest.mark.slow  # a real two-node Slurm job, a node killed
 def test_killnode_kills_every_process_of_the_node_and_none_of_the_other(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -149,7 +148,6 @@ def test_killnode_kills_every_process_of_the_node_and_none_of_the_other(
         orch.cleanup()
 
 
-@pytest.mark.slow  # a real two-node Slurm job, watched after the dry run
 def test_a_dry_run_killnode_names_the_processes_and_touches_nothing(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -175,7 +173,6 @@ def test_a_dry_run_killnode_names_the_processes_and_touches_nothing(
         orch.cleanup()
 
 
-@pytest.mark.slow  # a real Slurm node drained and resumed
 def test_drain_node_drains_the_killed_node_and_cleanup_resumes_it(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -194,7 +191,6 @@ def test_drain_node_drains_the_killed_node_and_cleanup_resumes_it(
     assert not state.startswith("drain"), state
 
 
-@pytest.mark.slow  # a real two-node Slurm job
 def test_drain_node_without_operator_rights_is_refused_before_anything_is_touched(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:

@@ -138,7 +138,6 @@ def test_it_discovers_every_rank_of_a_two_task_step(slurm: SlurmCluster, tmp_pat
         assert worker.instance_id == f"{job}.0/{details['pid']}@{details['start']}"
 
 
-@pytest.mark.slow  # two real Slurm jobs, seconds each
 def test_it_finds_the_job_by_name_and_refuses_an_ambiguous_name(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -177,7 +176,6 @@ def test_it_kills_exactly_one_rank_and_the_other_keeps_running(
         orch.cleanup()
 
 
-@pytest.mark.slow  # a real Slurm job, watched for a second after the dry run
 def test_a_dry_run_kill_touches_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
@@ -193,7 +191,6 @@ def test_a_dry_run_kill_touches_nothing(slurm: SlurmCluster, tmp_path: Path) -> 
         orch.cleanup()
 
 
-@pytest.mark.slow  # real torchrun restarting inside a Slurm step
 def test_it_sees_torchrun_restart_the_workers_inside_the_step(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -221,7 +218,6 @@ def test_it_sees_torchrun_restart_the_workers_inside_the_step(
     assert replacement.instance_id.startswith(f"{job}.0/")
 
 
-@pytest.mark.slow  # a real Slurm job running two steps
 def test_it_sees_a_new_step_in_the_same_allocation(slurm: SlurmCluster, tmp_path: Path) -> None:
     job = slurm.submit(SRUN_LOOP, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
@@ -240,7 +236,6 @@ def test_it_sees_a_new_step_in_the_same_allocation(slurm: SlurmCluster, tmp_path
     assert dict(replacement.details)["step"] != dict(target.details)["step"]
 
 
-@pytest.mark.slow  # a real Slurm requeue (about 10 s)
 def test_it_sees_a_requeue_and_the_tail_starts_over(slurm: SlurmCluster, tmp_path: Path) -> None:
     job = slurm.submit(REPORTING, "-n2", "--overcommit", "--requeue", workdir=tmp_path)
     orch = make(slurm, job, fault="Requeue")
@@ -281,7 +276,6 @@ def wait_for_events(
     raise AssertionError(f"saw {len(got)} {kind.value} events, wanted {count}")
 
 
-@pytest.mark.slow  # a real Slurm job run to its end
 def test_it_reports_a_job_that_ends_instead_of_recovering(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -329,7 +323,6 @@ def test_it_says_what_to_do_without_a_slurm_conf(slurm: SlurmCluster, tmp_path: 
         orch.discover(time.time() + 5)
 
 
-@pytest.mark.slow  # the real retries and their back-off (seconds)
 def test_an_unreachable_controller_is_a_clear_error_after_retries(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -352,7 +345,6 @@ def test_an_unreachable_controller_is_a_clear_error_after_retries(
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.slow  # a real Slurm job, a rank stopped and continued
 def test_a_hung_rank_is_not_handed_out_again_and_cleanup_continues_it(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -374,7 +366,6 @@ def test_a_hung_rank_is_not_handed_out_again_and_cleanup_continues_it(
     assert process_state(pid) in ("S", "R"), "cleanup must continue the stopped rank"
 
 
-@pytest.mark.slow  # a real Slurm job and a real grace period
 def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
