@@ -76,19 +76,38 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         gc.collect()
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
-            "e2e"
-        ):
-            # On the session's real Slurm cluster: its bring-up alone takes seconds (3-25 s
-            # on 2 busy cores), and the quick lane starts no daemons (on a fresh clone it
-            # installs no Slurm either); the whole suite runs these.
-            item.add_marker(pytest.mark.slow)
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Add the marks that follow from where a test runs as it is collected, before any
+    ``pytest_collection_modifyitems``: pytest-xdist's reads ``xdist_group`` there (in a
+    worker it runs before this file's hooks, so the groups added there were never seen:
+    each worker brought up a Slurm cluster of its own), and ``-m`` deselects there."""
+    if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("e2e"):
+        # On the session's real Slurm cluster: its bring-up alone takes seconds (3-25 s on
+        # 2 busy cores), and the quick lane starts no daemons (on a fresh clone it installs
+        # no Slurm either); the whole suite runs these.
+        item.add_marker(pytest.mark.slow)
+    group = xdist_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the ids it collected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """``--dist loadgroup``: pytest-xdist tells its controller a test's group by a suffix on
+    the test's id (``...::test_it@slurm``), which its worker writes to ``item._nodeid``.
+    pytest 9.2 keeps the id in ``item._id``, so that write changes nothing and no test was
+    grouped (pytest-xdist issue 1386, open): carry the suffix over to the id. Without the
+    worker's ``loadgroup`` option, or once xdist writes the id itself, this does nothing."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # before pytest 9.2 xdist's write is the id
+        return
+    for item in session.items:
+        legacy = item.__dict__.get("_nodeid")
+        if isinstance(legacy, str) and legacy != item.nodeid:
+            item._id = NodeId.parse(legacy)
 
 
 FAKE_DRILL: dict[str, Any] = {
