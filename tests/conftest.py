@@ -22,6 +22,20 @@ pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per sessio
 #: cluster (one per worker process otherwise), the Ray clusters, torchft's lighthouses.
 XDIST_GROUPS = ("slurm", "ray", "torchft")
 
+#: Modules whose tests share something that takes seconds to make, by worker group: under
+#: ``-n`` each group runs in one worker, so it is made once, not in every worker that gets
+#: one of its tests. Module-scoped fixtures: report folders of real fake-backend drills, a
+#: pip install; and the import of transformers' and Lightning's Trainers (torch and all).
+ONE_WORKER = {
+    "tests/test_compare.py": "compare-reports",
+    "tests/test_history.py": "history-reports",
+    "tests/test_html_report.py": "html-reports",
+    "tests/test_plugin_baseline.py": "baseline-reports",
+    "tests/backends/test_outoftree_backend.py": "outoftree-install",
+    "tests/integrations/test_callbacks.py": "frameworks",
+    "tests/integrations/test_exported.py": "frameworks",
+}
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,6 +49,8 @@ def xdist_group(item: pytest.Item) -> str | None:
         return "drills"
     if shared is None and where.startswith("tests/contract/"):
         return "contract"  # one worker builds each backend's jobs once (module scope)
+    if shared is None and where in ONE_WORKER:
+        return ONE_WORKER[where]
     return shared
 
 
@@ -60,11 +76,38 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         gc.collect()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Add the marks that follow from where a test runs as it is collected, before any
+    ``pytest_collection_modifyitems``: pytest-xdist's reads ``xdist_group`` there (in a
+    worker it runs before this file's hooks, so the groups added there were never seen:
+    each worker brought up a Slurm cluster of its own), and ``-m`` deselects there."""
+    if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("e2e"):
+        # On the session's real Slurm cluster: its bring-up alone takes seconds (3-25 s on
+        # 2 busy cores), and the quick lane starts no daemons (on a fresh clone it installs
+        # no Slurm either); the whole suite runs these.
+        item.add_marker(pytest.mark.slow)
+    group = xdist_group(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the ids it collected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """``--dist loadgroup``: pytest-xdist tells its controller a test's group by a suffix on
+    the test's id (``...::test_it@slurm``), which its worker writes to ``item._nodeid``.
+    pytest 9.2 keeps the id in ``item._id``, so that write changes nothing and no test was
+    grouped (pytest-xdist issue 1386, open): carry the suffix over to the id. Without the
+    worker's ``loadgroup`` option, or once xdist writes the id itself, this does nothing."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # before pytest 9.2 xdist's write is the id
+        return
+    for item in session.items:
+        legacy = item.__dict__.get("_nodeid")
+        if isinstance(legacy, str) and legacy != item.nodeid:
+            item._id = NodeId.parse(legacy)
 
 
 FAKE_DRILL: dict[str, Any] = {
@@ -79,13 +122,15 @@ FAKE_DRILL: dict[str, Any] = {
         },
     },
     "injectFailure": {"type": "KillWorker", "afterCheckpoint": "step-40"},
-    # A 1 s sustain window, not the default 10 s: the fake job's steps are steady, and ten
-    # seconds of it per drill cost the quick lane minutes. The tests of the window set it.
+    # A sustain window of 3 progress lines, not the default 10 s: these drills are about
+    # the verdict, the report and the plugin, not how long a job trains on (the fake job's
+    # steps are steady), and each second of it held every real-clock drill of the quick
+    # lane that much longer. The tests of the window set their own.
     "expectations": {
         "resumeFromCheckpoint": "latest",
         "maxRecoveryTime": "2s",
         "maxLostSteps": 40,
-        "sustain": "1s",
+        "sustain": "3 steps",
     },
     "safety": {"requireConfirm": False},
     "timeouts": {"recovery": "5s"},

@@ -86,6 +86,7 @@ def test_the_parser_benchmark_finds_exactly_what_its_generator_planted() -> None
     assert by_name(doc, "parser peak memory beyond the chunk")["passed"] is True
 
 
+@pytest.mark.slow  # real pipes and file tails timed over seconds
 def test_the_latency_benchmark_reports_pipe_and_file_tail_percentiles() -> None:
     doc = run_quick("latency")
     pipe = by_name(doc, "pipe")
@@ -93,6 +94,7 @@ def test_the_latency_benchmark_reports_pipe_and_file_tail_percentiles() -> None:
     assert by_name(doc, "file tail")["limit"] == 250.0
 
 
+@pytest.mark.slow  # fresh interpreters started and timed, over and over
 def test_the_auto_hook_benchmark_finds_the_unset_line_costs_one_lookup() -> None:
     doc = run_quick("auto")
     assert by_name(doc, "modules imported by the line")["measured"] == 0

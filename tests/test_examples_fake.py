@@ -33,6 +33,7 @@ def run_example(name: str, report: Path) -> int:
     return result.exit_code
 
 
+@pytest.mark.slow  # the example as shipped holds the default 10 s sustain window
 def test_an_example_runs_through_the_cli_on_the_real_clock(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     assert (

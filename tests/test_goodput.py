@@ -171,7 +171,7 @@ def test_the_command_projects_a_real_fake_drill_report(tmp_path: Path) -> None:
     config.write_text(
         "workload:\n  orchestrator: fake\n  fake: {stepsPerSecond: 20, checkpointEvery: 10}\n"
         "injectFailure: {afterCheckpoint: step-20}\n"
-        "expectations: {maxRecoveryTime: 30s, sustain: 1s}\nsafety: {requireConfirm: false}\n"
+        "expectations: {maxRecoveryTime: 30s, sustain: 3 steps}\nsafety: {requireConfirm: false}\n"
     )
     report = tmp_path / "report.json"
     run = cli("run", "-f", str(config), "--report", str(report), "-q")

@@ -171,7 +171,9 @@ def test_the_report_folder_keeps_one_file_per_worker_named_in_report_json(
     from pytest_recoverygate.cli import main
 
     out = tmp_path / "out"
-    path = write_drill({"workload": {"fake": {"resume": "never"}}})  # type: ignore[operator]
+    # The job never comes back: the drill waits out its recovery timeout, 2 s (the SLO).
+    never = {"workload": {"fake": {"resume": "never"}}, "timeouts": {"recovery": "2s"}}
+    path = write_drill(never)  # type: ignore[operator]
     assert main(["run", "-f", str(path), "-q", "--report-dir", str(out)]) == 1
     doc = json.loads((out / "report.json").read_text())
     assert doc["jobOutput"] == {"rank 0": "output/rank-0.log", "rank 1": "output/rank-1.log"}

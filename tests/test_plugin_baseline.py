@@ -1,6 +1,8 @@
 """pytest's ``--drill-baseline=DIR`` and ``--drill-max-regression``, through ``pytester``
-(in a subprocess: an in-process run re-imports numpy, which matplotlib then refuses for
-the rest of the session).
+in-process (a new Python process per run cost seconds each). The baseline folder comes
+from a pytest process of its own, as a user's earlier run makes it: it writes the
+timeline pictures, and numpy imported inside an in-process run would be dropped by
+pytester's module snapshot afterwards, which numpy refuses at its next import.
 
 We test these aspects: a drill whose figures regressed against its report in the
 baseline folder (an earlier ``--drill-report-dir`` run) fails with the table in its
@@ -64,7 +66,7 @@ def test_a_regressed_drill_fails_with_the_table_in_its_text_and_junit(
 ) -> None:
     path = drill_file(pytester, SLOWER)
     out = pytester.path / "out.xml"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         f"--drill-config={path}",
         f"--drill-baseline={baseline}",
         "--drill-max-regression=recoveryTime=20%,lostSteps=40",
@@ -93,7 +95,7 @@ def test_within_the_allowances_set_in_the_ini_file_it_passes(
         f"[pytest]\ndrill_baseline = {baseline}\ndrill_max_regression = recoveryTime=5s\n"
     )
     path = drill_file(pytester, SLOWER)
-    result = pytester.runpytest_subprocess(f"--drill-config={path}")
+    result = pytester.runpytest_inprocess(f"--drill-config={path}")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*BASELINE *: compared with *no figure regressed*"])
 
@@ -102,7 +104,7 @@ def test_a_drill_without_a_baseline_passes_with_a_note(pytester: pytest.Pytester
     (pytester.path / "empty").mkdir()
     path = drill_file(pytester)
     out = pytester.path / "out.xml"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         f"--drill-config={path}", "--drill-baseline=empty", f"--junitxml={out}"
     )
     result.assert_outcomes(passed=1)
@@ -128,6 +130,6 @@ def test_bad_baseline_options_are_usage_errors(
     pytester: pytest.Pytester, args: list[str], message: str
 ) -> None:
     path = drill_file(pytester)
-    result = pytester.runpytest_subprocess(f"--drill-config={path}", *args)
+    result = pytester.runpytest_inprocess(f"--drill-config={path}", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])

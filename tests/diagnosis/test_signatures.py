@@ -296,6 +296,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a CLI process running a local drill on real processes (3-7 s)
 @pytest.mark.local
 def test_the_cli_shows_the_diagnosis_and_the_failing_workers_last_lines(tmp_path: Path) -> None:
     config = local_drill(tmp_path, "--replay", str(DATA / "torch-load-truncated-resume.log"))
@@ -335,6 +336,7 @@ def test_the_cli_shows_the_diagnosis_and_the_failing_workers_last_lines(tmp_path
     assert f"**Last lines of {tail.group(2)}** (whole output: `output/" in summary
 
 
+@pytest.mark.slow  # a CLI process running a local drill on real processes (2-3 s)
 @pytest.mark.local
 def test_a_job_failing_on_its_first_start_gets_the_missing_folder_diagnosis(
     tmp_path: Path,

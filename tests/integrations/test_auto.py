@@ -82,6 +82,7 @@ def pip_into(target_python: Path, *args: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # builds the reporter's wheel
 def test_the_wheel_carries_the_hook_at_its_root(tmp_path: Path) -> None:
     subprocess.run(
         [
@@ -107,6 +108,7 @@ def test_the_wheel_carries_the_hook_at_its_root(tmp_path: Path) -> None:
     assert "recoverygate/integrations/transformers.py" in names
 
 
+@pytest.mark.slow  # a fresh virtualenv, an install into it and interpreters started there
 @pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
 def test_an_install_runs_the_hook_only_when_the_variable_is_set(
     tmp_path: Path,

@@ -54,11 +54,13 @@ def test_the_step_comes_from_the_argument_then_the_metrics() -> None:
     assert step_of({"step": "seven"}) is None
 
 
+@pytest.mark.slow  # two interpreters that import ray (seconds each)
 def test_auto_patches_report_and_get_checkpoint_and_uninstall_restores_them() -> None:
     assert probe("1") == ["['ray.train'] True", "[] False"]
     assert probe("ray") == ["['ray.train'] True", "[] False"]
 
 
+@pytest.mark.slow  # two interpreters that import ray (seconds each)
 def test_without_auto_nothing_is_patched() -> None:
     assert probe(None) == ["[] False", "[] False"]
     assert probe("transformers") == ["[] False", "[] False"]

@@ -282,6 +282,22 @@ WAYS_OUT: dict[str, int | type[BaseException]] = {
 }
 
 
+def matrix(phases: list[Phase], quick: tuple[Phase, str]) -> list[Any]:
+    """The rows (phase, way out), ids ``phase-way``. Each row runs the job's processes for
+    a second or more, so all but ``quick`` (its fastest, under a second) are marked slow:
+    scripts/test runs every row, the quick lane that one."""
+    return [
+        pytest.param(
+            phase,
+            way,
+            id=f"{phase.name.lower()}-{way}",
+            marks=() if (phase, way) == quick else pytest.mark.slow,
+        )
+        for phase in phases
+        for way in WAYS_OUT
+    ]
+
+
 @pytest.fixture
 def no_leftovers(figures: Figures) -> Callable[[Sabotaged], None]:
     """Check that a finished drill left no thread, no process and no lock behind."""
@@ -360,8 +376,9 @@ def run_row(config: DrillConfig, backend: Sabotaged) -> int | type[BaseException
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.mark.parametrize("way", list(WAYS_OUT))
-@pytest.mark.parametrize("phase", PHASES, ids=lambda p: p.name.lower())
+@pytest.mark.parametrize(
+    ("phase", "way"), matrix(PHASES, quick=(Phase.WAITING_FOR_CHECKPOINT, "event-source-exception"))
+)
 def test_every_way_out_of_every_phase_cleans_up_once_and_leaves_nothing(
     tmp_path: Path,
     phase: Phase,
@@ -384,6 +401,7 @@ def test_every_way_out_of_every_phase_cleans_up_once_and_leaves_nothing(
     figures.add("drills_run")
 
 
+@pytest.mark.slow  # a drill on the job's processes per verdict, seconds each
 @pytest.mark.parametrize(
     ("resume", "target_rank", "exit_code"),
     [("latest", 1, 0), ("zero", 1, 1), ("latest", 5, 3)],
@@ -437,6 +455,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow  # a CLI or pytest process and the job's, signalled mid-drill (seconds)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 @pytest.mark.parametrize("front", ["cli", "pytest"])
 def test_a_signal_to_the_drill_process_ends_it_cleanly_with_nothing_left(
@@ -577,6 +596,7 @@ def adopted_workers(before: set[int], restart: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow  # a drill on the job's processes (about 2 s)
 def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
     tmp_path: Path, figures: Figures
 ) -> None:
@@ -636,6 +656,7 @@ def assert_nothing_left(
     assert late == [], f"children left: {late_text}"
 
 
+@pytest.mark.slow  # a drill on the job's processes per row (about 1-2 s)
 @pytest.mark.parametrize("then", ["killed", "left-stopped"])
 def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
     tmp_path: Path, then: str, figures: Figures
@@ -685,6 +706,7 @@ def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
     assert_nothing_left(tracked, before, figures)
 
 
+@pytest.mark.slow  # a drill on the job's processes (about 1-2 s)
 def test_cleanup_never_touches_a_process_without_the_drills_marker(
     tmp_path: Path, figures: Figures
 ) -> None:

@@ -41,8 +41,10 @@ from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
 from tests.reliability.conftest import Figures
 
+# Every row is a two-node drill on real processes in network namespaces (2-5 s): slow.
 pytestmark = [
     pytest.mark.local,
+    pytest.mark.slow,
     pytest.mark.skipif(
         bool(missing_capabilities()), reason="needs root: CAP_NET_ADMIN, CAP_SYS_ADMIN, ip"
     ),

@@ -146,6 +146,7 @@ def one_preempt(
         job.stop()
 
 
+@pytest.mark.slow  # concurrent drills on the fake API server, a real grace period (about 8 s)
 def test_a_preempt_sends_one_graceful_delete_to_the_victim_even_under_faults(
     server: FakeApiServer, router: FaultRouter, kubeconfig: Path, figures: Figures, tmp_path: Path
 ) -> None:
@@ -207,6 +208,7 @@ def first_progress(job: FakeTrainingJob) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow  # three kills and recoveries on the fake API server under faults (2-3 s)
 @pytest.mark.parametrize("fault", ["KillWorker", "Preempt"])
 def test_count_three_deletes_one_current_pod_at_a_time(
     server: FakeApiServer,

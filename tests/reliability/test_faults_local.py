@@ -47,6 +47,7 @@ from tests.reliability.test_cleanup_local import (
     check_no_leftovers,
     drill_yaml,
     local_backend,
+    matrix,
     run_row,
 )
 
@@ -132,6 +133,7 @@ PREEMPT_ROWS: dict[str, tuple[str, str, str]] = {
 }
 
 
+@pytest.mark.slow  # the job's processes, a real grace period or signal per row (1-3 s)
 @pytest.mark.parametrize("row", list(PREEMPT_ROWS))
 def test_a_preempt_sigterm_reaches_one_instance_and_its_sigkill_no_other(
     tmp_path: Path, row: str, figures: Figures
@@ -208,8 +210,9 @@ class HangSabotaged(Sabotaged):
         super().strike(where)
 
 
-@pytest.mark.parametrize("way", list(WAYS_OUT))
-@pytest.mark.parametrize("phase", HANG_PHASES, ids=lambda p: p.name.lower())
+@pytest.mark.parametrize(
+    ("phase", "way"), matrix(HANG_PHASES, quick=(Phase.KILLING, "drill-error"))
+)
 def test_a_hang_drill_ended_any_way_leaves_no_process_stopped_or_alive(
     tmp_path: Path, phase: Phase, way: str, figures: Figures
 ) -> None:
@@ -277,6 +280,7 @@ def assert_one_at_a_time(
     assert all(account.rank_of(v) == 1 for v in victims)
 
 
+@pytest.mark.slow  # three kills of the job's processes and their recoveries (4-5 s)
 @pytest.mark.parametrize(
     ("fault", "count", "max_restarts"),
     [("KillWorker", 3, "5"), ("Preempt", 3, "5"), ("KillWorker", "untilBudgetExhausted", "2")],

@@ -103,6 +103,7 @@ def one_killnode(
         job.stop()
 
 
+@pytest.mark.slow  # node drills on the fake API server under faults (about 4 s)
 def test_killnode_under_faults_never_touches_another_node_and_undoes_the_cordon(
     server: FakeApiServer, router: FaultRouter, kubeconfig: Path, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def assert_clean(report_dir: Path, proc: subprocess.CompletedProcess[str], secre
     assert secret not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # a drill on real local processes and its reports (about 4 s)
 @pytest.mark.local
 def test_job_env_secrets_reach_no_report_and_no_output(tmp_path: Path, figures: Figures) -> None:
     config = local_drill_yaml(tmp_path, extra_env={"RECOVERYGATE_TEST_SECRET": SECRET})
@@ -73,6 +74,7 @@ def test_job_env_secrets_reach_no_report_and_no_output(tmp_path: Path, figures: 
     figures.add("drills_run")
 
 
+@pytest.mark.slow  # a drill on the fake API server and its reports (about 6 s)
 @pytest.mark.kubernetes
 def test_a_kubeconfig_token_reaches_no_report_and_no_output(
     tmp_path: Path, figures: Figures

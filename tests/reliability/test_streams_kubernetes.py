@@ -168,6 +168,7 @@ def written_events(job: FakeTrainingJob) -> list[tuple[float, Key]]:
     return out
 
 
+@pytest.mark.slow  # a drill on the fake API server per row, its streams cut all along (2-3 s)
 @pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
 def test_every_event_is_seen_exactly_once_and_the_verdict_holds(
     server: FakeApiServer, router: Router, row: Row, tmp_path: Path, figures: Figures
