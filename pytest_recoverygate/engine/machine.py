@@ -513,12 +513,12 @@ class DrillEngine(DrillState):
     def _on_new_progress(self, inc: Inc, step: int, at: float) -> list[Action]:
         kill = self._kill
         assert kill is not None
-        held = inc.first is not None and inc.advanced == inc.first
+        first = inc.first
         if (
             inc.loaded is None
-            and held
-            and inc.first is not None
-            and (inc.first[0] == 0 or any(c.step == inc.first[0] for c in self.ledger.checkpoints))
+            and first is not None
+            and inc.advanced == first
+            and (first[0] == 0 or any(c.step == first[0] for c in self.ledger.checkpoints))
         ):
             # Nothing loaded yet, and every line says 0 steps, or a checkpoint's step: no
             # step of it so far, or the state it is loading (a metrics thread ticking while

@@ -502,7 +502,7 @@ class RayOrchestrator(LaunchedJob):
         else:
             self._gcs = self.address
             if self.address != "auto":
-                self._probe(self.address)
+                self._probe()
         token = _token_from(env)
         if token is not None:
             env.setdefault("RAY_AUTH_MODE", "token")
@@ -516,27 +516,27 @@ class RayOrchestrator(LaunchedJob):
                 return
             except BackendError as exc:
                 if self.address is not None or self._clock.now() >= deadline:
-                    where = f"workload.address {self.address!r}" if self.address else "the driver"
-                    raise DiscoveryError(
-                        f"no Ray cluster answers at {self._gcs} (from {where}): {exc}; start "
-                        "the cluster (`ray start --head`) or fix the address"
-                    ) from None
+                    raise self._no_cluster(str(exc)) from None
                 self._check_driver("before its Ray cluster answered")
                 time.sleep(0.5)
 
-    @staticmethod
-    def _probe(address: str) -> None:
+    def _probe(self) -> None:
         """A TCP connect to the given GCS address: where nothing listens, say so now, not
         after ``ray.init`` has waited out its own GCS timeout (about 30 s)."""
-        host, _, port = address.rpartition(":")
+        assert self.address is not None
+        host, _, port = self.address.rpartition(":")
         try:
             socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT).close()
         except OSError as exc:
-            raise DiscoveryError(
-                f"no Ray cluster answers at {address} (from workload.address {address!r}): "
-                f"a TCP connect says {exc.strerror or type(exc).__name__}; start the cluster "
-                "(`ray start --head`) or fix the address"
-            ) from None
+            why = exc.strerror or type(exc).__name__
+            raise self._no_cluster(f"a TCP connect says {why}") from None
+
+    def _no_cluster(self, why: str) -> DiscoveryError:
+        where = f"workload.address {self.address!r}" if self.address else "the driver"
+        return DiscoveryError(
+            f"no Ray cluster answers at {self._gcs} (from {where}): {why}; start the cluster "
+            "(`ray start --head`) or fix the address"
+        )
 
     def _helper(self, *args: str, timeout: float) -> dict[str, Any]:
         """Run ``helper ARGS`` (the one place ray is imported) and return its JSON answer."""
