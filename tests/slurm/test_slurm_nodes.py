@@ -199,15 +199,19 @@ def test_drain_node_without_operator_rights_is_refused_before_anything_is_touche
     env = {**slurm.env, "HOME": "/tmp", "PYTHONPATH": str(ROOT)}
     # nobody needs to read this checkout and its venv: a clone in a private folder (mktemp
     # -d makes one 0700) cannot be tested so.
-    probe = subprocess.run(
-        [*as_nobody, sys.executable, "-c", "import pytest_recoverygate.orchestrators.slurm"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd="/",
-    )
+
+    def run_as_nobody(code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*as_nobody, sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd="/",
+        )
+
+    probe = run_as_nobody("import pytest_recoverygate.orchestrators.slurm")
     if probe.returncode != 0:
         pytest.skip(
             f"user nobody cannot import the package from {ROOT} (a folder on the way is "
@@ -233,15 +237,7 @@ def test_drain_node_without_operator_rights_is_refused_before_anything_is_touche
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )
-    proc = subprocess.run(
-        [*as_nobody, sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd="/",
-    )
+    proc = run_as_nobody(code)
     out = proc.stdout + proc.stderr
     assert PermissionDeniedError.__name__ in out, out
     assert "needs Slurm operator rights (root or SlurmUser root); this drill runs as nobody" in out
