@@ -19,10 +19,11 @@ import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 import pytest
 import yaml
+from pydantic import BaseModel, ValidationError, create_model
 
 from pytest_recoverygate.config.loading import (
     dump_effective,
@@ -37,6 +38,7 @@ from pytest_recoverygate.config.schema import (
     WorkloadBase,
     spec_from_config,
 )
+from pytest_recoverygate.config.yamlfile import YamlLoader
 from pytest_recoverygate.durations import format_duration, parse_duration
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.fake import FakeWorkload
@@ -44,6 +46,7 @@ from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
 from pytest_recoverygate.orchestrators.local import LocalWorkload
 from pytest_recoverygate.orchestrators.ray import RayWorkload
 from pytest_recoverygate.orchestrators.slurm import SlurmWorkload
+from pytest_recoverygate.registry import all_backends
 
 REST = """\
 injectFailure:
@@ -576,6 +579,9 @@ PROBLEMS = [  # name, the file's text; the line, key and value named, what it sa
          7, "expectations.maxLostSteps", '"100"', ("remove the quotes",)),
     Case("refuses_a_max_stall_of_zero", FAKE + "  maxStall: 0s\n",
          7, "expectations.maxStall", "0s", ("longer than zero",)),
+    Case("refuses_both_rates_of_a_projection",
+         FAKE + "projection:\n  gpus: 8\n  failuresPerGpuHour: 2e-5\n  mtbfHours: 3\n",
+         10, "projection.mtbfHours", "3", ("cannot both be set", "keep the one you measured")),
     Case("explains_tabs_in_indentation", "workload:\n\torchestrator: fake\n",
          2, "(YAML syntax)", r"'\torchestrator: fake'", ("spaces, not tabs",)),
     Case("refuses_bytes_that_are_not_utf8", b"workload:\n  orchestrator: fake\nname: caf\xe9\n",
@@ -658,7 +664,8 @@ def test_it_takes_a_plain_number_in_the_command_as_its_decimal_text(tmp_path: Pa
     path = write(
         tmp_path,
         "workload:\n  orchestrator: local\n  command:\n    - torchrun\n    - --nproc-per-node\n"
-        "    - 2\n    - train.py\n    - --lr\n    - 0.50\n    - --offset\n    - -3\n" + REST,
+        "    - 2\n    - train.py\n    - --lr\n    - 0.50\n    - --offset\n    - -3\n"
+        "    - --wd\n    - 1e-4\n    - --warmup\n    - 2E3\n" + REST,
     )
     assert workload_of(path, LocalWorkload).command == [
         "torchrun",
@@ -669,6 +676,10 @@ def test_it_takes_a_plain_number_in_the_command_as_its_decimal_text(tmp_path: Pa
         "0.50",
         "--offset",
         "-3",
+        "--wd",
+        "1e-4",
+        "--warmup",
+        "2E3",
     ]
 
 
@@ -727,12 +738,13 @@ def test_it_takes_a_plain_number_as_an_env_value_as_written(tmp_path: Path) -> N
     path = write(
         tmp_path,
         "workload:\n  orchestrator: local\n  command: [x]\n"
-        "  env:\n    SEED: 1\n    NCCL_TIMEOUT: 1800\n    RATIO: 0.25\n" + REST,
+        "  env:\n    SEED: 1\n    NCCL_TIMEOUT: 1800\n    RATIO: 0.25\n    LR: 1e-3\n" + REST,
     )
     assert workload_of(path, LocalWorkload).env == {
         "SEED": "1",
         "NCCL_TIMEOUT": "1800",
         "RATIO": "0.25",
+        "LR": "1e-3",
     }
 
 
@@ -873,3 +885,42 @@ def test_every_complete_example_in_the_reference_is_valid(tmp_path: Path) -> Non
         SlurmWorkload,
         RayWorkload,
     }
+
+
+def _sections(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """``model`` and every section model below it, depth first."""
+    found = [model]
+    for info in model.model_fields.values():
+        for inner in (info.annotation, *get_args(info.annotation)):
+            for kind in (inner, *get_args(inner)):
+                if isinstance(kind, type) and issubclass(kind, BaseModel) and kind not in found:
+                    found += [m for m in _sections(kind) if m not in found]
+    return found
+
+
+def test_every_example_an_error_message_shows_is_accepted() -> None:
+    # A message ends "(e.g. failuresPerGpuHour: 2e-5)": that line, pasted into a config,
+    # must be read as the key's value and pass the key's own checks (pyyaml alone read
+    # 2e-5 as text, and the example was refused as "must be a number").
+    models = _sections(DrillConfig)
+    models += [m for b in all_backends().values() for m in _sections(b.workload)]
+    checked, refused = 0, []
+    for model in dict.fromkeys(models):
+        for name, info in model.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            example = extra.get("example")
+            if not isinstance(example, str) or not example or name == "workload":
+                continue
+            written = yaml.load(example, Loader=YamlLoader)
+            assert isinstance(written, dict), f"{model.__name__}.{name}: {example!r}"
+            assert list(written) == [info.alias or name], f"{model.__name__}: {example!r}"
+            one = create_model(
+                "One", __config__=model.model_config, **{name: (info.annotation, info)}
+            )
+            try:
+                one.model_validate(written)
+            except ValidationError as exc:
+                refused.append(f"{model.__name__}.{name}: {example!r}: {exc.errors()[0]['msg']}")
+            checked += 1
+    assert checked >= 80
+    assert not refused, refused

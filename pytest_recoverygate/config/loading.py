@@ -34,6 +34,7 @@ from pytest_recoverygate.config.schema import (
     DrillConfig,
     Expectations,
     InjectFailure,
+    Projection,
     Safety,
     Section,
     Timeouts,
@@ -598,6 +599,7 @@ def schema_keys() -> list[tuple[str, str, str]]:
         ("injectFailure", InjectFailure),
         ("expectations", Expectations),
         ("safety", Safety),
+        ("projection", Projection),
         ("timeouts", Timeouts),
     ]
     keys: list[tuple[str, str, str]] = []

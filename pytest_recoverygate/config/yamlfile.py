@@ -101,6 +101,15 @@ class YamlLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+# YAML 1.1 (pyyaml) reads a number with an exponent but no point, 2e-5, as a string; YAML
+# 1.2 and every other reader a user checks with read it as a number, as we do.
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 @dataclass(frozen=True)
 class Where:
     """Where a value sits in the file, and how it was written."""
@@ -277,7 +286,7 @@ class Reader:
         raise AssertionError(f"unexpected YAML node {node!r}")  # pragma: no cover
 
 
-_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE]-?[0-9]+)?")
 
 
 def is_text_slot(path: PathKey) -> bool:
@@ -286,9 +295,10 @@ def is_text_slot(path: PathKey) -> bool:
 
 
 def _is_plain_decimal(node: ScalarNode, value: Any) -> bool:
-    """A bare number whose text reads the same to everyone: ``2``, ``-1``, ``0.02``.
+    """A bare number whose text reads the same to everyone: ``2``, ``-1``, ``0.02``,
+    ``1e-3`` (a learning rate in argv is meant as written).
 
-    Not ``0x10``, ``010`` (octal in YAML 1.1), ``1_000``, ``1e3``, ``+5`` or ``.inf``: YAML
+    Not ``0x10``, ``010`` (octal in YAML 1.1), ``1_000``, ``+5`` or ``.inf``: YAML
     turns those into a number whose decimal text differs from what was written, so which
     one was meant is a guess. Booleans (``yes``, ``on``) and null are never numbers here.
     """
