@@ -29,6 +29,7 @@ __all__ = [
     "MAX_PID",
     "MAX_RANK",
     "MAX_STEP",
+    "at_most_one",
     "check_target_replica",
     "command_arguments",
     "distinct_items",
@@ -89,6 +90,21 @@ def refuse(
     return PydanticCustomError("recoverygate", "{problem}", ctx)
 
 
+def at_most_one(
+    first: tuple[str, object], second: tuple[str, object], *, both: tuple[str, str]
+) -> None:
+    """Refuse a section that sets both of two keys, each given as ``(key, value)``, at
+    ``second``'s key; ``both`` is the (allowed, hint) text of that refusal."""
+    (first_key, first_value), (second_key, second_value) = first, second
+    if first_value is not None and second_value is not None:
+        raise refuse(
+            f"{second_key} and {first_key} cannot both be set",
+            *both,
+            key=(second_key,),
+            got=str(second_value),
+        )
+
+
 def exactly_one(
     first: tuple[str, object],
     second: tuple[str, object],
@@ -99,16 +115,9 @@ def exactly_one(
     """Refuse a section that sets neither or both of two keys, each given as ``(key,
     value)``: neither is reported at ``first``'s key, both at ``second``'s; ``missing``
     and ``both`` are the (allowed, hint) texts of those two refusals."""
-    (first_key, first_value), (second_key, second_value) = first, second
-    if first_value is None and second_value is None:
-        raise refuse("required key is missing", *missing, key=(first_key,), got="nothing")
-    if first_value is not None and second_value is not None:
-        raise refuse(
-            f"{second_key} and {first_key} cannot both be set",
-            *both,
-            key=(second_key,),
-            got=str(second_value),
-        )
+    if first[1] is None and second[1] is None:
+        raise refuse("required key is missing", *missing, key=(first[0],), got="nothing")
+    at_most_one(first, second, both=both)
 
 
 def distinct_items(

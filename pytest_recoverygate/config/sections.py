@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from pytest_recoverygate.config.fields import (
     MAX_STEP,
+    at_most_one,
     duration,
     option,
     refuse,
@@ -176,14 +177,11 @@ class Projection(Section):
 
     @model_validator(mode="after")
     def _one_rate(self) -> Projection:
-        if self.mtbf_hours is not None and self.failures_per_gpu_hour is not None:
-            raise refuse(
-                "gives both mtbfHours and failuresPerGpuHour",
-                "one of them",
-                "keep the one you measured",
-                key=("mtbfHours",),
-                got=str(self.mtbf_hours),
-            )
+        at_most_one(
+            ("failuresPerGpuHour", self.failures_per_gpu_hour),
+            ("mtbfHours", self.mtbf_hours),
+            both=("one of them", "keep the one you measured"),
+        )
         return self
 
 
