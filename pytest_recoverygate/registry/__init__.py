@@ -27,28 +27,14 @@ from typing import Any
 
 from pytest_recoverygate.errors import UsageError
 from pytest_recoverygate.links import docs_link
-from pytest_recoverygate.registry.seams import (
-    Backend,
-    Clock,
-    EventSource,
-    JobOutputSource,
-    NodeFaults,
-    Orchestrator,
-    RealClock,
-    SimulatedClock,
-)
+from pytest_recoverygate.registry import seams
+from pytest_recoverygate.registry.seams import *  # noqa: F403
+from pytest_recoverygate.registry.seams import Backend
 
-__all__ = [
+__all__ = [  # noqa: PLE0604
+    *seams.__all__,
     "BUILTIN",
     "ENTRY_POINT_GROUP",
-    "Backend",
-    "Clock",
-    "EventSource",
-    "JobOutputSource",
-    "NodeFaults",
-    "Orchestrator",
-    "RealClock",
-    "SimulatedClock",
     "all_backends",
     "backend_names",
     "get_backend",
