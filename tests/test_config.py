@@ -19,7 +19,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, get_args
+from typing import Any, TypeVar, get_args
 
 import pytest
 import yaml
@@ -914,9 +914,8 @@ def test_every_example_an_error_message_shows_is_accepted() -> None:
             written = yaml.load(example, Loader=YamlLoader)
             assert isinstance(written, dict), f"{model.__name__}.{name}: {example!r}"
             assert list(written) == [info.alias or name], f"{model.__name__}: {example!r}"
-            one = create_model(
-                "One", __config__=model.model_config, **{name: (info.annotation, info)}
-            )
+            key: dict[str, Any] = {name: (info.annotation, info)}
+            one = create_model("One", __config__=model.model_config, **key)
             try:
                 one.model_validate(written)
             except ValidationError as exc:
