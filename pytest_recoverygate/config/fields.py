@@ -39,6 +39,7 @@ __all__ = [
     "exactly_one",
     "file_path",
     "id_number",
+    "launch_or_attach",
     "meta",
     "node_count_field",
     "option",
@@ -118,6 +119,26 @@ def exactly_one(
     if first[1] is None and second[1] is None:
         raise refuse("required key is missing", *missing, key=(first[0],), got="nothing")
     at_most_one(first, second, both=both)
+
+
+def launch_or_attach(
+    launch: tuple[str, object], attach: tuple[str, object], *, running: str, example: str
+) -> None:
+    """Refuse a workload that gives neither or both of what the drill launches and what
+    it attaches to (``running``: what that is, for the message; ``example``: a launch)."""
+    launch_key, attach_key = launch[0], attach[0]
+    exactly_one(
+        launch,
+        attach,
+        missing=(
+            f"{launch_key} (the job to launch) or {attach_key} ({running})",
+            f"e.g. {example}",
+        ),
+        both=(
+            f"either {launch_key} (launch) or {attach_key} (attach)",
+            f"remove {launch_key} to attach to the running job, or {attach_key} to launch one",
+        ),
+    )
 
 
 def distinct_items(

@@ -23,7 +23,7 @@ from pydantic import BeforeValidator, field_validator, model_validator
 from pytest_recoverygate.config.fields import (
     env_field,
     env_names,
-    exactly_one,
+    launch_or_attach,
     option,
     workdir_field,
 )
@@ -154,17 +154,11 @@ class LocalWorkload(WorkloadBase):
     def _command_xor_attach(self) -> LocalWorkload:
         if self.group is not None:
             return self._one_group()
-        exactly_one(
+        launch_or_attach(
             ("command", self.command),
             ("attachPid", self.attach_pid),
-            missing=(
-                "command (the job to launch) or attachPid (a torchrun agent already running)",
-                'e.g. command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-            ),
-            both=(
-                "either command (launch) or attachPid (attach)",
-                "remove command to attach to the running job, or attachPid to launch one",
-            ),
+            running="a torchrun agent already running",
+            example='command: ["torchrun", "--nproc-per-node=2", "train.py"]',
         )
         return self
 

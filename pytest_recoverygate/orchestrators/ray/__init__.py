@@ -22,7 +22,7 @@ from pydantic import BeforeValidator, field_validator, model_validator
 from pytest_recoverygate.config.fields import (
     env_field,
     env_names,
-    exactly_one,
+    launch_or_attach,
     option,
     workdir_field,
 )
@@ -96,17 +96,11 @@ class RayWorkload(WorkloadBase):
 
     @model_validator(mode="after")
     def _entrypoint_xor_submission(self) -> RayWorkload:
-        exactly_one(
+        launch_or_attach(
             ("entrypoint", self.entrypoint),
             ("submissionId", self.submission_id),
-            missing=(
-                "entrypoint (the driver to launch) or submissionId (a Ray Job already running)",
-                "e.g. entrypoint: [python, train_ray.py]",
-            ),
-            both=(
-                "either entrypoint (launch) or submissionId (attach)",
-                "remove entrypoint to attach to the running job, or submissionId to launch one",
-            ),
+            running="a Ray Job already running",
+            example="entrypoint: [python, train_ray.py]",
         )
         if self.submission_id is not None and self.address is None:
             raise refuse(
