@@ -70,14 +70,16 @@ _P = ParamSpec("_P")
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """What the drill is doing now, for live progress displays."""
+    """What the drill is doing now, for live progress displays: its phase and message,
+    the seconds since it started, the job's newest step, the seconds since the kill and
+    the recovery limit (None until known), and whether the phase just changed."""
 
     phase: Phase
     message: str
     elapsed: float
-    step: int | None = None
-    since_kill: float | None = None
-    max_recovery_time: float | None = None
+    step: int | None
+    since_kill: float | None
+    max_recovery_time: float | None
     phase_changed: bool = False
 
 

@@ -16,32 +16,12 @@ class Terminal(io.StringIO):
 
 
 def statuses() -> list[Status]:
+    waiting = Phase.WAITING_FOR_CHECKPOINT
     return [
-        Status(
-            Phase.WAITING_FOR_CHECKPOINT,
-            "waiting for checkpoint >= step 40",
-            0.1,
-            phase_changed=True,
-        ),
-        Status(Phase.WAITING_FOR_CHECKPOINT, "waiting for checkpoint >= step 40", 1.1, step=12),
-        Status(
-            Phase.RECOVERING,
-            "killed; waiting for a new incarnation",
-            2.0,
-            step=40,
-            since_kill=0.5,
-            max_recovery_time=60.0,
-            phase_changed=True,
-        ),
-        Status(
-            Phase.DONE,
-            "PASS: resumed from step 40",
-            3.0,
-            step=41,
-            since_kill=1.5,
-            max_recovery_time=60.0,
-            phase_changed=True,
-        ),
+        Status(waiting, "waiting for checkpoint >= step 40", 0.1, None, None, None, True),
+        Status(waiting, "waiting for checkpoint >= step 40", 1.1, 12, None, None),
+        Status(Phase.RECOVERING, "killed; waiting for a new incarnation", 2.0, 40, 0.5, 60.0, True),
+        Status(Phase.DONE, "PASS: resumed from step 40", 3.0, 41, 1.5, 60.0, True),
     ]
 
 

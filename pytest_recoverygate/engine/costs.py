@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_recoverygate.engine.verdict import Recovery
@@ -69,25 +69,26 @@ class Spread:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Costs:
-    """The measured components of a failure's cost (seconds unless named otherwise)."""
+    """The measured components of a failure's cost (seconds unless named otherwise), each
+    given by :func:`measure` (None: not measured; ``missing`` says why)."""
 
-    step_time_median: float | None = None
-    step_time_p95: float | None = None
-    step_samples: int = 0
-    save_time_median: float | None = None
-    save_time_max: float | None = None
-    save_stall_median: float | None = None
-    saves_measured: int = 0
-    checkpoint_interval_steps: float | None = None
-    checkpoint_interval_seconds: float | None = None
-    recovery_time: Spread | None = None
-    lost_steps: Spread | None = None
-    lost_work_seconds: Spread | None = None
-    lost_work_upper_seconds: Spread | None = None
-    per_kill: tuple[dict[str, Any], ...] = ()
-    missing: dict[str, str] = field(default_factory=dict)
+    step_time_median: float | None
+    step_time_p95: float | None
+    step_samples: int
+    save_time_median: float | None
+    save_time_max: float | None
+    save_stall_median: float | None
+    saves_measured: int
+    checkpoint_interval_steps: float | None
+    checkpoint_interval_seconds: float | None
+    recovery_time: Spread | None
+    lost_steps: Spread | None
+    lost_work_seconds: Spread | None
+    lost_work_upper_seconds: Spread | None
+    per_kill: tuple[dict[str, Any], ...]
+    missing: dict[str, str]
 
     def as_dict(self) -> dict[str, Any]:
         def r(value: float | None) -> float | None:
