@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -14,7 +15,7 @@ from pytest_recoverygate.errors import DiscoveryError
 if TYPE_CHECKING:
     from pytest_recoverygate.shared.clock import Clock
 
-__all__ = ["LaunchedJob", "launch"]
+__all__ = ["JobLaunch", "LaunchedJob", "launch"]
 
 
 def launch(
@@ -40,10 +41,19 @@ def launch(
         raise DiscoveryError(f"{what} in {cwd}: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class JobLaunch:
+    """What the drill launches: ``command`` run in ``workdir`` with ``env`` added to this
+    process's environment (both copied)."""
+
+    command: Sequence[str]
+    workdir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
 class LaunchedJob:
-    """What a backend that launches its job from a command holds of it: ``command``
-    (copied), run in ``workdir`` with ``env`` added to this process's environment, on the
-    drill's ``clock``.
+    """What a backend that launches its job from a command holds of it: the
+    :class:`JobLaunch` (as ``command``, ``workdir`` and ``env``), on the drill's ``clock``.
 
     An empty command is a :class:`DiscoveryError` naming the backend's
     :attr:`command_key` and :attr:`command_what` to give (and :attr:`command_example`),
@@ -55,22 +65,14 @@ class LaunchedJob:
     command_what: ClassVar[str]
     command_example: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        command: Sequence[str],
-        workdir: Path,
-        env: Mapping[str, str],
-        *,
-        clock: Clock,
-        attached: bool = False,
-    ) -> None:
-        if not command and not attached:
+    def __init__(self, job: JobLaunch, *, clock: Clock, attached: bool = False) -> None:
+        if not job.command and not attached:
             example = self.command_example
             raise DiscoveryError(
                 f"{self.command_key} is empty: give {self.command_what} to launch"
                 + (f", e.g. {example}" if example else "")
             )
-        self.command = list(command)
-        self.workdir = Path(workdir)
-        self.env = dict(env)
+        self.command = list(job.command)
+        self.workdir = Path(job.workdir)
+        self.env = dict(job.env)
         self._clock = clock

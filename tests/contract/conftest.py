@@ -54,6 +54,7 @@ import pytest
 from pytest_recoverygate.engine.model import Worker, Workload
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
 from pytest_recoverygate.registry.seams import Clock, Orchestrator, RealClock, SimulatedClock
+from pytest_recoverygate.shared.procs import JobLaunch
 
 if TYPE_CHECKING:
     from tests.slurm.slurm_testcluster import SlurmCluster
@@ -224,7 +225,9 @@ def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness
     clock = RealClock()
     harness_stack = contextlib.ExitStack()
     with spy.labelled(label):
-        orchestrator = LocalOrchestrator(torchrun(tmp, max_restarts=3), tmp, job_env(), clock=clock)
+        orchestrator = LocalOrchestrator(
+            JobLaunch(torchrun(tmp, max_restarts=3), tmp, job_env()), clock=clock
+        )
         harness_stack.callback(orchestrator.cleanup)
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         try:
@@ -296,9 +299,8 @@ def _build_local_nodes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> H
     clock = RealClock()
     harness_stack = contextlib.ExitStack()
     with spy.labelled(label):
-        orchestrator = LocalNodesOrchestrator(
-            command, tmp, {"RG_CONTRACT_TAG": tag}, nodes=2, clock=clock
-        )
+        job = JobLaunch(command, tmp, {"RG_CONTRACT_TAG": tag})
+        orchestrator = LocalNodesOrchestrator(job, nodes=2, clock=clock)
         harness_stack.callback(orchestrator.cleanup)
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         try:
@@ -520,9 +522,11 @@ def _build_ray(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
     stack = contextlib.ExitStack()
     with spy.labelled(label):
         orchestrator = RayOrchestrator(
-            entrypoint=[sys.executable, "train_ray.py", "--steps=100000", "--ckpt-every=50"],
-            workdir=examples,
-            env={"RECOVERYGATE_AUTO": "1"},
+            JobLaunch(
+                [sys.executable, "train_ray.py", "--steps=100000", "--ckpt-every=50"],
+                examples,
+                {"RECOVERYGATE_AUTO": "1"},
+            ),
             address=None,
             submission_id=None,
             clock=clock,

@@ -45,6 +45,7 @@ from pytest_recoverygate.engine.model import (
 from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.local import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.registry.seams import Orchestrator, RealClock
+from pytest_recoverygate.shared.procs import JobLaunch
 
 # Real torchrun processes: run with the drills, one at a time (under xdist, beside another
 # worker's tests, the orphaned-workers cleanup found a process of the job it could not end).
@@ -118,13 +119,13 @@ def launched() -> Iterator[list[LocalOrchestrator]]:
 def start(
     launched: list[LocalOrchestrator], command: list[str], workdir: Path
 ) -> LocalOrchestrator:
-    orchestrator = LocalOrchestrator(command, workdir, job_env(), clock=RealClock())
+    orchestrator = LocalOrchestrator(JobLaunch(command, workdir, job_env()), clock=RealClock())
     launched.append(orchestrator)
     return orchestrator
 
 
 def test_it_conforms_to_the_orchestrator_protocol(tmp_path: Path) -> None:
-    _: Orchestrator = LocalOrchestrator(["torchrun"], tmp_path, {}, clock=RealClock())
+    _: Orchestrator = LocalOrchestrator(JobLaunch(["torchrun"], tmp_path), clock=RealClock())
     assert isinstance(_, Orchestrator)
 
 
@@ -269,7 +270,9 @@ def test_it_attaches_to_a_running_agent_reads_its_output_file_and_leaves_it_runn
             start_new_session=True,
         )
     try:
-        orchestrator = LocalOrchestrator([], tmp_path, {}, clock=RealClock(), attach_pid=job.pid)
+        orchestrator = LocalOrchestrator(
+            JobLaunch([], tmp_path), clock=RealClock(), attach_pid=job.pid
+        )
         workload = orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
         assert [w.rank for w in workload.workers] == [0, 1]
 
@@ -315,7 +318,9 @@ def test_attach_skips_the_history_and_follows_the_file_through_a_truncation(
         agent = subprocess.Popen(
             [sys.executable, "-c", AGENT_LIKE], stdout=out, start_new_session=True
         )
-    orchestrator = LocalOrchestrator([], tmp_path, {}, clock=RealClock(), attach_pid=agent.pid)
+    orchestrator = LocalOrchestrator(
+        JobLaunch([], tmp_path), clock=RealClock(), attach_pid=agent.pid
+    )
     try:
         orchestrator.discover(time.time() + 30)
         seen: list[tuple[str, int | None]] = []
@@ -344,7 +349,9 @@ def test_it_refuses_to_attach_to_an_agent_whose_output_is_not_a_file(tmp_path: P
         [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE
     )
     try:
-        orchestrator = LocalOrchestrator([], tmp_path, {}, clock=RealClock(), attach_pid=job.pid)
+        orchestrator = LocalOrchestrator(
+            JobLaunch([], tmp_path), clock=RealClock(), attach_pid=job.pid
+        )
         with pytest.raises(DiscoveryError, match="stdout is not a file"):
             orchestrator.discover(time.time() + 5)
         orchestrator.cleanup()

@@ -38,6 +38,7 @@ from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import Identity
 from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.procs import JobLaunch
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
 from tests.reliability.conftest import Figures
 
@@ -120,9 +121,7 @@ def build(path: Path) -> tuple[Any, Watched]:
     workload = config.workload
     env = {**workload.env, "RECOVERYGATE_RANKS": "1"}  # type: ignore[attr-defined]
     orch = Watched(
-        workload.command,  # type: ignore[attr-defined]
-        workload.workdir,  # type: ignore[attr-defined]
-        env,
+        JobLaunch(workload.command, workload.workdir, env),  # type: ignore[attr-defined]
         nodes=2,
         clock=RealClock(),
     )

@@ -28,6 +28,7 @@ from pytest_recoverygate.engine.model import KillOutcome, Worker
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 from pytest_recoverygate.registry.seams import RealClock
+from pytest_recoverygate.shared.procs import JobLaunch
 from tests.reliability.conftest import Figures
 
 DATA = Path(__file__).resolve().parents[1] / "slurm" / "data"
@@ -49,7 +50,7 @@ def test_a_recycled_pid_is_never_killed(
 ) -> None:
     created = psutil.Process(bystander.pid).create_time()
     victim = Worker(1, "rank 1", f"{bystander.pid}@{created + shift:.3f}")  # the old instance
-    backend = LocalOrchestrator([sys.executable], tmp_path, {}, clock=RealClock())
+    backend = LocalOrchestrator(JobLaunch([sys.executable], tmp_path), clock=RealClock())
     try:
         result = backend.kill(victim, dry_run=False)
     finally:
@@ -65,7 +66,7 @@ def test_a_victim_whose_pid_is_free_is_not_signalled(tmp_path: Path, figures: Fi
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     created = psutil.Process(proc.pid).create_time()
     proc.wait()
-    backend = LocalOrchestrator([sys.executable], tmp_path, {}, clock=RealClock())
+    backend = LocalOrchestrator(JobLaunch([sys.executable], tmp_path), clock=RealClock())
     try:
         result = backend.kill(Worker(1, "rank 1", f"{proc.pid}@{created:.3f}"), dry_run=False)
     finally:

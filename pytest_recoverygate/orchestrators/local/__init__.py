@@ -40,6 +40,7 @@ from pytest_recoverygate.config.schema import (
 )
 from pytest_recoverygate.orchestrators.local.torchrun import max_restarts
 from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.shared.procs import JobLaunch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.local.members import GroupOrchestrator
@@ -276,16 +277,13 @@ def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Or
             target_rank=failure.rank_for(workload.reporting_rank),
             clock=clock,
         )
+    job = JobLaunch(workload.command or [], workload.workdir, env)
     if workload.nodes > 1:
         from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
 
-        return LocalNodesOrchestrator(
-            list(workload.command or []), workload.workdir, env, nodes=workload.nodes, clock=clock
-        )
+        return LocalNodesOrchestrator(job, nodes=workload.nodes, clock=clock)
     return LocalOrchestrator(
-        list(workload.command or []),
-        workload.workdir,
-        env,
+        job,
         target_rank=failure.rank_for(workload.reporting_rank),
         clock=clock,
         attach_pid=workload.attach_pid,

@@ -49,7 +49,7 @@ from pytest_recoverygate.orchestrators.local.processes import SubreaperGuard, re
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
-from pytest_recoverygate.shared.procs import launch
+from pytest_recoverygate.shared.procs import JobLaunch, launch
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -229,9 +229,7 @@ class GroupOrchestrator:
                 self._services.append(ServiceProcess(member, {**env, DRILL_MARKER: self._drill_id}))
             else:
                 self._workers[member.name] = LocalOrchestrator(
-                    list(member.command),
-                    member.workdir,
-                    env,
+                    JobLaunch(member.command, member.workdir, env),
                     target_rank=target_rank,
                     clock=clock,
                     source=self._source,

@@ -57,7 +57,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
 )
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
-from pytest_recoverygate.shared.procs import LaunchedJob
+from pytest_recoverygate.shared.procs import JobLaunch, LaunchedJob
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -139,16 +139,8 @@ class LocalNodesOrchestrator(LaunchedJob):
     name = "local"
     command_what = "the torchrun command"
 
-    def __init__(
-        self,
-        command: list[str],
-        workdir: Path,
-        env: dict[str, str],
-        *,
-        nodes: int,
-        clock: Clock,
-    ) -> None:
-        super().__init__(command, workdir, env, clock=clock)
+    def __init__(self, job: JobLaunch, *, nodes: int, clock: Clock) -> None:
+        super().__init__(job, clock=clock)
         self.nodes = nodes
         self._root: Path | None = None
         self._network: Network | None = None
@@ -200,9 +192,7 @@ class LocalNodesOrchestrator(LaunchedJob):
         env = {name: expand(value, values) for name, value in self.env.items()}
         env.setdefault("GLOO_SOCKET_IFNAME", IFACE)
         orch = LocalOrchestrator(
-            node_command(net, self._network.hosts_file, command),
-            self.workdir,
-            env,
+            JobLaunch(node_command(net, self._network.hosts_file, command), self.workdir, env),
             target_rank=None,
             clock=self._clock,
         )

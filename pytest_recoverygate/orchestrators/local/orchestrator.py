@@ -67,7 +67,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
-from pytest_recoverygate.shared.procs import LaunchedJob, launch
+from pytest_recoverygate.shared.procs import JobLaunch, LaunchedJob, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -113,9 +113,7 @@ class LocalOrchestrator(LaunchedJob):
 
     def __init__(
         self,
-        command: list[str],
-        workdir: Path,
-        env: dict[str, str],
+        job: JobLaunch,
         *,
         target_rank: int | None = 1,
         clock: Clock,
@@ -125,7 +123,7 @@ class LocalOrchestrator(LaunchedJob):
     ) -> None:
         """``source`` and ``stream``: one member of a group (``.members``) shares the
         group's event source, its output named ``stream`` (default: its own, "torchrun")."""
-        super().__init__(command, workdir, env, clock=clock, attached=attach_pid is not None)
+        super().__init__(job, clock=clock, attached=attach_pid is not None)
         self.target_rank = target_rank
         self.attach_pid = attach_pid
         self._stream = stream

@@ -34,6 +34,7 @@ from pytest_recoverygate.config.schema import (
     refuse,
 )
 from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.shared.procs import JobLaunch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
@@ -123,9 +124,7 @@ def _create(workload: RayWorkload, failure: InjectFailure, clock: Clock) -> RayO
     if workload.reporting_rank:
         env.setdefault("RECOVERYGATE_RANKS", str(workload.reporting_rank))  # the reporter's filter
     return RayOrchestrator(
-        entrypoint=list(workload.entrypoint or []),
-        workdir=workload.workdir,
-        env=env,
+        JobLaunch(workload.entrypoint or [], workload.workdir, env),
         address=workload.address,
         submission_id=workload.submission_id,
         target_rank=failure.rank_for(workload.reporting_rank),

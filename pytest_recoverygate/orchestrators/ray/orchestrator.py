@@ -76,7 +76,7 @@ from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
-from pytest_recoverygate.shared.procs import LaunchedJob, launch
+from pytest_recoverygate.shared.procs import JobLaunch, LaunchedJob, launch
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -116,16 +116,14 @@ class RayOrchestrator(LaunchedJob):
 
     def __init__(
         self,
+        job: JobLaunch,
         *,
-        entrypoint: list[str],
-        workdir: Path,
-        env: dict[str, str],
         address: str | None,
         submission_id: str | None,
         target_rank: int = 1,
         clock: Clock,
     ) -> None:
-        super().__init__(entrypoint, workdir, env, clock=clock, attached=submission_id is not None)
+        super().__init__(job, clock=clock, attached=submission_id is not None)
         self.address = address
         self.submission_id = submission_id
         self.target_rank = target_rank
