@@ -58,6 +58,12 @@ PARTITION_REFUSED = (
     "or drill partitions with orchestrator: local (nodes: N)"
 )
 
+#: Why HangWorker is refused.
+_HANG_REFUSED = (
+    "HangWorker cannot be injected on kubernetes: the drill's pods-only RBAC (pods "
+    "list/watch/delete, pods/log get) cannot stop a process inside a container"
+)
+
 
 def _strip(value: Any) -> Any:
     """A selector without its surrounding blanks; an empty one is refused."""
@@ -215,13 +221,7 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
     workload=KubernetesWorkload,
     create=_create,
     faults=frozenset(FAULT_TYPES),
-    refusals={
-        "HangWorker": (
-            "HangWorker cannot be injected on kubernetes: the drill's pods-only RBAC (pods "
-            "list/watch/delete, pods/log get) cannot stop a process inside a container"
-        ),
-        "PartitionNode": PARTITION_REFUSED,
-    },
+    refusals={"HangWorker": _HANG_REFUSED, "PartitionNode": PARTITION_REFUSED},
     failure_keys=frozenset({"cordon", "targetReplica"}),
     lock_scope=_lock_scope,
     summary="Kubeflow PyTorchJob / Trainer TrainJob pods, through the kubernetes client",

@@ -58,13 +58,13 @@ class ReplicaGroupsOrchestrator:
         selectors: Mapping[int, str],
         *,
         target_replica: int,
+        target_rank: int = 0,
+        reporting_rank: int = 0,
+        clock: Clock,
         namespace: str | None = None,
         context: str | None = None,
         kubeconfig: str | Path | None = None,
         container: str | None = None,
-        target_rank: int = 0,
-        reporting_rank: int = 0,
-        clock: Clock,
         api_client: object = None,
     ) -> None:
         if target_replica not in selectors:
