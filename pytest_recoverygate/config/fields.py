@@ -10,7 +10,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeAlias
 
 from pydantic import BeforeValidator, Field, ValidationInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_PID",
     "MAX_RANK",
     "MAX_STEP",
+    "IdNumber",
     "at_most_one",
     "check_target_replica",
     "command_arguments",
@@ -39,6 +40,7 @@ __all__ = [
     "exactly_one",
     "file_path",
     "id_number",
+    "id_option",
     "launch_or_attach",
     "meta",
     "node_count_field",
@@ -428,7 +430,11 @@ def id_number(value: Any) -> Any:
     return value
 
 
-# ------------------------------------------------------------------------- models
+#: An optional id a config may also give as text (``jobId: "12345"``; :func:`id_number`).
+IdNumber: TypeAlias = Annotated[int | None, BeforeValidator(id_number)]
 
 
-# ------------------------------------------------------------------------- models
+def id_option(what: str, key: str, example: int, most: int) -> Any:
+    """An :data:`IdNumber` key's ``Field``: ``what`` it is, an example, at most ``most``."""
+    allowed = f'{what} (a whole number, also quoted: "{example}")'
+    return option(None, allowed, f"{key}: {example}", ge=1, le=most)

@@ -29,12 +29,13 @@ from pytest_recoverygate.config.fields import (
 )
 from pytest_recoverygate.config.schema import (
     MAX_PID,
+    IdNumber,
     InjectFailure,
     Section,
     WorkloadBase,
     command_arguments,
     file_path,
-    id_number,
+    id_option,
     node_count_field,
     refuse,
 )
@@ -138,12 +139,8 @@ class LocalWorkload(WorkloadBase):
         "a list of members, each with name and command (and env, workdir, service)",
         "group: [{name: replica-0, command: [torchrun, train_ft.py]}]",
     )
-    attach_pid: Annotated[int | None, BeforeValidator(id_number)] = option(
-        None,
-        'the pid of a running torchrun agent (a whole number, also quoted: "1234")',
-        "attachPid: 1234",
-        ge=1,
-        le=MAX_PID,
+    attach_pid: IdNumber = id_option(
+        "the pid of a running torchrun agent", "attachPid", 1234, MAX_PID
     )
 
     @field_validator("env")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, model_validator
+from pydantic import model_validator
 
 from pytest_recoverygate.config.fields import (
     check_target_replica,
@@ -24,12 +24,13 @@ from pytest_recoverygate.config.fields import (
 )
 from pytest_recoverygate.config.schema import (
     MAX_RANK,
+    IdNumber,
     InjectFailure,
     Section,
     WorkloadBase,
     duration,
     file_path,
-    id_number,
+    id_option,
     refuse,
 )
 from pytest_recoverygate.registry.seams import Backend
@@ -85,13 +86,7 @@ class SlurmWorkload(WorkloadBase):
     replica group of a torchft job."""
 
     orchestrator: Literal["slurm"] = option(..., "slurm", "orchestrator: slurm")
-    job_id: Annotated[int | None, BeforeValidator(id_number)] = option(
-        None,
-        'a SLURM job id (a whole number, also quoted: "12345")',
-        "jobId: 12345",
-        ge=1,
-        le=MAX_SLURM_JOB_ID,
-    )
+    job_id: IdNumber = id_option("a SLURM job id", "jobId", 12345, MAX_SLURM_JOB_ID)
     job_name: str | None = option(None, "a SLURM job name", "jobName: llama-ft", min_length=1)
     user: str | None = option(None, "a user name", "user: alice", min_length=1)
     partition: str | None = option(None, "a partition name", "partition: gpu", min_length=1)
