@@ -29,10 +29,12 @@ __all__ = [
     "MAX_PID",
     "MAX_RANK",
     "MAX_STEP",
+    "Command",
     "IdNumber",
     "at_most_one",
     "check_target_replica",
     "command_arguments",
+    "command_field",
     "distinct_items",
     "duration",
     "env_field",
@@ -384,6 +386,21 @@ def node_count_field() -> Any:
         ge=1,
         le=64,
     )
+
+
+#: A command the drill launches: a list, or one string split like a shell
+#: (:func:`command_arguments`); None where the drill may attach to a running job instead.
+Command: TypeAlias = Annotated[list[str] | None, BeforeValidator(command_arguments)]
+
+
+def command_field(example: str, what: str = "") -> Any:
+    """A :data:`Command` key's ``Field`` (``workload.command``, Ray's ``entrypoint``):
+    ``what`` it launches, when the key's name does not say, and an example."""
+    allowed = (
+        "a non-empty list of strings (plain numbers like 2 or 0.5 count as written), "
+        "or one string split like a shell (no shell runs)"
+    )
+    return option(None, f"{what}: {allowed}" if what else allowed, example)
 
 
 def workdir_field() -> Any:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BeforeValidator, field_validator, model_validator
 
 from pytest_recoverygate.config.fields import (
+    Command,
+    command_field,
     env_field,
     env_names,
     launch_or_attach,
@@ -125,12 +127,7 @@ class LocalWorkload(WorkloadBase):
     """A torchrun job on this machine, launched by the drill or attached to by pid."""
 
     orchestrator: Literal["local"] = option(..., "local", "orchestrator: local")
-    command: Annotated[list[str] | None, BeforeValidator(command_arguments)] = option(
-        None,
-        "a non-empty list of strings (plain numbers like 2 or 0.5 count as written), "
-        "or one string split like a shell (no shell runs)",
-        'command: ["torchrun", "--nproc-per-node=2", "train.py"]',
-    )
+    command: Command = command_field('command: ["torchrun", "--nproc-per-node=2", "train.py"]')
     workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
     env: dict[str, str] = env_field('env: {NCCL_DEBUG: "INFO"}')
     nodes: int = node_count_field()

@@ -17,22 +17,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from pytest_recoverygate.config.fields import (
+    Command,
+    command_field,
     env_field,
     env_names,
+    file_path,
     launch_or_attach,
     option,
+    refuse,
     workdir_field,
 )
-from pytest_recoverygate.config.schema import (
-    InjectFailure,
-    WorkloadBase,
-    command_arguments,
-    file_path,
-    refuse,
-)
+from pytest_recoverygate.config.schema import InjectFailure, WorkloadBase
 from pytest_recoverygate.registry.seams import Backend
 from pytest_recoverygate.shared.procs import JobLaunch
 
@@ -52,12 +50,7 @@ class RayWorkload(WorkloadBase):
     """A Ray Train job: a driver the drill launches, or a Ray Job already running."""
 
     orchestrator: Literal["ray"] = option(..., "ray", "orchestrator: ray")
-    entrypoint: Annotated[list[str] | None, BeforeValidator(command_arguments)] = option(
-        None,
-        "the driver to launch: a non-empty list of strings, or one string split like a "
-        "shell (no shell runs)",
-        "entrypoint: [python, train_ray.py]",
-    )
+    entrypoint: Command = command_field("entrypoint: [python, train_ray.py]", "the driver")
     workdir: Annotated[Path, file_path(must_be_dir=True, optional=False)] = workdir_field()
     env: dict[str, str] = env_field('env: {RECOVERYGATE_AUTO: "1"}')
     address: str | None = option(
