@@ -120,8 +120,9 @@ def exactly_one(
     """Refuse a section that sets neither or both of two keys, each given as ``(key,
     value)``: neither is reported at ``first``'s key, both at ``second``'s; ``missing``
     and ``both`` are the (allowed, hint) texts of those two refusals."""
-    if first[1] is None and second[1] is None:
-        raise refuse("required key is missing", *missing, key=(first[0],), got="nothing")
+    (first_key, first_value), (_, second_value) = first, second
+    if first_value is None and second_value is None:
+        raise refuse("required key is missing", *missing, key=(first_key,), got="nothing")
     at_most_one(first, second, both=both)
 
 

@@ -34,7 +34,6 @@ from pytest_recoverygate.config.schema import (
     DrillConfig,
     Expectations,
     InjectFailure,
-    Projection,
     Safety,
     Section,
     Timeouts,
@@ -596,11 +595,9 @@ def schema_keys() -> list[tuple[str, str, str]]:
         sections.append((f"workload ({name})", backend.workload))
         sections += _nested_sections("workload", backend.workload)
     sections += [
-        ("injectFailure", InjectFailure),
-        ("expectations", Expectations),
-        ("safety", Safety),
-        ("projection", Projection),
-        ("timeouts", Timeouts),
+        (section, model)
+        for section, model in _nested_sections("", DrillConfig)
+        if section.partition(".")[0] != "workload"  # each backend's, above
     ]
     keys: list[tuple[str, str, str]] = []
     for section, model in sections:
@@ -618,6 +615,6 @@ def _nested_sections(prefix: str, model: type[BaseModel]) -> list[tuple[str, typ
     for name, info in model.model_fields.items():
         inner = _models_in(info.annotation)
         if len(inner) == 1 and issubclass(inner[0], Section):
-            section = f"{prefix}.{info.alias or name}"
+            section = f"{prefix}.{info.alias or name}" if prefix else info.alias or name
             found += [(section, inner[0]), *_nested_sections(section, inner[0])]
     return found
