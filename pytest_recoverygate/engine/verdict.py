@@ -88,7 +88,8 @@ class Check:
     """One named check of the verdict with its expected and observed values.
 
     ``passed`` is ``True`` (proven), ``False`` (proven failed) or ``None`` (the evidence
-    cannot decide; ``message`` says what would make it decidable).
+    cannot decide; ``message`` says what would make it decidable). ``rule`` names the rule
+    of the verdict that decided it (docs/verdict-rules.md).
     """
 
     name: str
@@ -97,13 +98,14 @@ class Check:
     observed: Any
     message: str
     reason: FailureReason | None = None
+    rule: str | None = None  # the rule that decided it (engine.rules.TABLE), when one did
 
     @property
     def undecided(self) -> bool:
         return self.passed is None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "passed": self.passed,
             "expected": self.expected,
@@ -111,6 +113,9 @@ class Check:
             "message": self.message,
             "reason": self.reason.name if self.reason else None,
         }
+        if self.rule is not None:
+            out["rule"] = self.rule
+        return out
 
 
 #: The recovery phases, each in seconds after the kill (reports list them by time):

@@ -1,0 +1,102 @@
+"""Rules of the comeback: the job noticed the fault, a new incarnation came back, and it
+came back within ``maxRecoveryTime``."""
+
+from __future__ import annotations
+
+from pytest_recoverygate.engine.rules.evidence import KillEvidence
+from pytest_recoverygate.engine.verdict import Check, FailureReason, format_seconds
+
+__all__ = ["detected", "new_incarnation", "recovery_time"]
+
+R = FailureReason
+
+
+def detected(ev: KillEvidence) -> Check | None:
+    """``HangWorker`` / ``PartitionNode``, the first question: the job noticed the hung
+    worker (or the cut link) — a rank failed or a restart began — within
+    ``maxDetectionTime``; never noticing by the drill's deadline fails."""
+    spec, kill = ev.spec, ev.kill
+    if spec.fault not in ("HangWorker", "PartitionNode"):
+        return None
+    seconds = None if kill.detected is None else kill.detected - kill.time
+    what = "the hung worker" if spec.fault == "HangWorker" else "the cut link"
+    limit = spec.max_detection_time
+    expected = f"<= {format_seconds(limit)}" if limit is not None else "noticed"
+    if seconds is None:
+        return Check(
+            "hang_detected",
+            False,
+            expected,
+            None,
+            f"the job never noticed {what}: no rank failed and nothing was "
+            "restarted (is the collective timeout left at its 30-minute default? set "
+            "init_process_group(timeout=…) or a watchdog)",
+            R.HANG_NOT_DETECTED,
+        )
+    ok = limit is None or seconds <= limit
+    return Check(
+        "hang_detected",
+        ok,
+        expected,
+        round(seconds, 6),
+        f"the job noticed {what} after {format_seconds(seconds)}"
+        + ("" if ok else f" > {format_seconds(limit or 0.0)}"),
+        None if ok else R.HANG_NOT_DETECTED,
+    )
+
+
+def new_incarnation(ev: KillEvidence) -> Check:
+    """A new incarnation of the job reported training events after the kill; none by the
+    end fails (never came back), unless the job finished first (undecided)."""
+    came_back = ev.inc is not None
+    finished_ok = ev.finished_ok
+    count = sum(1 for i in ev.ledger.order if i.born == ev.kill.index)
+    return Check(
+        "new_incarnation",
+        True if came_back else (None if finished_ok else False),
+        "a new incarnation reports training events",
+        f"{count} new incarnation(s), {ev.restarts} restart(s)",
+        (
+            f"a new incarnation came back after {ev.restarts} restart(s)"
+            if came_back
+            else "inconclusive: the job finished before a replacement reported; "
+            "lengthen the run so it is still training at the kill"
+            if finished_ok
+            else f"never came back: no new incarnation reported — {ev.ended}"
+        ),
+        None if came_back else (R.INCONCLUSIVE if finished_ok else R.NEVER_CAME_BACK),
+    )
+
+
+def recovery_time(ev: KillEvidence) -> Check | None:
+    """From the kill to the replacement's first step past the resume, within
+    ``maxRecoveryTime``. A first line at the loaded step may be a step done again: when
+    only the span between it and the first step past the resume straddles the limit,
+    undecided."""
+    seconds, inc, resume = ev.recovery_time, ev.inc, ev.settled
+    if seconds is None or inc is None or resume is None or not ev.trained:
+        return None
+    # A first line at the loaded step is the state it holds, or (for a job whose lines
+    # may not come after steps) a step done again: the recovery time lies between them.
+    earliest = inc.first[1] - ev.kill.time if resume.held_line and inc.first is not None else None
+    limit = ev.spec.max_recovery_time
+    ok: bool | None = seconds <= limit
+    if not ok and earliest is not None and earliest <= limit:
+        ok = None
+    return Check(
+        "recovery_time",
+        ok,
+        f"<= {format_seconds(limit)}",
+        round(seconds, 6),
+        (
+            f"recovered in {format_seconds(seconds)} (limit {format_seconds(limit)})"
+            if ok
+            else f"came back too slowly: {format_seconds(seconds)} > {format_seconds(limit)}"
+            if ok is False
+            else f"the recovery took between {format_seconds(earliest or 0.0)} (its first "
+            f"line, at the loaded step) and {format_seconds(seconds)} (its first "
+            f"step past it), against a limit of {format_seconds(limit)}: call "
+            "progress only after a step, or report checkpoint_loaded later"
+        ),
+        None if ok else (R.TOO_SLOW if ok is False else R.INCONCLUSIVE),
+    )

@@ -1,0 +1,153 @@
+"""The rule of every rank: each rank of the replacement group loaded the expected step
+(and, with ``stateDigestMatches``, the state it saved there)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.rules.evidence import KillEvidence
+from pytest_recoverygate.engine.verdict import Check, FailureReason
+
+__all__ = ["all_ranks_resumed"]
+
+R = FailureReason
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What the ranks showed, rank by rank."""
+
+    states: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    unchecked: list[int] = field(default_factory=list)
+    reason: FailureReason | None = None
+
+    def fail(self, message: str, reason: FailureReason) -> None:
+        self.failed.append(message)
+        self.reason = self.reason or reason
+
+
+def _wrong_step(loaded: int, expected: int) -> FailureReason:
+    if loaded == 0:
+        return R.RESTARTED_FROM_SCRATCH
+    return (
+        R.RESUMED_FROM_OLDER_CHECKPOINT
+        if loaded < expected
+        else R.RESUMED_FROM_UNEXPECTED_CHECKPOINT
+    )
+
+
+def _loaded(ev: KillEvidence, tally: _Tally, rank: int, o: Inc, state: dict[str, Any]) -> bool:
+    """A rank that loaded a step: the step, then its shard's digest; False: unchecked."""
+    expected, floor = ev.expected, None if ev.explicit else ev.floor
+    assert expected is not None
+    ledger, spec, kill = ev.ledger, ev.spec, ev.kill
+    state["loaded"] = o.loaded
+    # The judged rank's own check decides whether the step it loaded was right; a rank
+    # that loaded that same step is consistent with it.
+    same = kill.resume is not None and o.loaded == kill.resume.loaded
+    ok = o.loaded == expected or same
+    if not ok and floor is not None and o.loaded is not None and o.loaded_at is not None:
+        durable = {c.step for c in ledger.checkpoints if c.time <= o.loaded_at}
+        ok = o.loaded in durable and o.loaded >= floor
+    if not ok:
+        assert o.loaded is not None
+        tally.fail(
+            f"rank {rank} loaded step {o.loaded}, expected step {expected}",
+            _wrong_step(o.loaded, expected),
+        )
+    elif spec.state_digest_matches:
+        saved = ledger.rank_saves.get(rank, {}).get(o.loaded) if o.loaded is not None else None
+        if saved is None or saved.digest is None or o.loaded_digest is None:
+            # Its shard's digest at that step was never seen (the kill came first,
+            # or no digest=): the state cannot be compared.
+            return False
+        state["digestMatches"] = saved.digest == o.loaded_digest
+        if saved.digest != o.loaded_digest:
+            ok = False
+            tally.fail(
+                f"rank {rank} loaded checkpoint {o.loaded} but its state differs "
+                "from the shard it saved at that step",
+                R.STATE_DIFFERS,
+            )
+    state["status"] = "ok" if ok else "failed"
+    return True
+
+
+def _tally(ev: KillEvidence, judged: Inc) -> _Tally:
+    ledger, kill, expected = ev.ledger, ev.kill, ev.expected
+    known = set(ev.ranks) | {o.rank for o in ledger.others.values() if o.rank is not None}
+    known.discard(judged.rank if judged.rank is not None else -1)
+    tally = _Tally()
+    for rank in sorted(known):
+        new = [
+            o
+            for o in ledger.others.values()
+            if o.rank == rank and o.born == kill.index and not ledger.is_child(o)
+        ]
+        # The rank's newest process is its member of the group (an older one died).
+        newest = max(new, key=lambda o: o.first_seen) if new else None
+        state: dict[str, Any] = {"rank": rank, "expected": expected}
+        if newest is not None and newest.loaded is not None:
+            if not _loaded(ev, tally, rank, newest, state):
+                state["status"] = "unchecked"
+                tally.unchecked.append(rank)
+        elif newest is not None and newest.first_line is not None:
+            state["status"] = "failed"
+            tally.fail(
+                f"rank {rank} loaded no checkpoint: its replacement saved again without "
+                "reporting checkpoint_loaded (its state was re-initialised?)",
+                R.RESTARTED_FROM_SCRATCH,
+            )
+        else:
+            state["status"] = "unchecked"
+            tally.unchecked.append(rank)
+        tally.states.append(state)
+    return tally
+
+
+def all_ranks_resumed(ev: KillEvidence) -> Check | None:
+    """Every other rank of the replacement group loaded the expected step (its own
+    ``checkpoint_loaded``: its shard, its RNG or data-loader state), and with
+    ``stateDigestMatches`` the digest it saved there; with ``latest`` a checkpoint durable
+    before its own load and no older than the floor. A rank that loaded another step, or
+    none before it saved again, fails with the rank named; a rank that says nothing is
+    unchecked (a FAIL with ``expectations.allRanks``). Its observed value lists each
+    rank's state (also the report's ``faultDetails.ranks``)."""
+    inc, expected, spec = ev.inc, ev.expected, ev.spec
+    known = set(ev.ranks) | {r.rank for r in ev.ledger.others.values() if r.rank is not None}
+    if inc is None or len(known) <= 1 or expected is None:
+        return None
+    tally = _tally(ev, inc)
+    states, failed, unchecked = tally.states, tally.failed, tally.unchecked
+    if not states:
+        return None
+    quiet = ""
+    if unchecked:
+        quiet = (
+            f"rank(s) {', '.join(map(str, unchecked))} reported no checkpoint_loaded after "
+            "the kill, so their state is unchecked (report checkpoint_loaded on every rank: "
+            "the reporter prints it on every rank)"
+        )
+    if failed or (unchecked and spec.all_ranks):
+        messages = failed + (
+            [quiet + " and expectations.allRanks is set"] if unchecked and spec.all_ranks else []
+        )
+        return Check(
+            "all_ranks_resumed",
+            False,
+            f"every rank loaded step {expected}",
+            states,
+            "; ".join(messages),
+            tally.reason or R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
+        )
+    checked = len(states) - len(unchecked)
+    return Check(
+        "all_ranks_resumed",
+        True,
+        f"every rank loaded step {expected}",
+        states,
+        f"{checked} other rank(s) loaded step {expected}" + (f"; {quiet}" if quiet else ""),
+    )
