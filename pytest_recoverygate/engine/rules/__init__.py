@@ -18,6 +18,7 @@ from pytest_recoverygate.engine.rules import (
     comeback,
     digest,
     faults,
+    live,
     lost,
     ranks,
     resume,
@@ -191,6 +192,50 @@ TABLE: tuple[Rule, ...] = (
         undecided=False,
         note="a failure carries the reason of the first failed check of the first kill "
         "that did not pass",
+    ),
+    # ------------------------------------------------------- the kill of a live recovery
+    Rule(
+        "target_killed",
+        "target_killed",
+        "live",
+        live.target_killed,
+        (),
+        tests=(),
+    ),
+    Rule(
+        "survivors_kept_training",
+        "survivors_kept_training",
+        "live",
+        live.survivors_kept_training,
+        (R.SURVIVORS_STALLED,),
+        tests=(),
+    ),
+    Rule("rejoin_time", "rejoin_time", "live", live.rejoin_time, (R.NEVER_REJOINED,), tests=()),
+    Rule(
+        "rejoin_source",
+        "rejoin_source",
+        "live",
+        live.rejoin_source,
+        (R.REJOINED_FROM_SCRATCH, R.REJOINED_FROM_CHECKPOINT),
+        tests=(),
+    ),
+    Rule("heal_step", "heal_step", "live", live.heal_step, (R.HEALED_TO_OLDER_STEP,), tests=()),
+    Rule(
+        "live_lost_steps",
+        "lost_steps",
+        "live",
+        live.live_lost_steps,
+        (R.LOST_TOO_MANY_STEPS,),
+        tests=(),
+        undecided=False,
+    ),
+    Rule(
+        "live_state_digest",
+        "state_digest",
+        "live",
+        live.live_state_digest,
+        (R.STATE_DIFFERS,),
+        tests=(),
     ),
 )
 
