@@ -141,25 +141,11 @@ def _spans(
     return spans
 
 
-def measure(
-    progress: Sequence[tuple[float, str, int]],
-    checkpoints: Sequence[tuple[int, float]],
-    saves: Sequence[tuple[int, float, float | None]],
-    recoveries: Sequence[Recovery],
-    checkpoint_incs: Sequence[str] | None = None,
-) -> Costs:
-    """The cost components of one drill (see the module docstring).
+Points = dict[str, list[tuple[float, int]]]  # incarnation -> (time, step), time-sorted
 
-    ``progress`` is (time, incarnation, step) as the drill saw it; ``checkpoints`` (step,
-    time) completed; ``saves`` (step, started, completed or None); ``checkpoint_incs`` the
-    incarnation of each checkpoint (pairs of checkpoints of one process give the interval).
-    """
-    missing: dict[str, str] = {}
-    kills = [r.kill_time for r in recoveries if r.kill_time is not None]
-    blocked = _spans(saves, kills)
-    by_inc: dict[str, list[tuple[float, int]]] = {}
-    for at, inc, step in progress:
-        by_inc.setdefault(inc, []).append((at, step))
+
+def _step_samples(by_inc: Points, blocked: Sequence[tuple[float, float]]) -> list[float]:
+    """Seconds per step between consecutive lines of one process (no save, no kill between)."""
     samples: list[float] = []
     for points in by_inc.values():
         points.sort()
@@ -169,57 +155,60 @@ def measure(
             if any(t0 < end and start < t1 for start, end in blocked):
                 continue
             samples.append((t1 - t0) / (s1 - s0))
-    step_median = statistics.median(samples) if samples else None
-    step_p95 = percentile(samples, 95) if samples else None
-    if not samples:
-        missing["stepTime"] = "fewer than two progress lines of one process between saves"
-    done = [(s, a, c) for s, a, c in saves if c is not None and c >= a]
-    save_times = [c - a for _, a, c in done]
-    if not saves:
-        missing["saveTime"] = (
-            "the job reports no checkpoint_started: call reporter.checkpoint_started(step) "
-            "when a save begins"
-        )
-    elif not save_times:
-        missing["saveTime"] = "no save was seen from checkpoint_started to checkpoint_completed"
+    return samples
+
+
+def _save_stalls(
+    by_inc: Points,
+    windows: Sequence[tuple[float, float]],
+    kills: Sequence[float],
+    step_median: float | None,
+) -> list[float]:
+    """Each save's gap in progress minus the steps it held at the median step time."""
     stalls: list[float] = []
-    windows = [(a, c) for _, a, c in done] if done else [(t, t) for _, t in checkpoints]
-    if step_median is not None:
-        for start, end in windows:
-            for points in by_inc.values():
-                before = [p for p in points if p[0] <= start]
-                after = [p for p in points if p[0] > end]
-                if not before or not after:
-                    continue
-                (t0, s0), (t1, s1) = before[-1], after[0]
-                if s1 <= s0 or any(t0 < k <= t1 for k in kills):
-                    continue
-                stalls.append(max((t1 - t0) - (s1 - s0) * step_median, 0.0))
-                break
-    if not stalls:
-        missing["saveStall"] = (
-            "no save was bracketed by progress lines of one process"
-            if step_median is not None
-            else "the step time is unknown"
-        )
-    interval_steps: float | None = None
-    interval_seconds: float | None = None
-    if checkpoints:
-        owners = list(checkpoint_incs) if checkpoint_incs is not None else [""] * len(checkpoints)
-        groups: dict[str, list[tuple[float, int]]] = {}
-        for (step, at), owner in zip(checkpoints, owners, strict=False):
-            groups.setdefault(owner, []).append((at, step))
-        gaps = [
-            (t1 - t0, s1 - s0)
-            for pts in groups.values()
-            for (t0, s0), (t1, s1) in zip(sorted(pts), sorted(pts)[1:], strict=False)
-            if t1 > t0 and s1 > s0 and not any(t0 < k <= t1 for k in kills)
-        ]
-        if gaps:
-            interval_seconds = statistics.median(g[0] for g in gaps)
-            interval_steps = statistics.median(g[1] for g in gaps)
-    if interval_seconds is None:
-        missing["checkpointInterval"] = "fewer than two checkpoints of one process were seen"
+    if step_median is None:
+        return stalls
+    for start, end in windows:
+        for points in by_inc.values():
+            before = [p for p in points if p[0] <= start]
+            after = [p for p in points if p[0] > end]
+            if not before or not after:
+                continue
+            (t0, s0), (t1, s1) = before[-1], after[0]
+            if s1 <= s0 or any(t0 < k <= t1 for k in kills):
+                continue
+            stalls.append(max((t1 - t0) - (s1 - s0) * step_median, 0.0))
+            break
+    return stalls
+
+
+def _interval(
+    checkpoints: Sequence[tuple[int, float]],
+    checkpoint_incs: Sequence[str] | None,
+    kills: Sequence[float],
+) -> tuple[float | None, float | None]:
+    """(steps, seconds): the median gap between consecutive checkpoints of one process."""
+    if not checkpoints:
+        return None, None
+    owners = list(checkpoint_incs) if checkpoint_incs is not None else [""] * len(checkpoints)
+    groups: dict[str, list[tuple[float, int]]] = {}
+    for (step, at), owner in zip(checkpoints, owners, strict=False):
+        groups.setdefault(owner, []).append((at, step))
+    gaps = [
+        (t1 - t0, s1 - s0)
+        for pts in groups.values()
+        for (t0, s0), (t1, s1) in zip(sorted(pts), sorted(pts)[1:], strict=False)
+        if t1 > t0 and s1 > s0 and not any(t0 < k <= t1 for k in kills)
+    ]
+    if not gaps:
+        return None, None
+    return statistics.median(g[1] for g in gaps), statistics.median(g[0] for g in gaps)
+
+
+def _per_kill(
+    recoveries: Sequence[Recovery], step_median: float | None
+) -> tuple[list[dict[str, Any]], list[float], list[float]]:
+    """Each kill's figures, and the lost work (and its upper bound) of those measured."""
     per_kill: list[dict[str, Any]] = []
     lost_work: list[float] = []
     lost_upper: list[float] = []
@@ -250,6 +239,53 @@ def measure(
                 "verdict": rec.verdict.value,
             }
         )
+    return per_kill, lost_work, lost_upper
+
+
+def measure(
+    progress: Sequence[tuple[float, str, int]],
+    checkpoints: Sequence[tuple[int, float]],
+    saves: Sequence[tuple[int, float, float | None]],
+    recoveries: Sequence[Recovery],
+    checkpoint_incs: Sequence[str] | None = None,
+) -> Costs:
+    """The cost components of one drill (see the module docstring).
+
+    ``progress`` is (time, incarnation, step) as the drill saw it; ``checkpoints`` (step,
+    time) completed; ``saves`` (step, started, completed or None); ``checkpoint_incs`` the
+    incarnation of each checkpoint (pairs of checkpoints of one process give the interval).
+    """
+    missing: dict[str, str] = {}
+    kills = [r.kill_time for r in recoveries if r.kill_time is not None]
+    by_inc: Points = {}
+    for at, inc, step in progress:
+        by_inc.setdefault(inc, []).append((at, step))
+    samples = _step_samples(by_inc, _spans(saves, kills))
+    step_median = statistics.median(samples) if samples else None
+    step_p95 = percentile(samples, 95) if samples else None
+    if not samples:
+        missing["stepTime"] = "fewer than two progress lines of one process between saves"
+    done = [(s, a, c) for s, a, c in saves if c is not None and c >= a]
+    save_times = [c - a for _, a, c in done]
+    if not saves:
+        missing["saveTime"] = (
+            "the job reports no checkpoint_started: call reporter.checkpoint_started(step) "
+            "when a save begins"
+        )
+    elif not save_times:
+        missing["saveTime"] = "no save was seen from checkpoint_started to checkpoint_completed"
+    windows = [(a, c) for _, a, c in done] if done else [(t, t) for _, t in checkpoints]
+    stalls = _save_stalls(by_inc, windows, kills, step_median)
+    if not stalls:
+        missing["saveStall"] = (
+            "no save was bracketed by progress lines of one process"
+            if step_median is not None
+            else "the step time is unknown"
+        )
+    interval_steps, interval_seconds = _interval(checkpoints, checkpoint_incs, kills)
+    if interval_seconds is None:
+        missing["checkpointInterval"] = "fewer than two checkpoints of one process were seen"
+    per_kill, lost_work, lost_upper = _per_kill(recoveries, step_median)
     if recoveries and not lost_work:
         missing["lostWork"] = (
             "the step time or the lost steps are unknown"
