@@ -127,23 +127,9 @@ class NodeKills:
             )
         drained = ""
         if drain:
-            with self.lock:
-                self.drained.append(node)
-            args = [
-                "scontrol",
-                "update",
-                f"NodeName={node}",
-                "State=DRAIN",
-                f"Reason=recoverygate KillNode drill of job {job_id}",
-            ]
-            try:
-                self.commands.run_destructive(args)
-            except (JobGone, BackendError) as exc:
-                return self._result(
-                    KillOutcome.UNCONFIRMED,
-                    f"'scontrol update NodeName={node} State=DRAIN' failed ({exc}); no process "
-                    "was killed, cleanup RESUMEs the node",
-                )
+            refused = self._drain(node, job_id)
+            if refused is not None:
+                return refused
             drained = f"; node {node} set DRAIN (cleanup RESUMEs it)"
         sent_at = self.clock.now()
         out_text = [""]
@@ -178,6 +164,28 @@ class NodeKills:
             KillOutcome.UNCONFIRMED,
             f"node kill step answered {' '.join(answer) or what!r}{drained}",
         )
+
+    def _drain(self, node: str, job_id: str) -> KillResult | None:
+        """Set ``node`` DRAIN (remembered first, so cleanup RESUMEs it); the result of a
+        drain that failed (nothing was killed), else None."""
+        with self.lock:
+            self.drained.append(node)
+        args = [
+            "scontrol",
+            "update",
+            f"NodeName={node}",
+            "State=DRAIN",
+            f"Reason=recoverygate KillNode drill of job {job_id}",
+        ]
+        try:
+            self.commands.run_destructive(args)
+        except (JobGone, BackendError) as exc:
+            return self._result(
+                KillOutcome.UNCONFIRMED,
+                f"'scontrol update NodeName={node} State=DRAIN' failed ({exc}); no process "
+                "was killed, cleanup RESUMEs the node",
+            )
+        return None
 
     def _result(self, outcome: KillOutcome, detail: str) -> KillResult:
         """The kill's result, stamped now (a result without a signal time of its own)."""
