@@ -631,6 +631,33 @@ def test_it_fails_when_training_stops_after_the_resume() -> None:
     assert finish.result.reasons == (R.STOPPED_PROGRESSING,)
 
 
+def test_a_replacement_that_starts_and_reports_no_step_never_came_back() -> None:
+    engine = engine_for(recovery_timeout=30.0)
+    drive(engine, old_run(25), kill_at=2.5)
+    drive(engine, [ev(S, 5.0, "new")])
+    [finish] = engine.tick(T0 + 40)
+    assert isinstance(finish, Finish)
+    assert finish.result.reasons == (R.NEVER_CAME_BACK,)
+    [check] = [c for c in finish.result.checks if c.name == "resume_step"]
+    assert "a new incarnation started but reported no training step" in check.message
+    assert check.rule == "never_trained_resume"
+
+
+def test_a_replacement_that_loads_an_older_checkpoint_and_stops_fails_on_both() -> None:
+    engine = engine_for(recovery_timeout=30.0)
+    drive(engine, old_run(25), kill_at=2.5)
+    drive(engine, [ev(S, 5.0, "new"), ev(L, 5.5, "new", 10)])
+    [finish] = engine.tick(T0 + 40)
+    assert isinstance(finish, Finish)
+    result = finish.result
+    assert result.reasons == (R.RESUMED_FROM_OLDER_CHECKPOINT, R.STOPPED_PROGRESSING)
+    assert "loaded checkpoint 10, expected step 20" in result.summary
+    assert [c.rule for c in result.failed_checks] == [
+        "never_trained_resume",
+        "never_trained_progress",
+    ]
+
+
 def test_a_job_that_finishes_right_after_resuming_is_inconclusive() -> None:
     engine = engine_for()
     drive(engine, old_run(20), kill_at=2.002)

@@ -45,7 +45,7 @@ from pytest_recoverygate.engine.model import (
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.engine.spec import Delay, DrillSpec
+from pytest_recoverygate.engine.spec import MAX_KILLS, Delay, DrillSpec
 
 T0 = 1_800_000_000.0
 P = TrainingEventKind.PROGRESS
@@ -371,6 +371,15 @@ def test_a_job_that_survives_more_than_its_budget_fails() -> None:
     assert result.verdict is Verdict.FAIL
     assert R.RESTART_BUDGET_MISMATCH in result.reasons
     assert len(drill.kills) == 3  # it stops at the kill that should have been the last
+
+
+def test_a_job_that_never_gives_up_without_a_restart_budget_is_inconclusive() -> None:
+    drill = Drill(SimJob(budget=1000), count=None)
+    result = drill.run(until=3000.0)
+    assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary
+    assert f"the job survived {MAX_KILLS} kills without giving up" in result.summary
+    assert "set expectations.restartBudget" in result.summary
+    assert len(drill.kills) == MAX_KILLS
 
 
 def test_a_job_that_hangs_instead_of_giving_up_fails() -> None:
