@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeAlias
 
 from recoverygate import __version__
 
@@ -32,6 +32,7 @@ __all__ = [
     "EPILOG",
     "LiveStatus",
     "compare_command",
+    "explain_command",
     "goodput_command",
     "history_command",
     "kubectl_main",
@@ -61,10 +62,23 @@ def _switch(parser: argparse.ArgumentParser, *names: str, help: str) -> None:
     parser.add_argument(*names, action="store_true", help=help)
 
 
+#: The subcommands of the parser (argparse names the type privately).
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _run_parser(sub)
+    _goodput_parser(sub)
+    _compare_parser(sub)
+    _history_parser(sub)
+    _explain_parser(sub)
+    return parser
+
+
+def _run_parser(sub: Commands) -> None:
     run = sub.add_parser(
         "run", help="run a drill", description="Run the drill a config describes.", epilog=EPILOG
     )
@@ -87,6 +101,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     _switch(run, "-q", "--quiet", help="no live progress; print only the verdict block")
     validate = sub.add_parser("validate", help="check a config without touching anything")
     validate.add_argument("-f", "--file", required=True, type=Path, help="recovery-test.yaml")
+
+
+def _goodput_parser(sub: Commands) -> None:
     goodput = sub.add_parser(
         "goodput",
         help="project a drill's measured failure cost to a large run",
@@ -120,6 +137,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         metavar="DIR",
         help="write goodput.png/.svg (goodput against the interval) here",
     )
+
+
+def _compare_parser(sub: Commands) -> None:
     compare = sub.add_parser(
         "compare",
         help="compare a drill's figures with a baseline report",
@@ -144,6 +164,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="refuse to compare reports of different drills or backends (exit 2)",
     )
     _switch(compare, "--markdown", help="print the table as markdown (for a CI comment)")
+
+
+def _history_parser(sub: Commands) -> None:
     history = sub.add_parser(
         "history",
         help="draw the trend of many runs of a drill",
@@ -161,7 +184,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     history.add_argument(
         "--drill", metavar="NAME", help="only this drill's reports (when the folders hold several)"
     )
-    return parser
+
+
+def _explain_parser(sub: Commands) -> None:
+    explain = sub.add_parser(
+        "explain",
+        help="name the rule that decided each check of a drill's report",
+        description="For each check of a drill's report.json: its outcome, the rule of "
+        "the verdict that decided it and the condition that rule holds the evidence to "
+        f"({docs_link('verdict-rules.md')}).",
+        epilog="exit codes: 0 explained, 2 bad input (a missing file, not JSON, no drill report)",
+    )
+    explain.add_argument("report", type=Path, help="a drill's report.json (or its folder)")
 
 
 def compare_command(args: argparse.Namespace, name: str) -> int:
@@ -187,6 +221,20 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
     print(f"base: {args.base}\nnew:  {args.new}")
     print(baseline.format_table(comparison, markdown=args.markdown))
     return EXIT_CODES[Verdict.FAIL] if comparison.regressed else EXIT_PASS
+
+
+def explain_command(args: argparse.Namespace, name: str) -> int:
+    """``recoverygate explain REPORT.json``: each check's rule and its condition."""
+    from pytest_recoverygate.errors import BaselineError
+    from pytest_recoverygate.report.explain import explain_report
+
+    try:
+        lines = explain_report(args.report)
+    except BaselineError as exc:
+        print(f"{name} explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(lines))
+    return EXIT_PASS
 
 
 def history_command(args: argparse.Namespace, name: str) -> int:
@@ -345,6 +393,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return compare_command(args, name)
     if args.command == "history":
         return history_command(args, name)
+    if args.command == "explain":
+        return explain_command(args, name)
 
     from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.errors import (
