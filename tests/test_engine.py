@@ -631,31 +631,33 @@ def test_it_fails_when_training_stops_after_the_resume() -> None:
     assert finish.result.reasons == (R.STOPPED_PROGRESSING,)
 
 
-def test_a_replacement_that_starts_and_reports_no_step_never_came_back() -> None:
+@pytest.mark.parametrize(
+    ("lines", "reasons", "rules", "said"),
+    [
+        (
+            [ev(S, 5.0, "new")],
+            (R.NEVER_CAME_BACK,),
+            ["never_trained_resume"],
+            "a new incarnation started but reported no training step",
+        ),
+        (
+            [ev(S, 5.0, "new"), ev(L, 5.5, "new", 10)],
+            (R.RESUMED_FROM_OLDER_CHECKPOINT, R.STOPPED_PROGRESSING),
+            ["never_trained_resume", "never_trained_progress"],
+            "loaded checkpoint 10, expected step 20",
+        ),
+    ],
+    ids=["started-no-step", "loaded-older-no-step"],
+)
+def test_a_replacement_that_never_trains_fails_by_what_it_loaded(
+    lines: list[TrainingEvent], reasons: tuple[R, ...], rules: list[str], said: str
+) -> None:
     engine = engine_for(recovery_timeout=30.0)
-    drive(engine, old_run(25), kill_at=2.5)
-    drive(engine, [ev(S, 5.0, "new")])
-    [finish] = engine.tick(T0 + 40)
-    assert isinstance(finish, Finish)
-    assert finish.result.reasons == (R.NEVER_CAME_BACK,)
-    [check] = [c for c in finish.result.checks if c.name == "resume_step"]
-    assert "a new incarnation started but reported no training step" in check.message
-    assert check.rule == "never_trained_resume"
-
-
-def test_a_replacement_that_loads_an_older_checkpoint_and_stops_fails_on_both() -> None:
-    engine = engine_for(recovery_timeout=30.0)
-    drive(engine, old_run(25), kill_at=2.5)
-    drive(engine, [ev(S, 5.0, "new"), ev(L, 5.5, "new", 10)])
-    [finish] = engine.tick(T0 + 40)
-    assert isinstance(finish, Finish)
-    result = finish.result
-    assert result.reasons == (R.RESUMED_FROM_OLDER_CHECKPOINT, R.STOPPED_PROGRESSING)
-    assert "loaded checkpoint 10, expected step 20" in result.summary
-    assert [c.rule for c in result.failed_checks] == [
-        "never_trained_resume",
-        "never_trained_progress",
-    ]
+    drive(engine, [*old_run(25)], kill_at=2.5)
+    drive(engine, lines)
+    result = engine.tick(T0 + 40)[0].result
+    assert (result.reasons, [c.rule for c in result.failed_checks]) == (reasons, rules)
+    assert said in result.summary
 
 
 def test_a_job_that_finishes_right_after_resuming_is_inconclusive() -> None:

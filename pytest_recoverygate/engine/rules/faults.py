@@ -122,18 +122,22 @@ def budget_matches(ev: DrillEvidence) -> Check | None:
     )
 
 
-def _last_passed(ev: DrillEvidence) -> bool:
+def _never_gave_up(ev: DrillEvidence) -> bool:
+    """``untilBudgetExhausted``, and the job still recovered from the last kill."""
     last = ev.recoveries[-1] if ev.recoveries else None
-    return last is not None and last.verdict is Verdict.PASS
+    return (
+        ev.spec.count is None
+        and ev.gave_up is None
+        and last is not None
+        and last.verdict is Verdict.PASS
+    )
 
 
 def survived_too_many(ev: DrillEvidence) -> Check | None:
     """``expectations.restartBudget``: a job still recovering after more kills than its
     budget fails."""
     budget, survived = ev.spec.restart_budget, _survived(ev)
-    if ev.spec.count is not None or ev.gave_up is not None or not _last_passed(ev):
-        return None
-    if budget is None or not survived > budget:
+    if not _never_gave_up(ev) or budget is None or not survived > budget:
         return None
     return Check(
         "restart_budget",
@@ -149,9 +153,7 @@ def gives_up_within_the_drill(ev: DrillEvidence) -> Check | None:
     """``count: untilBudgetExhausted`` without a restart budget exceeded: a job that
     survived every kill the drill made without giving up is undecided."""
     budget, survived = ev.spec.restart_budget, _survived(ev)
-    if ev.spec.count is not None or ev.gave_up is not None or not _last_passed(ev):
-        return None
-    if budget is not None and survived > budget:
+    if not _never_gave_up(ev) or (budget is not None and survived > budget):
         return None
     return Check(
         "gave_up_loudly",
