@@ -180,6 +180,19 @@ def test_explain_finds_the_rules_of_a_report_that_names_none(
     assert "  one of the rules " not in out.split("saved_on_preempt:")[1].split("\n")[1]
 
 
+def test_explain_prints_what_the_job_wrote_without_its_terminal_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = _report_of("never.yaml", tmp_path)
+    doc["summary"] = "evil \x1b[2J\x1b]0;title\x07 done"
+    path = tmp_path / "evil.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    assert main(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "evil \\x1b[2J\\x1b]0;title\\x07 done" in out
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [(None, "the file does not exist"), ("{not json", "not JSON"), ("[1]", "no drill report")],

@@ -8,6 +8,7 @@ rules could have filled the check, all of them are listed.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,13 @@ from pytest_recoverygate.report.compare import load_report
 __all__ = ["explain", "explain_report", "rules_of"]
 
 OUTCOME = {True: "passed", False: "FAILED", None: "undecided"}
+
+
+def _text(value: object) -> str:
+    """A report's value as printable text: what the job wrote may hold terminal escapes."""
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(value)
+    )
 
 
 def rules_of(check: dict[str, Any], *, live: bool) -> list[Rule]:
@@ -47,21 +55,27 @@ def _lines(checks: list[dict[str, Any]], *, live: bool, indent: str) -> Iterator
         if not isinstance(check, dict):
             continue
         outcome = OUTCOME.get(check.get("passed"), "?")
-        reason = f" ({check['reason']})" if check.get("reason") else ""
-        yield f"{indent}{check.get('name')}: {outcome}{reason} — {check.get('message')}"
+        reason = f" ({_text(check['reason'])})" if check.get("reason") else ""
+        name, message = _text(check.get("name")), _text(check.get("message"))
+        yield f"{indent}{name}: {outcome}{reason} — {message}"
         found = rules_of(check, live=live)
         if not found:
             yield f"{indent}  no rule of the verdict: the drill itself recorded this check"
         for rule in found:
             which = "rule" if len(found) == 1 else "one of the rules"
             yield f"{indent}  {which} {rule.name} ({rule.where})"
-            yield f"{indent}    {rule.condition}"
+            yield textwrap.fill(
+                rule.condition,
+                width=92,
+                initial_indent=f"{indent}    ",
+                subsequent_indent=f"{indent}    ",
+            )
 
 
 def explain(doc: dict[str, Any]) -> list[str]:
     """The explanation of a drill report, line by line."""
     live = doc.get("recoveryMode") == "live" or bool(doc.get("live"))
-    lines = [f"verdict: {doc.get('verdict')} — {doc.get('summary', '')}"]
+    lines = [f"verdict: {_text(doc.get('verdict'))} — {_text(doc.get('summary', ''))}"]
     checks = doc.get("checks") or []
     if not checks:
         lines.append("no checks: the drill decided nothing (see its summary)")
@@ -70,8 +84,8 @@ def explain(doc: dict[str, Any]) -> list[str]:
     if len(recoveries) > 1:
         for recovery in recoveries:
             lines.append(
-                f"kill {recovery.get('index')}: {recovery.get('verdict')} — "
-                f"{recovery.get('summary', '')}"
+                f"kill {_text(recovery.get('index'))}: {_text(recovery.get('verdict'))} — "
+                f"{_text(recovery.get('summary', ''))}"
             )
             lines += _lines(list(recovery.get("checks") or ()), live=live, indent="  ")
     lines.append("the rules: docs/verdict-rules.md")

@@ -45,8 +45,9 @@ class Rule:
 
     @property
     def condition(self) -> str:
-        """The condition it holds the evidence to (the function's docstring)."""
-        return " ".join((inspect.getdoc(self.judge) or "").split())
+        """The condition it holds the evidence to (the function's docstring, one line,
+        code in single backquotes)."""
+        return " ".join((inspect.getdoc(self.judge) or "").split()).replace("``", "`")
 
     @property
     def where(self) -> str:
