@@ -3,6 +3,7 @@ saved at that step."""
 
 from __future__ import annotations
 
+from pytest_recoverygate.engine.ledger import Checkpoint, Inc
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason
 
@@ -51,7 +52,11 @@ def state_digest(ev: KillEvidence) -> Check | None:
             "save was not seen): pass digest= to checkpoint_completed",
             R.INCONCLUSIVE,
         )
-    want = saved[-1]
+    return _compared(step, saved[-1], inc)
+
+
+def _compared(step: int, want: Checkpoint, inc: Inc) -> Check:
+    """The loaded digest against the saved one; the parts that differ or are missing."""
     if want.digest == inc.loaded_digest:
         return Check(
             "state_digest",
