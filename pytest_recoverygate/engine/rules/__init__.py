@@ -6,7 +6,7 @@ reason, or undecided with what would decide it — or None where it does not app
 judges (``engine.recovery``, ``engine.live``) read the evidence once, run the rules of
 a scope in the table's order (:func:`~.rule.run`) and combine the checks into a verdict;
 the state machine decides *when* to judge. docs/verdict-rules.md is generated from
-:data:`TABLE` (``python -m pytest_recoverygate.engine.rules --doc``).
+:data:`TABLE` (``scripts/verdict-rules``; :mod:`.doc` renders it).
 
 Adding a rule: one function in the module of what it judges, one row here (in the place
 its check belongs in the report), and its pinning scenario tests in ``tests=``.
