@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_recoverygate.engine.rules import TABLE, Rule, by_name
 from pytest_recoverygate.engine.verdict import FailureReason
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.report.compare import load_report
 
 __all__ = ["explain", "explain_report", "rules_of"]
@@ -88,7 +89,7 @@ def explain(doc: dict[str, Any]) -> list[str]:
                 f"{_text(recovery.get('summary', ''))}"
             )
             lines += _lines(list(recovery.get("checks") or ()), live=live, indent="  ")
-    lines.append("the rules: docs/verdict-rules.md")
+    lines.append(f"the rules: {docs_link('verdict-rules.md')}")
     return lines
 
 
