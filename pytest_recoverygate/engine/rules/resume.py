@@ -445,7 +445,11 @@ def resume_step(ev: KillEvidence) -> Check | None:
     """The replacement resumed from the expected step: the step named by
     ``resumeFromCheckpoint``, or with ``latest`` a checkpoint durable before its load and
     no older than the newest one durable before it started. A FAIL needs proof whatever
-    the reporting grid (a load line, a replay, a first step below the expected one)."""
+    the reporting grid (a load line, a replay, a first step below the expected one).
+    Undecided: a resume from a save the kill cut, newer than every durable checkpoint (a
+    torn save or a late report: ``KillDuringCheckpoint``), a job that breaks the step
+    contract, a newer checkpoint another rank never reported complete, or one the drill
+    never saw completed within the steps the job reached."""
     if not ev.trained:
         return None
     assert ev.resume is not None
