@@ -38,6 +38,7 @@ class SlurmEventSource:
         interval: float,
         on_line: Callable[[bytes, float], None] | None = None,
         use_inotify: bool = True,
+        owner: int | None = None,
     ) -> OutputTail:
         """The tail of ``path`` that feeds this source (not started: call ``start()``)."""
         if self.tail is not None:
@@ -51,6 +52,8 @@ class SlurmEventSource:
             on_start_over=self._started_over,
             use_inotify=use_inotify,
             name="recoverygate-slurm-tail",
+            owner=owner,
+            on_notice=self._stream.notice,
         )
         return self.tail
 
@@ -60,6 +63,10 @@ class SlurmEventSource:
     @property
     def malformed_lines(self) -> int:
         return self._stream.malformed_lines
+
+    def notices(self) -> list[tuple[float, str]]:
+        """The tail's refusals of the output file (a symlink, a FIFO, another owner)."""
+        return self._stream.notices()
 
     def close(self) -> None:
         if self.tail is not None:

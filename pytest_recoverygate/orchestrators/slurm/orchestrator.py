@@ -876,6 +876,7 @@ class SlurmOrchestrator:
             self.clock,
             interval=min(self.poll_interval, 0.25),
             on_line=self._on_output_line,
+            owner=_uid_of(job.user),  # the file must be the job user's (filetail)
         )
         tail.start()
 
@@ -891,3 +892,13 @@ class SlurmOrchestrator:
                 return
             watch.gone = True
         self._emit(model.GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)
+
+
+def _uid_of(user: str) -> int | None:
+    """The uid of the job's user on this machine (the output file's owner), or None."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid if user else None
+    except KeyError:
+        return None
