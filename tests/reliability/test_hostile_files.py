@@ -9,24 +9,57 @@ the text it prints. We test these aspects, each attack reproduced with real file
   blocks on a FIFO there; never reads a hard link to a file of another user's (a
   stand-in for ``/etc/shadow`` holding a secret we create) when the drill is not the
   job's user; and says once, with the reason, that it refused the file;
+- a report folder with links planted at ``timeline.png``/``.svg``, ``report.json``,
+  ``summary.md``, ``events.jsonl`` and ``output/`` (a real fake-backend drill writes into
+  it): every victim keeps its bytes and its mode, the report's files are real files,
+  0600, in folders 0700; report.html rendered from a folder with links planted at the
+  picture and the job's output does not carry what they point to;
+- the drill lock: a hard link (or a symlink, a FIFO) planted at the lock file's name is
+  refused, the victim untouched; the holder's text in the message is printable and
+  bounded; the default lock folder is private;
+- job text on screens: the step summary of a job whose output closes fences
+  (```` ```` ````, ``~~~~``), holds ANSI/OSC escapes and fake markdown links shows it as
+  text; the verdict block and the live status show control characters visibly;
+- token masking in the job output a report keeps (Hugging Face, GitHub, AWS, Slack,
+  ``sk-``, Bearer, ``password=``), the terminal's tail included.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
+import yaml
 
+from pytest_recoverygate.cli import LiveStatus
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.engine.machine import Phase, Verdict
+from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
 from pytest_recoverygate.registry.seams import Notices, SimulatedClock
+from pytest_recoverygate.report.evidence import gather_evidence
+from pytest_recoverygate.report.files import markdown_summary, write_html_report, write_reports
+from pytest_recoverygate.report.terminal import print_result
+from pytest_recoverygate.runner import RunOptions, Status, run_drill
+from pytest_recoverygate.shared import lock as lock_module
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail, RefusedFile, open_job_file
+from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
+from pytest_recoverygate.shared.jobtext import mask_secrets
+from pytest_recoverygate.shared.lock import DrillLock, lock_dir
+from tests.conftest import FAKE_DRILL, merge
 from tests.reliability.conftest import Figures
+from tests.trend_reports import run_fake_drill
 
 SECRET = b"root:$6$s3cr3t-shadow-hash:19000:0:99999:7:::\n"
 JOB_UID = 65534  # a job user that is not the drill's (nobody)
@@ -207,3 +240,307 @@ def test_the_slurm_source_hands_the_refusal_to_the_runner(tmp_path: Path, secret
     assert [text for _, text in source.notices()] == [
         f"not reading the job's file {link}: it is a symbolic link (not followed)"
     ]
+
+
+# --------------------------------------------------------------------- report folders
+
+VICTIM = b"root:x:0:0:root:/root:/bin/bash\n"
+PLANTED_FILES = (
+    "timeline.png",
+    "timeline.svg",
+    "report.json",
+    "summary.md",
+    "events.jsonl",
+    "report.html",
+)
+
+
+def _victims(tmp_path: Path, names: tuple[str, ...]) -> dict[str, Path]:
+    folder = tmp_path / "victims"
+    folder.mkdir()
+    victims = {}
+    for name in names:
+        victim = folder / name.replace("/", "_")
+        victim.write_bytes(VICTIM)
+        victim.chmod(0o640)
+        victims[name] = victim
+    return victims
+
+
+def test_links_planted_in_a_report_folder_are_replaced_and_their_targets_untouched(
+    tmp_path: Path, figures: Figures
+) -> None:
+    report = tmp_path / "drills" / "nightly"
+    report.mkdir(parents=True)
+    victims = _victims(tmp_path, PLANTED_FILES)
+    for name, victim in victims.items():
+        (report / name).symlink_to(victim)
+    victim_folder = tmp_path / "victim-folder"
+    victim_folder.mkdir(mode=0o755)
+    (report / "output").symlink_to(victim_folder, target_is_directory=True)
+
+    code, folder = run_fake_drill(tmp_path / "drills", {"workload": {"fake": {"resume": "zero"}}})
+
+    assert code == 1 and folder == report
+    for name, victim in victims.items():
+        assert victim.read_bytes() == VICTIM, name
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o640, name
+        assert not (report / name).is_symlink(), name
+    assert list(victim_folder.iterdir()) == []
+    assert stat.S_IMODE(victim_folder.stat().st_mode) == 0o755
+    assert not (report / "output").is_symlink() and (report / "output").is_dir()
+    doc = json.loads((report / "report.json").read_text())
+    assert doc["timelinePicture"] == "timeline.png"
+    assert doc["jobOutput"], "the fake job's output is kept under output/"
+    figures.add("hostile_files.planted_report_links", len(victims) + 1)
+
+
+def test_report_files_are_the_owners_alone(tmp_path: Path) -> None:
+    code, report = run_fake_drill(tmp_path, {"workload": {"fake": {"resume": "zero"}}})
+    assert code == 1
+    assert stat.S_IMODE(report.stat().st_mode) == 0o700
+    paths = list(report.rglob("*"))
+    assert {p.name for p in paths} >= {"report.json", "timeline.png", "output", "report.html"}
+    for path in paths:
+        want = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == want, path
+
+
+def test_report_html_does_not_read_links_planted_at_the_picture_or_the_output(
+    tmp_path: Path, secret: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = run_fake_drill(tmp_path, {"workload": {"fake": {"resume": "zero"}}})
+    assert code == 1
+    doc = json.loads((report / "report.json").read_text())
+    relative = next(iter(doc["jobOutput"].values()))
+    for name in ("timeline.svg", relative):
+        (report / name).unlink()
+        (report / name).symlink_to(secret)
+
+    write_html_report(report)
+
+    page = (report / "report.html").read_text()
+    assert "s3cr3t-shadow-hash" not in page
+    err = capsys.readouterr().err
+    assert "not reading timeline.svg is a symbolic link" in err
+    assert f"not reading {relative} is a symbolic link" in err
+
+
+def test_a_fifo_planted_at_the_jobs_output_in_a_report_folder_does_not_hang_html(
+    tmp_path: Path,
+) -> None:
+    code, report = run_fake_drill(tmp_path, {"workload": {"fake": {"resume": "zero"}}})
+    assert code == 1
+    doc = json.loads((report / "report.json").read_text())
+    relative = next(iter(doc["jobOutput"].values()))
+    (report / relative).unlink()
+    os.mkfifo(report / relative)
+    done = threading.Event()
+    threading.Thread(target=lambda: (write_html_report(report), done.set()), daemon=True).start()
+    assert done.wait(10), "report.html blocked reading a FIFO"
+
+
+# --------------------------------------------------------------------- the drill lock
+
+
+def test_a_hard_link_planted_at_the_lock_files_name_is_refused_and_left_untouched(
+    tmp_path: Path, figures: Figures
+) -> None:
+    victim = tmp_path / "passwd"
+    victim.write_bytes(VICTIM)
+    victim.chmod(0o644)
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    lock = DrillLock("slurm\0\0train", job="train", config_path="ci.yaml", directory=locks)
+    os.link(victim, lock.path)
+
+    with pytest.raises(DiscoveryError, match="has 2 hard links; nothing was written"):
+        lock.acquire()
+
+    assert victim.read_bytes() == VICTIM and stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert not lock.held
+    lock.path.unlink()
+    lock.path.symlink_to(victim)
+    with pytest.raises(DiscoveryError, match="is a symbolic link"):
+        lock.acquire()
+    lock.path.unlink()
+    os.mkfifo(lock.path)
+    with pytest.raises(DiscoveryError, match="not a regular file"):
+        lock.acquire()
+    assert victim.read_bytes() == VICTIM
+    figures.add("hostile_files.lock_plants_refused", 3)
+
+
+def test_the_lock_holders_text_is_shown_printable_and_bounded(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    first = DrillLock("k", job="job", config_path="a.yaml", directory=locks)
+    first.acquire()
+    try:
+        hostile = {"pid": "\x1b[2J", "config": "\x1b]0;pwned\x07" + "x" * 3000}
+        fd = os.open(first.path, os.O_WRONLY)
+        os.pwrite(fd, json.dumps(hostile).encode(), 0)
+        os.close(fd)
+        second = DrillLock("k", job="job", config_path="b.yaml", directory=locks)
+        with pytest.raises(DiscoveryError) as caught:
+            second.acquire()
+    finally:
+        first.release()
+    message = str(caught.value)
+    assert "\x1b" not in message and "\x07" not in message
+    assert "pid unknown" in message and "\\x1b]0;pwned\\x07" in message
+    assert len(message) < 600
+
+
+def test_the_default_lock_folder_is_private(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("RECOVERYGATE_LOCK_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(lock_module, "ROOT_LOCK_DIR", tmp_path / "run" / "recoverygate")
+    (tmp_path / "run").mkdir()
+    folder = lock_dir()
+    st = os.lstat(folder)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    folder.chmod(0o777)  # someone opened it up: refused, with the fix
+    with pytest.raises(DiscoveryError, match="not a private folder"):
+        lock_dir()
+
+
+# --------------------------------------------------------------------- job text on screens
+
+HOSTILE_TAIL = [
+    "Traceback (most recent call last):",
+    "~~~~",
+    "```",
+    "````` closes a five-backtick fence",
+    "**[Click to fix your job](https://evil.example/steal)** <img src=https://evil.example/p>",
+    "\x1b[2J\x1b[1;1HRecoveryGate verdict: PASS \x1b]8;;https://evil.example\x07link\x1b]8;;\x07",
+    "RuntimeError: boom",
+]
+
+
+def _summary_doc(summary: str, tail: list[str]) -> dict[str, Any]:
+    return {
+        "drill": "nightly",
+        "verdict": "FAIL",
+        "summary": summary,
+        "checks": [
+            {
+                "name": "resumeStep",
+                "passed": False,
+                "expected": 40,
+                "observed": 0,
+                "message": "[evil](https://evil.example) \x1b[31mred",
+            }
+        ],
+        "failingWorker": "rank 1",
+        "failingWorkerTail": tail,
+        "jobOutput": {"rank 1": "output/rank-1.log"},
+    }
+
+
+def test_the_step_summary_shows_a_hostile_tail_and_summary_as_text(figures: Figures) -> None:
+    text = markdown_summary(
+        _summary_doc(
+            "resumed from step 0 [see here](https://evil.example) # not a heading", HOSTILE_TAIL
+        )
+    )
+    lines = text.splitlines()
+    opening = lines.index("``````")  # one longer than the longest backtick run (5)
+    closing = len(lines) - 1 - lines[::-1].index("``````")
+    assert closing > opening
+    inside = lines[opening + 1 : closing]
+    assert inside[1:4] == ["~~~~", "```", "````` closes a five-backtick fence"]
+    assert all(not line.startswith("``````") for line in inside)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b[2J" in text  # the escape is shown, not run
+    assert "\\[see here\\](https\\://evil.example)" in text
+    assert "\\[evil\\](https\\://evil.example) \\\\x1b\\[31mred" in text
+    assert "](https://evil" not in text.split("``````")[0]  # no link outside the fence
+    figures.add("hostile_files.summary_injections_blocked")
+
+
+def test_the_verdict_block_and_the_status_line_show_control_characters_visibly(
+    tmp_path: Path,
+) -> None:
+    result = run_drill(load_config(_fake_config(tmp_path)), RunOptions(confirmed=True))
+    hostile = replace(
+        result,
+        summary="\x1b[2J\x1b[HRecoveryGate verdict: PASS\r\x1b]0;title\x07 \x9b31m",
+        verdict=Verdict.FAIL,
+    )
+    out = io.StringIO()
+    print_result(hostile, out)
+    shown = out.getvalue()
+    assert not any(c in shown for c in "\x1b\x07\r\x9b")
+    assert "\\x1b[2J\\x1b[HRecoveryGate verdict: PASS\\x0d\\x1b]0;title\\x07 \\x9b31m" in shown
+    status = io.StringIO()
+    LiveStatus(status)(
+        Status(
+            phase=Phase.DISCOVERING,
+            message="found \x1b[31mpid 7\x1b[0m",
+            elapsed=1.0,
+            step=None,
+            since_kill=None,
+            max_recovery_time=None,
+            phase_changed=True,
+        )
+    )
+    assert "\x1b" not in status.getvalue() and "\\x1b[31mpid 7" in status.getvalue()
+
+
+def _fake_config(tmp_path: Path) -> Path:
+    path = tmp_path / "drill.yaml"
+    path.write_text(yaml.safe_dump(merge(FAKE_DRILL, {"workload": {"fake": {"resume": "zero"}}})))
+    return path
+
+
+# --------------------------------------------------------------------- secrets in kept output
+
+TOKENS = {
+    "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345": "hf_[masked]",
+    "ghp_0123456789abcdefghijABCDEFGHIJ012345": "ghp_[masked]",
+    "AKIAIOSFODNN7EXAMPLE": "AKIAIOSF[masked]",
+    "xoxb-123456789012-abcdefghijkl": "xoxb-[masked]",
+    "sk-proj-0123456789abcdefghijklmn": "sk-[masked]",
+    "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc": "Authorization: Bearer [masked]",
+    "--password=hunter2hunter2": "--password=[masked]",
+    "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCY": "AWS_SECRET_ACCESS_KEY=[masked]",
+}
+
+
+def test_common_tokens_are_masked_and_ordinary_lines_kept() -> None:
+    for token, masked in TOKENS.items():
+        assert mask_secrets(f"x {token} y") == f"x {masked} y", token
+    for line in ("step 40 loss=0.25 tokens/s=12000", "task-abcdefghijklmnopqrstuvwxyz", "sk-short"):
+        assert mask_secrets(line) == line
+
+
+class _JobWithSecrets:
+    """A backend's kept output as the runner asks for it (JobOutputSource)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def job_output(self) -> JobOutput:
+        return JobOutput((WorkerOutput("rank 1", self.text),), failing="rank 1")
+
+
+def test_the_job_output_a_report_keeps_is_masked(tmp_path: Path, figures: Figures) -> None:
+    result = run_drill(load_config(_fake_config(tmp_path)), RunOptions(confirmed=True))
+    lines = [f"env: {token}" for token in TOKENS] + ["RuntimeError: boom"]
+    evidence = gather_evidence(result, _JobWithSecrets("\n".join(lines) + "\n"))  # type: ignore[arg-type]
+    report = tmp_path / "report"
+    write_reports(result, load_config(_fake_config(tmp_path)), None, report, [], evidence=evidence)
+    out = io.StringIO()
+    print_result(result, out, evidence)
+    kept = [p.read_text() for p in report.rglob("*") if p.is_file() and p.suffix != ".png"]
+    for token in TOKENS:
+        secret_part = token.split("=")[-1].split(" ")[-1][8:]
+        assert all(secret_part not in text for text in [*kept, out.getvalue()]), token
+    log = (report / "output" / "rank-1.log").read_text()
+    assert all(masked in log for masked in TOKENS.values())
+    figures.add("hostile_files.tokens_masked", len(TOKENS))
