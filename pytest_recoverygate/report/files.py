@@ -591,6 +591,10 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):
         lines += ["", f"No timeline picture: {doc['timelinePictureHint']}."]
+    refused = [e for e in doc.get("timeline") or [] if e.get("kind") == "refused"]
+    if refused:
+        lines += ["", "**Job files the drill refused to read**", ""]
+        lines += [f"- {_md(e.get('detail'))}" for e in refused]
     failed = [c for c in doc.get("checks", []) if c["passed"] is False]
     undecided = [c for c in doc.get("checks", []) if c["passed"] is None]
     if undecided:

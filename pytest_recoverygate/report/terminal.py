@@ -107,6 +107,9 @@ def _write_result(
         stream.write(f"  {line}\n")
     for note in result.notes:
         stream.write(f"  note: {note}\n")
+    for entry in result.timeline:
+        if entry.kind == "refused":  # a job file the drill would not read (a link, a FIFO)
+            stream.write(f"  refused: {shorten(entry.detail)}\n")
     for check in result.checks:
         mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
         stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")

@@ -29,7 +29,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -336,7 +339,12 @@ def test_a_fifo_planted_at_the_jobs_output_in_a_report_folder_does_not_hang_html
     (report / relative).unlink()
     os.mkfifo(report / relative)
     done = threading.Event()
-    threading.Thread(target=lambda: (write_html_report(report), done.set()), daemon=True).start()
+
+    def render() -> None:
+        write_html_report(report)
+        done.set()
+
+    threading.Thread(target=render, daemon=True).start()
     assert done.wait(10), "report.html blocked reading a FIFO"
 
 
@@ -544,3 +552,74 @@ def test_the_job_output_a_report_keeps_is_masked(tmp_path: Path, figures: Figure
     log = (report / "output" / "rank-1.log").read_text()
     assert all(masked in log for masked in TOKENS.values())
     figures.add("hostile_files.tokens_masked", len(TOKENS))
+
+
+# --------------------------------------------------------------------- a real attached drill
+
+AGENT_LIKE = """
+import os, subprocess, sys, time
+for rank in range(2):
+    env = {**os.environ, "RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.local
+def test_an_attached_job_that_swaps_its_output_for_a_symlink_gets_a_refusal_on_the_timeline(
+    tmp_path: Path, secret: Path, figures: Figures
+) -> None:
+    """A torchrun-like agent writing to train.log; once the drill follows it, the job
+    renames a symlink to the secret over train.log. The drill reads nothing through it,
+    and its report's timeline says why; the secret is in no report file."""
+    log = tmp_path / "train.log"
+    log.write_bytes(b"")
+    with open(log, "ab") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-c", AGENT_LIKE], stdout=out, start_new_session=True
+        )
+    config = tmp_path / "attach.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "attach",
+                "workload": {"orchestrator": "local", "attachPid": agent.pid},
+                "injectFailure": {"afterCheckpoint": "step-20"},
+                "expectations": {"maxRecoveryTime": "5s"},
+                "safety": {"requireConfirm": False, "dryRun": True},
+                "timeouts": {"discovery": "20s", "checkpoint": "4s"},
+            }
+        )
+    )
+
+    def swap() -> None:
+        time.sleep(1.5)  # the drill has found the agent and follows its file by now
+        planted = tmp_path / "planted"
+        planted.symlink_to(secret)
+        planted.rename(log)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    report = tmp_path / "report"
+    try:
+        result = run_drill(load_config(config), RunOptions(report_dir=report))
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=30)
+        swapper.join(5)
+    assert result.verdict is Verdict.ERROR
+    refused = [e for e in result.timeline if e.kind == "refused"]
+    assert [e.detail for e in refused] == [
+        f"not reading the job's file {log}: it is a symbolic link (not followed)"
+    ]
+    doc = json.loads((report / "report.json").read_text())
+    assert any(e["kind"] == "refused" for e in doc["timeline"])
+    assert "**Job files the drill refused to read**" in (report / "summary.md").read_text()
+    shown = io.StringIO()
+    print_result(result, shown)
+    assert f"  refused: not reading the job's file {log}: it is a symbolic link" in shown.getvalue()
+    for path in report.rglob("*"):
+        if path.is_file():
+            assert b"s3cr3t-shadow-hash" not in path.read_bytes(), path
+    figures.add("hostile_files.symlinks_refused")
