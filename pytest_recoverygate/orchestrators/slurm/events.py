@@ -10,7 +10,17 @@ from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import OutputSplitter, slurm_task_of
 
-__all__ = ["SlurmEventSource"]
+__all__ = ["SlurmEventSource", "uid_of"]
+
+
+def uid_of(user: str) -> int | None:
+    """The uid of the job's user on this machine (its output file's owner), or None."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid if user else None
+    except KeyError:
+        return None
 
 
 class SlurmEventSource:

@@ -55,7 +55,7 @@ from pytest_recoverygate.orchestrators.slurm.commands import (
     JobGone,
     SlurmCommands,
 )
-from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
+from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource, uid_of
 from pytest_recoverygate.orchestrators.slurm.nodes import (
     NodeKills,
     job_nodes,
@@ -876,7 +876,7 @@ class SlurmOrchestrator:
             self.clock,
             interval=min(self.poll_interval, 0.25),
             on_line=self._on_output_line,
-            owner=_uid_of(job.user),  # the file must be the job user's (filetail)
+            owner=uid_of(job.user),  # the file must be the job user's (filetail)
         )
         tail.start()
 
@@ -892,13 +892,3 @@ class SlurmOrchestrator:
                 return
             watch.gone = True
         self._emit(model.GroupEventKind.WORKER_GONE, f"Slurm reported: {marker}", watch.killed)
-
-
-def _uid_of(user: str) -> int | None:
-    """The uid of the job's user on this machine (the output file's owner), or None."""
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_uid if user else None
-    except KeyError:
-        return None
