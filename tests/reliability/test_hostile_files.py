@@ -139,7 +139,7 @@ def test_a_symlink_at_the_jobs_path_is_never_followed(
     ]  # once, though polled twice
     with pytest.raises(RefusedFile, match="symbolic link"):
         open_job_file(str(link), os.geteuid())
-    figures.add("hostile_files.symlinks_refused")
+    figures.add("hostile_file_attacks")
 
 
 def test_a_file_swapped_for_a_symlink_mid_drill_is_read_to_its_end_and_no_further(
@@ -166,7 +166,7 @@ def test_a_file_swapped_for_a_symlink_mid_drill_is_read_to_its_end_and_no_furthe
     tail.tail.poll_once()
     assert tail.read == b"step 1\nstep 2\nstep 3\n"
     assert tail.notices() == [f"reading the job's file {path} again: it passes the checks"]
-    figures.add("hostile_files.symlinks_refused")
+    figures.add("hostile_file_attacks")
 
 
 def test_a_fifo_at_the_jobs_path_does_not_hang_the_tail(tmp_path: Path, figures: Figures) -> None:
@@ -192,7 +192,7 @@ def test_a_fifo_at_the_jobs_path_does_not_hang_the_tail(tmp_path: Path, figures:
     stopped = time.monotonic()
     tail.tail.stop()
     assert time.monotonic() - stopped < 2
-    figures.add("hostile_files.fifos_refused")
+    figures.add("hostile_file_attacks")
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="a file of another user's needs root to make")
@@ -210,7 +210,7 @@ def test_a_hard_link_to_another_users_file_is_not_read_when_the_drill_is_not_the
         f"not reading the job's file {link}: it is owned by uid 0, not by the job's user "
         f"(uid {JOB_UID}), and the drill runs as uid 0: a link to another user's file"
     ]
-    figures.add("hostile_files.hard_links_refused")
+    figures.add("hostile_file_attacks")
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the root-only rule")
@@ -295,7 +295,7 @@ def test_links_planted_in_a_report_folder_are_replaced_and_their_targets_untouch
     doc = json.loads((report / "report.json").read_text())
     assert doc["timelinePicture"] == "timeline.png"
     assert doc["jobOutput"], "the fake job's output is kept under output/"
-    figures.add("hostile_files.planted_report_links", len(victims) + 1)
+    figures.add("hostile_file_attacks", len(victims) + 1)
 
 
 def test_report_files_are_the_owners_alone(tmp_path: Path) -> None:
@@ -376,7 +376,7 @@ def test_a_hard_link_planted_at_the_lock_files_name_is_refused_and_left_untouche
     with pytest.raises(DiscoveryError, match="not a regular file"):
         lock.acquire()
     assert victim.read_bytes() == VICTIM
-    figures.add("hostile_files.lock_plants_refused", 3)
+    figures.add("hostile_file_attacks", 3)
 
 
 def test_the_lock_holders_text_is_shown_printable_and_bounded(tmp_path: Path) -> None:
@@ -468,7 +468,7 @@ def test_the_step_summary_shows_a_hostile_tail_and_summary_as_text(figures: Figu
     assert "\\[see here\\](https\\://evil.example)" in text
     assert "\\[evil\\](https\\://evil.example) \\\\x1b\\[31mred" in text
     assert "](https://evil" not in text.split("``````")[0]  # no link outside the fence
-    figures.add("hostile_files.summary_injections_blocked")
+    figures.add("hostile_file_attacks")
 
 
 def test_the_verdict_block_and_the_status_line_show_control_characters_visibly(
@@ -551,7 +551,7 @@ def test_the_job_output_a_report_keeps_is_masked(tmp_path: Path, figures: Figure
         assert all(secret_part not in text for text in [*kept, out.getvalue()]), token
     log = (report / "output" / "rank-1.log").read_text()
     assert all(masked in log for masked in TOKENS.values())
-    figures.add("hostile_files.tokens_masked", len(TOKENS))
+    figures.add("hostile_file_attacks", len(TOKENS))
 
 
 # --------------------------------------------------------------------- a real attached drill
@@ -622,4 +622,4 @@ def test_an_attached_job_that_swaps_its_output_for_a_symlink_gets_a_refusal_on_t
     for path in report.rglob("*"):
         if path.is_file():
             assert b"s3cr3t-shadow-hash" not in path.read_bytes(), path
-    figures.add("hostile_files.symlinks_refused")
+    figures.add("hostile_file_attacks")
