@@ -19,6 +19,7 @@ Targets (issue 6, target 3):
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -106,7 +107,9 @@ def file_case(count: int, tmp: Path, interval: float, *, inotify: bool) -> list[
     source = StreamEventSource(wakeup=clock.wakeup)
     path = tmp / f"slurm-{'inotify' if inotify else 'poll'}.out"
     path.write_bytes(b"")
-    tail = OutputTail(str(path), source.feed, clock, interval=interval, use_inotify=inotify)
+    tail = OutputTail(
+        str(path), source.feed, clock, interval=interval, use_inotify=inotify, owner=os.geteuid()
+    )
     tail.start()
     times = tmp / f"file-times-{inotify}.json"
     proc = _start_writer(str(path), count, 0.01, 0.03 if inotify else interval / 2, times)

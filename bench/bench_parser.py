@@ -249,7 +249,7 @@ def _slurm_tail(path: Path) -> Result:
     from pytest_recoverygate.shared.filetail import OutputTail
 
     source = StreamEventSource()
-    tail = OutputTail(str(path), source.feed, RealClock(), interval=0.05)
+    tail = OutputTail(str(path), source.feed, RealClock(), interval=0.05, owner=os.geteuid())
     tracemalloc.start()
     try:
         while tail.poll_once():  # the backlog, in reads of at most 1 MiB

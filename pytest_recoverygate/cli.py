@@ -20,6 +20,7 @@ from recoverygate import __version__
 from pytest_recoverygate.engine.verdict import EXIT_CODES, EXIT_USAGE, Verdict
 from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.report.terminal import print_result, shorten
+from pytest_recoverygate.shared.jobtext import printable
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -333,7 +334,7 @@ class LiveStatus:
 
     @staticmethod
     def _format(status: Status) -> str:
-        parts = [f"[{status.phase.value}]", shorten(status.message)]
+        parts = [f"[{status.phase.value}]", printable(shorten(status.message))]
         if status.step is not None:
             parts.append(f"step {status.step}")
         if status.since_kill is not None and status.max_recovery_time is not None:
@@ -346,8 +347,10 @@ class LiveStatus:
 def _ask(stream_in: TextIO, stream_out: TextIO) -> object:
     def confirm(target: Worker, workload: Workload) -> bool:
         stream_out.write(
-            f"\nAbout to SIGKILL-equivalent {target.describe()} of {workload.job} when the "
-            f"trigger checkpoint completes.\nProceed? [y/N] "
+            printable(
+                f"\nAbout to SIGKILL-equivalent {target.describe()} of {workload.job} when "
+                f"the trigger checkpoint completes.\nProceed? [y/N] "
+            )
         )
         stream_out.flush()
         answer = stream_in.readline().strip().lower()
@@ -429,15 +432,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
         result = run_drill(config, options)
     except UsageError as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(printable(f"{name}: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except DrillInterrupted as exc:
-        print(f"{name}: {exc}; cleanup done", file=sys.stderr)
+        print(printable(f"{name}: {exc}; cleanup done"), file=sys.stderr)
         return EXIT_INTERRUPTED
     except ReportError as exc:
         # the verdict first: it is what happened
         print_result(exc.result, sys.stdout, kept[0] if kept else None)
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(printable(f"{name}: {exc}"), file=sys.stderr)
         return EXIT_ERROR
     print_result(result, sys.stdout, kept[0] if kept else None, report_dir=args.report_dir)
     return result.exit_code

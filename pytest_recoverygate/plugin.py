@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 from recoverygate import __version__
 
+from pytest_recoverygate.shared.jobtext import printable
+
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
     from pytest_recoverygate.engine.machine import DrillResult
@@ -155,7 +157,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if verbosity < 0:
         return
     for nodeid, result in results:
-        terminalreporter.write_line(f"{result.verdict.value} {nodeid}: {result.summary}")
+        terminalreporter.write_line(printable(f"{result.verdict.value} {nodeid}: {result.summary}"))
         for line in figure_lines(result):
             terminalreporter.write_line(f"  {line}")
         evidence = config.stash.get(_EVIDENCE, {}).get(nodeid)
@@ -438,10 +440,10 @@ def _run_and_judge(
         # a drill test in an ordinary unit-test run never kills by surprise
         _skip_drill(node, _unconfirmed(path))
     except UsageError as exc:
-        raise DrillFailed(f"the drill cannot run: {exc}") from None
+        raise DrillFailed(printable(f"the drill cannot run: {exc}")) from None
     except ReportError as exc:
         _record_junit(node, exc.result)
-        raise DrillFailed(str(exc)) from None
+        raise DrillFailed(printable(str(exc))) from None
     except DrillInterrupted:
         raise KeyboardInterrupt from None
     _record_junit(node, result)
@@ -549,5 +551,5 @@ class _TerminalProgress:
             return
         step = f" (step {status.step})" if status.step is not None else ""
         self._reporter.write_line(
-            f"recoverygate {self._nodeid}: [{status.phase.value}] {status.message}{step}"
+            printable(f"recoverygate {self._nodeid}: [{status.phase.value}] {status.message}{step}")
         )

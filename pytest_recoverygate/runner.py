@@ -46,6 +46,7 @@ from pytest_recoverygate.registry.seams import (
     Clock,
     EventSource,
     NodeFaults,
+    Notices,
     Orchestrator,
     RealClock,
     cleanup_once,
@@ -327,8 +328,15 @@ class _Drill:
             actions += self.engine.on_training_event(event)
         for group_event in self.orchestrator.watch_group():
             actions += self.engine.on_group_event(group_event)
+        self._take_notices()
         actions += self.engine.tick(self.clock.now())
         return actions
+
+    def _take_notices(self) -> None:
+        """The event source's notices (a job file it refused to read) onto the timeline."""
+        if isinstance(self.source, Notices):
+            for at, text in self.source.notices():
+                self.engine.note(at, "refused", text)
 
     def _target_node(self, workload: model.Workload, target: model.Worker) -> model.Node:
         """The node a node fault hits: ``targetNode``, else the target rank's node."""
@@ -546,6 +554,7 @@ class _Drill:
         return "; ".join(errors) or None
 
     def _finalize(self, result: DrillResult) -> DrillResult:
+        self._take_notices()
         malformed = self.source.malformed_lines if self.source is not None else 0
         timeline = tuple(sorted(self.engine.timeline_entries(), key=lambda e: e.timestamp))
         from pytest_recoverygate.engine.costs import measure

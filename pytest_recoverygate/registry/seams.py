@@ -78,6 +78,7 @@ __all__ = [
     "EventSource",
     "JobOutputSource",
     "NodeFaults",
+    "Notices",
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
@@ -173,6 +174,15 @@ class JobOutputSource(Protocol):
 
     def job_output(self) -> JobOutput:
         """What the job printed so far, per worker, bounded; callable after ``cleanup()``."""
+        ...
+
+
+@runtime_checkable
+class Notices(Protocol):
+    """Optional for an event source: what it refused to read, and why, for the timeline."""
+
+    def notices(self) -> list[tuple[float, str]]:
+        """The notices (time, text) since the last call, oldest first. Never blocks."""
         ...
 
 

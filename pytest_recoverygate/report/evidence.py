@@ -9,7 +9,7 @@ the diagnoses under the verdict; the report keeps the output files and the diagn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pytest_recoverygate.engine.machine import DrillResult, Verdict
@@ -17,6 +17,7 @@ from pytest_recoverygate.errors import describe_exception
 from pytest_recoverygate.registry.seams import JobOutputSource
 from pytest_recoverygate.report.diagnosis import Diagnosis, clues_from, diagnose
 from pytest_recoverygate.shared.joboutput import EXCERPT_LINES, JobOutput
+from pytest_recoverygate.shared.jobtext import mask_secrets
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -50,7 +51,8 @@ def gather_evidence(
     """Read the job's output from the backend (if it keeps any) and diagnose the result.
 
     Never raises: a backend that fails to hand over its output costs the output, not the
-    verdict.
+    verdict. What is kept is masked (:func:`~pytest_recoverygate.shared.jobtext.mask_secrets`:
+    tokens, keys, ``password=`` values) after the diagnosis has read it whole.
     """
     output: JobOutput | None = None
     if isinstance(orchestrator, JobOutputSource):
@@ -63,4 +65,17 @@ def gather_evidence(
     if result.verdict in _DIAGNOSED:
         text = output.text if output is not None else ""
         diagnoses = diagnose(clues_from(result, text, config))
-    return Evidence(output, diagnoses)
+    return Evidence(_masked(output), tuple(_masked_diagnosis(d) for d in diagnoses))
+
+
+def _masked(output: JobOutput | None) -> JobOutput | None:
+    if output is None:
+        return None
+    workers = tuple(replace(w, text=mask_secrets(w.text)) for w in output.workers)
+    return replace(output, workers=workers)
+
+
+def _masked_diagnosis(diagnosis: Diagnosis) -> Diagnosis:
+    return replace(
+        diagnosis, text=mask_secrets(diagnosis.text), evidence=mask_secrets(diagnosis.evidence)
+    )

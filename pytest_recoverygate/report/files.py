@@ -5,8 +5,9 @@ expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) pl
 breakdown and bookkeeping, the diagnoses of known failure signatures, the failing
 worker's last lines and, in a report folder, the job's own output (``output/*.log``, one
 file per worker, named in ``jobOutput``) and ``report.html``, the folder as one page
-(:mod:`pytest_recoverygate.report.html`). Files are written owner-read/write,
-group/other-read at most (never world-writable), atomically (temp file + rename).
+(:mod:`pytest_recoverygate.report.html`). Files are written owner-only (0600, folders
+0700: the job's output may hold secrets), atomically (temp file + rename), and never
+through a link planted in the folder (:mod:`pytest_recoverygate.shared.safefiles`).
 
 With ``GITHUB_STEP_SUMMARY`` set, every run appends its markdown summary there (pointing
 at ``report.html``: a link with ``$RECOVERYGATE_REPORT_URL``); a step summary that cannot
@@ -15,17 +16,23 @@ be written is reported on stderr and never costs the verdict.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import re
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_recoverygate.engine.machine import DrillResult
 from pytest_recoverygate.errors import describe_exception
+from pytest_recoverygate.shared.jobtext import printable
+from pytest_recoverygate.shared.safefiles import (
+    UnsafeFile,
+    open_folder,
+    read_safely,
+    write_safely,
+)
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -331,7 +338,7 @@ def _write_job_output(evidence: Evidence | None, report_dir: Path) -> dict[str, 
         while name in used:  # two labels that read the same as file names
             name, number = f"{stem}-{number}.log", number + 1
         used.add(name)
-        write_private(report_dir / OUTPUT_FOLDER / name, worker.text)
+        write_private(report_dir / OUTPUT_FOLDER / name, worker.text, root=report_dir)
         files[worker.label] = f"{OUTPUT_FOLDER}/{name}"
     return files
 
@@ -352,19 +359,15 @@ def _append_step_summary(doc: dict[str, Any]) -> None:
         )
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` atomically with mode 0644 (never world-writable)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def write_private(path: Path, text: str | bytes, *, root: Path | None = None) -> None:
+    """Write ``text`` atomically, owner-only (0600), through no planted link.
+
+    ``root``: the report folder ``path`` is in; every folder between them is opened
+    without following a link (see :func:`~pytest_recoverygate.shared.safefiles.write_safely`).
+    Without it only the file's own name is protected (a link there is replaced).
+    """
+    base = path.parent if root is None else root
+    write_safely(base, path.relative_to(base), text)
 
 
 def write_reports(
@@ -387,7 +390,8 @@ def write_reports(
     if report_dir is not None:
         from pytest_recoverygate.report.timeline import PICTURE_HINT, write_timeline_picture
 
-        report_dir.mkdir(parents=True, exist_ok=True)
+        with open_folder(report_dir):
+            pass  # made owner-only when missing
         hint = PICTURE_HINT
         try:
             pictures = write_timeline_picture(doc, report_dir)
@@ -401,17 +405,21 @@ def write_reports(
         doc.update(evidence_to_dict(evidence, files))
         doc["htmlReport"] = HTML_REPORT
         dir_text = json.dumps(doc, indent=2, default=str) + "\n"
-        write_private(report_dir / "report.json", dir_text)
+        write_private(report_dir / "report.json", dir_text, root=report_dir)
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
-        write_private(report_dir / "events.jsonl", events)
-        write_private(report_dir / "summary.md", markdown_summary(doc))
+        write_private(report_dir / "events.jsonl", events, root=report_dir)
+        write_private(report_dir / "summary.md", markdown_summary(doc), root=report_dir)
         try:
             write_html_report(report_dir, doc)
         except Exception as exc:  # a rendering failure must not cost the report
             del doc["htmlReport"]
             doc["htmlReportHint"] = f"report.html could not be rendered ({describe_exception(exc)})"
-            write_private(report_dir / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
-            write_private(report_dir / "summary.md", markdown_summary(doc))
+            write_private(
+                report_dir / "report.json",
+                json.dumps(doc, indent=2, default=str) + "\n",
+                root=report_dir,
+            )
+            write_private(report_dir / "summary.md", markdown_summary(doc), root=report_dir)
             print(f"recoverygate: {doc['htmlReportHint']}", file=sys.stderr)
         written += [
             report_dir / "report.json",
@@ -432,23 +440,41 @@ def write_html_report(report_dir: Path, doc: dict[str, Any] | None = None) -> Pa
     from pytest_recoverygate.report.html import render_report
 
     if doc is None:
-        doc = json.loads((report_dir / "report.json").read_text(encoding="utf-8"))
-    svg_path = report_dir / str(doc.get("timelinePicture") or "timeline.png")
-    svg_path = svg_path.with_suffix(".svg")
-    svg = svg_path.read_text(encoding="utf-8", errors="replace") if svg_path.is_file() else None
+        doc = json.loads(read_safely(report_dir, "report.json").decode("utf-8"))
+    svg_name = Path(str(doc.get("timelinePicture") or "timeline.png")).with_suffix(".svg")
+    svg_bytes = _read_in(report_dir, svg_name)
+    svg = None if svg_bytes is None else svg_bytes.decode("utf-8", "replace")
     outputs: dict[str, str] = {}
     for label, relative in (doc.get("jobOutput") or {}).items():
-        path = report_dir / str(relative)
-        if path.is_file():
-            outputs[str(label)] = path.read_bytes().decode("utf-8", "replace")
+        data = _read_in(report_dir, Path(str(relative)))
+        if data is not None:
+            outputs[str(label)] = data.decode("utf-8", "replace")
     files = sorted(
         p.relative_to(report_dir).as_posix()
         for p in report_dir.rglob("*")
-        if p.is_file() and not p.name.startswith(".") and p.name != HTML_REPORT
+        if p.is_file()
+        and not p.is_symlink()
+        and not p.name.startswith(".")
+        and p.name != HTML_REPORT
     )
     path = report_dir / HTML_REPORT
-    write_private(path, render_report(doc, timeline_svg=svg, outputs=outputs, files=files))
+    html = render_report(doc, timeline_svg=svg, outputs=outputs, files=files)
+    write_private(path, html, root=report_dir)
     return path
+
+
+def _read_in(report_dir: Path, relative: Path) -> bytes | None:
+    """A file of the report folder, or None when missing or unsafe: a planted link, a FIFO,
+    a hard link to another user's file (:func:`.safefiles.read_safely`), said on stderr."""
+    if relative.is_absolute() or ".." in relative.parts:
+        return None
+    try:
+        return read_safely(report_dir, relative)
+    except UnsafeFile as exc:
+        print(f"recoverygate: {report_dir}: not reading {exc.strerror}", file=sys.stderr)
+        return None
+    except OSError:
+        return None
 
 
 def _decision_pictures(doc: dict[str, Any], config: DrillConfig, report_dir: Path) -> list[Path]:
@@ -492,13 +518,44 @@ def _html_link(name: str) -> str:
     return text + "."
 
 
+_MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|~!")  # what means something mid-line
+_LINE_START = re.compile(r"^(?=[#+=>-]|\d+[.)])")  # a heading, list or quote at the start
+
+
+def _md(value: Any) -> str:
+    """``value`` as literal markdown text on one line: every character markdown gives a
+    meaning to is escaped (no link, autolink, image, HTML, heading or code a job's text
+    could make),
+    ``&`` as an entity, line breaks as spaces, control characters made visible."""
+    text = printable(str(value)).replace("\n", " ").replace("&", "&amp;")
+    text = "".join(f"\\{c}" if c in _MARKDOWN_SPECIAL else c for c in text)
+    text = text.replace("://", "\\://").replace("www.", "www\\.")  # no autolink either
+    return _LINE_START.sub("\\\\", text)
+
+
+def _code(value: Any) -> str:
+    """``value`` as an inline code span on one line (a backtick in it becomes ``'``)."""
+    return "`" + printable(str(value)).replace("\n", " ").replace("`", "'") + "`"
+
+
+def _fence(lines: list[str]) -> str:
+    """A code fence no line can close: backticks, one more than the longest run of them."""
+    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
+    return "`" * max(3, longest + 1)
+
+
 def markdown_summary(doc: dict[str, Any]) -> str:
-    """A compact markdown summary of one drill (for GitHub's step summary)."""
+    """A compact markdown summary of one drill (for GitHub's step summary).
+
+    Text that may come from the job (the summary sentence, check messages, diagnoses, its
+    output) is escaped (:func:`_md`) or fenced (:func:`_fence`): it shows as text, never
+    as markdown of its own.
+    """
     icon = {"PASS": "✅", "FAIL": "❌", "ERROR": "⚠️"}.get(doc["verdict"], "ℹ️")
     lines = [
-        f"### {icon} RecoveryGate drill `{doc.get('drill')}`: {doc['verdict']}",
+        f"### {icon} RecoveryGate drill {_code(doc.get('drill'))}: {doc['verdict']}",
         "",
-        doc["summary"],
+        _md(doc["summary"]),
         "",
         "| figure | value |",
         "| --- | --- |",
@@ -520,7 +577,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
             "survivorsKeptTraining",
         )
     for key in keys:
-        lines.append(f"| {key} | {_fmt(doc.get(key))} |")
+        lines.append(f"| {key} | {_md(_fmt(doc.get(key)))} |")
     breakdown = doc.get("breakdown") or {}
     if breakdown:
         lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
@@ -534,15 +591,20 @@ def markdown_summary(doc: dict[str, Any]) -> str:
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):
         lines += ["", f"No timeline picture: {doc['timelinePictureHint']}."]
+    refused = [e for e in doc.get("timeline") or [] if e.get("kind") == "refused"]
+    if refused:
+        lines += ["", "**Job files the drill refused to read**", ""]
+        lines += [f"- {_md(e.get('detail'))}" for e in refused]
     failed = [c for c in doc.get("checks", []) if c["passed"] is False]
     undecided = [c for c in doc.get("checks", []) if c["passed"] is None]
     if undecided:
         lines += ["", "**Undecided checks** (the evidence cannot decide)", ""]
-        lines += [f"- `{c['name']}`: {c['message']}" for c in undecided]
+        lines += [f"- `{c['name']}`: {_md(c['message'])}" for c in undecided]
     if failed:
         lines += ["", "**Failed checks**", ""]
         lines += [
-            f"- `{c['name']}`: {c['message']} (expected {c['expected']}, observed {c['observed']})"
+            f"- `{c['name']}`: {_md(c['message'])} (expected {_md(c['expected'])}, "
+            f"observed {_md(c['observed'])})"
             for c in failed
         ]
     for diagnosis in doc.get("diagnoses") or []:
@@ -550,21 +612,22 @@ def markdown_summary(doc: dict[str, Any]) -> str:
             "",
             f"**Diagnosis: {diagnosis['title']}** ([why and how to fix]({diagnosis['docs']}))",
             "",
-            diagnosis["diagnosis"],
+            _md(diagnosis["diagnosis"]),
             "",
-            f"Evidence: `{diagnosis['evidence'].replace('`', chr(39))}`",
+            f"Evidence: {_md(diagnosis['evidence'])}",
         ]
     tail = doc.get("failingWorkerTail") or []
     if tail and doc.get("verdict") in ("FAIL", "ERROR"):
         where = (doc.get("jobOutput") or {}).get(doc.get("failingWorker"))
-        whole = f" (whole output: `{where}`)" if where else ""
-        fence = "~~~~" if any("```" in line for line in tail) else "```"
+        whole = f" (whole output: {_md(where)})" if where else ""
+        shown = [printable(line) for line in tail]
+        fence = _fence(shown)
         lines += [
             "",
-            f"**Last lines of {doc.get('failingWorker')}**{whole}",
+            f"**Last lines of {_md(doc.get('failingWorker'))}**{whole}",
             "",
             fence,
-            *tail,
+            *shown,
             fence,
         ]
     return "\n".join(lines) + "\n"

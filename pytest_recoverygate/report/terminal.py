@@ -8,8 +8,11 @@ at a word boundary, visibly. Nothing here decides anything: the values are the r
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
+
+from pytest_recoverygate.shared.jobtext import printable
 
 if TYPE_CHECKING:
     from pytest_recoverygate.engine.machine import DrillResult
@@ -84,7 +87,19 @@ def print_result(
     report_dir: Path | None = None,
 ) -> None:
     """The verdict block: a sentence, the figures, every check; then the diagnoses of
-    known failure signatures and, on FAIL or ERROR, the failing worker's last lines."""
+    known failure signatures and, on FAIL or ERROR, the failing worker's last lines.
+
+    The job's text in it (its output, process names, paths) is shown with its control
+    characters made visible (:func:`~pytest_recoverygate.shared.jobtext.printable`)."""
+    block = io.StringIO()
+    _write_result(result, block, evidence, report_dir)
+    stream.write(printable(block.getvalue()))
+    stream.flush()
+
+
+def _write_result(
+    result: DrillResult, stream: TextIO, evidence: Evidence | None, report_dir: Path | None
+) -> None:
     stream.write(f"\nRecoveryGate verdict: {result.verdict.value}\n  {shorten(result.summary)}\n")
     if result.target is not None:
         stream.write(f"  target: {result.target.describe()}\n")
@@ -92,12 +107,14 @@ def print_result(
         stream.write(f"  {line}\n")
     for note in result.notes:
         stream.write(f"  note: {note}\n")
+    for entry in result.timeline:
+        if entry.kind == "refused":  # a job file the drill would not read (a link, a FIFO)
+            stream.write(f"  refused: {shorten(entry.detail)}\n")
     for check in result.checks:
         mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
         stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")
     if evidence is not None:
         _print_evidence(result, evidence, stream, report_dir)
-    stream.flush()
 
 
 def _print_evidence(

@@ -33,6 +33,7 @@ __all__ = ["READ_SIZE", "StreamEventSource", "to_training_event"]
 READ_SIZE = 64 * 1024
 _KINDS = {kind.value: kind for kind in TrainingEventKind}
 _JOIN_TIMEOUT = 5.0
+_NOTICE_LIMIT = 100  # notices kept between two polls (a file flapping between kinds)
 
 
 class _Readable(Protocol):
@@ -89,6 +90,7 @@ class StreamEventSource:
         self._closed = False
         self._stop: tuple[int, int] | None = None  # a pipe, readable once close() is called
         self._open_streams = 0
+        self._notices: list[tuple[float, str]] = []
 
     # ------------------------------------------------------------------ EventSource
 
@@ -121,6 +123,24 @@ class StreamEventSource:
         if not self._threads:  # a reader stuck in a callback keeps the pipe it polls
             os.close(stop[0])
             os.close(stop[1])
+
+    # ------------------------------------------------------------------ notices
+
+    def notice(self, text: str) -> None:
+        """Say something about the reading itself (a file refused, and why) for the
+        drill's timeline; from any thread."""
+        at = self._clock()
+        with self._lock:
+            if len(self._notices) < _NOTICE_LIMIT:
+                self._notices.append((at, text))
+        if self._wakeup is not None:
+            self._wakeup()
+
+    def notices(self) -> list[tuple[float, str]]:
+        """The notices since the last call, (time, text), oldest first."""
+        with self._lock:
+            notices, self._notices = self._notices, []
+        return notices
 
     # ------------------------------------------------------------------ feeding
 

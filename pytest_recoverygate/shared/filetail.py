@@ -8,13 +8,24 @@ new byte on exactly once, in bounded memory, surviving truncation, rewriting and
 (see its docstring). inotify (Linux, through ctypes) wakes it early where it works; the
 poll interval still bounds the wait, because inotify does not see writes from other
 nodes on network file systems.
+
+The file's path is the job's, and the drill may run with more rights than the job (root
+for node faults, a Slurm operator): every open is :func:`open_job_file`, which never
+follows a symbolic link at the last component (``O_NOFOLLOW``), never blocks on a FIFO
+(``O_NONBLOCK``), reads only a regular file (``S_ISREG`` after the open), and, when the
+drill's user is not the job's, only a file the job's user owns (a hard link to a file of
+root's, or of another user's, is refused). Every reopen is checked again, so a file
+swapped after the drill started is caught at the next poll; a refusal is said once, with
+its reason, through ``on_notice`` (the backends put it on the drill's timeline).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
+import stat
 import struct
 import sys
 import threading
@@ -26,7 +37,7 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     from pytest_recoverygate.shared.clock import Clock
 
-__all__ = ["MARKER_LINE_KEEP", "READ_CHUNK", "OutputTail"]
+__all__ = ["MARKER_LINE_KEEP", "READ_CHUNK", "OutputTail", "RefusedFile", "open_job_file"]
 
 
 #: Largest single read of the output file: a backlog or a giant line is handed on in
@@ -35,6 +46,72 @@ READ_CHUNK = 1024 * 1024
 #: Bytes of the current unfinished line kept for ``on_line`` (what it looks for -- SLURM's
 #: failure markers -- is short and ends its line, so a long line's last bytes matter).
 MARKER_LINE_KEEP = 4096
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class RefusedFile(OSError):
+    """The job's file is there, but the drill will not read it (the reason is the text)."""
+
+
+def _owner_problem(st: os.stat_result, owner: int | None) -> str | None:
+    """Why a file of ``st.st_uid`` must not be read for a job of ``owner``, or None.
+
+    Reading as the job's own user gives nothing the job could not read itself, so the
+    owner is checked only when the drill's user differs: then the file must be the job
+    user's. Unknown owner: as root, a file root owns is refused (what a job would want
+    read through the drill is root's: ``/etc/shadow``, a munge key).
+    """
+    euid = os.geteuid()
+    if owner is None:
+        if euid == 0 and st.st_uid == 0:
+            return (
+                "it is owned by root, and the drill runs as root without knowing the job's "
+                "user (a job's output file is its user's)"
+            )
+        return None
+    if owner not in (euid, st.st_uid):
+        return (
+            f"it is owned by uid {st.st_uid}, not by the job's user (uid {owner}), and the "
+            f"drill runs as uid {euid}: a link to another user's file"
+        )
+    return None
+
+
+def open_job_file(path: str, owner: int | None = None) -> tuple[BinaryIO, os.stat_result]:
+    """Open a file a job controls for reading, safely; raise :class:`RefusedFile` if not.
+
+    ``O_NOFOLLOW`` (a symbolic link is refused), ``O_NONBLOCK`` (a FIFO does not block
+    the open), then ``fstat`` of what was opened: a regular file only, owned by ``owner``
+    when the drill runs as another user (see :func:`_owner_problem`). OSError other than
+    a refusal (not there) propagates.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EMLINK and os.path.islink(path)):
+            raise RefusedFile(exc.errno, "it is a symbolic link (not followed)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+            raise RefusedFile(errno.EINVAL, f"it is {kind}, not a regular file")
+        problem = _owner_problem(st, owner)
+        if problem is not None:
+            raise RefusedFile(errno.EPERM, problem)
+        return open(fd, "rb", closefd=True), st
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class _Inotify:
@@ -156,6 +233,12 @@ class OutputTail:
     on_start_over: Callable[[], None] | None = None
     use_inotify: bool = True
     name: str = "recoverygate-tail"
+    #: The job's user (uid): a file someone else owns is refused when the drill runs as
+    #: another user (see :func:`open_job_file`); None: unknown.
+    owner: int | None = None
+    #: Told once per refusal why the file is not read (a symlink, a FIFO, the owner), and
+    #: when it is read again.
+    on_notice: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self._offset = 0
@@ -171,6 +254,8 @@ class OutputTail:
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None  # a pipe that cuts the wait short on stop()
         self.restarts = 0
+        #: Why the file is not read now (None: it is, or it is not there yet).
+        self.refused: str | None = None
         #: Whether the thread waits on inotify (False: polling only), once it has started.
         self.inotify = False
 
@@ -193,8 +278,8 @@ class OutputTail:
         rewrite is still noticed and read from its start.
         """
         try:
-            with open(self.path, "rb") as handle:
-                st = os.fstat(handle.fileno())
+            handle, st = self._open()
+            with handle:
                 self._inode = (st.st_dev, st.st_ino)
                 self._offset = st.st_size
                 self._head = os.pread(handle.fileno(), self._HEAD_CHECK, 0)
@@ -229,14 +314,15 @@ class OutputTail:
     def poll_once(self) -> int:
         """Read what is new; return the number of bytes handed on. Used by the thread."""
         try:
-            handle: BinaryIO = open(self.path, "rb")  # noqa: SIM115 - kept for the next poll
+            handle, st = self._open()
+        except RefusedFile:
+            # What was read before the swap was checked: finish it, then read nothing
+            # until a file that passes the checks is there again.
+            handed = self._drain_old_file()
+            self._close_handle()
+            return handed
         except OSError:
             return 0  # not there (yet, or between a rename and its replacement)
-        try:
-            st = os.fstat(handle.fileno())
-        except OSError:
-            handle.close()
-            return 0
         inode = (st.st_dev, st.st_ino)
         handed = 0
         if self._inode is not None and inode != self._inode:
@@ -259,6 +345,22 @@ class OutputTail:
         ):
             self._start_over()
         return handed + self._read(handle, st.st_size)
+
+    def _open(self) -> tuple[BinaryIO, os.stat_result]:
+        """The file, checked (:func:`open_job_file`); a refusal is said once, when new."""
+        try:
+            opened = open_job_file(self.path, self.owner)
+        except RefusedFile as exc:
+            if exc.strerror != self.refused:
+                self.refused = exc.strerror
+                if self.on_notice is not None:
+                    self.on_notice(f"not reading the job's file {self.path}: {exc.strerror}")
+            raise
+        if self.refused is not None:
+            self.refused = None
+            if self.on_notice is not None:
+                self.on_notice(f"reading the job's file {self.path} again: it passes the checks")
+        return opened
 
     def _read(self, handle: BinaryIO, size: float) -> int:
         """Hand on the bytes from the offset to ``size`` (and whatever the last read finds)."""

@@ -7,13 +7,20 @@ confirmation prompt and long before the kill, so the second drill ends in ERROR 
 touched nothing.
 
 How: ``fcntl.flock`` on ``recoverygate-<sha256 of the key>.lock`` in
-``$RECOVERYGATE_LOCK_DIR``, else ``$XDG_RUNTIME_DIR``, else the temp dir. The kernel
+``$RECOVERYGATE_LOCK_DIR``, else (as root) ``/run/recoverygate``, else
+``$XDG_RUNTIME_DIR``, else ``recoverygate-<uid>`` in the temp dir: a folder only its user
+can write, made 0700 and checked (a folder, not a link, the user's, no group/other bits),
+never the shared temp dir itself, where another user could plant a hard link to
+``/etc/passwd`` at the lock's name for root to truncate, or text for its message. The lock
+file is opened without following a link and used only if it is a regular file of the
+drill's user with one link (``S_ISREG``, owner, ``st_nlink == 1``). The kernel
 drops a flock when its holder dies (even by SIGKILL), so a crashed drill never leaves a
 stale lock; the file only carries the holder's pid and config path for the message.
 The file is unlinked on release; a waiter that locked an unlinked inode notices (the
 inode no longer matches the path) and tries again, so two holders can never coexist.
-The lock covers drills on one machine (the usual case: one CI runner or one login
-node); drills started from different machines against one cluster are not seen.
+The lock covers drills on one machine by one user (the usual case: one CI runner or one
+login node); drills started by another user, or from different machines against one
+cluster, are not seen.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +42,39 @@ from pytest_recoverygate.errors import DiscoveryError
 __all__ = ["DrillLock", "LockScope", "job_lock", "job_scope", "lock_dir", "lock_path"]
 
 _ATTEMPTS = 5  # re-tries after locking a file another holder unlinked meanwhile
+ROOT_LOCK_DIR = Path("/run/recoverygate")  # root's: in a folder only root can write
+_HOLDER_TEXT = 200  # characters of the holder's config path shown in the message
 
 
 def lock_dir() -> Path:
-    """Where lock files live: $RECOVERYGATE_LOCK_DIR, $XDG_RUNTIME_DIR, or the temp dir."""
-    for name in ("RECOVERYGATE_LOCK_DIR", "XDG_RUNTIME_DIR"):
-        value = os.environ.get(name)
-        if value and os.path.isdir(value) and os.access(value, os.W_OK | os.X_OK):
-            return Path(value)
-    return Path(tempfile.gettempdir())
+    """Where lock files live: $RECOVERYGATE_LOCK_DIR, else ``/run/recoverygate`` as root,
+    else $XDG_RUNTIME_DIR, else a private ``recoverygate-<uid>`` folder in the temp dir."""
+    value = os.environ.get("RECOVERYGATE_LOCK_DIR")
+    if value and os.path.isdir(value) and os.access(value, os.W_OK | os.X_OK):
+        return Path(value)
+    uid = os.geteuid()
+    if uid == 0 and ROOT_LOCK_DIR.parent.is_dir():
+        return _private_folder(ROOT_LOCK_DIR)
+    value = os.environ.get("XDG_RUNTIME_DIR")
+    if uid != 0 and value and os.path.isdir(value) and os.access(value, os.W_OK | os.X_OK):
+        return Path(value)
+    return _private_folder(Path(tempfile.gettempdir()) / f"recoverygate-{uid}")
+
+
+def _private_folder(path: Path) -> Path:
+    """``path``, made 0700 if missing; refused unless it is a folder (not a link) of the
+    drill's user that no one else can write or read."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    uid = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        raise DiscoveryError(
+            f"the drill lock folder {path} is not a private folder of uid {uid} (found "
+            f"{stat.filemode(st.st_mode)}, owner uid {st.st_uid}); remove it, or set "
+            "RECOVERYGATE_LOCK_DIR to a folder only you can write"
+        )
+    return path
 
 
 def lock_path(key: str, directory: Path | None = None) -> Path:
@@ -135,11 +167,35 @@ class DrillLock:
     # ------------------------------------------------------------------ internals
 
     def _open(self) -> int:
-        flags = os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        """The lock file, opened without following a link, checked before any write."""
+        flags = os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            return os.open(self.path, flags | os.O_RDWR, 0o644)
-        except PermissionError:  # another user's lock file: flock works read-only too
-            return os.open(self.path, flags | os.O_RDONLY)
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise DiscoveryError(self._unsafe("it is a symbolic link")) from None
+        st = os.fstat(fd)
+        problem = (
+            "it is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else f"it is owned by uid {st.st_uid}, not {os.geteuid()}"
+            if st.st_uid != os.geteuid()
+            else f"it has {st.st_nlink} hard links"
+            if st.st_nlink != 1
+            else None
+        )
+        if problem is not None:
+            os.close(fd)
+            raise DiscoveryError(self._unsafe(problem))
+        return fd
+
+    def _unsafe(self, why: str) -> str:
+        return (
+            f"the drill lock file {self.path} for {self.job} is not safe to use: {why}; "
+            "nothing was written to it. Remove it (someone may have planted it), or set "
+            "RECOVERYGATE_LOCK_DIR to a folder only you can write"
+        )
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -157,12 +213,19 @@ class DrillLock:
             os.pwrite(fd, data, 0)
 
     def _busy_message(self, holder: dict[str, object]) -> str:
-        pid = holder.get("pid", "unknown")
-        config = holder.get("config", "unknown")
+        pid = holder.get("pid")
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else "unknown"
+        config = _shown(holder.get("config", "unknown"))
         return (
             f"another drill (pid {pid}, config {config}) is already running against "
             f"{self.job}; wait for it or stop it (lock file {self.path})"
         )
+
+
+def _shown(value: object) -> str:
+    """The holder's text as the message shows it: printable, one line, bounded."""
+    text = str(value)[:_HOLDER_TEXT]
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _read_holder(fd: int) -> dict[str, object]:

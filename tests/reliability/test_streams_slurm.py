@@ -145,6 +145,7 @@ class OutputFile:
             interval=interval,
             on_line=self._line,
             use_inotify=use_inotify,
+            owner=os.geteuid(),  # the stand-in job writes as the test's own user
         )
         self.events: list[TrainingEvent] = []
         self.markers: list[str] = []

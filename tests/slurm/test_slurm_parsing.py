@@ -236,6 +236,7 @@ class Tail:
             SimulatedClock(),
             on_line=lambda line, _t: self.lines.append(line),
             on_start_over=self._started_over,
+            owner=os.geteuid(),  # the file is the test's own
         )
 
     def _started_over(self) -> None:

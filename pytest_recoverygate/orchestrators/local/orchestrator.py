@@ -509,6 +509,7 @@ class LocalOrchestrator(LaunchedJob):
             agent = psutil.Process(self.attach_pid)
             self._agent = Identity.of(agent)
             stdout = next((f.path for f in agent.open_files() if f.fd == 1), None)
+            owner = agent.uids().effective  # the agent's output file must be its user's
         except psutil.NoSuchProcess as exc:
             raise DiscoveryError(
                 f"workload.attachPid {self.attach_pid}: no such process; give the pid of a "
@@ -533,6 +534,8 @@ class LocalOrchestrator(LaunchedJob):
             interval=POLL_INTERVAL,
             on_start_over=self._attached_started_over,
             name="recoverygate-local-output",
+            owner=owner,
+            on_notice=self._source.notice,
         )
         self._tail.seek_end()
         self._tail.start()

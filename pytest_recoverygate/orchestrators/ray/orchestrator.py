@@ -731,6 +731,10 @@ class RayOrchestrator(LaunchedJob):
     def _follow_logs(self, attempt: TrainAttempt) -> None:
         if self._worker_logs is None:
             return
+        try:  # the logs folder's user writes the worker logs (not followed if a link)
+            owner: int | None = os.lstat(self._worker_logs).st_uid
+        except OSError:
+            owner = None
         for worker in attempt.workers:
             for path in self._worker_logs.glob(f"worker-*-{worker.pid}.out"):
                 key = str(path)
@@ -743,6 +747,8 @@ class RayOrchestrator(LaunchedJob):
                     self._clock,
                     interval=0.2,
                     name=f"ray-worker-{worker.pid}",
+                    owner=owner,
+                    on_notice=self._source.notice,
                 )
                 self._tails[key] = tail
                 tail.start()

@@ -10,7 +10,17 @@ from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import OutputSplitter, slurm_task_of
 
-__all__ = ["SlurmEventSource"]
+__all__ = ["SlurmEventSource", "uid_of"]
+
+
+def uid_of(user: str) -> int | None:
+    """The uid of the job's user on this machine (its output file's owner), or None."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid if user else None
+    except KeyError:
+        return None
 
 
 class SlurmEventSource:
@@ -38,6 +48,7 @@ class SlurmEventSource:
         interval: float,
         on_line: Callable[[bytes, float], None] | None = None,
         use_inotify: bool = True,
+        owner: int | None = None,
     ) -> OutputTail:
         """The tail of ``path`` that feeds this source (not started: call ``start()``)."""
         if self.tail is not None:
@@ -51,6 +62,8 @@ class SlurmEventSource:
             on_start_over=self._started_over,
             use_inotify=use_inotify,
             name="recoverygate-slurm-tail",
+            owner=owner,
+            on_notice=self._stream.notice,
         )
         return self.tail
 
@@ -60,6 +73,10 @@ class SlurmEventSource:
     @property
     def malformed_lines(self) -> int:
         return self._stream.malformed_lines
+
+    def notices(self) -> list[tuple[float, str]]:
+        """The tail's refusals of the output file (a symlink, a FIFO, another owner)."""
+        return self._stream.notices()
 
     def close(self) -> None:
         if self.tail is not None:

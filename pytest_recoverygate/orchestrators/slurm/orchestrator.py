@@ -55,7 +55,7 @@ from pytest_recoverygate.orchestrators.slurm.commands import (
     JobGone,
     SlurmCommands,
 )
-from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
+from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource, uid_of
 from pytest_recoverygate.orchestrators.slurm.nodes import (
     NodeKills,
     job_nodes,
@@ -876,6 +876,7 @@ class SlurmOrchestrator:
             self.clock,
             interval=min(self.poll_interval, 0.25),
             on_line=self._on_output_line,
+            owner=uid_of(job.user),  # the file must be the job user's (filetail)
         )
         tail.start()
 

@@ -7,10 +7,12 @@ cheap as the reporter for the start-up hook.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -142,16 +144,26 @@ def fsync_tree(path: str) -> None:
 
 
 def write_marker(folder: str, step: int, *, fsync: bool) -> None:
-    """Mark ``folder`` complete: written to a temporary name, then renamed into place."""
+    """Mark ``folder`` complete: written to a temporary name, then renamed into place.
+
+    The temporary file is a fresh one (``mkstemp``: ``O_CREAT|O_EXCL``, a random name), so
+    a link planted at a predictable name cannot redirect the write.
+    """
     marker = os.path.join(folder, MARKER_NAME)
-    tmp = f"{marker}.tmp-{os.getpid()}"
     body = json.dumps({"step": int(step), "worldSize": world_size()}, separators=(",", ":"))
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(body + "\n")
-        if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, marker)
+    fd, tmp = tempfile.mkstemp(prefix=f".{MARKER_NAME}.", suffix=".tmp", dir=folder)
+    try:
+        os.fchmod(fd, 0o644)  # readable like the checkpoint beside it (mkstemp: 0600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(body + "\n")
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, marker)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if fsync:
         _fsync_path(folder, os.O_RDONLY)
 
