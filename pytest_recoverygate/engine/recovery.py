@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_recoverygate.engine import checks as checks_of
+from pytest_recoverygate.engine import replay as replay_of
 from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
 from pytest_recoverygate.engine.model import GroupEventKind
 from pytest_recoverygate.engine.spec import DrillSpec, Sustain
@@ -83,6 +84,7 @@ class KillRecord:
     details: dict[str, Any] = field(default_factory=dict)
     slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
     window: Window | None = None  # the sustain window, once it opened
+    replay: dict[str, Any] | None = None  # expectations.replay's figures (engine/replay.py)
 
 
 def restarts(ledger: Ledger, kill: KillRecord) -> int:
@@ -260,6 +262,17 @@ def judge(
         sustained = sustain_check(spec, kill, inc, past, now, final=final)
         if sustained is not None:
             checks.append(sustained)
+        # issue 33: replay equivalence, judged in pytest_recoverygate.engine.replay
+        replay_check, kill.replay = replay_of.judge_kill(
+            ev,
+            spec.replay,
+            kill_index=kill.index,
+            kill_time=kill.time,
+            judged=inc,
+            resumed_from=resume.step,
+        )
+        if replay_check is not None:
+            checks.append(replay_check)
     rank_states: list[dict[str, Any]] = []
     if (
         inc is not None
@@ -332,6 +345,7 @@ def judge(
         resume_basis=resume.basis if resume is not None else None,
         resume_upper_bound=resume.upper if resume is not None else None,
         sustained=_sustained(kill, spec),
+        replay=kill.replay,
     )
 
 
