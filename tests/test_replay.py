@@ -11,7 +11,9 @@ We test these aspects:
   nothing to compare (inconclusive, with the fix), ``report`` never changing the verdict,
   every recovery of ``count: N`` compared on its own, ``replaySteps`` delaying the kill
   (and a ``delay`` overriding it);
-- the report: ``replay`` at the top and per recovery, the ``replay_matches`` check.
+- the report: ``replay`` at the top and per recovery, the ``replay_matches`` check; the
+  page and the terminal show the compared steps side by side, the timeline picture marks
+  the first divergent step.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pytest_recoverygate.engine.spec import ReplaySpec
 from pytest_recoverygate.engine.verdict import FailureReason
 from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.base import SimulatedClock
+from pytest_recoverygate.report.terminal import replay_lines
+from pytest_recoverygate.report.timeline import build_figure
 from pytest_recoverygate.runner import RunOptions, run_drill
 
 EXACT = ReplaySpec("exact")
@@ -308,3 +312,37 @@ def test_each_recovery_of_count_n_is_compared_on_its_own(tmp_path: Path) -> None
         assert replay["stepsCompared"] >= 5
         assert replay["steps"][0]["step"] == recovery["resumeStep"] + 1
         assert replay["firstDivergentStep"] is None
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def test_the_page_the_terminal_and_the_picture_show_the_compared_steps(tmp_path: Path) -> None:
+    text = BASE.format(
+        fake=", stepsPerSecond: 50, replay: data", failure="", expect="  replay: exact\n"
+    )
+    config = parse_config(text, tmp_path / "drill.yaml")
+    clock = SimulatedClock()
+    folder = tmp_path / "report"
+    result = run_drill(
+        config,
+        RunOptions(report_dir=folder, handle_signals=False, confirmed=True),
+        clock=clock,
+        orchestrator=build_orchestrator(config, clock),
+    )
+    doc = json.loads((folder / "report.json").read_text())
+    first = doc["replay"]["firstDivergentStep"]
+    page = (folder / "report.html").read_text()
+    assert "<h2>Replay</h2>" in page
+    assert "first divergent" in page
+    assert repr(doc["replay"]["steps"][0]["killed"]) in page
+    lines = replay_lines(result)
+    assert lines[0].startswith("replayed steps (exact)")
+    assert any(line.split()[0] == str(first) and "data differs" in line for line in lines[1:])
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(doc)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert f"replay diverged at step {first}" in labels
