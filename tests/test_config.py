@@ -234,6 +234,22 @@ def test_a_bad_replay_is_refused_at_its_line_and_key(
     assert problem in message
 
 
+def test_replay_is_refused_with_live_recovery(tmp_path: Path) -> None:
+    text = """\
+        workload:
+          orchestrator: fake
+          fake: {replicas: 2}
+        injectFailure:
+          afterStep: 50
+        expectations:
+          recovery: live
+          replay: exact
+        """
+    path = write(tmp_path, text)
+    message = problem_line(error_of(path), path, 8, "expectations.replay")
+    assert "recovery: live" in message
+
+
 def test_a_local_drill_resolves_workdir_against_the_config_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -228,6 +228,20 @@ class Expectations(Section):
         le=1_000_000,
     )
 
+    @model_validator(mode="after")
+    def _replay_restart_only(self) -> Expectations:
+        """issue 33: a replay compares a restarted job's redone steps; live has none."""
+        if self.recovery == "live" and self.replay != "report":
+            raise refuse(
+                "compares the steps a restarted job redoes; with recovery: live the "
+                "survivors never redo a step",
+                "report (with recovery: live)",
+                "remove replay, or use recovery: restart",
+                key=("replay",),
+                got=str(self.replay) if isinstance(self.replay, str) else "a tolerance",
+            )
+        return self
+
 
 class Projection(Section):
     """Project the measured failure cost to a large run (``recoverygate goodput``)."""
