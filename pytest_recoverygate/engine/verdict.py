@@ -382,6 +382,12 @@ class DrillResult(_Judged):
         return self.verdict.exit_code
 
     @property
+    def replay(self) -> dict[str, Any] | None:
+        """expectations.replay's figures of the headline recovery (engine/replay.py)."""
+        headline = self.headline
+        return headline.replay if headline is not None else None
+
+    @property
     def inconclusive(self) -> bool:
         """ERROR because the evidence cannot decide (not because the drill could not run)."""
         return self.verdict is Verdict.ERROR and any(c.undecided for c in self.checks)
