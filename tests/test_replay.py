@@ -108,6 +108,16 @@ def test_a_differing_batch_diverges_even_with_the_same_loss() -> None:
     assert figures.data_matched is False
 
 
+def test_only_steps_past_the_resume_are_replayed_steps() -> None:
+    old = run(s20=9.0, s21=0.5, s22=0.25)
+    new = run(s20=1.0, s21=0.5, s22=0.25)  # a line at the loaded step: the state it holds
+    check, figures = judge(old, new, EXACT, resumed_from=20)
+    assert check is not None
+    assert check.passed is True
+    assert figures is not None
+    assert [row[0] for row in figures.steps] == [21, 22]
+
+
 def test_nan_matches_nan_only() -> None:
     both = judge(run(s1=math.nan), run(s1=math.nan), EXACT)[0]
     one = judge(run(s1=1.0), run(s1=math.nan), ReplaySpec("tolerance", rtol=1.0))[0]

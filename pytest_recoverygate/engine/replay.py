@@ -148,11 +148,17 @@ def judge(
     resumed_from: int | None = None,
 ) -> tuple[Check | None, ReplayFigures | None]:
     """Compare the steps both runs reported with a loss; the check (None with ``report``)
-    and the figures (None when neither run reported a loss and nothing is judged)."""
+    and the figures (None when neither run reported a loss and nothing is judged).
+
+    Only steps past ``resumed_from`` are replayed steps: a line of the replacement at or
+    below the step it resumed from is the state it loaded, or a step it should not have
+    redone (which the resume checks judge), never a replay of the killed run's.
+    """
+    floor = -1 if resumed_from is None else resumed_from
     common = sorted(
         step
         for step, (loss, _) in replacement.items()
-        if loss is not None and step in killed and killed[step][0] is not None
+        if step > floor and loss is not None and step in killed and killed[step][0] is not None
     )
     killed_losses = [s for s, (loss, _) in killed.items() if loss is not None]
     killed_at = max(killed_losses, default=None)
