@@ -8,7 +8,12 @@ Targets (issue 6, target 1), each against a limit measured in this run:
 - one emitted line <= 2 us (``progress`` with a zero interval, to /dev/null: the whole
   slow path, clock read, formatting and the ``os.write``).
 - <= 1 progress line per 100 ms by default: a 2 s loop of back-to-back calls, lines
-  counted in the file they went to (the first two lines of a process are free by design).
+  counted in the file they went to (the replay window, the first 32 calls of a process,
+  prints unthrottled by design).
+- ``progress(step, loss=t)`` when it does not print <= 2x an empty call with the same
+  arguments (issue 33), ``t`` a 0-d torch tensor when torch is installed; and the proof
+  that ``float()`` runs only on the calls that print: a loss object counting its
+  conversions, over 1 s of back-to-back calls, has exactly one per printed line.
 - a training loop of 1M steps with a realistic tiny step (a numpy SGD step of a linear
   model: two 32x16 matmuls and three element-wise ops) <= 1 % slower with the reporter than
   without: runs of the two loops are interleaved in pairs, CPU time per run, the median of
@@ -42,8 +47,28 @@ from recoverygate import reporter
 from bench._common import Result, info, main_for, median, percentile
 
 
-def _noop(step: Any) -> None:
+def _noop(step: Any, loss: Any = None, data: Any = None) -> None:
     """The empty function call the reporter is compared with (same signature)."""
+
+
+class _CountingLoss:
+    """A loss that counts its ``float()`` conversions (a GPU tensor's is a device sync)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.floats = 0
+
+    def __float__(self) -> float:
+        self.floats += 1
+        return self.value
+
+
+def _a_loss() -> tuple[Any, str]:
+    try:
+        import torch
+    except ImportError:
+        return 0.5, "a float"
+    return torch.tensor(0.5), "a 0-d torch tensor"
 
 
 @contextlib.contextmanager
@@ -175,7 +200,7 @@ def line_rate(quick: bool) -> list[Result]:
             if doc["event"] == "progress":
                 times.append(doc["time"])
     lines = len(times)
-    free = 2  # the first two progress lines of a process always print (documented)
+    free = reporter.DEFAULT_REPLAY_WINDOW  # the replay window prints unthrottled (documented)
     per_100ms = max(lines - free, 0) / (duration / 0.1)
     gaps = [b - a for a, b in zip(times[free - 1 :], times[free:], strict=False)]
     return [
@@ -400,8 +425,60 @@ def training_loop(quick: bool) -> list[Result]:
     return out
 
 
+def with_loss(quick: bool) -> list[Result]:
+    """issue 33: ``progress(step, loss=t)`` between lines, and no ``float()`` unprinted."""
+    number, repeat = (200_000, 5) if quick else (2_000_000, 9)
+    loss, what = _a_loss()
+    with open(os.devnull, "w") as devnull, _configured(stream=devnull, rank=0, replay_window=0):
+        env = {"noop": _noop, "progress": reporter.progress, "t": loss}
+        reporter.progress(0, loss=loss)
+        reporter.progress(1, loss=loss)
+        empty, prog = _best_pair("noop(7, loss=t)", "progress(7, loss=t)", env, number, repeat)
+    out = [
+        Result(
+            "progress(step, loss=t) not emitting, reporting rank, between lines",
+            prog * 1e9,
+            2 * empty * 1e9,
+            "ns/call",
+            baseline=f"2x empty call with the same arguments ({empty * 1e9:.1f} ns)",
+            extra={"empty_call_ns": empty * 1e9, "x_empty": prog / empty, "loss": what},
+            note=f"{prog / empty:.2f}x the empty call; t is {what}",
+        )
+    ]
+    counting = _CountingLoss(0.25)
+    duration = 0.3 if quick else 1.0
+    with tempfile.TemporaryDirectory(prefix="rg-bench-") as tmp:
+        path = Path(tmp) / "out.log"
+        with open(path, "w") as handle, _configured(stream=handle, rank=0):
+            progress, calls = reporter.progress, 0
+            end = time.monotonic() + duration
+            while time.monotonic() < end:
+                for step in range(calls, calls + 1000):
+                    progress(step, loss=counting)
+                calls += 1000
+        printed = sum(1 for line in path.read_text().splitlines() if '"progress"' in line)
+    out.append(
+        Result(
+            "float() calls per printed progress line (back-to-back calls, default interval)",
+            counting.floats / max(printed, 1),
+            1.0,
+            "float()/line",
+            note=f"{counting.floats} float() calls for {printed} printed lines out of "
+            f"{calls:,} calls: none on the {calls - printed:,} throttled ones",
+            extra={"calls": calls, "printed": printed, "floats": counting.floats},
+        )
+    )
+    return out
+
+
 def run(quick: bool) -> list[Result]:
-    return not_emitting(quick) + emitting(quick) + line_rate(quick) + training_loop(quick)
+    return (
+        not_emitting(quick)
+        + emitting(quick)
+        + line_rate(quick)
+        + with_loss(quick)
+        + training_loop(quick)
+    )
 
 
 if __name__ == "__main__":

@@ -525,6 +525,10 @@ def _record_junit(node: pytest.Item, result: DrillResult) -> None:
     values["summary"] = result.summary
     values.update({f"breakdown.{k}": ("" if v is None else v) for k, v in result.breakdown.items()})
     values.update({f"costs.{k}": ("" if v is None else v) for k, v in cost_figures(result).items()})
+    replay = result.replay or {}  # issue 33: expectations.replay's figures
+    values.update(
+        {f"replay.{k}": ("" if v is None else v) for k, v in replay.items() if k != "steps"}
+    )
     family = str(node.config.getini("junit_family"))
     if family in ("xunit1", "legacy"):
         node.user_properties.extend(values.items())

@@ -40,6 +40,7 @@ from pytest_recoverygate.config.schema import (
 )
 from pytest_recoverygate.config.yamlfile import YamlLoader
 from pytest_recoverygate.durations import format_duration, parse_duration
+from pytest_recoverygate.engine.spec import ReplaySpec
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.fake import FakeWorkload
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
@@ -173,6 +174,9 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
         "hang_timeout": 1800.0,
         "max_restarts": None,
         "elastic": True,
+        "replay": "none",
+        "replay_noise": 1e-6,
+        "replay_spikes": 2,
         "replicas": None,
         "min_replicas": 1,
         "heal": "peer",
@@ -187,6 +191,63 @@ def test_a_full_fake_drill_reads_every_key(tmp_path: Path) -> None:
     assert spec_from_config(config).max_stall == 120.0
     assert config.safety.dry_run is True
     assert config.safety.require_confirm is False
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [
+        ("", ReplaySpec("report")),
+        ("  replay: report\n", ReplaySpec("report")),
+        ("  replay: exact\n", ReplaySpec("exact")),
+        ("  replay: {rtol: 1e-3}\n", ReplaySpec("tolerance", rtol=1e-3)),
+        (
+            "  replay:\n    rtol: 0.05\n    atol: 1e-6\n    maxDivergentSteps: 2\n",
+            ReplaySpec("tolerance", rtol=0.05, atol=1e-6, max_divergent_steps=2),
+        ),
+    ],
+)
+def test_replay_takes_a_mode_or_a_tolerance(tmp_path: Path, value: str, mode: ReplaySpec) -> None:
+    text = FAKE.replace("  maxRecoveryTime: 5m\n", "  maxRecoveryTime: 5m\n" + value)
+    spec = spec_from_config(load_config(write(tmp_path, text)))
+    assert spec.replay == mode
+    assert spec.replay_steps == 5
+
+
+@pytest.mark.parametrize(
+    ("value", "line", "key", "problem"),
+    [
+        ("  replay: fuzzy\n", 7, "expectations.replay", "must be report, exact or a tolerance"),
+        ("  replay: 1e-3\n", 7, "expectations.replay", "must be report, exact or a tolerance"),
+        ("  replay:\n    rtol: -1\n", 8, "expectations.replay.rtol", "is too small"),
+        ("  replay:\n    atol: .inf\n", 8, "expectations.replay.atol", "finite"),
+        ("  replay:\n    rtl: 1\n", 8, "expectations.replay.rtl", "unknown key"),
+        ("  replay:\n    maxDivergentSteps: 1.5\n", 8, "expectations.replay.maxDivergentSteps", ""),
+        ("  replaySteps: -1\n", 7, "expectations.replaySteps", "is too small"),
+    ],
+)
+def test_a_bad_replay_is_refused_at_its_line_and_key(
+    tmp_path: Path, value: str, line: int, key: str, problem: str
+) -> None:
+    text = FAKE.replace("  maxRecoveryTime: 5m\n", "  maxRecoveryTime: 5m\n" + value)
+    path = write(tmp_path, text)
+    message = problem_line(error_of(path), path, line, key)
+    assert problem in message
+
+
+def test_replay_is_refused_with_live_recovery(tmp_path: Path) -> None:
+    text = """\
+        workload:
+          orchestrator: fake
+          fake: {replicas: 2}
+        injectFailure:
+          afterStep: 50
+        expectations:
+          recovery: live
+          replay: exact
+        """
+    path = write(tmp_path, text)
+    message = problem_line(error_of(path), path, 8, "expectations.replay")
+    assert "recovery: live" in message
 
 
 def test_a_local_drill_resolves_workdir_against_the_config_folder(

@@ -329,3 +329,10 @@ def test_a_training_process_reports_through_its_stdout_pipe() -> None:
         300,
     ]
     assert {e.incarnation for e in events} == {start.incarnation}
+
+
+def test_a_progress_line_s_loss_and_data_reach_the_engine() -> None:
+    event = to_training_event(
+        Record("progress", 1.0, INC, step=41, rank=0, loss=0.25, data="e0/b41"), 1.5
+    )
+    assert (event.step, event.loss, event.data) == (41, 0.25, "e0/b41")

@@ -76,6 +76,23 @@ def test_junit_xml_carries_the_verdict_and_figures(pytester: pytest.Pytester) ->
     assert case.find("properties") is None
 
 
+def test_junit_xml_carries_the_replay_figures(pytester: pytest.Pytester) -> None:
+    path = drill_file(
+        pytester,
+        {"workload": {"fake": {"replay": "data"}}, "expectations": {"replay": "exact"}},
+    )
+    out = pytester.path / "out.xml"
+    result = pytester.runpytest(f"--drill-config={path}", f"--junitxml={out}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*replay diverged at step 41*", "*replayed steps (exact)*"])
+    props = {p.get("name"): p.get("value") for p in ET.parse(out).getroot().iter("property")}
+    prefix = "recoverygate.recovery-test.yaml::drill.replay."
+    assert props[prefix + "mode"] == "exact"
+    assert props[prefix + "firstDivergentStep"] == "41"
+    assert props[prefix + "dataMatched"] == "False"
+    assert prefix + "steps" not in props
+
+
 def test_junit_xunit1_also_gets_testcase_properties(pytester: pytest.Pytester) -> None:
     path = drill_file(pytester, {"workload": {"fake": {"resume": "older"}}})
     out = pytester.path / "out.xml"

@@ -5,6 +5,9 @@ We test these aspects:
 - lines: the start event comes once per process (again after a fork), before anything else;
 - rate limit: the first two progress calls always print, then one line per interval;
   checkpoint events (started, completed, loaded) always print;
+- replay window: the first N progress calls of a process and after each checkpoint
+  completed or loaded print unthrottled, with their loss (``float()`` only on printed
+  calls, the value read back bit for bit) and data fingerprint;
 - digests: a hex string or a mapping of parts is carried on the checkpoint line; anything
   else is dropped and the step still printed;
 - rank filter: RANK / RECOVERYGATE_RANKS, and ``configure`` overriding them;
@@ -139,7 +142,7 @@ def test_lines_go_to_the_stream_file_descriptor_when_it_has_one(tmp_path: Path) 
 
 def test_the_first_two_progress_calls_always_print() -> None:
     out = io.StringIO()
-    reporter.configure(stream=out, clock=FakeClock(), min_interval=1000.0)
+    reporter.configure(stream=out, clock=FakeClock(), min_interval=1000.0, replay_window=0)
     for step in range(100):
         reporter.progress(step)
     assert steps(parsed(out)) == [0, 1]
@@ -148,7 +151,7 @@ def test_the_first_two_progress_calls_always_print() -> None:
 def test_progress_prints_about_once_per_interval() -> None:
     out = io.StringIO()
     clock = FakeClock()
-    reporter.configure(stream=out, clock=clock, min_interval=0.1)
+    reporter.configure(stream=out, clock=clock, min_interval=0.1, replay_window=0)
     step_time = 0.004
     for step in range(5000):  # 20 simulated seconds
         clock.now = 1_800_000_000.0 + step * step_time
@@ -314,7 +317,123 @@ def test_the_default_interval_caps_the_line_rate_on_the_real_clock() -> None:
     for step in range(300_000):
         reporter.progress(step)
     elapsed = time.monotonic() - started
-    assert len(steps(parsed(out))) <= elapsed / 0.1 + 3
+    # the replay window (the first 32 calls) prints unthrottled, then the interval rules
+    assert len(steps(parsed(out))) <= reporter.DEFAULT_REPLAY_WINDOW + elapsed / 0.1 + 3
+
+
+# ---------------------------------------------------------------------------- replay window
+
+
+class CountingLoss:
+    """A loss that counts its conversions (a GPU tensor's ``float()`` is a device sync)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.floats = 0
+
+    def __float__(self) -> float:
+        self.floats += 1
+        return self.value
+
+
+def test_the_first_window_of_calls_prints_unthrottled_then_the_interval_rules() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock(), min_interval=1000.0, replay_window=5)
+    for step in range(1, 101):
+        reporter.progress(step)
+    assert steps(parsed(out)) == [1, 2, 3, 4, 5]
+
+
+def test_each_checkpoint_completed_and_loaded_reopens_the_window() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock(), min_interval=1000.0, replay_window=3)
+    for step in range(1, 41):
+        reporter.progress(step)
+        if step == 20:
+            reporter.checkpoint_completed(step)
+    reporter.checkpoint_loaded(20)
+    for step in range(21, 31):
+        reporter.progress(step)
+    assert steps(parsed(out)) == [1, 2, 3, 21, 22, 23, 21, 22, 23]
+
+
+def test_the_window_is_read_from_the_environment() -> None:
+    code = """
+        from recoverygate import reporter
+        for step in range(1, 200):
+            reporter.progress(step)
+    """
+    out = run_child(
+        code, {"RECOVERYGATE_REPLAY_WINDOW": "7", "RECOVERYGATE_PROGRESS_INTERVAL": "60"}
+    )
+    assert steps(parse_text(out.stdout)[0]) == [1, 2, 3, 4, 5, 6, 7]
+    bad = run_child(
+        code, {"RECOVERYGATE_REPLAY_WINDOW": "many", "RECOVERYGATE_PROGRESS_INTERVAL": "60"}
+    )
+    assert len(steps(parse_text(bad.stdout)[0])) == reporter.DEFAULT_REPLAY_WINDOW
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0.1 + 0.2, 2.5, -0.0, 1e-300, 5e-324, 1.7976931348623157e308, 123456789.123456789, 3],
+)
+def test_a_loss_reads_back_as_the_same_float_bit_for_bit(value: float) -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock())
+    reporter.progress(1, loss=value)
+    (record,) = [r for r in parsed(out) if r.event == "progress"]
+    assert record.loss is not None
+    assert record.loss.hex() == float(value).hex()
+
+
+def test_a_non_finite_loss_is_carried_as_text_and_reads_back() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock())
+    for step, value in enumerate((float("inf"), float("-inf"), float("nan")), start=1):
+        reporter.progress(step, loss=value)
+    losses = [r.loss for r in parsed(out) if r.event == "progress"]
+    assert losses[:2] == [float("inf"), float("-inf")]
+    assert losses[2] is not None
+    assert losses[2] != losses[2]  # NaN
+
+
+def test_float_runs_only_on_the_calls_that_print() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    reporter.configure(stream=out, clock=clock, min_interval=0.1, replay_window=4)
+    loss = CountingLoss(0.5)
+    for step in range(1, 2001):
+        clock.now += 0.001
+        reporter.progress(step, loss=loss)
+    printed = [r for r in parsed(out) if r.event == "progress"]
+    assert 4 < len(printed) < 2000 // 50
+    assert loss.floats == len(printed)
+    assert all(r.loss == 0.5 for r in printed)
+
+
+def test_a_loss_float_refuses_is_dropped_and_the_step_still_printed() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock())
+    reporter.progress(1, loss="not a number")
+    reporter.progress(2, loss=object(), data=7)
+    records = [r for r in parsed(out) if r.event == "progress"]
+    assert [(r.step, r.loss, r.data) for r in records] == [(1, None, None), (2, None, "7")]
+
+
+def test_data_fingerprints_are_written_as_text_and_long_ones_as_a_digest() -> None:
+    out = io.StringIO()
+    reporter.configure(stream=out, clock=FakeClock())
+    values: list[object] = [12, "batch/7", b"\x01\xff", bytes(range(100)), "x" * 200, True]
+    for step, value in enumerate(values, start=1):
+        reporter.progress(step, loss=1.0, data=value)
+    data = [r.data for r in parsed(out) if r.event == "progress"]
+    assert data[:3] == ["12", "batch/7", "01ff"]
+    assert data[3] is not None
+    assert len(data[3]) == 32
+    assert data[3] == wire.data_text(bytes(range(100)))
+    assert data[4] is not None
+    assert len(data[4]) == 32
+    assert data[5] is None  # a bool is no fingerprint
 
 
 # ---------------------------------------------------------------------------- ranks

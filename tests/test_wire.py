@@ -444,6 +444,11 @@ def records_strategy(draw: st.DrawFn) -> Record:
     if event == "checkpoint_loaded":
         source = draw(st.none() | st.sampled_from(sorted(wire.LOAD_SOURCES)))
         peer = draw(st.none() | st.integers(0, 1000))
+    loss: float | None = None
+    data: str | None = None
+    if event == "progress":  # NaN aside (never equal to itself), every float round-trips
+        loss = draw(st.none() | st.floats(allow_nan=False))
+        data = draw(st.none() | st.text(min_size=1, max_size=wire.MAX_DATA_CHARS))
     return Record(
         event,
         draw(st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000)),
@@ -454,6 +459,8 @@ def records_strategy(draw: st.DrawFn) -> Record:
         parts=parts,
         source=source,
         peer=peer,
+        loss=loss,
+        data=data,
     )
 
 
@@ -477,6 +484,8 @@ start_strategy = st.builds(
     replica=st.none() | st.integers(0, 1000),
     source=st.none(),
     peer=st.none(),
+    loss=st.none(),
+    data=st.none(),
 )
 
 
@@ -562,3 +571,37 @@ def test_the_shortcut_for_our_own_lines_agrees_with_json(record: Record) -> None
     # The same event with its fields in another order can only go through json.
     reordered = SENTINEL + " " + json.dumps(dict(reversed(payload.items()))) + "\n"
     assert parse_text(reordered) == ([record], 0)
+
+
+# ---------------------------------------------------------------------------- loss and data
+
+
+def test_a_progress_line_carries_its_loss_and_data_and_reads_them_back() -> None:
+    line = format_step("progress", 1.0, INC, 41, rank=0, loss=0.1 + 0.2, data="e0/b41")
+    assert '"loss":0.30000000000000004' in line
+    assert only(line) == Record(
+        "progress", 1.0, INC, step=41, rank=0, loss=0.1 + 0.2, data="e0/b41"
+    )
+
+
+def test_loss_and_data_on_another_event_are_unknown_fields_ignored() -> None:
+    for body in (
+        f'{{"event":"checkpoint_completed","time":1.0,"inc":"{INC}","step":40,"loss":0.5}}',
+        f'{{"event":"checkpoint_loaded","time":1.0,"inc":"{INC}","step":40,"data":"x"}}',
+    ):
+        record = only(f"{SENTINEL} {body}")
+        assert record.loss is None
+        assert record.data is None
+    with pytest.raises(ValueError, match="loss"):
+        format_step("checkpoint_completed", 1.0, INC, 1, loss=0.5)
+
+
+@pytest.mark.parametrize(
+    "field",
+    ['"loss":true', '"loss":"0.5"', '"loss":[1]', '"data":7', '"data":""', f'"data":"{"x" * 129}"'],
+)
+def test_a_progress_line_with_a_bad_loss_or_data_is_malformed(field: str) -> None:
+    line = f'{SENTINEL} {{"event":"progress","time":1,"inc":"ab","step":3,{field}}}'
+    records, malformed = parse_text(line)
+    assert records == []
+    assert malformed == 1

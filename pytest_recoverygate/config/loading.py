@@ -42,6 +42,7 @@ from pytest_recoverygate.config.schema import (
     fault_types,
     spec_from_config,
 )
+from pytest_recoverygate.config.sections import REPLAY_TAGS
 from pytest_recoverygate.config.yamlfile import (
     INVALID,
     MAX_CONFIG_BYTES,
@@ -199,6 +200,15 @@ def _is_env_value(path: tuple[Any, ...]) -> bool:
     return len(path) == 3 and path[0] == "workload" and path[1] == "env"
 
 
+def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``loc`` without the union tags of ``expectations.replay`` (they are no keys)."""
+    return tuple(
+        key
+        for i, key in enumerate(loc)
+        if not (i > 0 and loc[i - 1] == "replay" and key in REPLAY_TAGS)
+    )
+
+
 def _translate(
     error: Mapping[str, Any],
     where: dict[PathKey, Where],
@@ -209,7 +219,7 @@ def _translate(
     ``workload`` is the model of the backend the file names (None when it names none).
     """
     kind = str(error["type"])
-    loc = tuple(error["loc"])
+    loc = _untagged(tuple(error["loc"]))
     ctx: Mapping[str, Any] = error.get("ctx") or {}
     if loc and loc[-1] == "[key]":
         loc = loc[:-1]

@@ -62,6 +62,7 @@ from pytest_recoverygate.config.fields import (
 from pytest_recoverygate.config.sections import (
     Expectations,
     Projection,
+    ReplayTolerance,
     Safety,
     Section,
     Timeouts,
@@ -73,7 +74,7 @@ from pytest_recoverygate.durations import (
     parse_duration,
 )
 from pytest_recoverygate.engine.model import NODE_FAULTS
-from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec
+from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec, ReplaySpec
 from pytest_recoverygate.errors import UsageError
 from pytest_recoverygate.registry import all_backends, backend_names, get_backend
 from pytest_recoverygate.registry.seams import Backend
@@ -103,6 +104,7 @@ __all__ = [
     "meta",
     "node_count_field",
     "refuse",
+    "replay_of",
     "spec_from_config",
     "step_ref",
     "sustain_of",
@@ -689,7 +691,17 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         max_survivor_stall=expect.max_survivor_stall,
         max_rejoin_time=expect.max_rejoin_time,
         rejoin_from=expect.rejoin_from or "peer",
+        replay=replay_of(expect.replay),
+        replay_steps=expect.replay_steps,
     )
+
+
+def replay_of(value: str | ReplayTolerance) -> ReplaySpec:
+    """The engine's :class:`~pytest_recoverygate.engine.spec.ReplaySpec` for a validated
+    ``replay``."""
+    if isinstance(value, ReplayTolerance):
+        return ReplaySpec("tolerance", value.rtol, value.atol, value.max_divergent_steps)
+    return ReplaySpec("exact" if value == "exact" else "report")
 
 
 def delay_of(text: str | None) -> Delay:

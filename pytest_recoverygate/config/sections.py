@@ -12,6 +12,8 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
+    Tag,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -27,7 +29,16 @@ from pytest_recoverygate.config.fields import (
 )
 from pytest_recoverygate.engine.spec import MAX_KILLS
 
-__all__ = ["Expectations", "Projection", "Safety", "Section", "Timeouts", "or_list"]
+__all__ = [
+    "REPLAY_TAGS",
+    "Expectations",
+    "Projection",
+    "ReplayTolerance",
+    "Safety",
+    "Section",
+    "Timeouts",
+    "or_list",
+]
 
 
 #: ``maxRecoveryTime`` in live mode when neither it nor ``maxRejoinTime`` is given.
@@ -61,6 +72,50 @@ def _one_of(*values: str) -> BeforeValidator:
         raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
 
     return BeforeValidator(check)
+
+
+# --- issue 33: expectations.replay (docs/replay.md)
+
+_REPLAY_ALLOWED = "report, exact, or a mapping {rtol, atol, maxDivergentSteps}"
+
+
+class ReplayTolerance(Section):
+    """``replay: {rtol, atol, maxDivergentSteps}``: a replayed step matches when
+    |new - old| <= atol + rtol * |old|; at most ``maxDivergentSteps`` may not."""
+
+    rtol: float = option(
+        0.0,
+        "a number >= 0: relative to the killed run's loss",
+        "rtol: 1e-3",
+        ge=0,
+        allow_inf_nan=False,
+    )
+    atol: float = option(0.0, "a number >= 0: absolute", "atol: 0", ge=0, allow_inf_nan=False)
+    max_divergent_steps: int = option(
+        0,
+        "a whole number >= 0: compared steps allowed outside the tolerance",
+        "maxDivergentSteps: 0",
+        ge=0,
+        le=MAX_STEP,
+    )
+
+
+def _replay_tag(value: Any) -> str:
+    """Which form of ``replay`` a value is (a mode word, or a tolerance mapping)."""
+    return "tolerance" if isinstance(value, (dict, ReplayTolerance)) else "mode"
+
+
+def _replay_value(value: Any) -> Any:
+    if value is None or isinstance(value, (dict, ReplayTolerance)):
+        return value
+    if isinstance(value, str) and value in ("report", "exact"):
+        return value
+    hint = "e.g. replay: exact, or replay: {rtol: 1e-3}"
+    raise refuse("must be report, exact or a tolerance mapping", _REPLAY_ALLOWED, hint)
+
+
+#: The union tags of ``replay`` (not keys: the loader drops them from error locations).
+REPLAY_TAGS = frozenset({"mode", "tolerance"})
 
 
 class Expectations(Section):
@@ -153,6 +208,39 @@ class Expectations(Section):
         "(a rank that says nothing FAILs instead of being reported unchecked)",
         "allRanks: true",
     )
+    replay: Annotated[
+        Annotated[Literal["report", "exact"], Tag("mode")]
+        | Annotated[ReplayTolerance, Tag("tolerance")],
+        Discriminator(_replay_tag),
+        BeforeValidator(_replay_value),
+    ] = option(
+        "report",
+        _REPLAY_ALLOWED + ": compare the losses of the steps the replacement redoes with "
+        "the killed run's (report: figures only, never the verdict)",
+        "replay: exact",
+    )
+    replay_steps: int = option(
+        5,
+        "a whole number >= 0: with replay exact or a tolerance and no delay, kill once "
+        "the job is this many steps past the trigger checkpoint",
+        "replaySteps: 5",
+        ge=0,
+        le=1_000_000,
+    )
+
+    @model_validator(mode="after")
+    def _replay_restart_only(self) -> Expectations:
+        """issue 33: a replay compares a restarted job's redone steps; live has none."""
+        if self.recovery == "live" and self.replay != "report":
+            raise refuse(
+                "compares the steps a restarted job redoes; with recovery: live the "
+                "survivors never redo a step",
+                "report (with recovery: live)",
+                "remove replay, or use recovery: restart",
+                key=("replay",),
+                got=str(self.replay) if isinstance(self.replay, str) else "a tolerance",
+            )
+        return self
 
 
 class Projection(Section):

@@ -38,6 +38,7 @@ from pytest_recoverygate.engine.verdict import (
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
 R = FailureReason
+_MAX_REPLAY_POINTS = 4096  # per incarnation (engine/rules/replay.py MAX_POINTS)
 
 
 def steps_text(values: list[int], limit: int = 6) -> str:
@@ -76,6 +77,8 @@ class Inc:
     points: list[tuple[int, float]] = field(default_factory=list)  # first distinct steps
     lines: int = 0  # progress lines
     advanced: tuple[int, float] | None = None  # its newest line that raised its step
+    # issue 33 (engine/rules/replay.py): step -> (loss, data) as reported, the newest MAX_POINTS
+    replay_points: dict[int, tuple[float | None, str | None]] = field(default_factory=dict)
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(
@@ -336,7 +339,22 @@ class Ledger:
             inc.loaded_digest = event.digest
             inc.loaded_parts = event.digest_parts
 
-    def progress(self, inc: Inc, step: int, at: float, *, new: bool) -> None:
+    def progress(
+        self,
+        inc: Inc,
+        step: int,
+        at: float,
+        *,
+        new: bool,
+        loss: float | None = None,
+        data: str | None = None,
+    ) -> None:
+        if loss is not None or data is not None:  # issue 33: kept for engine/rules/replay.py
+            points = inc.replay_points
+            points.pop(step, None)  # a step reported again: its newest values, newest place
+            points[step] = (loss, data)
+            if len(points) > _MAX_REPLAY_POINTS:
+                del points[next(iter(points))]
         if (
             new
             and step > 0

@@ -44,6 +44,7 @@ passed, not at the recovery deadline.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pytest_recoverygate.engine import model
@@ -399,7 +400,16 @@ class DrillEngine(DrillState):
         if step is None:
             return []
         if kind is model.TrainingEventKind.PROGRESS:
-            ev.progress(inc, step, event.timestamp, new=new)
+            ev.progress(inc, step, event.timestamp, new=new, loss=event.loss, data=event.data)
+            armed = self._armed
+            if (  # issue 33: replaySteps, the kill waits for a step (state._replay_wait)
+                not new
+                and armed is not None
+                and armed.fire_step is not None
+                and step >= armed.fire_step
+                and self.phase is Phase.WAITING_FOR_CHECKPOINT
+            ):
+                return self._fire(event.timestamp)
             if not new and self.spec.after_step is not None:
                 return self._step_trigger(step, event.timestamp)
             return self._on_new_progress(inc, step, event.timestamp) if new else []
@@ -678,6 +688,8 @@ class DrillEngine(DrillState):
                 "does): killing it can tear the checkpoint only if it writes part of it",
             )
         self._armed = _Armed(fire_at, step, at, rank, why, save_started=at if torn else None)
+        if fire_at == math.inf:  # issue 33: replaySteps, lands at a step (state._replay_wait)
+            self._armed.fire_step = self._replay_wait(step)
         self._slipped.clear()
         self.trigger_step = step
         self.note(at, "trigger", why, step=step)

@@ -55,7 +55,9 @@ class TrainingEvent:
     launcher started. ``replica`` (start events) is the replica
     group of the process (torchft's ``REPLICA_GROUP_ID``); ``source`` (checkpoint loaded)
     is ``"peer"`` when the state was copied from a live replica (``peer``: its rank), else
-    ``None`` (a checkpoint); see docs/torchft.md.
+    ``None`` (a checkpoint); see docs/torchft.md. ``loss`` and ``data`` (progress, when
+    the job passed them) are the step's loss and a fingerprint of its batch, compared
+    with the killed run's by ``expectations.replay`` (docs/replay.md).
     """
 
     kind: TrainingEventKind
@@ -75,6 +77,8 @@ class TrainingEvent:
     replica: int | None = None
     source: str | None = None
     peer: int | None = None
+    loss: float | None = None
+    data: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from pytest_recoverygate.engine.rules.evidence import (
     ended_how,
 )
 from pytest_recoverygate.engine.rules.lost import lost
+from pytest_recoverygate.engine.rules.replay import replay_figures
 from pytest_recoverygate.engine.rules.resume import settle
 from pytest_recoverygate.engine.spec import DrillSpec
 from pytest_recoverygate.engine.verdict import (
@@ -227,6 +228,7 @@ def judge(
         resume_basis=resume.basis if resume is not None else None,
         resume_upper_bound=resume.upper if resume is not None else None,
         sustained=_sustained(kill, spec),
+        replay=replay_figures(ev),
     )
 
 

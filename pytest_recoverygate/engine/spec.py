@@ -4,12 +4,22 @@ the engine, the judging and the schema, below all three).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_recoverygate.engine.verdict import format_seconds
 
-__all__ = ["DETECTED_FAULTS", "FAULTS", "MAX_KILLS", "Delay", "DrillSpec", "Sustain"]
+__all__ = [
+    "DETECTED_FAULTS",
+    "FAULTS",
+    "MAX_KILLS",
+    "Delay",
+    "DrillSpec",
+    "ReplayMode",
+    "ReplaySpec",
+    "Sustain",
+]
 
 
 #: Fault types the engine knows (backends declare which of them they can carry out).
@@ -79,6 +89,48 @@ class Sustain:
         return f"{self.lines} progress lines and {format_seconds(self.seconds)}"
 
 
+ReplayMode = Literal["report", "exact", "tolerance"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySpec:
+    """``expectations.replay`` in plain values (``mode`` report, exact or tolerance)."""
+
+    mode: ReplayMode = "report"
+    rtol: float = 0.0
+    atol: float = 0.0
+    max_divergent_steps: int = 0
+
+    @property
+    def judges(self) -> bool:
+        """Whether the comparison is a check of the verdict (not ``report``)."""
+        return self.mode != "report"
+
+    @property
+    def allowance(self) -> int:
+        return self.max_divergent_steps if self.mode == "tolerance" else 0
+
+    def describe(self) -> str:
+        if self.mode == "tolerance":
+            return (
+                f"|new - old| <= {self.atol:g} + {self.rtol:g} * |old| on all but "
+                f"{self.max_divergent_steps} of the replayed steps"
+            )
+        if self.mode == "exact":
+            return "every replayed step's loss equal to the killed run's"
+        return "report only"
+
+    def matches(self, old: float, new: float) -> bool:
+        """Whether a replayed loss ``new`` matches the killed run's ``old``."""
+        if math.isnan(old) or math.isnan(new):
+            return math.isnan(old) and math.isnan(new)
+        if self.mode != "tolerance":
+            return old == new
+        if math.isinf(old) or math.isinf(new):
+            return old == new
+        return abs(new - old) <= self.atol + self.rtol * abs(old)
+
+
 @dataclass(frozen=True, slots=True)
 class DrillSpec:
     """What the engine needs from the config, in plain values (seconds, steps)."""
@@ -115,6 +167,9 @@ class DrillSpec:
     max_survivor_stall: float | None = None
     max_rejoin_time: float | None = None  # None: max_recovery_time
     rejoin_from: str = "peer"
+    # issue 33: expectations.replay and replaySteps (pytest_recoverygate.engine.rules.replay)
+    replay: ReplaySpec = field(default_factory=ReplaySpec)
+    replay_steps: int = 5
 
     @property
     def effective_recovery_timeout(self) -> float:

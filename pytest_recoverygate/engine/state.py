@@ -9,6 +9,7 @@ which adds how the drill reacts to events, kill results and ticks.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -124,6 +125,7 @@ class _Armed:
     rank: int | None
     why: str
     save_started: float | None = None  # KillDuringCheckpoint: the save it aims into
+    fire_step: int | None = None  # issue 33 (replaySteps): lands once this step is reported
 
 
 class DrillState:
@@ -257,6 +259,8 @@ class DrillState:
             return "discovering the workload"
         if self.phase is Phase.WAITING_FOR_CHECKPOINT:
             armed = self._armed
+            if armed is not None and armed.fire_step is not None:  # issue 33: replaySteps
+                return f"{armed.why}; the kill lands at step {armed.fire_step}"
             if armed is not None:
                 return (
                     f"{armed.why}; the kill lands in "
@@ -328,6 +332,13 @@ class DrillState:
                 how = f"{fraction:.0%} of the {format_seconds(save or 0.0)} saves take"
             return at + offset, f"the save of checkpoint {step} started; killing {how}"
         if delay.kind == "seconds":
+            if delay.value <= 0 and not delay.explicit and self._replay_wait(step) is not None:
+                # issue 33: wait for replaySteps steps past the trigger (see _replay_wait)
+                return math.inf, (
+                    f"checkpoint {step} completed; waiting for step "
+                    f"{self._replay_wait(step)} (replaySteps: {spec.replay_steps}) so the "
+                    "replacement redoes steps the killed run reported"
+                )
             if delay.value <= 0:
                 return at, f"checkpoint {step} completed"
             return at + delay.value, f"checkpoint {step} completed; delay {delay.describe()}"
@@ -367,6 +378,17 @@ class DrillState:
             f"just before the next save is due (interval {format_seconds(seconds)}, "
             f"{steps:g} steps)"
         )
+
+    def _replay_wait(self, step: int) -> int | None:
+        """issue 33: with replay exact or a tolerance and no delay, the step the kill waits
+        for (``replaySteps`` past the trigger checkpoint ``step``), so that a default drill
+        has replayed steps to compare; None when it does not wait."""
+        spec = self.spec
+        if not spec.replay.judges or spec.replay_steps <= 0 or spec.delay.explicit:
+            return None
+        if spec.fault == "KillDuringCheckpoint" or spec.after_step is not None:
+            return None
+        return step + spec.replay_steps
 
     def _fire(self, now: float) -> list[Action]:
         armed = self._armed

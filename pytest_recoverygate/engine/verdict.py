@@ -80,6 +80,8 @@ class FailureReason(enum.Enum):
     REJOINED_FROM_CHECKPOINT = "the replacement loaded a checkpoint instead of healing from a peer"
     REJOINED_FROM_SCRATCH = "the replacement started from scratch instead of healing from a peer"
     HEALED_TO_OLDER_STEP = "the replacement healed to a step older than the survivors'"
+    # expectations.replay (pytest_recoverygate.engine.rules.replay)
+    REPLAY_DIVERGED = "the resumed job did not redo the killed run's steps the same way"
     INCONCLUSIVE = "the evidence cannot decide"
 
 
@@ -298,6 +300,7 @@ class Recovery(_Judged):
     resume_basis: str | None = None  # checkpoint_loaded | inferred | unknown
     resume_upper_bound: int | None = None  # holds whatever the reporting grid
     sustained: dict[str, Any] | None = None  # the sustain window as it was held
+    replay: dict[str, Any] | None = None  # expectations.replay's figures (engine/rules/replay.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -324,6 +327,7 @@ class Recovery(_Judged):
             "resumeStepBasis": self.resume_basis,
             "resumeStepUpperBound": self.resume_upper_bound,
             "sustained": self.sustained,
+            "replay": self.replay,
             "checks": [c.as_dict() for c in self.checks],
         }
 
@@ -381,6 +385,12 @@ class DrillResult(_Judged):
     @property
     def exit_code(self) -> int:
         return self.verdict.exit_code
+
+    @property
+    def replay(self) -> dict[str, Any] | None:
+        """expectations.replay's figures of the headline recovery (engine/rules/replay.py)."""
+        headline = self.headline
+        return headline.replay if headline is not None else None
 
     @property
     def inconclusive(self) -> bool:

@@ -242,6 +242,7 @@ def result_to_dict(result: DrillResult, config: DrillConfig | None = None) -> di
         "resumeStepBasis": headline.resume_basis if headline is not None else None,
         "resumeStepUpperBound": headline.resume_upper_bound if headline is not None else None,
         "sustained": headline.sustained if headline is not None else None,
+        "replay": result.replay,
         "ranks": list(headline.fault_details.get("ranks", [])) if headline is not None else [],
         "checks": [check.as_dict() for check in result.checks],
         "incarnations": [inc.as_dict() for inc in result.incarnations],

@@ -236,6 +236,41 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> str:
     return _table(["check", "result", "expected", "observed", "message"], rows)
 
 
+def _replay(doc: Mapping[str, Any]) -> list[str]:
+    """expectations.replay: each recovery's compared steps, the two runs side by side."""
+    out: list[str] = []
+    for recovery in doc.get("recoveries") or []:
+        replay = recovery.get("replay") or {}
+        if not replay.get("steps"):
+            continue
+        first = replay.get("firstDivergentStep")
+        rows = [
+            [
+                _e(row.get("step")),
+                _e(row.get("killed")),
+                _e(row.get("replacement")),
+                _e(row.get("killedData", "")),
+                _e(row.get("replacementData", "")),
+                "<b>first divergent</b>" if row.get("step") == first else "",
+            ]
+            for row in replay["steps"]
+        ]
+        out.append(
+            f"<p>recovery {_e(recovery.get('index'))}: {_e(replay.get('mode'))}, "
+            f"{_e(replay.get('stepsCompared'))} steps compared, first divergent step "
+            f"{_e(first)}, max abs diff {_e(replay.get('maxAbsDiff'))}, max rel diff "
+            f"{_e(replay.get('maxRelDiff'))}</p>"
+        )
+        out.append(
+            _table(
+                ["step", "killed run", "replacement", "killed data", "replacement data", ""],
+                rows,
+                numeric=(0, 1, 2),
+            )
+        )
+    return ["<h2>Replay</h2>", *out] if out else []
+
+
 def _costs(doc: Mapping[str, Any]) -> str:
     costs = doc.get("costs") or {}
     rows: list[list[str]] = []
@@ -373,6 +408,7 @@ def render_report(
         _breakdown(doc),
         "<h2>Checks</h2>",
         _checks(doc.get("checks") or []),
+        *_replay(doc),
         "<h2>Costs of a failure</h2>",
         _costs(doc),
         "<h2>Diagnosis</h2>",

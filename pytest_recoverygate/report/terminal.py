@@ -23,6 +23,7 @@ __all__ = [
     "TERMINAL_MESSAGE_LIMIT",
     "figure_lines",
     "print_result",
+    "replay_lines",
     "shorten",
 ]
 
@@ -79,6 +80,28 @@ def figure_lines(result: DrillResult) -> list[str]:
     return lines
 
 
+def replay_lines(result: DrillResult, limit: int = 12) -> list[str]:
+    """expectations.replay: the compared steps of the headline recovery, the killed run's
+    loss beside the replacement's (at most ``limit`` rows, from the first divergent)."""
+    headline = result.headline
+    replay = headline.replay if headline is not None else None
+    if not replay or not replay.get("steps"):
+        return []
+    rows = replay["steps"]
+    first = replay.get("firstDivergentStep")
+    start = next((i for i, row in enumerate(rows) if row["step"] == first), 0)
+    start = max(0, min(start - 2, len(rows) - limit))
+    lines = [f"replayed steps ({replay['mode']}): step, killed run, replacement"]
+    for row in rows[start : start + limit]:
+        same = "" if row["killed"] == row["replacement"] else "   <- differs"
+        if row.get("killedData") != row.get("replacementData"):
+            same = "   <- data differs"
+        lines.append(f"  {row['step']:>8}  {row['killed']!r:>24}  {row['replacement']!r:>24}{same}")
+    if len(rows) > limit:
+        lines.append(f"  ({len(rows) - limit} more compared steps in the report)")
+    return lines
+
+
 def print_result(
     result: DrillResult,
     stream: TextIO,
@@ -113,6 +136,8 @@ def _write_result(
     for check in result.checks:
         mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
         stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")
+    for line in replay_lines(result):
+        stream.write(f"  {line}\n")
     if evidence is not None:
         _print_evidence(result, evidence, stream, report_dir)
 

@@ -83,6 +83,25 @@ def replica_of_incarnation(doc: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _mark_divergence(ax: Any, doc: dict[str, Any], origin: float) -> None:
+    """expectations.replay: a cross on the replacement's line at the first divergent step."""
+    step = (doc.get("replay") or {}).get("firstDivergentStep")
+    judged = doc.get("judgedIncarnation")
+    if step is None:
+        return
+    at = [p["time"] - origin for p in doc["progress"] if p["inc"] == judged and p["step"] == step]
+    if at:
+        ax.scatter(
+            [at[0]],
+            [step],
+            marker="X",
+            s=70,
+            color="#cf222e",
+            zorder=5,
+            label=f"replay diverged at step {step}",
+        )
+
+
 def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
     verdict = doc["verdict"]
     series = series_by_incarnation(doc, origin)
@@ -169,6 +188,7 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
                 alpha=0.12,
                 label=f"lost steps ({last - resume})",
             )
+    _mark_divergence(ax, doc, origin)
     title = f"{verdict}: {doc['summary']}"
     if len(title) > 110:
         title = title[:107] + "..."

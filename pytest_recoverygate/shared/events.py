@@ -62,6 +62,8 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         replica=record.replica,
         source=None if record.source == "checkpoint" else record.source,
         peer=record.peer,
+        loss=record.loss,
+        data=record.data,
     )
 
 

@@ -31,8 +31,13 @@ Environment (read on the first call, and again in a forked child):
   ``all``. Checkpoint events (started, completed, loaded) are rare and print on every
   rank, so a drill can hold every rank's shard to the expected step;
   ``RECOVERYGATE_CHECKPOINT_RANKS`` (default ``all``) narrows them the same way.
-- ``RECOVERYGATE_PROGRESS_INTERVAL``: seconds between progress lines (default 0.1). The
-  first two progress calls of a process always print; checkpoint events always print.
+- ``RECOVERYGATE_PROGRESS_INTERVAL``: seconds between progress lines (default 0.1).
+  Checkpoint events always print.
+- ``RECOVERYGATE_REPLAY_WINDOW``: how many progress calls print unthrottled at the start
+  of a process and after each ``checkpoint_completed`` and ``checkpoint_loaded`` of it
+  (default 32; 0: none but the first two): the steps a resume replays, which a drill
+  compares with ``expectations.replay``. Their ``loss`` is converted with ``float()``
+  then, so with a GPU tensor each of them costs a device sync.
 - ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_RUN_ID``,
   ``WORLD_SIZE``: copied into the start event when set.
 - ``RECOVERYGATE_REPLICA``, else ``REPLICA_GROUP_ID`` (torchft's): the replica group,
@@ -78,6 +83,9 @@ __all__ = [
 
 DEFAULT_INTERVAL = 0.1
 DEFAULT_RANKS = "0"
+#: Progress calls printed unthrottled at the start of a process and after each
+#: checkpoint_completed / checkpoint_loaded: the steps a resume replays.
+DEFAULT_REPLAY_WINDOW = 32
 # At most this many progress calls go by without a look at the clock. It bounds how
 # stale progress can get when steps suddenly slow down (32 steps), and keeps the
 # amortized clock reads small: ~12 ns per call at 32, ~30 ns at 16.
@@ -92,6 +100,7 @@ _stream: TextIO | None = None  # None: whatever sys.stdout is at the time of wri
 _ranks_setting: str | None = None
 _rank_setting: int | None = None
 _interval_setting: float | None = None
+_window_setting: int | None = None
 _clock: Callable[[], float] = time.time
 
 # --- per-process state, rebuilt by _init()
@@ -112,6 +121,8 @@ _started_parts = (b"", b"")
 _completed_parts = (b"", b"")
 _loaded_parts = (b"", b"")
 _emitted = 0  # progress lines emitted so far (only "fewer than two" matters)
+_replay_window = DEFAULT_REPLAY_WINDOW  # RECOVERYGATE_REPLAY_WINDOW
+_window = 0  # progress calls still to print unthrottled (the replay window)
 _last_emit = 0.0
 _last_check = 0.0
 _span = 0  # the countdown last set
@@ -120,13 +131,20 @@ _fd = -1
 _lock = _thread.allocate_lock()
 
 
-def progress(step: SupportsInt) -> None:
-    """Report that ``step`` completed. Cheap enough for every step of every rank."""
+def progress(step: SupportsInt, loss: object = None, data: object = None) -> None:
+    """Report that ``step`` completed. Cheap enough for every step of every rank.
+
+    ``loss``: the step's loss (a float, a 0-d tensor, anything ``float()`` takes), so a
+    drill can compare the steps a resumed job redoes with the killed run's
+    (``expectations.replay``, docs/replay.md). It is converted only when a line is
+    printed: a call that does not print costs no ``float()`` and no device sync.
+    ``data``: optional fingerprint of the step's batch (an int, a str or bytes).
+    """
     global _skip
     if _skip:
         _skip -= 1
         return
-    _progress(step)
+    _progress(step, loss, data)
 
 
 def checkpoint_started(step: SupportsInt) -> None:
@@ -145,6 +163,7 @@ def checkpoint_completed(step: SupportsInt, digest: Digest = None) -> None:
     """
     if not _ready:
         _init()
+    _open_window()
     if _ckpt_on:
         if digest is None:
             _emit(_completed_parts, step)
@@ -169,6 +188,7 @@ def checkpoint_loaded(
     """
     if not _ready:
         _init()
+    _open_window()
     if _ckpt_on:
         if source == "checkpoint" and peer is None:
             if digest is None:
@@ -193,17 +213,20 @@ def configure(
     rank: int | None = None,
     min_interval: float | None = None,
     clock: Callable[[], float] | None = None,
+    replay_window: int | None = None,
 ) -> None:
     """Override the environment (for tests and unusual launchers); ``None`` keeps the default.
 
     ``stream``: where lines go (default: ``sys.stdout`` at the time of each write).
     ``ranks``: like ``RECOVERYGATE_RANKS``. ``rank``: this process's rank, like ``RANK``.
     ``min_interval``: seconds between progress lines. ``clock``: POSIX-seconds time
-    function used for both the line's ``time`` and the rate limit.
+    function used for both the line's ``time`` and the rate limit. ``replay_window``:
+    like ``RECOVERYGATE_REPLAY_WINDOW``.
     The reporter starts over: the next event is preceded by a start event again.
     """
-    global _stream, _ranks_setting, _rank_setting, _interval_setting, _clock
+    global _stream, _ranks_setting, _rank_setting, _interval_setting, _clock, _window_setting
     with _lock:
+        _window_setting = replay_window
         _stream = stream
         _ranks_setting = ranks
         _rank_setting = rank
@@ -281,6 +304,7 @@ def _host() -> str:
 def _init() -> None:
     """Decide whether this process prints and preformat its lines (once per process)."""
     global _ready, _on, _ckpt_on, _interval, _start_line, _emitted, _span, _skip
+    global _replay_window, _window
     global _progress_parts, _started_parts, _completed_parts, _loaded_parts
     with _lock:
         if _ready:
@@ -301,6 +325,11 @@ def _init() -> None:
                 except ValueError:
                     interval = DEFAULT_INTERVAL
             _interval = interval if interval >= 0 else DEFAULT_INTERVAL
+            window = _window_setting
+            if window is None:
+                window = _env_int("RECOVERYGATE_REPLAY_WINDOW")
+            _replay_window = window if window is not None and window >= 0 else DEFAULT_REPLAY_WINDOW
+            _window = _replay_window
             _emitted = 0
             _span = 0
             _skip = 0
@@ -358,18 +387,33 @@ def _encoded(parts: tuple[str, str]) -> tuple[bytes, bytes]:
     return parts[0].encode("ascii"), parts[1].encode("ascii")
 
 
-def _progress(step: SupportsInt) -> None:
+def _open_window() -> None:
+    """A checkpoint was saved or loaded: print the next progress calls unthrottled."""
+    global _window, _skip, _span
+    if _on and _replay_window:
+        _window = _replay_window
+        _span = _skip = 0
+
+
+def _progress(step: SupportsInt, loss: object, data: object) -> None:
     """The slow path of :func:`progress`: maybe emit, then size the next countdown."""
-    global _skip, _span, _emitted, _last_emit, _last_check
+    global _skip, _span, _emitted, _last_emit, _last_check, _window
     if not _ready:
         _init()
     if not _on:
         _skip = _NEVER
         return
     now = _clock()
+    if _window:  # the replay window: every call prints, no countdown
+        _window -= 1
+        _emit_progress(step, now, loss, data)
+        _emitted += 1
+        _last_emit = _last_check = now
+        _span = _skip = 0
+        return
     since = now - _last_emit
     if since >= _interval or _emitted < 2 or since < 0:
-        _emit(_progress_parts, step, now)
+        _emit_progress(step, now, loss, data)
         _emitted += 1
         _last_emit = now
         since = 0.0
@@ -405,6 +449,44 @@ def _emit(parts: tuple[bytes, bytes], step: SupportsInt, now: float | None = Non
                 if _start_line:
                     # Emptied only once written: a thread that finds it empty knows the
                     # start line is out, so its own line cannot overtake it.
+                    _write(_start_line + line)
+                    _start_line = b""
+                    return
+        _write(line)
+    except Exception:  # closed stdout, EPIPE, odd steps: drop the line
+        return
+
+
+def _emit_progress(step: SupportsInt, now: float, loss: object, data: object) -> None:
+    """A progress line, with ``loss`` (``float()`` is called here, on printed lines only)
+    and ``data`` when given. A loss or fingerprint that cannot be read is dropped."""
+    if loss is None and data is None:
+        _emit(_progress_parts, step, now)
+        return
+    global _start_line
+    try:
+        value = int(step)
+        if value < 0:
+            return
+        from recoverygate import wire  # loaded by _init already: a dict lookup
+
+        try:
+            tail = wire.progress_fields(
+                None if loss is None else float(loss),  # type: ignore[arg-type]
+                None if data is None else wire.data_text(data),
+            )
+        except Exception:  # float() refused it: the step is still reported
+            tail = wire.progress_fields(None, None if data is None else wire.data_text(data))
+        line = b"%s%.6f%s%d%s}\n" % (
+            _progress_parts[0],
+            now,
+            _progress_parts[1],
+            value,
+            tail.encode("ascii"),
+        )
+        if _start_line:
+            with _lock:
+                if _start_line:
                     _write(_start_line + line)
                     _start_line = b""
                     return

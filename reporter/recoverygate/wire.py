@@ -35,6 +35,12 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``source``      str     checkpoint_loaded only, optional: where the state came from,
                         ``checkpoint`` (the default when absent) or ``peer`` (a live replica)
 ``peer``        int     checkpoint_loaded only, optional: the replica rank the state came from
+``loss``        number  progress only, optional: the step's loss, written so that it reads
+                        back as the same float (Python's ``repr``); a non-finite loss is the
+                        string ``"nan"``, ``"inf"`` or ``"-inf"``
+``data``        str     progress only, optional: a fingerprint of the step's batch, 1 to 128
+                        characters (the reporter writes an int in decimal, bytes in hex, and
+                        anything longer than 128 characters as its BLAKE2b-128 hex digest)
 =============== ======= =====================================================================
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
@@ -69,6 +75,7 @@ from typing import NamedTuple
 __all__ = [
     "EVENT_KINDS",
     "LOAD_SOURCES",
+    "MAX_DATA_CHARS",
     "MAX_DIGEST_CHARS",
     "MAX_DIGEST_PARTS",
     "MAX_EVENT_BYTES",
@@ -78,14 +85,17 @@ __all__ = [
     "Record",
     "StreamParser",
     "combine_parts",
+    "data_text",
     "digest_fields",
     "format_record",
     "format_start",
     "format_step",
     "is_part_name",
     "json_string",
+    "loss_text",
     "normalize_digest",
     "parse_text",
+    "progress_fields",
     "record_from_json",
     "source_fields",
     "step_line_parts",
@@ -111,6 +121,9 @@ DIGEST_EVENTS = frozenset({CHECKPOINT_COMPLETED, CHECKPOINT_LOADED})
 MAX_DIGEST_CHARS = 128
 MAX_DIGEST_PARTS = 16
 MAX_PART_NAME_CHARS = 64
+#: The longest ``data`` fingerprint on the wire; a longer one is sent as its digest.
+MAX_DATA_CHARS = 128
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _HEX = re.compile(rf"[0-9a-fA-F]{{1,{MAX_DIGEST_CHARS}}}").fullmatch
 _PART_NAME = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_PART_NAME_CHARS}}}").fullmatch
 
@@ -151,6 +164,8 @@ class Record(NamedTuple):
     replica: int | None = None
     source: str | None = None  # checkpoint_loaded: "checkpoint" (None) or "peer"
     peer: int | None = None
+    loss: float | None = None  # progress: the step's loss, as the job computed it
+    data: str | None = None  # progress: a fingerprint of the step's batch
 
 
 # ---------------------------------------------------------------------------- digests
@@ -256,6 +271,61 @@ def step_line_parts(event: str, inc: str, rank: int | None) -> tuple[str, str]:
     return head, middle
 
 
+def loss_text(value: float) -> str:
+    """``value`` as the ``loss`` field's JSON value: ``repr`` (which reads back as the same
+    float, bit for bit), or the string ``"nan"``/``"inf"``/``"-inf"`` (JSON has no such
+    numbers)."""
+    if math.isfinite(value):
+        return repr(value)
+    return '"nan"' if math.isnan(value) else ('"inf"' if value > 0 else '"-inf"')
+
+
+def data_text(value: object) -> str | None:
+    """A user's ``data=`` (an int, a str or bytes) as the wire's fingerprint text, or None.
+
+    An int is written in decimal, bytes (``bytes``, ``bytearray``, ``memoryview``) in hex,
+    a str as it is; a text longer than :data:`MAX_DATA_CHARS` is replaced by its
+    BLAKE2b-128 hex digest (equal batches still give equal fingerprints). Anything else
+    (a bool, a float, None, an empty text) is None. Never raises.
+    """
+    try:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            text = str(int(value)) if abs(value) < 10**MAX_DATA_CHARS else format(value, "x")
+        elif isinstance(value, str):
+            text = value
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+            if len(raw) * 2 > MAX_DATA_CHARS:
+                import hashlib  # only long fingerprints need it
+
+                return hashlib.blake2b(raw, digest_size=16).hexdigest()
+            text = raw.hex()
+        else:
+            return None
+        if not text:
+            return None
+        if len(text) > MAX_DATA_CHARS:
+            import hashlib
+
+            return hashlib.blake2b(
+                text.encode("utf-8", "surrogatepass"), digest_size=16
+            ).hexdigest()
+        return text
+    except Exception:  # a misbehaving int or buffer subclass: no fingerprint
+        return None
+
+
+def progress_fields(loss: float | None, data: str | None = None) -> str:
+    """The text of the optional ``loss`` and ``data`` fields (progress), each with a
+    leading comma. ``data`` must be a valid fingerprint (see :func:`data_text`)."""
+    text = "" if loss is None else f',"loss":{loss_text(float(loss))}'
+    if data is not None:
+        text += f',"data":{json_string(data)}'
+    return text
+
+
 def format_step(
     event: str,
     time: float,
@@ -267,15 +337,24 @@ def format_step(
     parts: tuple[tuple[str, str], ...] = (),
     source: str | None = None,
     peer: int | None = None,
+    loss: float | None = None,
+    data: str | None = None,
 ) -> str:
     """One complete progress/checkpoint line, newline included.
 
     ``digest`` and ``parts`` (checkpoint_completed and checkpoint_loaded only) must be
     valid: lower-case hex, parts sorted by name, as :func:`normalize_digest` returns them.
     ``source`` and ``peer``: checkpoint_loaded only (see :func:`source_fields`).
+    ``loss`` and ``data``: progress only (see :func:`progress_fields`).
     """
     head, middle = step_line_parts(event, inc, rank)
     extra = ""
+    if loss is not None or data is not None:
+        if event != PROGRESS:
+            raise ValueError(f"a {event} event carries no loss or data")
+        if data is not None and (not data or len(data) > MAX_DATA_CHARS):
+            raise ValueError(f"data must be 1 to {MAX_DATA_CHARS} characters")
+        extra = progress_fields(loss, data)
     if digest is not None or parts:
         if event not in DIGEST_EVENTS:
             raise ValueError(f"a {event} event carries no digest")
@@ -367,6 +446,8 @@ def format_record(record: Record) -> str:
         parts=record.parts,
         source=record.source,
         peer=record.peer,
+        loss=record.loss,
+        data=record.data,
     )
 
 
@@ -398,6 +479,27 @@ def _opt_digest(value: object) -> str | None:
     if type(value) is not str or _HEX(value) is None:
         raise _Bad
     return value.lower()
+
+
+def _opt_loss(value: object) -> float | None:
+    """The ``loss`` field: a finite number, or one of the non-finite strings."""
+    if value is None:
+        return None
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    if type(value) is str and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    raise _Bad
+
+
+def _opt_data(value: object) -> str | None:
+    if value is None:
+        return None
+    if type(value) is not str or not value or len(value) > MAX_DATA_CHARS:
+        raise _Bad
+    return value
 
 
 def _opt_parts(value: object) -> tuple[tuple[str, str], ...]:
@@ -447,6 +549,11 @@ def record_from_json(obj: object) -> Record | None:
             if source is not None and source not in LOAD_SOURCES:
                 raise _Bad
             peer = _opt_int(get("peer"))
+        loss: float | None = None
+        data: str | None = None
+        if event == PROGRESS:  # elsewhere unknown fields: ignored
+            loss = _opt_loss(get("loss"))
+            data = _opt_data(get("data"))
         return Record(
             event,
             time,
@@ -468,6 +575,8 @@ def record_from_json(obj: object) -> Record | None:
             _opt_int(get("replica")) if event == START else None,
             source,
             peer,
+            loss,
+            data,
         )
     except _Bad:
         return None
@@ -482,23 +591,36 @@ _raw_decode = json.JSONDecoder().raw_decode
 _FAST = re.compile(
     rb'[ \t]*\{"event":"(progress|checkpoint_started|checkpoint_completed|checkpoint_loaded)",'
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
-    rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})\}'
+    rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})'
+    rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?))?\}'
 ).match
 _EVENT_NAMES = {name.encode("ascii"): name for name in EVENT_KINDS}
+
+
+def _fast_record(groups: tuple[bytes | None, ...]) -> Record:
+    """The :class:`Record` of a line :data:`_FAST` matched (its groups, in order)."""
+    event, time, inc, rank, step, loss = groups
+    assert event is not None
+    assert time is not None
+    assert inc is not None
+    assert step is not None
+    name = _EVENT_NAMES[event]
+    return Record(
+        name,
+        float(time),
+        inc.decode("ascii"),
+        int(step),
+        None if rank is None else int(rank),
+        # a loss on another event is an unknown field there: ignored, as the JSON path does
+        loss=float(loss) if loss is not None and name == PROGRESS else None,
+    )
 
 
 def _decode_event(data: bytes, start: int, stop: int) -> Record | None:
     """The event in ``data[start:stop]`` (the bytes after a sentinel), or None."""
     fast = _FAST(data, start, stop)
     if fast is not None:
-        event, time, inc, rank, step = fast.groups()
-        return Record(
-            _EVENT_NAMES[event],
-            float(time),
-            inc.decode("ascii"),
-            int(step),
-            None if rank is None else int(rank),
-        )
+        return _fast_record(fast.groups())
     if data.find(b"}", start, stop) < 0:  # truncated: no object can end here (no exception)
         return None
     text = data[start:stop].decode("utf-8", "replace").lstrip(" \t")
@@ -580,16 +702,7 @@ class StreamParser:
             if fast is not None:
                 # The writer's own layout, whole: no search for the line's end is needed
                 # (the pattern cannot cross a line end or a glued sentinel).
-                event, time, inc, rank, step = fast.groups()
-                out.append(
-                    Record(
-                        _EVENT_NAMES[event],
-                        float(time),
-                        inc.decode("ascii"),
-                        int(step),
-                        None if rank is None else int(rank),
-                    )
-                )
+                out.append(_fast_record(fast.groups()))
                 resume = fast.end()
                 pos = data.find(SENTINEL_BYTES, resume)
                 if pos < 0:

@@ -3,12 +3,14 @@
 No torchrun: a tiny HF Trainer, a tiny Lightning fit and DCP saves run in this process,
 the reporter prints into a stream that checks the files on disk at the moment each line
 is written. About 20 s, most of it importing the frameworks. We test these aspects:
-- HF: one progress line per optimizer step under gradient accumulation; a checkpoint
+- HF: one progress line per optimizer step under gradient accumulation, with the loss
+  the Trainer logs (logging_steps=1: each step's, once); a checkpoint
   reported only once its folder is complete (trainer state and marker in place); a
   resume reports the restored step with the digest that was saved; a failing hook never
   raises into training; ``last_complete_checkpoint`` skips partial folders, with and
   without markers;
-- Lightning: the same three, and an ``AsyncCheckpointIO`` save reported only once the
+- Lightning: the same three (each progress line with the batch's loss), and an
+  ``AsyncCheckpointIO`` save reported only once the
   file is written;
 - DCP: ``save`` reports started before any file and completed after ``.metadata``;
   ``async_save`` reports completed only when its future resolves, and never for a save
@@ -76,7 +78,12 @@ def lines() -> Iterator[Callable[..., CheckingStream]]:
 
 
 def hf_trainer(
-    output_dir: Path, *, max_steps: int, callback: Any = None, grad_accum: int = 3
+    output_dir: Path,
+    *,
+    max_steps: int,
+    callback: Any = None,
+    grad_accum: int = 3,
+    logging_steps: int = 10_000,
 ) -> Any:
     transformers = pytest.importorskip("transformers")
     import torch
@@ -101,7 +108,7 @@ def hf_trainer(
         gradient_accumulation_steps=grad_accum,
         save_strategy="steps",
         save_steps=2,
-        logging_steps=10_000,
+        logging_steps=logging_steps,
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
@@ -142,6 +149,19 @@ def test_hf_reports_each_optimizer_step_once_and_a_checkpoint_only_when_complete
     kinds = [e["event"] for e in stream.events if e["event"] != "start"]
     assert kinds.index("checkpoint_started") < kinds.index("checkpoint_completed")
     assert set(stream.of("checkpoint_completed")[0]["parts"]) == {"model", "optimizer", "scheduler"}
+
+
+def test_hf_passes_the_loss_it_logs_on_each_step_s_line(
+    tmp_path: Path,
+    lines: Callable[..., CheckingStream],
+) -> None:
+    stream = lines()
+    trainer = hf_trainer(tmp_path, max_steps=4, logging_steps=1)
+    trainer.train()
+    logged = {row["step"]: row["loss"] for row in trainer.state.log_history if "loss" in row}
+    progress = stream.of("progress")
+    assert [e["step"] for e in progress] == [1, 2, 3, 4]  # each step once, with its loss
+    assert {e["step"]: e["loss"] for e in progress} == logged
 
 
 def test_hf_resume_reports_the_restored_step_with_the_saved_digest(
@@ -280,6 +300,8 @@ def test_lightning_reports_each_optimizer_step_once_and_a_checkpoint_once_writte
     lightning_fit(tmp_path, max_steps=4)
     assert stream.failures == []
     assert [e["step"] for e in stream.of("progress")] == [1, 2, 3, 4]  # not 8 micro-batches
+    losses = [e.get("loss") for e in stream.of("progress")]
+    assert all(isinstance(loss, float) and loss > 0 for loss in losses), losses
     assert [e["step"] for e in stream.of("checkpoint_started")] == [2, 4]  # last.ckpt: no 2nd
     assert [e["step"] for e in stream.of("checkpoint_completed")] == [2, 4]
 

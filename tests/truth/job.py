@@ -127,6 +127,12 @@ Everyday patterns (the verdict's second pass):
 ``--fork-writer``
     rank 0 forks a child for each checkpoint; the child writes it and reports
     ``checkpoint_completed``, then exits (fork-based snapshots).
+``--loss kept|lost``
+    each step has a loss, ``(x - w) ** 2``, from a fixed input ``x`` of the step and a
+    state ``w`` the step then moves towards it (a one-weight model); the step's record
+    carries ``loss`` (``float.hex``) and ``progress`` gets ``loss=``. ``kept``: ``w`` is
+    checkpointed and restored, so a resumed run redoes the killed run's losses bit for
+    bit; ``lost``: the resume does not restore it (expectations.replay, docs/replay.md).
 
 Signals: SIGTERM is blocked and waited for inside each step's wait
 (``signal.sigtimedwait``), so a process torn down by torchrun records an ``exit`` line
@@ -240,6 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--digest", action="store_true", help="report shard digests")
     parser.add_argument("--stall-after-resume", type=int, default=None, metavar="N")
     parser.add_argument("--fork-writer", action="store_true")
+    parser.add_argument("--loss", choices=("kept", "lost"), default=None)
     parser.add_argument("--child", choices=("warmup", "eval"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
@@ -325,12 +332,22 @@ class Job:
         self.start_done = 0  # the step counter when training started in this process
         self.eval_started = False
         self.writers: list[int] = []  # forked checkpoint writers not yet reaped
+        self.w = 0.0  # --loss: the one-weight model's state
         if args.lose_shard == self.rank:  # node-local: gone with the process
             self.shards = Path(tempfile.mkdtemp(prefix=f"shard-r{self.rank}-"))
         else:
             self.shards = self.folder / "shards"
 
     # ---------------------------------------------------------------- labels
+
+    def train_loss(self, step: int) -> float | None:
+        """``--loss``: the loss of step ``step`` and the update of ``w`` it makes."""
+        if self.args.loss is None:
+            return None
+        x = (step * 2654435761 % 1000) / 1000.0
+        loss = (x - self.w) ** 2
+        self.w += 0.1 * (x - self.w)
+        return loss
 
     def label(self, steps_done: int) -> int:
         """The number this job reports for the state after ``steps_done`` steps."""
@@ -371,6 +388,7 @@ class Job:
             "pid": os.getpid(),
             "restart": self.restart,
             "kind": kind,
+            "w": self.w,  # --loss: the model's state after ``step`` steps
         }
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(state, handle)
@@ -436,6 +454,8 @@ class Job:
             return
         state = json.loads(found[-1][1].read_text(encoding="utf-8"))
         held = int(state["step"])  # the state after this many steps
+        if self.args.loss == "kept":
+            self.w = float(state.get("w", 0.0))
         if self.args.thread_before_load is not None:
             time.sleep(self.args.thread_before_load)  # a slow load (a large checkpoint)
         report = self.args.loaded == "yes"
@@ -523,9 +543,11 @@ class Job:
             reported = self.done == self.start_done + 1 or self.done % self.args.progress_every == 0
         else:
             reported = self.done % self.args.progress_every == 0
-        self.truth.record("step", self.done, reported=reported, label=label)
+        loss = self.train_loss(self.done)
+        extra = {} if loss is None else {"loss": loss.hex()}
+        self.truth.record("step", self.done, reported=reported, label=label, **extra)
         if reported:
-            reporter.progress(label)
+            reporter.progress(label, loss=loss)
         if self.rank != 0:
             shard_due = self.args.sharded and self.done % self.args.ckpt_every == 0
             if shard_due and self.save_shard(self.done):

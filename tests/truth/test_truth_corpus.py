@@ -31,7 +31,10 @@ We test these aspects:
   resumes from it and the drill PASSes with that resume step; silent (never reported
   complete), the drill names the same resume step but is inconclusive: a checkpoint
   nobody reported complete may as well be torn;
-- the real example ``examples/local/train.py`` (torch DDP) PASSes held to its own records.
+- the real example ``examples/local/train.py`` (torch DDP) PASSes held to its own records;
+- replay (``--loss``): a resume that restores the model's state PASSes ``replay: exact``,
+  every compared step one both runs did; one that loses it FAILs ``REPLAY_DIVERGED`` at
+  the first step where the job's own loss records differ.
 """
 
 from __future__ import annotations
@@ -717,3 +720,42 @@ def test_checkpoints_written_by_forked_writers_still_time_a_delayed_kill(tmp_pat
     assert_passes_held_to_truth(drill)
     delay = drill.report["recoveries"][0]["delaySeconds"]
     assert delay is not None and delay > 0.05, why  # half of a 0.4 s checkpoint interval
+
+
+# ---------------------------------------------------------------- replay (issue 33)
+
+
+def replay_truth(drill: Drill) -> tuple[list[int], int | None]:
+    """From the job's own records: the steps both rank-0 runs did with a loss (the killed
+    process's, up to the kill, and the judged replacement's), and the first that differs."""
+    kill = float(drill.report["killTime"])
+    judged = drill.truth.judged
+    assert judged is not None, drill.explain()
+    old = [p for p in drill.processes if p.rank == REPORTING_RANK and p.started <= kill]
+    killed = {r.step: r.extra["loss"] for p in old for r in p.steps if "loss" in r.extra}
+    redone = {r.step: r.extra["loss"] for r in judged.steps if "loss" in r.extra}
+    common = sorted(set(killed) & set(redone))
+    return common, next((s for s in common if killed[s] != redone[s]), None)
+
+
+def test_a_resume_that_restores_the_state_replays_its_losses_exactly(tmp_path: Path) -> None:
+    drill = run_drill(tmp_path, ["--loss=kept"], expect={"replay": "exact"})
+    assert drill.report["verdict"] == "PASS", drill.explain()
+    replay = drill.report["replay"]
+    common, first = replay_truth(drill)
+    assert first is None
+    compared = [row["step"] for row in replay["steps"]]
+    assert compared, drill.explain()
+    assert set(compared) <= set(common)  # every compared step, both runs did it
+    assert len(compared) >= 5  # replaySteps: the kill waited for 5 steps past step 20
+    assert replay["firstDivergentStep"] is None
+
+
+def test_a_resume_that_loses_the_state_fails_at_the_truth_s_first_divergent_step(
+    tmp_path: Path,
+) -> None:
+    drill = run_drill(tmp_path, ["--loss=lost"], expect={"replay": "exact"})
+    assert reasons(drill.report) == ["REPLAY_DIVERGED"], drill.explain()
+    _, first = replay_truth(drill)
+    assert first is not None
+    assert drill.report["replay"]["firstDivergentStep"] == first, drill.explain()

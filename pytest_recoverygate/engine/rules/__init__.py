@@ -21,6 +21,7 @@ from pytest_recoverygate.engine.rules import (
     live,
     lost,
     ranks,
+    replay,
     resume,
     sustain,
 )
@@ -178,6 +179,21 @@ TABLE: tuple[Rule, ...] = (
             "tests/test_engine_adversarial.py::test_max_stall_still_fails_a_job_that_stops_for_good",
             "tests/test_engine_faults.py::test_a_matching_digest_passes",
             "tests/test_engine.py::test_a_replacement_with_one_line_and_no_stride_is_inconclusive",
+        ),
+    ),
+    Rule(
+        "replay_matches",
+        "replay_matches",
+        "kill",
+        replay.replay_matches,
+        (R.REPLAY_DIVERGED,),
+        tests=(
+            "tests/test_replay.py::test_a_job_that_replays_exactly_passes_exact",
+            "tests/test_replay.py::test_a_replay_off_by_more_than_the_tolerance_fails",
+            "tests/test_replay.py::test_a_data_position_not_restored_fails_naming_the_data",
+            "tests/test_replay.py::test_a_kill_before_any_replayed_step_is_inconclusive",
+            "tests/test_replay.py::test_report_mode_never_changes_the_verdict",
+            "tests/test_replay.py::test_each_recovery_of_count_n_is_compared_on_its_own",
         ),
     ),
     Rule(

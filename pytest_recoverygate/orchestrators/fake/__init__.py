@@ -87,6 +87,8 @@ from pytest_recoverygate.engine.model import (
     Worker,
     Workload,
 )
+from pytest_recoverygate.orchestrators.fake import losses
+from pytest_recoverygate.orchestrators.fake.losses import ReplayMode
 from pytest_recoverygate.registry.seams import Backend
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
@@ -158,6 +160,18 @@ class FakeJobSpec(Section):
         True,
         "true or false: after a KillNode with replace: false, carry on with fewer nodes",
         "elastic: true",
+    )
+    replay: ReplayMode = option(
+        "none",
+        "none, exact, noise, data or spike: report each step's loss and batch, and how a "
+        "replacement redoes them (fake/losses.py; expectations.replay)",
+        "replay: exact",
+    )
+    replay_noise: float = option(
+        1e-6, "a number >= 0 (replay: noise): relative", "replayNoise: 1e-6", ge=0, le=1
+    )
+    replay_spikes: int = option(
+        2, "a whole number >= 0 (replay: spike)", "replaySpikes: 2", ge=0, le=1000
     )
     # replica groups (recovery: live): FakeLiveOrchestrator
     replicas: int | None = option(
@@ -322,6 +336,9 @@ class FakeOrchestrator(SimulatedJob):
     max_restarts: int | None = None
     nodes: int = 1
     elastic: bool = True
+    replay: ReplayMode = "none"  # fake/losses.py
+    replay_noise: float = 1e-6
+    replay_spikes: int = 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -715,6 +732,15 @@ class FakeOrchestrator(SimulatedJob):
             step: int | None,
             digest: tuple[tuple[str, str], ...] = (),
         ) -> TrainingEvent:
+            loss, data = (None, None)
+            if kind is TrainingEventKind.PROGRESS and step is not None:
+                loss, data = losses.point(
+                    self.replay,
+                    step,
+                    resumed_from=inc.resume_step if inc.number else None,
+                    noise=self.replay_noise,
+                    spikes=self.replay_spikes,
+                )
             return TrainingEvent(
                 kind,
                 at,
@@ -728,26 +754,15 @@ class FakeOrchestrator(SimulatedJob):
                 digest=wire.combine_parts(digest) if digest else None,
                 digest_parts=digest,
                 world_size=inc.ranks if kind is TrainingEventKind.START else None,
+                loss=loss,
+                data=data,
             )
 
         if not inc.start_emitted and inc.start <= end:
             inc.start_emitted = True
             if self.start_events:
                 out.append(event(TrainingEventKind.START, inc.start, None))
-                self._print(
-                    0,
-                    wire.format_start(
-                        inc.start,
-                        inc.inc_id,
-                        pid=1000 + inc.number,
-                        host=self._host(),
-                        rank=0,
-                        restart=inc.number,
-                        world_size=inc.ranks,
-                    ),
-                )
-            for rank in range(self.workers):
-                self._print(rank, f"[fake job] incarnation {inc.number} started\n")
+            self._print_start(inc)
         load_at = inc.first_step_at - 0.01
         if inc.resume_step > 0 and not inc.load_emitted and load_at <= end:
             inc.load_emitted = True
@@ -794,6 +809,24 @@ class FakeOrchestrator(SimulatedJob):
             inc.final_save = None
             out.append(event(TrainingEventKind.CHECKPOINT_COMPLETED, done, step, _parts(step)))
         return out
+
+    def _print_start(self, inc: _Incarnation) -> None:
+        """What an incarnation's processes print when they start."""
+        if self.start_events:
+            self._print(
+                0,
+                wire.format_start(
+                    inc.start,
+                    inc.inc_id,
+                    pid=1000 + inc.number,
+                    host=self._host(),
+                    rank=0,
+                    restart=inc.number,
+                    world_size=inc.ranks,
+                ),
+            )
+        for rank in range(self.workers):
+            self._print(rank, f"[fake job] incarnation {inc.number} started\n")
 
 
 def _parts(step: int, *, fresh_optimizer: bool = False) -> tuple[tuple[str, str], ...]:

@@ -5,10 +5,13 @@ This module is for ``import lightning`` (``lightning.pytorch``);
 ``import pytorch_lightning``. What it reports, and the Lightning internals each report
 rests on (checked against Lightning 2.x; docs/frameworks.md):
 
-- ``progress(trainer.global_step)`` in ``on_train_batch_end`` whenever ``global_step``
-  moved: ``global_step`` counts optimizer steps, so with ``accumulate_grad_batches`` the
-  micro-batches that did not step report nothing, and manual optimization counts each
-  ``optimizer.step()``.
+- ``progress(trainer.global_step, loss=...)`` in ``on_train_batch_end`` whenever
+  ``global_step`` moved: ``global_step`` counts optimizer steps, so with
+  ``accumulate_grad_batches`` the micro-batches that did not step report nothing, and
+  manual optimization counts each ``optimizer.step()``. The loss is the one Lightning
+  hands the hook (``outputs``, or ``outputs["loss"]``: the batch's loss as
+  ``training_step`` returned it, divided by ``accumulate_grad_batches``), converted only
+  on the lines the reporter prints (docs/replay.md).
 - ``checkpoint_started(step)`` in ``on_save_checkpoint``, which Lightning calls on every
   rank while it builds the checkpoint dict, before anything is written.
 - ``checkpoint_completed(step)`` at the next hook after the save (the next batch's
@@ -36,6 +39,16 @@ from recoverygate import reporter
 from recoverygate.integrations import _common
 
 __all__ = ["RecoveryGateCallback", "callback_class"]
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss in what ``training_step`` returned (a tensor, or a mapping with ``loss``);
+    None when there is none. Not converted here: the reporter calls ``float()`` only on
+    the lines it prints."""
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    return outputs if hasattr(outputs, "__float__") else None
+
 
 NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 _classes: dict[str, type] = {}
@@ -158,7 +171,7 @@ class _Hooks:
         step = int(trainer.global_step)
         if step != self._last_step:  # an optimizer step happened in this batch
             self._last_step = step
-            reporter.progress(step)
+            reporter.progress(step, loss=_loss_of(outputs))
 
     @_common.safe("RecoveryGateCallback")
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:

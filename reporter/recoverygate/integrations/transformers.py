@@ -5,7 +5,12 @@ against transformers 5.x and 4.x; docs/frameworks.md):
 
 - ``progress(state.global_step)`` in ``on_step_end``: the Trainer increments
   ``global_step`` right *before* ``on_step_end``, once per optimizer step, so gradient
-  accumulation is counted right (micro-batches end in ``on_substep_end``).
+  accumulation is counted right (micro-batches end in ``on_substep_end``). On a step the
+  Trainer logs (``control.should_log``, set by its flow callback before ours runs), the
+  line waits for ``on_log`` and carries ``loss=logs["loss"]``: the loss the Trainer hands
+  over, the mean over the ranks and the steps since the last log (with
+  ``logging_steps=1``: that step's; docs/replay.md). A step whose log never came is
+  reported without a loss at the next hook.
 - ``checkpoint_started(step)`` in ``on_step_end``/``on_epoch_end`` when the flow callback
   has set ``control.should_save`` (the save follows right after those hooks).
 - ``checkpoint_completed(step)`` in ``on_save``, which the Trainer calls on *every* rank
@@ -96,6 +101,7 @@ class _Hooks:
         self.fsync = fsync
         self.marker = marker
         self._save_started: int | None = None
+        self._pending: int | None = None  # a step whose progress waits for on_log's loss
 
     def __repr__(self) -> str:
         return (
@@ -126,11 +132,30 @@ class _Hooks:
     @_common.safe("RecoveryGateCallback")
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
-        reporter.progress(step)  # global_step was incremented right before this hook
+        self._flush_pending()
+        if getattr(control, "should_log", False):
+            self._pending = step  # on_log follows with this step's loss
+        else:
+            reporter.progress(step)  # global_step was incremented right before this hook
         self._maybe_started(step, control)
 
     @_common.safe("RecoveryGateCallback")
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        step = int(state.global_step)
+        if self._pending != step:
+            return
+        self._pending = None
+        loss = logs.get("loss") if isinstance(logs, dict) else None
+        reporter.progress(step, loss=loss)
+
+    def _flush_pending(self) -> None:
+        if self._pending is not None:
+            step, self._pending = self._pending, None
+            reporter.progress(step)
+
+    @_common.safe("RecoveryGateCallback")
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._flush_pending()
         self._maybe_started(int(state.global_step), control)
 
     def _maybe_started(self, step: int, control: Any) -> None:

@@ -1,0 +1,358 @@
+"""Replay equivalence (``expectations.replay``): the killed run is the golden reference.
+
+We test these aspects:
+
+- the rule itself (:func:`pytest_recoverygate.engine.rules.replay.judge`): exact equality, the
+  tolerance |new - old| <= atol + rtol * |old| at its boundary, ``maxDivergentSteps``,
+  a differing ``data`` fingerprint diverging whatever the loss, NaN, ``report`` never
+  a check, nothing to compare saying why;
+- whole drills through the fake backend on a simulated clock (``fake.replay``), in
+  milliseconds: exact PASS, tolerance PASS and FAIL, the allowance, a data mismatch,
+  nothing to compare (inconclusive, with the fix), ``report`` never changing the verdict,
+  every recovery of ``count: N`` compared on its own, ``replaySteps`` delaying the kill
+  (and a ``delay`` overriding it);
+- the report: ``replay`` at the top and per recovery, the ``replay_matches`` check; the
+  page and the terminal show the compared steps side by side, the timeline picture marks
+  the first divergent step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.rules.replay import WHAT_TO_CHECK, judge
+from pytest_recoverygate.engine.spec import ReplaySpec
+from pytest_recoverygate.engine.verdict import FailureReason
+from pytest_recoverygate.orchestrators import build_orchestrator
+from pytest_recoverygate.orchestrators.base import SimulatedClock
+from pytest_recoverygate.report.terminal import replay_lines
+from pytest_recoverygate.report.timeline import build_figure
+from pytest_recoverygate.runner import RunOptions, run_drill
+
+EXACT = ReplaySpec("exact")
+
+# ---------------------------------------------------------------------------- the rule
+
+
+def run(**losses: float | None) -> dict[int, tuple[float | None, str | None]]:
+    return {int(key.removeprefix("s")): (value, None) for key, value in losses.items()}
+
+
+def test_exact_passes_equal_losses_and_names_the_steps() -> None:
+    check, figures = judge(run(s20=1.0, s21=0.5, s22=0.25), run(s21=0.5, s22=0.25), EXACT)
+    assert check is not None
+    assert check.passed is True
+    assert "2 steps" in check.message
+    assert "steps 21-22" in check.message
+    assert figures is not None
+    assert (figures.steps_compared, figures.first_divergent_step) == (2, None)
+    assert figures.max_abs_diff == 0.0
+
+
+def test_exact_fails_at_the_first_differing_step_with_both_values() -> None:
+    old = run(s21=0.5, s22=0.25, s23=0.125)
+    new = run(s21=0.5, s22=0.25 + 2**-40, s23=0.2)
+    check, figures = judge(old, new, EXACT)
+    assert check is not None
+    assert check.passed is False
+    assert check.reason is FailureReason.REPLAY_DIVERGED
+    assert "replay diverged at step 22" in check.message
+    assert repr(0.25) in check.message
+    assert repr(0.25 + 2**-40) in check.message
+    assert WHAT_TO_CHECK in check.message
+    assert figures is not None
+    assert figures.divergent_steps == 2
+    assert figures.max_abs_diff == pytest.approx(0.075)
+
+
+def test_the_tolerance_holds_at_its_boundary_and_fails_just_past_it() -> None:
+    spec = ReplaySpec("tolerance", rtol=0.5, atol=0.25)
+    at_limit = judge(run(s1=1.0), run(s1=1.75), spec)[0]  # 0.75 = 0.25 + 0.5 * 1.0
+    past = judge(run(s1=1.0), run(s1=1.75 + 2**-40), spec)[0]
+    assert at_limit is not None
+    assert at_limit.passed is True
+    assert past is not None
+    assert past.passed is False
+
+
+def test_max_divergent_steps_is_an_allowance_of_steps() -> None:
+    old = run(s1=1.0, s2=1.0, s3=1.0, s4=1.0)
+    new = run(s1=2.0, s2=2.0, s3=1.0, s4=1.0)
+    allowed = judge(old, new, ReplaySpec("tolerance", max_divergent_steps=2))
+    one = judge(old, new, ReplaySpec("tolerance", max_divergent_steps=1))
+    assert allowed[0] is not None
+    assert allowed[0].passed is True
+    assert allowed[1] is not None
+    assert allowed[1].first_divergent_step is None
+    assert one[0] is not None
+    assert one[0].passed is False
+    assert one[1] is not None
+    assert one[1].first_divergent_step == 1
+
+
+def test_a_differing_batch_diverges_even_with_the_same_loss() -> None:
+    old = {21: (0.5, "b21"), 22: (0.25, "b22")}
+    new = {21: (0.5, "b1"), 22: (0.25, "b22")}
+    check, figures = judge(old, new, EXACT)
+    assert check is not None
+    assert check.passed is False
+    assert "its data differs" in check.message
+    assert "data loader" in check.message
+    assert figures is not None
+    assert figures.data_matched is False
+
+
+def test_only_steps_past_the_resume_are_replayed_steps() -> None:
+    old = run(s20=9.0, s21=0.5, s22=0.25)
+    new = run(s20=1.0, s21=0.5, s22=0.25)  # a line at the loaded step: the state it holds
+    check, figures = judge(old, new, EXACT, resumed_from=20)
+    assert check is not None
+    assert check.passed is True
+    assert figures is not None
+    assert [row[0] for row in figures.steps] == [21, 22]
+
+
+def test_nan_matches_nan_only() -> None:
+    both = judge(run(s1=math.nan), run(s1=math.nan), EXACT)[0]
+    one = judge(run(s1=1.0), run(s1=math.nan), ReplaySpec("tolerance", rtol=1.0))[0]
+    assert both is not None
+    assert both.passed is True
+    assert one is not None
+    assert one.passed is False
+
+
+def test_report_mode_gives_figures_and_never_a_check() -> None:
+    check, figures = judge(run(s1=1.0), run(s1=3.0), ReplaySpec())
+    assert check is None
+    assert figures is not None
+    assert figures.first_divergent_step == 1
+    assert judge({}, {}, ReplaySpec()) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "resumed", "says"),
+    [
+        ({}, {}, 20, "the job reports no loss"),
+        (run(s21=1.0), {21: (None, "b21")}, 20, "the replacement reported no loss"),
+        (run(s19=1.0, s20=1.0), run(s21=1.0), 20, "the kill came before any replayed step"),
+        (run(s21=1.0), run(s40=1.0), 20, "RECOVERYGATE_REPLAY_WINDOW"),
+    ],
+)
+def test_nothing_to_compare_is_inconclusive_and_says_why(
+    old: dict[int, tuple[float | None, str | None]],
+    new: dict[int, tuple[float | None, str | None]],
+    resumed: int,
+    says: str,
+) -> None:
+    check, figures = judge(old, new, EXACT, resumed_from=resumed)
+    assert check is not None
+    assert check.passed is None
+    assert check.reason is FailureReason.INCONCLUSIVE
+    assert check.message.startswith("inconclusive: nothing to compare for replay")
+    assert says in check.message
+    assert figures is not None
+    assert figures.steps_compared == 0
+
+
+# ---------------------------------------------------------------------------- drills
+
+BASE = """\
+workload:
+  orchestrator: fake
+  fake: {{workers: 2, checkpointEvery: 20, restartDelay: 1s{fake}}}
+injectFailure:
+  type: KillWorker
+  afterCheckpoint: step-20
+{failure}expectations:
+  maxRecoveryTime: 2m
+{expect}safety:
+  requireConfirm: false
+"""
+
+
+def drill(
+    tmp_path: Path, *, fake: str = "", failure: str = "", expect: str = "", speed: float = 50
+) -> tuple[int, dict[str, Any]]:
+    fake = f", stepsPerSecond: {speed}{fake}"
+    text = BASE.format(fake=fake, failure=failure, expect=expect)
+    config = parse_config(text, tmp_path / "drill.yaml")
+    clock = SimulatedClock()
+    report = tmp_path / "report.json"
+    result = run_drill(
+        config,
+        RunOptions(report_path=report, handle_signals=False, confirmed=True),
+        clock=clock,
+        orchestrator=build_orchestrator(config, clock),
+    )
+    return result.exit_code, json.loads(report.read_text())
+
+
+def replay_check(report: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in report["checks"] if c["name"] == "replay_matches"), None)
+
+
+def test_a_job_that_replays_exactly_passes_exact(tmp_path: Path) -> None:
+    code, report = drill(tmp_path, fake=", replay: exact", expect="  replay: exact\n")
+    assert code == 0, report["summary"]
+    replay = report["replay"]
+    assert replay["mode"] == "exact"
+    assert replay["stepsCompared"] >= 5  # replaySteps: the kill waited for them
+    assert replay["firstDivergentStep"] is None
+    assert replay["maxAbsDiff"] == 0.0
+    assert replay["dataMatched"] is True
+    assert replay["steps"][0]["step"] == report["resumeStep"] + 1
+    assert all(row["killed"] == row["replacement"] for row in replay["steps"])
+    check = replay_check(report)
+    assert check is not None
+    assert check["passed"] is True
+    assert report["recoveries"][0]["replay"] == replay
+
+
+def test_replay_steps_delays_the_kill_past_the_trigger_checkpoint(tmp_path: Path) -> None:
+    _, waited = drill(
+        tmp_path, fake=", replay: exact", expect="  replay: exact\n  replaySteps: 8\n"
+    )
+    assert waited["triggerCheckpoint"] == 20
+    assert waited["lastStepBeforeKill"] >= 28
+    assert waited["replay"]["stepsCompared"] >= 8
+    (tmp_path / "d").mkdir()
+    _, delayed = drill(
+        tmp_path / "d",
+        fake=", replay: exact",
+        failure="  delay: 0.1s\n",
+        expect="  replay: exact\n  replaySteps: 8\n",
+    )
+    assert delayed["lastStepBeforeKill"] < 28  # a delay decides when the kill lands
+
+
+def test_a_noisy_replay_passes_within_the_tolerance(tmp_path: Path) -> None:
+    code, report = drill(
+        tmp_path, fake=", replay: noise, replayNoise: 1e-6", expect="  replay: {rtol: 1e-4}\n"
+    )
+    assert code == 0, report["summary"]
+    replay = report["replay"]
+    assert replay["mode"] == "tolerance"
+    assert 0 < replay["maxRelDiff"] <= 1e-4
+    assert replay["firstDivergentStep"] is None
+
+
+def test_a_replay_off_by_more_than_the_tolerance_fails(tmp_path: Path) -> None:
+    code, report = drill(
+        tmp_path, fake=", replay: noise, replayNoise: 1e-2", expect="  replay: {rtol: 1e-4}\n"
+    )
+    assert code == 1
+    assert report["reasons"] == ["REPLAY_DIVERGED"]
+    assert report["replay"]["firstDivergentStep"] == report["resumeStep"] + 1
+    check = replay_check(report)
+    assert check is not None
+    assert f"replay diverged at step {report['resumeStep'] + 1}" in check["message"]
+
+
+@pytest.mark.parametrize(("allowed", "code"), [(2, 0), (1, 1)])
+def test_max_divergent_steps_allows_that_many_steps(
+    tmp_path: Path, allowed: int, code: int
+) -> None:
+    got, report = drill(
+        tmp_path,
+        fake=", replay: spike, replaySpikes: 2",
+        expect=f"  replay: {{rtol: 1e-9, maxDivergentSteps: {allowed}}}\n",
+    )
+    assert got == code, report["summary"]
+    assert report["replay"]["divergentSteps"] == 2
+    expected_first = None if code == 0 else report["resumeStep"] + 1
+    assert report["replay"]["firstDivergentStep"] == expected_first
+
+
+def test_a_data_position_not_restored_fails_naming_the_data(tmp_path: Path) -> None:
+    code, report = drill(tmp_path, fake=", replay: data", expect="  replay: exact\n")
+    assert code == 1
+    assert report["replay"]["dataMatched"] is False
+    check = replay_check(report)
+    assert check is not None
+    assert check["reason"] == "REPLAY_DIVERGED"
+    assert "its data differs" in check["message"]
+
+
+def test_a_job_without_losses_is_inconclusive_under_exact(tmp_path: Path) -> None:
+    code, report = drill(tmp_path, expect="  replay: exact\n")
+    assert code == 3
+    assert report["verdict"] == "ERROR"
+    assert "inconclusive: nothing to compare for replay" in report["summary"]
+    assert "loss=" in report["summary"]
+
+
+def test_a_kill_before_any_replayed_step_is_inconclusive(tmp_path: Path) -> None:
+    code, report = drill(
+        tmp_path,
+        fake=", replay: exact",
+        expect="  replay: exact\n  replaySteps: 0\n",
+        speed=0.5,  # the kill lands before step 21 is done
+    )
+    assert code == 3, report["summary"]
+    assert "the kill came before any replayed step" in report["summary"]
+    assert "delay" in report["summary"]
+
+
+def test_report_mode_never_changes_the_verdict(tmp_path: Path) -> None:
+    code, report = drill(tmp_path, fake=", replay: data")
+    assert code == 0, report["summary"]
+    assert replay_check(report) is None
+    assert report["replay"]["mode"] == "report"
+    assert report["replay"]["firstDivergentStep"] == report["resumeStep"] + 1
+    assert report["lastStepBeforeKill"] < 25  # report mode does not wait (replaySteps)
+
+
+def test_each_recovery_of_count_n_is_compared_on_its_own(tmp_path: Path) -> None:
+    code, report = drill(
+        tmp_path, fake=", replay: exact", failure="  count: 3\n", expect="  replay: exact\n"
+    )
+    assert code == 0, report["summary"]
+    recoveries = report["recoveries"]
+    assert len(recoveries) == 3
+    resumed = [r["replay"]["resumedFrom"] for r in recoveries]
+    assert resumed == sorted(set(resumed))  # three distinct resumes, three comparisons
+    for recovery in recoveries:
+        replay = recovery["replay"]
+        assert replay["stepsCompared"] >= 5
+        assert replay["steps"][0]["step"] == recovery["resumeStep"] + 1
+        assert replay["firstDivergentStep"] is None
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def test_the_page_the_terminal_and_the_picture_show_the_compared_steps(tmp_path: Path) -> None:
+    text = BASE.format(
+        fake=", stepsPerSecond: 50, replay: data", failure="", expect="  replay: exact\n"
+    )
+    config = parse_config(text, tmp_path / "drill.yaml")
+    clock = SimulatedClock()
+    folder = tmp_path / "report"
+    result = run_drill(
+        config,
+        RunOptions(report_dir=folder, handle_signals=False, confirmed=True),
+        clock=clock,
+        orchestrator=build_orchestrator(config, clock),
+    )
+    doc = json.loads((folder / "report.json").read_text())
+    first = doc["replay"]["firstDivergentStep"]
+    page = (folder / "report.html").read_text()
+    assert "<h2>Replay</h2>" in page
+    assert "first divergent" in page
+    assert repr(doc["replay"]["steps"][0]["killed"]) in page
+    lines = replay_lines(result)
+    assert lines[0].startswith("replayed steps (exact)")
+    assert any(line.split()[0] == str(first) and "data differs" in line for line in lines[1:])
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(doc)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    plt.close(fig)
+    assert f"replay diverged at step {first}" in labels
