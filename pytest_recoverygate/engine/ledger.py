@@ -35,9 +35,26 @@ from pytest_recoverygate.engine.verdict import (
     StepContract,
 )
 
-__all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
+__all__ = [
+    "MAX_CHECKPOINTS",
+    "MAX_INCARNATIONS",
+    "Checkpoint",
+    "Inc",
+    "Ledger",
+    "Resume",
+    "Save",
+    "steps_text",
+]
 
 R = FailureReason
+
+#: The state a job's lines can make the ledger hold is bounded (a job is hostile input):
+#: at most this many distinct incarnations (every rank's, and those ignored as older than
+#: the run), and this many checkpoint entries of each kind (the reporting rank's completed
+#: checkpoints, the saves started, one other rank's checkpoints). Lines past a cap are
+#: counted (:attr:`Ledger.capped_lines`), never used, and the report says so.
+MAX_INCARNATIONS = 1024
+MAX_CHECKPOINTS = 50_000
 
 
 def steps_text(values: list[int], limit: int = 6) -> str:
@@ -200,6 +217,26 @@ class Ledger:
         # so every rank's resumed state can be held to the expected step.
         self.others: dict[str, Inc] = {}
         self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
+        self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
+
+    def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
+        """Whether the ledger has no room left for ``event`` (then counted, never used): a
+        new incarnation past :data:`MAX_INCARNATIONS` (of the reporting rank, or ``other``:
+        of the other ranks), a checkpoint past :data:`MAX_CHECKPOINTS`."""
+        kind, inc = event.kind, event.incarnation
+        pool = self.others if other else self.incs
+        if inc not in pool and len(pool) >= MAX_INCARNATIONS:
+            full = True
+        elif kind is TrainingEventKind.CHECKPOINT_COMPLETED:
+            saves = self.rank_saves.get(event.rank, {}) if other and event.rank is not None else {}
+            full = len(saves if other else self.checkpoints) >= MAX_CHECKPOINTS
+        elif kind is TrainingEventKind.CHECKPOINT_STARTED:
+            full = len(self.saves) >= MAX_CHECKPOINTS and event.step not in self.saves
+        else:
+            return False
+        if full:
+            self.capped_lines += 1
+        return full
 
     # ------------------------------------------------------------------ recording
 
