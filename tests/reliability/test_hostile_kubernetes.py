@@ -9,7 +9,9 @@ real client, against the fake API server, we test these aspects:
   that pod, and not one request changes anything;
 - the same for a job without Kubeflow labels (pods owned by a controller): a pod of
   another controller that matches the selector on the node is refused too;
-- another job's pod on the *other* node does not stop KillNode, and is not touched.
+- another job's pod on the *other* node does not stop KillNode, and is not touched;
+- a log line of several MiB from the job: the log stream holds at most MAX_LINE_BYTES of
+  it, the kept log says where it was cut, and the events printed after it still arrive.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from pytest_recoverygate.engine.model import Fault, KillOutcome
+from pytest_recoverygate.engine.model import Fault, KillOutcome, TrainingEvent
 from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
+from pytest_recoverygate.shared.textbounds import MAX_LINE_BYTES
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, RBAC_NODE_RULES, FakeApiServer
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
 from tests.reliability.conftest import Figures
@@ -179,3 +182,30 @@ def test_another_jobs_pod_on_the_other_node_is_left_alone(
     reached = {r.target_uid for r in server.deletes(acted_only=True)}
     assert reached == on_b
     assert intruder["metadata"]["uid"] not in reached
+
+
+def test_a_giant_log_line_is_cut_and_the_events_after_it_still_arrive(
+    server: FakeApiServer,
+    kubeconfig: Path,
+    job: FakeTrainingJob,
+    orchestrators: list[KubernetesOrchestrator],
+) -> None:
+    orchestrator = make(orchestrators, kubeconfig, selector=job.selector)
+    orchestrator.discover(time.time() + 30)
+    deadline = time.monotonic() + 20
+    while not orchestrator.events().poll():  # the stream is open and reading
+        assert time.monotonic() < deadline, "no event arrived"
+        time.sleep(0.05)
+    giant = 3 * MAX_LINE_BYTES + 12345
+    assert server.append_log(NAMESPACE, job.pod_name(0), "x" * giant)
+    written = len(job.written)
+    seen_after: list[TrainingEvent] = []
+    while not seen_after:
+        assert time.monotonic() < deadline, "no event after the giant line"
+        seen_after = [e for e in orchestrator.events().poll() if e.step and e.step > 0]
+        time.sleep(0.05)
+    assert len(job.written) > written  # the job went on printing, and the drill reads it
+    [pod_log] = orchestrator.job_output().workers
+    assert f"longer than {MAX_LINE_BYTES} bytes" in pod_log.text
+    assert "x" * giant not in pod_log.text
+    assert len(pod_log.text) < 2 * MAX_LINE_BYTES  # the kept log's own limit holds

@@ -53,6 +53,7 @@ __all__ = [
     "IFACE",
     "Network",
     "NodeNet",
+    "is_trusted_tool",
     "missing_capabilities",
     "node_command",
     "require_capabilities",
@@ -84,18 +85,24 @@ def tool_path(name: str, *, root: bool | None = None) -> str | None:
         return shutil.which(name)
     for folder in TRUSTED_TOOL_DIRS:
         path = os.path.join(folder, name)
-        try:
-            info = os.stat(path)
-        except OSError:
-            continue
-        if (
-            stat.S_ISREG(info.st_mode)
-            and info.st_uid == 0
-            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-            and info.st_mode & stat.S_IXUSR
-        ):
+        if is_trusted_tool(path):
             return path
     return None
+
+
+def is_trusted_tool(path: str) -> bool:
+    """``path`` is an executable regular file (links followed: they are in a root-owned
+    folder) owned by root that neither its group nor others may write."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == 0
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        and bool(info.st_mode & stat.S_IXUSR)
+    )
 
 
 def _tool(name: str) -> str:
