@@ -232,6 +232,24 @@ def test_the_reporting_ranks_incarnations_are_capped_too() -> None:
     assert engine.ledger.capped_lines == 7
 
 
+def test_start_lines_held_back_around_the_kill_are_capped_too() -> None:
+    # Start lines stamped before the kill wait for their first other line (pending starts).
+    engine = engine_for()
+    drive(engine, steps_run("old", 0.0, list(range(1, 26))), kill_at=2.55)
+    assert engine.kill_time is not None
+    drive(engine, [ev(S, 2.0, f"early-{i}", rank=0, pid=i) for i in range(MAX_INCARNATIONS + 9)])
+    assert engine.ledger.capped_lines == 9
+
+
+def test_live_replicas_are_capped_too() -> None:
+    from tests.test_live import start as live_start
+
+    job = live_start()  # two replicas, a0 and b0
+    for i in range(MAX_INCARNATIONS + 5):
+        job.line(S, f"forged-{i}", replica=1)
+    assert job.engine.ledger.capped_lines == 5 + 2  # the two real ones came first
+
+
 # ---------------------------------------------------------------------------- imports
 
 
