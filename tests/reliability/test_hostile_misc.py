@@ -36,6 +36,7 @@ import pytest
 
 from pytest_recoverygate.engine.ledger import MAX_CHECKPOINTS, MAX_INCARNATIONS
 from pytest_recoverygate.engine.machine import Verdict
+from pytest_recoverygate.engine.model import TrainingEventKind
 from pytest_recoverygate.orchestrators.local import netns
 from pytest_recoverygate.orchestrators.local.torchrun import root_cause, root_cause_fields
 from pytest_recoverygate.orchestrators.ray.helper import helper_command
@@ -49,9 +50,10 @@ from pytest_recoverygate.shared.textbounds import (
     cap_lines,
 )
 from tests.reliability.conftest import Figures
-from tests.test_engine_patterns import C, S, drive, engine_for, ev, result_of, steps_run
+from tests.test_engine_patterns import C, L, S, drive, engine_for, ev, result_of, steps_run
 
 REPO = Path(__file__).resolve().parents[2]
+STARTED = TrainingEventKind.CHECKPOINT_STARTED
 GENEROUS = 2.0  # seconds: the new code takes milliseconds; the old took seconds or more
 
 
@@ -223,6 +225,17 @@ def test_a_flood_of_incarnations_is_capped_counted_and_the_verdict_holds(
     assert result.ignored_lines == excess
     assert any("past the drill's bounds" in note for note in result.notes)
     figures.add("hostile_engine_lines", len(flood))
+
+
+def test_repeated_checkpoint_lines_of_one_step_are_capped() -> None:
+    # Each line is a timeline entry, even a repeat of one step: the cap counts lines.
+    engine = engine_for(after_checkpoint=10**9)
+    repeats = MAX_CHECKPOINTS + 20
+    drive(engine, [ev(S, 0.0, "w", rank=0, pid=1)])
+    for kind in (C, L, STARTED):
+        drive(engine, [ev(kind, 0.01, "w", 7, rank=0) for _ in range(repeats)])
+    assert engine.ledger.capped_lines == 3 * 20
+    assert len(engine.ledger.checkpoints) == MAX_CHECKPOINTS
 
 
 def test_the_reporting_ranks_incarnations_are_capped_too() -> None:
