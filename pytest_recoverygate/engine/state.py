@@ -449,7 +449,8 @@ class DrillState:
             notes.append(
                 f"{capped} reporter line(s) were ignored past the drill's bounds on what job "
                 f"lines may make it hold ({MAX_INCARNATIONS} distinct incarnations, "
-                f"{MAX_CHECKPOINTS} checkpoint entries): they are not evidence of this run"
+                f"{MAX_CHECKPOINTS} checkpoint lines of each kind): they are not evidence "
+                "of this run"
             )
         notes += [
             e.detail
