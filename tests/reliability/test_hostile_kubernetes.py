@@ -205,7 +205,9 @@ def test_a_giant_log_line_is_cut_and_the_events_after_it_still_arrive(
         seen_after = [e for e in orchestrator.events().poll() if e.step and e.step > 0]
         time.sleep(0.05)
     assert len(job.written) > written  # the job went on printing, and the drill reads it
-    [pod_log] = orchestrator.job_output().workers
+    output = orchestrator.job_output()
+    assert f"1 line(s) longer than {MAX_LINE_BYTES} bytes were cut" in output.note
+    [pod_log] = output.workers
     assert f"longer than {MAX_LINE_BYTES} bytes" in pod_log.text
     assert "x" * giant not in pod_log.text
     assert len(pod_log.text) < 2 * MAX_LINE_BYTES  # the kept log's own limit holds

@@ -216,10 +216,15 @@ class LogStream:
 
     def job_output(self) -> JobOutput:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""
+        cut = (
+            f"; {self.truncated_lines} line(s) longer than {self.max_line} bytes were cut"
+            if self.truncated_lines
+            else ""
+        )
         return self._output.output(
             note=(
                 f"the logs of the reporting rank's pods (rank {self.reporting_rank}), as the "
                 "drill streamed them; other pods: kubectl logs POD (--previous for a "
-                "restarted container)"
+                f"restarted container){cut}"
             )
         )
