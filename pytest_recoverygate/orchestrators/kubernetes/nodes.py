@@ -55,8 +55,10 @@ from pytest_recoverygate.orchestrators.kubernetes.pods import (
 __all__ = [
     "NODE_RBAC_EXAMPLE",
     "PARTITION_REFUSED",
+    "JobIdentity",
     "NodeOps",
     "blocking_budget",
+    "controller_uid",
 ]
 
 NODE_RBAC_EXAMPLE = "examples/kubernetes/rbac-nodes.yaml"
