@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pytest_recoverygate.engine.grid import GridTracker
@@ -35,10 +35,35 @@ from pytest_recoverygate.engine.verdict import (
     StepContract,
 )
 
-__all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
+__all__ = [
+    "MAX_CHECKPOINTS",
+    "MAX_INCARNATIONS",
+    "Checkpoint",
+    "Inc",
+    "Ledger",
+    "Resume",
+    "Save",
+    "steps_text",
+]
 
 R = FailureReason
 _MAX_REPLAY_POINTS = 4096  # per incarnation (engine/rules/replay.py MAX_POINTS)
+
+#: The state a job's lines can make the ledger hold is bounded (a job is hostile input):
+#: at most this many distinct incarnations (every rank's, and those ignored as older than
+#: the run), and this many checkpoint lines of each kind (the reporting rank's saves
+#: started, completed and loads, each a timeline entry; one other rank's checkpoints).
+#: Lines past a cap are counted (:attr:`Ledger.capped_lines`), never used, and the report
+#: says so.
+MAX_INCARNATIONS = 1024
+MAX_CHECKPOINTS = 50_000
+_CHECKPOINT_KINDS = frozenset(
+    {
+        TrainingEventKind.CHECKPOINT_STARTED,
+        TrainingEventKind.CHECKPOINT_COMPLETED,
+        TrainingEventKind.CHECKPOINT_LOADED,
+    }
+)
 
 
 def steps_text(values: list[int], limit: int = 6) -> str:
@@ -203,6 +228,34 @@ class Ledger:
         # so every rank's resumed state can be held to the expected step.
         self.others: dict[str, Inc] = {}
         self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
+        self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
+        self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
+
+    def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
+        """Whether the ledger has no room left for ``event`` (then counted, never used): a
+        new incarnation past :data:`MAX_INCARNATIONS` (of the reporting rank, or ``other``:
+        of the other ranks), a checkpoint line past :data:`MAX_CHECKPOINTS` of its kind
+        (each one is a timeline entry: repeats of one step count too)."""
+        kind, inc = event.kind, event.incarnation
+        pool = self.others if other else self.incs
+        if inc not in pool and len(pool) >= MAX_INCARNATIONS:
+            full = True
+        elif other:  # one entry per rank and step: a repeat replaces its entry
+            saves = self.rank_saves.get(event.rank, {}) if event.rank is not None else {}
+            full = (
+                kind is TrainingEventKind.CHECKPOINT_COMPLETED
+                and len(saves) >= MAX_CHECKPOINTS
+                and event.step not in saves
+            )
+        elif kind in _CHECKPOINT_KINDS:
+            full = self.checkpoint_lines[kind] >= MAX_CHECKPOINTS
+            if not full:
+                self.checkpoint_lines[kind] += 1
+        else:
+            return False
+        if full:
+            self.capped_lines += 1
+        return full
 
     # ------------------------------------------------------------------ recording
 

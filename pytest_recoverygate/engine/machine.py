@@ -48,7 +48,7 @@ import math
 from typing import Any
 
 from pytest_recoverygate.engine import model
-from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.ledger import MAX_INCARNATIONS, Inc
 from pytest_recoverygate.engine.recovery import (
     KillRecord,
     Window,
@@ -173,12 +173,17 @@ class DrillEngine(DrillState):
             # Not of this run: stamped before the job started (an earlier run's log
             # printed at start-up). No trigger, no checkpoint, no "last step before the kill".
             ev.ignored_lines += 1
-            ev.ignored_incs.add(event.incarnation)
+            if len(ev.ignored_incs) < MAX_INCARNATIONS:
+                ev.ignored_incs.add(event.incarnation)
             return []
         rank = self.spec.reporting_rank
-        if rank is not None and event.rank is not None and event.rank != rank:
-            if event.kind in _RANK_KINDS:
-                ev.other_rank(event)
+        other = rank is not None and event.rank is not None and event.rank != rank
+        if other and event.kind not in _RANK_KINDS:
+            return []
+        if ev.over_cap(event, other=other):
+            return []  # a job's lines past the ledger's bounds: counted, not evidence
+        if other:
+            ev.other_rank(event)
             return []
         if self._live is not None:
             return self._on_live_event(event)
@@ -192,6 +197,9 @@ class DrillEngine(DrillState):
             # A start line carries the process's start time, read at a coarse tick: a
             # replacement restarted within a tick of the kill can look older than the kill.
             # Its first line that is not a start line decides which incarnation it is.
+            if len(self._pending_starts) >= MAX_INCARNATIONS:
+                ev.capped_lines += 1
+                return []
             self._pending_starts[event.incarnation] = event
             return []
         inc = ev.incarnation(event)
@@ -790,6 +798,9 @@ class DrillEngine(DrillState):
         assert live is not None
         received = event.received if event.received is not None else event.timestamp
         known = event.incarnation in live.procs
+        if not known and len(live.procs) >= MAX_INCARNATIONS:
+            self.ledger.capped_lines += 1  # past the bound on distinct incarnations
+            return []
         notes = len(live.notes)
         live.on_event(event, received)
         for at, text in live.notes[notes:]:

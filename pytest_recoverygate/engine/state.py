@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import Ledger
+from pytest_recoverygate.engine.ledger import MAX_CHECKPOINTS, MAX_INCARNATIONS, Ledger
 from pytest_recoverygate.engine.live import LiveJudge
 from pytest_recoverygate.engine.model import (
     LiveRecovery,
@@ -466,6 +466,14 @@ class DrillState:
                 "stamped before the job started (an earlier run's log printed at start-up?) "
                 "and were ignored: they are not evidence of this run"
             )
+        capped = self.ledger.capped_lines
+        if capped:
+            notes.append(
+                f"{capped} reporter line(s) were ignored past the drill's bounds on what job "
+                f"lines may make it hold ({MAX_INCARNATIONS} distinct incarnations, "
+                f"{MAX_CHECKPOINTS} checkpoint lines of each kind): they are not evidence "
+                "of this run"
+            )
         notes += [
             e.detail
             for e in self._timeline
@@ -520,7 +528,7 @@ class DrillState:
             timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),
             started_at=self.started_at,
             finished_at=now,
-            ignored_lines=self.ledger.ignored_lines,
+            ignored_lines=self.ledger.ignored_lines + self.ledger.capped_lines,
             live=self._live_result,
         )
 

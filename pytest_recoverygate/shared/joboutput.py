@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from pytest_recoverygate.shared.textbounds import MAX_MATCH_LINE
+
 __all__ = [
     "EXCEPTION_LINE",
     "PER_WORKER_LIMIT",
@@ -48,23 +50,33 @@ SENTINEL_TEXT = "RECOVERYGATE/v1 {"
 
 #: Launcher prefixes a line may carry, outermost first: SLURM's ``--label`` (``0: ``),
 #: torchrun's ``--tee`` (``[default1]:``), torch.distributed's traceback prefix (``[rank1]:``).
-_PREFIXES = r"(?:\s*\d+: )?(?:\[[A-Za-z_][\w-]*\]:)*"
+#: The spaces are ``[^\S\n]``, never ``\s``: a ``\s*`` that crosses newlines made the
+#: multi-line search quadratic in the number of blank lines (8000: 1.5 s).
+_PREFIXES = r"(?:[^\S\n]*\d{1,9}: )?(?:\[[A-Za-z_][\w-]{0,127}\]:){0,8}"
 #: The last line of a Python traceback (``RuntimeError: …``), under any launcher prefix.
+#: Linear in the line: give it at most MAX_MATCH_LINE characters of one (:func:`_is_worker_error`).
 EXCEPTION_LINE = re.compile(
-    rf"^{_PREFIXES}\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit))"
+    rf"^{_PREFIXES}[^\S\n]*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit))"
     r"(?::[ \t]*(.*))?$"
 )
 #: Exceptions of a launcher reporting a worker's failure, not a worker's own error.
 _LAUNCHER_ERRORS = ("ChildFailedError",)
 
-_TORCHRUN_PREFIX = re.compile(rb"^\[[A-Za-z_][\w-]*?(\d+)\]:")
-_SLURM_LABEL = re.compile(rb"^\s*(\d+): ")
+#: ``[defaultN]:`` / ``[rankN]:``: a bounded name, its trailing digits read without a
+#: regex (the lazy ``[\w-]*?(\d+)\]`` this replaces was quadratic: 8 kB of digits, 0.2 s).
+_TORCHRUN_PREFIX = re.compile(rb"\[([A-Za-z_][\w-]{0,127})\]:")
+_SLURM_LABEL = re.compile(rb"\s{0,64}(\d{1,9}): ")
+_DIGITS = b"0123456789"
 
 
 def torchrun_rank_of(line: bytes) -> str | None:
     """``rank N`` for a line torchrun (``[defaultN]:``) or torch (``[rankN]:``) prefixed."""
     match = _TORCHRUN_PREFIX.match(line)
-    return f"rank {int(match.group(1))}" if match else None
+    if match is None:
+        return None
+    name = match.group(1)
+    digits = name[len(name.rstrip(_DIGITS)) :]
+    return f"rank {int(digits)}" if digits else None
 
 
 def slurm_task_of(line: bytes) -> str | None:
@@ -80,7 +92,7 @@ def file_name(label: str) -> str:
 
 
 def _is_worker_error(line: str) -> bool:
-    match = EXCEPTION_LINE.match(line)
+    match = EXCEPTION_LINE.match(line[:MAX_MATCH_LINE])
     return match is not None and match.group(1).rsplit(".", 1)[-1] not in _LAUNCHER_ERRORS
 
 

@@ -37,10 +37,12 @@ from pytest_recoverygate.errors import (
 from pytest_recoverygate.orchestrators.kubernetes.pods import Pod
 from pytest_recoverygate.registry.seams import Clock
 from pytest_recoverygate.shared.retry import RetryPolicy, retry_read
+from pytest_recoverygate.shared.textbounds import LineSplitter
 
 __all__ = [
     "RBAC_EXAMPLE",
     "RETRY",
+    "WATCH_LINE_BYTES",
     "ApiSession",
     "is_transient",
     "iter_lines",
@@ -79,20 +81,23 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (HTTPError, OSError))
 
 
-def iter_lines(resp: Any) -> Iterator[bytes]:
-    """Lines of a streamed urllib3 response, as they arrive."""
-    buffer = b""
+#: The longest watch event line kept whole: the API server's objects are at most ~1.5 MiB
+#: (etcd's request limit), so a longer line is no pod of ours.
+WATCH_LINE_BYTES = 16 * 1024 * 1024
+
+
+def iter_lines(resp: Any, splitter: LineSplitter | None = None) -> Iterator[bytes]:
+    """Non-empty lines of a streamed urllib3 response, as they arrive.
+
+    At most ``splitter.max_line`` bytes of an unfinished line are held (a pod's log is the
+    job's: a line without a newline must not grow without bound); a longer line comes out
+    cut, and ``splitter.truncated`` counts it."""
+    lines = splitter if splitter is not None else LineSplitter(WATCH_LINE_BYTES)
     for chunk in resp.stream(amt=None, decode_content=False):
-        buffer += chunk.encode() if isinstance(chunk, str) else chunk
-        while True:
-            end = buffer.find(b"\n")
-            if end < 0:
-                break
-            line, buffer = buffer[:end], buffer[end + 1 :]
+        for line in lines.feed(chunk.encode() if isinstance(chunk, str) else chunk):
             if line:
                 yield line
-    if buffer:
-        yield buffer
+    yield from lines.flush()
 
 
 def shutdown(resp: Any) -> None:

@@ -8,6 +8,11 @@ container stops; it is reopened on whichever pod now holds that rank (400 "waiti
 start" while it is Pending is retried), from ``sinceSeconds`` covering the gap, and lines
 already seen (same kubelet timestamp and content) are dropped. What the followed pods
 printed is kept per pod for the report (:meth:`LogStream.job_output`).
+
+The log is the job's text: a line is held for at most
+:data:`~pytest_recoverygate.shared.textbounds.MAX_LINE_BYTES` bytes before its newline; a
+longer one is handed on cut there (the rest dropped up to its newline), counted in
+:attr:`LogStream.truncated_lines` and marked in the kept log.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pytest_recoverygate.orchestrators.kubernetes.pods import (
 )
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
+from pytest_recoverygate.shared.textbounds import MAX_LINE_BYTES, CutLine, LineSplitter
 
 __all__ = ["LogStream", "PodLogEvents", "parse_kubelet_timestamp"]
 
@@ -92,6 +98,9 @@ class LogStream:
         # the followed pods' logs, per pod (a replacement with the pod's name shares its file)
         self._output = OutputSplitter(lambda line: None, default="pod log")
         self._labels: dict[Any, str] = {}
+        self.max_line = MAX_LINE_BYTES
+        #: Log lines longer than ``max_line`` bytes, cut there (the rest was not read).
+        self.truncated_lines = 0
 
     def run(self) -> None:
         """The thread: follow the reporting pod's log until cleanup."""
@@ -155,10 +164,13 @@ class LogStream:
                     label=label,
                 )
             self._labels[stream] = label
+        splitter = LineSplitter(self.max_line)
         with session.tracked(resp):
-            for line in iter_lines(resp):
+            for line in iter_lines(resp, splitter):
                 if self._feed_line(line, stream):
                     self._fresh += 1
+                    if isinstance(line, CutLine):
+                        self._mark_cut(stream)
                 if session.stop.is_set():
                     break
         self.source.end_stream(stream)
@@ -188,6 +200,15 @@ class LogStream:
         self._output.feed(content + b"\n", stream, label=self._labels.get(stream))
         return True
 
+    def _mark_cut(self, stream: Any) -> None:
+        self.truncated_lines += 1
+        self._output.feed(
+            f"[recoverygate: the line above was longer than {self.max_line} bytes; it was "
+            "cut there and the rest of it was not read]\n".encode(),
+            stream,
+            label=self._labels.get(stream),
+        )
+
     @property
     def last_line_time(self) -> float | None:
         """The kubelet time of the newest line streamed so far (None: none yet)."""
@@ -195,10 +216,15 @@ class LogStream:
 
     def job_output(self) -> JobOutput:
         """The logs of the reporting rank's pods the drill followed, one file per pod."""
+        cut = (
+            f"; {self.truncated_lines} line(s) longer than {self.max_line} bytes were cut"
+            if self.truncated_lines
+            else ""
+        )
         return self._output.output(
             note=(
                 f"the logs of the reporting rank's pods (rank {self.reporting_rank}), as the "
                 "drill streamed them; other pods: kubectl logs POD (--previous for a "
-                "restarted container)"
+                f"restarted container){cut}"
             )
         )

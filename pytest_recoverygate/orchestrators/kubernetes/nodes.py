@@ -17,6 +17,12 @@
   needs nodes get/patch (a ClusterRole: nodes are cluster-scoped) and draining needs
   pods/eviction create: examples/kubernetes/rbac-nodes.yaml, opt-in. They are checked
   with a read and a dry-run request before anything is touched (:func:`check_rights`).
+- **Only the discovered job**: the node's pods are re-listed by the selector, and a pod is
+  the job's only when it carries the discovered job's label (``PyTorchJob/NAME``,
+  ``TrainJob/NAME``) -- for pods without a Kubeflow job label, the controller owner uid
+  discovery saw, or (bare pods) a uid discovery listed. When a pod of *another* job that
+  also matches the selector runs on the node, the fault is refused with nothing touched:
+  a node fault there would take that job's pods too (issue 30, finding 4).
 - **PartitionNode** is refused: the Kubernetes API has no operation that cuts a node's
   network while its pods keep running (that is a CNI or cloud network-policy matter).
 """
@@ -35,17 +41,24 @@ from pytest_recoverygate.orchestrators.kubernetes import PARTITION_REFUSED
 from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, status_message
 from pytest_recoverygate.orchestrators.kubernetes.kill import delete_instance
 from pytest_recoverygate.orchestrators.kubernetes.pods import (
+    Job,
+    Pod,
     has_master,
     is_terminating,
+    job_of,
+    pod_name,
     pod_rank,
+    pod_uid,
     worker_of,
 )
 
 __all__ = [
     "NODE_RBAC_EXAMPLE",
     "PARTITION_REFUSED",
+    "JobIdentity",
     "NodeOps",
     "blocking_budget",
+    "controller_uid",
 ]
 
 NODE_RBAC_EXAMPLE = "examples/kubernetes/rbac-nodes.yaml"
@@ -72,11 +85,45 @@ def blocking_budget(exc: Any) -> str | None:
     return None
 
 
+def controller_uid(pod: Pod) -> str:
+    """The uid of the pod's controlling owner (its ReplicaSet, Job, ...), '' when none."""
+    for ref in pod.get("metadata", {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """What tells the discovered job's pods from another job's that match the selector."""
+
+    key: str = ""  # job_of() of the job's pods ("" when they carry no Kubeflow job label)
+    owners: frozenset[str] = frozenset()  # unlabelled pods: their controllers' uids
+    uids: frozenset[str] = frozenset()  # unlabelled bare pods: the uids discovery listed
+
+    @classmethod
+    def of(cls, job: Job, pods: list[Pod]) -> JobIdentity:
+        members = [p for p in pods if pod_uid(p) in job.ranks]
+        owners = frozenset(o for o in map(controller_uid, members) if o)
+        return cls(job.key, owners, frozenset(job.ranks))
+
+    def owns(self, pod: Pod) -> bool:
+        """Is ``pod`` one of the job's (a replacement included)?"""
+        if job_of(pod) != self.key:
+            return False
+        if self.key:
+            return True
+        if self.owners:
+            return controller_uid(pod) in self.owners
+        return pod_uid(pod) in self.uids
+
+
 @dataclass
 class NodeOps:
     """The node faults of one drill, and the cordons cleanup must undo."""
 
     session: ApiSession
+    job: JobIdentity = field(default_factory=JobIdentity)  # set by discovery (adopt)
     cordoned: list[str] = field(default_factory=list)  # by this drill: uncordoned at cleanup
     uncordoned: list[str] = field(default_factory=list)  # what cleanup did, for the report
 
@@ -113,20 +160,47 @@ class NodeOps:
                 raise self._forbidden("get", "nodes", why, exc) from None
             raise BackendError(f"node {node!r} does not exist ({status_message(exc)})") from None
 
-    def job_pods_on(self, node: str) -> list[Worker]:
-        """The job's live pods on ``node`` now, as workers (rank, name, uid)."""
+    def adopt(self, job: Job, pods: list[Pod]) -> None:
+        """Remember what discovery found: the node faults act on this job only."""
+        self.job = JobIdentity.of(job, pods)
+
+    def job_pods_on(self, node: str, fault: str = "KillNode") -> list[Worker]:
+        """The job's live pods on ``node`` now, as workers (rank, name, uid).
+
+        Raises BackendError, before anything is touched, when a live pod of another job
+        that matches the selector is on ``node``: the fault would take it too."""
         pods, _ = self.session.list_pods(self._api())
-        master = has_master(pods)
+        here = [
+            p
+            for p in pods
+            if (p.get("spec") or {}).get("nodeName") == node and not is_terminating(p)
+        ]
+        foreign = [p for p in here if not self.job.owns(p)]
+        if foreign:
+            raise BackendError(self._foreign_refusal(node, fault, foreign))
+        ours = [p for p in pods if self.job.owns(p)]
+        master = has_master(ours)
         found = []
-        for pod in pods:
-            spec = pod.get("spec") or {}
-            if spec.get("nodeName") != node or is_terminating(pod):
-                continue
+        for pod in here:
             rank = pod_rank(pod, job_has_master=master)
             if rank is None:
                 continue
             found.append(worker_of(pod, rank, namespace=self.session.namespace, job=""))
         return sorted(found, key=lambda w: w.rank)
+
+    def _foreign_refusal(self, node: str, fault: str, foreign: list[Pod]) -> str:
+        named = ", ".join(
+            f"{pod_name(p)} ({job_of(p) or 'no Kubeflow job label'}, uid {pod_uid(p)})"
+            for p in foreign[:5]
+        )
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        mine = self.job.key or "the discovered pods"
+        return (
+            f"refusing {fault} on node {node}: pods of another job that also match selector "
+            f"{self.session.selector!r} run there ({named}{more}); a node fault would take "
+            f"them with {mine}. Nothing was touched. Fix: narrow workload.selector to one job "
+            "(e.g. 'training.kubeflow.org/job-name=<name>'), or target a node only this job uses"
+        )
 
     # ------------------------------------------------------------------ rights
 
@@ -206,7 +280,7 @@ class NodeOps:
     def kill_node(self, node: str, target: Worker, *, dry_run: bool, cordon: bool) -> KillResult:
         """KillNode: (cordon, then) delete every pod of the job on ``node``, grace 0."""
         now = self.session.clock.now
-        victims = self.job_pods_on(node)
+        victims = self.job_pods_on(node, "KillNode")
         gone = self._target_gone(node, target, victims)
         if gone is not None:
             return gone
@@ -293,7 +367,7 @@ class NodeOps:
         """DrainNode: (cordon, then) evict every pod of the job on ``node``; all dry-run
         first, so a PodDisruptionBudget that blocks any of them stops it before any."""
         now = self.session.clock.now
-        victims = self.job_pods_on(node)
+        victims = self.job_pods_on(node, "DrainNode")
         gone = self._target_gone(node, target, victims)
         if gone is not None:
             return gone

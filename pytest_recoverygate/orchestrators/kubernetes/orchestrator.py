@@ -162,12 +162,14 @@ class KubernetesOrchestrator:
                 "training events. Fix: set workload.reportingRank to the rank that reports."
             )
         target = workload.by_rank(self.target_rank)
+        self._nodes.adopt(job, pods)
         if self.fault in ("KillNode", "DrainNode") and target is not None:
             if not target.node:
                 raise DiscoveryError(
                     f"{self.fault}: pod {target.name!r} (rank {self.target_rank}) is not bound "
                     "to a node yet (no spec.nodeName); wait until it is scheduled"
                 )
+            self._nodes.job_pods_on(target.node, self.fault)  # another job there: refused
             self._nodes.check_rights(
                 target.node,
                 cordon=self.cordon,
@@ -203,7 +205,7 @@ class KubernetesOrchestrator:
                 )
             cordon = fault.cordon or self.cordon
             if not dry_run:
-                on_node = self._nodes.job_pods_on(worker.node)
+                on_node = self._nodes.job_pods_on(worker.node, fault.type)
                 self._watch.arm(
                     worker,
                     node=worker.node,

@@ -86,8 +86,10 @@ class MemberSpec:
 
 
 def _free_port() -> int:
-    """A port free on every address right now (IPv6 any when the host has it)."""
-    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):  # noqa: S104
+    """A port free on loopback right now (IPv4, else IPv6): the services a drill starts
+    are bound to loopback (the examples bind ``127.0.0.1:{port:NAME}``), never probed on
+    every interface."""
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         try:
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 sock.bind((address, 0))

@@ -27,14 +27,19 @@ packets go nowhere) and brings it back up. :meth:`Network.close` deletes every n
 (and with them every veth) it made and checks that none is left.
 
 Everything here runs ``ip`` (iproute2); it needs CAP_NET_ADMIN and CAP_SYS_ADMIN
-(:func:`missing_capabilities`).
+(:func:`missing_capabilities`). As root, every tool (``ip``, ``nsenter``, ``unshare``,
+``mount``, ``hostname``) is run by its absolute path from a fixed list of system folders
+(:data:`TRUSTED_TOOL_DIRS`, :func:`tool_path`), never looked up on ``PATH``: root's
+``PATH`` may name a folder a user or a job can write to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -48,9 +53,11 @@ __all__ = [
     "IFACE",
     "Network",
     "NodeNet",
+    "is_trusted_tool",
     "missing_capabilities",
     "node_command",
     "require_capabilities",
+    "tool_path",
 ]
 
 #: The drill network's /24 (inside the drill's own namespaces only); node k is .k+1.
@@ -60,8 +67,51 @@ IFACE = "eth0"
 NETNS_DIR = Path("/run/netns")
 IP_TIMEOUT = 10.0  # seconds one ip command may take
 
+#: Where root's privileged tools are taken from, in this order (never from PATH).
+TRUSTED_TOOL_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+_TOOLS = ("ip", "nsenter", "unshare", "mount", "hostname")
+
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
+
+
+def tool_path(name: str, *, root: bool | None = None) -> str | None:
+    """The program ``name`` to run: as root (``root``, default: the effective uid is 0),
+    the first of :data:`TRUSTED_TOOL_DIRS` that holds it as a root-owned executable file
+    that neither its group nor others may write; otherwise the ``PATH`` lookup."""
+    if root is None:
+        root = os.geteuid() == 0
+    if not root:
+        return shutil.which(name)
+    for folder in TRUSTED_TOOL_DIRS:
+        path = os.path.join(folder, name)
+        if is_trusted_tool(path):
+            return path
+    return None
+
+
+def is_trusted_tool(path: str) -> bool:
+    """``path`` is an executable regular file (links followed: they are in a root-owned
+    folder) owned by root that neither its group nor others may write."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == 0
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        and bool(info.st_mode & stat.S_IXUSR)
+    )
+
+
+def _tool(name: str) -> str:
+    """:func:`tool_path`, or a BackendError naming where it was looked for."""
+    path = tool_path(name)
+    if path is None:
+        where = ", ".join(TRUSTED_TOOL_DIRS) if os.geteuid() == 0 else "PATH"
+        raise BackendError(f"the {name} program was not found (looked in {where})")
+    return path
 
 
 def missing_capabilities() -> list[str]:
@@ -79,9 +129,13 @@ def missing_capabilities() -> list[str]:
         for name, bit in (("CAP_NET_ADMIN", _CAP_NET_ADMIN), ("CAP_SYS_ADMIN", _CAP_SYS_ADMIN))
         if not effective & (1 << bit)
     ]
-    for tool in ("ip", "nsenter", "unshare", "mount", "hostname"):
-        if shutil.which(tool) is None:
-            missing.append(f"the {tool} program (util-linux / iproute2)")
+    for tool in _TOOLS:
+        if tool_path(tool) is None:
+            where = "a root-owned file in " + ", ".join(TRUSTED_TOOL_DIRS)
+            missing.append(
+                f"the {tool} program (util-linux / iproute2"
+                f"{'; ' + where if os.geteuid() == 0 else ''})"
+            )
     return missing
 
 
@@ -100,7 +154,7 @@ def _ip(*args: str) -> str:
     """Run ``ip ARGS``; a failure is a BackendError naming the command and its output."""
     try:
         done = subprocess.run(
-            ["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT, check=False
+            [_tool("ip"), *args], capture_output=True, text=True, timeout=IP_TIMEOUT, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendError(f"`ip {' '.join(args)}` could not run: {exc}") from exc
@@ -248,13 +302,14 @@ class Network:
 
 
 def node_command(node: NodeNet, hosts_file: Path, command: list[str]) -> list[str]:
-    """``command`` run inside the node: its network, hostname and hosts file."""
-    script = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+    """``command`` run inside the node: its network, hostname and hosts file (every tool
+    by its path from :func:`tool_path`, ``hostname`` and ``mount`` too)."""
+    script = '"$1" "$3" && "$2" --bind "$4" /etc/hosts && shift 4 && exec "$@"'
     return [
-        shutil.which("nsenter") or "nsenter",
+        _tool("nsenter"),
         f"--net={NETNS_DIR / node.netns}",
         "--",
-        shutil.which("unshare") or "unshare",
+        _tool("unshare"),
         "--uts",
         "--mount",
         "--propagation",
@@ -264,6 +319,8 @@ def node_command(node: NodeNet, hosts_file: Path, command: list[str]) -> list[st
         "-c",
         script,
         "recoverygate-node",
+        _tool("hostname"),
+        _tool("mount"),
         node.hostname,
         str(hosts_file),
         *command,

@@ -62,12 +62,17 @@ from pytest_recoverygate.orchestrators.local.processes import (
     resolve_executable,
     signal_exactly,
 )
-from pytest_recoverygate.orchestrators.local.torchrun import ERROR_LINE, ROOT_CAUSE, root_cause
+from pytest_recoverygate.orchestrators.local.torchrun import (
+    ERROR_LINE,
+    root_cause,
+    root_cause_fields,
+)
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, torchrun_rank_of
 from pytest_recoverygate.shared.procs import JobLaunch, LaunchedJob, launch
+from pytest_recoverygate.shared.textbounds import MAX_MATCH_LINE
 
 if TYPE_CHECKING:
     from pytest_recoverygate.registry.seams import Clock
@@ -446,11 +451,11 @@ class LocalOrchestrator(LaunchedJob):
             ),
             order=[self._stream],
         )
-        cause = ROOT_CAUSE.search(self.raw_output()[-50000:])
+        cause = root_cause_fields(self.raw_output())
         if cause and output.failing not in (None, self._stream):
-            root = output.get(f"rank {cause.group(1)}")
+            root = output.get(f"rank {cause[0]}")
             if root is not None and any(
-                ERROR_LINE.match(line) for line in root.text.splitlines()[-200:]
+                ERROR_LINE.match(line[:MAX_MATCH_LINE]) for line in root.text.splitlines()[-200:]
             ):
                 output = dataclasses.replace(output, failing=root.label)
         return output

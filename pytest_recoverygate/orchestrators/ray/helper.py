@@ -19,6 +19,12 @@ and reads one JSON object from its stdout:
   ray and a ``ray.init`` (2-5 s on a busy machine).
 
 Any failure is ``{"error": "..."}`` with exit status 1.
+
+The drill starts it with :func:`helper_command`: ``python -I`` (isolated: the current
+folder, ``PYTHON*`` variables and the user's site-packages are not on its path), given
+the drill's own import path minus the current folder. The drill may run from a folder a
+job writes to; a ``ray.py`` (or ``json.py``) planted there must not run with the drill's
+rights and the cluster's token.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARK", "main", "process_ticks"]
+__all__ = ["MARK", "helper_command", "main", "process_ticks"]
 
 #: What starts the helper's answer lines (anything else on its stdout is Ray's).
 MARK = "RECOVERYGATE-RAY "
@@ -175,6 +181,33 @@ def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
         return _pinned_kill(ray, node_id, pid, ticks)
     finally:
         ray.shutdown()
+
+
+def _import_path() -> list[str]:
+    """The drill's import path for the helper: every absolute entry of ``sys.path`` except
+    the current folder (``''`` or its path, which ``python -m`` / ``-c`` put first), and
+    this package's root at the end when it is not among them."""
+    root = str(Path(__file__).resolve().parents[3])
+    cwd = os.getcwd()
+    path: list[str] = []
+    for entry in sys.path:
+        if entry and os.path.isabs(entry) and entry != cwd and entry not in path:
+            path.append(entry)
+    if root not in path:
+        path.append(root)
+    return path
+
+
+def helper_command(*args: str) -> list[str]:
+    """The command line that runs this module with ``args``: isolated (``python -I``),
+    with the drill's import path (:func:`_import_path`) and nothing from the current
+    folder."""
+    boot = (
+        "import sys, runpy; "
+        f"sys.path[:] = {_import_path()!r}; "
+        f"runpy.run_module({__name__!r}, run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-I", "-c", boot, *args]
 
 
 def _answer(result: dict[str, Any]) -> None:

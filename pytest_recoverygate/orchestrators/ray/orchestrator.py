@@ -56,7 +56,7 @@ from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
 from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
-from pytest_recoverygate.orchestrators.ray.helper import process_ticks
+from pytest_recoverygate.orchestrators.ray.helper import helper_command, process_ticks
 from pytest_recoverygate.orchestrators.ray.processes import (
     DRILL_MARKER,
     end_driver,
@@ -540,7 +540,7 @@ class RayOrchestrator(LaunchedJob):
         """Run ``helper ARGS`` (the one place ray is imported) and return its JSON answer."""
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "pytest_recoverygate.orchestrators.ray.helper", *args],
+                helper_command(*args),
                 env=self._client_env or None,
                 capture_output=True,
                 timeout=timeout,

@@ -14,12 +14,12 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from typing import Any
 
 from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
+from pytest_recoverygate.orchestrators.ray.helper import helper_command
 
 __all__ = ["KillServer"]
 
@@ -32,13 +32,7 @@ class KillServer:
     def __init__(self, env: dict[str, str], address: str) -> None:
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pytest_recoverygate.orchestrators.ray.helper",
-                "serve",
-                address,
-            ],
+            helper_command("serve", address),
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
