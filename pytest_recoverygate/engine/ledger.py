@@ -27,6 +27,7 @@ import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from pytest_recoverygate.engine.caps import MAX_CHECKPOINTS, MAX_INCARNATIONS, no_room
 from pytest_recoverygate.engine.grid import GridTracker
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.verdict import (
@@ -48,22 +49,6 @@ __all__ = [
 
 R = FailureReason
 _MAX_REPLAY_POINTS = 4096  # per incarnation (engine/rules/replay.py MAX_POINTS)
-
-#: The state a job's lines can make the ledger hold is bounded (a job is hostile input):
-#: at most this many distinct incarnations (every rank's, and those ignored as older than
-#: the run), and this many checkpoint lines of each kind (the reporting rank's saves
-#: started, completed and loads, each a timeline entry; one other rank's checkpoints).
-#: Lines past a cap are counted (:attr:`Ledger.capped_lines`), never used, and the report
-#: says so.
-MAX_INCARNATIONS = 1024
-MAX_CHECKPOINTS = 50_000
-_CHECKPOINT_KINDS = frozenset(
-    {
-        TrainingEventKind.CHECKPOINT_STARTED,
-        TrainingEventKind.CHECKPOINT_COMPLETED,
-        TrainingEventKind.CHECKPOINT_LOADED,
-    }
-)
 
 
 def steps_text(values: list[int], limit: int = 6) -> str:
@@ -232,29 +217,12 @@ class Ledger:
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
 
     def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
-        """Whether the ledger has no room left for ``event`` (then counted, never used): a
-        new incarnation past :data:`MAX_INCARNATIONS` (of the reporting rank, or ``other``:
-        of the other ranks), a checkpoint line past :data:`MAX_CHECKPOINTS` of its kind
-        (each one is a timeline entry: repeats of one step count too)."""
-        kind, inc = event.kind, event.incarnation
+        """Whether the ledger has no room left for ``event`` (:func:`.caps.no_room`); such
+        a line is counted in :attr:`capped_lines`, never used."""
+        saves = self.rank_saves.get(event.rank, {}) if other and event.rank is not None else {}
         pool = self.others if other else self.incs
-        if inc not in pool and len(pool) >= MAX_INCARNATIONS:
-            full = True
-        elif other:  # one entry per rank and step: a repeat replaces its entry
-            saves = self.rank_saves.get(event.rank, {}) if event.rank is not None else {}
-            full = (
-                kind is TrainingEventKind.CHECKPOINT_COMPLETED
-                and len(saves) >= MAX_CHECKPOINTS
-                and event.step not in saves
-            )
-        elif kind in _CHECKPOINT_KINDS:
-            full = self.checkpoint_lines[kind] >= MAX_CHECKPOINTS
-            if not full:
-                self.checkpoint_lines[kind] += 1
-        else:
-            return False
-        if full:
-            self.capped_lines += 1
+        full = no_room(event, pool, saves, self.checkpoint_lines, other=other)
+        self.capped_lines += full
         return full
 
     # ------------------------------------------------------------------ recording

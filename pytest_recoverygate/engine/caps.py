@@ -1,0 +1,58 @@
+"""Bounds on the state a job's lines can make the engine hold (a job is hostile input).
+
+At most :data:`MAX_INCARNATIONS` distinct incarnations (every rank's, and those ignored
+as older than the run), and :data:`MAX_CHECKPOINTS` checkpoint lines of each kind (the
+reporting rank's saves started, completed and loads, each a timeline entry; one other
+rank's checkpoints). Lines past a cap are counted (``Ledger.capped_lines``), never used,
+and the report says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+
+__all__ = ["CHECKPOINT_KINDS", "MAX_CHECKPOINTS", "MAX_INCARNATIONS", "no_room"]
+
+MAX_INCARNATIONS = 1024
+MAX_CHECKPOINTS = 50_000
+CHECKPOINT_KINDS = frozenset(
+    {
+        TrainingEventKind.CHECKPOINT_STARTED,
+        TrainingEventKind.CHECKPOINT_COMPLETED,
+        TrainingEventKind.CHECKPOINT_LOADED,
+    }
+)
+
+
+def no_room(
+    event: TrainingEvent,
+    pool: Mapping[str, object],
+    saves: Mapping[int, object],
+    counts: Counter[TrainingEventKind],
+    *,
+    other: bool,
+) -> bool:
+    """Whether ``event`` finds no room: a new incarnation past :data:`MAX_INCARNATIONS` in
+    ``pool`` (the reporting rank's, or ``other``: the other ranks'), a checkpoint line past
+    :data:`MAX_CHECKPOINTS` of its kind (each one is a timeline entry: repeats of one step
+    count too; ``counts`` is raised for each one accepted); an other rank's completed
+    checkpoint past the cap of its ``saves`` (one entry per step: a repeat replaces its
+    entry)."""
+    kind = event.kind
+    if event.incarnation not in pool and len(pool) >= MAX_INCARNATIONS:
+        return True
+    if other:
+        return (
+            kind is TrainingEventKind.CHECKPOINT_COMPLETED
+            and len(saves) >= MAX_CHECKPOINTS
+            and event.step not in saves
+        )
+    if kind not in CHECKPOINT_KINDS:
+        return False
+    if counts[kind] >= MAX_CHECKPOINTS:
+        return True
+    counts[kind] += 1
+    return False
