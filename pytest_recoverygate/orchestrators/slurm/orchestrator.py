@@ -8,8 +8,9 @@ Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
 - ``scancel --signal=KILL J.S`` kills every task of a step, not one rank. A single rank
   gets a signal alone only by ``kill`` of its pid on its node, so both the lookup and the
   kill run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``.
-  The kill step re-reads the pid's start time and signals only if it still matches: a
-  replacement that reused the rank (or even the pid) is never hit. One script carries
+  The kill step signals only a pid ``scontrol listpids`` lists for the job's step there,
+  with the start time discovered: no replacement and no process outside the step is ever
+  hit (the job controls what the probe reads: :mod:`.parsing`). One script carries
   every fault that hits one rank: SIGKILL (KillWorker, KillDuringCheckpoint), SIGTERM and
   a second identity-checked step with SIGKILL after the grace period (Preempt), SIGSTOP
   and, at cleanup, SIGCONT (HangWorker).
@@ -516,6 +517,13 @@ class SlurmOrchestrator:
                 now,
                 f"{target} no longer exists; nothing was killed",
             )
+        if what == "unlisted":
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
+                now,
+                f"pid {pid} on {worker.node} is not one scontrol listpids lists for step "
+                f"{job_id}.{details['step']} there; nothing was signalled",
+            )
         return model.KillResult(
             model.KillOutcome.UNCONFIRMED, now, f"kill step answered {' '.join(verdict) or what!r}"
         )
@@ -523,8 +531,9 @@ class SlurmOrchestrator:
     def _signal(
         self, worker: model.Worker, sig: str, *, dry_run: bool = False, destructive: bool = True
     ) -> list[str]:
-        """Run the kill step for ``worker`` (pid + start time from its instance id); its
-        ``RGKILL`` answer as words (``killed TIME``, ``gone``, ``replaced START``, …)."""
+        """Run the kill step for ``worker`` (job, step, pid + start time from its instance
+        id); its ``RGKILL`` answer as words (``killed TIME``, ``gone``, ``replaced START``,
+        ``unlisted``: the pid is not one scontrol listpids lists for that step there, …)."""
         assert sig in KILL_SIGNALS
         match = _INSTANCE_ID.fullmatch(worker.instance_id)
         assert match is not None
@@ -533,6 +542,8 @@ class SlurmOrchestrator:
             worker.node,
             KILL_STEP_NAME,
             KILL_SCRIPT,
+            match["job"],
+            match["step"],
             match["pid"],
             match["start"],
             "check" if dry_run else "kill",
