@@ -205,7 +205,9 @@ class SlurmOrchestrator:
         self.commands.check_setup()
         if self.fault == "KillNode" and self.drain_node:
             self._nodes.check_operator()
-        job_id = self.job_id or self._find_job_by_name()
+        job_id = self.job_id or self.commands.job_by_name(
+            self.job_name or "", self.user, self.partition
+        )
         self.job_id = job_id
         last_problem = "nothing checked yet"
         while True:
@@ -246,25 +248,9 @@ class SlurmOrchestrator:
         self._start_tail(job)
         self._start_watcher()
         workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
-        return model.Workload(
-            job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=job_nodes(snapshot)
-        )
-
-    def _find_job_by_name(self) -> str:
-        assert self.job_name
-        rows = self.commands.find_jobs(self.job_name, self.user, self.partition)
-        ids = sorted({row["JobID"] for row in rows if row.get("JobID")})
-        where = f"name {self.job_name!r}" + (f", user {self.user}" if self.user else "")
-        if not ids:
-            raise DiscoveryError(
-                f"no pending or running Slurm job with {where}; check 'squeue --me'"
-            )
-        if len(ids) > 1:
-            raise DiscoveryError(
-                f"{len(ids)} Slurm jobs match {where} ({', '.join(ids)}); "
-                "set workload.jobId to pick one"
-            )
-        return ids[0]
+        # The owner is part of the name: the prompt and the report say whose job is hit.
+        label = f"slurm job {job_id} ({job.name}, user {job.user or 'unknown'})"
+        return model.Workload(job=label, workers=workers, nodes=job_nodes(snapshot))
 
     def _training_steps(self, job_id: str) -> list[StepInfo]:
         return [
