@@ -437,13 +437,13 @@ def test_a_pid_file_naming_an_unrelated_process_does_not_get_it_killed(
             folder / "run" / "slurmd-localhost.pid",
             folder / "munge" / "munged.pid",
         ]
-        for file, proc in zip(files, bystanders, strict=True):
-            file.write_text(f"{proc.pid}\n")
-        proc = cluster_script("down", str(folder))
-        assert proc.returncode == 0, proc.stderr
+        for file, bystander in zip(files, bystanders, strict=True):
+            file.write_text(f"{bystander.pid}\n")
+        down = cluster_script("down", str(folder))
+        assert down.returncode == 0, down.stderr
         time.sleep(0.3)
         assert [p.poll() for p in bystanders] == [None, None, None]
-        assert proc.stderr.count("left alone") == 3
+        assert down.stderr.count("left alone") == 3
     finally:
         for bystander in bystanders:
             bystander.kill()
