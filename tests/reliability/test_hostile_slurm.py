@@ -319,6 +319,7 @@ def test_the_workload_names_the_job_s_owner(
     finally:
         orch.cleanup()
     assert workload.job == "slurm job 2 (rgtest, user root)"  # UserId=root(0) in the capture
+    assert dict(workload.workers[0].details)["user"] == "root"
 
 
 def test_the_cancelled_marker_regex_is_linear_on_a_line_the_job_wrote(figures: Figures) -> None:

@@ -305,6 +305,7 @@ class SlurmOrchestrator:
             ("start", row.start),
             ("restarts", str(job.restarts)),
             ("comm", row.comm),
+            ("user", job.user),  # the job's owner, in the report's target
         )
         if row.restart_count is not None:
             details += (("torchelastic_restart_count", str(row.restart_count)),)
