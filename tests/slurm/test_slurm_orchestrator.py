@@ -390,11 +390,40 @@ def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
 # --------------------------------------------------------------------- on this machine
 
 
+# ``scontrol listpids`` on this machine: the pids in $RG_LISTED as tasks of step 7.0.
+FAKE_LISTPIDS = """#!/bin/sh
+echo "PID      JOBID    STEPID   LOCALID GLOBALID"
+for pid in $RG_LISTED; do echo "$pid 7 0 0 0"; done
+"""
+
+
+_FAKE_BIN: list[Path] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fake_listpids(tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = tmp_path_factory.mktemp("listpids")
+    (folder / "scontrol").write_text(FAKE_LISTPIDS)
+    (folder / "scontrol").chmod(0o755)
+    _FAKE_BIN[:] = [folder]
+
+
+def listing_env(pids: list[int]) -> dict[str, str]:
+    """This environment with a ``scontrol`` that lists ``pids`` for step 7.0 (the kill step
+    signals only a pid that listpids lists for the job's step)."""
+    folder = _FAKE_BIN[0]
+    return {
+        **os.environ,
+        "PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RG_LISTED": " ".join(map(str, pids)),
+    }
+
+
 class ThisMachine(SlurmCommands):
     """The kill step run here by ``sh`` instead of ``srun`` on a node; ``calls`` logs it."""
 
-    def __init__(self) -> None:
-        super().__init__(env=dict(os.environ))
+    def __init__(self, listed: list[int]) -> None:
+        super().__init__(env=listing_env(listed))
         self.calls: list[tuple[str, ...]] = []
 
     def srun_on_node(
@@ -423,11 +452,13 @@ def process_state(pid: int) -> str:
 
 
 def kill_script(pid: int, start: str, mode: str, sig: str) -> str:
+    """The kill step for pid as a task of step 7.0 (listed by a fake ``scontrol``)."""
     return subprocess.run(
-        ["sh", "-c", KILL_SCRIPT, "recoverygate", str(pid), start, mode, sig],
+        ["sh", "-c", KILL_SCRIPT, "recoverygate", "7", "0", str(pid), start, mode, sig],
         capture_output=True,
         text=True,
         check=True,
+        env=listing_env([pid]),
     ).stdout.strip()
 
 
@@ -468,7 +499,7 @@ def on_this_machine(
 ) -> tuple[SlurmOrchestrator, Worker, ThisMachine]:
     """An orchestrator whose kill steps run here, and ``proc`` as its worker of ``rank``."""
     orch = SlurmOrchestrator(job_id=7, clock=RealClock())
-    here = orch.commands = ThisMachine()
+    here = orch.commands = ThisMachine([proc.pid])
     start = start_ticks(proc.pid)
     worker = Worker(
         rank=rank,
@@ -532,8 +563,8 @@ def test_a_preempt_sigkills_that_same_instance_after_the_grace_period(spawn: Spa
             time.sleep(0.05)
     finally:
         orch.cleanup()
-    assert [c[3] for c in here.calls] == ["TERM", "KILL"]
-    assert len({c[:2] for c in here.calls}) == 1
+    assert [c[5] for c in here.calls] == ["TERM", "KILL"]
+    assert len({c[:4] for c in here.calls}) == 1
     assert orch.escalations[0].startswith(f"kill -KILL {worker.instance_id}: killed ")
     assert not preempt_threads()
 
@@ -550,7 +581,7 @@ def test_cleanup_within_the_grace_period_sends_no_sigkill_and_leaves_no_thread(
     assert time.monotonic() - begun < 5
     assert not preempt_threads()
     assert orch.escalations == ["not sent: the drill ended within the grace period"]
-    assert [c[3] for c in here.calls] == ["TERM"]
+    assert [c[5] for c in here.calls] == ["TERM"]
     assert proc.poll() is None
 
 
@@ -565,7 +596,7 @@ def test_cleanup_continues_what_a_hang_stopped_before_anything_else(spawn: Spawn
     assert process_state(proc.pid) == "T"
     orch.cleanup()
     assert process_state(proc.pid) in ("S", "R")
-    assert [c[3] for c in here.calls] == ["STOP", "CONT"]
+    assert [c[5] for c in here.calls] == ["STOP", "CONT"]
 
 
 def reuse_pid(pid: int) -> subprocess.Popen[str] | None:
@@ -601,7 +632,7 @@ def test_the_escalation_never_hits_a_process_that_took_the_pid(spawn: Spawn) -> 
         assert orch.escalations[0].startswith(f"kill -KILL {worker.instance_id}: replaced ")
         time.sleep(0.2)
         assert reused.poll() is None, "the process that took the pid must not be hit"
-        assert [c[3] for c in here.calls] == ["TERM", "KILL"]
+        assert [c[5] for c in here.calls] == ["TERM", "KILL"]
     finally:
         orch.cleanup()
         if reused is not None:

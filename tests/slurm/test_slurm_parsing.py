@@ -165,11 +165,12 @@ def test_it_reads_listpids_and_maps_srun_tasks_to_ranks() -> None:
 
 
 def test_it_maps_torchrun_workers_to_ranks_by_their_rank_variable() -> None:
-    rows = parse_probe_output((DATA / "probe-22.05-torchrun.txt").read_text(), "localhost")
+    text = (DATA / "probe-22.05-torchrun-listed.txt").read_text()
+    rows = parse_probe_output(text, "localhost")
     assert rows is not None
     ranks = assign_ranks([r for r in rows if r.step == "0"])
-    assert {rank: row.pid for rank, row in ranks.items()} == {0: 29721, 1: 29722}
-    assert ranks[1].start == "85126"
+    assert {rank: row.pid for rank, row in ranks.items()} == {0: 15004, 1: 15005}
+    assert ranks[1].start == "830783"
     assert ranks[1].world_size == 2
     assert ranks[1].restart_count == 0
     assert ranks[1].node == "localhost"
@@ -194,8 +195,15 @@ def test_two_unrelated_processes_with_one_rank_are_refused() -> None:
 
 
 def test_a_probe_that_did_not_finish_is_not_trusted() -> None:
-    text = (DATA / "probe-22.05-torchrun.txt").read_text().replace("RGPROBE-END", "")
+    text = (DATA / "probe-22.05-torchrun-listed.txt").read_text().replace("RGPROBE-END", "")
     assert parse_probe_output(text, "localhost") is None
+
+
+def test_an_older_probe_s_rows_without_the_listing_are_refused() -> None:
+    # rows only the listpids listing printed before them can vouch for (tests/reliability/
+    # test_hostile_slurm.py: a job's process names and environment forge such rows)
+    with pytest.raises(DiscoveryError, match="no RGPIDS-END"):
+        parse_probe_output((DATA / "probe-22.05-torchrun.txt").read_text(), "localhost")
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_recoverygate.errors import BackendError, PermissionDeniedError
+from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     SQUEUE_FIELDS,
     JobInfo,
@@ -265,6 +265,24 @@ class SlurmCommands:
         if partition:
             args += ["--partition", partition]
         return parse_squeue_rows(self.run(args))
+
+    def job_by_name(self, name: str, user: str | None, partition: str | None) -> str:
+        """The id of the one pending or running job called ``name``: of the user running
+        the drill unless ``user`` names another (a name alone never picks another user's
+        job); :class:`DiscoveryError` for none or several."""
+        owner = user or self.current_user()
+        ids = sorted({r["JobID"] for r in self.find_jobs(name, owner, partition) if r.get("JobID")})
+        where = f"name {name!r}, user {owner}"
+        if not user:
+            where += " (the user running the drill; set workload.user for another's job)"
+        if not ids:
+            raise DiscoveryError(f"no pending or running Slurm job with {where}; check 'squeue'")
+        if len(ids) > 1:
+            raise DiscoveryError(
+                f"{len(ids)} Slurm jobs match {where} ({', '.join(ids)}); "
+                "set workload.jobId to pick one"
+            )
+        return ids[0]
 
     def srun_on_node(
         self,

@@ -8,8 +8,9 @@ Why it looks the way it does (facts measured on Slurm 22.05, see docs/slurm.md):
 - ``scancel --signal=KILL J.S`` kills every task of a step, not one rank. A single rank
   gets a signal alone only by ``kill`` of its pid on its node, so both the lookup and the
   kill run *on the node*, inside the job, through ``srun --jobid=J --overlap -w NODE``.
-  The kill step re-reads the pid's start time and signals only if it still matches: a
-  replacement that reused the rank (or even the pid) is never hit. One script carries
+  The kill step signals only a pid ``scontrol listpids`` lists for the job's step there,
+  with the start time discovered: no replacement and no process outside the step is ever
+  hit (the job controls what the probe reads: :mod:`.parsing`). One script carries
   every fault that hits one rank: SIGKILL (KillWorker, KillDuringCheckpoint), SIGTERM and
   a second identity-checked step with SIGKILL after the grace period (Preempt), SIGSTOP
   and, at cleanup, SIGCONT (HangWorker).
@@ -204,7 +205,9 @@ class SlurmOrchestrator:
         self.commands.check_setup()
         if self.fault == "KillNode" and self.drain_node:
             self._nodes.check_operator()
-        job_id = self.job_id or self._find_job_by_name()
+        job_id = self.job_id or self.commands.job_by_name(
+            self.job_name or "", self.user, self.partition
+        )
         self.job_id = job_id
         last_problem = "nothing checked yet"
         while True:
@@ -245,25 +248,9 @@ class SlurmOrchestrator:
         self._start_tail(job)
         self._start_watcher()
         workers = tuple(snapshot.workers[rank] for rank in sorted(snapshot.workers))
-        return model.Workload(
-            job=f"slurm job {job_id} ({job.name})", workers=workers, nodes=job_nodes(snapshot)
-        )
-
-    def _find_job_by_name(self) -> str:
-        assert self.job_name
-        rows = self.commands.find_jobs(self.job_name, self.user, self.partition)
-        ids = sorted({row["JobID"] for row in rows if row.get("JobID")})
-        where = f"name {self.job_name!r}" + (f", user {self.user}" if self.user else "")
-        if not ids:
-            raise DiscoveryError(
-                f"no pending or running Slurm job with {where}; check 'squeue --me'"
-            )
-        if len(ids) > 1:
-            raise DiscoveryError(
-                f"{len(ids)} Slurm jobs match {where} ({', '.join(ids)}); "
-                "set workload.jobId to pick one"
-            )
-        return ids[0]
+        # The owner is part of the name: the prompt and the report say whose job is hit.
+        label = f"slurm job {job_id} ({job.name}, user {job.user or 'unknown'})"
+        return model.Workload(job=label, workers=workers, nodes=job_nodes(snapshot))
 
     def _training_steps(self, job_id: str) -> list[StepInfo]:
         return [
@@ -318,6 +305,7 @@ class SlurmOrchestrator:
             ("start", row.start),
             ("restarts", str(job.restarts)),
             ("comm", row.comm),
+            ("user", job.user),  # the job's owner, in the report's target
         )
         if row.restart_count is not None:
             details += (("torchelastic_restart_count", str(row.restart_count)),)
@@ -516,6 +504,13 @@ class SlurmOrchestrator:
                 now,
                 f"{target} no longer exists; nothing was killed",
             )
+        if what == "unlisted":
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
+                now,
+                f"pid {pid} on {worker.node} is not one scontrol listpids lists for step "
+                f"{job_id}.{details['step']} there; nothing was signalled",
+            )
         return model.KillResult(
             model.KillOutcome.UNCONFIRMED, now, f"kill step answered {' '.join(verdict) or what!r}"
         )
@@ -523,8 +518,9 @@ class SlurmOrchestrator:
     def _signal(
         self, worker: model.Worker, sig: str, *, dry_run: bool = False, destructive: bool = True
     ) -> list[str]:
-        """Run the kill step for ``worker`` (pid + start time from its instance id); its
-        ``RGKILL`` answer as words (``killed TIME``, ``gone``, ``replaced START``, …)."""
+        """Run the kill step for ``worker`` (job, step, pid + start time from its instance
+        id); its ``RGKILL`` answer as words (``killed TIME``, ``gone``, ``replaced START``,
+        ``unlisted``: the pid is not one scontrol listpids lists for that step there, …)."""
         assert sig in KILL_SIGNALS
         match = _INSTANCE_ID.fullmatch(worker.instance_id)
         assert match is not None
@@ -533,6 +529,8 @@ class SlurmOrchestrator:
             worker.node,
             KILL_STEP_NAME,
             KILL_SCRIPT,
+            match["job"],
+            match["step"],
             match["pid"],
             match["start"],
             "check" if dry_run else "kill",

@@ -74,40 +74,59 @@ NON_TRAINING_STEPS = frozenset({"batch", "extern", "interactive", "TBD"})
 # Run on the job's node inside an overlapping step: list every process of the job there
 # with its parent, start time (clock ticks since boot), RANK and torchrun restart count.
 # $1 is the job id. Constant text; nothing from the user is interpolated.
+# Everything a job controls (its processes' names, environments, command lines) is hostile
+# text: only numbers that pass `num`, a name cut to [A-Za-z0-9._-] and the constant
+# "launcher" reach the output, so no row can carry a newline or an extra field. First the
+# pids scontrol listpids lists (RGPIDS, ended by RGPIDS-END: nothing a job controls is
+# printed before it), then one RGPROBE row per listed pid; the parser accepts a row only
+# for a pid listed for that same step, once.
 PROBE_SCRIPT = r"""
 job=$1
-scontrol listpids "$job" 2>/dev/null | while read -r pid _job step _local global _rest; do
-  case "$pid" in ''|*[!0-9]*) continue ;; esac
+num() { case "$1" in ''|*[!0-9]*) echo - ;; *) echo "$1" ;; esac; }
+listed=$(scontrol listpids "$job" 2>/dev/null \
+  | awk '$1 ~ /^[0-9]+$/ && $3 ~ /^[A-Za-z0-9_]+$/ && $5 ~ /^([0-9]+|-)$/ { print $1, $3, $5 }')
+printf '%s\n' "$listed" | while read -r pid step global; do
+  [ -n "$pid" ] && echo "RGPIDS $pid $step $global"
+done
+echo "RGPIDS-END"
+printf '%s\n' "$listed" | while read -r pid step global; do
+  [ -n "$pid" ] || continue
   stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
   rest=${stat##*) }
   set -- $rest
-  ppid=$2
-  start=${20}
+  ppid=$(num "$2")
+  start=$(num "${20}")
   envs=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null)
-  rank=$(printf '%s\n' "$envs" | sed -n 's/^RANK=//p' | head -n 1)
-  restart=$(printf '%s\n' "$envs" | sed -n 's/^TORCHELASTIC_RESTART_COUNT=//p' | head -n 1)
-  world=$(printf '%s\n' "$envs" | sed -n 's/^WORLD_SIZE=//p' | head -n 1)
-  comm=$(cat "/proc/$pid/comm" 2>/dev/null | tr ' ' '_')
+  rank=$(num "$(printf '%s\n' "$envs" | sed -n 's/^RANK=//p' | head -n 1)")
+  restart=$(num "$(printf '%s\n' "$envs" | sed -n 's/^TORCHELASTIC_RESTART_COUNT=//p' | head -n 1)")
+  world=$(num "$(printf '%s\n' "$envs" | sed -n 's/^WORLD_SIZE=//p' | head -n 1)")
+  comm=$(head -c 16 "/proc/$pid/comm" 2>/dev/null | tr -d '\n' | tr -c 'A-Za-z0-9._-' '_')
   launcher=-
   for arg in $(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | head -n 3 | tr -d ' '); do
     case "$arg" in
       torchrun|*/torchrun|torch.distributed.run|torch.distributed.launch) launcher=launcher ;;
     esac
   done
-  echo "RGPROBE $pid $step ${global:--} $ppid $start" \
-    "${rank:--} ${restart:--} ${comm:--} ${world:--} $launcher"
+  echo "RGPROBE $pid $step $global $ppid $start $rank $restart ${comm:--} $world $launcher"
 done
 echo "RGPROBE-END"
 """
 
-# Run on the target's node: send one signal to the pid only if its start time is still
-# the one discovered (same instance), read again just before the signal.
-# $1 = pid, $2 = start time, $3 = "kill" or "check", $4 = the signal: KILL (the default),
-# TERM, STOP or CONT; anything else is refused. "RGKILL killed TIME" means kill(1)
-# delivered the signal, whichever it was, at the node's TIME.
+# Run on the target's node: send one signal to the pid only if scontrol listpids lists it
+# for the job's step on this node (a process of that step, not any process of the node)
+# and its start time is still the one discovered (same instance), read again just before
+# the signal. $1 = job, $2 = step, $3 = pid, $4 = start time, $5 = "kill" or "check",
+# $6 = the signal: KILL (the default), TERM, STOP or CONT; anything else is refused.
+# "RGKILL killed TIME" means kill(1) delivered the signal, whichever it was, at the
+# node's TIME; "RGKILL unlisted" that the pid is not one of the step's: nothing was sent.
 KILL_SCRIPT = r"""
-pid=$1; want=$2; mode=$3; sig=${4:-KILL}
+job=$1; step=$2; pid=$3; want=$4; mode=$5; sig=${6:-KILL}
 case "$sig" in KILL|TERM|STOP|CONT) ;; *) echo "RGKILL refused $sig"; exit 0 ;; esac
+case "$pid" in ''|*[!0-9]*) echo "RGKILL refused pid"; exit 0 ;; esac
+stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "RGKILL gone"; exit 0; }
+listed=$(scontrol listpids "$job.$step" 2>/dev/null \
+  | awk '$1 == p && $3 == s { print "yes"; exit }' p="$pid" s="$step")
+[ "$listed" = yes ] || { echo "RGKILL unlisted"; exit 0; }
 stat=$(cat "/proc/$pid/stat" 2>/dev/null) || { echo "RGKILL gone"; exit 0; }
 rest=${stat##*) }
 set -- $rest
@@ -297,32 +316,88 @@ def parse_listpids(text: str) -> list[ProcessRow]:
     return rows
 
 
+_PROBE_ROW = re.compile(
+    r"RGPROBE (?P<pid>[0-9]+) (?P<step>[A-Za-z0-9_]+) (?P<global>[0-9]+|-) (?P<ppid>[0-9]+|-) "
+    r"(?P<start>[0-9]+) (?P<rank>[0-9]+|-) (?P<restart>[0-9]+|-) (?P<comm>[A-Za-z0-9._-]+) "
+    r"(?P<world>[0-9]+|-) (?P<launcher>launcher|-)"
+)
+_LISTED_ROW = re.compile(r"RGPIDS (?P<pid>[0-9]+) (?P<step>[A-Za-z0-9_]+) (?P<global>[0-9]+|-)")
+
+
 def parse_probe_output(text: str, node: str) -> list[ProcessRow] | None:
-    """Parse the probe's ``RGPROBE`` lines; None when the probe did not run to its end."""
-    rows = []
-    complete = False
-    for line in text.splitlines():
-        parts = line.split()
-        if parts[:1] == ["RGPROBE-END"]:
-            complete = True
-        if len(parts) < 9 or parts[0] != "RGPROBE" or not parts[1].isdigit():
+    """Parse the probe's output; None when the probe did not run to its end.
+
+    The probe prints the pids ``scontrol listpids`` lists (``RGPIDS``, up to
+    ``RGPIDS-END``), then one ``RGPROBE`` row per listed pid. A row is accepted only in
+    the exact form the probe prints, for a pid listed for that same step, once: a row
+    for a pid the listing does not have, a second row for one pid, or any other line
+    that starts with ``RGPROBE`` is a job forging the probe's output (its process names
+    and environment are its own to choose), and the whole probe is refused
+    (:class:`DiscoveryError`) so that nothing is ever aimed at such a pid.
+    """
+    lines = [line.strip() for line in text.splitlines()]
+    if "RGPROBE-END" not in lines:
+        return None
+    listed: dict[int, tuple[str, int | None]] = {}
+    rows: dict[int, ProcessRow] = {}
+    in_listing = True
+    for line in lines:
+        if in_listing:
+            if line == "RGPIDS-END":
+                in_listing = False
+            elif (pids := _LISTED_ROW.fullmatch(line)) is not None:
+                listed[int(pids["pid"])] = (pids["step"], int_or_none(pids["global"]))
             continue
-        rows.append(
-            ProcessRow(
-                pid=int(parts[1]),
-                step=parts[2],
-                global_id=int_or_none(parts[3]),
-                ppid=int_or_zero(parts[4]),
-                start=parts[5],
-                rank_env=int_or_none(parts[6]),
-                restart_count=int_or_none(parts[7]),
-                comm=parts[8],
-                node=node,
-                world_size=int_or_none(parts[9]) if len(parts) > 9 else None,
-                launcher=len(parts) > 10 and parts[10] == "launcher",
+        if not line.startswith("RGPROBE") or line == "RGPROBE-END":
+            continue
+        row = _probe_row(line, node, listed)
+        if row.pid in rows:
+            raise DiscoveryError(_forged(node, f"a second row for pid {row.pid}"))
+        rows[row.pid] = row
+    if in_listing:
+        raise DiscoveryError(
+            f"the probe on node {node} printed no RGPIDS-END (not RecoveryGate's probe, or "
+            "an older one); refusing to aim at any process it names"
+        )
+    return list(rows.values())
+
+
+def _probe_row(line: str, node: str, listed: Mapping[int, tuple[str, int | None]]) -> ProcessRow:
+    """One ``RGPROBE`` row, checked against the listing (see :func:`parse_probe_output`)."""
+    match = _PROBE_ROW.fullmatch(line)
+    if match is None:
+        raise DiscoveryError(_forged(node, f"a malformed row {line[:120]!r}"))
+    pid = int(match["pid"])
+    step, global_id = listed.get(pid, ("", None))
+    if step != match["step"] or global_id != int_or_none(match["global"]):
+        raise DiscoveryError(
+            _forged(
+                node,
+                f"a row for pid {pid} in step {match['step']} that scontrol listpids "
+                "does not list for the job there",
             )
         )
-    return rows if complete else None
+    return ProcessRow(
+        pid=pid,
+        step=step,
+        global_id=global_id,
+        ppid=int_or_zero(match["ppid"]),
+        start=match["start"],
+        rank_env=int_or_none(match["rank"]),
+        restart_count=int_or_none(match["restart"]),
+        comm=match["comm"],
+        node=node,
+        world_size=int_or_none(match["world"]),
+        launcher=match["launcher"] == "launcher",
+    )
+
+
+def _forged(node: str, what: str) -> str:
+    return (
+        f"the probe on node {node} printed {what}; a process of the job may be forging the "
+        "probe's output (a newline in its name or environment), so no process it names is "
+        "trusted and nothing is signalled"
+    )
 
 
 def assign_ranks(rows: Sequence[ProcessRow]) -> dict[int, ProcessRow]:
@@ -357,14 +432,21 @@ def assign_ranks(rows: Sequence[ProcessRow]) -> dict[int, ProcessRow]:
     return ranks
 
 
+# The job writes the lines these read, so every repetition is bounded and no two
+# quantifiers can trade the same characters: a search costs a bounded amount per place
+# the literal prefix occurs, never the square of the line (``CANCELLED.*?\s*\*\*\*``
+# took 2.3 s on 40 kB of spaces). Node names, job ids and the reason are short in Slurm.
 _MARKERS = (
-    re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<what>.+)"),
     re.compile(
-        r"slurmstepd: error: \*\*\* (?P<kind>JOB|STEP) (?P<id>\S+) ON (?P<node>\S+) "
-        r"(?P<what>CANCELLED.*?)\s*\*\*\*"
+        r"srun: error: (?P<node>[^\s:]{1,255}): tasks? (?P<tasks>[0-9,\-]{1,1024}): "
+        r"(?P<what>[^\n]{1,1024})"
+    ),
+    re.compile(
+        r"slurmstepd: error: \*\*\* (?P<kind>JOB|STEP) (?P<id>\S{1,64}) ON (?P<node>\S{1,255}) "
+        r"(?P<what>CANCELLED[^*]{0,512})\*\*\*"
     ),
     re.compile(r"srun: (?P<what>forcing job termination)"),
-    re.compile(r"srun: error: (?P<what>Node failure on \S+)"),
+    re.compile(r"srun: error: (?P<what>Node failure on \S{1,255})"),
 )
 
 
