@@ -60,6 +60,7 @@ from pytest_recoverygate.config.fields import (
     sustain_value,
 )
 from pytest_recoverygate.config.sections import (
+    Evidence,
     Expectations,
     Projection,
     Safety,
@@ -84,6 +85,7 @@ __all__ = [
     "MAX_RANK",
     "MAX_STEP",
     "DrillConfig",
+    "Evidence",
     "Expectations",
     "IdNumber",
     "InjectFailure",
@@ -454,6 +456,12 @@ class DrillConfig(Section):
         None,
         "a mapping with gpus (and mtbfHours or failuresPerGpuHour, interval)",
         "projection: {gpus: 16384}",
+    )
+    evidence: Evidence | None = option(
+        None,
+        "a mapping with preset (and patterns, stepBase): the job's own log lines as "
+        "evidence, matched in its processes (docs/evidence.md)",
+        "evidence: {preset: nanogpt}",
     )
     timeouts: Timeouts = option(
         ...,

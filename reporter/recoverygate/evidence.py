@@ -60,6 +60,7 @@ __all__ = [
     "Spec",
     "clean_line",
     "install",
+    "pattern_problem",
     "problems",
     "spec_from_json",
     "step_from_path",
@@ -103,7 +104,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "progress": r"\biteration\s+(?P<step>\d+)/\s*\d+ \|(?:.*? lm loss:? " + _LOSS + ")?",
         "checkpointStarted": r"\bsaving checkpoint at iteration\s+(?P<step>\d+) to ",
         "checkpointCompleted": r"\bsuccessfully saved checkpoint from iteration\s+(?P<step>\d+)",
-        "checkpointLoaded": r"\bsuccessfully loaded checkpoint from .*? at iteration\s+(?P<step>\d+)",
+        "checkpointLoaded": (
+            r"\bsuccessfully loaded checkpoint from .*? at iteration\s+(?P<step>\d+)"
+        ),
         "context": None,
         "stepBase": "completed",
         "completion": "line",
@@ -124,9 +127,14 @@ _PATH_STEP = re.compile(
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 #: Headers a launcher puts before a line it relays from another process.
-_RELAY = re.compile(r"\[(?:rank|default)(\d{1,6})\]:\s?|\(\w{1,64} pid=\d{1,10}(?:, ip=[^)]{1,64})?\) ")
+_RELAY = re.compile(
+    r"\[(?:rank|default)(\d{1,6})\]:\s?|\(\w{1,64} pid=\d{1,10}(?:, ip=[^)]{1,64})?\) "
+)
 #: Modules present only in a torchrun agent (never in the workers it starts).
-_AGENT_MODULES = ("torch.distributed.run", "torch.distributed.elastic.agent.server.local_elastic_agent")
+_AGENT_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+)
 
 
 def step_from_path(path: str) -> int | None:
@@ -173,8 +181,9 @@ class Spec:
         self.step_base: str = data.get("stepBase") or base.get("stepBase") or "completed"
         self.completion: str = base.get("completion", "line")
 
-    def to_json(self) -> str:
-        """The spec as it travels in ``RECOVERYGATE_AUTO`` (only what differs from the preset)."""
+    def to_json(self, frameworks: str | None = None) -> str:
+        """The ``RECOVERYGATE_AUTO`` value carrying this spec (only what differs from the
+        preset); ``frameworks``: the variable's value before (its framework list is kept)."""
         import json
 
         out: dict[str, Any] = {}
@@ -186,7 +195,16 @@ class Spec:
             out["patterns"] = own
         if self.step_base != preset.get("stepBase", "completed"):
             out["stepBase"] = self.step_base
-        return json.dumps({"evidence": out}, separators=(",", ":"), sort_keys=True)
+        value: dict[str, Any] = {"evidence": out}
+        before = (frameworks or "").strip()
+        if before.startswith("{"):
+            try:
+                before = str(json.loads(before).get("frameworks", ""))
+            except Exception:
+                before = ""
+        if before and before.lower() not in ("0", "false", "no", "off"):
+            value["frameworks"] = before
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def spec_from_json(text: str) -> Spec | None:
@@ -221,7 +239,9 @@ def problems(data: Mapping[str, Any], *, timed: bool = True) -> list[tuple[tuple
         return [*found, (("patterns",), "patterns must be a mapping of kind -> regex")]
     for kind, text in patterns.items():
         if kind not in KINDS:
-            found.append((("patterns", str(kind)), f"unknown kind {kind!r}: use {', '.join(KINDS)}"))
+            found.append(
+                (("patterns", str(kind)), f"unknown kind {kind!r}: use {', '.join(KINDS)}")
+            )
             continue
         message = pattern_problem(kind, text, timed=timed)
         if message is not None:
@@ -283,7 +303,7 @@ def _nested_repeat(text: str) -> str | None:
         for op, arg in items:
             name = str(op)
             if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-                low, high, sub = arg
+                _low, high, sub = arg
                 if inside and name != "POSSESSIVE_REPEAT":
                     return "a repeat inside an unbounded repeat"
                 found = walk(sub, inside or high == unbounded)
@@ -493,7 +513,7 @@ class _Emitter:
         if _AGENT_MODULES[0] in modules or _AGENT_MODULES[1] in modules:
             return  # a torchrun agent: its workers match their own lines
         first = text[0]
-        if (first == "[" or first == "(") and _RELAY.match(text):
+        if first in "[(" and _RELAY.match(text):
             return  # relayed from another process, which matched it itself
         for kind, step, loss in self.matcher.feed(text):
             self._emit(kind, step, loss)
@@ -513,17 +533,17 @@ class _Emitter:
             reporter.checkpoint_loaded(step)
 
     def _progress(self, reporter: Any, step: int, loss: float | None) -> None:
-        if not reporter._ready:  # noqa: SLF001 - the reporter's own per-process state
-            reporter._init()  # noqa: SLF001
-        if not reporter._on:  # noqa: SLF001 - not a reporting rank
+        if not reporter._ready:
+            reporter._init()
+        if not reporter._on:
             return
-        now = reporter._clock()  # noqa: SLF001
-        if self._emitted >= 2 and not self._unthrottle and now - self._last < reporter._interval:  # noqa: SLF001
+        now = reporter._clock()
+        if self._emitted >= 2 and not self._unthrottle and now - self._last < reporter._interval:
             return
         self._emitted += 1
         self._last = now
         self._unthrottle = False
-        head, tail = reporter._progress_parts  # noqa: SLF001
+        head, tail = reporter._progress_parts
         extra = b',"loss":%s' % repr(loss).encode("ascii") if loss is not None else b""
         _write_event(reporter, b"%s%.6f%s%d%s}\n" % (head, now, tail, step, extra))
 
@@ -531,13 +551,13 @@ class _Emitter:
 def _write_event(reporter: Any, line: bytes) -> None:
     """Write one event line, after the process's start line if that is still due."""
     try:
-        if reporter._start_line:  # noqa: SLF001
-            with reporter._lock:  # noqa: SLF001
-                if reporter._start_line:  # noqa: SLF001
-                    reporter._write(reporter._start_line + line)  # noqa: SLF001
-                    reporter._start_line = b""  # noqa: SLF001
+        if reporter._start_line:
+            with reporter._lock:
+                if reporter._start_line:
+                    reporter._write(reporter._start_line + line)
+                    reporter._start_line = b""
                     return
-        reporter._write(line)  # noqa: SLF001
+        reporter._write(line)
     except Exception:  # closed stdout, EPIPE: drop the line
         return
 
