@@ -324,24 +324,35 @@ def _nested_repeat(text: str) -> str | None:
 
 
 def _probes(compiled: re.Pattern[str]) -> Iterator[str]:
-    """Lines of MAX_LINE_CHARS built to make a pattern work hard."""
+    """Units of probe lines built to make a pattern work hard."""
     literal = re.sub(r"\\.|[^A-Za-z0-9 :=_./-]", "", compiled.pattern)[:64] or "a"
-    for unit in ("a", " ", "0", "0.", "a ", literal, literal + " 1"):
-        yield (unit * (MAX_LINE_CHARS // len(unit) + 1))[:MAX_LINE_CHARS]
+    yield from ("a", " ", "0", "0.", "a ", literal, literal + " 1")
 
 
 def _slow_probe(compiled: re.Pattern[str]) -> str | None:
+    """Time the pattern on probe lines of 16, 32, ... MAX_LINE_CHARS characters; the
+    first over the budget refuses it, so a pattern that explodes is stopped while the
+    line is still short (the total is at most a few budgets for a polynomial pattern)."""
     import time
 
-    for probe in _probes(compiled):
-        start = time.perf_counter()
-        compiled.search(probe)
-        took = time.perf_counter() - start
-        if took > PROBE_BUDGET_SECONDS:
-            return (
-                f"too slow: {took * 1000:.0f} ms on a {MAX_LINE_CHARS}-character line "
-                f"(at most {PROBE_BUDGET_SECONDS * 1000:.0f} ms); anchor it or make it more literal"
-            )
+    for unit in _probes(compiled):
+        length = 16
+        while length <= MAX_LINE_CHARS:
+            probe = (unit * (length // len(unit) + 1))[:length]
+            took = 0.0
+            for _ in range(2):  # twice over the budget: not a pause of a busy machine
+                start = time.perf_counter()
+                compiled.search(probe)
+                took = time.perf_counter() - start
+                if took <= PROBE_BUDGET_SECONDS:
+                    break
+            if took > PROBE_BUDGET_SECONDS:
+                return (
+                    f"too slow: {took * 1000:.0f} ms on a {length}-character line (a pattern "
+                    f"sees up to {MAX_LINE_CHARS}; at most {PROBE_BUDGET_SECONDS * 1000:.0f} ms "
+                    "each); anchor it or make it more literal"
+                )
+            length *= 2
     return None
 
 
