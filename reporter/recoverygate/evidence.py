@@ -251,8 +251,11 @@ def problems(data: Mapping[str, Any], *, timed: bool = True) -> list[tuple[tuple
     return found
 
 
-def pattern_problem(kind: str, text: object, *, timed: bool = True) -> str | None:
-    """Why ``text`` cannot be the ``kind`` pattern, or None."""
+def pattern_problem(
+    kind: str, text: object, *, timed: bool = True, grouped: bool = True
+) -> str | None:
+    """Why ``text`` cannot be the ``kind`` pattern, or None. ``grouped=False``: a preset's
+    own pattern, whose step may come from its neighbour line instead of a group."""
     if not isinstance(text, str) or not text:
         return "a pattern must be a non-empty regular expression (a quoted string)"
     if len(text) > MAX_PATTERN_CHARS:
@@ -263,9 +266,9 @@ def pattern_problem(kind: str, text: object, *, timed: bool = True) -> str | Non
         where = f" at position {error.pos}" if error.pos is not None else ""
         return f"does not compile: {error.msg}{where}"
     groups = set(compiled.groupindex)
-    if kind == "progress" and "step" not in groups:
+    if grouped and kind == "progress" and "step" not in groups:
         return "a progress pattern needs a (?P<step>...) group: the step the line reports"
-    if kind != "progress" and not groups & {"step", "path"}:
+    if grouped and kind != "progress" and not groups & {"step", "path"}:
         return (
             f"a {kind} pattern needs a (?P<step>...) group, or a (?P<path>...) group whose "
             "text names the step (step-N, checkpoint-N, iter_000000N, epoch=E-step=S)"
