@@ -14,9 +14,10 @@ The lines, in nanoGPT's formats and at nanoGPT's moments (rank 0 only, like its
 
 Like nanoGPT it saves ``OUT_DIR/ckpt.pt`` synchronously with ``torch.save`` (no temporary
 file) and ``always_save_checkpoint`` is on, so a resumed run re-saves at its resume step.
-One difference, for a drill: nanoGPT's ``init_from='resume'`` fails without a checkpoint;
-here it starts from scratch then, so one command serves the first run and torchrun's
-restarts. ``--init_from=scratch`` is the broken twin: every restart starts over.
+Two differences, for a drill: nanoGPT's ``init_from='resume'`` fails without a
+checkpoint; here it starts from scratch then, so one command serves the first run and
+torchrun's restarts. And ``{tmpdir}`` in ``--out_dir`` is the process's temporary folder
+(the drill gives the job its own, shared by every rank and restart, removed afterwards). ``--init_from=scratch`` is the broken twin: every restart starts over.
 
 Run it under torchrun (2 ranks, gloo on CPU)::
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,7 +63,8 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     master = rank == 0
-    out_dir = Path(args.out_dir)
+    # {tmpdir}: the process's temporary folder (the drill's own, removed after it)
+    out_dir = Path(args.out_dir.replace("{tmpdir}", tempfile.gettempdir()))
     ckpt_path = out_dir / "ckpt.pt"
     torch.manual_seed(1337)
     model = torch.nn.Linear(FEATURES, 1)
