@@ -23,10 +23,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from pytest_recoverygate.cli import main as cli_main
-from pytest_recoverygate.config.loading import load_config
-from pytest_recoverygate.orchestrators import AUTO_ENV, with_evidence
 from recoverygate.evidence import (
     MAX_LINE_CHARS,
     Matcher,
@@ -38,6 +34,10 @@ from recoverygate.evidence import (
     step_from_path,
     strip_relay,
 )
+
+from pytest_recoverygate.cli import main as cli_main
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.orchestrators import AUTO_ENV, with_evidence
 
 DATA = Path(__file__).parent / "data" / "evidence"
 

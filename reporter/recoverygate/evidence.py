@@ -295,7 +295,7 @@ def _nested_repeat(text: str) -> str | None:
     try:
         from re import _parser as parser  # type: ignore[attr-defined]
     except ImportError:  # Python < 3.11
-        import sre_parse as parser  # type: ignore[no-redef]
+        import sre_parse as parser
     try:
         tree = parser.parse(text)
     except Exception:
