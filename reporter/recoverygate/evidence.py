@@ -391,16 +391,26 @@ class Matcher:
         self.context_step: int | None = None  # the neighbour line last seen
         self.pending_save: int | None = None  # a save started, not yet proven complete
         self.pending_load = False  # a load line waiting for the neighbour that names its step
+        self._step_offset = 1 if spec.step_base == "index" else 0
+        self._completes = spec.completion == "progress"  # the next step line completes a save
+        self._own_context = spec.context is None  # the progress line is the neighbour line
+        progress = spec.patterns["progress"]
+        self._loss = progress is not None and "loss" in progress.groupindex
 
     def feed(self, line: str) -> list[Event]:
         """The events one line (without its newline) proves, in order."""
-        line = clean_line(line)
+        if len(line) > MAX_LINE_CHARS or "\r" in line or "\x1b" in line:
+            line = clean_line(line)
         out: list[Event] = []
         for kind, pattern, hint in self._rules:
             if hint is not None and hint not in line:
                 continue
             match = pattern.search(line)
-            if match is not None:
+            if match is None:
+                continue
+            if kind == "progress":
+                self._progress(match, out)
+            else:
                 self._apply(kind, match, out)
         return out
 
@@ -413,9 +423,7 @@ class Matcher:
                     self.pending_load = False
                     out.append(("checkpointLoaded", step, None))
             return
-        if kind == "progress":
-            self._progress(match, step, out)
-        elif kind == "checkpointStarted":
+        if kind == "checkpointStarted":
             if step is None:
                 step = self.context_step
             if step is not None:
@@ -432,18 +440,18 @@ class Matcher:
         elif self.spec.context is not None:
             self.pending_load = True
 
-    def _progress(self, match: re.Match[str], step: int | None, out: list[Event]) -> None:
-        if step is None:
+    def _progress(self, match: re.Match[str], out: list[Event]) -> None:
+        text = match.group("step")
+        if text is None or not text.isdigit() or len(text) > 12:
             return
-        if self.spec.step_base == "index":
-            step += 1
-        if self.pending_save is not None and self.spec.completion == "progress":
+        step = int(text) + self._step_offset
+        if self.pending_save is not None and self._completes:
             out.append(("checkpointCompleted", self.pending_save, None))
             self.pending_save = None
         self.pending_load = False  # a step came first: the load's step stays unknown
-        if self.spec.context is None:
+        if self._own_context:
             self.context_step = step
-        out.append(("progress", step, _loss_of(match)))
+        out.append(("progress", step, _loss_of(match) if self._loss else None))
 
 
 def _step_of(match: re.Match[str]) -> int | None:
@@ -478,18 +486,23 @@ class _Tap:
     def __init__(self, stream: Any, sink: Callable[[str], None]) -> None:
         self.__dict__["_rg_stream"] = stream
         self.__dict__["_rg_sink"] = sink
-        self.__dict__["_rg_part"] = ""
+        self.__dict__["_rg_part"] = [""]  # the line being written (a list: no setattr)
 
     def write(self, text: str) -> int:
         written: int = self._rg_stream.write(text)
         try:
-            if "\n" in text:
-                head, _, rest = (self._rg_part + text).rpartition("\n")
-                self.__dict__["_rg_part"] = rest[-_MAX_PARTIAL:]
+            part = self._rg_part
+            if text == "\n":  # print(line) writes the line, then its newline
+                line = part[0]
+                part[0] = ""
+                self._rg_sink(line)
+            elif "\n" in text:
+                head, _, rest = (part[0] + text).rpartition("\n")
+                part[0] = rest[-_MAX_PARTIAL:]
                 for line in head.split("\n"):
                     self._rg_sink(line)
-            elif len(self._rg_part) < _MAX_PARTIAL:
-                self.__dict__["_rg_part"] = self._rg_part + text[:_MAX_PARTIAL]
+            elif len(part[0]) < _MAX_PARTIAL:
+                part[0] += text[:_MAX_PARTIAL]
         except Exception:  # noqa: S110 - matching never breaks the job's own output
             pass
         return written
@@ -519,25 +532,33 @@ class _Emitter:
         self._emitted = 0
         self._last = 0.0
         self._unthrottle = True  # the first progress after a checkpoint event always prints
+        self._reporter: Any = None  # recoverygate.reporter, imported on the first event
+        self._agent: bool | None = None  # whether this process is a torchrun agent
 
     def line(self, text: str) -> None:
         if not text:
             return
-        modules = sys.modules
-        if _AGENT_MODULES[0] in modules or _AGENT_MODULES[1] in modules:
+        if self._agent is None:  # decided on the process's first line: torchrun imports first
+            self._agent = any(name in sys.modules for name in _AGENT_MODULES)
+        if self._agent:
             return  # a torchrun agent: its workers match their own lines
         first = text[0]
         if first in "[(" and _RELAY.match(text):
             return  # relayed from another process, which matched it itself
         for kind, step, loss in self.matcher.feed(text):
-            self._emit(kind, step, loss)
+            if kind == "progress":
+                self._progress(step, loss)
+            else:
+                self._emit(kind, step)
 
-    def _emit(self, kind: str, step: int, loss: float | None) -> None:
+    def _load_reporter(self) -> Any:
         from recoverygate import reporter
 
-        if kind == "progress":
-            self._progress(reporter, step, loss)
-            return
+        self._reporter = reporter
+        return reporter
+
+    def _emit(self, kind: str, step: int) -> None:
+        reporter = self._reporter or self._load_reporter()
         self._unthrottle = True
         if kind == "checkpointStarted":
             reporter.checkpoint_started(step)
@@ -546,13 +567,14 @@ class _Emitter:
         else:
             reporter.checkpoint_loaded(step)
 
-    def _progress(self, reporter: Any, step: int, loss: float | None) -> None:
+    def _progress(self, step: int, loss: float | None) -> None:
+        reporter = self._reporter or self._load_reporter()
+        now = reporter._clock()  # the reporter's own clock and settings
+        if self._emitted >= 2 and not self._unthrottle and now - self._last < reporter._interval:
+            return  # rate-limited, like the reporter's own progress lines
         if not reporter._ready:
             reporter._init()
-        if not reporter._on:
-            return
-        now = reporter._clock()
-        if self._emitted >= 2 and not self._unthrottle and now - self._last < reporter._interval:
+        if not reporter._on:  # not a reporting rank
             return
         self._emitted += 1
         self._last = now
