@@ -63,6 +63,7 @@ __all__ = [
     "check_report_paths",
     "run_drill",
     "spec_from_config",
+    "unmatched_evidence",
 ]
 
 _P = ParamSpec("_P")

@@ -460,7 +460,7 @@ class DrillConfig(Section):
     evidence: Evidence | None = option(
         None,
         "a mapping with preset (and patterns, stepBase): the job's own log lines as "
-        "evidence, matched in its processes (docs/evidence.md)",
+        "evidence, matched in its processes",
         "evidence: {preset: nanogpt}",
     )
     timeouts: Timeouts = option(

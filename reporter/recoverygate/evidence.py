@@ -65,6 +65,7 @@ __all__ = [
     "spec_from_json",
     "step_from_path",
     "strip_relay",
+    "uninstall",
 ]
 
 KINDS = ("progress", "checkpointStarted", "checkpointCompleted", "checkpointLoaded")
