@@ -17,7 +17,8 @@ file) and ``always_save_checkpoint`` is on, so a resumed run re-saves at its res
 Two differences, for a drill: nanoGPT's ``init_from='resume'`` fails without a
 checkpoint; here it starts from scratch then, so one command serves the first run and
 torchrun's restarts. And ``{tmpdir}`` in ``--out_dir`` is the process's temporary folder
-(the drill gives the job its own, shared by every rank and restart, removed afterwards). ``--init_from=scratch`` is the broken twin: every restart starts over.
+(the drill gives the job its own, shared by every rank and restart, removed afterwards).
+``--init_from=scratch`` is the broken twin: every restart starts over.
 
 Run it under torchrun (2 ranks, gloo on CPU)::
 
