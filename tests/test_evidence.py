@@ -333,3 +333,42 @@ def test_validate_prints_the_variable_for_a_job_it_attaches_to(
     assert cli_main(["validate", "-f", str(path)]) == 0
     out = capsys.readouterr().out
     assert """# export RECOVERYGATE_AUTO='{"evidence":{"preset":"nanogpt"}}'""" in out
+
+
+# ---------------------------------------------------------------------------- the verdict
+
+
+def test_a_drill_that_saw_no_matching_line_names_the_pattern_and_says_inconclusive(
+    tmp_path: Path,
+) -> None:
+    from pytest_recoverygate.engine.machine import DrillResult, Verdict
+    from pytest_recoverygate.runner import unmatched_evidence
+
+    config = load_config(write(tmp_path, "  preset: nanogpt"))
+    timeout = DrillResult(verdict=Verdict.ERROR, summary="no checkpoint completed within 1h")
+    result = unmatched_evidence(timeout, config, [{"event": "start"}])
+    assert result.summary.startswith("no checkpoint completed within 1h (inconclusive: ")
+    assert (
+        "no line matched the progress pattern (preset nanogpt) '^iter (?P<step>" in result.summary
+    )
+    kinds = sorted(note.split(" pattern ")[0].rsplit(" ", 1)[-1] for note in result.notes)
+    assert kinds == [
+        "checkpointLoaded",
+        "checkpointStarted",
+        "progress",
+    ]  # nanogpt has no completion line
+
+    trained = [
+        {"event": "progress"},
+        {"event": "checkpoint_started"},
+        {"event": "checkpoint_completed"},
+    ]
+    failed = DrillResult(verdict=Verdict.FAIL, summary="resumed from step 0")
+    result = unmatched_evidence(failed, config, trained)
+    assert result.summary == "resumed from step 0"  # progress matched: no inconclusive
+    assert [n.split(" pattern ")[0] for n in result.notes] == [
+        "evidence: no line matched the checkpointLoaded"
+    ]
+
+    passed = DrillResult(verdict=Verdict.PASS, summary="ok")
+    assert unmatched_evidence(passed, config, []) is passed
