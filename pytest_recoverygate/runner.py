@@ -212,11 +212,18 @@ _EVIDENCE_EVENTS = {
 def unmatched_evidence(
     result: DrillResult, config: DrillConfig, raw_log: list[dict[str, Any]]
 ) -> DrillResult:
-    """A drill that did not PASS with an ``evidence`` section: name each pattern no line
-    matched during the whole drill (the CLI and the report show the job's last lines).
-    When not one progress line matched, the summary says so: the drill could not see the
-    job train, which is not evidence of anything about its recovery."""
-    if config.evidence is None or result.verdict is Verdict.PASS:
+    """A drill with an ``evidence`` section: what pod-log evidence lacks (``podLogs``);
+    and, when it did not PASS, each pattern no line matched during the whole drill (the
+    CLI and the report show the job's last lines). When not one progress line matched,
+    the summary says so: the drill could not see the job train, which is not evidence of
+    anything about its recovery."""
+    if config.evidence is None:
+        return result
+    if config.evidence.pod_logs:
+        from pytest_recoverygate.shared.logevidence import LACKS
+
+        result = replace(result, notes=(*result.notes, LACKS))
+    if result.verdict is Verdict.PASS:
         return result
     seen = {row.get("event") for row in raw_log}
     where = f"preset {config.evidence.preset}" if config.evidence.preset else "your patterns"

@@ -484,6 +484,21 @@ class DrillConfig(Section):
                 data.setdefault("name", source.stem or "drill")
         return data
 
+    @field_validator("evidence")
+    @classmethod
+    def _pod_logs_on_kubernetes(cls, evidence: Evidence | None, info: ValidationInfo) -> Any:
+        workload = info.data.get("workload")
+        orchestrator = getattr(workload, "orchestrator", None)
+        if evidence is not None and evidence.pod_logs and orchestrator != "kubernetes":
+            raise refuse(
+                f"podLogs is for the kubernetes backend, not {orchestrator}",
+                "podLogs: false (the job's processes match their own lines)",
+                "remove podLogs, and install recoverygate-reporter in the job's Python",
+                key=("podLogs",),
+                got="true",
+            )
+        return evidence
+
     @field_validator("name", mode="before")
     @classmethod
     def _strip_name(cls, value: Any) -> Any:

@@ -295,6 +295,13 @@ class Evidence(Section):
         "stepBase: index",
     )
 
+    pod_logs: bool = option(
+        False,
+        "true or false (kubernetes): match the reporting rank's pod log in the drill, for "
+        "an image without the reporter (docs: evidence.md says what that evidence lacks)",
+        "podLogs: true",
+    )
+
     @model_validator(mode="after")
     def _something_to_match(self) -> Evidence:
         if self.preset is None and self.patterns is None:

@@ -19,17 +19,21 @@ def build_orchestrator(config: DrillConfig, clock: Clock) -> Orchestrator:
     """The backend ``workload.orchestrator`` names, built from the config.
 
     With an ``evidence`` section, a job the drill launches gets the patterns in
-    ``RECOVERYGATE_AUTO`` (its ``env``, which group members and Ray entrypoints inherit).
+    ``RECOVERYGATE_AUTO`` (its ``env``, which group members and Ray entrypoints inherit);
+    with ``evidence.podLogs`` the Kubernetes backend matches the pod log itself.
     """
     backend = get_backend(config.workload.orchestrator)
-    return backend.create(with_evidence(config), config.inject_failure, clock)
+    orchestrator = backend.create(with_evidence(config), config.inject_failure, clock)
+    if config.evidence is not None and config.evidence.pod_logs:
+        orchestrator.match_log_evidence(config.evidence.spec())  # type: ignore[attr-defined]
+    return orchestrator
 
 
 def with_evidence(config: DrillConfig) -> WorkloadBase:
     """``config.workload``, its ``env`` carrying the evidence spec when there is one."""
     workload = config.workload
     env = getattr(workload, "env", None)
-    if config.evidence is None or not isinstance(env, dict):
+    if config.evidence is None or config.evidence.pod_logs or not isinstance(env, dict):
         return workload
     value = config.evidence.environment(env.get(AUTO_ENV))
     return workload.model_copy(update={"env": {**env, AUTO_ENV: value}})
