@@ -372,3 +372,23 @@ def test_a_drill_that_saw_no_matching_line_names_the_pattern_and_says_inconclusi
 
     passed = DrillResult(verdict=Verdict.PASS, summary="ok")
     assert unmatched_evidence(passed, config, []) is passed
+
+
+def test_a_group_member_with_its_own_variable_gets_the_spec_too(tmp_path: Path) -> None:
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(
+        "workload:\n"
+        "  orchestrator: local\n"
+        "  group:\n"
+        "    - {name: a, command: [python, a.py], env: {RECOVERYGATE_AUTO: torchft}}\n"
+        "    - {name: b, command: [python, b.py]}\n"
+        "injectFailure: {afterCheckpoint: next}\n"
+        "expectations: {maxRecoveryTime: 60s}\n"
+        "evidence: {preset: litgpt}\n"
+    )
+    workload = with_evidence(load_config(path))
+    base = json.loads(workload.env[AUTO_ENV])  # type: ignore[attr-defined]
+    first, second = workload.group  # type: ignore[attr-defined]
+    assert base == {"evidence": {"preset": "litgpt"}}
+    assert json.loads(first.env[AUTO_ENV]) == {**base, "frameworks": "torchft"}
+    assert AUTO_ENV not in second.env  # it inherits the workload's

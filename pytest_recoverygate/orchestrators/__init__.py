@@ -4,6 +4,8 @@ everything of :mod:`pytest_recoverygate.registry` (docs/backends.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pytest_recoverygate import registry
 from pytest_recoverygate.config.schema import DrillConfig, WorkloadBase
 from pytest_recoverygate.registry import *  # noqa: F403
@@ -35,5 +37,14 @@ def with_evidence(config: DrillConfig) -> WorkloadBase:
     env = getattr(workload, "env", None)
     if config.evidence is None or config.evidence.pod_logs or not isinstance(env, dict):
         return workload
-    value = config.evidence.environment(env.get(AUTO_ENV))
-    return workload.model_copy(update={"env": {**env, AUTO_ENV: value}})
+    evidence = config.evidence
+    update: dict[str, Any] = {"env": {**env, AUTO_ENV: evidence.environment(env.get(AUTO_ENV))}}
+    group = getattr(workload, "group", None)
+    if group:  # a member's own RECOVERYGATE_AUTO wins over the workload's: it gets the spec too
+        update["group"] = [
+            m.model_copy(update={"env": {**m.env, AUTO_ENV: evidence.environment(m.env[AUTO_ENV])}})
+            if AUTO_ENV in m.env
+            else m
+            for m in group
+        ]
+    return workload.model_copy(update=update)
