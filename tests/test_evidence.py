@@ -136,6 +136,18 @@ def test_the_step_a_path_names(path: str, step: int | None) -> None:
 def test_a_save_line_without_any_step_is_not_reported() -> None:
     matcher = Matcher(Spec({"preset": "nanogpt"}))
     assert matcher.feed("saving checkpoint to out") == []  # no "step N:" line before it
+    matcher.feed("step 250: train loss 1.0, val loss 1.0")
+    matcher.feed("iter 250: loss 1.0000, time 1.00ms, mfu 1.00%")
+    # only_save_checkpoint_at_end: a save after steps, with no eval line right before it
+    assert matcher.feed("saving checkpoint to out") == []
+
+
+def test_a_nanogpt_out_dir_that_looks_like_a_step_is_not_a_step() -> None:
+    matcher = Matcher(Spec({"preset": "nanogpt"}))
+    assert matcher.feed("Resuming training from runs/step-5000") == []
+    assert matcher.feed("step 250: train loss 1.0, val loss 1.0") == [
+        ("checkpointLoaded", 250, None)
+    ]
 
 
 def test_what_a_pattern_sees() -> None:

@@ -85,9 +85,10 @@ _LOSS = r"(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 PRESETS: dict[str, dict[str, Any]] = {
     "nanogpt": {
         "progress": r"^iter (?P<step>\d+): loss " + _LOSS,
-        "checkpointStarted": r"^saving checkpoint to (?P<path>.+)$",
+        # out_dir names no step (ckpt.pt is overwritten): the step is the eval line's
+        "checkpointStarted": r"^saving checkpoint to ",
         "checkpointCompleted": None,
-        "checkpointLoaded": r"^Resuming training from (?P<path>.+)$",
+        "checkpointLoaded": r"^Resuming training from ",
         "context": r"^step (?P<step>\d+): train loss ",
         "stepBase": "index",
         "completion": "progress",
@@ -450,8 +451,9 @@ class Matcher:
             out.append(("checkpointCompleted", self.pending_save, None))
             self.pending_save = None
         self.pending_load = False  # a step came first: the load's step stays unknown
-        if self._own_context:
-            self.context_step = step
+        # The neighbour line names the save that follows it at once; after a step it is
+        # stale (nanoGPT's save at the end, with no eval line before it, names no step).
+        self.context_step = step if self._own_context else None
         out.append(("progress", step, _loss_of(match) if self._loss else None))
 
 
