@@ -133,6 +133,11 @@ class WorkloadBase(Section):
         backends that launch one agent per node); None: known only at discovery."""
         return None
 
+    def reads_job_log(self) -> bool:
+        """Whether the backend can match the job's log lines itself (``evidence.podLogs``;
+        its orchestrator then has ``match_log_evidence(spec)``). No by default."""
+        return False
+
 
 # ------------------------------------------------------------------ fault types
 
@@ -486,12 +491,14 @@ class DrillConfig(Section):
 
     @field_validator("evidence")
     @classmethod
-    def _pod_logs_on_kubernetes(cls, evidence: Evidence | None, info: ValidationInfo) -> Any:
+    def _pod_logs_where_read(cls, evidence: Evidence | None, info: ValidationInfo) -> Any:
         workload = info.data.get("workload")
-        orchestrator = getattr(workload, "orchestrator", None)
-        if evidence is not None and evidence.pod_logs and orchestrator != "kubernetes":
+        if evidence is not None and evidence.pod_logs and isinstance(workload, WorkloadBase):
+            if workload.reads_job_log():
+                return evidence
             raise refuse(
-                f"podLogs is for the kubernetes backend, not {orchestrator}",
+                f"podLogs needs a backend that reads the job's log itself (Kubernetes), "
+                f"not {workload.orchestrator}",
                 "podLogs: false (the job's processes match their own lines)",
                 "remove podLogs, and install recoverygate-reporter in the job's Python",
                 key=("podLogs",),

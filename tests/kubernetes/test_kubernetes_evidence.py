@@ -65,5 +65,8 @@ def test_pod_logs_is_refused_on_another_backend(tmp_path: Path) -> None:
         "workload: {orchestrator: local, command: [python, t.py]}\n"
         "injectFailure: {afterCheckpoint: next}\nexpectations: {maxRecoveryTime: 60s}\n" + EVIDENCE
     )
-    with pytest.raises(ConfigError, match="podLogs is for the kubernetes backend, not local"):
+    with pytest.raises(
+        ConfigError,
+        match="podLogs needs a backend that reads the job's log itself \\(Kubernetes\\), not local",
+    ):
         parse_config(text, tmp_path / "recovery-test.yaml")
