@@ -414,6 +414,7 @@ class Matcher:
                 self._progress(match, out)
             else:
                 self._apply(kind, match, out)
+            break  # one line, one meaning: the first kind that matches it (KINDS order)
         return out
 
     def _apply(self, kind: str, match: re.Match[str], out: list[Event]) -> None:
@@ -454,7 +455,16 @@ class Matcher:
         # The neighbour line names the save that follows it at once; after a step it is
         # stale (nanoGPT's save at the end, with no eval line before it, names no step).
         self.context_step = step if self._own_context else None
-        out.append(("progress", step, _loss_of(match) if self._loss else None))
+        loss = None
+        if self._loss:  # inline: this runs on every matched step line
+            text = match.group("loss")
+            try:
+                loss = float(text)
+            except (TypeError, ValueError):
+                loss = None
+            if loss is not None and not math.isfinite(loss):
+                loss = None
+        out.append(("progress", step, loss))
 
 
 def _step_of(match: re.Match[str]) -> int | None:
@@ -468,16 +478,6 @@ def _step_of(match: re.Match[str]) -> int | None:
         path = match.group("path")
         return step_from_path(path) if path else None
     return None
-
-
-def _loss_of(match: re.Match[str]) -> float | None:
-    if "loss" not in match.re.groupindex:
-        return None
-    try:
-        value = float(match.group("loss") or "")
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
 
 
 # ---------------------------------------------------------------------------- the tap
