@@ -24,7 +24,17 @@ if __package__ in (None, ""):
 from bench._common import machine, subprocess_env  # noqa: E402
 
 #: Benchmarks in the order they run (the slow real drills last).
-BENCHMARKS = ("reporter", "parser", "latency", "overhead", "scale", "digest", "auto", "accuracy")
+BENCHMARKS = (
+    "reporter",
+    "parser",
+    "latency",
+    "overhead",
+    "scale",
+    "digest",
+    "auto",
+    "evidence",
+    "accuracy",
+)
 
 
 def run_one(name: str, quick: bool) -> dict[str, Any] | None:

@@ -376,6 +376,15 @@ def print_effective_config(config: DrillConfig, stream: TextIO) -> None:
     for line in RUN_TIME_DEFAULTS.get(failure.type, ()):
         if unset.get(line.split(":", 1)[0], 0) is None:
             stream.write(f"# injectFailure.{line} (decided when the drill runs)\n")
+    if config.evidence is not None:
+        import shlex
+
+        value = config.evidence.environment()
+        stream.write(
+            "# evidence: a job the drill launches gets this in its environment; give it to "
+            "a job the drill attaches to yourself:\n"
+            f"# export RECOVERYGATE_AUTO={shlex.quote(value)}\n"
+        )
     stream.flush()
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "check_report_paths",
     "run_drill",
     "spec_from_config",
+    "unmatched_evidence",
 ]
 
 _P = ParamSpec("_P")
@@ -157,6 +158,7 @@ def run_drill(
     drill = _Drill(config, options, clock, orchestrator)
     with _signals_raise_interrupt(options.handle_signals):
         result = drill.run()
+    result = unmatched_evidence(result, config, drill.raw_log)
     evidence = _keep_evidence(result, config, options, orchestrator)
     if (
         options.report_path is not None
@@ -197,6 +199,49 @@ def _keep_evidence(
     if options.on_evidence is not None:
         options.on_evidence(evidence)
     return evidence
+
+
+#: ``evidence.patterns`` kind -> the event its matches report.
+_EVIDENCE_EVENTS = {
+    "progress": "progress",
+    "checkpointStarted": "checkpoint_started",
+    "checkpointCompleted": "checkpoint_completed",
+    "checkpointLoaded": "checkpoint_loaded",
+}
+
+
+def unmatched_evidence(
+    result: DrillResult, config: DrillConfig, raw_log: list[dict[str, Any]]
+) -> DrillResult:
+    """A drill with an ``evidence`` section: what pod-log evidence lacks (``podLogs``);
+    and, when it did not PASS, each pattern no line matched during the whole drill (the
+    CLI and the report show the job's last lines). When not one progress line matched,
+    the summary says so: the drill could not see the job train, which is not evidence of
+    anything about its recovery."""
+    if config.evidence is None:
+        return result
+    if config.evidence.pod_logs:
+        from pytest_recoverygate.shared.logevidence import LACKS
+
+        result = replace(result, notes=(*result.notes, LACKS))
+    if result.verdict is Verdict.PASS:
+        return result
+    seen = {row.get("event") for row in raw_log}
+    where = f"preset {config.evidence.preset}" if config.evidence.preset else "your patterns"
+    notes = []
+    for kind, pattern in config.evidence.spec().sources.items():
+        if pattern and _EVIDENCE_EVENTS[kind] not in seen:
+            notes.append(
+                f"evidence: no line matched the {kind} pattern ({where}) {pattern!r} during "
+                "the whole drill; compare it with the job's last lines, and check that the "
+                "reporter is installed in the job's Python (its start-up hook does the matching)"
+            )
+    if not notes:
+        return result
+    summary = result.summary
+    if "progress" not in seen:
+        summary = f"{summary} (inconclusive: {notes[0].removeprefix('evidence: ')})"
+    return replace(result, summary=summary, notes=(*result.notes, *notes))
 
 
 #: Lines stamped this long before the job's launch are still taken as its own (the

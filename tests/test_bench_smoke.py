@@ -94,6 +94,17 @@ def test_the_latency_benchmark_reports_pipe_and_file_tail_percentiles() -> None:
     assert by_name(doc, "file tail")["limit"] == 250.0
 
 
+@pytest.mark.slow  # a second interpreter, timed lines
+def test_the_evidence_benchmark_measures_the_hook_next_to_the_print() -> None:
+    doc = run_quick("evidence")
+    plain = by_name(doc, "print of a 200-byte line")["measured"]
+    assert plain > 0
+    for name in ("hook: a 200-byte line that matches nothing", "hook: a 200-byte progress line"):
+        result = by_name(doc, name)
+        assert result["limit"] == 2.0
+        assert result["measured"] > 0  # the hook does work: a figure of 0 would be a bug
+
+
 @pytest.mark.slow  # fresh interpreters started and timed, over and over
 def test_the_auto_hook_benchmark_finds_the_unset_line_costs_one_lookup() -> None:
     doc = run_quick("auto")

@@ -60,6 +60,7 @@ from pytest_recoverygate.config.fields import (
     sustain_value,
 )
 from pytest_recoverygate.config.sections import (
+    Evidence,
     Expectations,
     Projection,
     ReplayTolerance,
@@ -85,6 +86,7 @@ __all__ = [
     "MAX_RANK",
     "MAX_STEP",
     "DrillConfig",
+    "Evidence",
     "Expectations",
     "IdNumber",
     "InjectFailure",
@@ -132,6 +134,11 @@ class WorkloadBase(Section):
         """How many nodes the job runs on, when the config says (``workload.nodes`` of the
         backends that launch one agent per node); None: known only at discovery."""
         return None
+
+    def reads_job_log(self) -> bool:
+        """Whether the backend can match the job's log lines itself (``evidence.podLogs``;
+        its orchestrator then has ``match_log_evidence(spec)``). No by default."""
+        return False
 
 
 # ------------------------------------------------------------------ fault types
@@ -457,6 +464,12 @@ class DrillConfig(Section):
         "a mapping with gpus (and mtbfHours or failuresPerGpuHour, interval)",
         "projection: {gpus: 16384}",
     )
+    evidence: Evidence | None = option(
+        None,
+        "a mapping with preset (and patterns, stepBase): the job's own log lines as "
+        "evidence, matched in its processes",
+        "evidence: {preset: nanogpt}",
+    )
     timeouts: Timeouts = option(
         ...,
         "a mapping with discovery, checkpoint, recovery",
@@ -477,6 +490,23 @@ class DrillConfig(Section):
                 data["sourcePath"] = source
                 data.setdefault("name", source.stem or "drill")
         return data
+
+    @field_validator("evidence")
+    @classmethod
+    def _pod_logs_where_read(cls, evidence: Evidence | None, info: ValidationInfo) -> Any:
+        workload = info.data.get("workload")
+        if evidence is not None and evidence.pod_logs and isinstance(workload, WorkloadBase):
+            if workload.reads_job_log():
+                return evidence
+            raise refuse(
+                f"podLogs needs a backend that reads the job's log itself (Kubernetes), "
+                f"not {workload.orchestrator}",
+                "podLogs: false (the job's processes match their own lines)",
+                "remove podLogs, and install recoverygate-reporter in the job's Python",
+                key=("podLogs",),
+                got="true",
+            )
+        return evidence
 
     @field_validator("name", mode="before")
     @classmethod

@@ -1,6 +1,6 @@
 """The config's sections that ask no backend: the strict, frozen, camelCase
 :class:`Section` every model of the config (and of a backend's ``workload``) builds on,
-``expectations``, ``projection``, ``safety`` and ``timeouts``; re-exported by
+``evidence``, ``expectations``, ``projection``, ``safety`` and ``timeouts``; re-exported by
 :mod:`pytest_recoverygate.config.schema`.
 """
 
@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from recoverygate.evidence import PRESETS, Spec, pattern_problem
 
 from pytest_recoverygate.config.fields import (
     MAX_STEP,
@@ -31,6 +32,8 @@ from pytest_recoverygate.engine.spec import MAX_KILLS
 
 __all__ = [
     "REPLAY_TAGS",
+    "Evidence",
+    "EvidencePatterns",
     "Expectations",
     "Projection",
     "ReplayTolerance",
@@ -300,3 +303,104 @@ class Timeouts(Section):
     recovery_grace: Annotated[float, duration(zero_ok=True)] = option(
         30.0, "a duration >= 0", "recoveryGrace: 30s"
     )
+
+
+def _evidence_pattern(kind: str) -> BeforeValidator:
+    """One ``evidence.patterns`` key: a regex that compiles, has its groups and cannot
+    backtrack without bound (checked by the same code the job's processes run)."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        message = pattern_problem(kind, value)
+        if message is not None:
+            raise refuse(
+                message,
+                "a regular expression with a (?P<step>...) group (checkpoints: or (?P<path>...))",
+                f"e.g. {kind}: '{_PATTERN_EXAMPLES[kind]}'",
+                got=str(value)[:200],
+            )
+        return value
+
+    return BeforeValidator(check)
+
+
+_PATTERN_EXAMPLES = {
+    "progress": r"iter (?P<step>\d+): loss (?P<loss>[0-9.]+)",
+    "checkpointStarted": r"saving checkpoint at iteration\s+(?P<step>\d+)",
+    "checkpointCompleted": r"successfully saved checkpoint from iteration\s+(?P<step>\d+)",
+    "checkpointLoaded": r"successfully loaded checkpoint .* at iteration (?P<step>\d+)",
+}
+
+
+class EvidencePatterns(Section):
+    """Custom patterns, each overriding the preset's of the same kind (docs/evidence.md)."""
+
+    progress: Annotated[str | None, _evidence_pattern("progress")] = option(
+        None,
+        "a regex with (?P<step>...) (and optionally (?P<loss>...)): a training step",
+        "progress: 'iter (?P<step>\\d+): loss (?P<loss>[0-9.]+)'",
+    )
+    checkpoint_started: Annotated[str | None, _evidence_pattern("checkpointStarted")] = option(
+        None,
+        "a regex with (?P<step>...) or (?P<path>...): a save began (printed before the write)",
+        "checkpointStarted: 'saving checkpoint at iteration\\s+(?P<step>\\d+)'",
+    )
+    checkpoint_completed: Annotated[str | None, _evidence_pattern("checkpointCompleted")] = option(
+        None,
+        "a regex with (?P<step>...) or (?P<path>...): a save is durable",
+        "checkpointCompleted: 'successfully saved checkpoint from iteration\\s+(?P<step>\\d+)'",
+    )
+    checkpoint_loaded: Annotated[str | None, _evidence_pattern("checkpointLoaded")] = option(
+        None,
+        "a regex with (?P<step>...) or (?P<path>...): a resume loaded a checkpoint",
+        "checkpointLoaded: 'loaded checkpoint .* at iteration (?P<step>\\d+)'",
+    )
+
+
+class Evidence(Section):
+    """The job's own log lines as evidence, matched inside its processes (docs/evidence.md)."""
+
+    preset: Annotated[str | None, _one_of(*PRESETS)] = option(
+        None, f"{or_list(list(PRESETS))}: a known trainer's lines", "preset: nanogpt"
+    )
+    patterns: EvidencePatterns | None = option(
+        None,
+        "a mapping with progress, checkpointStarted, checkpointCompleted, checkpointLoaded",
+        "patterns: {progress: 'iter (?P<step>\\d+):'}",
+    )
+    step_base: Annotated[str | None, _one_of("completed", "index")] = option(
+        None,
+        "completed or index: the progress number counts steps done, or is the 0-based "
+        "index of the step just done (default: the preset's, else completed)",
+        "stepBase: index",
+    )
+
+    pod_logs: bool = option(
+        False,
+        "true or false (kubernetes): match the reporting rank's pod log in the drill, for "
+        "an image without the reporter (docs: evidence.md says what that evidence lacks)",
+        "podLogs: true",
+    )
+
+    @model_validator(mode="after")
+    def _something_to_match(self) -> Evidence:
+        if self.preset is None and self.patterns is None:
+            raise refuse(
+                "evidence needs a preset or patterns",
+                f"preset: {or_list(list(PRESETS))}, or patterns: {{progress: ...}}",
+                "e.g. evidence: {preset: nanogpt}",
+            )
+        return self
+
+    def spec(self) -> Spec:
+        """The spec the job's processes get (the preset with these patterns over it)."""
+        patterns = (
+            self.patterns.model_dump(by_alias=True, exclude_none=True) if self.patterns else {}
+        )
+        return Spec({"preset": self.preset, "patterns": patterns, "stepBase": self.step_base})
+
+    def environment(self, current: str | None = None) -> str:
+        """The ``RECOVERYGATE_AUTO`` value that turns the matching on; ``current``: the
+        value the job's environment already has (its frameworks are kept)."""
+        return self.spec().to_json(frameworks=current)

@@ -185,12 +185,14 @@ class FakeTrainingJob:
         hosts: list[str] | None = None,
         storage: str = "shared",  # shared | hostPath | emptyDir
         local_root: Path | None = None,
+        lines: str = "wire",  # wire (the reporter's lines) | nanogpt (nanoGPT's, no reporter)
     ) -> None:
         if storage not in ("shared", "hostPath", "emptyDir"):
             raise ValueError(f"storage must be shared, hostPath or emptyDir, got {storage!r}")
         if storage != "shared" and (not hosts or local_root is None):
             raise ValueError(f"storage={storage!r} needs hosts and local_root")
         self.server = server
+        self.lines = lines
         self.kind = kind
         self.name = name
         self.namespace = namespace
@@ -431,9 +433,26 @@ class FakeTrainingJob:
         if self.server.append_log(self.namespace, self.pod_name(self.reporting_rank), text, ts=now):
             self.written.append((now, text))
 
+    def _say(self, event: str, inc: str, step: int) -> None:
+        """One event as the reporter writes it, or as nanoGPT prints it (``lines``)."""
+        if self.lines == "wire":
+            self._emit(wire.format_step(event, time.time(), inc, step, 0))
+        elif event == "progress":
+            self._emit(f"[rank0]:iter {step - 1}: loss 1.0000, time 10.00ms, mfu -100.00%")
+        elif event == "checkpoint_loaded":
+            self._emit("[rank0]:Resuming training from out")
+            self._emit(f"[rank0]:step {step}: train loss 1.0000, val loss 1.0000")
+        elif event == "checkpoint_started":
+            self._emit(f"[rank0]:step {step}: train loss 1.0000, val loss 1.0000")
+            self._emit("[rank0]:saving checkpoint to out")  # the next iter line completes it
+
     def _start_incarnation(self, restart: int) -> str:
         inc = secrets.token_hex(8)
         self.incarnations.append(inc)
+        if self.lines == "nanogpt":
+            if not restart:
+                self._emit("[rank0]:Initializing a new model from scratch")
+            return inc
         self._emit(
             "[default0]:"
             + wire.format_start(
@@ -484,12 +503,13 @@ class FakeTrainingJob:
                 inc = self._start_incarnation(restart)
                 self.step = self._resume_step()
                 if self.step:
-                    self._emit(
-                        wire.format_step("checkpoint_loaded", time.time(), inc, self.step, 0)
-                    )
+                    self._say("checkpoint_loaded", inc, self.step)
             self.step += 1
-            self._emit(wire.format_step("progress", time.time(), inc, self.step, 0))
+            self._say("progress", inc, self.step)
             if self.step % self.checkpoint_every == 0:
                 self._save(self.step)
-                self._emit(wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0))
+                if self.lines == "wire":
+                    self._say("checkpoint_completed", inc, self.step)
+                else:
+                    self._say("checkpoint_started", inc, self.step)
             time.sleep(self.step_time)

@@ -137,6 +137,9 @@ class KubernetesWorkload(WorkloadBase):
 
     _strip_selector = field_validator("selector", mode="before")(_strip)
 
+    def reads_job_log(self) -> bool:
+        return True  # evidence.podLogs: the reporting rank's pod log (logs.py)
+
     @model_validator(mode="after")
     def _selector_or_replicas(self) -> KubernetesWorkload:
         if self.replicas is None:

@@ -29,9 +29,11 @@ from pytest_recoverygate.orchestrators.kubernetes.pods import (
     pick_container,
     pod_name,
     pod_uid,
+    restart_total,
 )
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
+from pytest_recoverygate.shared.logevidence import LogEvidence
 from pytest_recoverygate.shared.textbounds import MAX_LINE_BYTES, CutLine, LineSplitter
 
 __all__ = ["LogStream", "PodLogEvents", "parse_kubelet_timestamp"]
@@ -101,6 +103,10 @@ class LogStream:
         self.max_line = MAX_LINE_BYTES
         #: Log lines longer than ``max_line`` bytes, cut there (the rest was not read).
         self.truncated_lines = 0
+        #: evidence.podLogs: the drill matches the log's lines itself (logevidence.py)
+        self.evidence: LogEvidence | None = None
+        self._incarnation = ""  # the followed pod and its container restarts
+        self._host = ""
 
     def run(self) -> None:
         """The thread: follow the reporting pod's log until cleanup."""
@@ -155,6 +161,8 @@ class LogStream:
         resp = api.read_namespaced_pod_log(pod_name(pod), session.namespace, **kwargs)
         self._fresh = 0
         stream = ("pod-log", pod_uid(pod))
+        self._incarnation = f"{pod_uid(pod)}/{restart_total(pod)}"
+        self._host = pod_name(pod)
         label = f"pod {pod_name(pod)}"
         if stream not in self._labels:
             if label in self._labels.values():  # PyTorchJob reuses the name
@@ -196,6 +204,10 @@ class LogStream:
             if len(self._seen_lines) > 10_000:
                 horizon = received - _LOG_DEDUPE_WINDOW
                 self._seen_lines = {k: v for k, v in self._seen_lines.items() if v >= horizon}
+        if self.evidence is not None:
+            events = self.evidence.translate(self._incarnation, self._host, content, received)
+            if events:
+                self.source.feed(events, received, stream=stream)
         self.source.feed(content + b"\n", received, stream=stream)
         self._output.feed(content + b"\n", stream, label=self._labels.get(stream))
         return True

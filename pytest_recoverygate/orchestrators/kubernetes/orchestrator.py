@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, UsageError
@@ -53,6 +53,9 @@ from pytest_recoverygate.registry.seams import (
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput
 from pytest_recoverygate.shared.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from recoverygate.evidence import Spec
 
 __all__ = ["KubernetesOrchestrator"]
 
@@ -270,6 +273,13 @@ class KubernetesOrchestrator:
     def uncordoned(self) -> list[str]:
         """The nodes cleanup uncordoned (the ones this drill cordoned)."""
         return list(self._nodes.uncordoned)
+
+    def match_log_evidence(self, spec: Spec) -> None:
+        """``evidence.podLogs``: match the reporting rank's pod log here, in the drill
+        (for an image without the reporter; shared/logevidence.py says what that lacks)."""
+        from pytest_recoverygate.shared.logevidence import LogEvidence
+
+        self._logs.evidence = LogEvidence(spec, rank=self.reporting_rank)
 
     @cleanup_once
     def cleanup(self) -> None:

@@ -29,7 +29,11 @@ are the job's own -- a drill is there to see them as they are.
 
 ``RECOVERYGATE_AUTO`` takes ``1`` (every framework), a comma list of ``transformers``,
 ``lightning`` (it covers both Lightning packages), ``ray`` and ``torchft``, or
-``0``/empty/unset (off).
+``0``/empty/unset (off). It may also be a JSON object, ``{"evidence": {...},
+"frameworks": "1"}``: ``evidence`` turns the job's own log lines into events
+(:mod:`recoverygate.evidence`, docs/evidence.md), ``frameworks`` is the list above
+(default none). A drill with an ``evidence:`` section sets it for the jobs it launches;
+``recoverygate validate`` prints it for a job the drill attaches to.
 To turn it off, unset it; :func:`uninstall` removes the finder and the patches in a
 running process.
 """
@@ -67,12 +71,40 @@ _CLASSES = {"torchft.manager": "Manager"}
 def wanted(value: str | None = None) -> frozenset[str]:
     """The frameworks ``RECOVERYGATE_AUTO`` (or ``value``) asks for; empty when off."""
     text = (os.environ.get(ENV, "") if value is None else value).strip().lower()
+    if text.startswith("{"):
+        text = _json_frameworks(text)
     if text in _OFF:
         return frozenset()
     if text in _ON:
         return frozenset(_FRAMEWORKS)
     names = {part.strip() for part in text.split(",") if part.strip()}
     return frozenset(name for name in names if name in _FRAMEWORKS)
+
+
+def _json_frameworks(text: str) -> str:
+    """The ``frameworks`` of a JSON ``RECOVERYGATE_AUTO`` value ("" when it has none)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ""
+    frameworks = data.get("frameworks") if isinstance(data, dict) else None
+    return frameworks.strip().lower() if isinstance(frameworks, str) else ""
+
+
+def _install_evidence(value: str | None) -> bool:
+    """Tap this process's output when ``RECOVERYGATE_AUTO`` holds an evidence spec."""
+    text = (os.environ.get(ENV, "") if value is None else value).strip()
+    if not text.startswith("{"):
+        return False
+    from recoverygate import evidence
+
+    spec = evidence.spec_from_json(text)
+    if spec is None:
+        _warn(f"{ENV} holds no valid evidence spec; nothing is matched")
+        return False
+    return evidence.install(spec)
 
 
 def _warn(error: BaseException | str) -> None:
@@ -196,10 +228,11 @@ def install(value: str | None = None) -> bool:
     Called by ``recoverygate-auto.pth``; never raises.
     """
     try:
+        tapped = _install_evidence(value)
         frameworks = wanted(value)
         names = frozenset(name for name, (fw, _) in _TARGETS.items() if fw in frameworks)
         if not names or installed():
-            return bool(names)
+            return bool(names) or tapped
         sys.meta_path.insert(0, _Finder(names))
         for name in names:
             module = sys.modules.get(name)

@@ -1,0 +1,631 @@
+"""Evidence from the lines a job already prints: presets, the matcher and its stream tap.
+
+A job that never calls the reporter still prints its step, its loss and usually its
+checkpoint saves and loads. With the ``evidence`` spec in ``RECOVERYGATE_AUTO`` (see
+:mod:`recoverygate.integrations.auto`) the start-up hook wraps ``sys.stdout`` and
+``sys.stderr`` of every Python process of the job: what the process writes is passed on
+unchanged, then matched line by line, and each match becomes an ordinary RECOVERYGATE/v1
+line of this process (the reporter's own calls) -- one transport, one parser, every
+backend. docs/evidence.md describes the presets, their lines and their traps.
+
+The spec is a JSON object::
+
+    {"preset": "nanogpt",                        # optional
+     "patterns": {"progress": "...", ...},       # optional, each overrides the preset's
+     "stepBase": "completed" | "index"}          # optional: the progress line's number
+
+What a match means (the step contract, docs/step-contract.md):
+
+- ``progress``: ``step`` group = steps completed (``stepBase: index``: the 0-based index
+  of the step just done, so +1); a ``loss`` group rides along as the line's ``loss``.
+- ``checkpointStarted``: a save *began* (a line printed before the write), never its
+  completion. Its step: the ``step`` group, else the step in the ``path`` group
+  (``step-N``, ``checkpoint-N``, ``iter_000000N``, ``epoch=E-step=S``, ``global_stepN``),
+  else the preset's neighbour line printed before it (nanoGPT's ``step N: train loss``).
+- ``checkpointCompleted``: the save is durable; its step as above, else the save started
+  last. A preset whose trainer prints no completion line (nanoGPT, litgpt: synchronous
+  saves) completes the pending save on the process's next progress line, which it could
+  only print once the save returned; a kill in between leaves a save that only started.
+- ``checkpointLoaded``: a resume loaded the state; its step as above, else the preset's
+  neighbour line printed next (nanoGPT's ``step N: train loss`` at the resume step).
+
+Bounds: a pattern sees at most :data:`MAX_LINE_CHARS` characters of a line; patterns with
+nested unbounded quantifiers or alternatives under one are refused at validation
+(:func:`problems`), and what remains is timed there on probe lines of that length.
+
+Lines relayed from another process -- torchrun's ``[rank0]:`` / ``[default0]:`` headers,
+Ray's ``(RayTrainWorker pid=N)`` -- are not matched in the relaying process (the process
+that printed them matched them itself); a torchrun agent matches nothing. The Kubernetes
+fallback, which reads pod logs, strips those headers instead (:func:`strip_relay`).
+
+Standard library only; ``json`` and the reporter are imported when first needed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+    from typing import Any
+
+__all__ = [
+    "KINDS",
+    "MAX_LINE_CHARS",
+    "PRESETS",
+    "Matcher",
+    "Spec",
+    "clean_line",
+    "install",
+    "pattern_problem",
+    "problems",
+    "spec_from_json",
+    "step_from_path",
+    "strip_relay",
+    "uninstall",
+]
+
+KINDS = ("progress", "checkpointStarted", "checkpointCompleted", "checkpointLoaded")
+STEP_BASES = ("completed", "index")
+#: The most characters of one line a pattern is matched against (the rest is not seen).
+MAX_LINE_CHARS = 1024
+#: The longest pattern accepted.
+MAX_PATTERN_CHARS = 512
+#: The most characters kept of a line still being written (a line without its newline).
+_MAX_PARTIAL = 4 * MAX_LINE_CHARS
+
+_LOSS = r"(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+
+#: preset -> its patterns, its neighbour line (``context``), the base of its progress
+#: number and how it completes a save (``line``: its own completion line; ``progress``:
+#: the next progress line proves a synchronous save returned).
+PRESETS: dict[str, dict[str, Any]] = {
+    "nanogpt": {
+        "progress": r"^iter (?P<step>\d+): loss " + _LOSS,
+        # out_dir names no step (ckpt.pt is overwritten): the step is the eval line's
+        "checkpointStarted": r"^saving checkpoint to ",
+        "checkpointCompleted": None,
+        "checkpointLoaded": r"^Resuming training from ",
+        "context": r"^step (?P<step>\d+): train loss ",
+        "stepBase": "index",
+        "completion": "progress",
+    },
+    "torchtitan": {
+        "progress": r"\bstep:\s*(?P<step>\d+)\s+loss:\s*" + _LOSS,
+        "checkpointStarted": r"\b(?:Saving|Staging) the checkpoint\.",
+        "checkpointCompleted": r"\bFinished saving the checkpoint in ",
+        "checkpointLoaded": r"\bLoading the checkpoint from (?P<path>\S+?)\.?$",
+        "context": None,  # the progress line
+        "stepBase": "completed",
+        "completion": "line",
+    },
+    "megatron": {
+        "progress": r"\biteration\s+(?P<step>\d+)/\s*\d+ \|(?:.*? lm loss:? " + _LOSS + ")?",
+        "checkpointStarted": r"\bsaving checkpoint at iteration\s+(?P<step>\d+) to ",
+        "checkpointCompleted": r"\bsuccessfully saved checkpoint from iteration\s+(?P<step>\d+)",
+        "checkpointLoaded": (
+            r"\bsuccessfully loaded checkpoint from .*? at iteration\s+(?P<step>\d+)"
+        ),
+        "context": None,
+        "stepBase": "completed",
+        "completion": "line",
+    },
+    "litgpt": {
+        "progress": r"\biter \d+ step (?P<step>\d+) \| loss train: " + _LOSS,
+        "checkpointStarted": r"^Saving checkpoint to (?P<path>.+)$",
+        "checkpointCompleted": None,
+        "checkpointLoaded": r"^Resuming training from (?P<path>.+)$",
+        "context": None,
+        "stepBase": "completed",
+        "completion": "progress",
+    },
+}
+
+_PATH_STEP = re.compile(
+    r"(?:(?<![A-Za-z])step[-_=]?|checkpoint-|iter_|global_step)0*(\d{1,12})(?!\d)"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+#: Headers a launcher puts before a line it relays from another process.
+_RELAY = re.compile(
+    r"\[(?:rank|default)(\d{1,6})\]:\s?|\(\w{1,64} pid=\d{1,10}(?:, ip=[^)]{1,64})?\) "
+)
+#: Modules present only in a torchrun agent (never in the workers it starts).
+_AGENT_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+)
+
+
+def step_from_path(path: str) -> int | None:
+    """The step a checkpoint path names (the last ``step-N`` and the like), or None."""
+    found = _PATH_STEP.findall(path[-MAX_LINE_CHARS:])
+    return int(found[-1]) if found else None
+
+
+def strip_relay(line: str) -> tuple[str, int | None]:
+    """``line`` without a launcher's relay header, and the rank that header names."""
+    match = _RELAY.match(line)
+    if match is None:
+        return line, None
+    rank = match.group(1)
+    return line[match.end() :], int(rank) if rank is not None else None
+
+
+def clean_line(line: str) -> str:
+    """The text a pattern sees: at most MAX_LINE_CHARS, without ANSI codes or ``\\r``."""
+    line = line[:MAX_LINE_CHARS]
+    if "\r" in line:
+        line = line.rstrip("\r")
+        line = line[line.rfind("\r") + 1 :]
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    return line
+
+
+# ---------------------------------------------------------------------------- the spec
+
+
+class Spec:
+    """A checked evidence spec: one compiled pattern per kind (None: not matched)."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        preset = data.get("preset")
+        base: dict[str, Any] = dict(PRESETS[preset]) if preset is not None else {}
+        patterns = data.get("patterns") or {}
+        self.preset: str | None = preset
+        self.sources: dict[str, str | None] = {k: patterns.get(k, base.get(k)) for k in KINDS}
+        self.patterns = {k: re.compile(v) if v else None for k, v in self.sources.items()}
+        context = base.get("context")
+        self.context = re.compile(context) if context else None
+        self.step_base: str = data.get("stepBase") or base.get("stepBase") or "completed"
+        self.completion: str = base.get("completion", "line")
+
+    def to_json(self, frameworks: str | None = None) -> str:
+        """The ``RECOVERYGATE_AUTO`` value carrying this spec (only what differs from the
+        preset); ``frameworks``: the variable's value before (its framework list is kept)."""
+        import json
+
+        out: dict[str, Any] = {}
+        if self.preset is not None:
+            out["preset"] = self.preset
+        preset = PRESETS.get(self.preset or "", {})
+        own = {k: v for k, v in self.sources.items() if v != preset.get(k) and v}
+        if own:
+            out["patterns"] = own
+        if self.step_base != preset.get("stepBase", "completed"):
+            out["stepBase"] = self.step_base
+        value: dict[str, Any] = {"evidence": out}
+        before = (frameworks or "").strip()
+        if before.startswith("{"):
+            try:
+                before = str(json.loads(before).get("frameworks", ""))
+            except Exception:
+                before = ""
+        if before and before.lower() not in ("0", "false", "no", "off"):
+            value["frameworks"] = before
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def spec_from_json(text: str) -> Spec | None:
+    """The spec in a ``RECOVERYGATE_AUTO`` value (a JSON object), or None if it has none
+    or it is invalid: a job is never stopped by its drill's settings."""
+    import json
+
+    try:
+        data = json.loads(text)
+        evidence = data.get("evidence") if isinstance(data, dict) else None
+        if not isinstance(evidence, dict) or problems(evidence, timed=False):
+            return None
+        return Spec(evidence)
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def problems(data: Mapping[str, Any], *, timed: bool = True) -> list[tuple[tuple[str, ...], str]]:
+    """What is wrong with an evidence spec: ``(key path, message)`` pairs, empty when fine."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    preset = data.get("preset")
+    if preset is not None and preset not in PRESETS:
+        found.append((("preset",), f"unknown preset {preset!r}: use {', '.join(PRESETS)}"))
+    base = data.get("stepBase")
+    if base is not None and base not in STEP_BASES:
+        found.append((("stepBase",), f"stepBase must be completed or index, not {base!r}"))
+    patterns = data.get("patterns") or {}
+    if not isinstance(patterns, dict):
+        return [*found, (("patterns",), "patterns must be a mapping of kind -> regex")]
+    for kind, text in patterns.items():
+        if kind not in KINDS:
+            found.append(
+                (("patterns", str(kind)), f"unknown kind {kind!r}: use {', '.join(KINDS)}")
+            )
+            continue
+        message = pattern_problem(kind, text, timed=timed)
+        if message is not None:
+            found.append((("patterns", kind), message))
+    if preset is None and not patterns:
+        found.append(((), "give a preset or at least one pattern"))
+    return found
+
+
+def pattern_problem(
+    kind: str, text: object, *, timed: bool = True, grouped: bool = True
+) -> str | None:
+    """Why ``text`` cannot be the ``kind`` pattern, or None. ``grouped=False``: a preset's
+    own pattern, whose step may come from its neighbour line instead of a group."""
+    if not isinstance(text, str) or not text:
+        return "a pattern must be a non-empty regular expression (a quoted string)"
+    if len(text) > MAX_PATTERN_CHARS:
+        return f"a pattern may have at most {MAX_PATTERN_CHARS} characters, not {len(text)}"
+    try:
+        compiled = re.compile(text)
+    except re.error as error:
+        where = f" at position {error.pos}" if error.pos is not None else ""
+        return f"does not compile: {error.msg}{where}"
+    groups = set(compiled.groupindex)
+    if grouped and kind == "progress" and "step" not in groups:
+        return "a progress pattern needs a (?P<step>...) group: the step the line reports"
+    if grouped and kind != "progress" and not groups & {"step", "path"}:
+        return (
+            f"a {kind} pattern needs a (?P<step>...) group, or a (?P<path>...) group whose "
+            "text names the step (step-N, checkpoint-N, iter_000000N, epoch=E-step=S)"
+        )
+    nested = _nested_repeat(text)
+    if nested is not None:
+        return (
+            f"may backtrack catastrophically: {nested}; write it without a repeat inside "
+            "an unbounded repeat (e.g. \\d+ instead of (\\d+)+)"
+        )
+    if timed:
+        slow = _slow_probe(compiled)
+        if slow is not None:
+            return slow
+    return None
+
+
+#: The budget of one probe match at validation (a line of MAX_LINE_CHARS characters).
+PROBE_BUDGET_SECONDS = 0.02
+
+
+def _nested_repeat(text: str) -> str | None:
+    """A description of an unbounded repeat holding a repeat or an alternative, or None."""
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]
+    except ImportError:  # Python < 3.11
+        import sre_parse as parser
+    try:
+        tree = parser.parse(text)
+    except Exception:
+        return None
+    unbounded = parser.MAXREPEAT
+
+    def walk(items: Any, inside: bool) -> str | None:
+        for op, arg in items:
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                _low, high, sub = arg
+                if inside and name != "POSSESSIVE_REPEAT":
+                    return "a repeat inside an unbounded repeat"
+                found = walk(sub, inside or high == unbounded)
+            elif name == "BRANCH":
+                if inside and len(arg[1]) > 1:
+                    return "alternatives inside an unbounded repeat"
+                found = next((f for b in arg[1] if (f := walk(b, inside))), None)
+            elif name in ("SUBPATTERN", "ATOMIC_GROUP", "ASSERT", "ASSERT_NOT"):
+                sub = arg[-1]
+                found = walk(sub, inside)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    return walk(tree, False)
+
+
+def _probes(compiled: re.Pattern[str]) -> Iterator[str]:
+    """Units of probe lines built to make a pattern work hard."""
+    literal = re.sub(r"\\.|[^A-Za-z0-9 :=_./-]", "", compiled.pattern)[:64] or "a"
+    yield from ("a", " ", "0", "0.", "a ", literal, literal + " 1")
+
+
+def _slow_probe(compiled: re.Pattern[str]) -> str | None:
+    """Time the pattern on probe lines of 16, 32, ... MAX_LINE_CHARS characters; the
+    first over the budget refuses it, so a pattern that explodes is stopped while the
+    line is still short (the total is at most a few budgets for a polynomial pattern)."""
+    import time
+
+    for unit in _probes(compiled):
+        length = 16
+        while length <= MAX_LINE_CHARS:
+            probe = (unit * (length // len(unit) + 1))[:length]
+            took = 0.0
+            for _ in range(2):  # twice over the budget: not a pause of a busy machine
+                start = time.perf_counter()
+                compiled.search(probe)
+                took = time.perf_counter() - start
+                if took <= PROBE_BUDGET_SECONDS:
+                    break
+            if took > PROBE_BUDGET_SECONDS:
+                return (
+                    f"too slow: {took * 1000:.0f} ms on a {length}-character line (a pattern "
+                    f"sees up to {MAX_LINE_CHARS}; at most {PROBE_BUDGET_SECONDS * 1000:.0f} ms "
+                    "each); anchor it or make it more literal"
+                )
+            length *= 2
+    return None
+
+
+# ---------------------------------------------------------------------------- matching
+
+
+#: An event the matcher found: (kind, step, loss or None).
+Event = tuple[str, int, "float | None"]
+
+
+def _literal_hint(pattern: str) -> str | None:
+    """A fixed text every match contains (for a fast ``in`` test first), or None."""
+    body = pattern.lstrip("^")
+    match = re.match(r"(?:\\b)?((?:[A-Za-z:_=,' -]|\\\.)+)", body)
+    if match is None:
+        return None
+    text = match.group(1).replace("\\.", ".")
+    return text if len(text) >= 4 and "|" not in body[: match.end()] else None
+
+
+class Matcher:
+    """Lines in, events out, with the state lines without a step need. Pure: no I/O."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self._rules: list[tuple[str, re.Pattern[str], str | None]] = [
+            (kind, pattern, _literal_hint(pattern.pattern))
+            for kind, pattern in spec.patterns.items()
+            if pattern is not None
+        ]
+        if spec.context is not None:
+            self._rules.append(("context", spec.context, _literal_hint(spec.context.pattern)))
+        self.context_step: int | None = None  # the neighbour line last seen
+        self.pending_save: int | None = None  # a save started, not yet proven complete
+        self.pending_load = False  # a load line waiting for the neighbour that names its step
+        self._step_offset = 1 if spec.step_base == "index" else 0
+        self._completes = spec.completion == "progress"  # the next step line completes a save
+        self._own_context = spec.context is None  # the progress line is the neighbour line
+        progress = spec.patterns["progress"]
+        self._loss = progress is not None and "loss" in progress.groupindex
+
+    def feed(self, line: str) -> list[Event]:
+        """The events one line (without its newline) proves, in order."""
+        if len(line) > MAX_LINE_CHARS or "\r" in line or "\x1b" in line:
+            line = clean_line(line)
+        out: list[Event] = []
+        for kind, pattern, hint in self._rules:
+            if hint is not None and hint not in line:
+                continue
+            match = pattern.search(line)
+            if match is None:
+                continue
+            if kind == "progress":
+                self._progress(match, out)
+            else:
+                self._apply(kind, match, out)
+            break  # one line, one meaning: the first kind that matches it (KINDS order)
+        return out
+
+    def _apply(self, kind: str, match: re.Match[str], out: list[Event]) -> None:
+        step = _step_of(match)
+        if kind == "context":
+            if step is not None:
+                self.context_step = step
+                if self.pending_load:
+                    self.pending_load = False
+                    out.append(("checkpointLoaded", step, None))
+            return
+        if kind == "checkpointStarted":
+            if step is None:
+                step = self.context_step
+            if step is not None:
+                self.pending_save = step
+                out.append((kind, step, None))
+        elif kind == "checkpointCompleted":
+            if step is None:
+                step = self.pending_save
+            self.pending_save = None
+            if step is not None:
+                out.append((kind, step, None))
+        elif step is not None:  # checkpointLoaded
+            out.append((kind, step, None))
+        elif self.spec.context is not None:
+            self.pending_load = True
+
+    def _progress(self, match: re.Match[str], out: list[Event]) -> None:
+        text = match.group("step")
+        if text is None or not text.isdigit() or len(text) > 12:
+            return
+        step = int(text) + self._step_offset
+        if self.pending_save is not None and self._completes:
+            out.append(("checkpointCompleted", self.pending_save, None))
+            self.pending_save = None
+        self.pending_load = False  # a step came first: the load's step stays unknown
+        # The neighbour line names the save that follows it at once; after a step it is
+        # stale (nanoGPT's save at the end, with no eval line before it, names no step).
+        self.context_step = step if self._own_context else None
+        loss = None
+        if self._loss:  # inline: this runs on every matched step line
+            text = match.group("loss")
+            try:
+                loss = float(text)
+            except (TypeError, ValueError):
+                loss = None
+            if loss is not None and not math.isfinite(loss):
+                loss = None
+        out.append(("progress", step, loss))
+
+
+def _step_of(match: re.Match[str]) -> int | None:
+    groups = match.re.groupindex
+    if "step" in groups:
+        text = match.group("step")
+        if text is not None and text.isdigit() and len(text) <= 12:
+            return int(text)
+        return None
+    if "path" in groups:
+        path = match.group("path")
+        return step_from_path(path) if path else None
+    return None
+
+
+# ---------------------------------------------------------------------------- the tap
+
+
+class _Tap:
+    """``sys.stdout`` / ``sys.stderr`` as they were, plus matching of each whole line."""
+
+    def __init__(self, stream: Any, sink: Callable[[str], None]) -> None:
+        self.__dict__["_rg_stream"] = stream
+        self.__dict__["_rg_sink"] = sink
+        self.__dict__["_rg_part"] = [""]  # the line being written (a list: no setattr)
+
+    def write(self, text: str) -> int:
+        written: int = self._rg_stream.write(text)
+        try:
+            part = self._rg_part
+            if text == "\n":  # print(line) writes the line, then its newline
+                line = part[0]
+                part[0] = ""
+                self._rg_sink(line)
+            elif "\n" in text:
+                head, _, rest = (part[0] + text).rpartition("\n")
+                part[0] = rest[-_MAX_PARTIAL:]
+                for line in head.split("\n"):
+                    self._rg_sink(line)
+            elif len(part[0]) < _MAX_PARTIAL:
+                part[0] += text[:_MAX_PARTIAL]
+        except Exception:  # noqa: S110 - matching never breaks the job's own output
+            pass
+        return written
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_rg_stream"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_rg_stream"], name, value)
+
+    def __iter__(self) -> Any:
+        return iter(self.__dict__["_rg_stream"])
+
+    def __repr__(self) -> str:
+        return repr(self.__dict__["_rg_stream"])
+
+
+class _Emitter:
+    """Turns the matcher's events into reporter lines of this process."""
+
+    def __init__(self, matcher: Matcher) -> None:
+        self.matcher = matcher
+        self._emitted = 0
+        self._last = 0.0
+        self._unthrottle = True  # the first progress after a checkpoint event always prints
+        self._reporter: Any = None  # recoverygate.reporter, imported on the first event
+        self._agent: bool | None = None  # whether this process is a torchrun agent
+
+    def line(self, text: str) -> None:
+        if not text:
+            return
+        if self._agent is None:  # decided on the process's first line: torchrun imports first
+            self._agent = any(name in sys.modules for name in _AGENT_MODULES)
+        if self._agent:
+            return  # a torchrun agent: its workers match their own lines
+        first = text[0]
+        if first in "[(" and _RELAY.match(text):
+            return  # relayed from another process, which matched it itself
+        for kind, step, loss in self.matcher.feed(text):
+            if kind == "progress":
+                self._progress(step, loss)
+            else:
+                self._emit(kind, step)
+
+    def _load_reporter(self) -> Any:
+        from recoverygate import reporter
+
+        self._reporter = reporter
+        return reporter
+
+    def _emit(self, kind: str, step: int) -> None:
+        reporter = self._reporter or self._load_reporter()
+        self._unthrottle = True
+        if kind == "checkpointStarted":
+            reporter.checkpoint_started(step)
+        elif kind == "checkpointCompleted":
+            reporter.checkpoint_completed(step)
+        else:
+            reporter.checkpoint_loaded(step)
+
+    def _progress(self, step: int, loss: float | None) -> None:
+        reporter = self._reporter or self._load_reporter()
+        now = reporter._clock()  # the reporter's own clock and settings
+        if self._emitted >= 2 and not self._unthrottle and now - self._last < reporter._interval:
+            return  # rate-limited, like the reporter's own progress lines
+        if not reporter._ready:
+            reporter._init()
+        if not reporter._on:  # not a reporting rank
+            return
+        self._emitted += 1
+        self._last = now
+        self._unthrottle = False
+        head, tail = reporter._progress_parts
+        extra = b',"loss":%s' % repr(loss).encode("ascii") if loss is not None else b""
+        _write_event(reporter, b"%s%.6f%s%d%s}\n" % (head, now, tail, step, extra))
+
+
+def _write_event(reporter: Any, line: bytes) -> None:
+    """Write one event line, after the process's start line if that is still due."""
+    try:
+        if reporter._start_line:
+            with reporter._lock:
+                if reporter._start_line:
+                    reporter._write(reporter._start_line + line)
+                    reporter._start_line = b""
+                    return
+        reporter._write(line)
+    except Exception:  # closed stdout, EPIPE: drop the line
+        return
+
+
+_installed: list[_Tap] = []
+
+
+def install(spec: Spec) -> bool:
+    """Tap ``sys.stdout`` and ``sys.stderr`` with one matcher for this process. Never raises."""
+    try:
+        if _installed:
+            return True
+        emitter = _Emitter(Matcher(spec))
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name, None)
+            if stream is None or isinstance(stream, _Tap):
+                continue
+            tap = _Tap(stream, emitter.line)
+            setattr(sys, name, tap)
+            _installed.append(tap)
+        return bool(_installed)
+    except Exception:
+        return False
+
+
+def uninstall() -> None:
+    """Put the original streams back (for tests)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if isinstance(stream, _Tap):
+            setattr(sys, name, stream.__dict__["_rg_stream"])
+    _installed.clear()

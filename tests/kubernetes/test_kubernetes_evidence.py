@@ -1,0 +1,72 @@
+"""evidence.podLogs: the Kubernetes backend matches the reporting rank's pod log itself.
+
+For an image without the reporter. On the fake cluster the job prints nanoGPT's lines
+(``[rank0]:`` prefixed, as torchrun relays them) and no RECOVERYGATE/v1 line at all; a
+lost member restarts the reporting rank's container (restartCount + 1: the only sign of a
+new incarnation a pod log gives). We test these aspects: PASS on a job that resumes;
+FAIL "restarted from scratch" on one that does not; the notes say what such evidence
+lacks; podLogs on another backend is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.errors import ConfigError
+from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.logevidence import LACKS
+from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
+
+MakeJob = Callable[..., FakeTrainingJob]
+EVIDENCE = "evidence:\n  preset: nanogpt\n  podLogs: true\n"
+
+
+def drill(job: FakeTrainingJob, kubeconfig: Path, tmp_path: Path) -> DrillResult:
+    text = job_drill_yaml(job, kubeconfig, name="k8s-nanogpt", max_recovery="10s") + EVIDENCE
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(text)
+    return run_drill(parse_config(text, path), RunOptions(handle_signals=False))
+
+
+def test_a_resuming_job_passes_from_its_pod_log_alone(
+    apiserver: FakeApiServer, make_job: MakeJob, kubeconfig: Path, tmp_path: Path
+) -> None:
+    job = make_job(nodes=2, step_time=0.02, lines="nanogpt", restart_reporter_container=True)
+    job.start()
+    result = drill(job, kubeconfig, tmp_path)
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == result.expected_resume_step
+    assert result.loaded_step == result.expected_resume_step
+    assert not any("RECOVERYGATE/v1" in line for _, line in job.written)
+    assert LACKS in result.notes
+
+
+def test_a_job_that_restarts_from_scratch_fails(
+    apiserver: FakeApiServer, make_job: MakeJob, kubeconfig: Path, tmp_path: Path
+) -> None:
+    job = make_job(
+        nodes=2, step_time=0.02, lines="nanogpt", restart_reporter_container=True, resume="zero"
+    ).start()
+    result = drill(job, kubeconfig, tmp_path)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert FailureReason.RESTARTED_FROM_SCRATCH in result.reasons
+
+
+def test_pod_logs_is_refused_on_another_backend(tmp_path: Path) -> None:
+    text = (
+        "workload: {orchestrator: local, command: [python, t.py]}\n"
+        "injectFailure: {afterCheckpoint: next}\nexpectations: {maxRecoveryTime: 60s}\n" + EVIDENCE
+    )
+    with pytest.raises(
+        ConfigError,
+        match="podLogs needs a backend that reads the job's log itself \\(Kubernetes\\), not local",
+    ):
+        parse_config(text, tmp_path / "recovery-test.yaml")

@@ -1,0 +1,406 @@
+"""Evidence from a job's own lines (recoverygate.evidence, the ``evidence:`` section).
+
+We test these aspects:
+- each preset on its sample lines (tests/data/evidence/): the events and steps they prove,
+  held to the step contract (a save line is a save started; completion needs its proof);
+- lines without a step: the path group, the neighbour line, a load waiting for it;
+- what a pattern sees: ANSI codes stripped, ``\\r`` redraws, a line cut at MAX_LINE_CHARS;
+- bad input refused at validation: unknown preset, a pattern that does not compile, one
+  without its group, nested quantifiers, a pattern too slow on a long line;
+- the hook in a real Python process: lines passed through unchanged, each match a
+  RECOVERYGATE/v1 line of that process (with loss), logging handlers, relayed lines and
+  a torchrun agent left alone, nothing at all when RECOVERYGATE_AUTO is off;
+- the config section: errors with file:line:key and exit 2, the variable a launched job
+  gets, and what ``validate`` prints for an attached one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from recoverygate.evidence import (
+    MAX_LINE_CHARS,
+    Matcher,
+    Spec,
+    clean_line,
+    pattern_problem,
+    problems,
+    spec_from_json,
+    step_from_path,
+    strip_relay,
+)
+
+from pytest_recoverygate.cli import main as cli_main
+from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.orchestrators import AUTO_ENV, with_evidence
+
+DATA = Path(__file__).parent / "data" / "evidence"
+
+
+def events(
+    preset: str, name: str | None = None, **extra: object
+) -> list[tuple[str, int, float | None]]:
+    matcher = Matcher(Spec({"preset": preset, **extra}))
+    out = []
+    for line in (DATA / f"{name or preset}.log").read_text().splitlines():
+        out += matcher.feed(line)
+    return out
+
+
+def test_nanogpt_lines_prove_steps_and_a_save_completed_by_the_next_iter_line() -> None:
+    assert events("nanogpt") == [
+        ("progress", 1, 10.9812),  # iter 0 is the step of index 0: one step done
+        ("progress", 2, 10.9301),
+        ("checkpointStarted", 2, None),  # "saving checkpoint to out": its step from "step 2:"
+        ("checkpointCompleted", 2, None),  # the next iter line: torch.save returned
+        ("progress", 3, 10.447),
+    ]
+
+
+def test_a_nanogpt_save_cut_before_the_next_iter_line_only_started() -> None:
+    lines = (DATA / "nanogpt.log").read_text().splitlines()[:-1]  # killed during torch.save
+    matcher = Matcher(Spec({"preset": "nanogpt"}))
+    found = [e for line in lines for e in matcher.feed(line)]
+    assert found[-1] == ("checkpointStarted", 2, None)
+    assert not any(kind == "checkpointCompleted" for kind, _, _ in found)
+
+
+def test_a_nanogpt_resume_takes_its_step_from_the_step_line_after_it_and_resaves() -> None:
+    assert events("nanogpt", "nanogpt-resume") == [
+        ("checkpointLoaded", 2, None),
+        ("checkpointStarted", 2, None),
+        ("checkpointCompleted", 2, None),
+        ("progress", 3, 10.447),
+    ]
+
+
+def test_torchtitan_lines_through_its_colour_codes() -> None:
+    assert events("torchtitan") == [
+        ("checkpointLoaded", 10, None),  # the path: step-10
+        ("progress", 11, 7.81234),
+        ("progress", 12, 7.70011),
+        ("checkpointStarted", 12, None),  # "Saving the checkpoint.": the step line before
+        ("checkpointCompleted", 12, None),
+    ]
+
+
+def test_megatron_lines() -> None:
+    assert events("megatron") == [
+        ("checkpointLoaded", 100, None),
+        ("progress", 110, 6.54321),
+        ("checkpointStarted", 120, None),
+        ("checkpointCompleted", 120, None),
+    ]
+
+
+def test_litgpt_lines_take_the_optimizer_step_and_the_path_step() -> None:
+    assert events("litgpt") == [
+        ("checkpointLoaded", 10, None),
+        ("progress", 11, 9.871),
+        ("progress", 12, 9.654),
+        ("checkpointStarted", 12, None),
+        ("checkpointCompleted", 12, None),  # fabric.save is synchronous: the next step line
+        ("progress", 13, 9.5),
+    ]
+
+
+def test_step_base_index_adds_one_and_completed_keeps_the_number() -> None:
+    line = "it 4 done"
+    index = Matcher(Spec({"patterns": {"progress": r"it (?P<step>\d+)"}, "stepBase": "index"}))
+    done = Matcher(Spec({"patterns": {"progress": r"it (?P<step>\d+)"}}))
+    assert index.feed(line) == [("progress", 5, None)]
+    assert done.feed(line) == [("progress", 4, None)]
+
+
+@pytest.mark.parametrize(
+    ("path", "step"),
+    [
+        ("/ckpt/step-100", 100),
+        ("out/checkpoint-2500/", 2500),
+        ("/megatron/iter_0000700", 700),
+        ("lightning_logs/epoch=3-step=1200.ckpt", 1200),
+        ("/ds/global_step300", 300),
+        ("out/ckpt.pt", None),
+        ("/runs/mystep-5x", None),
+    ],
+)
+def test_the_step_a_path_names(path: str, step: int | None) -> None:
+    assert step_from_path(path) == step
+
+
+def test_a_save_line_without_any_step_is_not_reported() -> None:
+    matcher = Matcher(Spec({"preset": "nanogpt"}))
+    assert matcher.feed("saving checkpoint to out") == []  # no "step N:" line before it
+    matcher.feed("step 250: train loss 1.0, val loss 1.0")
+    matcher.feed("iter 250: loss 1.0000, time 1.00ms, mfu 1.00%")
+    # only_save_checkpoint_at_end: a save after steps, with no eval line right before it
+    assert matcher.feed("saving checkpoint to out") == []
+
+
+def test_a_nanogpt_out_dir_that_looks_like_a_step_is_not_a_step() -> None:
+    matcher = Matcher(Spec({"preset": "nanogpt"}))
+    assert matcher.feed("Resuming training from runs/step-5000") == []
+    assert matcher.feed("step 250: train loss 1.0, val loss 1.0") == [
+        ("checkpointLoaded", 250, None)
+    ]
+
+
+def test_what_a_pattern_sees() -> None:
+    assert clean_line("\x1b[1;31mstep: 3\x1b[0m") == "step: 3"
+    assert clean_line("iter 1: loss 2\riter 2: loss 1\r") == "iter 2: loss 1"
+    assert len(clean_line("x" * (MAX_LINE_CHARS * 4))) == MAX_LINE_CHARS
+    assert strip_relay("[rank3]:iter 5: loss 1") == ("iter 5: loss 1", 3)
+    assert strip_relay("[default0]: iter 5") == ("iter 5", 0)
+    assert strip_relay("(RayTrainWorker pid=42) iter 5") == ("iter 5", None)
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "says"),
+    [
+        ({"preset": "nanogtp"}, ("preset",), "unknown preset 'nanogtp'"),
+        ({"patterns": {"progress": "iter (\\d+"}}, ("patterns", "progress"), "does not compile"),
+        ({"patterns": {"progress": "iter \\d+"}}, ("patterns", "progress"), "(?P<step>"),
+        ({"patterns": {"checkpointStarted": "saving"}}, ("patterns", "checkpointStarted"), "path"),
+        ({"patterns": {"progress": "(?P<step>(\\d+)+)x"}}, ("patterns", "progress"), "catastroph"),
+        (
+            {"patterns": {"progress": "(?:a|ab)*(?P<step>\\d)"}},
+            ("patterns", "progress"),
+            "alternatives",
+        ),
+        ({"patterns": {"bogus": "x"}}, ("patterns", "bogus"), "unknown kind"),
+        ({"stepBase": "zero", "preset": "nanogpt"}, ("stepBase",), "completed or index"),
+        ({}, (), "a preset or at least one pattern"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_key(
+    data: dict[str, object], where: tuple[str, ...], says: str
+) -> None:
+    found = problems(data)
+    assert found, data
+    assert found[0][0] == where
+    assert says in found[0][1]
+
+
+def test_a_pattern_slow_on_long_lines_is_refused_and_the_time_is_bounded() -> None:
+    import time
+
+    start = time.perf_counter()
+    message = pattern_problem("progress", r"\s*\s*\s*\s*\s*\s*x(?P<step>\d)")
+    took = time.perf_counter() - start
+    assert message is not None
+    assert message.startswith("too slow")
+    assert took < 5.0  # stopped on a short probe line, not run on a 1024-character one
+
+
+def test_every_preset_pattern_passes_its_own_validation() -> None:
+    from recoverygate.evidence import KINDS, PRESETS
+
+    for preset, table in PRESETS.items():
+        for kind in KINDS:
+            if table[kind] is not None:
+                assert pattern_problem(kind, table[kind], grouped=False) is None, (preset, kind)
+
+
+def test_an_invalid_spec_in_the_environment_turns_matching_off() -> None:
+    assert spec_from_json('{"evidence": {"preset": "nope"}}') is None
+    assert spec_from_json("{not json") is None
+    assert spec_from_json('{"evidence": {"preset": "nanogpt"}}') is not None
+
+
+# ---------------------------------------------------------------------------- the hook
+
+JOB = r"""
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+print("step 0: train loss 4.0000, val loss 4.0000")
+sys.stdout.write("iter 0: loss 3.5")
+sys.stdout.write("000, time 1.00ms, mfu -100.00%\n")
+print("[rank1]:iter 7: loss 1.0000, time 1.00ms, mfu -100.00%")
+print("step 1: train loss 3.0000, val loss 3.0000")
+print("saving checkpoint to out")
+logging.info("iter 1: loss 2.5000, time 1.00ms, mfu -100.00%")
+print("tapped" if type(sys.stdout).__name__ == "_Tap" else "plain")
+"""
+
+
+def run_job(env_value: str | None, source: str = JOB) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (AUTO_ENV, "RANK")}
+    if env_value is not None:
+        env[AUTO_ENV] = env_value
+    return subprocess.run(
+        [sys.executable, "-c", source],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def sentinel_events(stdout: str) -> list[dict[str, object]]:
+    return [
+        json.loads(line.split(" ", 1)[1])
+        for line in stdout.splitlines()
+        if line.startswith("RECOVERYGATE/v1 ")
+    ]
+
+
+@pytest.mark.slow
+def test_the_hook_reports_each_match_as_a_line_of_the_process_and_passes_the_rest() -> None:
+    done = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}))
+    found = sentinel_events(done.stdout)
+    start, *rest = found
+    assert start["event"] == "start"
+    assert {e["inc"] for e in found} == {start["inc"]}
+    assert [(e["event"], e["step"], e.get("loss")) for e in rest] == [
+        ("progress", 1, 3.5),
+        ("checkpoint_started", 1, None),
+        ("checkpoint_completed", 1, None),  # the logging line on stderr completes it
+        ("progress", 2, 2.5),
+    ]
+    plain = run_job(None)
+    own = [line for line in done.stdout.splitlines() if not line.startswith("RECOVERYGATE/v1")]
+    assert own[:-1] == plain.stdout.splitlines()[:-1]  # the job's lines, unchanged
+    assert (own[-1], plain.stdout.splitlines()[-1]) == ("tapped", "plain")
+    assert done.stderr == plain.stderr
+
+
+@pytest.mark.slow
+def test_a_torchrun_agent_matches_nothing() -> None:
+    agent = "import sys, types; sys.modules['torch.distributed.run'] = types.ModuleType('r')\n"
+    done = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), agent + JOB)
+    assert sentinel_events(done.stdout) == []
+
+
+# ---------------------------------------------------------------------------- the config
+
+CONFIG = """\
+name: ev
+workload:
+  orchestrator: local
+  command: [python, train.py]
+  env: {{RECOVERYGATE_AUTO: transformers}}
+injectFailure: {{afterCheckpoint: next}}
+expectations: {{maxRecoveryTime: 60s}}
+evidence:
+{evidence}
+"""
+
+
+def write(tmp_path: Path, evidence: str) -> Path:
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(CONFIG.format(evidence=evidence))
+    return path
+
+
+def test_a_launched_job_gets_the_spec_and_keeps_its_frameworks(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, "  preset: megatron\n  patterns: {progress: 'it (?P<step>\\d+)'}")
+    )
+    value = json.loads(with_evidence(config).env[AUTO_ENV])  # type: ignore[attr-defined]
+    assert value == {
+        "evidence": {"preset": "megatron", "patterns": {"progress": "it (?P<step>\\d+)"}},
+        "frameworks": "transformers",
+    }
+    spec = spec_from_json(json.dumps(value))
+    assert spec is not None
+    assert (
+        spec.sources["checkpointCompleted"]
+        == Spec({"preset": "megatron"}).sources["checkpointCompleted"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("evidence", "says"),
+    [
+        ("  preset: nanogtp", "ev.yaml:9: evidence.preset: must be nanogpt"),
+        ("  patterns: {progress: 'iter (\\d+'}", "evidence.patterns.progress: does not compile"),
+        (
+            "  patterns: {checkpointLoaded: 'loaded'}",
+            "evidence.patterns.checkpointLoaded: a checkpointLoaded pattern needs",
+        ),
+        ("  patterns: {progress: '(?P<step>(\\d+)*)'}", "may backtrack catastrophically"),
+    ],
+)
+def test_bad_evidence_exits_2_naming_file_line_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], evidence: str, says: str
+) -> None:
+    path = write(tmp_path, evidence)
+    path = path.rename(tmp_path / "ev.yaml")
+    assert cli_main(["validate", "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert says.replace("ev.yaml", str(path)) in err or says in err, err
+    assert "Traceback" not in err
+
+
+def test_validate_prints_the_variable_for_a_job_it_attaches_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "  preset: nanogpt")
+    assert cli_main(["validate", "-f", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert """# export RECOVERYGATE_AUTO='{"evidence":{"preset":"nanogpt"}}'""" in out
+
+
+# ---------------------------------------------------------------------------- the verdict
+
+
+def test_a_drill_that_saw_no_matching_line_names_the_pattern_and_says_inconclusive(
+    tmp_path: Path,
+) -> None:
+    from pytest_recoverygate.engine.machine import DrillResult, Verdict
+    from pytest_recoverygate.runner import unmatched_evidence
+
+    config = load_config(write(tmp_path, "  preset: nanogpt"))
+    timeout = DrillResult(verdict=Verdict.ERROR, summary="no checkpoint completed within 1h")
+    result = unmatched_evidence(timeout, config, [{"event": "start"}])
+    assert result.summary.startswith("no checkpoint completed within 1h (inconclusive: ")
+    assert (
+        "no line matched the progress pattern (preset nanogpt) '^iter (?P<step>" in result.summary
+    )
+    kinds = sorted(note.split(" pattern ")[0].rsplit(" ", 1)[-1] for note in result.notes)
+    assert kinds == [
+        "checkpointLoaded",
+        "checkpointStarted",
+        "progress",
+    ]  # nanogpt has no completion line
+
+    trained = [
+        {"event": "progress"},
+        {"event": "checkpoint_started"},
+        {"event": "checkpoint_completed"},
+    ]
+    failed = DrillResult(verdict=Verdict.FAIL, summary="resumed from step 0")
+    result = unmatched_evidence(failed, config, trained)
+    assert result.summary == "resumed from step 0"  # progress matched: no inconclusive
+    assert [n.split(" pattern ")[0] for n in result.notes] == [
+        "evidence: no line matched the checkpointLoaded"
+    ]
+
+    passed = DrillResult(verdict=Verdict.PASS, summary="ok")
+    assert unmatched_evidence(passed, config, []) is passed
+
+
+def test_a_group_member_with_its_own_variable_gets_the_spec_too(tmp_path: Path) -> None:
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(
+        "workload:\n"
+        "  orchestrator: local\n"
+        "  group:\n"
+        "    - {name: a, command: [python, a.py], env: {RECOVERYGATE_AUTO: torchft}}\n"
+        "    - {name: b, command: [python, b.py]}\n"
+        "injectFailure: {afterCheckpoint: next}\n"
+        "expectations: {maxRecoveryTime: 60s}\n"
+        "evidence: {preset: litgpt}\n"
+    )
+    workload = with_evidence(load_config(path))
+    base = json.loads(workload.env[AUTO_ENV])  # type: ignore[attr-defined]
+    first, second = workload.group  # type: ignore[attr-defined]
+    assert base == {"evidence": {"preset": "litgpt"}}
+    assert json.loads(first.env[AUTO_ENV]) == {**base, "frameworks": "torchft"}
+    assert AUTO_ENV not in second.env  # it inherits the workload's
