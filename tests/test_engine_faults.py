@@ -546,6 +546,27 @@ def test_saved_on_preempt_fails_a_job_that_ignores_sigterm() -> None:
     assert result.reasons == (R.NOT_SAVED_ON_PREEMPT,)
 
 
+def test_a_save_in_flight_at_the_sigterm_is_not_saved_on_preempt() -> None:
+    # Saves take 1 s (Ray registers a checkpoint 1-2 s after its report): the kill lands
+    # 1.5 s after checkpoint 20, inside the save of 30 that began before it; checkpoint 30
+    # completes in the grace period, but the job ignored the SIGTERM.
+    job = SimJob(term_save=None, save=1.0)
+    drill = Drill(
+        job,
+        fault="Preempt",
+        grace_period=1.5,  # it trains on, ignoring SIGTERM: no save of its own in it
+        saved_on_preempt=True,
+        delay=Delay("seconds", 1.5),
+    )
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons == (R.NOT_SAVED_ON_PREEMPT,)
+    assert "savedStep" not in result.recoveries[0].fault_details
+    assert any(
+        "checkpoint 30 completed after SIGTERM, but its save began" in note for note in result.notes
+    ), result.notes
+
+
 # ------------------------------------------------------------------ HangWorker
 
 

@@ -463,8 +463,20 @@ class DrillEngine(DrillState):
             and ckpt.after_kill
             and (self.spec.fault == "Preempt" and at <= kill.time + self.spec.grace_period)
         ):
-            kill.details.setdefault("savedStep", step)
-            kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
+            save = self.ledger.saves.get(step)
+            in_flight = save is not None and save.started <= kill.time < (save.completed or at)
+            if save is not None and in_flight:
+                # In flight at the SIGTERM (a late completion line: Ray registers a
+                # checkpoint 1-2 s after its report): not a save the SIGTERM caused.
+                self.note(
+                    at,
+                    "note",
+                    f"checkpoint {step} completed after SIGTERM, but its save began "
+                    f"{format_seconds(kill.time - save.started)} before it: not saved on preempt",
+                )
+            else:
+                kill.details.setdefault("savedStep", step)
+                kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
         if (
             kill is not None
             and not new

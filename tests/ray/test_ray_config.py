@@ -87,7 +87,8 @@ def test_the_backend_registers_without_importing_ray() -> None:
         "b = get_backend('ray'); print(b.name, sorted(b.faults), 'ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["ray", "['KillNode',", "'KillWorker']", "False"]
+    faults = "['HangWorker', 'KillDuringCheckpoint', 'KillNode', 'KillWorker', 'Preempt']"
+    assert out.stdout.split() == ["ray", *faults.split(), "False"]
     assert get_backend("ray").workload is RayWorkload
 
 
@@ -116,11 +117,20 @@ def test_a_submission_id_needs_an_address_and_no_entrypoint(tmp_path: Path) -> N
 
 
 def test_a_fault_ray_cannot_take_is_refused_naming_who_can(tmp_path: Path) -> None:
-    tail = TAIL.replace("KillWorker", "HangWorker")
+    tail = TAIL.replace("KillWorker", "PartitionNode")
     message = error_of(write(tmp_path, "entrypoint: [python, t.py]\n", tail))
     assert "injectFailure.type" in message
-    assert "HangWorker" in message
+    assert "PartitionNode" in message
     assert "ray" in message
+
+
+@pytest.mark.parametrize("fault", ["KillDuringCheckpoint", "Preempt", "HangWorker"])
+def test_the_faults_of_one_worker_are_offered_on_ray(tmp_path: Path, fault: str) -> None:
+    assert {"KillWorker", fault, "KillNode"} <= get_backend("ray").faults
+    config = load_config(
+        write(tmp_path, "entrypoint: [python, t.py]\n", TAIL.replace("KillWorker", fault))
+    )
+    assert config.inject_failure.type == fault
 
 
 def test_trains_state_answer_is_read_into_runs_attempts_and_workers() -> None:
