@@ -249,8 +249,8 @@ class RayOrchestrator(LaunchedJob):
             return model.KillResult(
                 model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
             )
-        by = "the drill" if target.local and target.ticks != "-" else "a task on node"
-        detail = f"SIG{sig} sent to pid {pid} (actor {actor_id}) by {by} {found.node_id[:12]}"
+        by = str(result.get("by", "a task on its node"))
+        detail = f"SIG{sig} sent to pid {pid} (actor {actor_id}, node {found.node_id[:12]}) by {by}"
         if sig == "TERM":
             exact = Target(
                 target.node_id, pid, str(result.get("ticks") or target.ticks), target.local

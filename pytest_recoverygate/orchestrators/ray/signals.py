@@ -54,15 +54,18 @@ class WorkerSignals:
         self._stop = threading.Event()
         self._stopped: dict[tuple[str, int], Target] = {}
         self._threads: list[threading.Thread] = []
-        self.escalations: list[str] = []  # what each Preempt's SIGKILL did (the report's note)
+        self.escalations: list[str] = []  # what each Preempt's SIGKILL did
 
     def send(self, target: Target, sig: str) -> dict[str, Any]:
         """Send ``sig`` to ``target``: the answer of :func:`.helper.signal_here` (a worker
         on this machine whose ticks are known) or of the node's task; BackendError when
         the task did not answer."""
         if target.local and target.ticks != "-":
-            return signal_here(target.pid, target.ticks, sig)
-        return self._send(target, sig)
+            try:
+                return {**signal_here(target.pid, target.ticks, sig), "by": "the drill"}
+            except PermissionError:
+                pass  # a cluster of another user: its own task may
+        return {**self._send(target, sig), "by": "a task on its node"}
 
     def stop(self, target: Target) -> dict[str, Any]:
         """SIGSTOP, remembered first: cleanup continues it even if the answer is lost."""
