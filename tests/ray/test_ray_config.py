@@ -21,7 +21,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.ray import RayWorkload
-from pytest_recoverygate.orchestrators.ray.state import parse_runs
+from pytest_recoverygate.orchestrators.ray.state import failure_of, parse_runs
 from pytest_recoverygate.registry import get_backend
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
@@ -150,3 +150,42 @@ def test_trains_state_answer_is_read_into_runs_attempts_and_workers() -> None:
     assert "Scheduling 2 workers" in placing.detail
     assert run.driver_pid == 11381
     assert run.current is placing
+
+
+def _run(status: str, attempt_status: str, alive: bool = True) -> dict[str, object]:
+    """Train's answer for one run of one attempt of two workers (its real shape)."""
+    workers = [
+        {
+            "world_rank": r,
+            "actor_id": f"a{r}",
+            "pid": 100 + r,
+            "status": "ALIVE" if alive else "DEAD",
+        }
+        for r in (0, 1)
+    ]
+    attempt = {"attempt_id": "x", "status": attempt_status, "start_time_ns": 1, "workers": workers}
+    return {"train_runs": [{"id": "r", "name": "n", "status": status, "attempts": [attempt]}]}
+
+
+@pytest.mark.parametrize("status", ["RESTARTING", "SCHEDULING"])
+def test_trains_restart_decision_with_every_worker_alive_is_a_failure(status: str) -> None:
+    # A stopped rank kills nobody: the run leaves RUNNING while its attempt still runs.
+    (run,) = parse_runs(_run(status, "RUNNING"))
+    said = failure_of(run, 0, [])
+    assert said is not None and said.startswith("Train decided to restart the group")
+
+
+def test_a_running_run_or_an_attempt_being_placed_is_no_failure() -> None:
+    (running,) = parse_runs(_run("RUNNING", "RUNNING"))
+    assert failure_of(running, 0, []) is None
+    (placing,) = parse_runs(_run("SCHEDULING", "PENDING"))
+    assert failure_of(placing, 0, []) is None
+
+
+def test_a_dead_worker_or_an_errored_attempt_is_a_worker_death() -> None:
+    payload = json.loads((DATA / "train-runs-after-a-kill.json").read_text())
+    (run,) = parse_runs(payload)
+    first = run.attempts[0]
+    said = failure_of(run, 0, [w for w in first.workers if not w.alive])
+    assert said is not None and said.startswith("worker death detected: ")
+    assert failure_of(run, 2, []) is None  # the new attempt, being placed

@@ -71,6 +71,7 @@ from pytest_recoverygate.orchestrators.ray.state import (
     TrainRun,
     TrainWorker,
     failed_worker,
+    failure_of,
     first_words,
     parse_runs,
 )
@@ -844,12 +845,14 @@ class RayOrchestrator(LaunchedJob):
             old = index < len(run.attempts) - 1 or attempt.status in ("ERRORED", "ABORTED")
             dead = [w for w in attempt.workers if not w.alive]
             seen = aid in self._seen_attempts
-            # Train's restart decision (the run RESTARTING) is the first sign of a failure
-            # that kills nobody (a stopped rank: its peer's collective times out).
-            deciding = run.status == "RESTARTING" and index == len(run.attempts) - 1
-            failed = dead or attempt.status == "ERRORED" or deciding
-            if seen and failed and self._once(aid, "gone"):
-                self._gone(attempt, dead)
+            failed = failure_of(run, index, dead)
+            if seen and failed is not None and self._once(aid, "gone"):
+                who = failed_worker(attempt, dead)
+                self._emit(
+                    model.GroupEventKind.WORKER_GONE,
+                    failed,
+                    self._worker(who) if who is not None else None,
+                )
             shut_down = (
                 seen and old and attempt.workers and not any(w.alive for w in attempt.workers)
             )
@@ -881,18 +884,5 @@ class RayOrchestrator(LaunchedJob):
                     model.GroupEventKind.JOB_FAILED,
                     f"the Train run {run.status}: {first_words(run.detail)}",
                 )
-
-    def _gone(self, attempt: TrainAttempt, dead: list[TrainWorker]) -> None:
-        who = failed_worker(attempt, dead)
-        if dead or attempt.status == "ERRORED":
-            said = first_words(attempt.detail) or (
-                f"the actor of rank {who.rank} is DEAD" if who else attempt.status
-            )
-            detail = f"worker death detected: {said}"
-        else:
-            detail = "Train decided to restart the group (run RESTARTING; every worker still alive)"
-        self._emit(
-            model.GroupEventKind.WORKER_GONE, detail, self._worker(who) if who is not None else None
-        )
 
     # ------------------------------------------------------------------ cleanup
