@@ -153,6 +153,10 @@ def first_words(detail: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: The run's states after Train decided to restart a group (RESTARTING lasts a millisecond).
+RESTART_DECIDED = ("RESTARTING", "SCHEDULING", "RESIZING")
+
+
 def failure_of(run: TrainRun, index: int, dead: list[TrainWorker]) -> str | None:
     """What says that attempt ``index`` of ``run`` failed (None: nothing yet).
 
@@ -171,14 +175,9 @@ def failure_of(run: TrainRun, index: int, dead: list[TrainWorker]) -> str | None
         )
         return f"worker death detected: {said}"
     newest = index == len(run.attempts) - 1
-    if (
-        newest
-        and attempt.status == "RUNNING"
-        and run.status in ("RESTARTING", "SCHEDULING", "RESIZING")
-    ):
-        said = first_words(run.detail)
+    if newest and attempt.status == "RUNNING" and run.status in RESTART_DECIDED:
         return (
-            f"Train decided to restart the group (run {run.status}, every worker still alive)"
-            + (f": {said}" if said else "")
+            f"Train decided to restart the group (the run is {run.status}, its attempt "
+            "still RUNNING with every worker alive)"
         )
     return None
