@@ -18,7 +18,8 @@ How it sees the job (Ray 2.60, measured; docs/ray.md):
   new actor.
 - **The kill** is one signal (SIGKILL; SIGTERM then SIGKILL for Preempt; SIGSTOP for
   HangWorker), sent through a pidfd by a zero-CPU Ray task pinned to the worker's node
-  (``helper kill``), which re-checks the pid's start time there first. Never retried.
+  (``helper kill``; the drill itself for a worker on this machine), after the pid's start
+  time is checked there. Never retried.
 - **The group** is Train's run state, polled: the attempt errored (worker death
   detected), its workers all dead (group shut down), a new attempt pending (new group
   being placed), the new attempt running with every worker alive (train function
@@ -230,8 +231,8 @@ class RayOrchestrator(LaunchedJob):
             return model.KillResult(
                 model.KillOutcome.DRY_RUN,
                 self._clock.now(),
-                f"would send SIG{sig} to pid {pid} (actor {actor_id}) from a task pinned to "
-                f"node {found.node_id[:12]}",
+                f"would send SIG{sig} to pid {pid} (actor {actor_id}, node "
+                f"{found.node_id[:12]}); nothing was sent",
             )
         target = Target(found.node_id, pid, ticks or "-", self._is_local(found))
         before = self._clock.now()
