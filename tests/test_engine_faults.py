@@ -517,6 +517,29 @@ def test_a_save_that_completed_just_before_a_late_kill_is_not_reported_torn() ->
     assert result.resume_step == 20  # the save completed: it is the latest checkpoint
 
 
+class ShardedJob(SimJob):
+    """A SimJob whose rank 1 saves a shard too: it reports each save's start after rank 0."""
+
+    def _life(self, start: float, resume: int, loaded: int | None) -> Life:
+        life = super()._life(start, resume, loaded)
+        shards = [
+            ev(ST, e.timestamp - T0 + 0.0005, f"{life.inc}-rank1", e.step, rank=1)
+            for e in life.events
+            if e.kind is ST
+        ]
+        life.events = sorted(life.events + shards, key=lambda e: e.timestamp)
+        return life
+
+
+def test_a_target_rank_that_reports_its_own_saves_is_not_said_to_save_nothing() -> None:
+    # Ray: every rank reports its shard's save; rank 0's line comes first and triggers.
+    drill = Drill(ShardedJob(save=0.4), fault="KillDuringCheckpoint", target_rank=1)
+    result = drill.run()
+    assert drill.kills[0].rank == 1
+    assert not any("does not report the save" in note for note in result.notes), result.notes
+    assert result.verdict is Verdict.PASS, result.summary
+
+
 def test_a_user_picked_rank_that_does_not_save_is_named() -> None:
     drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=1)
     result = drill.run()

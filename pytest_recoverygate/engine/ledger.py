@@ -200,6 +200,7 @@ class Ledger:
         # so every rank's resumed state can be held to the expected step.
         self.others: dict[str, Inc] = {}
         self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
+        self.started_ranks: set[int] = set()  # the other ranks seen starting a save
 
     # ------------------------------------------------------------------ recording
 
@@ -240,6 +241,9 @@ class Ledger:
             if inc.loaded is None and inc.first_line is None:
                 inc.loaded, inc.loaded_at = event.step, event.timestamp
                 inc.loaded_digest, inc.loaded_parts = event.digest, event.digest_parts
+            return
+        if event.kind is TrainingEventKind.CHECKPOINT_STARTED and inc.rank is not None:
+            self.started_ranks.add(inc.rank)
             return
         if event.kind is TrainingEventKind.CHECKPOINT_COMPLETED and inc.rank is not None:
             if inc.first_line is None:

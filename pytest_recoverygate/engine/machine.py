@@ -117,6 +117,7 @@ R = FailureReason
 _RANK_KINDS = frozenset(
     {
         model.TrainingEventKind.START,
+        model.TrainingEventKind.CHECKPOINT_STARTED,
         model.TrainingEventKind.CHECKPOINT_COMPLETED,
         model.TrainingEventKind.CHECKPOINT_LOADED,
     }
@@ -682,7 +683,13 @@ class DrillEngine(DrillState):
         rank = self.spec.target_rank
         if torn and rank is None:
             rank = save_rank
-        elif torn and save_rank is not None and rank != save_rank and not self._recoveries:
+        elif (
+            torn
+            and save_rank is not None
+            and rank != save_rank
+            and rank not in self.ledger.started_ranks  # it reports saves of its own
+            and not self._recoveries
+        ):
             self.note(
                 at,
                 "note",
