@@ -6,8 +6,9 @@ so nothing but the drill ends the hang), the drill ended during the hang by a re
 (exit 130, after cleanup) and by an exception the backend raises (exit 3):
 
 - the worker the drill stopped was seen stopped (state T) by a watcher of this test, then
-  seen running again (the drill's SIGCONT, cleanup's first step) before it was ended
-  with the cluster: a process SIGKILLed while stopped goes from T straight to gone;
+  seen sleeping again (S: the drill's SIGCONT, cleanup's first step, let it run and block
+  on its collective) before it was ended with the cluster: a process SIGKILLed while
+  stopped runs only to die (R or D for a moment, then Z), never S;
 - no process of the drill's cluster is left, and its RAY_TMPDIR is removed.
 
 Each row starts a Ray cluster (about a minute on 2 cores).
@@ -62,7 +63,9 @@ class StateWatch(threading.Thread):
                 break
             if state in ("T", "t") and self.stopped_at is None:
                 self.stopped_at = time.monotonic()
-            elif state in ("R", "S", "D") and self.stopped_at is not None:
+            elif state == "S" and self.stopped_at is not None:
+                # Back to waiting on something: continued. (A process SIGKILLed while
+                # stopped runs only to die: R or D for a moment, then Z, never S.)
                 self.running_after_stop = True
             elif state in ("Z", "X"):
                 break
