@@ -526,6 +526,29 @@ def test_a_save_that_completed_just_before_a_late_kill_is_not_reported_torn() ->
     assert result.resume_step == 20  # the save completed: it is the latest checkpoint
 
 
+class ShardedJob(SimJob):
+    """A SimJob whose rank 1 saves a shard too: it reports each save's start after rank 0."""
+
+    def _life(self, start: float, resume: int, loaded: int | None) -> Life:
+        life = super()._life(start, resume, loaded)
+        shards = [
+            ev(ST, e.timestamp - T0 + 0.0005, f"{life.inc}-rank1", e.step, rank=1)
+            for e in life.events
+            if e.kind is ST
+        ]
+        life.events = sorted(life.events + shards, key=lambda e: e.timestamp)
+        return life
+
+
+def test_a_target_rank_that_reports_its_own_saves_is_not_said_to_save_nothing() -> None:
+    # Ray: every rank reports its shard's save; rank 0's line comes first and triggers.
+    drill = Drill(ShardedJob(save=0.4), fault="KillDuringCheckpoint", target_rank=1)
+    result = drill.run()
+    assert drill.kills[0].rank == 1
+    assert not any("does not report the save" in note for note in result.notes), result.notes
+    assert result.verdict is Verdict.PASS, result.summary
+
+
 def test_a_user_picked_rank_that_does_not_save_is_named() -> None:
     drill = Drill(SimJob(save=0.4), fault="KillDuringCheckpoint", target_rank=1)
     result = drill.run()
@@ -553,6 +576,27 @@ def test_saved_on_preempt_fails_a_job_that_ignores_sigterm() -> None:
     result = drill.run()
     assert result.verdict is Verdict.FAIL
     assert result.reasons == (R.NOT_SAVED_ON_PREEMPT,)
+
+
+def test_a_save_in_flight_at_the_sigterm_is_not_saved_on_preempt() -> None:
+    # Saves take 1 s (Ray registers a checkpoint 1-2 s after its report): the kill lands
+    # 1.5 s after checkpoint 20, inside the save of 30 that began before it; checkpoint 30
+    # completes in the grace period, but the job ignored the SIGTERM.
+    job = SimJob(term_save=None, save=1.0)
+    drill = Drill(
+        job,
+        fault="Preempt",
+        grace_period=1.5,  # it trains on, ignoring SIGTERM: no save of its own in it
+        saved_on_preempt=True,
+        delay=Delay("seconds", 1.5),
+    )
+    result = drill.run()
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert result.reasons == (R.NOT_SAVED_ON_PREEMPT,)
+    assert "savedStep" not in result.recoveries[0].fault_details
+    assert any(
+        "checkpoint 30 completed after SIGTERM, but its save began" in note for note in result.notes
+    ), result.notes
 
 
 # ------------------------------------------------------------------ HangWorker

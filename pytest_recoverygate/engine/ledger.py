@@ -215,6 +215,7 @@ class Ledger:
         self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
         self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
+        self.started_ranks: set[int] = set()  # the other ranks seen starting a save
 
     def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
         """Whether the ledger has no room left for ``event`` (:func:`.caps.no_room`); such
@@ -264,6 +265,9 @@ class Ledger:
             if inc.loaded is None and inc.first_line is None:
                 inc.loaded, inc.loaded_at = event.step, event.timestamp
                 inc.loaded_digest, inc.loaded_parts = event.digest, event.digest_parts
+            return
+        if event.kind is TrainingEventKind.CHECKPOINT_STARTED and inc.rank is not None:
+            self.started_ranks.add(inc.rank)
             return
         if event.kind is TrainingEventKind.CHECKPOINT_COMPLETED and inc.rank is not None:
             if inc.first_line is None:

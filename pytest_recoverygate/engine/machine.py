@@ -118,6 +118,7 @@ R = FailureReason
 _RANK_KINDS = frozenset(
     {
         model.TrainingEventKind.START,
+        model.TrainingEventKind.CHECKPOINT_STARTED,
         model.TrainingEventKind.CHECKPOINT_COMPLETED,
         model.TrainingEventKind.CHECKPOINT_LOADED,
     }
@@ -481,8 +482,20 @@ class DrillEngine(DrillState):
             and ckpt.after_kill
             and (self.spec.fault == "Preempt" and at <= kill.time + self.spec.grace_period)
         ):
-            kill.details.setdefault("savedStep", step)
-            kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
+            save = self.ledger.saves.get(step)
+            in_flight = save is not None and save.started <= kill.time < (save.completed or at)
+            if save is not None and in_flight:
+                # In flight at the SIGTERM (a late completion line: Ray registers a
+                # checkpoint 1-2 s after its report): not a save the SIGTERM caused.
+                self.note(
+                    at,
+                    "note",
+                    f"checkpoint {step} completed after SIGTERM, but its save began "
+                    f"{format_seconds(kill.time - save.started)} before it: not saved on preempt",
+                )
+            else:
+                kill.details.setdefault("savedStep", step)
+                kill.details.setdefault("savedAfterSeconds", round(at - kill.time, 6))
         if (
             kill is not None
             and not new
@@ -688,7 +701,13 @@ class DrillEngine(DrillState):
         rank = self.spec.target_rank
         if torn and rank is None:
             rank = save_rank
-        elif torn and save_rank is not None and rank != save_rank and not self._recoveries:
+        elif (
+            torn
+            and save_rank is not None
+            and rank != save_rank
+            and rank not in self.ledger.started_ranks  # it reports saves of its own
+            and not self._recoveries
+        ):
             self.note(
                 at,
                 "note",

@@ -10,10 +10,12 @@ states them:
 2. discover: one worker per rank 0..n-1, in rank order, each with a name and a distinct
    instance id, and each really running;
 3. a kill names an instance: a worker with the right rank and name but a stale instance id
-   is ALREADY_GONE (or UNCONFIRMED) and nothing dies;
-4. a dry run is DRY_RUN and nothing dies;
+   is ALREADY_GONE (or UNCONFIRMED) and nothing dies, whichever fault of one worker the
+   backend offers (KillWorker, KillDuringCheckpoint, Preempt's SIGTERM, HangWorker's SIGSTOP);
+4. a dry run is DRY_RUN and nothing dies, for each of those faults;
 5. the real kill is KILLED, stamped by the orchestrator's clock; watch_group reports the
-   target WORKER_GONE; repeating the kill with the old identity never hits the replacement;
+   target WORKER_GONE; repeating the kill with the old identity, as each of those faults,
+   never hits the replacement;
 6. events() is one EventSource whose poll() never blocks and yields TrainingEvents;
 7. watch_group() never blocks;
 8. cleanup() runs twice, leaves poll() working and no thread of the orchestrator's alive;
@@ -101,18 +103,30 @@ def test_discover_returns_each_rank_once_in_order_with_a_name_and_an_instance_id
     assert everyone_alive(backend) == [], "discover named workers that are not running"
 
 
+#: The faults of one worker (each a signal to one instance: SIGKILL, SIGTERM, SIGSTOP).
+WORKER_FAULTS = ("KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker")
+
+
+def worker_faults(backend: Harness) -> list[Fault]:
+    """The faults of one worker the backend offers, each as the kill's ``fault=``."""
+    offered = get_backend(backend.kind).faults
+    return [Fault(name, grace_period=1.0) for name in WORKER_FAULTS if name in offered]
+
+
 def test_a_kill_with_a_stale_identity_kills_nothing(backend: Harness) -> None:
     stale = backend.stale(backend.target)
 
-    result = backend.orchestrator.kill(stale, dry_run=False)
+    for fault in worker_faults(backend):
+        result = backend.orchestrator.kill(stale, dry_run=False, fault=fault)
 
-    assert_nothing_died(backend, result, NOTHING_KILLED)
+        assert_nothing_died(backend, result, NOTHING_KILLED)
 
 
 def test_a_dry_run_kill_kills_nothing(backend: Harness) -> None:
-    result = backend.orchestrator.kill(backend.target, dry_run=True)
+    for fault in worker_faults(backend):
+        result = backend.orchestrator.kill(backend.target, dry_run=True, fault=fault)
 
-    assert_nothing_died(backend, result, {KillOutcome.DRY_RUN})
+        assert_nothing_died(backend, result, {KillOutcome.DRY_RUN})
 
 
 def test_a_kill_ends_the_target_is_reported_gone_and_never_hits_the_replacement(
@@ -148,11 +162,12 @@ def test_a_kill_ends_the_target_is_reported_gone_and_never_hits_the_replacement(
         return worker if job.alive(worker) else None
 
     replacement = job.eventually(replaced, f"replacement of rank {target.rank}")
-    again = job.orchestrator.kill(target, dry_run=False)
+    for fault in worker_faults(job):  # SIGTERM, SIGSTOP too: never to the replacement
+        again = job.orchestrator.kill(target, dry_run=False, fault=fault)
 
-    assert again.outcome in NOTHING_KILLED, again
+        assert again.outcome in NOTHING_KILLED, (fault.type, again)
     job.pause(SETTLE)
-    assert job.alive(replacement), f"the repeated kill hit the replacement: {again}"
+    assert job.alive(replacement), f"a repeated kill hit the replacement: {again}"
 
 
 def test_events_is_one_source_whose_poll_never_blocks_and_yields_training_events(

@@ -21,7 +21,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.ray import RayWorkload
-from pytest_recoverygate.orchestrators.ray.state import parse_runs
+from pytest_recoverygate.orchestrators.ray.state import failure_of, parse_runs
 from pytest_recoverygate.registry import get_backend
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
@@ -87,7 +87,8 @@ def test_the_backend_registers_without_importing_ray() -> None:
         "b = get_backend('ray'); print(b.name, sorted(b.faults), 'ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["ray", "['KillNode',", "'KillWorker']", "False"]
+    faults = "['HangWorker', 'KillDuringCheckpoint', 'KillNode', 'KillWorker', 'Preempt']"
+    assert out.stdout.split() == ["ray", *faults.split(), "False"]
     assert get_backend("ray").workload is RayWorkload
 
 
@@ -116,11 +117,20 @@ def test_a_submission_id_needs_an_address_and_no_entrypoint(tmp_path: Path) -> N
 
 
 def test_a_fault_ray_cannot_take_is_refused_naming_who_can(tmp_path: Path) -> None:
-    tail = TAIL.replace("KillWorker", "HangWorker")
+    tail = TAIL.replace("KillWorker", "PartitionNode")
     message = error_of(write(tmp_path, "entrypoint: [python, t.py]\n", tail))
     assert "injectFailure.type" in message
-    assert "HangWorker" in message
+    assert "PartitionNode" in message
     assert "ray" in message
+
+
+@pytest.mark.parametrize("fault", ["KillDuringCheckpoint", "Preempt", "HangWorker"])
+def test_the_faults_of_one_worker_are_offered_on_ray(tmp_path: Path, fault: str) -> None:
+    assert {"KillWorker", fault, "KillNode"} <= get_backend("ray").faults
+    config = load_config(
+        write(tmp_path, "entrypoint: [python, t.py]\n", TAIL.replace("KillWorker", fault))
+    )
+    assert config.inject_failure.type == fault
 
 
 def test_trains_state_answer_is_read_into_runs_attempts_and_workers() -> None:
@@ -140,3 +150,42 @@ def test_trains_state_answer_is_read_into_runs_attempts_and_workers() -> None:
     assert "Scheduling 2 workers" in placing.detail
     assert run.driver_pid == 11381
     assert run.current is placing
+
+
+def _run(status: str, attempt_status: str, alive: bool = True) -> dict[str, object]:
+    """Train's answer for one run of one attempt of two workers (its real shape)."""
+    workers = [
+        {
+            "world_rank": r,
+            "actor_id": f"a{r}",
+            "pid": 100 + r,
+            "status": "ALIVE" if alive else "DEAD",
+        }
+        for r in (0, 1)
+    ]
+    attempt = {"attempt_id": "x", "status": attempt_status, "start_time_ns": 1, "workers": workers}
+    return {"train_runs": [{"id": "r", "name": "n", "status": status, "attempts": [attempt]}]}
+
+
+@pytest.mark.parametrize("status", ["RESTARTING", "SCHEDULING"])
+def test_trains_restart_decision_with_every_worker_alive_is_a_failure(status: str) -> None:
+    # A stopped rank kills nobody: the run leaves RUNNING while its attempt still runs.
+    (run,) = parse_runs(_run(status, "RUNNING"))
+    said = failure_of(run, 0, [])
+    assert said is not None and said.startswith("Train decided to restart the group")
+
+
+def test_a_running_run_or_an_attempt_being_placed_is_no_failure() -> None:
+    (running,) = parse_runs(_run("RUNNING", "RUNNING"))
+    assert failure_of(running, 0, []) is None
+    (placing,) = parse_runs(_run("SCHEDULING", "PENDING"))
+    assert failure_of(placing, 0, []) is None
+
+
+def test_a_dead_worker_or_an_errored_attempt_is_a_worker_death() -> None:
+    payload = json.loads((DATA / "train-runs-after-a-kill.json").read_text())
+    (run,) = parse_runs(payload)
+    first = run.attempts[0]
+    said = failure_of(run, 0, [w for w in first.workers if not w.alive])
+    assert said is not None and said.startswith("worker death detected: ")
+    assert failure_of(run, 2, []) is None  # the new attempt, being placed

@@ -12,7 +12,17 @@ We test these aspects, each drill through the CLI as a user runs it:
   the raylet of rank 1's node, and Train restarts the group on the head from the latest
   checkpoint;
 - a ``targetRank`` beyond the workers is an ERROR (exit 3) found at discovery, nothing
-  killed; an ``address`` nobody answers at is an ERROR naming it.
+  killed; an ``address`` nobody answers at is an ERROR naming it;
+- ``Preempt``: the job that saves on SIGTERM (its handler on the worker's main thread,
+  through the actor) PASSes with the checkpoint of the SIGTERM's step as the resume; the
+  one that leaves SIGTERM to Ray FAILs ``NOT_SAVED_ON_PREEMPT``;
+- ``HangWorker``: with a 10 s gloo timeout the hang is detected at Train's restart
+  decision (after the timeout, well before Ray's 30 s teardown of the stopped rank) and
+  the group resumes from the latest checkpoint; with the 1800 s default it FAILs
+  ``HANG_NOT_DETECTED`` once ``maxDetectionTime`` + ``recoveryGrace`` passed;
+- ``KillDuringCheckpoint``: rank 1 killed inside its upload of checkpoint 40 leaves it
+  unregistered, and the job resumes from 20 through ``get_checkpoint()`` (PASS); the twin
+  that resumes from the newest folder on disk crash-loops on the torn shard (FAIL).
 
 Every drill starts its own cluster (the driver's ``ray.init``): about 1.6 GB and 2 CPUs.
 """
@@ -152,3 +162,74 @@ def test_an_address_nobody_answers_at_is_an_error_naming_it(tmp_path: Path) -> N
     assert run.code == 3, failed(run)
     assert "no Ray cluster answers at 127.0.0.1:9" in run.report["summary"]
     assert "workload.address" in run.report["summary"]
+
+
+def details(run: CliRun) -> dict[str, Any]:
+    found: dict[str, Any] = run.report["recoveries"][0]["faultDetails"]
+    return found
+
+
+def test_preempt_a_job_that_saves_on_sigterm_resumes_from_that_save(tmp_path: Path) -> None:
+    run = drill(example("recovery-test-preempt-save-on-sigterm.yaml"), tmp_path)
+
+    report = run.report
+    assert run.code == 0, failed(run)
+    saved = details(run)
+    assert saved["savedUsed"] is True, saved
+    assert report["resumeStep"] == saved["savedStep"] > report["triggerCheckpoint"]
+    assert 0 < saved["savedAfterSeconds"] < 20  # within the grace period
+    kill = next(e for e in report["timeline"] if e["kind"] == "kill")
+    assert kill["detail"].startswith("SIGTERM sent to pid"), kill
+
+
+def test_preempt_a_job_that_leaves_sigterm_to_ray_fails_not_saved(tmp_path: Path) -> None:
+    run = drill(example("recovery-test-preempt-no-save.yaml"), tmp_path)
+
+    assert run.code == 1, failed(run)
+    assert run.report["reasons"] == ["NOT_SAVED_ON_PREEMPT"], failed(run)
+    assert "savedStep" not in details(run)
+
+
+def test_hang_with_a_short_gloo_timeout_is_detected_at_trains_restart_decision(
+    tmp_path: Path,
+) -> None:
+    run = drill(example("recovery-test-hang-with-timeout.yaml"), tmp_path)
+
+    report = run.report
+    assert run.code == 0, failed(run)
+    detection = details(run)["detectionSeconds"]
+    assert 10 <= detection < 30, detection  # the gloo timeout; before Ray's 30 s teardown
+    gone = next(e for e in report["timeline"] if e["kind"] == "group:worker_gone")
+    assert gone["detail"].startswith("Train decided to restart the group"), gone
+    assert report["resumeStep"] == report["expectedResumeStep"]
+
+
+def test_hang_with_the_default_gloo_timeout_is_not_detected(tmp_path: Path) -> None:
+    run = drill(example("recovery-test-hang-default-timeout.yaml"), tmp_path)
+
+    assert run.code == 1, failed(run)
+    assert run.report["reasons"][0] == "HANG_NOT_DETECTED", failed(run)  # then NEVER_CAME_BACK
+    assert details(run)["detectionSeconds"] is None
+
+
+def test_kill_during_checkpoint_resumes_from_the_last_registered_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = drill(example("recovery-test-kill-during-checkpoint.yaml"), tmp_path)
+
+    report = run.report
+    assert run.code == 0, failed(run)
+    torn = details(run)
+    assert torn["tornStep"] == 40, torn
+    assert 0 < torn["intoSaveSeconds"] < torn["saveSeconds"], torn
+    assert report["resumeStep"] == report["expectedResumeStep"] == 20
+
+
+def test_kill_during_checkpoint_the_twin_that_loads_the_newest_folder_fails(
+    tmp_path: Path,
+) -> None:
+    run = drill(example("recovery-test-kill-during-checkpoint-newest-folder.yaml"), tmp_path)
+
+    assert run.code == 1, failed(run)
+    assert run.report["verdict"] == "FAIL"
+    assert details(run)["tornStep"] == 40

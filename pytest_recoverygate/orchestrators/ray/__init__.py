@@ -3,6 +3,8 @@
 - :mod:`.helper`: the only module that imports ``ray``, run as a subprocess: the
   dashboard's address, the kill tasks pinned to a node (a worker, or a node's raylet);
 - :mod:`.server`: the kill server, a helper connected to the cluster once at discovery;
+- :mod:`.signals`: the signal of each fault to one worker by identity, and what cleanup
+  owes the job (the SIGCONT of a stopped worker, first of all);
 - :mod:`.state`: Train's run state as the dashboard serves it, read (pure);
 - :mod:`.orchestrator`: :class:`RayOrchestrator`, the drill's methods: the driver it
   launches, the session's ``worker-*.out`` logs it reads, the group it watches.
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["BACKEND", "FAULT_TYPES", "INSTALL_HINT", "RayOrchestrator", "RayWorkload"]
 
 #: What this backend can inject (docs/ray.md, "What each fault does").
-FAULT_TYPES = ("KillWorker", "KillNode")
+FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker", "KillNode")
 #: How to get what this backend imports.
 INSTALL_HINT = 'pip install "recoverygate[ray]" (it brings ray[default,train])'
 

@@ -7,16 +7,18 @@ and reads one JSON object from its stdout:
 
 - ``resolve ADDRESS``: the dashboard's URL (the state API and Train's state are served
   there), asked of the cluster's GCS: ``{"dashboard": "http://127.0.0.1:8265"}``;
-- ``kill ADDRESS NODE_ID PID TICKS``: one SIGKILL to ``PID``, sent by a zero-CPU task
-  pinned to ``NODE_ID`` (hard affinity: it runs on that node or not at all), after the
-  task checked on that node that ``PID`` is still the worker it was (its start time in
-  clock ticks equals ``TICKS``, or with ``TICKS`` ``-`` its title is still a Ray worker's
-  ``ray::...``): ``{"outcome": "killed", "at": <POSIX seconds of the kill>}``, or
-  ``{"outcome": "already_gone", "detail": ...}``. The task never retries (``max_retries=0``);
-- ``serve ADDRESS``: connect once (``{"ready": true}``), then one kill per stdin line
-  ``{"node": NODE_ID, "pid": PID, "ticks": TICKS}``, each answered as ``kill`` answers; ends
-  at EOF. The drill starts it at discovery, so that a kill costs a task, not an import of
-  ray and a ``ray.init`` (2-5 s on a busy machine).
+- ``kill ADDRESS NODE_ID PID TICKS [SIG]``: one signal (SIGKILL unless ``SIG`` is TERM,
+  STOP or CONT) to ``PID``, sent through a pidfd by a zero-CPU task pinned to ``NODE_ID``
+  (hard affinity: it runs on that node or not at all), after the task checked on that
+  node that ``PID`` is still the worker it was (its start time in clock ticks equals
+  ``TICKS``, or with ``TICKS`` ``-`` its title is still a Ray worker's ``ray::...``):
+  ``{"outcome": "killed", "at": <POSIX seconds of the signal>, "ticks": <its start
+  ticks>}``, or ``{"outcome": "already_gone", "detail": ...}``. The task never retries
+  (``max_retries=0``);
+- ``serve ADDRESS``: connect once (``{"ready": true}``), then one signal per stdin line
+  ``{"node": NODE_ID, "pid": PID, "ticks": TICKS, "signal": SIG}``, each answered as
+  ``kill`` answers; ends at EOF. The drill starts it at discovery, so that a kill costs
+  a task, not an import of ray and a ``ray.init`` (2-5 s on a busy machine).
 
 Any failure is ``{"error": "..."}`` with exit status 1.
 
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARK", "helper_command", "main", "process_ticks"]
+__all__ = ["MARK", "SIGNALS", "helper_command", "main", "process_ticks", "signal_here"]
 
 #: What starts the helper's answer lines (anything else on its stdout is Ray's).
 MARK = "RECOVERYGATE-RAY "
@@ -55,30 +57,73 @@ def process_ticks(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def _kill_on_node(pid: int, ticks: str) -> dict[str, Any]:
-    """Runs on the worker's node, as a Ray task."""
-    now = process_ticks(pid)
-    if now is None:
-        return {"outcome": "already_gone", "detail": f"pid {pid} is not running on its node"}
-    if ticks not in ("-", now):
-        return {
-            "outcome": "already_gone",
-            "detail": f"pid {pid} is another process now (started at tick {now}, not {ticks})",
-        }
-    if ticks == "-":
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                title = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
-        except OSError:
-            title = ""
-        if not title.startswith("ray::"):
-            return {"outcome": "already_gone", "detail": f"pid {pid} is no Ray worker ({title!r})"}
-    at = time.time()
+#: The signals a kill task may send (``injectFailure.type`` -> signal; CONT at cleanup).
+SIGNALS = {
+    "KILL": signal.SIGKILL,
+    "TERM": signal.SIGTERM,
+    "STOP": signal.SIGSTOP,
+    "CONT": signal.SIGCONT,
+}
+
+
+def _is_ray_worker(pid: int) -> tuple[bool, str]:
     try:
-        os.kill(pid, signal.SIGKILL)
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            title = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        title = ""
+    return title.startswith("ray::"), title
+
+
+def signal_here(pid: int, ticks: str, sig: str = "KILL") -> dict[str, Any]:
+    """One signal to exactly that process of this machine (the drill's own, for a worker
+    on its machine; the body of the kill task on any other node).
+
+    A pidfd is opened first, and the identity (start ticks, or with ``-`` a Ray worker's
+    title) is checked through ``/proc`` *after* it: the signal goes through the pidfd, so
+    it reaches the process that was checked even if the pid is recycled in between. The
+    answer carries the ticks seen (the exact identity for a later signal to the same one).
+    """
+    number = SIGNALS[sig]
+    try:
+        fd: int | None = os.pidfd_open(pid)
     except ProcessLookupError:
-        return {"outcome": "already_gone", "detail": f"pid {pid} exited before the signal"}
-    return {"outcome": "killed", "at": at, "detail": f"SIGKILL sent to pid {pid}"}
+        return {"outcome": "already_gone", "detail": f"pid {pid} is not running on its node"}
+    except (OSError, AttributeError):
+        fd = None  # no pidfd (old kernel): the check and the signal are as close as can be
+    try:
+        now = process_ticks(pid)
+        if now is None:
+            return {"outcome": "already_gone", "detail": f"pid {pid} is not running on its node"}
+        if ticks not in ("-", now):
+            return {
+                "outcome": "already_gone",
+                "detail": f"pid {pid} is another process now (started at tick {now}, not {ticks})",
+            }
+        if ticks == "-":
+            worker, title = _is_ray_worker(pid)
+            if not worker:
+                return {
+                    "outcome": "already_gone",
+                    "detail": f"pid {pid} is no Ray worker ({title!r})",
+                }
+        at = time.time()
+        try:
+            if fd is not None:
+                signal.pidfd_send_signal(fd, number)
+            else:
+                os.kill(pid, number)
+        except ProcessLookupError:
+            return {"outcome": "already_gone", "detail": f"pid {pid} exited before the signal"}
+        return {
+            "outcome": "killed",
+            "at": at,
+            "ticks": now,
+            "detail": f"SIG{sig} sent to pid {pid}",
+        }
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _children(parent: int) -> list[int]:
@@ -147,8 +192,8 @@ def _connect(address: str) -> Any:
     return ray
 
 
-def _pinned_kill(ray: Any, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
-    """``pid`` -1: the node's raylet; else that worker."""
+def _pinned_kill(ray: Any, node_id: str, pid: int, ticks: str, sig: str = "KILL") -> dict[str, Any]:
+    """``pid`` -1: the node's raylet; else that worker, with ``sig``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -168,17 +213,17 @@ def _pinned_kill(ray: Any, node_id: str, pid: int, ticks: str) -> dict[str, Any]
                 "detail": f"the raylet task ended: {type(exc).__name__}",
             }
         return result
-    task = ray.remote(num_cpus=0, max_retries=0)(_kill_on_node)
+    task = ray.remote(num_cpus=0, max_retries=0)(signal_here)
     answer: dict[str, Any] = ray.get(
-        task.options(scheduling_strategy=strategy).remote(pid, ticks), timeout=60
+        task.options(scheduling_strategy=strategy).remote(pid, ticks, sig), timeout=60
     )
     return answer
 
 
-def _kill(address: str, node_id: str, pid: int, ticks: str) -> dict[str, Any]:
+def _kill(address: str, node_id: str, pid: int, ticks: str, sig: str) -> dict[str, Any]:
     ray = _connect(address)
     try:
-        return _pinned_kill(ray, node_id, pid, ticks)
+        return _pinned_kill(ray, node_id, pid, ticks, sig)
     finally:
         ray.shutdown()
 
@@ -222,8 +267,11 @@ def _serve(address: str) -> int:
         for line in sys.stdin:
             try:
                 request = json.loads(line)
+                sig = str(request.get("signal", "KILL"))
+                if sig not in SIGNALS:
+                    raise ValueError(f"no such signal {sig!r}")
                 result = _pinned_kill(
-                    ray, str(request["node"]), int(request["pid"]), str(request["ticks"])
+                    ray, str(request["node"]), int(request["pid"]), str(request["ticks"]), sig
                 )
             except Exception as exc:  # this request failed; the drill says so, never retries
                 result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -239,10 +287,13 @@ def main(argv: list[str]) -> int:
             return _serve(argv[1])
         if argv[:1] == ["resolve"] and len(argv) == 2:
             result = _resolve(argv[1])
-        elif argv[:1] == ["kill"] and len(argv) == 5:
-            result = _kill(argv[1], argv[2], int(argv[3]), argv[4])
+        elif argv[:1] == ["kill"] and len(argv) in (5, 6) and (argv[5:] or ["KILL"])[0] in SIGNALS:
+            result = _kill(argv[1], argv[2], int(argv[3]), argv[4], (argv[5:] or ["KILL"])[0])
         else:
-            result = {"error": f"usage: resolve ADDRESS | kill ADDRESS NODE PID TICKS (got {argv})"}
+            result = {
+                "error": "usage: resolve ADDRESS | kill ADDRESS NODE PID TICKS "
+                f"[KILL|TERM|STOP|CONT] (got {argv})"
+            }
     except Exception as exc:  # reported to the drill, which names it
         result = {"error": f"{type(exc).__name__}: {exc}"}
     _answer(result)

@@ -16,8 +16,10 @@ How it sees the job (Ray 2.60, measured; docs/ray.md):
   node, pid and actor id. A worker instance is ``ACTOR_ID:PID``, plus ``@TICKS`` (the
   process start time in clock ticks) when its node is this machine. A replacement is a
   new actor.
-- **The kill** is one SIGKILL, sent by a zero-CPU Ray task pinned to the worker's node
-  (``helper kill``), which re-checks the pid there first. Never retried.
+- **The kill** is one signal (SIGKILL; SIGTERM then SIGKILL for Preempt; SIGSTOP for
+  HangWorker), sent through a pidfd by a zero-CPU Ray task pinned to the worker's node
+  (``helper kill``; the drill itself for a worker on this machine), after the pid's start
+  time is checked there. Never retried.
 - **The group** is Train's run state, polled: the attempt errored (worker death
   detected), its workers all dead (group shut down), a new attempt pending (new group
   being placed), the new attempt running with every worker alive (train function
@@ -64,11 +66,13 @@ from pytest_recoverygate.orchestrators.ray.processes import (
     local_addresses,
 )
 from pytest_recoverygate.orchestrators.ray.server import KillServer
+from pytest_recoverygate.orchestrators.ray.signals import Target, WorkerSignals
 from pytest_recoverygate.orchestrators.ray.state import (
     TrainAttempt,
     TrainRun,
     TrainWorker,
     failed_worker,
+    failure_of,
     first_words,
     parse_runs,
 )
@@ -89,6 +93,8 @@ HTTP_TIMEOUT = 10.0
 PROBE_TIMEOUT = 5.0  # seconds a TCP connect to a given address may take
 RUNS_PATH = "/api/train/v2/runs/v1"
 DRIVER_BUFFER_CHUNKS = 4096  # chunks of driver output kept until the evidence is chosen
+#: The signal of each fault (the others: SIGKILL).
+SIGNAL_OF = {"Preempt": "TERM", "HangWorker": "STOP"}
 
 
 def _token_from(env: dict[str, str]) -> str | None:
@@ -148,6 +154,7 @@ class RayOrchestrator(LaunchedJob):
         self._driver_buffer: list[tuple[bytes, float]] = []
         self._reader: threading.Thread | None = None
         self._server: KillServer | None = None
+        self._signals = WorkerSignals(self._task_signal)
         self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
         self._local = local_addresses()
         self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
@@ -193,11 +200,15 @@ class RayOrchestrator(LaunchedJob):
     def kill(
         self, worker: model.Worker, *, dry_run: bool, fault: model.Fault = model.KILL
     ) -> model.KillResult:
-        """One SIGKILL to exactly that instance, from a task pinned to its node; never retried.
+        """One signal to exactly that instance, from a task pinned to its node (the drill
+        itself for a worker on this machine); never retried.
 
-        ``fault`` is always ``KillWorker`` here: validation refuses the types that
-        ``BACKEND.faults`` does not list.
+        ``KillWorker``, ``KillDuringCheckpoint``: SIGKILL. ``Preempt``: SIGTERM, then
+        SIGKILL after ``gracePeriod`` to the same instance (pid + start ticks) if it still
+        runs. ``HangWorker``: SIGSTOP, remembered before it is sent: cleanup SIGCONTs it
+        first of all (:mod:`.signals`).
         """
+        sig = SIGNAL_OF.get(fault.type, "KILL")
         actor_id, pid, ticks = self._identity(worker.instance_id)
         run = self._fetch_run()
         current = run.current if run is not None else None
@@ -220,34 +231,51 @@ class RayOrchestrator(LaunchedJob):
             return model.KillResult(
                 model.KillOutcome.DRY_RUN,
                 self._clock.now(),
-                f"would send SIGKILL to pid {pid} (actor {actor_id}) from a task pinned to "
-                f"node {found.node_id[:12]}",
+                f"would send SIG{sig} to pid {pid} (actor {actor_id}, node "
+                f"{found.node_id[:12]}); nothing was sent",
             )
+        target = Target(found.node_id, pid, ticks or "-", self._is_local(found))
         before = self._clock.now()
-        assert self._gcs is not None
         try:
-            if self._server is not None and self._server.ready(HELPER_TIMEOUT):
-                result = self._server.kill(found.node_id, pid, ticks or "-", HELPER_TIMEOUT)
-            else:  # the server could not connect: one process for this one kill
-                result = self._helper(
-                    "kill", self._gcs, found.node_id, str(pid), ticks or "-", timeout=HELPER_TIMEOUT
-                )
+            if sig == "STOP":
+                result = self._signals.stop(target)
+            else:
+                result = self._signals.send(target, sig)
         except BackendError as exc:
             return model.KillResult(
                 model.KillOutcome.UNCONFIRMED,
                 before,
-                f"the kill task for pid {pid} did not answer ({exc}); not retried",
+                f"the task sending SIG{sig} to pid {pid} did not answer ({exc}); not retried",
             )
-        if result.get("outcome") == "killed":
-            at = float(result.get("at", before))
+        if result.get("outcome") != "killed":
             return model.KillResult(
-                model.KillOutcome.KILLED,
-                at,
-                f"SIGKILL sent to pid {pid} (actor {actor_id}) by a task on node "
-                f"{found.node_id[:12]}",
+                model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
             )
-        return model.KillResult(
-            model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
+        by = str(result.get("by", "a task on its node"))
+        detail = f"SIG{sig} sent to pid {pid} (actor {actor_id}, node {found.node_id[:12]}) by {by}"
+        if sig == "TERM":
+            exact = Target(
+                target.node_id, pid, str(result.get("ticks") or target.ticks), target.local
+            )
+            self._signals.escalate_later(exact, fault.grace_period)
+            detail += f"; SIGKILL after {fault.grace_period:g}s if that same instance still runs"
+        elif sig == "STOP":
+            detail += "; cleanup sends SIGCONT to that same instance first"
+        return model.KillResult(model.KillOutcome.KILLED, float(result.get("at", before)), detail)
+
+    def _task_signal(self, target: Target, sig: str) -> dict[str, Any]:
+        """One signal through the cluster: the kill server, else a helper for this one."""
+        assert self._gcs is not None
+        if self._server is not None and self._server.ready(HELPER_TIMEOUT):
+            return self._server.kill(target.node_id, target.pid, target.ticks, HELPER_TIMEOUT, sig)
+        return self._helper(
+            "kill",
+            self._gcs,
+            target.node_id,
+            str(target.pid),
+            target.ticks,
+            sig,
+            timeout=HELPER_TIMEOUT,
         )
 
     def current_worker(self, rank: int) -> model.Worker | None:
@@ -383,7 +411,10 @@ class RayOrchestrator(LaunchedJob):
 
     @cleanup_once
     def cleanup(self) -> None:
-        """Stop the watcher and the tails; end the driver (and the cluster it started)."""
+        """SIGCONT what a HangWorker stopped, first of all; stop the Preempt escalation, the
+        watcher and the tails; end the driver (and the cluster it started)."""
+        stuck = self._signals.continue_all()
+        self._signals.close()
         self._stop.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=10)
@@ -401,6 +432,10 @@ class RayOrchestrator(LaunchedJob):
         self._source.close()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if stuck:
+            raise BackendError(
+                "cleanup could not SIGCONT the worker a HangWorker stopped: " + "; ".join(stuck)
+            )
         if problems:
             raise BackendError("cleanup left processes running: " + "; ".join(problems))
 
@@ -817,15 +852,12 @@ class RayOrchestrator(LaunchedJob):
             old = index < len(run.attempts) - 1 or attempt.status in ("ERRORED", "ABORTED")
             dead = [w for w in attempt.workers if not w.alive]
             seen = aid in self._seen_attempts
-            if seen and (dead or attempt.status == "ERRORED") and self._once(aid, "gone"):
+            failed = failure_of(run, index, dead)
+            if seen and failed is not None and self._once(aid, "gone"):
                 who = failed_worker(attempt, dead)
                 self._emit(
                     model.GroupEventKind.WORKER_GONE,
-                    "worker death detected: "
-                    + (
-                        first_words(attempt.detail)
-                        or (f"the actor of rank {who.rank} is DEAD" if who else attempt.status)
-                    ),
+                    failed,
                     self._worker(who) if who is not None else None,
                 )
             shut_down = (

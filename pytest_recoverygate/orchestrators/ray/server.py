@@ -40,6 +40,7 @@ class KillServer:
             start_new_session=True,
         )
         self._ready: bool | None = None
+        self._turn = threading.Lock()  # one request in flight: answers come in order
         self._reader = threading.Thread(target=self._read, name="ray-kill-server", daemon=True)
         self._reader.start()
 
@@ -63,16 +64,20 @@ class KillServer:
             self._ready = bool(first and first.get("ready"))
         return self._ready
 
-    def kill(self, node_id: str, pid: int, ticks: str, timeout: float) -> dict[str, Any]:
-        """One request, one answer; BackendError when none comes (never sent again)."""
+    def kill(
+        self, node_id: str, pid: int, ticks: str, timeout: float, sig: str = "KILL"
+    ) -> dict[str, Any]:
+        """One request (one ``sig``), one answer; BackendError when none comes (never sent
+        again)."""
         assert self._proc.stdin is not None
-        request = json.dumps({"node": node_id, "pid": pid, "ticks": ticks}) + "\n"
-        try:
-            self._proc.stdin.write(request.encode())
-            self._proc.stdin.flush()
-            answer = self._answers.get(timeout=timeout)
-        except (OSError, queue.Empty):
-            answer = None
+        request = json.dumps({"node": node_id, "pid": pid, "ticks": ticks, "signal": sig}) + "\n"
+        with self._turn:
+            try:
+                self._proc.stdin.write(request.encode())
+                self._proc.stdin.flush()
+                answer = self._answers.get(timeout=timeout)
+            except (OSError, ValueError, queue.Empty):  # ValueError: closed by close()
+                answer = None
         if answer is None:
             raise BackendError(f"the kill server gave no answer within {timeout:g}s")
         if "error" in answer:

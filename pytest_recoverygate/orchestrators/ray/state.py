@@ -11,7 +11,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrainAttempt", "TrainRun", "TrainWorker", "failed_worker", "first_words", "parse_runs"]
+__all__ = [
+    "TrainAttempt",
+    "TrainRun",
+    "TrainWorker",
+    "failed_worker",
+    "failure_of",
+    "first_words",
+    "parse_runs",
+]
 
 
 @dataclass(frozen=True)
@@ -143,3 +151,33 @@ def first_words(detail: str, limit: int = 160) -> str:
         words.append(line)
     text = " ".join(words)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+#: The run's states after Train decided to restart a group (RESTARTING lasts a millisecond).
+RESTART_DECIDED = ("RESTARTING", "SCHEDULING", "RESIZING")
+
+
+def failure_of(run: TrainRun, index: int, dead: list[TrainWorker]) -> str | None:
+    """What says that attempt ``index`` of ``run`` failed (None: nothing yet).
+
+    A worker ``DEAD`` or the attempt ``ERRORED``; or Train's restart decision, the first
+    sign of a failure that kills nobody (a stopped rank: its peer's collective times
+    out). Measured with Ray 2.60: the run goes RUNNING -> RESTARTING -> SCHEDULING within
+    a millisecond, and the attempt stays RUNNING until its group is shut down (30 s later
+    for a stopped rank): the run leaving RUNNING while its newest attempt still runs is
+    the decision.
+    """
+    attempt = run.attempts[index]
+    if dead or attempt.status == "ERRORED":
+        who = failed_worker(attempt, dead)
+        said = first_words(attempt.detail) or (
+            f"the actor of rank {who.rank} is DEAD" if who else attempt.status
+        )
+        return f"worker death detected: {said}"
+    newest = index == len(run.attempts) - 1
+    if newest and attempt.status == "RUNNING" and run.status in RESTART_DECIDED:
+        return (
+            f"Train decided to restart the group (the run is {run.status}, its attempt "
+            "still RUNNING with every worker alive)"
+        )
+    return None

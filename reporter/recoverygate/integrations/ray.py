@@ -17,8 +17,16 @@ Drop-in wrappers of ``ray.train.report`` and ``ray.train.get_checkpoint``::
   correct: ``resumeFromCheckpoint: latest`` means the latest one Ray registered. The step
   is ``step=``, else ``metrics["step"]``, else ``metrics["global_step"]``; it is stored in
   the checkpoint's metadata (``recoverygate_step``) so that a resume can say it.
+  With a checkpoint it also reports ``checkpoint_started(step)`` before Ray's report
+  (on every rank that reports a shard): the save runs from there (the upload, Ray's
+  barrier, the registration) until ``checkpoint_completed``.
 - ``get_checkpoint()`` returns ``ray.train.get_checkpoint()`` and, when it is a
   checkpoint, reports ``checkpoint_loaded(step)`` with the step from its metadata.
+- ``sigterm_event()``: a ``threading.Event`` that a SIGTERM sets, for a job that saves
+  when it is preempted. Ray's own handler ends a Train worker at once (exit code 1), and
+  the train function runs on a thread of its own, where ``signal.signal`` cannot be
+  called; this installs the handler on the worker's main thread, through its own actor
+  (``RayTrainWorker.execute``), and waits until it is in place.
 
 With ``RECOVERYGATE_AUTO=1`` (or ``ray`` in its list) the start-up hook patches both in
 ``ray.train`` itself (:mod:`recoverygate.integrations.auto`), so a stock Ray Train script
@@ -37,13 +45,14 @@ from typing import Any
 from recoverygate import reporter
 from recoverygate.integrations import _common
 
-__all__ = ["STEP_KEY", "get_checkpoint", "install", "report", "step_of"]
+__all__ = ["STEP_KEY", "get_checkpoint", "install", "report", "sigterm_event", "step_of"]
 
 #: The checkpoint metadata key holding the step.
 STEP_KEY = "recoverygate_step"
 _MARK = "__recoverygate_original__"
 _REGISTERED_TIMEOUT = 120.0  # seconds to wait for the controller to register a checkpoint
 
+_SIGTERM = threading.Event()  # set by the handler sigterm_event() installs
 _pending: dict[str, queue.Queue[int]] = {}  # "steps": the confirming thread's queue, once started
 _queue_lock = threading.Lock()
 
@@ -127,9 +136,16 @@ def report(
     number = step_of(metrics, step)
     if checkpoint is not None and number is not None:
         _tag(checkpoint, number)
+        _started(number)
     result = _original("report")(metrics, checkpoint, *args, **kwargs)
     _after_report(number, checkpoint is not None)
     return result
+
+
+@_common.safe("ray: checkpoint started")
+def _started(step: int) -> None:
+    _rank_known()
+    reporter.checkpoint_started(step)
 
 
 @_common.safe("ray: report")
@@ -168,6 +184,36 @@ def _loaded(checkpoint: Any) -> None:
         return
     _rank_known()
     reporter.checkpoint_loaded(step)
+
+
+def sigterm_event(timeout: float = 60.0) -> threading.Event:
+    """The event a SIGTERM to this Train worker sets, once its handler is installed.
+
+    Call it from the train function. The handler goes on the worker's main thread, where
+    Python runs signal handlers: the train function's own thread cannot install one. It
+    replaces Ray's handler (which exits the worker at once): the job decides what a
+    SIGTERM does, typically a checkpoint and a way out of the train function. If it
+    cannot be installed, a warning says why and the event is never set.
+    """
+    _install_through_actor(timeout)
+    return _SIGTERM
+
+
+@_common.safe("ray: SIGTERM handler")
+def _install_through_actor(timeout: float) -> None:
+    ray = sys.modules.get("ray") or __import__("ray")
+    actor = ray.get_runtime_context().current_actor
+    ray.get(actor.execute.remote(_install_sigterm), timeout=timeout)
+
+
+def _install_sigterm() -> None:
+    """Runs on the worker's main thread (an actor task of ``RayTrainWorker``)."""
+    import signal
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        _SIGTERM.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def install(module: Any = None) -> None:
