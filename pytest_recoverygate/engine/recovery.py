@@ -46,6 +46,11 @@ __all__ = [
 R = FailureReason
 Note = Callable[..., None]
 
+#: A job that ends successfully inside the sustain window (exit 0, pod Succeeded, Slurm
+#: COMPLETED, Ray SUCCEEDED) sustained its recovery once this many progress lines past the
+#: resume advanced the step: it trained on, then finished.
+ENDED_INSIDE_LINES = 3
+
 
 @dataclass(slots=True)
 class Window:
@@ -62,6 +67,14 @@ class Window:
         if self.lines < sustain.lines or self.last[1] - self.start[1] < sustain.seconds:
             return False
         return sustain.steps is None or self.last[0] - (resume_step or 0) >= sustain.steps
+
+    def ended_inside(self, sustain: Sustain, resume_step: int | None, succeeded: bool) -> bool:
+        """Whether a job that ended successfully inside the window sustained its recovery:
+        at least :data:`ENDED_INSIDE_LINES` (or the window's own line count, if larger)
+        advancing progress lines past the resume, the first step past it included."""
+        if not succeeded or self.held(sustain, resume_step):
+            return False
+        return self.lines + 1 >= max(ENDED_INSIDE_LINES, sustain.lines)
 
 
 @dataclass(slots=True)
@@ -297,6 +310,8 @@ def judge(
             if window is not None
             else ""
         )
+        if _ended_inside(kill, spec):
+            held += " and ended successfully: the run ended inside the sustain window"
         summary = (
             f"resumed from step {resume.step} as expected and recovered in "
             f"{format_seconds(recovery_time)}{held}"
@@ -335,11 +350,21 @@ def judge(
     )
 
 
+def _ended_inside(kill: KillRecord, spec: DrillSpec) -> bool:
+    """Whether the judged job ended successfully inside its sustain window, held by it."""
+    window = kill.window
+    if window is None or kill.job_ended is None:
+        return False
+    resume_step = kill.resume.step if kill.resume is not None else None
+    return window.ended_inside(spec.sustain, resume_step, kill.job_ended[2])
+
+
 def _sustained(kill: KillRecord, spec: DrillSpec) -> dict[str, Any] | None:
     window = kill.window
     if window is None:
         return None
     return {
+        "endedInsideWindow": _ended_inside(kill, spec),
         "window": spec.sustain.describe(),
         "fromStep": window.start[0],
         "lastStep": window.last[0],
@@ -384,6 +409,18 @@ def sustain_check(
     where = f"its last step was {last}, {format_seconds(at - kill.time)} after the kill"
     if kill.job_ended is not None:
         _, detail, ok = kill.job_ended
+        if window.ended_inside(spec.sustain, resume_step, ok):
+            return Check(
+                "progress_after_resume",
+                True,
+                expected,
+                observed,
+                f"trained {observed['steps']} steps over "
+                f"{format_seconds(window.last[1] - window.start[1])} after the resume "
+                f"({window.lines + 1} advancing progress lines past it), then the job ended "
+                "successfully" + (f" ({detail})" if detail else "") + ": the run ended inside "
+                f"the sustain window ({spec.sustain.describe()})",
+            )
         if ok:
             return Check(
                 "progress_after_resume",
