@@ -437,7 +437,16 @@ class LiveJudge:
             elif first <= 1:
                 source = "scratch"
             before_heal = heal_at if heal_at is not None else at
-            steps = [s for r in survivors for t, s in self._commits(r) if t <= before_heal]
+            # The quorum it joined: healed to S and first committed S + 1, the survivors'
+            # commit of S + 1 is the same quorum's, whichever line was printed first (a
+            # job that reports its heal after should_commit prints it after theirs).
+            joined = first if heal_step is not None and first == heal_step + 1 else None
+            steps = [
+                s
+                for r in survivors
+                for t, s in self._commits(r)
+                if t <= before_heal and s != joined
+            ]
             survivors_step = max(steps) if steps else None
             wanted = spec.rejoin_from
             if source is None:
@@ -485,6 +494,11 @@ class LiveJudge:
                         heal_step,
                         f"it took state of step {heal_step}; the survivors were at step "
                         f"{survivors_step} when it joined"
+                        + (
+                            f" (it joined the quorum of step {joined} with them)"
+                            if joined is not None and ok_step
+                            else ""
+                        )
                         if survivors_step is not None
                         else "no survivor step was reported before the heal",
                         None if ok_step else R.HEALED_TO_OLDER_STEP,
@@ -500,11 +514,14 @@ class LiveJudge:
             if cutoff is None:
                 born = replacement.start_time
                 cutoff = born if born is not None else replacement.first_seen
+            # A commit of the quorum it joined (its first step, right after its heal step)
+            # is no step it lost, whenever its line was printed.
+            joined_step = first if heal_step is not None and first == heal_step + 1 else None
             reference = [
                 s
                 for r in self.replicas()
                 for t, s in self._commits(r, old_only=True)
-                if t <= cutoff
+                if t <= cutoff and s != joined_step
             ]
             if reference:
                 lost = max(0, max(reference) - (first - 1))
