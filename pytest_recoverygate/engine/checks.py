@@ -96,6 +96,28 @@ def resume_check(
             ),
             R.INCONCLUSIVE,
         )
+    reported = {c.step for c in ledger.checkpoints}
+    if (
+        resume.replayed
+        and first is not None
+        and first == resume.loaded
+        and resume.loaded not in reported
+    ):
+        # Its load line names a step no checkpoint_completed named, and its first step is
+        # that step: a silent save of it done again, or a load line naming the next step
+        # to run (the state of the step before): the lines cannot tell which.
+        return check(
+            None,
+            (
+                f"the replacement's load line names step {resume.loaded}, which was never "
+                f"reported saved, and its first step was {first}: either it loaded a "
+                f"checkpoint of step {first} saved without a report and did that step again, "
+                f"or its load line names the next step to run (the state of step {first - 1}). "
+                "Make it decidable: call reporter.checkpoint_loaded(step) with the step the "
+                "loaded checkpoint holds (the one checkpoint_completed reported for it)"
+            ),
+            R.INCONCLUSIVE,
+        )
     if resume.replayed:
         assert first is not None
         return check(
@@ -174,12 +196,22 @@ def resume_check(
     scratch = observed == 0 and (expected or 0) > 0
     fresh_signature = inc.loaded is None and contract.fresh_start and first == contract.first_step
     if contract.problem is not None and not (scratch and fresh_signature):
+        shown = [f"a 0 before step {first}"] if inc.zero_dropped else []
+        if inc.first_lines > 1:
+            shown.append(f"step {first} printed {inc.first_lines} times")
+        held = (
+            f"; its first lines ({' and '.join(shown)}) read as lines of the state it held, "
+            "not as epochs: if a metrics thread prints them, report progress only after a "
+            "step and call reporter.checkpoint_loaded(step) after loading"
+            if shown and inc.loaded is None
+            else ""
+        )
         return check(
             None,
             (
                 f"the replacement resumed from step {observed} by the job's own count, but "
                 "the job breaks the step contract (see step_contract), so that count cannot "
-                "be trusted"
+                f"be trusted{held}"
             ),
             R.INCONCLUSIVE,
         )

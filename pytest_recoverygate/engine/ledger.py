@@ -76,6 +76,8 @@ class Inc:
     points: list[tuple[int, float]] = field(default_factory=list)  # first distinct steps
     lines: int = 0  # progress lines
     advanced: tuple[int, float] | None = None  # its newest line that raised its step
+    first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
+    zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(
@@ -116,6 +118,7 @@ class Inc:
         self.tracker = GridTracker()
         self.points = []
         self.lines = 0
+        self.first_lines = 0
 
     def first_trained(self, resume: Resume) -> tuple[int, float] | None:
         """Its first step past the resume: a first line at the loaded step (a line of the
@@ -337,15 +340,17 @@ class Ledger:
             inc.loaded_parts = event.digest_parts
 
     def progress(self, inc: Inc, step: int, at: float, *, new: bool) -> None:
-        if (
-            new
-            and step > 0
-            and inc.loaded is None
-            and inc.only_zero()
-            and self.contract().problem is None  # with progress(epoch), 0 is a step
-        ):
-            inc.forget_progress()  # 0 steps completed: lines of the state before a step
+        if new and step > 0 and inc.loaded is None and inc.only_zero():
+            contract = self.contract()
+            # With progress(epoch), 0 is a step, unless the next line jumps past one stride:
+            # no fresh start's next epoch, so the 0 was a line of the state before the load.
+            if contract.problem is None or step > (contract.stride or 1):
+                inc.forget_progress()  # 0 steps completed: lines of the state before a step
+                inc.zero_dropped = True
+        if inc.first is not None and step == inc.first[0] and inc.advanced == inc.first:
+            inc.first_lines += 1
         if inc.first is None:
+            inc.first_lines = 1
             inc.first = (step, at)
             held = inc.loaded if inc.loaded is not None else (0 if inc.start_seen else None)
             if new and inc.loaded is None:
@@ -607,6 +612,31 @@ class Ledger:
                 )
             return Resume(loaded, loaded, held_line=held)
         upper = max(first - 1, 0) if stepwise else first
+        held_lines = inc.first_lines > 1 or inc.zero_dropped
+        if (
+            stepwise
+            and held_lines
+            and inc.advanced != inc.first
+            and any(c.step == first for c in self.checkpoints)
+        ):
+            # A line that came after no step (a 0 before a step, one step on several lines)
+            # and a first line at a checkpoint's step: that line may be the state it holds
+            # (a metrics thread's tick) as well as that step done again.
+            times = "twice" if inc.first_lines == 2 else f"{inc.first_lines} times"
+            shown = [f"step {first} {times}"] if inc.first_lines > 1 else []
+            if inc.zero_dropped:
+                shown.insert(0, f"0 before step {first}")
+            return Resume(
+                None,
+                upper=first,
+                undecided=(
+                    f"the replacement printed {' and '.join(shown)}, then a step past it, "
+                    "so its lines do not all come after a step (a metrics thread ticking "
+                    f"the state it holds): it resumed from checkpoint {first} or did step "
+                    f"{first} again, and the lines cannot tell which: call "
+                    "reporter.checkpoint_loaded(step) after loading a checkpoint"
+                ),
+            )
         if contract.regular is False and contract.problem is None:
             return Resume(
                 None,
