@@ -492,7 +492,8 @@ def ranks_check(
     known.discard(judged.rank if judged.rank is not None else -1)
     states: list[dict[str, Any]] = []
     failed: list[str] = []
-    unchecked: list[int] = []
+    unchecked: list[int] = []  # said nothing about its resume
+    undigested: list[int] = []  # loaded, but its saved or loaded digest was never seen
     reason: FailureReason | None = None
     for rank in sorted(known):
         new = [
@@ -532,7 +533,7 @@ def ranks_check(
                     # Its shard's digest at that step was never seen (the kill came first,
                     # or no digest=): the state cannot be compared.
                     state["status"] = "unchecked"
-                    unchecked.append(rank)
+                    undigested.append(rank)
                     states.append(state)
                     continue
                 state["digestMatches"] = saved.digest == o.loaded_digest
@@ -557,13 +558,21 @@ def ranks_check(
         states.append(state)
     if not states:
         return None, []
-    quiet = ""
+    quiet_parts = []
     if unchecked:
-        quiet = (
+        quiet_parts.append(
             f"rank(s) {', '.join(map(str, unchecked))} reported no checkpoint_loaded after "
             "the kill, so their state is unchecked (report checkpoint_loaded on every rank: "
             "the reporter prints it on every rank)"
         )
+    if undigested:
+        quiet_parts.append(
+            f"rank(s) {', '.join(map(str, undigested))} loaded a checkpoint whose saved or "
+            "loaded digest was never seen, so their state is unchecked (pass digest= to "
+            "checkpoint_completed and checkpoint_loaded on every rank)"
+        )
+    quiet = "; ".join(quiet_parts)
+    unchecked = unchecked + undigested
     if failed or (unchecked and spec.all_ranks):
         messages = failed + (
             [quiet + " and expectations.allRanks is set"] if unchecked and spec.all_ranks else []
@@ -579,14 +588,40 @@ def ranks_check(
             ),
             states,
         )
-    checked = len(states) - len(unchecked)
+    loaded_by: dict[int, list[int]] = {}  # the step each checked rank loaded -> ranks
+    for state in states:
+        if state.get("status") == "ok":
+            loaded_by.setdefault(state["loaded"], []).append(state["rank"])
+    said = "; ".join(
+        f"rank(s) {', '.join(map(str, ranks))} loaded step {step}"
+        + (
+            ""
+            if step == expected
+            else " (the judged rank's step)"
+            if kill.resume is not None and step == kill.resume.loaded
+            else f" (a checkpoint durable before its load, no older than step {floor})"
+        )
+        for step, ranks in sorted(loaded_by.items())
+    )
+    if not loaded_by:  # no other rank said what it loaded: nothing was verified
+        return (
+            Check(
+                "all_ranks_resumed",
+                True,
+                f"every rank loaded step {expected}",
+                states,
+                f"not checked: {quiet}",
+                checked=False,
+            ),
+            states,
+        )
     return (
         Check(
             "all_ranks_resumed",
             True,
             f"every rank loaded step {expected}",
             states,
-            f"{checked} other rank(s) loaded step {expected}" + (f"; {quiet}" if quiet else ""),
+            said + (f"; {quiet}" if quiet else ""),
         ),
         states,
     )

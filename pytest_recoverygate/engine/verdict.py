@@ -88,7 +88,10 @@ class Check:
     """One named check of the verdict with its expected and observed values.
 
     ``passed`` is ``True`` (proven), ``False`` (proven failed) or ``None`` (the evidence
-    cannot decide; ``message`` says what would make it decidable).
+    cannot decide; ``message`` says what would make it decidable). ``checked`` is
+    ``False`` for a check that had nothing to verify (no rank said what it loaded): it
+    neither passes nor fails the drill (``passed`` stays ``True``, so the verdict and
+    the report's ``passed`` field read as before) and is shown as *not checked*.
     """
 
     name: str
@@ -97,15 +100,25 @@ class Check:
     observed: Any
     message: str
     reason: FailureReason | None = None
+    checked: bool = True
 
     @property
     def undecided(self) -> bool:
         return self.passed is None
 
+    @property
+    def status(self) -> str:
+        """``passed``, ``failed``, ``undecided`` or ``unchecked`` (verified nothing)."""
+        if not self.checked:
+            return "unchecked"
+        return {True: "passed", False: "failed", None: "undecided"}[self.passed]
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "passed": self.passed,
+            "checked": self.checked,
+            "status": self.status,
             "expected": self.expected,
             "observed": self.observed,
             "message": self.message,

@@ -93,7 +93,9 @@ def print_result(
     for note in result.notes:
         stream.write(f"  note: {note}\n")
     for check in result.checks:
-        mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
+        mark = {"passed": "ok  ", "failed": "FAIL", "undecided": "????", "unchecked": "--  "}[
+            check.status
+        ]
         stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")
     if evidence is not None:
         _print_evidence(result, evidence, stream, report_dir)
