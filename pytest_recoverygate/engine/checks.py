@@ -120,12 +120,18 @@ def resume_check(
         )
     if resume.replayed:
         assert first is not None
+        # One step done again, the loaded one: the classic off-by-one resume.
+        hint = (
+            " (a resume off by one, such as range(stored_epoch, …) with the index of the "
+            "epoch just finished stored?)"
+            if first == resume.loaded
+            else " (progress went backwards after the resume)"
+        )
         return check(
             False,
             (
                 f"loaded checkpoint {resume.loaded}, but the first step reported after it was "
-                f"{first}: steps {first}–{resume.loaded} were done again (progress went "
-                "backwards after the resume)"
+                f"{first}: steps {first}–{resume.loaded} were done again{hint}"
             ),
             R.STEPS_REPLAYED,
         )
