@@ -27,6 +27,8 @@ We test these aspects:
 
 from __future__ import annotations
 
+import io
+
 from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Finish, KillTarget, Verdict
 from pytest_recoverygate.engine.model import (
     GroupEvent,
@@ -37,7 +39,10 @@ from pytest_recoverygate.engine.model import (
     TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import DrillSpec, Sustain
-from pytest_recoverygate.engine.verdict import FailureReason
+from pytest_recoverygate.engine.verdict import Check, FailureReason
+from pytest_recoverygate.report.files import result_to_dict
+from pytest_recoverygate.report.html import render_report
+from pytest_recoverygate.report.terminal import print_result
 from tests.test_engine_patterns import T0, drive, engine_for, ev, result_of
 
 P = TrainingEventKind.PROGRESS
@@ -360,9 +365,79 @@ def test_a_load_of_a_reported_checkpoint_then_that_step_again_still_fails_as_a_r
     result = judged(per_step_run(zero_at_start=False), load_line_resume(20, 20))
     assert result.verdict is Verdict.FAIL, result.summary
     assert result.reasons[0] is R.STEPS_REPLAYED
+    # One step done again, the loaded one: the off-by-one is named with checkpoint_loaded too.
+    assert "steps 20–20 were done again" in result.summary
+    assert "off by one" in result.summary
 
 
 def test_a_load_line_of_an_unreported_step_then_a_counter_reset_still_fails() -> None:
     result = judged(per_step_run(zero_at_start=False), load_line_resume(21, 1))
     assert result.verdict is Verdict.FAIL, result.summary
     assert result.reasons[0] is R.STEPS_REPLAYED
+
+
+# ------------------------------------------------- 4. messages held to the fields they describe
+
+
+def two_ranks(loads: dict[int, int | None], judged_load: int) -> DrillResult:
+    """Ranks 0 (judged) and 1; checkpoints 10 and 20 by rank 0; after the kill rank 0 loads
+    ``judged_load`` and rank 1 loads ``loads[1]`` (None: says nothing about its resume)."""
+    engine = engine_for(ranks=(0, 1))
+    old = [ev(S, 0.0, "old"), ev(S, 0.0, "old1", rank=1)]
+    old += [ev(P, s * 0.1, "old", s) for s in range(1, 26)]
+    old += [ev(C, s * 0.1 + 0.001, "old", s) for s in (10, 20)]
+    drive(engine, sorted(old, key=lambda e: e.timestamp), kill_at=KILL)
+    new = [ev(S, 3.0, "new"), ev(L, 3.05, "new", judged_load), ev(S, 3.0, "new1", rank=1)]
+    if loads[1] is not None:
+        new.append(ev(L, 3.06, "new1", loads[1], rank=1))
+    new += [ev(P, 3.1 + 0.1 * i, "new", judged_load + 1 + i) for i in range(12)]
+    return result_of(engine, sorted(new, key=lambda e: e.timestamp))
+
+
+def ranks_check_of(result: DrillResult) -> Check:
+    return next(c for c in result.checks if c.name == "all_ranks_resumed")
+
+
+def test_all_ranks_resumed_names_the_step_each_rank_really_loaded() -> None:
+    # The judged rank and rank 1 both loaded 10 (an older checkpoint): the resume FAILs;
+    # the rank check must not say rank 1 loaded the expected 20.
+    result = two_ranks({1: 10}, judged_load=10)
+    assert result.verdict is Verdict.FAIL, result.summary
+    check = ranks_check_of(result)
+    assert check.passed is True and check.checked is True
+    for state in check.observed:
+        assert state["status"] == "ok"
+        assert f"rank(s) {state['rank']} loaded step {state['loaded']}" in check.message
+    assert "loaded step 20" not in check.message
+
+
+def test_a_rank_check_that_verified_nothing_is_not_checked_everywhere_it_is_shown() -> None:
+    result = two_ranks({1: None}, judged_load=20)
+    assert result.verdict is Verdict.PASS, result.summary
+    check = ranks_check_of(result)
+    assert check.checked is False and check.status == "unchecked"
+    assert check.message.startswith("not checked: rank(s) 1 reported no checkpoint_loaded")
+    assert [s["status"] for s in check.observed] == ["unchecked"]
+    # the terminal
+    out = io.StringIO()
+    print_result(result, out)
+    assert "[--  ] all_ranks_resumed: not checked" in out.getvalue()
+    assert "[ok  ] all_ranks_resumed" not in out.getvalue()
+    # report.json: passed keeps its meaning for older readers; checked and status say it
+    doc = result_to_dict(result)
+    [entry] = [c for c in doc["checks"] if c["name"] == "all_ranks_resumed"]
+    assert entry["checked"] is False and entry["status"] == "unchecked"
+    assert entry["passed"] is True
+    # the HTML report
+    page = render_report(doc)
+    assert '<span class="unchecked">not checked</span> <code>all_ranks_resumed</code>' in page or (
+        '<code>all_ranks_resumed</code></td><td><span class="unchecked">not checked</span>' in page
+    )
+
+
+def test_a_rank_check_that_verified_one_rank_is_checked_and_says_which() -> None:
+    result = two_ranks({1: 20}, judged_load=20)
+    assert result.verdict is Verdict.PASS, result.summary
+    check = ranks_check_of(result)
+    assert check.checked is True and check.status == "passed"
+    assert check.message == "rank(s) 1 loaded step 20"
