@@ -71,6 +71,9 @@ def test_junit_xml_carries_the_verdict_and_figures(pytester: pytest.Pytester) ->
     assert props[prefix + "expectedResumeStep"] == "40"
     assert float(props[prefix + "recoveryTimeSeconds"] or "nan") > 0
     assert prefix + "lostSteps" in props
+    # Each check's state; the fake job's rank 1 says nothing about its load: not checked.
+    assert props[prefix + "check.resume_step"] == "passed"
+    assert props[prefix + "check.all_ranks_resumed"] == "unchecked"
     # xunit2 (the default) has no testcase properties: they sit on the testsuite.
     [case] = root.iter("testcase")
     assert case.find("properties") is None
