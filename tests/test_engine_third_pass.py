@@ -441,3 +441,22 @@ def test_a_rank_check_that_verified_one_rank_is_checked_and_says_which() -> None
     check = ranks_check_of(result)
     assert check.checked is True and check.status == "passed"
     assert check.message == "rank(s) 1 loaded step 20"
+
+
+def test_a_job_that_finished_without_any_line_with_a_step_is_told_to_give_one() -> None:
+    # A Ray Train job whose report() carries no step: start lines only, then SUCCEEDED.
+    engine = engine_for()
+    drive(engine, [ev(S, 0.0, "w0"), ev(S, 0.0, "w1", rank=1)])
+    result = ended(engine, 30.0, GroupEventKind.JOB_SUCCEEDED, "the Train run FINISHED")
+    assert result.verdict is Verdict.ERROR, result.summary
+    assert "printed no progress or checkpoint line with a step" in result.summary
+    assert "step=N" in result.summary and "report() without a step" in result.summary
+    assert "lengthen the run" not in result.summary
+
+
+def test_a_job_that_printed_steps_and_finished_early_is_still_told_to_run_longer() -> None:
+    engine = engine_for(after_checkpoint=1000)
+    drive(engine, [ev(S, 0.0, "old"), *[ev(P, 0.1 * s, "old", s) for s in range(1, 30)]])
+    result = ended(engine, 30.0, GroupEventKind.JOB_SUCCEEDED, "exit 0")
+    assert "the job finished at step 29 before the drill could kill anything" in result.summary
+    assert "lengthen the run" in result.summary
