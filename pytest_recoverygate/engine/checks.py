@@ -495,7 +495,8 @@ def lost_check(lost: tuple[int | None, int | None], limit: int) -> Check:
         observed,
         f"the job lost {span} steps against a limit of {limit}: the last step before the "
         "kill is not known precisely enough; report progress on every step "
-        "(RECOVERYGATE_PROGRESS_INTERVAL=0) so it is",
+        "(RECOVERYGATE_PROGRESS_INTERVAL=0) to narrow the bound to a step or two, or "
+        "allow that much more in maxLostSteps",
         R.INCONCLUSIVE,
     )
 
