@@ -373,6 +373,32 @@ def _no_module_explain(clues: Clues, evidence: str) -> str:
     )
 
 
+# ------------------------------------------------------------- a reporter call without a step
+
+#: The integrations' own warning (recoverygate.integrations.ray: report() without a step).
+_NO_STEP = re.compile(r"recoverygate: [^\n]*without a step[^\n]*")
+
+
+def _no_step_match(clues: Clues) -> str | None:
+    if not clues.failed:
+        return None
+    found = _last(_NO_STEP, clues.output)
+    return None if found is None else _line_of(clues.output, found)
+
+
+def _no_step_explain(clues: Clues, evidence: str) -> str:
+    return (
+        "The job's workers reported their metrics without a step, so the reporter printed "
+        "no progress or checkpoint line and the drill had nothing to trigger on or judge "
+        "by — however many checkpoints the job saved (the workers' own warning is the "
+        "evidence). A run that ends then is not too short: it is unreported. Fix: give "
+        "every report its step — with recoverygate.integrations.ray, report(metrics, "
+        "checkpoint=..., step=N) or a 'step' (or 'global_step') key in the metrics (Ray's "
+        "torch_linear_example.py reports only {'loss': ...}); elsewhere, "
+        "reporter.progress(step) and reporter.checkpoint_completed(step)."
+    )
+
+
 #: Every known signature, most specific first. The id is the anchor of its section in
 #: docs/troubleshooting.md (a test keeps the two in step).
 SIGNATURES: tuple[Signature, ...] = (
@@ -411,6 +437,12 @@ SIGNATURES: tuple[Signature, ...] = (
         "a Python package missing where the job runs",
         _no_module_match,
         _no_module_explain,
+    ),
+    Signature(
+        "reporter-without-step",
+        "metrics reported without a step",
+        _no_step_match,
+        _no_step_explain,
     ),
 )
 

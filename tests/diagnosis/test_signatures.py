@@ -133,6 +133,10 @@ CASES = {
         error_before_kill(sample("missing-python-package.log")),
         {"missing-python-package"},
     ),
+    "ray-report-without-step.log": (
+        error_before_kill(sample("ray-report-without-step.log")),
+        {"reporter-without-step"},
+    ),
 }
 
 
@@ -406,3 +410,10 @@ def test_without_any_path_or_line_both_causes_are_named_and_neither_claimed() ->
         "resumed from step 0 although the checkpoint of step 100 was completed before the kill"
     )
     assert "Either its resume never loaded" in diagnosis.text
+
+
+def test_the_no_step_diagnosis_shows_the_workers_own_warning() -> None:
+    (diagnosis,) = diagnose(CASES["ray-report-without-step.log"][0])
+    assert "recoverygate: ray: report() without a step" in diagnosis.evidence
+    assert "(RayTrainWorker pid=" in diagnosis.evidence
+    assert "step=N" in diagnosis.text
