@@ -588,22 +588,9 @@ def ranks_check(
             ),
             states,
         )
-    loaded_by: dict[int, list[int]] = {}  # the step each checked rank loaded -> ranks
-    for state in states:
-        if state.get("status") == "ok":
-            loaded_by.setdefault(state["loaded"], []).append(state["rank"])
-    said = "; ".join(
-        f"rank(s) {', '.join(map(str, ranks))} loaded step {step}"
-        + (
-            ""
-            if step == expected
-            else " (the judged rank's step)"
-            if kill.resume is not None and step == kill.resume.loaded
-            else f" (a checkpoint durable before its load, no older than step {floor})"
-        )
-        for step, ranks in sorted(loaded_by.items())
-    )
-    if not loaded_by:  # no other rank said what it loaded: nothing was verified
+    judged_loaded = kill.resume.loaded if kill.resume is not None else None
+    said = _loaded_text(states, expected, judged_loaded, floor)
+    if not said:  # no other rank said what it loaded: nothing was verified
         return (
             Check(
                 "all_ranks_resumed",
@@ -624,6 +611,28 @@ def ranks_check(
             said + (f"; {quiet}" if quiet else ""),
         ),
         states,
+    )
+
+
+def _loaded_text(
+    states: Sequence[dict[str, Any]], expected: int, judged: int | None, floor: int | None
+) -> str:
+    """What the checked ranks loaded, from their entries: ``rank(s) 1, 2 loaded step 20``,
+    with why a step other than the expected one was accepted ("" when none was checked)."""
+    loaded_by: dict[int, list[int]] = {}
+    for state in states:
+        if state.get("status") == "ok":
+            loaded_by.setdefault(state["loaded"], []).append(state["rank"])
+    return "; ".join(
+        f"rank(s) {', '.join(map(str, ranks))} loaded step {step}"
+        + (
+            ""
+            if step == expected
+            else " (the judged rank's step)"
+            if step == judged
+            else f" (a checkpoint durable before its load, no older than step {floor})"
+        )
+        for step, ranks in sorted(loaded_by.items())
     )
 
 
