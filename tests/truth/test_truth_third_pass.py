@@ -18,17 +18,25 @@ We test these aspects:
   line printed) under torchrun with ``--log-dir`` in /tmp FAILs as restarted from scratch,
   and the diagnosis quotes the job's line, never the log folder;
 - the other ranks' check says what rank 1 loaded by its own record, and with nobody
-  reporting a load it is "not checked" in the report and the terminal.
+  reporting a load it is "not checked" in the report and the terminal;
+- torchft (examples/local/torchft, reporting by hand): a replacement that reports its heal
+  only after should_commit, so after the survivor's line of the same step, PASSes with the
+  heal step of its own record and no lost step (was FAIL "the survivors were at step S + 1
+  when it joined", "1 committed step(s) went backwards").
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from tests.cli_drill import run_cli_drill
 from tests.truth import test_truth_corpus as corpus
 
 pytest.importorskip("torch")
@@ -162,3 +170,57 @@ def test_the_other_ranks_check_that_verified_nothing_is_reported_as_not_checked(
     assert check["message"].startswith("not checked: rank(s) 1"), why
     assert [s["status"] for s in check["observed"]] == ["unchecked"], why
     assert "[--  ] all_ranks_resumed: not checked" in drill.output, drill.output
+
+
+# ---------------------------------------------------------------- torchft: the heal's quorum
+
+TORCHFT = corpus.HERE.parents[1] / "examples" / "local" / "torchft"
+
+
+def torchft_records(base: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in base.parent.glob(f"{base.name}.*.*.jsonl"):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r["t"])
+
+
+@pytest.mark.torchft
+def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
+    tmp_path: Path,
+) -> None:
+    # The example job, reporting by hand: a heal only once should_commit decided the step,
+    # so the replacement's heal line comes after the survivor's line of the same step.
+    pytest.importorskip("torchft")
+    base = tmp_path / "truth"
+    config: dict[str, Any] = yaml.safe_load((TORCHFT / "recovery-test.yaml").read_text())
+    workload = config["workload"]
+    workload["workdir"] = str(TORCHFT)
+    workload["env"] = {
+        **workload.get("env", {}),
+        "HEAL_REPORTED_AFTER_COMMIT": "1",
+        "RECOVERYGATE_GROUND_TRUTH": str(base),
+    }
+    config["expectations"].pop("stateDigestMatches")  # the hand-written loop sends no digest
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=300)
+    report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
+    kill = float(report["killTime"])
+    rows = torchft_records(base)
+    # The truth: the replacement (replica 1, started after the kill) healed to S and
+    # committed S + 1 first; the survivor's commit of S + 1 was recorded before that heal.
+    heals = [r for r in rows if r["replica"] == 1 and r["event"] == "heal" and r["t"] > kill]
+    assert heals, f"the replacement never healed{why}"
+    heal = heals[0]
+    mine = [r for r in rows if r["pid"] == heal["pid"] and r["event"] == "commit"]
+    assert mine[0]["step"] == heal["step"] + 1, why
+    theirs = [
+        r
+        for r in rows
+        if r["replica"] == 0 and r["event"] == "commit" and r["step"] == heal["step"] + 1
+    ]
+    assert theirs and theirs[0]["t"] < heal["t"], f"the scenario's shape did not occur{why}"
+    assert report["verdict"] == "PASS", why
+    assert run.code == 0, why
+    assert report["rejoinStep"] == heal["step"], why
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["heal_step"]["passed"] is True, why
+    assert checks["lost_steps"]["passed"] is True and checks["lost_steps"]["observed"] == 0, why
