@@ -202,6 +202,7 @@ def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
         **workload.get("env", {}),
         "HEAL_REPORTED_AFTER_COMMIT": "1",
         "RECOVERYGATE_GROUND_TRUTH": str(base),
+        **EVERY_LINE,  # every commit printed: the survivor's line of S + 1 is there
     }
     config["expectations"].pop("stateDigestMatches")  # the hand-written loop sends no digest
     run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=300)
