@@ -382,11 +382,11 @@ def test_a_failing_drill_shows_the_diagnosis_in_the_failure_and_the_summary(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*diagnosis: checkpoints on per-process or node-local storage",
+            "*diagnosis: checkpoints saved, but the replacement trained from scratch",
             "*more: file://*/docs/troubleshooting.md#checkpoints-not-shared",
             "*= recoverygate drills =*",
             "FAIL recovery-test.yaml::drill: resumed from step 0*",
-            "  diagnosis: checkpoints on per-process or node-local storage (file://*troubleshooting.md#*)",
+            "  diagnosis: checkpoints saved, but the replacement trained from scratch (file://*troubleshooting.md#*)",
         ]
     )
 
