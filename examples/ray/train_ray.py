@@ -13,6 +13,10 @@ so the job reports to Ray only when it checkpoints.
 ``--no-resume`` is its broken twin: it never calls ``get_checkpoint()``, so after a
 worker dies Train restarts the group and training starts from scratch.
 
+``--no-step`` is Ray's shipped ``torch_linear_example.py`` shape: metrics without a step
+(``{"loss": ...}``) and no ``reporter.progress`` line, so nothing reaches the drill but
+the integration's own warning (Ray still registers every checkpoint in ``--storage``).
+
 ``--nodes=2`` starts a two-node cluster on this machine (``ray.cluster_utils.Cluster``: a
 head with 2 CPUs and a second node with 1) and spreads the workers over both: for the
 ``KillNode`` drill, which ends the raylet of the second node.
@@ -54,8 +58,11 @@ def train_func(config):
             dist.all_reduce(p.grad)
         optim.step()
         step += 1
-        reporter.progress(step)
-        metrics = {"step": step, "loss": float(loss)}
+        if not config["no_step"]:
+            reporter.progress(step)
+        metrics = (
+            {"loss": float(loss)} if config["no_step"] else {"step": step, "loss": float(loss)}
+        )
         if step % config["ckpt_every"] == 0:
             with tempfile.TemporaryDirectory() as folder:
                 if rank == 0:  # one copy of the replicated state
@@ -76,6 +83,7 @@ def main():
     parser.add_argument("--max-failures", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-resume", action="store_true")
+    parser.add_argument("--no-step", action="store_true", help="report metrics without a step")
     parser.add_argument("--storage", default=None, help="default: $RAY_TMPDIR/storage")
     parser.add_argument("--nodes", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
@@ -105,6 +113,7 @@ def main():
             "ckpt_every": args.ckpt_every,
             "step_time": args.step_time,
             "resume": not args.no_resume,
+            "no_step": args.no_step,
         },
         scaling_config=ScalingConfig(
             num_workers=args.workers, use_gpu=False, placement_strategy=placement
