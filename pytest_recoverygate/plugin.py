@@ -529,6 +529,8 @@ def _record_junit(node: pytest.Item, result: DrillResult) -> None:
     values.update(
         {f"replay.{k}": ("" if v is None else v) for k, v in replay.items() if k != "steps"}
     )
+    # Each check's state: passed, failed, undecided or unchecked (it verified nothing).
+    values.update({f"check.{c.name}": c.status for c in result.checks})
     family = str(node.config.getini("junit_family"))
     if family in ("xunit1", "legacy"):
         node.user_properties.extend(values.items())

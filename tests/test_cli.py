@@ -132,7 +132,7 @@ def test_github_step_summary_gets_the_summary_of_a_run_without_any_report_option
     assert text.startswith("# earlier steps\n")  # appended, never overwritten
     assert "RecoveryGate drill `recovery-test`: FAIL" in text
     assert "| resumeStep | 0 |" in text
-    assert "**Diagnosis: checkpoints on per-process or node-local storage**" in text
+    assert "**Diagnosis: checkpoints saved, but the replacement trained from scratch**" in text
 
 
 def test_a_long_message_is_shortened_on_the_terminal_with_a_marker_never_mid_word() -> None:

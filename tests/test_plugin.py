@@ -71,6 +71,9 @@ def test_junit_xml_carries_the_verdict_and_figures(pytester: pytest.Pytester) ->
     assert props[prefix + "expectedResumeStep"] == "40"
     assert float(props[prefix + "recoveryTimeSeconds"] or "nan") > 0
     assert prefix + "lostSteps" in props
+    # Each check's state; the fake job's rank 1 says nothing about its load: not checked.
+    assert props[prefix + "check.resume_step"] == "passed"
+    assert props[prefix + "check.all_ranks_resumed"] == "unchecked"
     # xunit2 (the default) has no testcase properties: they sit on the testsuite.
     [case] = root.iter("testcase")
     assert case.find("properties") is None
@@ -396,11 +399,11 @@ def test_a_failing_drill_shows_the_diagnosis_in_the_failure_and_the_summary(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*diagnosis: checkpoints on per-process or node-local storage",
+            "*diagnosis: checkpoints saved, but the replacement trained from scratch",
             "*more: file://*/docs/troubleshooting.md#checkpoints-not-shared",
             "*= recoverygate drills =*",
             "FAIL recovery-test.yaml::drill: resumed from step 0*",
-            "  diagnosis: checkpoints on per-process or node-local storage (file://*troubleshooting.md#*)",
+            "  diagnosis: checkpoints saved, but the replacement trained from scratch (file://*troubleshooting.md#*)",
         ]
     )
 

@@ -30,6 +30,10 @@ The faults' options:
   (``TorchConfig(timeout_s=S)``; Ray's default is 1800 s): a peer of a stopped rank fails
   its next all-reduce after ``S`` seconds, and Train restarts the group.
 
+``--no-step`` is Ray's shipped ``torch_linear_example.py`` shape: metrics without a step
+(``{"loss": ...}``) and no ``reporter.progress`` line, so nothing reaches the drill but
+the integration's own warning (Ray still registers every checkpoint in ``--storage``).
+
 ``--nodes=2`` starts a two-node cluster on this machine (``ray.cluster_utils.Cluster``: a
 head with 2 CPUs and a second node with 1) and spreads the workers over both: for the
 ``KillNode`` drill, which ends the raylet of the second node.
@@ -146,8 +150,11 @@ def train_func(config):
             dist.all_reduce(p.grad)
         optim.step()
         step += 1
-        reporter.progress(step)
-        metrics = {"step": step, "loss": float(loss)}
+        if not config["no_step"]:
+            reporter.progress(step)
+        metrics = (
+            {"loss": float(loss)} if config["no_step"] else {"step": step, "loss": float(loss)}
+        )
         preempted = sigterm is not None and agree(sigterm.is_set())
         if preempted or step % config["ckpt_every"] == 0:
             save(config, rank, step, metrics, model, optim)
@@ -179,6 +186,7 @@ def main():
     parser.add_argument("--save-seconds", type=float, default=0.0)
     parser.add_argument("--save-on-sigterm", action="store_true")
     parser.add_argument("--gloo-timeout", type=int, default=None, help="seconds (Ray: 1800)")
+    parser.add_argument("--no-step", action="store_true", help="report metrics without a step")
     parser.add_argument("--storage", default=None, help="default: $RAY_TMPDIR/storage")
     parser.add_argument("--nodes", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
@@ -215,6 +223,7 @@ def main():
             "shards": args.shards,
             "save_seconds": args.save_seconds,
             "save_on_sigterm": args.save_on_sigterm,
+            "no_step": args.no_step,
         },
         torch_config=TorchConfig(timeout_s=args.gloo_timeout) if args.gloo_timeout else None,
         scaling_config=ScalingConfig(

@@ -27,8 +27,8 @@ import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.engine.caps import MAX_CHECKPOINTS, MAX_INCARNATIONS, no_room
-from pytest_recoverygate.engine.grid import GridTracker
+from pytest_recoverygate.engine.caps import no_room
+from pytest_recoverygate.engine.grid import GridTracker, held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.verdict import (
     FailureReason,
@@ -36,16 +36,7 @@ from pytest_recoverygate.engine.verdict import (
     StepContract,
 )
 
-__all__ = [
-    "MAX_CHECKPOINTS",
-    "MAX_INCARNATIONS",
-    "Checkpoint",
-    "Inc",
-    "Ledger",
-    "Resume",
-    "Save",
-    "steps_text",
-]
+__all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
 R = FailureReason
 _MAX_REPLAY_POINTS = 4096  # per incarnation (engine/rules/replay.py MAX_POINTS)
@@ -89,6 +80,8 @@ class Inc:
     advanced: tuple[int, float] | None = None  # its newest line that raised its step
     # issue 33 (engine/rules/replay.py): step -> (loss, data) as reported, the newest MAX_POINTS
     replay_points: dict[int, tuple[float | None, str | None]] = field(default_factory=dict)
+    first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
+    zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(
@@ -129,6 +122,7 @@ class Inc:
         self.tracker = GridTracker()
         self.points = []
         self.lines = 0
+        self.first_lines = 0
 
     def first_trained(self, resume: Resume) -> tuple[int, float] | None:
         """Its first step past the resume: a first line at the loaded step (a line of the
@@ -380,15 +374,17 @@ class Ledger:
             points[step] = (loss, data)
             if len(points) > _MAX_REPLAY_POINTS:
                 del points[next(iter(points))]
-        if (
-            new
-            and step > 0
-            and inc.loaded is None
-            and inc.only_zero()
-            and self.contract().problem is None  # with progress(epoch), 0 is a step
-        ):
-            inc.forget_progress()  # 0 steps completed: lines of the state before a step
+        if new and step > 0 and inc.loaded is None and inc.only_zero():
+            contract = self.contract()
+            # With progress(epoch), 0 is a step, unless the next line jumps past one stride:
+            # no fresh start's next epoch, so the 0 was a line of the state before the load.
+            if contract.problem is None or step > (contract.stride or 1):
+                inc.forget_progress()  # 0 steps completed: lines of the state before a step
+                inc.zero_dropped = True
+        if inc.first is not None and step == inc.first[0] and inc.advanced == inc.first:
+            inc.first_lines += 1
         if inc.first is None:
+            inc.first_lines = 1
             inc.first = (step, at)
             held = inc.loaded if inc.loaded is not None else (0 if inc.start_seen else None)
             if new and inc.loaded is None:
@@ -602,54 +598,21 @@ class Ledger:
         may show the state held (a timer ticking at start) is no step at all. Without it,
         the step is inferred from the reporting grid where the job keeps one, and
         ``upper`` (its first line, minus one when lines come after steps) is what holds
-        whatever the grid.
+        whatever the grid; first lines that may be a timer ticking the state it holds, at
+        a checkpoint's step, leave it undecided (:func:`~.grid.held_ticks`).
         """
         assert inc.first is not None
         contract = self.contract()
         first = inc.first[0]
         stride = self.stride_for(inc)
-        loaded = inc.loaded
         stepwise = contract.first_line_is_step
-        if loaded is not None:
-            if first < loaded or (first == loaded and (stepwise or contract.problem)):
-                # It completed a step at or below the one it loaded: done again.
-                counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)
-                return Resume(counts, loaded, replayed=True)
-            held = first == loaded
-            past = inc.first_past(loaded) if held else inc.first
-            if past is None:
-                # Only a line of the state it holds so far: the next one says more.
-                return Resume(loaded, loaded, held_line=True) if final else None
-            first = past[0]
-            if stride is None:
-                if first == loaded + 1 or contract.regular is False:
-                    return Resume(loaded, loaded, held_line=held)
-                if not final:
-                    return None
-                return Resume(
-                    loaded,
-                    loaded,
-                    held_line=held,
-                    undecided=(
-                        f"the replacement loaded checkpoint {loaded} and then reported step "
-                        f"{first}, and the progress stride is unknown (one progress line): let "
-                        "it train longer, or report progress every step"
-                    ),
-                )
-            within = loaded + 1 if contract.first_special else loaded + stride
-            if first > max(within, loaded + 1):
-                return Resume(
-                    loaded,
-                    loaded,
-                    held_line=held,
-                    undecided=(
-                        f"the replacement reported checkpoint_loaded({loaded}) but its first step "
-                        f"was {first}, more than one progress stride ({stride}) later: report "
-                        "checkpoint_loaded(n) with the step the resumed process holds"
-                    ),
-                )
-            return Resume(loaded, loaded, held_line=held)
+        if inc.loaded is not None:
+            return self._resume_loaded(inc, inc.loaded, final)
         upper = max(first - 1, 0) if stepwise else first
+        ticked = held_ticks(first, inc.first_lines, inc.zero_dropped)  # (a timer's ticks)
+        saved = {c.step for c in self.checkpoints}
+        if ticked and stepwise and inc.advanced != inc.first and first in saved:
+            return Resume(None, upper=first, undecided=ticked)
         if contract.regular is False and contract.problem is None:
             return Resume(
                 None,
@@ -692,6 +655,50 @@ class Ledger:
                 ),
             )
         return Resume(step, upper=upper)
+
+    def _resume_loaded(self, inc: Inc, loaded: int, final: bool) -> Resume | None:
+        """:meth:`resume_of` of a replacement that reported ``checkpoint_loaded(loaded)``."""
+        assert inc.first is not None
+        contract, first, stride = self.contract(), inc.first[0], self.stride_for(inc)
+        stepwise = contract.first_line_is_step
+        if first < loaded or (first == loaded and (stepwise or contract.problem)):
+            # It completed a step at or below the one it loaded: done again.
+            counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)
+            return Resume(counts, loaded, replayed=True)
+        held = first == loaded
+        past = inc.first_past(loaded) if held else inc.first
+        if past is None:
+            # Only a line of the state it holds so far: the next one says more.
+            return Resume(loaded, loaded, held_line=True) if final else None
+        first = past[0]
+        if stride is None:
+            if first == loaded + 1 or contract.regular is False:
+                return Resume(loaded, loaded, held_line=held)
+            if not final:
+                return None
+            return Resume(
+                loaded,
+                loaded,
+                held_line=held,
+                undecided=(
+                    f"the replacement loaded checkpoint {loaded} and then reported step "
+                    f"{first}, and the progress stride is unknown (one progress line): let "
+                    "it train longer, or report progress every step"
+                ),
+            )
+        within = loaded + 1 if contract.first_special else loaded + stride
+        if first > max(within, loaded + 1):
+            return Resume(
+                loaded,
+                loaded,
+                held_line=held,
+                undecided=(
+                    f"the replacement reported checkpoint_loaded({loaded}) but its first step "
+                    f"was {first}, more than one progress stride ({stride}) later: report "
+                    "checkpoint_loaded(n) with the step the resumed process holds"
+                ),
+            )
+        return Resume(loaded, loaded, held_line=held)
 
     def describe_resume(self, inc: Inc, resume: Resume) -> str:
         if resume.replayed:

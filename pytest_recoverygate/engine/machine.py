@@ -48,7 +48,8 @@ import math
 from typing import Any
 
 from pytest_recoverygate.engine import model
-from pytest_recoverygate.engine.ledger import MAX_INCARNATIONS, Inc
+from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
+from pytest_recoverygate.engine.ledger import Inc
 from pytest_recoverygate.engine.recovery import (
     KillRecord,
     Window,
@@ -647,6 +648,16 @@ class DrillEngine(DrillState):
                 if event.kind is model.GroupEventKind.JOB_FAILED
                 else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
             )
+            if self.current_step is None and not self.ledger.checkpoints:
+                # Nothing with a step was ever printed: no run is too short for that.
+                fix = (
+                    ": it printed no progress or checkpoint line with a step, so the drill "
+                    "had nothing to trigger on. Call the reporter with a step "
+                    "(reporter.progress(step), reporter.checkpoint_completed(step)); with "
+                    "recoverygate.integrations.ray, pass report(metrics, step=N) or put "
+                    "'step' in the metrics (its workers warn 'report() without a step' "
+                    "on stderr when they do not)"
+                )
             return self._finish_error(
                 event.timestamp,
                 f"the job {how}{step} before the drill could kill anything{detail}{fix}",

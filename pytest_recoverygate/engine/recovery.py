@@ -18,6 +18,7 @@ from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
 from pytest_recoverygate.engine.model import GroupEventKind
 from pytest_recoverygate.engine.rules import TABLE, run
 from pytest_recoverygate.engine.rules.evidence import (
+    ENDED_INSIDE_LINES,
     DrillEvidence,
     KillEvidence,
     KillRecord,
@@ -37,6 +38,7 @@ from pytest_recoverygate.engine.verdict import (
 )
 
 __all__ = [
+    "ENDED_INSIDE_LINES",
     "KillRecord",
     "Window",
     "breakdown",
@@ -172,6 +174,8 @@ def _combine(ev: KillEvidence, checks: list[Check]) -> tuple[Verdict, str, list[
         if window is not None
         else ""
     )
+    if _ended_inside(ev.kill, ev.spec):
+        held += " and ended successfully: the run ended inside the sustain window"
     summary = (
         f"resumed from step {resume.step} as expected and recovered in "
         f"{format_seconds(recovery_time)}{held}"
@@ -232,11 +236,21 @@ def judge(
     )
 
 
+def _ended_inside(kill: KillRecord, spec: DrillSpec) -> bool:
+    """Whether the judged job ended successfully inside its sustain window, held by it."""
+    window = kill.window
+    if window is None or kill.job_ended is None:
+        return False
+    resume_step = kill.resume.step if kill.resume is not None else None
+    return window.ended_inside(spec.sustain, resume_step, kill.job_ended[2])
+
+
 def _sustained(kill: KillRecord, spec: DrillSpec) -> dict[str, Any] | None:
     window = kill.window
     if window is None:
         return None
     return {
+        "endedInsideWindow": _ended_inside(kill, spec),
         "window": spec.sustain.describe(),
         "fromStep": window.start[0],
         "lastStep": window.last[0],

@@ -190,22 +190,32 @@ class ReplicaLog:
         elif first <= 1:
             source = "scratch"
         before_heal = heal_at if heal_at is not None else at
-        steps = [s for r in survivors for t, s in self.commits(r) if t <= before_heal]
-        return Heal(source, step, peer, heal_at, max(steps) if steps else None)
+        # The quorum it joined: healed to S and first committed S + 1, the survivors'
+        # commit of S + 1 is the same quorum's, whichever line was printed first (a
+        # job that reports its heal after should_commit prints it after theirs).
+        joined = first if step is not None and first == step + 1 else None
+        steps = [
+            s for r in survivors for t, s in self.commits(r) if t <= before_heal and s != joined
+        ]
+        return Heal(source, step, peer, heal_at, max(steps) if steps else None, joined)
 
 
 @dataclass(frozen=True, slots=True)
 class Heal:
     """How the replacement took its state before its first committed step: ``source``
     (``peer``, ``checkpoint``, ``scratch`` or None: unknown), the ``step`` and ``peer`` of
-    its last heal or load line, when (``at``), and the survivors' newest committed step
-    by then (``survivors_step``)."""
+    its last heal or load line, when (``at``), the survivors' newest committed step by
+    then (``survivors_step``), and ``joined``: the step of the quorum it joined when it
+    healed to S and first committed S + 1 (S + 1; None otherwise), whose survivor commits
+    are the same quorum's, not steps the survivors held before it (excluded from
+    ``survivors_step``)."""
 
     source: str | None = None
     step: int | None = None
     peer: int | None = None
     at: float | None = None
     survivors_step: int | None = None
+    joined: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import MAX_CHECKPOINTS, MAX_INCARNATIONS, Ledger
+from pytest_recoverygate.engine.caps import MAX_CHECKPOINTS, MAX_INCARNATIONS
+from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.live import LiveJudge
 from pytest_recoverygate.engine.model import (
     LiveRecovery,

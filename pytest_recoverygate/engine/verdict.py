@@ -91,7 +91,10 @@ class Check:
 
     ``passed`` is ``True`` (proven), ``False`` (proven failed) or ``None`` (the evidence
     cannot decide; ``message`` says what would make it decidable). ``rule`` names the rule
-    of the verdict that decided it (docs/verdict-rules.md).
+    of the verdict that decided it (docs/verdict-rules.md). ``checked`` is
+    ``False`` for a check that had nothing to verify (no rank said what it loaded): it
+    neither passes nor fails the drill (``passed`` stays ``True``, so the verdict and
+    the report's ``passed`` field read as before) and is shown as *not checked*.
     """
 
     name: str
@@ -101,15 +104,25 @@ class Check:
     message: str
     reason: FailureReason | None = None
     rule: str | None = None  # the rule that decided it (engine.rules.TABLE), when one did
+    checked: bool = True
 
     @property
     def undecided(self) -> bool:
         return self.passed is None
 
+    @property
+    def status(self) -> str:
+        """``passed``, ``failed``, ``undecided`` or ``unchecked`` (verified nothing)."""
+        if not self.checked:
+            return "unchecked"
+        return {True: "passed", False: "failed", None: "undecided"}[self.passed]
+
     def as_dict(self) -> dict[str, Any]:
         out = {
             "name": self.name,
             "passed": self.passed,
+            "checked": self.checked,
+            "status": self.status,
             "expected": self.expected,
             "observed": self.observed,
             "message": self.message,

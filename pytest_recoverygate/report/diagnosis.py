@@ -257,6 +257,30 @@ _LOCAL_PATH = re.compile(
 )
 
 
+#: An argument that names where checkpoints go (``--ckpt-dir=…``, ``--out_dir …``, a path
+#: with ``checkpoint`` in it); a log folder (torchrun's ``--log-dir``) is none.
+_STORAGE_ARG = re.compile(r"ckpt|checkpoint|snapshot|save|out_?dir|output|resume", re.I)
+_LOG_ARG = re.compile(r"^--?(log|tee|redirect|rdzv|master|trace|profil)", re.I)
+#: A job saying it starts from scratch (nanoGPT: "Initializing a new model from scratch").
+_FROM_SCRATCH = re.compile(r"^[^\n]*\bfrom scratch\b[^\n]*$", re.I | re.M)
+
+
+def _storage_path(command: tuple[str, ...]) -> str | None:
+    """A per-process or node-local path the command gives as checkpoint storage, if any."""
+    for i, part in enumerate(command):
+        found = _LOCAL_PATH.search(part)
+        if found is None:
+            continue
+        key = part if part.startswith("-") else (command[i - 1] if i else "")
+        if not key.startswith("-"):
+            key = ""
+        if _LOG_ARG.match(key):
+            continue
+        if _STORAGE_ARG.search(key.split("=", 1)[0]) or _STORAGE_ARG.search(found.group(1)):
+            return found.group(1)
+    return None
+
+
 def _not_shared_match(clues: Clues) -> str | None:
     if clues.verdict is not Verdict.FAIL:
         return None
@@ -268,27 +292,39 @@ def _not_shared_match(clues: Clues) -> str | None:
     evidence = (
         f"resumed from step 0 although the checkpoint of step {saved} was completed before the kill"
     )
-    where = next(
-        (found.group(1) for part in clues.command if (found := _LOCAL_PATH.search(part))),
-        None,
-    )
+    where = _storage_path(clues.command)
     if where is not None:
         evidence += f"; the command names a per-process or node-local path: {where}"
+    said = _last(_FROM_SCRATCH, clues.output)
+    if said is not None:
+        evidence += f"; the job printed: {_line_of(clues.output, said)}"
     return evidence
 
 
 def _not_shared_explain(clues: Clues, evidence: str) -> str:
+    if "; the job printed: " in evidence and "the command names" not in evidence:
+        return (
+            "The job saved checkpoints, but the replacement trained from step 0, and the job "
+            "itself said it starts from scratch (quoted in the evidence): its resume is not "
+            "switched on for a restart — nanoGPT's init_from='scratch', a resume flag or "
+            "path the restart does not get. The storage is not to blame unless the replacement "
+            "could not see the folder. Fix: resume whenever a checkpoint exists (nanoGPT: "
+            "init_from='resume' when out_dir holds ckpt.pt), and call "
+            "reporter.checkpoint_loaded(step) after loading so the drill sees the resume."
+        )
     return (
-        "The job saved checkpoints, but the replacement did not find any and trained from "
-        "step 0. The classic cause is checkpoint storage only the dead worker could see: a "
-        "per-process folder (a path with the pid, the process's temporary folder), a "
-        "node-local disk (/tmp, /dev/shm, $TMPDIR, $SLURM_TMPDIR, local scratch) when the "
-        "replacement runs on another node, or a pod's emptyDir, which is gone with the pod. "
-        "Fix: checkpoint to storage every replacement sees — a shared filesystem or a "
-        "PersistentVolumeClaim (ReadWriteMany across nodes), or object storage — with the "
-        "same path for every restart. If the storage is shared, the resume path never "
-        "loaded: check that it looks where the saves go, and call "
-        "reporter.checkpoint_loaded(step) after loading so the drill sees the resume."
+        "The job saved checkpoints, but the replacement did not load any and trained from "
+        "step 0. Either its resume never loaded (the job starts from scratch on every start, "
+        "or looks elsewhere than where the saves go), or the checkpoints were where only "
+        "the dead worker could see them: a per-process folder (a path with the pid, the "
+        "process's temporary folder), a node-local disk (/tmp, /dev/shm, $TMPDIR, "
+        "$SLURM_TMPDIR, local scratch) when the replacement runs on another node, or a "
+        "pod's emptyDir, which is gone with the pod. The evidence names the path when the "
+        "command gives one as checkpoint storage. Fix: checkpoint to storage every "
+        "replacement sees — a shared filesystem or a PersistentVolumeClaim (ReadWriteMany "
+        "across nodes), or object storage — with the same path for every restart; check that "
+        "the resume looks where the saves go, and call reporter.checkpoint_loaded(step) "
+        "after loading so the drill sees the resume."
     )
 
 
@@ -357,6 +393,32 @@ def _no_module_explain(clues: Clues, evidence: str) -> str:
     )
 
 
+# ------------------------------------------------------------- a reporter call without a step
+
+#: The integrations' own warning (recoverygate.integrations.ray: report() without a step).
+_NO_STEP = re.compile(r"recoverygate: [^\n]*without a step[^\n]*")
+
+
+def _no_step_match(clues: Clues) -> str | None:
+    if not clues.failed:
+        return None
+    found = _last(_NO_STEP, clues.output)
+    return None if found is None else _line_of(clues.output, found)
+
+
+def _no_step_explain(clues: Clues, evidence: str) -> str:
+    return (
+        "The job's workers reported their metrics without a step, so the reporter printed "
+        "no progress or checkpoint line and the drill had nothing to trigger on or judge "
+        "by — however many checkpoints the job saved (the workers' own warning is the "
+        "evidence). A run that ends then is not too short: it is unreported. Fix: give "
+        "every report its step — with recoverygate.integrations.ray, report(metrics, "
+        "checkpoint=..., step=N) or a 'step' (or 'global_step') key in the metrics (Ray's "
+        "torch_linear_example.py reports only {'loss': ...}); elsewhere, "
+        "reporter.progress(step) and reporter.checkpoint_completed(step)."
+    )
+
+
 #: Every known signature, most specific first. The id is the anchor of its section in
 #: docs/troubleshooting.md (a test keeps the two in step).
 SIGNATURES: tuple[Signature, ...] = (
@@ -380,7 +442,7 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         "checkpoints-not-shared",
-        "checkpoints on per-process or node-local storage",
+        "checkpoints saved, but the replacement trained from scratch",
         _not_shared_match,
         _not_shared_explain,
     ),
@@ -395,6 +457,12 @@ SIGNATURES: tuple[Signature, ...] = (
         "a Python package missing where the job runs",
         _no_module_match,
         _no_module_explain,
+    ),
+    Signature(
+        "reporter-without-step",
+        "metrics reported without a step",
+        _no_step_match,
+        _no_step_explain,
     ),
 )
 

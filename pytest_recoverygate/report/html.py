@@ -56,6 +56,7 @@ th { background: var(--bg); font-weight: 600; }
 td.num { font-variant-numeric: tabular-nums; white-space: nowrap; }
 .ok { color: #1a7f37; font-weight: 600; } .fail { color: #cf222e; font-weight: 700; }
 .undecided { color: #9a6700; font-weight: 700; }
+.unchecked { color: #57606a; font-style: italic; }
 .bar { height: 12px; background: #0969da; border-radius: 2px; min-width: 1px; }
 .figure svg { width: 100%; height: auto; border: 1px solid var(--line); }
 pre { background: var(--bg); border: 1px solid var(--line); padding: 8px; font-size: 12px;
@@ -90,7 +91,12 @@ def _seconds(value: Any) -> str:
     )
 
 
-def _check_status(passed: Any) -> str:
+def _check_status(check: Mapping[str, Any]) -> str:
+    """A check's state: ok, FAIL, undecided, or not checked (``checked: false``; reports
+    written before that field read as before)."""
+    if check.get("checked") is False:
+        return '<span class="unchecked">not checked</span>'
+    passed = check.get("passed")
     if passed is True:
         return '<span class="ok">ok</span>'
     if passed is False:
@@ -224,7 +230,7 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             f"<code>{_e(c.get('name'))}</code>",
-            _check_status(c.get("passed")),
+            _check_status(c),
             _e(c.get("expected")),
             _e(c.get("observed")),
             _e(c.get("message")),
@@ -325,7 +331,7 @@ def _recoveries(doc: Mapping[str, Any]) -> str:
                 _seconds(r.get("recoveryTimeSeconds")),
                 _e(r.get("summary"))
                 + "".join(
-                    f"<br>{_check_status(c.get('passed'))} <code>{_e(c.get('name'))}</code>: "
+                    f"<br>{_check_status(c)} <code>{_e(c.get('name'))}</code>: "
                     f"{_e(c.get('message'))}"
                     for c in failed
                 ),

@@ -134,7 +134,9 @@ def _write_result(
         if entry.kind == "refused":  # a job file the drill would not read (a link, a FIFO)
             stream.write(f"  refused: {shorten(entry.detail)}\n")
     for check in result.checks:
-        mark = {True: "ok  ", False: "FAIL", None: "????"}[check.passed]
+        mark = {"passed": "ok  ", "failed": "FAIL", "undecided": "????", "unchecked": "--  "}[
+            check.status
+        ]
         stream.write(f"  [{mark}] {check.name}: {shorten(check.message)}\n")
     for line in replay_lines(result):
         stream.write(f"  {line}\n")

@@ -133,6 +133,10 @@ CASES = {
         error_before_kill(sample("missing-python-package.log")),
         {"missing-python-package"},
     ),
+    "ray-report-without-step.log": (
+        error_before_kill(sample("ray-report-without-step.log")),
+        {"reporter-without-step"},
+    ),
 }
 
 
@@ -350,3 +354,66 @@ def test_a_job_failing_on_its_first_start_gets_the_missing_folder_diagnosis(
     assert "os.makedirs(folder, exist_ok=True)" in proc.stdout
     assert "FileNotFoundError: [Errno 2] No such file or directory" in proc.stdout
     assert "--report-dir keeps the whole output" in proc.stdout
+
+
+def scratch_after_checkpoints(output: str, command: tuple[str, ...]) -> Clues:
+    """A FAIL restarted from scratch although checkpoint 100 was completed before the kill."""
+    return Clues(
+        output=output,
+        verdict=Verdict.FAIL,
+        reasons=(FailureReason.RESTARTED_FROM_SCRATCH,),
+        killed=True,
+        resume_step=0,
+        expected_resume_step=100,
+        checkpoints_before_kill=100,
+        command=command,
+    )
+
+
+def test_a_log_folder_in_tmp_is_no_checkpoint_storage_and_a_from_scratch_line_is_quoted() -> None:
+    # nanoGPT run as its README says, under torchrun with --log-dir in /tmp; its checkpoints
+    # are in a shared out_dir, and it prints this line on every start (init_from='scratch').
+    command = (
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--log-dir=/tmp/torchrun-logs",
+        "train.py",
+        "--out_dir=/shared/out",
+    )
+    output = "[default0]:Initializing a new model from scratch\n[default0]:iter 0: loss 10.9\n"
+    (diagnosis,) = diagnose(scratch_after_checkpoints(output, command))
+    assert diagnosis.signature == "checkpoints-not-shared"
+    assert "/tmp" not in diagnosis.evidence
+    assert "the job printed: [default0]:Initializing a new model from scratch" in (
+        diagnosis.evidence
+    )
+    assert "init_from='scratch'" in diagnosis.text
+    assert "PersistentVolumeClaim" not in diagnosis.text  # the storage is not blamed
+
+
+def test_a_checkpoint_folder_in_tmp_is_still_named_as_node_local_storage() -> None:
+    for command in (
+        ("torchrun", "--log-dir", "/tmp/logs", "train.py", "--ckpt-dir", "/tmp/ckpt"),
+        ("torchrun", "train.py", "--out_dir=/tmp/run1"),
+        ("python", "train.py", "/tmp/checkpoints"),
+    ):
+        (diagnosis,) = diagnose(scratch_after_checkpoints("", command))
+        assert "the command names a per-process or node-local path: /tmp/" in diagnosis.evidence
+        assert "/tmp/logs" not in diagnosis.evidence
+        assert "PersistentVolumeClaim" in diagnosis.text
+
+
+def test_without_any_path_or_line_both_causes_are_named_and_neither_claimed() -> None:
+    (diagnosis,) = diagnose(scratch_after_checkpoints("", ("torchrun", "train.py")))
+    assert diagnosis.evidence == (
+        "resumed from step 0 although the checkpoint of step 100 was completed before the kill"
+    )
+    assert "Either its resume never loaded" in diagnosis.text
+
+
+def test_the_no_step_diagnosis_shows_the_workers_own_warning() -> None:
+    (diagnosis,) = diagnose(CASES["ray-report-without-step.log"][0])
+    assert "recoverygate: ray: report() without a step" in diagnosis.evidence
+    assert "(RayTrainWorker pid=" in diagnosis.evidence
+    assert "step=N" in diagnosis.text

@@ -644,3 +644,17 @@ def test_an_unknown_kubeconfig_context_is_a_usage_error(
     with pytest.raises(UsageError, match="context 'prod'"):
         orchestrator.discover(far())
     assert apiserver.requests == []
+
+
+def test_it_reports_a_job_whose_pods_all_succeeded(
+    apiserver: FakeApiServer, make_job: MakeJob, make_orchestrator: MakeOrchestrator
+) -> None:
+    # A short job that recovered and finished: its end is a success (issue 31), not silence.
+    job = make_job(nodes=2).start()
+    orchestrator = make_orchestrator(selector=job.selector)
+    orchestrator.discover(far())
+    for rank in range(2):
+        apiserver.stop_container(NAMESPACE, job.pod_name(rank), exit_code=0, phase="Succeeded")
+    events = wait_group(orchestrator, GroupEventKind.JOB_SUCCEEDED)
+    assert "every pod of PyTorchJob/llama is Succeeded" in events[-1].detail
+    assert not any(e.kind is GroupEventKind.JOB_FAILED for e in events)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_recoverygate.engine.ledger import MAX_CHECKPOINTS, MAX_INCARNATIONS
+from pytest_recoverygate.engine.caps import MAX_CHECKPOINTS, MAX_INCARNATIONS
 from pytest_recoverygate.engine.machine import Verdict
 from pytest_recoverygate.engine.model import TrainingEventKind
 from pytest_recoverygate.orchestrators.local import netns

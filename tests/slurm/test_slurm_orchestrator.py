@@ -293,6 +293,21 @@ def test_it_reports_a_job_that_ends_instead_of_recovering(
     assert f"job {job} ended: state FAILED" in events[-1].detail
 
 
+def test_it_reports_a_job_that_completes_as_succeeded(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # A job that trains to its end: a successful end the verdict is told of (issue 31).
+    job = slurm.submit(
+        "#!/bin/bash\nsrun --overcommit -n2 sleep 8\n", "-n2", "--overcommit", workdir=tmp_path
+    )
+    orch = make(slurm, job)
+    try:
+        assert orch.discover(time.time() + 60).by_rank(1) is not None
+        events = wait_for_group(orch, has(GroupEventKind.JOB_SUCCEEDED))
+    finally:
+        orch.cleanup()
+    assert f"job {job} ended: state COMPLETED" in events[-1].detail
+    assert GroupEventKind.JOB_FAILED not in kinds(events)
+
+
 def test_a_requeue_drill_refuses_a_job_that_cannot_be_requeued(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:

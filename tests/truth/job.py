@@ -134,6 +134,22 @@ Everyday patterns (the verdict's second pass):
     checkpointed and restored, so a resumed run redoes the killed run's losses bit for
     bit; ``lost``: the resume does not restore it (expectations.replay, docs/replay.md).
 
+Third pass (issue 31):
+
+``--tick-at-start``
+    a metrics thread's first tick, emulated in line: ``progress(0)`` once at process
+    start, before the load (the fresh state, no step yet); recorded as a ``report``.
+``--held-ticks N``
+    after loading a checkpoint, the first step is slow (a warm-up) and the metrics
+    thread ticks the held count N times before it: ``progress(held)`` N times, recorded
+    as ``report`` records (the loop then reports every step as usual).
+``--loaded-label next``
+    ``checkpoint_loaded`` names the next step to run (held + 1) instead of the step the
+    loaded state holds: a load line naming a step no checkpoint was reported saved at.
+``--announce-scratch``
+    with ``--resume none``: print nanoGPT's own start-up line, "Initializing a new model
+    from scratch", on every start (``init_from='scratch'``).
+
 Signals: SIGTERM is blocked and waited for inside each step's wait
 (``signal.sigtimedwait``), so a process torn down by torchrun records an ``exit`` line
 (``why: "SIGTERM"``) at a step boundary and exits 143, never in the middle of a save.
@@ -247,6 +263,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stall-after-resume", type=int, default=None, metavar="N")
     parser.add_argument("--fork-writer", action="store_true")
     parser.add_argument("--loss", choices=("kept", "lost"), default=None)
+    parser.add_argument("--tick-at-start", action="store_true")
+    parser.add_argument("--held-ticks", type=int, default=0, metavar="N")
+    parser.add_argument("--loaded-label", choices=("held", "next"), default="held")
+    parser.add_argument("--announce-scratch", action="store_true")
     parser.add_argument("--child", choices=("warmup", "eval"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
@@ -445,9 +465,16 @@ class Job:
         if self.rank != 0:
             reporter.checkpoint_loaded(step, digest=self.shard_digest(state))
 
+    def tick(self, count: int) -> None:
+        """A metrics thread's tick of the count it sees (no step of it), in line."""
+        self.truth.record("report", count, reported=True, label=count)
+        reporter.progress(count)
+
     def resume(self) -> None:
         """Load the newest checkpoint (unless told not to) and set the step counter."""
         if self.args.resume == "none":
+            if self.args.announce_scratch and self.rank == 0:
+                print("Initializing a new model from scratch", flush=True)  # nanoGPT's line
             return
         found = list_checkpoints(self.folder)
         if not found:
@@ -467,13 +494,17 @@ class Job:
         if report and self.rank == 0 and self.args.sharded:
             reporter.checkpoint_loaded(label, digest=self.shard_digest(self.shard_state(held)))
         elif report and not self.args.sharded:
-            reporter.checkpoint_loaded(label)
+            reporter.checkpoint_loaded(label + 1 if self.args.loaded_label == "next" else label)
         if self.args.reset_counter:
             self.done = 0
         elif self.args.off_by_one:
             self.done = int(state["epoch"])  # range(stored_index, ...): one epoch redone
         else:
             self.done = held
+        if self.rank == 0:
+            for _ in range(self.args.held_ticks):  # the slow first step's wait, ticked
+                time.sleep(self.args.step_time)
+                self.tick(self.done)
 
     def quarantine_and_die(self) -> int:
         """The loaded state "fails validation": move the folder aside and exit 1."""
@@ -646,6 +677,8 @@ class Job:
             )
         if self.rank != 0 or a.eval_after_kill:
             self.write_pid_file()
+        if a.tick_at_start and self.rank == 0:
+            self.tick(0)
         early = a.progress_style == "thread" and a.thread_before_load is not None
         if early:  # started before the load: it ticks 0 while the checkpoint loads
             threading.Thread(target=self.metrics_thread, daemon=True).start()

@@ -121,14 +121,18 @@ def run_drill(
     script: Path = JOB,
     expect: dict[str, Any] | None = None,
     inject: dict[str, Any] | None = None,
+    launcher: list[str] | None = None,
 ) -> Drill:
-    """Write a recovery-test.yaml, run `recoverygate run` on it, compute the truth."""
+    """Write a recovery-test.yaml, run `recoverygate run` on it, compute the truth.
+
+    ``launcher``: more torchrun options (before the script)."""
     base = tmp_path / "truth"
     command = [
         str(TORCHRUN),
         "--standalone",
         "--nproc-per-node=2",
         f"--max-restarts={max_restarts}",
+        *(launcher or []),
         str(script),
         f"--ckpt-dir={tmp_path / 'ckpt'}",
         *(job_args or []),
@@ -420,6 +424,8 @@ def test_an_off_by_one_epoch_resume_fails_as_steps_replayed_with_the_true_resume
     assert truth.lost_steps is not None and truth.lost_steps >= 1, why  # the redone step
     assert_fails_for(drill, "STEPS_REPLAYED")
     assert drill.report["resumeStep"] == truth.resume_step, why
+    # It reported checkpoint_loaded(8) and redid step 8: the off-by-one is named (issue 31).
+    assert "off by one" in drill.report["summary"], why
     r = drill.report
     assert r["lostSteps"] is not None and r["lostStepsUpperBound"] is not None, why
     assert r["lostSteps"] <= truth.lost_steps <= r["lostStepsUpperBound"], why
@@ -492,6 +498,8 @@ def test_a_survivor_printing_after_the_kill_does_not_inflate_the_lost_steps(
     assert truth.survivor_reported_after_kill >= 5, why
     assert truth.lost_steps is not None and truth.lost_steps + 2 <= 3, why
     assert_passes_held_to_truth(drill)
+    # Every step printed: the bound is tight (a step or two), not exact (README).
+    assert drill.report["lostStepsUpperBound"] - drill.report["lostSteps"] <= 2, why
 
 
 # ---------------------------------------------------------------- checkpoints after the kill
@@ -674,6 +682,19 @@ def test_sharded_state_every_rank_loading_its_shard_of_the_latest_checkpoint_pas
     assert_passes_held_to_truth(drill)
     ranks = drill.report["ranks"]
     assert [r["rank"] for r in ranks] == [1] and ranks[0]["status"] == "ok", drill.explain()
+    assert_rank_check_says_its_entries(drill)
+
+
+def assert_rank_check_says_its_entries(drill: Drill) -> None:
+    """all_ranks_resumed's message names the step each checked rank loaded, per its entries
+    and the job's own records of each rank's load (issue 31)."""
+    why = drill.explain()
+    [check] = [c for c in drill.report["checks"] if c["name"] == "all_ranks_resumed"]
+    loads = shard_loads(drill)
+    for entry in check["observed"]:
+        if entry["status"] == "ok":
+            assert entry["loaded"] == loads[entry["rank"]][0], why
+            assert f"rank(s) {entry['rank']} loaded step {entry['loaded']}" in check["message"], why
 
 
 def test_sharded_state_a_rank_resuming_from_an_older_shard_fails_with_the_rank_named(

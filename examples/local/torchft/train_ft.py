@@ -22,17 +22,27 @@ waits this long before it joins -- a model that takes that long to load), and
 ``TRAIN_FT_DDP`` (default 0; 1 averages through torchft's DDP comm hook instead, to
 compare the two), ``HEAL_APPLIES_NOTHING`` (default 0; 1 makes ``load_state_dict`` load
 into a copy of the model, so a heal applies nothing: the broken twin of
-``stateDigestMatches``).
+``stateDigestMatches``), ``HEAL_REPORTED_AFTER_COMMIT`` (default 0; 1 reports by hand, as
+a hand-written loop may, instead of ``instrument``: every committed step, and a heal only
+once the step's commit is decided -- after ``should_commit``, 0.2 s later (say, after
+logging) -- so its heal line comes after the survivor's line of the same step).
+
+With ``RECOVERYGATE_GROUND_TRUTH=<base>`` (and ``HEAL_REPORTED_AFTER_COMMIT=1``) every
+process appends its own record to ``<base>.<replica>.<pid>.jsonl``: ``{"t", "replica",
+"pid", "restart", "event": "heal"|"commit", "step"}`` -- a heal with the step of the state
+it applied, a commit with the step committed -- written before the matching line.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 from datetime import timedelta
 
 import torch
+from recoverygate import reporter
 from recoverygate.integrations.torchft import instrument
 from torch import nn
 from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
@@ -45,6 +55,25 @@ STEP_SECONDS = float(os.environ.get("STEP_SECONDS", "0.05"))
 PG_TIMEOUT = timedelta(seconds=float(os.environ.get("PG_TIMEOUT_SECONDS", "5")))
 RESTART_DELAY = float(os.environ.get("RESTART_DELAY_SECONDS", "0"))
 HEAL_APPLIES_NOTHING = os.environ.get("HEAL_APPLIES_NOTHING", "0") == "1"
+HEAL_AFTER_COMMIT = os.environ.get("HEAL_REPORTED_AFTER_COMMIT", "0") == "1"
+HEAL_REPORT_DELAY = 0.2  # seconds after the commit is decided before the heal is reported
+
+
+def record(event: str, step: int) -> None:
+    """This process's own record of a heal or commit (RECOVERYGATE_GROUND_TRUTH)."""
+    base = os.environ.get("RECOVERYGATE_GROUND_TRUTH")
+    if not base:
+        return
+    row = {
+        "t": round(time.time(), 6),
+        "replica": REPLICA,
+        "pid": os.getpid(),
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "event": event,
+        "step": step,
+    }
+    with open(f"{base}.{REPLICA}.{os.getpid()}.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
 
 
 def main() -> None:
@@ -55,7 +84,10 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
+    healed: list[int] = []  # HEAL_REPORTED_AFTER_COMMIT: the step of the state applied
+
     def load_state_dict(state: dict[str, object]) -> None:
+        healed.append(manager.current_step())  # torchft's step is the heal's here
         if HEAL_APPLIES_NOTHING:  # the bug: the state goes into a copy, not the model
             copy.deepcopy(model).load_state_dict(state["model"])  # type: ignore[arg-type]
             return
@@ -75,7 +107,7 @@ def main() -> None:
         quorum_timeout=timedelta(seconds=60),
         connect_timeout=timedelta(seconds=10),
     )
-    if os.environ.get("TRAIN_FT_INSTRUMENT", "1") != "0":
+    if os.environ.get("TRAIN_FT_INSTRUMENT", "1") != "0" and not HEAL_AFTER_COMMIT:
         instrument(manager)  # with RECOVERYGATE_AUTO=1 it is instrumented already: a no-op
     ddp = os.environ.get("TRAIN_FT_DDP", "0") == "1"
     net = DistributedDataParallel(manager, model) if ddp else model
@@ -93,8 +125,23 @@ def main() -> None:
                 work.wait()
         if manager.should_commit():
             optimizer.step()
+            if HEAL_AFTER_COMMIT:
+                report_by_hand(manager.current_step(), healed)
         time.sleep(STEP_SECONDS)
     manager.shutdown(wait=False)
+
+
+def report_by_hand(committed: int, healed: list[int]) -> None:
+    """A hand-written loop's reporting: the heal once the commit is decided, then the
+    committed step (the commit is recorded first: it happened before the heal's line)."""
+    record("commit", committed)
+    if healed:
+        step = healed.pop()
+        healed.clear()
+        time.sleep(HEAL_REPORT_DELAY)  # logging, metrics: the heal is reported late
+        record("heal", step)
+        reporter.checkpoint_loaded(step, source="peer")
+    reporter.progress(committed)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,19 @@ from pytest_recoverygate.engine.model import GroupEventKind
 from pytest_recoverygate.engine.spec import DrillSpec, Sustain
 from pytest_recoverygate.engine.verdict import Recovery, StepContract, format_seconds
 
-__all__ = ["DrillEvidence", "KillEvidence", "KillRecord", "Window", "ended_how"]
+__all__ = [
+    "ENDED_INSIDE_LINES",
+    "DrillEvidence",
+    "KillEvidence",
+    "KillRecord",
+    "Window",
+    "ended_how",
+]
+
+#: A job that ends successfully inside the sustain window (exit 0, pod Succeeded, Slurm
+#: COMPLETED, Ray SUCCEEDED) sustained its recovery once this many progress lines past the
+#: resume advanced the step: it trained on, then finished.
+ENDED_INSIDE_LINES = 3
 
 
 @dataclass(slots=True)
@@ -37,6 +49,14 @@ class Window:
         if self.lines < sustain.lines or self.last[1] - self.start[1] < sustain.seconds:
             return False
         return sustain.steps is None or self.last[0] - (resume_step or 0) >= sustain.steps
+
+    def ended_inside(self, sustain: Sustain, resume_step: int | None, succeeded: bool) -> bool:
+        """Whether a job that ended successfully inside the window sustained its recovery:
+        at least :data:`ENDED_INSIDE_LINES` (or the window's own line count, if larger)
+        advancing progress lines past the resume, the first step past it included."""
+        if not succeeded or self.held(sustain, resume_step):
+            return False
+        return self.lines + 1 >= max(ENDED_INSIDE_LINES, sustain.lines)
 
 
 @dataclass(slots=True)

@@ -211,17 +211,26 @@ def rejoin_source(ev: LiveEvidence) -> Check | None:
 
 def heal_step(ev: LiveEvidence) -> Check | None:
     """The replacement healed to a step at or after the survivors' newest committed step
-    when it joined (no survivor step before the heal: undecided)."""
-    step, survivors_step = ev.heal.step, ev.heal.survivors_step
+    when it joined (no survivor step before the heal: undecided). It is judged by the
+    quorum it joined: healed to S with S + 1 its first commit, a survivor's commit of
+    S + 1 is the same quorum's, whatever the order of the lines, and not counted; a
+    survivor commit past S + 1 before the heal still fails."""
+    step, survivors_step, joined = ev.heal.step, ev.heal.survivors_step, ev.heal.joined
     if ev.rejoin is None or step is None:
         return None
     ok_step = survivors_step is None or step >= survivors_step
+    quorum = (
+        f" (it joined the quorum of step {joined} with them)"
+        if joined is not None and ok_step
+        else ""
+    )
     return Check(
         "heal_step",
         ok_step if survivors_step is not None else None,
         f">= {survivors_step}" if survivors_step is not None else "the survivors'",
         step,
-        f"it took state of step {step}; the survivors were at step {survivors_step} when it joined"
+        f"it took state of step {step}; the survivors were at step {survivors_step} when it "
+        f"joined{quorum}"
         if survivors_step is not None
         else "no survivor step was reported before the heal",
         None if ok_step else R.HEALED_TO_OLDER_STEP,
@@ -231,7 +240,8 @@ def heal_step(ev: LiveEvidence) -> Check | None:
 def live_lost_steps(ev: LiveEvidence) -> Check | None:
     """No committed step went backwards, within ``maxLostSteps`` (0 by default here): the
     replacement's first committed step against the job's step when it took its state, and
-    each survivor's own steps."""
+    each survivor's own steps. A commit of the quorum it joined (its first step, right
+    after its heal step) is no step it lost, whenever its line was printed."""
     if ev.rejoin is None:
         return None
     log = ev.log
@@ -241,7 +251,13 @@ def live_lost_steps(ev: LiveEvidence) -> Check | None:
     if cutoff is None:
         born = replacement.start_time
         cutoff = born if born is not None else replacement.first_seen
-    reference = [s for r in log.replicas() for t, s in log.commits(r, old_only=True) if t <= cutoff]
+    joined = ev.heal.joined
+    reference = [
+        s
+        for r in log.replicas()
+        for t, s in log.commits(r, old_only=True)
+        if t <= cutoff and s != joined
+    ]
     lost = max(0, max(reference) - (first - 1)) if reference else None
     backwards = 0
     for r in ev.survivors:

@@ -26,7 +26,9 @@ def lost(
 def lost_steps(ev: KillEvidence) -> Check | None:
     """``maxLostSteps``: the last step completed before the kill minus the resume step is
     within the limit — its upper bound to pass, its proven part to fail; a bound that
-    straddles the limit (progress rate-limited) is undecided."""
+    straddles the limit (progress rate-limited) is undecided, naming
+    RECOVERYGATE_PROGRESS_INTERVAL=0 (which narrows it to a step or two) or a larger
+    limit."""
     limit = ev.spec.max_lost_steps
     if limit is None or not ev.trained:
         return None
@@ -62,6 +64,7 @@ def lost_steps(ev: KillEvidence) -> Check | None:
         observed,
         f"the job lost {span} steps against a limit of {limit}: the last step before the "
         "kill is not known precisely enough; report progress on every step "
-        "(RECOVERYGATE_PROGRESS_INTERVAL=0) so it is",
+        "(RECOVERYGATE_PROGRESS_INTERVAL=0) to narrow the bound to a step or two, or "
+        "allow that much more in maxLostSteps",
         R.INCONCLUSIVE,
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,8 @@ class _Tally:
 
     states: list[dict[str, Any]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    unchecked: list[int] = field(default_factory=list)
+    unchecked: list[int] = field(default_factory=list)  # said nothing about its resume
+    undigested: list[int] = field(default_factory=list)  # loaded; its digest never seen
     reason: FailureReason | None = None
 
     def fail(self, message: str, reason: FailureReason) -> None:
@@ -93,7 +95,7 @@ def _tally(ev: KillEvidence, judged: Inc) -> _Tally:
         if newest is not None and newest.loaded is not None:
             if not _loaded(ev, tally, rank, newest, state):
                 state["status"] = "unchecked"
-                tally.unchecked.append(rank)
+                tally.undigested.append(rank)
         elif newest is not None and newest.first_line is not None:
             state["status"] = "failed"
             tally.fail(
@@ -108,29 +110,68 @@ def _tally(ev: KillEvidence, judged: Inc) -> _Tally:
     return tally
 
 
+def _quiet(tally: _Tally) -> str:
+    """Why the unchecked ranks are unchecked: silent, or their digest never seen."""
+    parts = []
+    if tally.unchecked:
+        parts.append(
+            f"rank(s) {', '.join(map(str, tally.unchecked))} reported no checkpoint_loaded "
+            "after the kill, so their state is unchecked (report checkpoint_loaded on every "
+            "rank: the reporter prints it on every rank)"
+        )
+    if tally.undigested:
+        parts.append(
+            f"rank(s) {', '.join(map(str, tally.undigested))} loaded a checkpoint whose saved "
+            "or loaded digest was never seen, so their state is unchecked (pass digest= to "
+            "checkpoint_completed and checkpoint_loaded on every rank)"
+        )
+    return "; ".join(parts)
+
+
+def _loaded_text(
+    states: Sequence[dict[str, Any]], expected: int, judged: int | None, floor: int | None
+) -> str:
+    """What the checked ranks loaded, from their entries: ``rank(s) 1, 2 loaded step 20``,
+    with why a step other than the expected one was accepted ("" when none was checked)."""
+    loaded_by: dict[int, list[int]] = {}
+    for state in states:
+        if state.get("status") == "ok":
+            loaded_by.setdefault(state["loaded"], []).append(state["rank"])
+    return "; ".join(
+        f"rank(s) {', '.join(map(str, ranks))} loaded step {step}"
+        + (
+            ""
+            if step == expected
+            else " (the judged rank's step)"
+            if step == judged
+            else f" (a checkpoint durable before its load, no older than step {floor})"
+        )
+        for step, ranks in sorted(loaded_by.items())
+    )
+
+
 def all_ranks_resumed(ev: KillEvidence) -> Check | None:
     """Every other rank of the replacement group loaded the expected step (its own
     ``checkpoint_loaded``: its shard, its RNG or data-loader state), and with
     ``stateDigestMatches`` the digest it saved there; with ``latest`` a checkpoint durable
-    before its own load and no older than the floor. A rank that loaded another step, or
-    none before it saved again, fails with the rank named; a rank that says nothing is
-    unchecked (a FAIL with ``expectations.allRanks``). Its observed value lists each
-    rank's state (also the report's ``faultDetails.ranks``)."""
+    before its own load and no older than the floor, or the judged rank's own step. A
+    rank that loaded another step, or none before it saved again, fails with the rank
+    named; a rank that says nothing, or whose saved or loaded digest was never seen, is
+    unchecked (a FAIL with ``expectations.allRanks``). The message names the step each
+    checked rank loaded, from its own entry; when no other rank said what it loaded the
+    check verified nothing: *not checked* (``checked`` false; it neither passes nor fails
+    the drill). Its observed value lists each rank's state (also the report's
+    ``faultDetails.ranks``)."""
     inc, expected, spec = ev.inc, ev.expected, ev.spec
     known = set(ev.ranks) | {r.rank for r in ev.ledger.others.values() if r.rank is not None}
     if inc is None or len(known) <= 1 or expected is None:
         return None
     tally = _tally(ev, inc)
-    states, failed, unchecked = tally.states, tally.failed, tally.unchecked
+    states, failed = tally.states, tally.failed
+    unchecked = tally.unchecked + tally.undigested
     if not states:
         return None
-    quiet = ""
-    if unchecked:
-        quiet = (
-            f"rank(s) {', '.join(map(str, unchecked))} reported no checkpoint_loaded after "
-            "the kill, so their state is unchecked (report checkpoint_loaded on every rank: "
-            "the reporter prints it on every rank)"
-        )
+    quiet = _quiet(tally)
     if failed or (unchecked and spec.all_ranks):
         messages = failed + (
             [quiet + " and expectations.allRanks is set"] if unchecked and spec.all_ranks else []
@@ -143,11 +184,13 @@ def all_ranks_resumed(ev: KillEvidence) -> Check | None:
             "; ".join(messages),
             tally.reason or R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
         )
-    checked = len(states) - len(unchecked)
+    judged = ev.kill.resume.loaded if ev.kill.resume is not None else None
+    said = _loaded_text(states, expected, judged, None if ev.explicit else ev.floor)
     return Check(
         "all_ranks_resumed",
         True,
         f"every rank loaded step {expected}",
         states,
-        f"{checked} other rank(s) loaded step {expected}" + (f"; {quiet}" if quiet else ""),
+        (said + (f"; {quiet}" if quiet else "")) if said else f"not checked: {quiet}",
+        checked=bool(said),  # no other rank said what it loaded: nothing was verified
     )

@@ -132,17 +132,46 @@ def _replayed(r: _Resumed) -> Check | None:
         )
     if resume.replayed:
         assert first is not None
-        return _check(
+        # One step done again, the loaded one: the classic off-by-one resume.
+        hint = (
+            " (a resume off by one, such as range(stored_epoch, …) with the index of the "
+            "epoch just finished stored?)"
+            if first == resume.loaded
+            else " (progress went backwards after the resume)"
+        )
+        return _unreported_load(r) or _check(
             r,
             False,
             (
                 f"loaded checkpoint {resume.loaded}, but the first step reported after it was "
-                f"{first}: steps {first}–{resume.loaded} were done again (progress went "
-                "backwards after the resume)"
+                f"{first}: steps {first}–{resume.loaded} were done again{hint}"
             ),
             R.STEPS_REPLAYED,
         )
     return None
+
+
+def _unreported_load(r: _Resumed) -> Check | None:
+    """A load line naming a step no ``checkpoint_completed`` named, followed by that step
+    as the first step: a silent save of it done again, or a load line naming the next
+    step to run (the state of the step before): the lines cannot tell which."""
+    resume, first = r.resume, r.first
+    reported = {c.step for c in r.ledger.checkpoints}
+    if first is None or first != resume.loaded or resume.loaded in reported:
+        return None
+    return _check(
+        r,
+        None,
+        (
+            f"the replacement's load line names step {resume.loaded}, which was never "
+            f"reported saved, and its first step was {first}: either it loaded a "
+            f"checkpoint of step {first} saved without a report and did that step again, "
+            f"or its load line names the next step to run (the state of step {first - 1}). "
+            "Make it decidable: call reporter.checkpoint_loaded(step) with the step the "
+            "loaded checkpoint holds (the one checkpoint_completed reported for it)"
+        ),
+        R.INCONCLUSIVE,
+    )
 
 
 def _below_expected(r: _Resumed) -> Check | None:
@@ -236,7 +265,7 @@ def _untrusted(r: _Resumed) -> Check | None:
             (
                 f"the replacement resumed from step {observed} by the job's own count, but "
                 "the job breaks the step contract (see step_contract), so that count cannot "
-                "be trusted"
+                f"be trusted{_held_lines(r)}"
             ),
             R.INCONCLUSIVE,
         )
@@ -250,6 +279,22 @@ def _untrusted(r: _Resumed) -> Check | None:
             R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
         )
     return None
+
+
+def _held_lines(r: _Resumed) -> str:
+    """Its first lines that read as lines of the state it held (a 0 before its first
+    step, its first step printed several times), without checkpoint_loaded: the fix."""
+    inc, first = r.inc, r.first
+    shown = [f"a 0 before step {first}"] if inc.zero_dropped else []
+    if inc.first_lines > 1:
+        shown.append(f"step {first} printed {inc.first_lines} times")
+    if not shown or inc.loaded is not None:
+        return ""
+    return (
+        f"; its first lines ({' and '.join(shown)}) read as lines of the state it held, "
+        "not as epochs: if a metrics thread prints them, report progress only after a "
+        "step and call reporter.checkpoint_loaded(step) after loading"
+    )
 
 
 def _named(r: _Resumed) -> Check | None:
@@ -445,8 +490,13 @@ def resume_step(ev: KillEvidence) -> Check | None:
     """The replacement resumed from the expected step: the step named by
     ``resumeFromCheckpoint``, or with ``latest`` a checkpoint durable before its load and
     no older than the newest one durable before it started. A FAIL needs proof whatever
-    the reporting grid (a load line, a replay, a first step below the expected one).
-    Undecided: a resume from a save the kill cut, newer than every durable checkpoint (a
+    the reporting grid (a load line, a replay, a first step below the expected one); a
+    replay of the loaded step alone names the off-by-one resume. Undecided: a load line
+    naming a step no checkpoint_completed named followed by that step (a silent save
+    done again, or a load line naming the next step to run), a replacement without
+    checkpoint_loaded whose first lines may be a metrics thread ticking the state it
+    holds (a 0 before its first step, its first step printed more than once, at a
+    checkpoint's step), a resume from a save the kill cut, newer than every durable checkpoint (a
     torn save or a late report: ``KillDuringCheckpoint``), a job that breaks the step
     contract, a newer checkpoint another rank never reported complete, or one the drill
     never saw completed within the steps the job reached."""

@@ -32,9 +32,13 @@ def counter_went_back(ev: KillEvidence) -> Check | None:
 
 def sustained(ev: KillEvidence) -> Check | None:
     """Training kept advancing for the whole sustain window after the resume (its lines,
-    seconds and steps). A stall longer than the stall limit, or a job that failed inside
-    the window, fails; one that finished inside it, or a window not held by the drill's
-    deadline, is undecided; a window still open is no check yet."""
+    seconds and steps). A job that ended successfully inside the window after at least
+    ``ENDED_INSIDE_LINES`` (3, or the window's own line count if larger) advancing
+    progress lines past the resume, the first step past it included, sustained it: it
+    passes, noted as ended inside the window. A stall longer than the stall limit, or a
+    job that failed inside the window, fails; one that finished inside it after fewer
+    lines, or a window not held by the drill's deadline, is undecided; a window still
+    open is no check yet."""
     inc, past, kill, spec = ev.inc, ev.past, ev.kill, ev.spec
     if not ev.trained or inc is None or past is None:
         return None
@@ -66,27 +70,7 @@ def _not_held(ev: KillEvidence, window: Window, expected: str, observed: object)
     last, at = window.last
     where = f"its last step was {last}, {format_seconds(at - kill.time)} after the kill"
     if kill.job_ended is not None:
-        _, detail, ok = kill.job_ended
-        if ok:
-            return Check(
-                NAME,
-                None,
-                expected,
-                observed,
-                "inconclusive: the job finished inside the sustain window "
-                f"({spec.sustain.describe()}) after resuming ({where}); lengthen the run or "
-                "shorten expectations.sustain",
-                R.INCONCLUSIVE,
-            )
-        return Check(
-            NAME,
-            False,
-            expected,
-            observed,
-            f"training stopped progressing after resume: {where}, then the job failed"
-            + (f" ({detail})" if detail else ""),
-            R.STOPPED_PROGRESSING,
-        )
+        return _ended(ev, window, expected, observed)
     if now - at >= window.stall_limit:
         return Check(
             NAME,
@@ -109,4 +93,47 @@ def _not_held(ev: KillEvidence, window: Window, expected: str, observed: object)
         f"inconclusive: the sustain window ({spec.sustain.describe()}) was not held by the "
         f"drill's deadline ({where}); several processes may be reporting for the rank",
         R.INCONCLUSIVE,
+    )
+
+
+def _ended(ev: KillEvidence, window: Window, expected: str, observed: object) -> Check:
+    """The job ended inside the window: sustained (enough lines, success), undecided
+    (success, too few lines) or stopped progressing (it failed)."""
+    kill, spec = ev.kill, ev.spec
+    assert kill.job_ended is not None
+    last, at = window.last
+    where = f"its last step was {last}, {format_seconds(at - kill.time)} after the kill"
+    _, detail, ok = kill.job_ended
+    resume_step = ev.settled.step if ev.settled is not None else None
+    if window.ended_inside(spec.sustain, resume_step, ok):
+        return Check(
+            NAME,
+            True,
+            expected,
+            observed,
+            f"trained {window.last[0] - window.start[0]} steps over "
+            f"{format_seconds(window.last[1] - window.start[1])} after the resume "
+            f"({window.lines + 1} advancing progress lines past it), then the job ended "
+            "successfully" + (f" ({detail})" if detail else "") + ": the run ended inside "
+            f"the sustain window ({spec.sustain.describe()})",
+        )
+    if ok:
+        return Check(
+            NAME,
+            None,
+            expected,
+            observed,
+            "inconclusive: the job finished inside the sustain window "
+            f"({spec.sustain.describe()}) after resuming ({where}); lengthen the run or "
+            "shorten expectations.sustain",
+            R.INCONCLUSIVE,
+        )
+    return Check(
+        NAME,
+        False,
+        expected,
+        observed,
+        f"training stopped progressing after resume: {where}, then the job failed"
+        + (f" ({detail})" if detail else ""),
+        R.STOPPED_PROGRESSING,
     )

@@ -49,6 +49,7 @@ class _Watched:
     pending_uid: str = ""
     running_uid: str = ""
     failed: bool = False
+    succeeded: bool = False
     restarts: int = 0
     node: str = ""  # a node fault: every pod of the job on it, by uid (NODE_GONE once all go)
     node_uids: frozenset[str] = frozenset()
@@ -268,6 +269,22 @@ class GroupWatch:
                 watched.failed = True
                 emits.append(
                     (GroupEventKind.JOB_FAILED, f"every pod of {self._job} is Failed", None, None)
+                )
+            if (
+                members
+                and all(pod_phase(p) == "Succeeded" for p in members)
+                and not (watched.succeeded or watched.failed)
+            ):
+                # The job finished: a recovery that trained on and ended inside the sustain
+                # window is judged on it (a successful end, not a stall).
+                watched.succeeded = True
+                emits.append(
+                    (
+                        GroupEventKind.JOB_SUCCEEDED,
+                        f"every pod of {self._job} is Succeeded",
+                        None,
+                        None,
+                    )
                 )
         for kind, detail, who, count in emits:
             self._emit(kind, detail, who, count)

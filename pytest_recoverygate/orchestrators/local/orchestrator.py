@@ -56,7 +56,8 @@ from pytest_recoverygate.orchestrators.local.processes import (
     Scan,
     SubreaperGuard,
     WorkerProc,
-    describe_process,
+    is_running,
+    leftovers,
     pidfd_open,
     process_table,
     resolve_executable,
@@ -85,22 +86,11 @@ POLL_INTERVAL = 0.05  # seconds between psutil scans while a recovery is under w
 IDLE_POLL_INTERVAL = 0.25  # seconds between scans otherwise (a scan costs ~3 ms of CPU)
 TERM_GRACE = 5.0  # seconds the agent gets to stop its workers after SIGTERM
 REAP_TIMEOUT = 5.0  # seconds to wait for SIGKILLed processes to disappear
+LEFTOVER_GRACE = 1.0  # seconds a process found at the end may take to finish exiting
 RAW_OUTPUT_LIMIT = 4 * 1024 * 1024  # characters of the job's output kept in memory
 ENVIRON_RETRY_AGE = 2.0  # a process older than this without RANK is not a worker
 OUTPUT_DRAIN_TIMEOUT = 0.5  # seconds to wait for the agent's final output once it exited
 KILL_ROUND_INTERVAL = 0.02  # seconds between cleanup's looks for marked processes
-
-
-def _running(identity: Identity) -> bool:
-    """The process with this identity still runs: a zombie (dead, its exit status not yet
-    collected by a parent that is not ours) holds nothing and is not left running."""
-    proc = identity.process()
-    if proc is None:
-        return False
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 class LocalOrchestrator(LaunchedJob):
@@ -770,11 +760,13 @@ class LocalOrchestrator(LaunchedJob):
         survivors = {i.pid: i for i in self._marked_processes()}
         with self._lock:
             seen = list(self._seen.values())
-        unmarked = {i.pid: i for i in seen if i.pid not in survivors and _running(i)}
-        return [describe_process(i, "") for i in survivors.values()] + [
-            describe_process(i, f"; not signalled: it does not carry the drill's {DRILL_MARKER}")
-            for i in unmarked.values()
-        ]
+        unmarked = {i.pid: i for i in seen if i.pid not in survivors and is_running(i)}
+        quiet = f"; not signalled: it does not carry the drill's {DRILL_MARKER}"
+        # A process that exits while cleanup looks at it is gone, not left over.
+        return leftovers(
+            [(i, "") for i in survivors.values()] + [(i, quiet) for i in unmarked.values()],
+            grace=LEFTOVER_GRACE,
+        )
 
     def _marked_processes(self) -> list[Identity]:
         """Every live process that carries this drill's marker, among its possible places.

@@ -17,6 +17,8 @@ import shutil
 import signal
 import sys
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ __all__ = [
     "SubreaperGuard",
     "WorkerProc",
     "describe_process",
+    "is_running",
+    "leftovers",
     "pidfd_open",
     "process_table",
     "resolve_executable",
@@ -190,6 +194,35 @@ def describe_process(identity: Identity, note: str) -> str:
     if len(command) > 200:
         command = command[:197] + "..."
     return f"pid {identity.pid} ({command}{note})"
+
+
+def is_running(identity: Identity) -> bool:
+    """The process with this identity still runs: a zombie (dead, its exit status not yet
+    collected by a parent that is not ours) holds nothing and is not left running."""
+    return identity.process() is not None
+
+
+def leftovers(
+    candidates: Sequence[tuple[Identity, str]], *, grace: float, interval: float = 0.05
+) -> list[str]:
+    """The descriptions (:func:`describe_process`, with each one's note) of the processes
+    among ``candidates`` still running after up to ``grace`` seconds.
+
+    A process that exits while cleanup looks at it — a zombie by now, gone, or one whose
+    command line can no longer be read because it is exiting — is gone, not left over:
+    only a process still alive after the wait and after its description was read is.
+    """
+    deadline = time.monotonic() + grace
+    alive = [c for c in candidates if is_running(c[0])]
+    while alive and time.monotonic() < deadline:
+        time.sleep(interval)
+        alive = [c for c in alive if is_running(c[0])]
+    out = []
+    for identity, note in alive:
+        text = describe_process(identity, note)
+        if is_running(identity):  # still there once its description was read
+            out.append(text)
+    return out
 
 
 def pidfd_open(pid: int) -> int | None:

@@ -780,7 +780,10 @@ class SlurmOrchestrator:
         if job.state in FINAL_STATES:
             self._ended = True
             if job.state == "COMPLETED" and (watch is None or watch.replacement is not None):
-                return  # training finished normally
+                # Training finished normally: a successful end the verdict is told of (a
+                # recovery that ended inside its sustain window is judged on it).
+                self._emit(model.GroupEventKind.JOB_SUCCEEDED, job.describe_end())
+                return
             self._emit(model.GroupEventKind.JOB_FAILED, job.describe_end())
             return
         if watch is None or watch.replacement is not None:
