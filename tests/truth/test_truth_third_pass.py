@@ -22,7 +22,11 @@ We test these aspects:
 - torchft (examples/local/torchft, reporting by hand): a replacement that reports its heal
   only after should_commit, so after the survivor's line of the same step, PASSes with the
   heal step of its own record and no lost step (was FAIL "the survivors were at step S + 1
-  when it joined", "1 committed step(s) went backwards").
+  when it joined", "1 committed step(s) went backwards");
+- Ray (examples/ray/train_ray.py --no-step): a job reporting metrics without a step, Ray
+  registering its 4 checkpoints, ends in ERROR saying it printed no line with a step and
+  how to give one, with the workers' own warning as the diagnosis' evidence (was "the job
+  finished before the drill could kill anything … lengthen the run").
 """
 
 from __future__ import annotations
