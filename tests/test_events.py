@@ -343,9 +343,11 @@ def test_a_parser_that_raises_costs_one_malformed_count_never_the_stream(
 ) -> None:
     """Last resort (fool6 finding 1): whatever the parser raises on, the chunk counts as
     malformed and the stream goes on with a fresh parser."""
+    from recoverygate.wire import StreamParser
+
     from pytest_recoverygate.shared import events as events_module
 
-    class Fragile(events_module.StreamParser):
+    class Fragile(StreamParser):
         def feed(self, chunk: bytes) -> list[Record]:
             if b"boom" in chunk:
                 raise OverflowError("int too large to convert to float")

@@ -93,7 +93,8 @@ def test_max_divergent_steps_is_an_allowance_of_steps() -> None:
     assert one[0] is not None
     assert one[0].passed is False
     assert one[1] is not None
-    assert one[1].first_divergent_step == 1
+    assert one[1].first_divergent_step == 2  # the first step beyond the allowance of 1
+    assert one[1].divergent_steps == 2
 
 
 def test_a_differing_batch_diverges_even_with_the_same_loss() -> None:
@@ -119,7 +120,7 @@ def test_only_steps_past_the_resume_are_replayed_steps() -> None:
 
 
 def test_nan_matches_nan_only() -> None:
-    both = judge(run(s1=math.nan), run(s1=math.nan), EXACT)[0]
+    both = judge(run(s1=math.nan, s2=0.5), run(s1=math.nan, s2=0.5), EXACT)[0]
     one = judge(run(s1=1.0), run(s1=math.nan), ReplaySpec("tolerance", rtol=1.0))[0]
     assert both is not None
     assert both.passed is True
@@ -141,7 +142,8 @@ def test_report_mode_gives_figures_and_never_a_check() -> None:
         ({}, {}, 20, "the job reports no loss"),
         (run(s21=1.0), {21: (None, "b21")}, 20, "the replacement reported no loss"),
         (run(s19=1.0, s20=1.0), run(s21=1.0), 20, "the kill came before any replayed step"),
-        (run(s21=1.0), run(s40=1.0), 20, "RECOVERYGATE_REPLAY_WINDOW"),
+        (run(s21=1.0), run(s40=1.0), 20, "it did not redo the steps 21-21"),
+        (run(s21=1.0, s23=1.0), run(s22=1.0, s24=1.0), 20, "RECOVERYGATE_REPLAY_WINDOW"),
     ],
 )
 def test_nothing_to_compare_is_inconclusive_and_says_why(
@@ -265,7 +267,10 @@ def test_max_divergent_steps_allows_that_many_steps(
     )
     assert got == code, report["summary"]
     assert report["replay"]["divergentSteps"] == 2
-    expected_first = None if code == 0 else report["resumeStep"] + 1
+    rows = report["replay"]["steps"]
+    diverged = [row["step"] for row in rows if row["killed"] != row["replacement"]]
+    assert len(diverged) == 2
+    expected_first = None if code == 0 else diverged[allowed]  # the first beyond the allowance
     assert report["replay"]["firstDivergentStep"] == expected_first
 
 

@@ -357,6 +357,14 @@ class DrillEngine(DrillState):
             if self.spec.after_step is not None:  # afterStep: say the step, not a checkpoint
                 step = self._live.max_step() if self._live is not None else self.current_step
                 seen = f"the last step seen was {step}" if step is not None else "no step seen"
+            waited = self._replay_wait_note()
+            if waited is not None:  # issue 33: armed at the checkpoint, waiting for a step
+                return self._finish_error(
+                    now,
+                    f"timed out after {format_seconds(self.spec.checkpoint_timeout)}: {waited} "
+                    "(timeouts.checkpoint); lower expectations.replaySteps, give "
+                    "injectFailure a delay, or check that the job still trains",
+                )
             return self._finish_error(
                 now,
                 f"timed out after {format_seconds(self.spec.checkpoint_timeout)} waiting for "
@@ -619,6 +627,19 @@ class DrillEngine(DrillState):
             return self._judge(at)
         return []
 
+    def _replay_wait_note(self) -> str | None:
+        """issue 33: while the kill is armed at the trigger checkpoint and waits for the
+        ``replaySteps`` step, what it waits for and the last step seen; None otherwise."""
+        armed = self._armed
+        if armed is None or armed.fire_step is None:
+            return None
+        step = self.current_step
+        seen = f"the last step seen was {step}" if step is not None else "no step was seen since"
+        return (
+            f"the trigger checkpoint (step {armed.step}) was reached and the kill waits for step "
+            f"{armed.fire_step} (expectations.replaySteps: {self.spec.replay_steps}); {seen}"
+        )
+
     def _detected(self, at: float) -> None:
         kill = self._kill
         if kill is not None and kill.detected is None:
@@ -634,6 +655,10 @@ class DrillEngine(DrillState):
                 if event.kind is model.GroupEventKind.JOB_FAILED
                 else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
             )
+            waited = self._replay_wait_note()
+            if waited is not None:  # issue 33: it ended between the checkpoint and the step
+                detail += f" ({waited})"
+                fix = "; lower expectations.replaySteps or lengthen the run" if fix else fix
             return self._finish_error(
                 event.timestamp,
                 f"the job {how}{step} before the drill could kill anything{detail}{fix}",

@@ -171,7 +171,8 @@ class StreamEventSource:
             except Exception:  # last resort: hostile bytes are malformed, never fatal
                 self._finished_malformed += parser.malformed + 1
                 self._parsers[stream] = StreamParser()
-                records = events = []
+                records = []
+                events = []
             self._events.extend(events)
         if records and self._wakeup is not None:
             self._wakeup()

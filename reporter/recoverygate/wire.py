@@ -305,7 +305,7 @@ def data_text(value: object) -> str | None:
                 return hashlib.blake2b(raw, digest_size=16).hexdigest()
             text = raw.hex()
         elif hasattr(type(value), "__index__"):  # numpy ints, integer 0-d tensors
-            return data_text(operator.index(value))  # type: ignore[call-overload]
+            return data_text(operator.index(value))  # type: ignore[arg-type]
         else:
             return None
         if not text:

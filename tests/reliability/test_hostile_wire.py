@@ -38,7 +38,11 @@ def progress(step: int, loss: str = "0.5") -> bytes:
 def test_a_hostile_loss_is_malformed_and_the_reader_keeps_reading(loss: str) -> None:
     errors: list[BaseException] = []
     old_hook = threading.excepthook
-    threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment]
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        errors.append(args.exc_value or RuntimeError("a reader thread died"))
+
+    threading.excepthook = hook
     read_fd, write_fd = os.pipe()
     source = StreamEventSource()
     try:
