@@ -37,7 +37,8 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``peer``        int     checkpoint_loaded only, optional: the replica rank the state came from
 ``loss``        number  progress only, optional: the step's loss, written so that it reads
                         back as the same float (Python's ``repr``); a non-finite loss is the
-                        string ``"nan"``, ``"inf"`` or ``"-inf"``
+                        string ``"nan"``, ``"inf"`` or ``"-inf"`` (a number that is no finite
+                        float, e.g. ``NaN``, ``1e400`` or a huge integer, is malformed)
 ``data``        str     progress only, optional: a fingerprint of the step's batch, 1 to 128
                         characters (the reporter writes an int in decimal, bytes in hex, and
                         anything longer than 128 characters as its BLAKE2b-128 hex digest)

@@ -543,11 +543,16 @@ def _of_kill(ev: KillEvidence) -> tuple[Check | None, dict[str, Any] | None]:
 
 
 def replay_matches(ev: KillEvidence) -> Check | None:
-    """The replacement redid the steps the killed run had done after the resume step with
-    the same losses (``exact``: equal, and equal ``data`` fingerprints where both runs gave
-    one; a tolerance: ``|new - old| <= atol + rtol*|old|`` on all but
-    ``maxDivergentSteps``). Nothing to compare (no loss, or no replayed step reported
-    before the kill) is undecided; ``report`` (the default) never fills the check."""
+    """The replacement redid the steps the killed run had done after the resume step the
+    same way: each replacement of the kill against its own rank's killed run, every line
+    of a step (a step is compared only when both runs printed all its lines: the most
+    either printed for a step); ``exact``: the same bits, and equal ``data``
+    fingerprints where both runs gave one; a tolerance: ``|new - old| <= atol +
+    rtol*|old|`` on all but ``maxDivergentSteps`` (the first step beyond them is the
+    first divergent). A step whose fingerprints differ diverged, with or without a loss.
+    Undecided: nothing to compare (no loss, no replayed step reported before the kill,
+    steps reported a different number of times), or agreement with no finite loss
+    compared (only NaN, or only fingerprints). ``report`` (the default) never fills it."""
     return _of_kill(ev)[0]
 
 
