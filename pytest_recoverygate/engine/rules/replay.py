@@ -148,7 +148,7 @@ def _candidates(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) 
         and inc.replay_points
         and inc.first_seen <= kill_time
         and inc.last is not None
-        and (judged.rank is None or inc.rank == judged.rank)
+        and (judged.rank is None or inc.rank is None or inc.rank == judged.rank)
     ]
 
 
@@ -156,8 +156,8 @@ def reference(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) ->
     """The killed run: the judged replacement's rank's incarnation before kill ``kill_index``.
 
     With torchrun the whole group restarts, so it is that rank's old process even when
-    another rank was the target. Of that rank's workers seen before the kill (any rank's
-    when the replacement names none), the one whose last progress line before it is the
+    another rank was the target. Of that rank's workers seen before the kill (and those
+    that named no rank; any rank's when the replacement names none), the one whose last progress line before it is the
     newest; None when none reported a loss or data.
     """
     best: Inc | None = None
