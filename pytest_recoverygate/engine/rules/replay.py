@@ -157,8 +157,8 @@ def reference(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) ->
 
     With torchrun the whole group restarts, so it is that rank's old process even when
     another rank was the target. Of that rank's workers seen before the kill (and those
-    that named no rank; any rank's when the replacement names none), the one whose last progress line before it is the
-    newest; None when none reported a loss or data.
+    that named no rank; any rank's when the replacement names none), the one whose last
+    progress line before it is the newest; None when none reported a loss or data.
     """
     best: Inc | None = None
     for inc in _candidates(ledger, kill_index, kill_time, judged):
