@@ -336,3 +336,26 @@ def test_a_progress_line_s_loss_and_data_reach_the_engine() -> None:
         Record("progress", 1.0, INC, step=41, rank=0, loss=0.25, data="e0/b41"), 1.5
     )
     assert (event.step, event.loss, event.data) == (41, 0.25, "e0/b41")
+
+
+def test_a_parser_that_raises_costs_one_malformed_count_never_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Last resort (fool6 finding 1): whatever the parser raises on, the chunk counts as
+    malformed and the stream goes on with a fresh parser."""
+    from recoverygate.wire import StreamParser
+
+    from pytest_recoverygate.shared import events as events_module
+
+    class Fragile(StreamParser):
+        def feed(self, chunk: bytes) -> list[Record]:
+            if b"boom" in chunk:
+                raise OverflowError("int too large to convert to float")
+            return super().feed(chunk)
+
+    monkeypatch.setattr(events_module, "StreamParser", Fragile)
+    source = StreamEventSource()
+    assert source.feed(b"boom\n") == 0
+    assert source.feed(line(7)) == 1
+    assert [e.step for e in source.poll()] == [7]
+    assert source.malformed_lines == 1

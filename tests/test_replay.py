@@ -20,20 +20,31 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.engine.machine import DrillEngine, Finish, KillTarget
+from pytest_recoverygate.engine.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+)
 from pytest_recoverygate.engine.rules.replay import WHAT_TO_CHECK, judge
 from pytest_recoverygate.engine.spec import ReplaySpec
-from pytest_recoverygate.engine.verdict import FailureReason
+from pytest_recoverygate.engine.verdict import Check, DrillResult, FailureReason, Verdict
 from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.base import SimulatedClock
 from pytest_recoverygate.report.terminal import replay_lines
 from pytest_recoverygate.report.timeline import build_figure
 from pytest_recoverygate.runner import RunOptions, run_drill
+from tests.test_engine_patterns import T0, C, L, P, S, drive, engine_for, ev, result_of
 
 EXACT = ReplaySpec("exact")
 
@@ -93,7 +104,8 @@ def test_max_divergent_steps_is_an_allowance_of_steps() -> None:
     assert one[0] is not None
     assert one[0].passed is False
     assert one[1] is not None
-    assert one[1].first_divergent_step == 1
+    assert one[1].first_divergent_step == 2  # the first step beyond the allowance of 1
+    assert one[1].divergent_steps == 2
 
 
 def test_a_differing_batch_diverges_even_with_the_same_loss() -> None:
@@ -119,7 +131,7 @@ def test_only_steps_past_the_resume_are_replayed_steps() -> None:
 
 
 def test_nan_matches_nan_only() -> None:
-    both = judge(run(s1=math.nan), run(s1=math.nan), EXACT)[0]
+    both = judge(run(s1=math.nan, s2=0.5), run(s1=math.nan, s2=0.5), EXACT)[0]
     one = judge(run(s1=1.0), run(s1=math.nan), ReplaySpec("tolerance", rtol=1.0))[0]
     assert both is not None
     assert both.passed is True
@@ -141,7 +153,8 @@ def test_report_mode_gives_figures_and_never_a_check() -> None:
         ({}, {}, 20, "the job reports no loss"),
         (run(s21=1.0), {21: (None, "b21")}, 20, "the replacement reported no loss"),
         (run(s19=1.0, s20=1.0), run(s21=1.0), 20, "the kill came before any replayed step"),
-        (run(s21=1.0), run(s40=1.0), 20, "RECOVERYGATE_REPLAY_WINDOW"),
+        (run(s21=1.0), run(s40=1.0), 20, "it did not redo the steps 21-21"),
+        (run(s21=1.0, s23=1.0), run(s22=1.0, s24=1.0), 20, "RECOVERYGATE_REPLAY_WINDOW"),
     ],
 )
 def test_nothing_to_compare_is_inconclusive_and_says_why(
@@ -265,7 +278,10 @@ def test_max_divergent_steps_allows_that_many_steps(
     )
     assert got == code, report["summary"]
     assert report["replay"]["divergentSteps"] == 2
-    expected_first = None if code == 0 else report["resumeStep"] + 1
+    rows = report["replay"]["steps"]
+    diverged = [row["step"] for row in rows if row["killed"] != row["replacement"]]
+    assert len(diverged) == 2
+    expected_first = None if code == 0 else diverged[allowed]  # the first beyond the allowance
     assert report["replay"]["firstDivergentStep"] == expected_first
 
 
@@ -356,3 +372,215 @@ def test_the_page_the_terminal_and_the_picture_show_the_compared_steps(tmp_path:
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     plt.close(fig)
     assert f"replay diverged at step {first}" in labels
+
+
+# ---------------------------------------------------------------------------- engine scenarios
+# (fool6: a reviewer's attacks on the rule; each scenario is a whole drill through the
+# engine, the events as the wire delivers them)
+
+
+def job(
+    inc: str,
+    t0: float,
+    steps: list[int],
+    loss: Callable[[int], float] | None,
+    *,
+    loaded: int | None = None,
+    rank: int = 0,
+    every: float = 0.1,
+    data: Callable[[int], str] | None = None,
+    lines: int = 1,
+    checkpoints: bool = True,
+) -> list[TrainingEvent]:
+    """A run's events: ``lines`` progress lines per step (loss of line k: loss(step) + k)."""
+    events = [ev(S, t0, inc, rank=rank)]
+    t = t0 + 0.05
+    if loaded is not None:
+        events.append(ev(L, t, inc, loaded, rank=rank))
+    for step in steps:
+        for k in range(lines):
+            t += every / lines
+            extra: dict[str, Any] = {}
+            if loss is not None:
+                extra["loss"] = loss(step) + k
+            if data is not None:
+                extra["data"] = data(step)
+            events.append(ev(P, t, inc, step, rank=rank, **extra))
+        if checkpoints and step % 10 == 0:
+            events.append(ev(C, t + 0.001, inc, step, rank=rank))
+    return events
+
+
+def good(step: int) -> float:
+    return 1.0 / (step + 3)
+
+
+def kill_when_asked(engine: DrillEngine, events: list[TrainingEvent]) -> None:
+    """Feed ``events`` until the engine asks for the kill; it lands at once."""
+    for event in events:
+        for action in engine.on_training_event(event):
+            if isinstance(action, KillTarget):
+                engine.on_kill_result(KillResult(KillOutcome.KILLED, event.timestamp + 0.001))
+                return
+    raise AssertionError("the engine never asked for the kill")
+
+
+def check_of(result: DrillResult) -> Check:
+    found = next((c for c in result.checks if c.name == "replay_matches"), None)
+    assert found is not None, result.summary
+    return found
+
+
+def both_ranks(
+    name: str, t0: float, rank1: Callable[[int], float], **kw: Any
+) -> list[TrainingEvent]:
+    steps = list(range(21, 40)) if "loaded" in kw else list(range(1, 31))
+    events = job(f"{name}0", t0, steps, good, rank=0, **kw) + job(
+        f"{name}1", t0, steps, rank1, rank=1, every=0.1001, checkpoints=False, **kw
+    )
+    return sorted(events, key=lambda e: e.timestamp)
+
+
+def ended(engine: DrillEngine, events: list[TrainingEvent]) -> DrillResult:
+    finishes = drive(engine, events)
+    end = GroupEvent(GroupEventKind.JOB_SUCCEEDED, events[-1].timestamp + 0.5, "exit 0")
+    finishes += [a for a in engine.on_group_event(end) if isinstance(a, Finish)]
+    assert len(finishes) == 1, finishes
+    return finishes[0].result
+
+
+def test_with_every_rank_reporting_each_is_compared_with_its_own_killed_run() -> None:
+    """reportingRank: all; each rank's local loss differs (rank 1's is 0.25 higher). The
+    reference is the judged replacement's own rank, never the rank whose last line was
+    newest; and a rank that diverged is not hidden by one that matched."""
+    rank1 = lambda step: good(step) + 0.25  # noqa: E731
+    engine = engine_for(replay=EXACT, reporting_rank=None)
+    kill_when_asked(engine, both_ranks("old", 0.0, rank1))
+    same = check_of(ended(engine, both_ranks("new", 5.0, rank1, loaded=20)))
+    assert same.passed is True, same.message
+    engine = engine_for(replay=EXACT, reporting_rank=None)
+    kill_when_asked(engine, both_ranks("old", 0.0, rank1))
+    result = ended(engine, both_ranks("new", 5.0, lambda s: rank1(s) + 1e-3, loaded=20))
+    check = check_of(result)
+    assert check.passed is False, check.message
+    assert "replay diverged at step 21" in check.message
+    # rank 1's own killed run is the reference (rank 0's loss at 21 is good(21))
+    assert f"the killed run's loss was {good(21) + 0.25!r}" in check.message
+    assert result.verdict is Verdict.FAIL
+
+
+def test_a_step_reported_once_per_micro_batch_is_compared_line_by_line() -> None:
+    """4 lines per step (one per micro-batch), equal in both runs; the kill lands after the
+    first line of step 25 (the killed run's last step is cut): PASS over the full steps."""
+    engine = engine_for(replay=EXACT)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 40)), good, lines=4))
+    result = result_of(engine, job("new", 5.0, list(range(21, 40)), good, loaded=20, lines=4))
+    check = check_of(result)
+    assert check.passed is True, check.message
+    assert result.verdict is Verdict.PASS
+    assert result.replay is not None
+    assert result.replay["linesPerStep"] == 4
+    assert result.replay["stepsSkipped"] >= 1  # step 25: 1 line before the kill, not 4
+    assert 25 not in [row["step"] for row in result.replay["steps"]]
+
+
+def test_a_divergent_micro_batch_line_fails_even_when_the_steps_last_line_matches() -> None:
+    engine = engine_for(replay=EXACT)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 40)), good, lines=4))
+    new = job("new", 5.0, list(range(21, 40)), good, loaded=20, lines=4)
+    i = next(k for k, e in enumerate(new) if e.kind is P and e.step == 22)
+    new[i] = replace(new[i], loss=(new[i].loss or 0.0) + 1e-9)  # the first of 4 lines only
+    check = check_of(result_of(engine, new))
+    assert check.passed is False
+    assert "replay diverged at step 22" in check.message
+
+
+def test_a_step_the_replacement_reported_twice_never_passes() -> None:
+    """The replacement printed step 22 diverged, then again with the killed run's value:
+    not a PASS (the newest value does not overwrite the evidence)."""
+    engine = engine_for(replay=EXACT)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    new = job("new", 5.0, list(range(21, 40)), good, loaded=20, checkpoints=False)
+    i = next(k for k, e in enumerate(new) if e.kind is P and e.step == 22)
+    new.insert(i, replace(new[i], timestamp=new[i].timestamp - 0.01, loss=good(22) + 0.5))
+    check = check_of(result_of(engine, new))
+    assert check.passed is not True, check.message
+    assert "different number of times" in check.message
+
+
+def test_the_first_divergent_step_is_the_first_beyond_the_allowance() -> None:
+    spec = ReplaySpec("tolerance", rtol=1e-9, max_divergent_steps=2)
+    old = {s: (good(s), None) for s in range(21, 31)}
+    new = {s: ((good(s) * 2 if s in (22, 25, 27) else good(s)), None) for s in range(21, 31)}
+    check, figures = judge(old, new, spec, resumed_from=20)
+    assert figures is not None and check is not None
+    assert figures.first_divergent_step == 27
+    assert figures.divergent_steps == 3
+    assert check.message.startswith("replay diverged at step 27")
+
+
+def test_exact_compares_bits_minus_zero_is_not_zero() -> None:
+    check, figures = judge(run(s21=0.0, s22=0.5), run(s21=-0.0, s22=0.5), EXACT, resumed_from=20)
+    assert check is not None and check.passed is False
+    assert figures is not None and figures.first_divergent_step == 21
+    tolerant = judge(run(s21=0.0), run(s21=-0.0), ReplaySpec("tolerance", atol=0.0))[0]
+    assert tolerant is not None and tolerant.passed is True
+
+
+def test_only_nan_losses_compared_prove_nothing() -> None:
+    nan = math.nan
+    check, _ = judge(run(s21=nan, s22=nan), run(s21=nan, s22=nan), EXACT, resumed_from=20)
+    assert check is not None
+    assert check.passed is None
+    assert check.reason is FailureReason.INCONCLUSIVE
+    assert "NaN or infinite" in check.message
+
+
+def test_data_only_fingerprints_fail_when_they_differ_and_prove_no_loss_when_equal() -> None:
+    old = {21: (None, "b21"), 22: (None, "b22")}
+    check, figures = judge(old, {21: (None, "b1"), 22: (None, "b2")}, EXACT, resumed_from=20)
+    assert check is not None and check.passed is False
+    assert check.reason is FailureReason.REPLAY_DIVERGED
+    assert "its data differs" in check.message
+    assert figures is not None and figures.data_matched is False
+    same = judge(old, dict(old), EXACT, resumed_from=20)[0]
+    assert same is not None and same.passed is None
+    assert "no loss was compared" in same.message
+
+
+def test_a_replacement_that_skipped_the_replayed_steps_is_told_so() -> None:
+    engine = engine_for(replay=EXACT)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    result = result_of(engine, job("new", 5.0, list(range(27, 45)), good, loaded=20))
+    check = check_of(result)
+    assert check.passed is None
+    assert "its first reported step was 27" in check.message
+    assert "RECOVERYGATE_REPLAY_WINDOW" not in check.message
+
+
+def test_the_terminal_marks_data_only_where_both_runs_fingerprinted() -> None:
+    engine = engine_for(replay=EXACT)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good, data=lambda s: f"b{s}"))
+    result = result_of(engine, job("new", 5.0, list(range(21, 40)), good, loaded=20))
+    assert result.verdict is Verdict.PASS, result.summary
+    lines = replay_lines(result)
+    assert len(lines) > 1
+    assert not any("differs" in line for line in lines), lines
+
+
+def test_a_replay_steps_step_that_never_comes_is_named() -> None:
+    """Training stops 2 steps past the trigger checkpoint 20; replaySteps 5 waits for 25."""
+    engine = engine_for(replay=EXACT)
+    events = job("old", 0.0, list(range(1, 23)), good)
+    assert drive(engine, events) == []
+    [timeout] = [a for a in engine.tick(T0 + 10_000.0) if isinstance(a, Finish)]
+    assert timeout.result.verdict is Verdict.ERROR
+    assert "the kill waits for step 25 (expectations.replaySteps: 5)" in timeout.result.summary
+    assert "the last step seen was 22" in timeout.result.summary
+    engine = engine_for(replay=EXACT)
+    drive(engine, events)
+    end = GroupEvent(GroupEventKind.JOB_SUCCEEDED, events[-1].timestamp + 0.5, "exit 0")
+    [at_once] = [a for a in engine.on_group_event(end) if isinstance(a, Finish)]
+    summary = at_once.result.summary
+    assert "before the drill could kill anything" in summary
+    assert "waits for step 25" in summary and "lower expectations.replaySteps" in summary

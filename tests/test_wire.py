@@ -15,6 +15,7 @@ We test these aspects:
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -605,3 +606,56 @@ def test_a_progress_line_with_a_bad_loss_or_data_is_malformed(field: str) -> Non
     records, malformed = parse_text(line)
     assert records == []
     assert malformed == 1
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        "1" + "0" * 400,  # an int beyond the float range: float() raises OverflowError
+        "-" + "9" * 320,
+        "1e400",  # a number literal that reads as inf
+        "-1e999999999",
+        "NaN",  # JSON's non-standard literals: only the strings say non-finite
+        "Infinity",
+        "-Infinity",
+    ],
+)
+def test_a_loss_that_is_no_finite_number_is_malformed_never_raised(loss: str) -> None:
+    line = f'{SENTINEL} {{"event":"progress","time":1.5,"inc":"ab","step":3,"loss":{loss}}}\n'
+    records, malformed = parse_text(line + line.replace('"step":3', '"step":4'))
+    assert records == []
+    assert malformed == 2
+    parser = StreamParser()
+    assert parser.feed(line.encode()) == []
+    assert parser.malformed == 1
+
+
+def test_the_non_finite_strings_are_the_loss_forms_that_read_back() -> None:
+    for text, check in (('"nan"', math.isnan), ('"inf"', lambda v: v == math.inf)):
+        record = only(
+            f'{SENTINEL} {{"event":"progress","time":1,"inc":"ab","step":3,"loss":{text}}}'
+        )
+        assert record.loss is not None and check(record.loss)
+
+
+@pytest.mark.parametrize("line_end", ["}", ',"x":1}'])  # the shortcut, and the JSON path
+def test_minus_zero_written_as_an_integer_reads_the_same_on_both_paths(line_end: str) -> None:
+    record = only(
+        f'{SENTINEL} {{"event":"progress","time":1.5,"inc":"ab","step":3,"loss":-0{line_end}'
+    )
+    assert record.loss == 0.0 and math.copysign(1.0, record.loss) == 1.0
+    record = only(
+        f'{SENTINEL} {{"event":"progress","time":1.5,"inc":"ab","step":3,"loss":-0.0{line_end}'
+    )
+    assert record.loss is not None and math.copysign(1.0, record.loss) == -1.0
+
+
+def test_data_accepts_anything_operator_index_takes() -> None:
+    import numpy as np
+    import torch
+
+    assert wire.data_text(np.int64(7)) == "7"
+    assert wire.data_text(torch.tensor(7)) == "7"
+    assert wire.data_text(torch.tensor(7.5)) is None  # a float tensor is no int
+    assert wire.data_text(np.float64(7.0)) is None
+    assert wire.data_text(True) is None

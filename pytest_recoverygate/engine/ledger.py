@@ -40,6 +40,7 @@ __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
 R = FailureReason
 _MAX_REPLAY_POINTS = 4096  # per incarnation (engine/rules/replay.py MAX_POINTS)
+_MAX_STEP_LINES = 64  # lines kept per step (engine/rules/replay.py MAX_LINES)
 
 
 def steps_text(values: list[int], limit: int = 6) -> str:
@@ -78,8 +79,10 @@ class Inc:
     points: list[tuple[int, float]] = field(default_factory=list)  # first distinct steps
     lines: int = 0  # progress lines
     advanced: tuple[int, float] | None = None  # its newest line that raised its step
-    # issue 33 (engine/rules/replay.py): step -> (loss, data) as reported, the newest MAX_POINTS
-    replay_points: dict[int, tuple[float | None, str | None]] = field(default_factory=dict)
+    # issue 33 (engine/rules/replay.py): step -> every (loss, data) line of it, in order
+    replay_points: dict[int, tuple[tuple[float | None, str | None], ...]] = field(
+        default_factory=dict
+    )
     first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
     zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
 
@@ -370,8 +373,8 @@ class Ledger:
     ) -> None:
         if loss is not None or data is not None:  # issue 33: kept for engine/rules/replay.py
             points = inc.replay_points
-            points.pop(step, None)  # a step reported again: its newest values, newest place
-            points[step] = (loss, data)
+            seen = points.pop(step, ())  # a step reported again: every line, newest place
+            points[step] = (*seen, (loss, data)) if len(seen) < _MAX_STEP_LINES else seen
             if len(points) > _MAX_REPLAY_POINTS:
                 del points[next(iter(points))]
         if new and step > 0 and inc.loaded is None and inc.only_zero():

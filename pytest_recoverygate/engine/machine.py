@@ -359,6 +359,14 @@ class DrillEngine(DrillState):
             if self.spec.after_step is not None:  # afterStep: say the step, not a checkpoint
                 step = self._live.max_step() if self._live is not None else self.current_step
                 seen = f"the last step seen was {step}" if step is not None else "no step seen"
+            waited = self._replay_wait_note()
+            if waited is not None:  # issue 33: armed at the checkpoint, waiting for a step
+                return self._finish_error(
+                    now,
+                    f"timed out after {format_seconds(self.spec.checkpoint_timeout)}: {waited} "
+                    "(timeouts.checkpoint); lower expectations.replaySteps, give "
+                    "injectFailure a delay, or check that the job still trains",
+                )
             return self._finish_error(
                 now,
                 f"timed out after {format_seconds(self.spec.checkpoint_timeout)} waiting for "
@@ -658,6 +666,10 @@ class DrillEngine(DrillState):
                     "'step' in the metrics (its workers warn 'report() without a step' "
                     "on stderr when they do not)"
                 )
+            waited = self._replay_wait_note()
+            if waited is not None:  # issue 33: it ended between the checkpoint and the step
+                detail += f" ({waited})"
+                fix = "; lower expectations.replaySteps or lengthen the run" if fix else fix
             return self._finish_error(
                 event.timestamp,
                 f"the job {how}{step} before the drill could kill anything{detail}{fix}",

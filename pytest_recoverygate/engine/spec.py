@@ -121,11 +121,12 @@ class ReplaySpec:
         return "report only"
 
     def matches(self, old: float, new: float) -> bool:
-        """Whether a replayed loss ``new`` matches the killed run's ``old``."""
+        """Whether a replayed loss ``new`` matches the killed run's ``old`` (NaN matches
+        only NaN; ``exact`` compares the bits, so -0.0 differs from 0.0)."""
         if math.isnan(old) or math.isnan(new):
             return math.isnan(old) and math.isnan(new)
-        if self.mode != "tolerance":
-            return old == new
+        if self.mode != "tolerance":  # exact: the same bits (-0.0 is not 0.0)
+            return old == new and math.copysign(1.0, old) == math.copysign(1.0, new)
         if math.isinf(old) or math.isinf(new):
             return old == new
         return abs(new - old) <= self.atol + self.rtol * abs(old)

@@ -179,6 +179,19 @@ class DrillState:
     def kill_time(self) -> float | None:
         return self._kill.time if self._kill is not None else None
 
+    def _replay_wait_note(self) -> str | None:
+        """issue 33: while the kill is armed at the trigger checkpoint and waits for the
+        ``replaySteps`` step, what it waits for and the last step seen; None otherwise."""
+        armed = self._armed
+        if armed is None or armed.fire_step is None:
+            return None
+        step = self.current_step
+        seen = f"the last step seen was {step}" if step is not None else "no step was seen since"
+        return (
+            f"the trigger checkpoint (step {armed.step}) was reached and the kill waits for step "
+            f"{armed.fire_step} (expectations.replaySteps: {self.spec.replay_steps}); {seen}"
+        )
+
     @property
     def current_step(self) -> int | None:
         return self.ledger.current_step

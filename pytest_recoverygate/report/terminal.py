@@ -93,9 +93,10 @@ def replay_lines(result: DrillResult, limit: int = 12) -> list[str]:
     start = max(0, min(start - 2, len(rows) - limit))
     lines = [f"replayed steps ({replay['mode']}): step, killed run, replacement"]
     for row in rows[start : start + limit]:
-        same = "" if row["killed"] == row["replacement"] else "   <- differs"
-        if row.get("killedData") != row.get("replacementData"):
-            same = "   <- data differs"
+        same = "" if repr(row["killed"]) == repr(row["replacement"]) else "   <- differs"
+        old_data, new_data = row.get("killedData"), row.get("replacementData")
+        if old_data is not None and new_data is not None and old_data != new_data:
+            same = "   <- data differs"  # compared only where both runs gave one
         lines.append(f"  {row['step']:>8}  {row['killed']!r:>24}  {row['replacement']!r:>24}{same}")
     if len(rows) > limit:
         lines.append(f"  ({len(rows) - limit} more compared steps in the report)")

@@ -165,9 +165,15 @@ class StreamEventSource:
             parser = self._parsers.get(stream)
             if parser is None:
                 parser = self._parsers[stream] = StreamParser()
-            records = parser.feed(chunk)
-            if records:
-                self._events.extend(to_training_event(r, received) for r in records)
+            try:
+                records = parser.feed(chunk)
+                events = [to_training_event(r, received) for r in records]
+            except Exception:  # last resort: hostile bytes are malformed, never fatal
+                self._finished_malformed += parser.malformed + 1
+                self._parsers[stream] = StreamParser()
+                records = []
+                events = []
+            self._events.extend(events)
         if records and self._wakeup is not None:
             self._wakeup()
         return len(records)
@@ -276,7 +282,11 @@ class StreamEventSource:
                         on_chunk(chunk)
                     except Exception:  # a reporting callback must not stop event reading
                         on_chunk = None
-                self.feed(chunk, received, stream=key)
+                try:
+                    self.feed(chunk, received, stream=key)
+                except Exception:  # never let hostile output close the job's pipe
+                    with self._lock:
+                        self._finished_malformed += 1
         finally:
             self.end_stream(key)
             if tee_to is not None:

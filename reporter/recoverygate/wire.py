@@ -37,7 +37,8 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``peer``        int     checkpoint_loaded only, optional: the replica rank the state came from
 ``loss``        number  progress only, optional: the step's loss, written so that it reads
                         back as the same float (Python's ``repr``); a non-finite loss is the
-                        string ``"nan"``, ``"inf"`` or ``"-inf"``
+                        string ``"nan"``, ``"inf"`` or ``"-inf"`` (a number that is no finite
+                        float, e.g. ``NaN``, ``1e400`` or a huge integer, is malformed)
 ``data``        str     progress only, optional: a fingerprint of the step's batch, 1 to 128
                         characters (the reporter writes an int in decimal, bytes in hex, and
                         anything longer than 128 characters as its BLAKE2b-128 hex digest)
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from typing import NamedTuple
 
@@ -283,7 +285,8 @@ def loss_text(value: float) -> str:
 def data_text(value: object) -> str | None:
     """A user's ``data=`` (an int, a str or bytes) as the wire's fingerprint text, or None.
 
-    An int is written in decimal, bytes (``bytes``, ``bytearray``, ``memoryview``) in hex,
+    An int (or anything ``operator.index`` takes: a numpy int, an integer 0-d tensor)
+    is written in decimal, bytes (``bytes``, ``bytearray``, ``memoryview``) in hex,
     a str as it is; a text longer than :data:`MAX_DATA_CHARS` is replaced by its
     BLAKE2b-128 hex digest (equal batches still give equal fingerprints). Anything else
     (a bool, a float, None, an empty text) is None. Never raises.
@@ -302,6 +305,8 @@ def data_text(value: object) -> str | None:
 
                 return hashlib.blake2b(raw, digest_size=16).hexdigest()
             text = raw.hex()
+        elif hasattr(type(value), "__index__"):  # numpy ints, integer 0-d tensors
+            return data_text(operator.index(value))  # type: ignore[arg-type]
         else:
             return None
         if not text:
@@ -458,6 +463,10 @@ class _Bad(Exception):
     """A field has the wrong type; the event is malformed."""
 
 
+#: The smallest int whose float() overflows (ints below it round to a finite float).
+_FLOAT_LIMIT = 2**1024 - 2**970
+
+
 def _opt_int(value: object) -> int | None:
     """An optional non-negative int field (bool is an int subclass and never valid)."""
     if value is None:
@@ -482,13 +491,19 @@ def _opt_digest(value: object) -> str | None:
 
 
 def _opt_loss(value: object) -> float | None:
-    """The ``loss`` field: a finite number, or one of the non-finite strings."""
+    """The ``loss`` field: a finite number, or one of the non-finite strings. A number
+    that is no finite float (JSON's ``NaN``/``Infinity`` literals, ``1e400``, an int
+    beyond the float range) makes the event malformed: only the strings say non-finite."""
     if value is None:
         return None
-    if type(value) is float:
-        return value
     if type(value) is int:
-        return float(value)
+        if abs(value) >= _FLOAT_LIMIT:
+            raise _Bad
+        value = float(value)
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise _Bad
+        return value
     if type(value) is str and value in _NON_FINITE:
         return _NON_FINITE[value]
     raise _Bad
@@ -578,7 +593,7 @@ def record_from_json(obj: object) -> Record | None:
             loss,
             data,
         )
-    except _Bad:
+    except (_Bad, ArithmeticError, ValueError, TypeError):  # never raised: malformed
         return None
 
 
@@ -597,14 +612,28 @@ _FAST = re.compile(
 _EVENT_NAMES = {name.encode("ascii"): name for name in EVENT_KINDS}
 
 
-def _fast_record(groups: tuple[bytes | None, ...]) -> Record:
-    """The :class:`Record` of a line :data:`_FAST` matched (its groups, in order)."""
+def _fast_loss(text: bytes) -> float:
+    """A loss the fast path matched, read as the JSON path reads it (an integer such as
+    ``-0`` is an int there: 0.0, never -0.0); inf when it overflows (then malformed)."""
+    if b"." in text or b"e" in text:
+        return float(text)
+    return float(int(text))
+
+
+def _fast_record(groups: tuple[bytes | None, ...]) -> Record | None:
+    """The :class:`Record` of a line :data:`_FAST` matched (its groups, in order); None
+    when its loss is beyond the float range (malformed, as on the JSON path)."""
     event, time, inc, rank, step, loss = groups
     assert event is not None
     assert time is not None
     assert inc is not None
     assert step is not None
     name = _EVENT_NAMES[event]
+    value = None
+    if loss is not None and name == PROGRESS:
+        value = _fast_loss(loss)
+        if not math.isfinite(value):
+            return None
     return Record(
         name,
         float(time),
@@ -612,7 +641,7 @@ def _fast_record(groups: tuple[bytes | None, ...]) -> Record:
         int(step),
         None if rank is None else int(rank),
         # a loss on another event is an unknown field there: ignored, as the JSON path does
-        loss=float(loss) if loss is not None and name == PROGRESS else None,
+        loss=value,
     )
 
 
@@ -626,9 +655,9 @@ def _decode_event(data: bytes, start: int, stop: int) -> Record | None:
     text = data[start:stop].decode("utf-8", "replace").lstrip(" \t")
     try:
         obj, _ = _raw_decode(text)
-    except (ValueError, RecursionError):
+        return record_from_json(obj)
+    except Exception:  # last resort: a line that raises anything is malformed, never fatal
         return None
-    return record_from_json(obj)
 
 
 class StreamParser:
@@ -702,7 +731,11 @@ class StreamParser:
             if fast is not None:
                 # The writer's own layout, whole: no search for the line's end is needed
                 # (the pattern cannot cross a line end or a glued sentinel).
-                out.append(_fast_record(fast.groups()))
+                record = _fast_record(fast.groups())
+                if record is not None:
+                    out.append(record)
+                else:  # a loss beyond the float range
+                    self.malformed += 1
                 resume = fast.end()
                 pos = data.find(SENTINEL_BYTES, resume)
                 if pos < 0:
