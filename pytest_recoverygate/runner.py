@@ -239,8 +239,9 @@ def unmatched_evidence(
     if not notes:
         return result
     summary = result.summary
-    if "progress" not in seen:
-        summary = f"{summary} (inconclusive: {notes[0].removeprefix('evidence: ')})"
+    if "progress" not in seen:  # "inconclusive" only where the verdict says so (ERROR)
+        said = "inconclusive: " if result.verdict is Verdict.ERROR else "note: "
+        summary = f"{summary} ({said}{notes[0].removeprefix('evidence: ')})"
     return replace(result, summary=summary, notes=(*result.notes, *notes))
 
 

@@ -14,10 +14,21 @@ from collections.abc import Mapping
 
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 
-__all__ = ["CHECKPOINT_KINDS", "MAX_CHECKPOINTS", "MAX_INCARNATIONS", "no_room"]
+__all__ = [
+    "CHECKPOINT_KINDS",
+    "MAX_CHECKPOINTS",
+    "MAX_INCARNATIONS",
+    "MAX_REPLAY_POINTS",
+    "MAX_STEP_LINES",
+    "no_room",
+]
 
 MAX_INCARNATIONS = 1024
 MAX_CHECKPOINTS = 50_000
+#: expectations.replay: the most steps with a loss kept per incarnation (oldest dropped),
+#: and the most lines kept per step (a step with that many is not compared).
+MAX_REPLAY_POINTS = 4096
+MAX_STEP_LINES = 64
 CHECKPOINT_KINDS = frozenset(
     {
         TrainingEventKind.CHECKPOINT_STARTED,

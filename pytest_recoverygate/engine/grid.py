@@ -2,10 +2,10 @@
 
 A job does not have to call ``progress`` on every step. It may call it every N-th step,
 log the first step after a start and then every N-th, or report the completed count
-from a timer thread. The reporter prints the first two calls of a process and then at
-most one line per interval, so what the drill sees is a subset of the calls. What it can
-learn from the lines, and what it uses them for (resume steps inferred from progress
-alone), is this module's job:
+from a timer thread. The reporter prints the first calls of a process unthrottled (the
+replay window, RECOVERYGATE_REPLAY_WINDOW) and then at most one line per interval, so
+what the drill sees is a subset of the calls. What it can learn from the lines, and what
+it uses them for (resume steps inferred from progress alone), is this module's job:
 
 - **held-state line**: a first line equal to the state the process holds (the loaded
   step, or 0 at a fresh start), printed before any step of this process — a timer

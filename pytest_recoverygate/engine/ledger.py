@@ -27,7 +27,7 @@ import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from pytest_recoverygate.engine.caps import no_room
+from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES, no_room
 from pytest_recoverygate.engine.grid import GridTracker, held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.verdict import (
@@ -39,8 +39,6 @@ from pytest_recoverygate.engine.verdict import (
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
 R = FailureReason
-_MAX_REPLAY_POINTS = 4096  # per incarnation (engine/rules/replay.py MAX_POINTS)
-_MAX_STEP_LINES = 64  # lines kept per step (engine/rules/replay.py MAX_LINES)
 
 
 def steps_text(values: list[int], limit: int = 6) -> str:
@@ -374,8 +372,8 @@ class Ledger:
         if loss is not None or data is not None:  # issue 33: kept for engine/rules/replay.py
             points = inc.replay_points
             seen = points.pop(step, ())  # a step reported again: every line, newest place
-            points[step] = (*seen, (loss, data)) if len(seen) < _MAX_STEP_LINES else seen
-            if len(points) > _MAX_REPLAY_POINTS:
+            points[step] = (*seen, (loss, data)) if len(seen) < MAX_STEP_LINES else seen
+            if len(points) > MAX_REPLAY_POINTS:
                 del points[next(iter(points))]
         if new and step > 0 and inc.loaded is None and inc.only_zero():
             contract = self.contract()
@@ -492,7 +490,7 @@ class Ledger:
             return StepContract()
         first = base.first[0]
         grid = base.tracker.grid()
-        # Only the first two progress calls of a process are always printed: without its
+        # Only a process's first progress calls are always printed (the replay window): without its
         # start line, the first lines seen may be rate-limited ones, not its first calls.
         if not base.start_seen and base.loaded is None:
             return StepContract(first_step=first, grid=grid.describe(), regular=None)

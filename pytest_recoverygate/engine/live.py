@@ -9,22 +9,8 @@ target replica must commit a step after healing its state from a peer.
 The checks (the ``live`` rules of :data:`pytest_recoverygate.engine.rules.TABLE`, in
 ``engine/rules/live.py``; the record they read is ``engine/replicas.py``):
 
-- ``target_killed``: no line of the killed replica's old incarnations is stamped after
-  the kill (it died by the kill, not later);
-- ``survivors_kept_training``: every surviving replica committed steps from the kill to
-  the rejoin, its longest gap (the gaps spanning the kill and the rejoin included) within
-  ``maxSurvivorStall``;
-- ``rejoin_time``: a new instance of the target replica committed a step within
-  ``maxRejoinTime`` of the kill;
-- ``rejoin_source``: the replacement's state came from ``rejoinFrom`` (a heal line,
-  ``checkpoint_loaded(source="peer")``, or a checkpoint load); a first committed step of
-  1 with no load line is a start from scratch;
-- ``heal_step``: it healed to a step at or after the survivors' step when it joined;
-- ``lost_steps``: no committed step went backwards (``maxLostSteps``, 0 by default here);
-- ``state_digest`` (``stateDigestMatches``): the healed replica's digest at its heal step
-  (``checkpoint_loaded(step, source="peer", digest=...)``, the state it applied) equals a
-  survivor's digest of the state it sent for that step (``checkpoint_completed(step,
-  digest=...)``); a second heal line of the same step only adds its digest.
+Each rule's condition is its docstring, listed in docs/verdict-rules.md (generated from
+the table).
 
 Heals that are not recoveries (torchft's initial sync at step 0, a replica joining late at
 its first start, any heal before the kill) are recorded and never judged. Decided when

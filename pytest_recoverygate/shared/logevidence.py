@@ -16,7 +16,7 @@ drill does not read.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from recoverygate import wire
 from recoverygate.evidence import Matcher, Spec, strip_relay
@@ -44,19 +44,18 @@ class _Stream:
     inc: str
     matcher: Matcher
     started: bool = False
-    emitted: int = field(default=0)
-    unthrottle: bool = True  # the first progress after a checkpoint event always counts
 
 
 class LogEvidence:
-    """Log lines in, RECOVERYGATE/v1 lines out, one incarnation per (stream, restarts)."""
+    """Log lines in, RECOVERYGATE/v1 lines out, one incarnation per (stream, restarts).
 
-    def __init__(self, spec: Spec, *, rank: int, interval: float = 0.1) -> None:
+    Every match is written: the drill has read the line already, so a rate limit would save
+    nothing (and would drop the replayed steps ``expectations.replay`` compares)."""
+
+    def __init__(self, spec: Spec, *, rank: int) -> None:
         self.spec = spec
         self.rank = rank
-        self.interval = interval
         self._streams: dict[str, _Stream] = {}
-        self._last_progress: dict[str, float] = {}
 
     def translate(self, key: str, host: str, line: bytes, received: float) -> bytes:
         """The wire lines one log line proves (empty when it proves nothing)."""
@@ -69,28 +68,12 @@ class LogEvidence:
             return b""  # another local rank's line, relayed by torchrun in this pod
         out = []
         for kind, step, loss in stream.matcher.feed(text):
-            if kind != "progress":
-                stream.unthrottle = True
-            elif not self._due(stream, received):
-                continue
             if not stream.started:
                 stream.started = True
                 out.append(
                     wire.format_start(received, stream.inc, pid=0, host=host, rank=self.rank)
                 )
-            event = wire.format_step(_EVENTS[kind], received, stream.inc, step, self.rank)
-            if loss is not None:
-                event = f'{event.rstrip().removesuffix("}")},"loss":{loss!r}}}\n'
-            out.append(event)
+            out.append(
+                wire.format_step(_EVENTS[kind], received, stream.inc, step, self.rank, loss=loss)
+            )
         return "".join(out).encode("ascii")
-
-    def _due(self, stream: _Stream, now: float) -> bool:
-        """The reporter's rate limit: the first two lines, then one per interval."""
-        last = self._last_progress.get(stream.inc)
-        stream.emitted += 1
-        if stream.unthrottle:
-            stream.unthrottle = False
-        elif stream.emitted > 2 and last is not None and now - last < self.interval:
-            return False
-        self._last_progress[stream.inc] = now
-        return True

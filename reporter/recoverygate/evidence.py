@@ -532,9 +532,6 @@ class _Emitter:
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
-        self._emitted = 0
-        self._last = 0.0
-        self._unthrottle = True  # the first progress after a checkpoint event always prints
         self._reporter: Any = None  # recoverygate.reporter, imported on the first event
         self._agent: bool | None = None  # whether this process is a torchrun agent
 
@@ -562,7 +559,6 @@ class _Emitter:
 
     def _emit(self, kind: str, step: int) -> None:
         reporter = self._reporter or self._load_reporter()
-        self._unthrottle = True
         if kind == "checkpointStarted":
             reporter.checkpoint_started(step)
         elif kind == "checkpointCompleted":
@@ -571,34 +567,9 @@ class _Emitter:
             reporter.checkpoint_loaded(step)
 
     def _progress(self, step: int, loss: float | None) -> None:
+        """A progress line by the reporter's own rules (its rate limit and replay window)."""
         reporter = self._reporter or self._load_reporter()
-        now = reporter._clock()  # the reporter's own clock and settings
-        if self._emitted >= 2 and not self._unthrottle and now - self._last < reporter._interval:
-            return  # rate-limited, like the reporter's own progress lines
-        if not reporter._ready:
-            reporter._init()
-        if not reporter._on:  # not a reporting rank
-            return
-        self._emitted += 1
-        self._last = now
-        self._unthrottle = False
-        head, tail = reporter._progress_parts
-        extra = b',"loss":%s' % repr(loss).encode("ascii") if loss is not None else b""
-        _write_event(reporter, b"%s%.6f%s%d%s}\n" % (head, now, tail, step, extra))
-
-
-def _write_event(reporter: Any, line: bytes) -> None:
-    """Write one event line, after the process's start line if that is still due."""
-    try:
-        if reporter._start_line:
-            with reporter._lock:
-                if reporter._start_line:
-                    reporter._write(reporter._start_line + line)
-                    reporter._start_line = b""
-                    return
-        reporter._write(line)
-    except Exception:  # closed stdout, EPIPE: drop the line
-        return
+        reporter.progress(step, loss=loss)
 
 
 _installed: list[_Tap] = []

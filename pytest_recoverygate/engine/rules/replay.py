@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES
 from pytest_recoverygate.engine.ledger import Inc, Ledger
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.spec import ReplayMode, ReplaySpec
@@ -40,7 +41,6 @@ __all__ = [
     "WHAT_TO_CHECK",
     "Point",
     "ReplayFigures",
-    "ReplaySpec",
     "judge",
     "judge_kill",
     "points_of",
@@ -54,8 +54,8 @@ R = FailureReason
 
 #: The check's name in the report.
 CHECK = "replay_matches"
-#: The most (step -> loss, data) points the ledger keeps per incarnation (oldest dropped).
-MAX_POINTS = 4096  # the ledger's _MAX_REPLAY_POINTS
+#: The most steps the ledger keeps per incarnation (oldest dropped).
+MAX_POINTS = MAX_REPLAY_POINTS
 #: What a resume must restore for the steps it redoes to match.
 WHAT_TO_CHECK = (
     "check what the resume restores: the data loader's position (sampler epoch and "
@@ -69,7 +69,7 @@ Point = tuple[float | None, str | None]
 #: Every line one run reported for one step, in order (a step reported once: one line).
 Lines = tuple[Point, ...]
 #: The most lines the ledger keeps per step; a step with that many is not compared.
-MAX_LINES = 64  # the ledger's _MAX_STEP_LINES
+MAX_LINES = MAX_STEP_LINES
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class Rule:
 
     @property
     def where(self) -> str:
-        """The function, as ``module:name`` under ``pytest_recoverygate.engine.rules``."""
+        """The function, as ``module.name`` under ``pytest_recoverygate.engine.rules``."""
         module = self.judge.__module__.removeprefix("pytest_recoverygate.engine.rules.")
         return f"{module}.{self.judge.__name__}"
 
