@@ -620,7 +620,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     tail = doc.get("failingWorkerTail") or []
     if tail and doc.get("verdict") in ("FAIL", "ERROR"):
         where = (doc.get("jobOutput") or {}).get(doc.get("failingWorker"))
-        whole = f" (whole output: {_md(where)})" if where else ""
+        whole = f" (whole output: {_code(where)})" if where else ""
         shown = [printable(line) for line in tail]
         fence = _fence(shown)
         lines += [
