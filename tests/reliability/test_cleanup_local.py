@@ -360,12 +360,18 @@ def describe(pids: list[int]) -> str:
     return "; ".join(out)
 
 
+#: The last drill run_row finished: its verdict and summary, for an assertion's message.
+LAST_SUMMARY: list[str] = [""]
+
+
 def run_row(config: DrillConfig, backend: Sabotaged) -> int | type[BaseException]:
     previous = signal.signal(signal.SIGALRM, pytest_timeout_handler)
+    LAST_SUMMARY[0] = ""
     try:
         result = run_drill(
             config, RunOptions(observer=backend.observe, poll_interval=0.02), orchestrator=backend
         )
+        LAST_SUMMARY[0] = f"{result.verdict.value}: {result.summary}"
         return result.exit_code
     except DrillInterrupted as exc:
         assert exc.result is not None

@@ -42,6 +42,7 @@ from pytest_recoverygate.engine.machine import DrillResult, Phase, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.reliability.conftest import Figures
 from tests.reliability.test_cleanup_local import (
+    LAST_SUMMARY,
     WAYS_OUT,
     Sabotaged,
     check_no_leftovers,
@@ -174,7 +175,7 @@ def test_a_preempt_sigterm_reaches_one_instance_and_its_sigkill_no_other(
     assert hit_replacements == [], f"the drill signalled a replacement: {hit_replacements}"
     assert left_escalations == [], "an escalation thread outlived cleanup"
     if way == "verdict":
-        assert outcome == 0, f"{row}: exit {outcome}"
+        assert outcome == 0, f"{row}: exit {outcome}: {LAST_SUMMARY[0]}"
         assert replacements, "the target was never replaced"
         # exit: it was gone at once, so the escalation had nothing to hit; ignore: SIGKILL
         assert killed == ([] if on_sigterm == "exit" else [victim]), killed
