@@ -259,7 +259,7 @@ def test_a_ray_job_reporting_without_a_step_is_told_the_real_cause(tmp_path: Pat
     run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=420)
     report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
     # The truth: the checkpoints Ray registered, on disk.
-    saved = [p for p in storage.glob("*/checkpoint_*") if p.is_dir()]
+    saved = [p for p in storage.glob("*/step-*") if p.is_dir()]
     assert len(saved) == 40 // 10, f"{saved}{why}"  # 40 steps, a checkpoint every 10
     assert report["verdict"] == "ERROR" and run.code == 3, why
     assert "printed no progress or checkpoint line with a step" in report["summary"], why
