@@ -463,7 +463,6 @@ def _emit_progress(step: SupportsInt, now: float, loss: object, data: object) ->
     if loss is None and data is None:
         _emit(_progress_parts, step, now)
         return
-    global _start_line
     try:
         value = int(step)
         if value < 0:
@@ -484,13 +483,7 @@ def _emit_progress(step: SupportsInt, now: float, loss: object, data: object) ->
             value,
             tail.encode("ascii"),
         )
-        if _start_line:
-            with _lock:
-                if _start_line:
-                    _write(_start_line + line)
-                    _start_line = b""
-                    return
-        _write(line)
+        _write_after_start(line)
     except Exception:  # closed stdout, EPIPE, odd steps: drop the line
         return
 
@@ -504,7 +497,6 @@ def _emit_digest(
     peer: int | None = None,
 ) -> None:
     """Like :func:`_emit`, with the ``digest``/``parts`` (and ``source``/``peer``) fields."""
-    global _start_line
     try:
         value = int(step)
         if value < 0:
@@ -524,15 +516,21 @@ def _emit_digest(
             known = source if source in wire.LOAD_SOURCES else None
             tail += wire.source_fields(known, _whole(peer)).encode("ascii")
         line = b"%s%.6f%s%d%s}\n" % (parts[0], _clock(), parts[1], value, tail)
-        if _start_line:
-            with _lock:
-                if _start_line:
-                    _write(_start_line + line)
-                    _start_line = b""
-                    return
-        _write(line)
+        _write_after_start(line)
     except Exception:  # closed stdout, EPIPE, odd steps: drop the line
         return
+
+
+def _write_after_start(line: bytes) -> None:
+    """Write ``line``, after the process's start line if that is still due (once)."""
+    global _start_line
+    if _start_line:
+        with _lock:
+            if _start_line:
+                _write(_start_line + line)
+                _start_line = b""
+                return
+    _write(line)
 
 
 def _write(data: bytes) -> None:
