@@ -247,7 +247,7 @@ def judge(
     if not common:
         if not spec.judges:
             return None, None
-        why = _nothing(
+        reason = _why_nothing(
             old,
             new,
             resumed_from=resumed_from,
@@ -255,6 +255,7 @@ def judge(
             skipped=skipped,
             per_step=per_step,
         )
+        why = _nothing(reason, skipped)
         return why, ReplayFigures(
             spec.mode, 0, None, 0, None, None, None, (), resumed_from, killed_at, skipped, per_step
         )
@@ -415,30 +416,14 @@ def _diverged(spec: ReplaySpec, figures: ReplayFigures) -> Check:
     )
 
 
-def _nothing(
-    killed: Mapping[int, Lines],
-    replacement: Mapping[int, Lines],
-    *,
-    resumed_from: int | None,
-    killed_at: int | None,
-    skipped: int,
-    per_step: int,
-) -> Check:
-    """Inconclusive: no step both runs reported comparably; why, and the fix."""
+def _nothing(reason: str, skipped: int) -> Check:
+    """Inconclusive: no step both runs reported comparably; why (``reason``), and the fix."""
     return Check(
         CHECK,
         None,
         "replayed steps reported with a loss by both runs",
         {"stepsCompared": 0, "stepsSkipped": skipped},
-        "inconclusive: nothing to compare for replay: "
-        + _why_nothing(
-            killed,
-            replacement,
-            resumed_from=resumed_from,
-            killed_at=killed_at,
-            skipped=skipped,
-            per_step=per_step,
-        ),
+        f"inconclusive: nothing to compare for replay: {reason}",
         R.INCONCLUSIVE,
     )
 
