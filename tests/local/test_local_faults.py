@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import signal
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -47,6 +49,7 @@ class Run:
     output: str
     truths: list[Truth]
     wall: float
+    mark: str  # RG_E2E_MARK in the job's environment: this run's processes, exactly
 
     def explain(self) -> str:
         return (
@@ -64,7 +67,9 @@ def drill(name: str, tmp_path: Path) -> Run:
     command[:] = [str(FAULTS.parent / "train.py") if c == "../train.py" else c for c in command]
     config["workload"]["workdir"] = str(tmp_path)
     base = tmp_path / "truth"
+    mark = uuid.uuid4().hex
     config["workload"].setdefault("env", {})["RECOVERYGATE_GROUND_TRUTH"] = str(base)
+    config["workload"]["env"]["RG_E2E_MARK"] = mark
     # The figures docs/faults.md quotes come from the examples as shipped (their sustain).
     as_shipped = bool(os.environ.get("RECOVERYGATE_FAULT_TABLE"))
     run = run_cli_drill(config, tmp_path / name, timeout=600, drill_sustain=not as_shipped)
@@ -72,7 +77,23 @@ def drill(name: str, tmp_path: Path) -> Run:
     kills = [r["killTime"] for r in report.get("recoveries", []) if r.get("killTime")]
     truths = [compute(base, float(kill)) for kill in kills]
     _record_for_the_docs(name, report, wall)
-    return Run(report, run.code, run.output, truths, wall)
+    return Run(report, run.code, run.output, truths, wall, mark)
+
+
+def left_behind(run: Run) -> list[str]:
+    """The run's processes still alive after the drill (``pid stat cmdline``), each then
+    continued and killed, so that one leak fails this test and no later one."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("RG_E2E_MARK") != run.mark:
+                continue
+            found.append(f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())}")
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 def _record_for_the_docs(name: str, report: dict[str, Any], wall: float) -> None:
@@ -159,10 +180,9 @@ def test_a_hang_with_the_default_timeout_is_never_noticed_and_fails(tmp_path: Pa
     run = drill("hang-default-timeout.yaml", tmp_path)
     assert run.report["verdict"] == "FAIL", run.explain()
     assert "HANG_NOT_DETECTED" in run.report["reasons"], run.explain()
-    found = subprocess.run(
-        ["pgrep", "-af", "examples/local/train.py"], capture_output=True, text=True, check=False
-    )
-    assert found.stdout.strip() == "", f"left behind:\n{found.stdout}"
+    assert "cleanup failed" not in str(run.report.get("summary")), run.explain()
+    found = left_behind(run)
+    assert not found, "left behind:\n" + "\n".join(found) + run.explain()
 
 
 # ------------------------------------------------------------------ count

@@ -21,7 +21,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.ray import RayWorkload
-from pytest_recoverygate.orchestrators.ray.state import failure_of, parse_runs
+from pytest_recoverygate.orchestrators.ray.state import failed_worker, failure_of, parse_runs
 from pytest_recoverygate.registry import get_backend
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
@@ -189,3 +189,19 @@ def test_a_dead_worker_or_an_errored_attempt_is_a_worker_death() -> None:
     said = failure_of(run, 0, [w for w in first.workers if not w.alive])
     assert said is not None and said.startswith("worker death detected: ")
     assert failure_of(run, 2, []) is None  # the new attempt, being placed
+
+
+def test_the_worker_gone_is_the_drills_victim_when_a_late_look_finds_the_whole_group_dead() -> None:
+    # A CI run under load looked only after Train's shutdown had ended both ranks, and
+    # Train's error snippet named the other rank (its collective with the dead peer
+    # failed): WORKER_GONE named rank 0, not the worker the drill had killed.
+    payload = json.loads((DATA / "train-runs-after-a-kill.json").read_text())
+    (run,) = parse_runs(payload)
+    first = run.attempts[0]
+    dead = [w for w in first.workers if not w.alive]
+    assert [w.rank for w in dead] == [0, 1]  # both dead when looked at
+    assert failed_worker(first, dead) is first.workers[1]  # Train's snippet: rank 1
+    victim = first.workers[0]
+    assert failed_worker(first, dead, {victim.actor_id}) is victim
+    said = failure_of(run, 0, dead, {victim.actor_id})
+    assert said is not None and said.startswith("worker death detected: ")

@@ -156,6 +156,7 @@ class RayOrchestrator(LaunchedJob):
         self._server: KillServer | None = None
         self._signals = WorkerSignals(self._task_signal)
         self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
+        self._killed: set[str] = set()  # actor ids of the workers the drill signalled
         self._local = local_addresses()
         self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
         self._seen_attempts: set[str] = set()
@@ -251,6 +252,8 @@ class RayOrchestrator(LaunchedJob):
             return model.KillResult(
                 model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
             )
+        with self._lock:
+            self._killed.add(actor_id)
         by = str(result.get("by", "a task on its node"))
         detail = f"SIG{sig} sent to pid {pid} (actor {actor_id}, node {found.node_id[:12]}) by {by}"
         if sig == "TERM":
@@ -837,8 +840,8 @@ class RayOrchestrator(LaunchedJob):
         if run is None:
             return
         with self._lock:
-            killed = sorted(self._killed_nodes)
-        for node_id in killed:
+            killed_nodes, victims = sorted(self._killed_nodes), set(self._killed)
+        for node_id in killed_nodes:
             on_node = [w for a in run.attempts for w in a.workers if w.node_id == node_id]
             if on_node and not any(w.alive for w in on_node) and self._once(node_id, "node gone"):
                 self._emit(
@@ -852,9 +855,9 @@ class RayOrchestrator(LaunchedJob):
             old = index < len(run.attempts) - 1 or attempt.status in ("ERRORED", "ABORTED")
             dead = [w for w in attempt.workers if not w.alive]
             seen = aid in self._seen_attempts
-            failed = failure_of(run, index, dead)
+            failed = failure_of(run, index, dead, victims)
             if seen and failed is not None and self._once(aid, "gone"):
-                who = failed_worker(attempt, dead)
+                who = failed_worker(attempt, dead, victims)
                 self._emit(
                     model.GroupEventKind.WORKER_GONE,
                     failed,

@@ -8,6 +8,7 @@ canned answer in tests/ray/data was captured from a real Ray 2.60 run.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,9 +128,20 @@ def parse_runs(payload: dict[str, Any]) -> list[TrainRun]:
     return runs
 
 
-def failed_worker(attempt: TrainAttempt, dead: list[TrainWorker]) -> TrainWorker | None:
-    """The worker Train names in its error snippet (``[Rank 1 Error Snippet]``), else the
-    first dead one."""
+def failed_worker(
+    attempt: TrainAttempt, dead: list[TrainWorker], killed: Collection[str] = ()
+) -> TrainWorker | None:
+    """The worker the drill killed (``killed``: actor ids) when it is among the dead, else
+    the worker Train names in its error snippet (``[Rank 1 Error Snippet]``), else the
+    first dead one.
+
+    The drill's own victim comes first: Train's detail names no rank for a SIGKILLed actor,
+    and a look that comes late (a loaded machine) finds the whole group dead, its other
+    ranks ended by Train's shutdown; the first dead one would then be rank 0, not the
+    worker whose death it was (measured in a CI run with Ray 2.60)."""
+    victim = next((w for w in dead if w.actor_id in killed), None)
+    if victim is not None:
+        return victim
     match = re.search(r"\[Rank (\d+) Error", attempt.detail)
     if match is not None:
         rank = int(match.group(1))
@@ -157,7 +169,9 @@ def first_words(detail: str, limit: int = 160) -> str:
 RESTART_DECIDED = ("RESTARTING", "SCHEDULING", "RESIZING")
 
 
-def failure_of(run: TrainRun, index: int, dead: list[TrainWorker]) -> str | None:
+def failure_of(
+    run: TrainRun, index: int, dead: list[TrainWorker], killed: Collection[str] = ()
+) -> str | None:
     """What says that attempt ``index`` of ``run`` failed (None: nothing yet).
 
     A worker ``DEAD`` or the attempt ``ERRORED``; or Train's restart decision, the first
@@ -169,7 +183,7 @@ def failure_of(run: TrainRun, index: int, dead: list[TrainWorker]) -> str | None
     """
     attempt = run.attempts[index]
     if dead or attempt.status == "ERRORED":
-        who = failed_worker(attempt, dead)
+        who = failed_worker(attempt, dead, killed)
         said = first_words(attempt.detail) or (
             f"the actor of rank {who.rank} is DEAD" if who else attempt.status
         )
