@@ -53,6 +53,7 @@ import pytest
 
 from pytest_recoverygate.engine.model import Worker, Workload
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
+from pytest_recoverygate.orchestrators.local.processes import Identity, start_time
 from pytest_recoverygate.registry.seams import Clock, Orchestrator, RealClock, SimulatedClock
 from pytest_recoverygate.shared.procs import JobLaunch
 
@@ -210,10 +211,12 @@ def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
 
 
 def _process_alive(pid: int, created: str) -> bool:
-    """The process ``pid`` started at ``created`` (psutil, 1 ms) still runs."""
+    """The process ``pid`` started at ``created`` (the local backend's start time) still runs."""
     try:
         proc = psutil.Process(pid)
-        return f"{proc.create_time():.3f}" == created and proc.status() != psutil.STATUS_ZOMBIE
+        started = start_time(pid)
+        alive = started is not None and f"{started:.3f}" == created
+        return alive and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -260,7 +263,10 @@ def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness
                 continue
         if best is None:
             return None
-        return Worker(rank, f"pid {best.pid}", f"{best.pid}@{best.create_time():.3f}")
+        try:
+            return Worker(rank, f"pid {best.pid}", Identity.of(best).instance_id)
+        except psutil.NoSuchProcess:
+            return None
 
     def stale_id(worker: Worker) -> str:
         pid, _, created = worker.instance_id.partition("@")
@@ -329,7 +335,10 @@ def _build_local_nodes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> H
                 continue
         if best is None:
             return None
-        return Worker(rank, f"pid {best.pid}", f"{best.pid}@{best.create_time():.3f}")
+        try:
+            return Worker(rank, f"pid {best.pid}", Identity.of(best).instance_id)
+        except psutil.NoSuchProcess:
+            return None
 
     def stale_id(worker: Worker) -> str:
         pid, _, created = worker.instance_id.partition("@")

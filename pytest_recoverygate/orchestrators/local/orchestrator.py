@@ -62,6 +62,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
     process_table,
     resolve_executable,
     signal_exactly,
+    start_time,
 )
 from pytest_recoverygate.orchestrators.local.torchrun import (
     ERROR_LINE,
@@ -577,8 +578,7 @@ class LocalOrchestrator(LaunchedJob):
         pending = [
             i.pid
             for i in known
-            if i.pid in table
-            and f"{table[i.pid].info['create_time']:.3f}" == f"{i.create_time:.3f}"
+            if i.pid in table and i.same_start(table[i.pid].info["create_time"])
         ]
         procs: dict[int, psutil.Process] = {}
         while pending:
@@ -782,10 +782,7 @@ class LocalOrchestrator(LaunchedJob):
         me = os.getpid()
         pending = list(children.get(me, ()))
         pending += [
-            i.pid
-            for i in seen
-            if i.pid in table
-            and f"{table[i.pid].info['create_time']:.3f}" == f"{i.create_time:.3f}"
+            i.pid for i in seen if i.pid in table and i.same_start(table[i.pid].info["create_time"])
         ]
         visited: set[int] = set()
         marked: list[Identity] = []
@@ -828,6 +825,6 @@ class LocalOrchestrator(LaunchedJob):
                 continue
             with contextlib.suppress(psutil.Error, ChildProcessError, OSError):
                 proc = psutil.Process(identity.pid)
-                same = f"{proc.create_time():.3f}" == f"{identity.create_time:.3f}"
+                same = identity.same_start(start_time(identity.pid))
                 if same and proc.ppid() == me and proc.status() == psutil.STATUS_ZOMBIE:
                     os.waitpid(identity.pid, os.WNOHANG)

@@ -1,11 +1,13 @@
 """Processes on this machine, by identity: what the local backend knows about pids.
 
-A process *instance* is its pid and its start time (:class:`Identity`), so a recycled pid
-never matches; a signal goes through a pidfd that pins the instance it was opened on
-(:func:`signal_exactly`). One pass over the process table per look
-(:func:`process_table`): ``Process.children()`` would walk the whole table once per root.
-:class:`SubreaperGuard` makes this process a child subreaper while a drill needs it, so
-the orphans of a killed torchrun agent re-parent here, where cleanup can reach them.
+A process *instance* is its pid and its start time (:class:`Identity`; :func:`start_time`
+is the start since boot, which never changes, plus one reading of the boot time), so a
+recycled pid never matches and a stepped wall clock changes no identity; a signal goes
+through a pidfd that pins the instance it was opened on (:func:`signal_exactly`). One pass
+over the process table per look (:func:`process_table`): ``Process.children()`` would walk
+the whole table once per root. :class:`SubreaperGuard` makes this process a child
+subreaper while a drill needs it, so the orphans of a killed torchrun agent re-parent
+here, where cleanup can reach them.
 """
 
 from __future__ import annotations
@@ -39,10 +41,37 @@ __all__ = [
     "process_table",
     "resolve_executable",
     "signal_exactly",
+    "start_time",
 ]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
+
+#: The boot time, read once. ``/proc/stat``'s btime is the wall clock minus the time since
+#: boot: it moves by a whole second whenever the wall clock is stepped or slewed across a
+#: second (NTP, a VM's clock). psutil's ``create_time()`` adds btime as read at that
+#: moment and caches the sum per Process object (and ``process_iter`` caches the objects),
+#: so two looks at one process could disagree and no identity matched: cleanup skipped
+#: the very processes it had to end and took them for gone (a CI run left a whole job
+#: behind, its hung worker stopped).
+_BOOT = psutil.boot_time()
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch: its start in clock ticks
+    since boot (``/proc/PID/stat`` field 22, fixed for the life of the process) plus the
+    boot time this process read once. None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()  # the name before it may hold anything
+    try:
+        return _BOOT + int(fields[19]) / _CLOCK_TICKS
+    except (IndexError, ValueError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +95,21 @@ class Identity:
 
     @classmethod
     def of(cls, proc: psutil.Process) -> Identity:
-        return cls(proc.pid, proc.create_time())
+        started = start_time(proc.pid)
+        if started is None:
+            raise psutil.NoSuchProcess(proc.pid)
+        return cls(proc.pid, started)
+
+    def same_start(self, started: float | None) -> bool:
+        """True when ``started`` (:func:`start_time`) is this instance's start time."""
+        return started is not None and f"{started:.3f}" == f"{self.create_time:.3f}"
 
     def matches(self, proc: psutil.Process) -> bool:
         """True when ``proc`` is this instance and is still alive (not a zombie)."""
         try:
             return (
                 proc.pid == self.pid
-                and f"{proc.create_time():.3f}" == f"{self.create_time:.3f}"
+                and self.same_start(start_time(proc.pid))
                 and proc.status() != psutil.STATUS_ZOMBIE
             )
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -152,12 +188,17 @@ class SubreaperGuard:
 
 
 def process_table() -> tuple[dict[int, psutil.Process], dict[int, list[int]]]:
-    """One pass over the process table: processes by pid, and children by parent pid."""
+    """One pass over the process table: processes by pid, and children by parent pid.
+
+    Each process's ``info`` holds ``ppid``, ``status`` and ``create_time``: its
+    :func:`start_time`, never psutil's (see :data:`_BOOT`)."""
     table: dict[int, psutil.Process] = {}
     children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid", "create_time", "status"]):
-        if proc.info["ppid"] is None or proc.info["create_time"] is None:
+    for proc in psutil.process_iter(["ppid", "status"]):
+        started = start_time(proc.pid)
+        if proc.info["ppid"] is None or started is None:
             continue
+        proc.info["create_time"] = started
         table[proc.pid] = proc
         children.setdefault(proc.info["ppid"], []).append(proc.pid)
     return table, children

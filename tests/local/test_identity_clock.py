@@ -1,0 +1,74 @@
+"""A process's identity survives a step of the wall clock.
+
+A CI run left a whole drilled job behind, its hung worker stopped, with no word from
+cleanup: ``/proc/stat``'s boot time had moved by a second (the wall clock stepped), and
+psutil's ``create_time()`` — the boot time as read at that moment plus the start since
+boot, cached per Process object — no longer agreed between two looks at one process, so
+every identity check said "another process" and cleanup signalled nothing and reported
+nothing. The identity is now the start since boot plus one reading of the boot time.
+
+We test these aspects, with a real stopped child process and the step simulated where
+psutil reads the boot time:
+- after the step psutil's own answer has moved (the premise), the identity has not;
+- the identity still matches, SIGCONT and SIGKILL reach that process, and the process
+  table's start time agrees with the identity;
+- a recycled pid (another start time) still never matches.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from psutil import _pslinux
+
+from pytest_recoverygate.orchestrators.local.processes import (
+    Identity,
+    is_running,
+    process_table,
+    signal_exactly,
+)
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture
+def stopped() -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.send_signal(signal.SIGSTOP)
+    yield child
+    if child.poll() is None:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+    child.wait(timeout=10)
+
+
+def test_a_stepped_wall_clock_changes_no_identity_and_cleanup_still_reaches_the_process(
+    stopped: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    identity = Identity.of(psutil.Process(stopped.pid))
+    table, _ = process_table()  # psutil's process_iter now caches this Process object
+    before = psutil.Process(stopped.pid).create_time()
+    booted = _pslinux.boot_time()
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: booted + 1.0)  # the clock steps
+
+    assert psutil.Process(stopped.pid).create_time() == pytest.approx(before + 1.0)  # premise
+    assert is_running(identity)
+    assert Identity.of(psutil.Process(stopped.pid)) == identity
+    table, _ = process_table()
+    assert identity.same_start(table[stopped.pid].info["create_time"])
+    assert signal_exactly(identity, signal.SIGCONT)
+    assert signal_exactly(identity, signal.SIGKILL)
+    assert stopped.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_recycled_pid_still_never_matches(stopped: subprocess.Popen[bytes]) -> None:
+    identity = Identity.of(psutil.Process(stopped.pid))
+    other = Identity(identity.pid, identity.create_time - 0.01)  # one clock tick earlier
+    assert not is_running(other)
+    assert not signal_exactly(other, signal.SIGKILL)
+    assert is_running(identity)
