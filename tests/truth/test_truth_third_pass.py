@@ -23,10 +23,7 @@ We test these aspects:
   only after should_commit, so after the survivor's line of the same step, PASSes with the
   heal step of its own record and no lost step (was FAIL "the survivors were at step S + 1
   when it joined", "1 committed step(s) went backwards");
-- Ray (examples/ray/train_ray.py --no-step): a job reporting metrics without a step, Ray
-  registering its 4 checkpoints, ends in ERROR saying it printed no line with a step and
-  how to give one, with the workers' own warning as the diagnosis' evidence (was "the job
-  finished before the drill could kill anything … lengthen the run").
+- Ray: in test_truth_third_pass_ray.py (the Ray drills run in their own lane).
 """
 
 from __future__ import annotations
@@ -232,38 +229,3 @@ def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["heal_step"]["passed"] is True, why
     assert checks["lost_steps"]["passed"] is True and checks["lost_steps"]["observed"] == 0, why
-
-
-# ------------------------------------------------------- Ray: report() without a step
-
-RAY_EXAMPLES = corpus.HERE.parents[1] / "examples" / "ray"
-
-
-@pytest.mark.ray
-def test_a_ray_job_reporting_without_a_step_is_told_the_real_cause(tmp_path: Path) -> None:
-    # examples/ray/train_ray.py --no-step: Ray's torch_linear_example.py shape, metrics
-    # without a step; Ray registers every checkpoint, the drill sees no line with a step.
-    pytest.importorskip("ray")
-    storage = tmp_path / "storage"
-    config: dict[str, Any] = yaml.safe_load((RAY_EXAMPLES / "recovery-test.yaml").read_text())
-    config["workload"]["workdir"] = str(RAY_EXAMPLES)
-    config["workload"]["entrypoint"] = [
-        "python",
-        "train_ray.py",
-        "--steps=40",
-        "--ckpt-every=10",
-        "--step-time=0.02",
-        "--no-step",
-        f"--storage={storage}",
-    ]
-    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=420)
-    report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
-    # The truth: the checkpoints Ray registered, on disk.
-    saved = [p for p in storage.glob("*/step-*") if p.is_dir()]
-    assert len(saved) == 40 // 10, f"{saved}{why}"  # 40 steps, a checkpoint every 10
-    assert report["verdict"] == "ERROR" and run.code == 3, why
-    assert "printed no progress or checkpoint line with a step" in report["summary"], why
-    assert "lengthen the run" not in report["summary"], why
-    assert "diagnosis: metrics reported without a step" in run.output, why
-    [evidence] = [line for line in run.output.splitlines() if line.startswith("    evidence:")]
-    assert "recoverygate: ray: report() without a step" in evidence, evidence
