@@ -193,8 +193,8 @@ def test_a_dead_worker_or_an_errored_attempt_is_a_worker_death() -> None:
 
 def test_the_worker_gone_is_the_drills_victim_when_a_late_look_finds_the_whole_group_dead() -> None:
     # A CI run under load looked only after Train's shutdown had ended both ranks, and
-    # Train's error snippet named the other rank (its collective with the dead peer
-    # failed): WORKER_GONE named rank 0, not the worker the drill had killed.
+    # WORKER_GONE named the rank the drill had not killed. Here the mirror case on a
+    # captured state: the drill killed rank 0, and Train's snippet names rank 1.
     payload = json.loads((DATA / "train-runs-after-a-kill.json").read_text())
     (run,) = parse_runs(payload)
     first = run.attempts[0]

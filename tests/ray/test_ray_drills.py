@@ -18,7 +18,7 @@ We test these aspects, each drill through the CLI as a user runs it:
   one that leaves SIGTERM to Ray FAILs ``NOT_SAVED_ON_PREEMPT``;
 - ``HangWorker``: with a 10 s gloo timeout the hang is detected at Train's restart
   decision (after the timeout, before Ray ends the stopped rank (after
-  ``TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S``, 5 s in the example)) and
+  ``TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S``, 10 s in the example)) and
   the group resumes from the latest checkpoint; with the 1800 s default it FAILs
   ``HANG_NOT_DETECTED`` once ``maxDetectionTime`` (15 s here) + ``recoveryGrace`` passed;
 - ``KillDuringCheckpoint``: rank 1 killed inside its upload of checkpoint 40 leaves it

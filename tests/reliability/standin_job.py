@@ -124,7 +124,8 @@ def record(folder: Path | None, **fields: object) -> None:
 
 
 def start_time(pid: int) -> float:
-    """The process's start time as psutil (and the local backend's identity) has it."""
+    """The process's start time as psutil has it (for the test's own accounting; the local
+    backend's identity reads it from the start since boot, ``processes.start_time``)."""
     import psutil
 
     return float(psutil.Process(pid).create_time())

@@ -566,7 +566,7 @@ class LocalOrchestrator(LaunchedJob):
     def _scan(self) -> Scan:
         """Every live descendant of the agent, and which of them are torchrun workers.
 
-        One pass over the process table (one ``/proc/<pid>/stat`` read each) per scan:
+        One pass over the process table (``/proc/<pid>/stat`` read for each) per scan:
         ``Process.children()`` would walk the whole table once per root.
         """
         if self._agent is None:

@@ -48,8 +48,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 #: The boot time, read once. ``/proc/stat``'s btime is the wall clock minus the time since
-#: boot: it moves by a whole second whenever the wall clock is stepped or slewed across a
-#: second (NTP, a VM's clock). psutil's ``create_time()`` adds btime as read at that
+#: boot: it moves whenever the wall clock is stepped (NTP, a VM's clock), by the step in
+#: whole seconds. psutil's ``create_time()`` adds btime as read at that
 #: moment and caches the sum per Process object (and ``process_iter`` caches the objects),
 #: so two looks at one process could disagree and no identity matched: cleanup skipped
 #: the very processes it had to end and took them for gone (a CI run left a whole job

@@ -237,6 +237,8 @@ class RayOrchestrator(LaunchedJob):
             )
         target = Target(found.node_id, pid, ticks or "-", self._is_local(found))
         before = self._clock.now()
+        with self._lock:  # before the signal: the watcher may look before the task answers
+            self._killed.add(actor_id)
         try:
             if sig == "STOP":
                 result = self._signals.stop(target)
@@ -249,11 +251,11 @@ class RayOrchestrator(LaunchedJob):
                 f"the task sending SIG{sig} to pid {pid} did not answer ({exc}); not retried",
             )
         if result.get("outcome") != "killed":
+            with self._lock:
+                self._killed.discard(actor_id)  # nothing was sent: its death is not ours
             return model.KillResult(
                 model.KillOutcome.ALREADY_GONE, self._clock.now(), str(result.get("detail", "gone"))
             )
-        with self._lock:
-            self._killed.add(actor_id)
         by = str(result.get("by", "a task on its node"))
         detail = f"SIG{sig} sent to pid {pid} (actor {actor_id}, node {found.node_id[:12]}) by {by}"
         if sig == "TERM":
