@@ -135,10 +135,10 @@ def failed_worker(
     the worker Train names in its error snippet (``[Rank 1 Error Snippet]``), else the
     first dead one.
 
-    The drill's own victim comes first: Train's detail names no rank for a SIGKILLed actor,
-    and a look that comes late (a loaded machine) finds the whole group dead, its other
-    ranks ended by Train's shutdown; the first dead one would then be rank 0, not the
-    worker whose death it was (measured in a CI run with Ray 2.60)."""
+    The drill's own victim comes first: Train's snippet may name another rank (a peer
+    whose collective failed) or none, and a look that comes late (a loaded machine) finds
+    the whole group dead, its other ranks ended by Train's shutdown; a CI run with Ray
+    2.60 named rank 0 so, not the worker the drill had killed."""
     victim = next((w for w in dead if w.actor_id in killed), None)
     if victim is not None:
         return victim
