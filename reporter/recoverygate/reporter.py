@@ -434,7 +434,6 @@ def _progress(step: SupportsInt, loss: object, data: object) -> None:
 
 def _emit(parts: tuple[bytes, bytes], step: SupportsInt, now: float | None = None) -> None:
     """Write one step line (after the start line if it is still due). Never raises."""
-    global _start_line
     try:
         value = int(step)
         if value < 0:
@@ -444,15 +443,7 @@ def _emit(parts: tuple[bytes, bytes], step: SupportsInt, now: float | None = Non
         # bytes %-formatting: the same text as wire.format_step, ~100 ns faster than
         # an f-string plus encode on the path every emitted line takes.
         line = b"%s%.6f%s%d}\n" % (parts[0], now, parts[1], value)
-        if _start_line:  # first line of the process: the start event goes first, once
-            with _lock:
-                if _start_line:
-                    # Emptied only once written: a thread that finds it empty knows the
-                    # start line is out, so its own line cannot overtake it.
-                    _write(_start_line + line)
-                    _start_line = b""
-                    return
-        _write(line)
+        _write_after_start(line)
     except Exception:  # closed stdout, EPIPE, odd steps: drop the line
         return
 
@@ -524,9 +515,11 @@ def _emit_digest(
 def _write_after_start(line: bytes) -> None:
     """Write ``line``, after the process's start line if that is still due (once)."""
     global _start_line
-    if _start_line:
+    if _start_line:  # first line of the process: the start event goes first, once
         with _lock:
             if _start_line:
+                # Emptied only once written: a thread that finds it empty knows the
+                # start line is out, so its own line cannot overtake it.
                 _write(_start_line + line)
                 _start_line = b""
                 return
