@@ -12,7 +12,8 @@ psutil reads the boot time:
 - after the step psutil's own answer has moved (the premise), the identity has not;
 - the identity still matches, SIGCONT and SIGKILL reach that process, and the process
   table's start time agrees with the identity;
-- a recycled pid (another start time) still never matches.
+- a recycled pid (another start time) still never matches;
+- an instance's age is read on the boot clock, not the stepped wall clock.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -72,3 +74,16 @@ def test_a_recycled_pid_still_never_matches(stopped: subprocess.Popen[bytes]) ->
     assert not is_running(other)
     assert not signal_exactly(other, signal.SIGKILL)
     assert is_running(identity)
+
+
+def test_an_instances_age_is_read_on_the_boot_clock_not_the_stepped_wall_clock(
+    stopped: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The local backend caches a process's environment for good once it is older than
+    # ENVIRON_RETRY_AGE without RANK: an age off by a clock step would take a worker still
+    # between fork and exec for "not a worker" and never see its rank.
+    identity = Identity.of(psutil.Process(stopped.pid))
+    assert 0.0 <= identity.age() < 5.0  # started just now
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + 3600.0)  # the clock steps an hour
+    assert 0.0 <= identity.age() < 5.0

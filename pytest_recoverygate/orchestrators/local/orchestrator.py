@@ -559,7 +559,7 @@ class LocalOrchestrator(LaunchedJob):
             environ = proc.environ()
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             return None
-        if "RANK" in environ or time.time() - identity.create_time > ENVIRON_RETRY_AGE:
+        if "RANK" in environ or identity.age() > ENVIRON_RETRY_AGE:
             self._environ_cache[identity] = environ
         return environ
 

@@ -100,6 +100,11 @@ class Identity:
             raise psutil.NoSuchProcess(proc.pid)
         return cls(proc.pid, started)
 
+    def age(self) -> float:
+        """Seconds since this instance started, on the boot clock (a stepped wall clock
+        changes neither side: ``time.time()`` here would be off by the step)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - (self.create_time - _BOOT)
+
     def same_start(self, started: float | None) -> bool:
         """True when ``started`` (:func:`start_time`) is this instance's start time."""
         return started is not None and f"{started:.3f}" == f"{self.create_time:.3f}"
