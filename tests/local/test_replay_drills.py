@@ -45,11 +45,16 @@ def drill(name: str, tmp_path: Path) -> tuple[dict[str, Any], int, str, Path]:
 
 
 def own_record(base: Path) -> tuple[dict[int, tuple[str, str]], dict[int, tuple[str, str]]]:
-    """Rank 0's record: the killed process's steps and the replacement's (first two pids)."""
+    """Rank 0's record: the killed process's steps and the replacement's (first two pids).
+
+    A process records each step before it reports it, so every step the drill compared is
+    in both records; a process stopped before its first step recorded nothing.
+    """
     runs = []
     for path in base.parent.glob(f"{base.name}.0.*.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines() if line]
-        runs.append((rows[0]["t"], {r["step"]: (r["loss"], r["data"]) for r in rows}))
+        if rows:
+            runs.append((rows[0]["t"], {r["step"]: (r["loss"], r["data"]) for r in rows}))
     runs.sort(key=lambda run: run[0])
     assert len(runs) >= 2, runs
     return runs[0][1], runs[1][1]
@@ -61,11 +66,10 @@ def check_against_record(report: dict[str, Any], base: Path) -> int | None:
     replay = report["replay"]
     for row in replay["steps"]:
         step = row["step"]
-        if step in killed:  # the killed run's very last line may precede its record
-            assert float.fromhex(killed[step][0]) == row["killed"], row
-            assert killed[step][1] == row["killedData"], row
+        assert float.fromhex(killed[step][0]) == row["killed"], row
+        assert killed[step][1] == row["killedData"], row
         assert float.fromhex(replacement[step][0]) == row["replacement"], row
-    compared = [row["step"] for row in replay["steps"] if row["step"] in killed]
+    compared = [row["step"] for row in replay["steps"]]
     return next((s for s in compared if killed[s] != replacement[s]), None)
 
 

@@ -100,15 +100,17 @@ class Record:
     """The job's own per-step record (``--losses``), one JSON line per step."""
 
     def __init__(self, base: str | None, rank: int) -> None:
+        self._path = f"{base}.{rank}.{os.getpid()}.jsonl" if base else None
         self._handle: IO[str] | None = None
-        if base:
-            self._handle = open(f"{base}.{rank}.{os.getpid()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
     def step(self, step: int, loss: float, data: str) -> None:
-        if self._handle is not None:
-            row = {"step": step, "loss": loss.hex(), "data": data, "t": time.time()}
-            self._handle.write(json.dumps(row) + "\n")
-            self._handle.flush()
+        if self._path is None:
+            return
+        if self._handle is None:  # opened at the first step: a process that never steps
+            self._handle = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
+        row = {"step": step, "loss": loss.hex(), "data": data, "t": time.time()}
+        self._handle.write(json.dumps(row) + "\n")
+        self._handle.flush()
 
 
 def build(forget: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
@@ -206,8 +208,10 @@ def main(argv: list[str] | None = None) -> None:
         sched.step()
         step += 1
         fingerprint = f"e{epoch}:{int(index[0])}-{int(index[-1])}"
-        reporter.progress(step, loss=loss.detach(), data=fingerprint)
+        # the job's own record first: a step the drill saw is one the record holds, even
+        # when the drill's verdict (decided at that line) stops the job right after it
         record.step(step, float(loss), fingerprint)
+        reporter.progress(step, loss=loss.detach(), data=fingerprint)
         if step % args.ckpt_every == 0:
             save(folder, step, rank, model, opt, sched)
         if args.step_time > 0:
