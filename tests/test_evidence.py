@@ -228,10 +228,13 @@ print("tapped" if type(sys.stdout).__name__ == "_Tap" else "plain")
 """
 
 
-def run_job(env_value: str | None, source: str = JOB) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in (AUTO_ENV, "RANK")}
+def run_job(
+    env_value: str | None, source: str = JOB, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (AUTO_ENV, "RANK", "LOCAL_RANK")}
     if env_value is not None:
         env[AUTO_ENV] = env_value
+    env.update(extra or {})
     return subprocess.run(
         [sys.executable, "-c", source],
         env=env,
@@ -275,6 +278,26 @@ def test_a_torchrun_agent_matches_nothing() -> None:
     agent = "import sys, types; sys.modules['torch.distributed.run'] = types.ModuleType('r')\n"
     done = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), agent + JOB)
     assert sentinel_events(done.stdout) == []
+
+
+@pytest.mark.slow
+def test_a_worker_that_imports_torchruns_agent_server_still_matches() -> None:
+    """torch.distributed.checkpoint imports torchrun's agent server (its async process
+    executor does): every DCP job, torchtitan's among them, and transformers.trainer. Taken
+    for the agent, such a worker reported nothing (found drilling torchtitan)."""
+    pytest.importorskip("torch")
+    dcp = "import sys, torch.distributed.checkpoint\n"
+    probe = "\nagent = 'torch.distributed.elastic.agent.server.local_elastic_agent'\n"
+    done = run_job(
+        json.dumps({"evidence": {"preset": "nanogpt"}}),
+        dcp + JOB + probe + "print('agent server imported' if agent in sys.modules else '')\n",
+        extra={"LOCAL_RANK": "0"},
+    )
+    assert "agent server imported" in done.stdout  # the premise
+    steps = [(e["event"], e["step"]) for e in sentinel_events(done.stdout)[1:]]
+    assert steps[0] == ("progress", 1), done.stdout
+    standalone = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), dcp + JOB)
+    assert sentinel_events(standalone.stdout)[1:], "a plain python job (no torchrun) matches too"
 
 
 # ---------------------------------------------------------------------------- the config

@@ -44,6 +44,7 @@ Standard library only; ``json`` and the reporter are imported when first needed.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 
@@ -132,11 +133,19 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _RELAY = re.compile(
     r"\[(?:rank|default)(\d{1,6})\]:\s?|\(\w{1,64} pid=\d{1,10}(?:, ip=[^)]{1,64})?\) "
 )
-#: Modules present only in a torchrun agent (never in the workers it starts).
-_AGENT_MODULES = (
-    "torch.distributed.run",
-    "torch.distributed.elastic.agent.server.local_elastic_agent",
-)
+#: torchrun's own module: the agent runs it (``torchrun``, ``python -m torch.distributed.run``).
+#: Not the agent server's modules: a worker imports those too, through
+#: ``torch.distributed.checkpoint`` (its async process executor) or ``transformers.trainer``.
+_AGENT_MODULE = "torch.distributed.run"
+
+
+def is_torchrun_agent() -> bool:
+    """Whether this process is a torchrun agent: it runs torchrun's module, and it is not
+    one of the workers a torchrun started (those have ``LOCAL_RANK``)."""
+    if "LOCAL_RANK" in os.environ:
+        return False
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return _AGENT_MODULE in sys.modules or getattr(main, "name", None) == _AGENT_MODULE
 
 
 def step_from_path(path: str) -> int | None:
@@ -539,7 +548,7 @@ class _Emitter:
         if not text:
             return
         if self._agent is None:  # decided on the process's first line: torchrun imports first
-            self._agent = any(name in sys.modules for name in _AGENT_MODULES)
+            self._agent = is_torchrun_agent()
         if self._agent:
             return  # a torchrun agent: its workers match their own lines
         first = text[0]
