@@ -80,12 +80,15 @@ def test_a_nanogpt_resume_takes_its_step_from_the_step_line_after_it_and_resaves
 
 
 def test_torchtitan_lines_through_its_colour_codes() -> None:
+    """Captured from torchtitan 0.3.0's own trainer (a resume at step 8, 10 steps)."""
     assert events("torchtitan") == [
-        ("checkpointLoaded", 10, None),  # the path: step-10
-        ("progress", 11, 7.81234),
-        ("progress", 12, 7.70011),
-        ("checkpointStarted", 12, None),  # "Saving the checkpoint.": the step line before
-        ("checkpointCompleted", 12, None),
+        ("checkpointLoaded", 8, None),  # the path: step-8
+        ("progress", 9, 7.95461),
+        ("checkpointStarted", 9, None),  # "Saving the checkpoint.": the step line before
+        ("checkpointCompleted", 9, None),  # "Finished saving the checkpoint in 0.22 seconds."
+        ("progress", 10, 8.02949),
+        ("checkpointStarted", 10, None),
+        ("checkpointCompleted", 10, None),  # the last step's: "Last step checkpoint completed"
     ]
 
 

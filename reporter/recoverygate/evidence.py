@@ -97,7 +97,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "torchtitan": {
         "progress": r"\bstep:\s*(?P<step>\d+)\s+loss:\s*" + _LOSS,
         "checkpointStarted": r"\b(?:Saving|Staging) the checkpoint\.",
-        "checkpointCompleted": r"\bFinished saving the checkpoint in ",
+        "checkpointCompleted": (
+            r"\b(?:Finished saving the checkpoint in |Last step checkpoint completed in )"
+        ),
         "checkpointLoaded": r"\bLoading the checkpoint from (?P<path>\S+?)\.?$",
         "context": None,  # the progress line
         "stepBase": "completed",
