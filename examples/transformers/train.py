@@ -78,6 +78,18 @@ class StepTime(TrainerCallback):
             time.sleep(self.save_seconds)
 
 
+class SlowWrite(Trainer):
+    """A Trainer whose save pauses between the weights and the optimizer (``--write-time``):
+    for that long the checkpoint folder is torn, whatever the machine's load."""
+
+    write_seconds = 0.0
+
+    def _save_optimizer_and_scheduler(self, output_dir):  # type: ignore[no-untyped-def]
+        if self.write_seconds > 0:
+            time.sleep(self.write_seconds)
+        super()._save_optimizer_and_scheduler(output_dir)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -99,6 +111,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="seconds each save takes before it is marked complete (slow storage)",
+    )
+    parser.add_argument(
+        "--write-time",
+        type=float,
+        default=0.0,
+        help="seconds each save pauses after the weights, before the optimizer (a torn folder)",
     )
     parser.add_argument("--resume", choices=("complete", "hf", "none"), default="complete")
     parser.add_argument(
@@ -147,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
         from recoverygate.integrations.transformers import RecoveryGateCallback
 
         callbacks.append(RecoveryGateCallback())
-    trainer = Trainer(
+    SlowWrite.write_seconds = args.write_time
+    trainer = SlowWrite(
         model=model, args=training_args, train_dataset=Tokens(100_000), callbacks=callbacks
     )
     resume: str | None = None

@@ -5,7 +5,9 @@ module tears a save by hand, so that the resume-side helpers are proven on a rea
 folder whatever the drill side can do. The test starts examples/transformers/train.py
 under torchrun (2 ranks, ``--max-restarts=1``, ``RECOVERYGATE_RANKS=all``), waits for
 rank 0's ``checkpoint_started`` of step 20 and for the ``checkpoint-20`` folder to
-appear, SIGKILLs rank 0 there, and lets torchrun restart the group. We test these
+appear, SIGKILLs rank 0 there (each save pauses 3 s between the weights and the optimizer,
+``--write-time``: the kill lands in a torn folder however loaded the machine), and lets
+torchrun restart the group. We test these
 aspects:
 - no rank reported checkpoint 20 completed (rank 1 waits at the callback's barrier for a
   rank that died), and the torn folder carries no marker;
@@ -60,6 +62,7 @@ def tear_the_save_of_step_20(
             f"--output-dir={out}",
             "--save-steps=10",
             "--step-time=0.05",
+            "--write-time=3",  # the save of step 20 stays torn 3 s: the kill lands in it
             "--max-steps=24",
             f"--resume={resume}",
         ],
