@@ -101,15 +101,28 @@ def test_megatron_lines() -> None:
     ]
 
 
-def test_litgpt_lines_take_the_optimizer_step_and_the_path_step() -> None:
-    assert events("litgpt") == [
-        ("checkpointLoaded", 10, None),
-        ("progress", 11, 9.871),
-        ("progress", 12, 9.654),
-        ("checkpointStarted", 12, None),
-        ("checkpointCompleted", 12, None),  # fabric.save is synchronous: the next step line
-        ("progress", 13, 9.5),
+def test_litgpt_lines_take_the_path_step_and_a_save_completes_at_the_next_step() -> None:
+    """Captured from litgpt 0.5.13's own pretraining (resumed from step 20, saving at 40)."""
+    found = events("litgpt")
+    assert found[0] == ("checkpointLoaded", 20, None)  # "Resuming training from …/step-00000020/…"
+    progress = [(step, loss) for kind, step, loss in found if kind == "progress"]
+    assert progress[0] == (21, 6.204)
+    assert [step for step, _ in progress] == list(range(21, 42))
+    assert found[-3:] == [
+        ("checkpointStarted", 40, None),  # "Saving checkpoint to '…/step-00000040/…'"
+        ("checkpointCompleted", 40, None),  # fabric.save is synchronous: the next step line
+        ("progress", 41, 6.172),
     ]
+
+
+def test_litgpt_progress_is_the_optimizer_step_under_gradient_accumulation() -> None:
+    """With accumulation litgpt prints each micro-batch ``iter`` and the optimizer ``step``
+    (pretrain.py's format; the captured run above has none)."""
+    line = (
+        "Epoch 1 | iter 44 step 11 | loss train: 9.871, val: n/a | iter time: 120.33 ms"
+        " (step) remaining time: 0:00:10"
+    )
+    assert Matcher(Spec({"preset": "litgpt"})).feed(line) == [("progress", 11, 9.871)]
 
 
 def test_step_base_index_adds_one_and_completed_keeps_the_number() -> None:
