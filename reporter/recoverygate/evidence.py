@@ -141,7 +141,7 @@ _RELAY = re.compile(
 _AGENT_MODULE = "torch.distributed.run"
 
 
-def is_torchrun_agent() -> bool:
+def _is_torchrun_agent() -> bool:
     """Whether this process is a torchrun agent: it runs torchrun's module, and it is not
     one of the workers a torchrun started (those have ``LOCAL_RANK``)."""
     if "LOCAL_RANK" in os.environ:
@@ -550,7 +550,7 @@ class _Emitter:
         if not text:
             return
         if self._agent is None:  # decided on the process's first line: torchrun imports first
-            self._agent = is_torchrun_agent()
+            self._agent = _is_torchrun_agent()
         if self._agent:
             return  # a torchrun agent: its workers match their own lines
         first = text[0]
