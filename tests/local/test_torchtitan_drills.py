@@ -50,7 +50,7 @@ def test_torchtitan_as_it_ships_resumes_and_replays_its_losses(tmp_path: Path) -
     assert min(replacement) == 11
     replay = report["replay"]
     assert replay["mode"] == "exact"
-    assert replay["stepsCompared"] >= 2, replay
+    assert replay["stepsCompared"] >= 1, replay  # the steps between the save and the kill
     assert replay["firstDivergentStep"] is None
     assert check_against_printed(report, killed, replacement) is None
 
