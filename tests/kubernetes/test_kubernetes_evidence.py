@@ -4,21 +4,27 @@ For an image without the reporter. On the fake cluster the job prints nanoGPT's 
 (``[rank0]:`` prefixed, as torchrun relays them) and no RECOVERYGATE/v1 line at all; a
 lost member restarts the reporting rank's container (restartCount + 1: the only sign of a
 new incarnation a pod log gives). We test these aspects: PASS on a job that resumes;
-FAIL "restarted from scratch" on one that does not; the notes say what such evidence
-lacks; podLogs on another backend is refused.
+FAIL "restarted from scratch" on one that does not, even when the watch's view of the pod
+never shows the container restart; the notes say what such evidence lacks; podLogs on
+another backend is refused.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.errors import ConfigError
+from pytest_recoverygate.orchestrators import build_orchestrator
+from pytest_recoverygate.orchestrators.kubernetes.pods import Pod, pod_uid
 from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.clock import RealClock
 from pytest_recoverygate.shared.logevidence import LACKS
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
@@ -56,6 +62,36 @@ def test_a_job_that_restarts_from_scratch_fails(
         nodes=2, step_time=0.02, lines="nanogpt", restart_reporter_container=True, resume="zero"
     ).start()
     result = drill(job, kubeconfig, tmp_path)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert FailureReason.RESTARTED_FROM_SCRATCH in result.reasons
+
+
+def test_a_container_restart_the_watch_has_not_shown_is_still_a_new_incarnation(
+    apiserver: FakeApiServer, make_job: MakeJob, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The log of the restarted container can be open before the watch's view of the pod
+    shows the restart (seen once in a full run: the new container's lines were taken for
+    the old one's, and the drill said "never came back"). Here the view never shows it:
+    the incarnation comes from a fresh list of the pods when the log is opened."""
+    job = make_job(
+        nodes=2, step_time=0.02, lines="nanogpt", restart_reporter_container=True, resume="zero"
+    ).start()
+    text = job_drill_yaml(job, kubeconfig, name="k8s-nanogpt", max_recovery="10s") + EVIDENCE
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(text)
+    config, clock = parse_config(text, path), RealClock()
+    orchestrator = cast(Any, build_orchestrator(config, clock))
+    view = orchestrator._logs._reporting_pod  # the watch's view of the reporting rank's pod
+    first_seen: dict[str, Pod] = {}
+
+    def stale() -> Pod | None:  # each pod as the watch first showed it
+        pod = view()
+        return None if pod is None else first_seen.setdefault(pod_uid(pod), copy.deepcopy(pod))
+
+    orchestrator._logs._reporting_pod = stale
+    result = run_drill(
+        config, RunOptions(handle_signals=False), clock=clock, orchestrator=orchestrator
+    )
     assert result.verdict is Verdict.FAIL, result.summary
     assert FailureReason.RESTARTED_FROM_SCRATCH in result.reasons
 

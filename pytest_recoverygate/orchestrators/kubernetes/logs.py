@@ -174,6 +174,8 @@ class LogStream:
             self._labels[stream] = label
         splitter = LineSplitter(self.max_line)
         with session.tracked(resp):
+            if self.evidence is not None:
+                self._incarnation = self._incarnation_now(api, pod)
             for line in iter_lines(resp, splitter):
                 if self._feed_line(line, stream):
                     self._fresh += 1
@@ -183,6 +185,18 @@ class LogStream:
                     break
         self.source.end_stream(stream)
         return self._fresh
+
+    def _incarnation_now(self, api: Any, pod: Pod) -> str:
+        """``evidence.podLogs``: the incarnation whose log was just opened, from a fresh list.
+
+        The watch's view of the pod may not show yet the container restart whose log this
+        is; read from it, the new container's lines were taken for the old one's (the drill
+        then saw no new incarnation, and said "never came back").
+        """
+        pods, _ = self._session.list_pods(api)
+        uid = pod_uid(pod)
+        current = next((p for p in pods if pod_uid(p) == uid), pod)
+        return f"{uid}/{restart_total(current)}"
 
     def _feed_line(self, line: bytes, stream: Any) -> bool:
         """Parse the kubelet timestamp, drop lines seen before, feed the rest."""
