@@ -754,6 +754,11 @@ class LocalOrchestrator(LaunchedJob):
             if not marked or time.monotonic() >= deadline:
                 break
             time.sleep(KILL_ROUND_INTERVAL)
+        # A SIGKILLed process is a zombie only once the kernel has torn it down, which a
+        # loaded machine takes its time over: reap the adopted ones until none is left.
+        reap_until = max(deadline, time.monotonic() + 1.0)
+        while self._reap() and time.monotonic() < reap_until:
+            time.sleep(KILL_ROUND_INTERVAL)
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -807,8 +812,9 @@ class LocalOrchestrator(LaunchedJob):
             marked.append(identity)
         return marked
 
-    def _reap(self) -> None:
-        """Collect the exit status of the job's dead processes this process adopted.
+    def _reap(self) -> int:
+        """Collect the exit status of the job's dead processes this process adopted; how
+        many of the job's marked processes this process adopted are not reaped yet.
 
         Only a zombie that is this process's child *and* one of the job's instances (pid
         and start time) is reaped: never another code's child. The agent is left to its
@@ -820,11 +826,19 @@ class LocalOrchestrator(LaunchedJob):
         me = os.getpid()
         with self._lock:
             known = {*self._seen.values(), *self._marked}
+            marked = set(self._marked)
+        pending = 0
         for identity in known:
             if identity.pid == agent:
                 continue
             with contextlib.suppress(psutil.Error, ChildProcessError, OSError):
                 proc = psutil.Process(identity.pid)
                 same = identity.same_start(start_time(identity.pid))
-                if same and proc.ppid() == me and proc.status() == psutil.STATUS_ZOMBIE:
-                    os.waitpid(identity.pid, os.WNOHANG)
+                if not same or proc.ppid() != me:
+                    continue
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    reaped, _ = os.waitpid(identity.pid, os.WNOHANG)
+                    pending += reaped == 0
+                elif identity in marked:  # SIGKILLed, not torn down yet
+                    pending += 1
+        return pending
