@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
 from tests.local.test_local_drills import processes_marked
 
-__all__ = ["Drill", "check_against_printed", "printed_losses", "run_example"]
+__all__ = ["Drill", "check_against_printed", "printed_losses", "require_venv", "run_example"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -32,6 +33,17 @@ class Drill:
     code: int
     output: str
     job_output: str  # what the job printed (torchrun's log in the report), colours removed
+
+
+def require_venv(name: str) -> Path:
+    """The trainer's own venv (``.venv-<name>``); the calling module is skipped without it."""
+    venv = ROOT / f".venv-{name}"
+    if not (venv / "bin" / "torchrun").exists():
+        pytest.skip(
+            f"{name} is not installed: scripts/setup --with-trainers makes .venv-{name}",
+            allow_module_level=True,
+        )
+    return venv
 
 
 def run_example(example: Path, name: str, venv: Path, tmp_path: Path) -> Drill:

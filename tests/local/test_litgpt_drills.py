@@ -23,19 +23,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.local.shipped_trainers import ROOT, check_against_printed, printed_losses, run_example
+from tests.local.shipped_trainers import (
+    ROOT,
+    check_against_printed,
+    printed_losses,
+    require_venv,
+    run_example,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local, pytest.mark.trainers]
 
 EXAMPLE = ROOT / "examples" / "local" / "litgpt"
-VENV = ROOT / ".venv-litgpt"
+VENV = require_venv("litgpt")
 STEP_LOSS = r"iter \d+ step (\d+) \| loss train: ([\d.]+)"
-
-if not (VENV / "bin" / "torchrun").exists():
-    pytest.skip(
-        "litgpt is not installed: scripts/setup --with-trainers makes .venv-litgpt",
-        allow_module_level=True,
-    )
 
 
 def test_litgpt_with_resume_auto_resumes_and_replays_its_losses(tmp_path: Path) -> None:

@@ -24,19 +24,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.local.shipped_trainers import ROOT, check_against_printed, printed_losses, run_example
+from tests.local.shipped_trainers import (
+    ROOT,
+    check_against_printed,
+    printed_losses,
+    require_venv,
+    run_example,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local, pytest.mark.trainers]
 
 EXAMPLE = ROOT / "examples" / "local" / "torchtitan"
-VENV = ROOT / ".venv-torchtitan"
+VENV = require_venv("torchtitan")
 STEP_LOSS = r"step:\s+(\d+)\s+loss:\s+(\S+)"
-
-if not (VENV / "bin" / "torchrun").exists():
-    pytest.skip(
-        "torchtitan is not installed: scripts/setup --with-trainers makes .venv-torchtitan",
-        allow_module_level=True,
-    )
 
 
 def test_torchtitan_as_it_ships_resumes_and_replays_its_losses(tmp_path: Path) -> None:
