@@ -244,10 +244,18 @@ print("tapped" if type(sys.stdout).__name__ == "_Tap" else "plain")
 """
 
 
+#: What a launcher gives a process; the tests set it themselves.
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+#: The environment torchrun gives a worker it starts.
+WORKER_ENV = {"LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}
+#: A stand-in for torchrun's module, loaded as the agent has it.
+FAKE_AGENT = "import sys, types; sys.modules['torch.distributed.run'] = types.ModuleType('r')\n"
+
+
 def run_job(
     env_value: str | None, source: str = JOB, extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in (AUTO_ENV, "RANK", "LOCAL_RANK")}
+    env = {k: v for k, v in os.environ.items() if k not in (AUTO_ENV, *LAUNCHER_ENV)}
     if env_value is not None:
         env[AUTO_ENV] = env_value
     env.update(extra or {})
@@ -259,6 +267,11 @@ def run_job(
         timeout=60,
         check=True,
     )
+
+
+def steps_of(stdout: str) -> list[tuple[object, object]]:
+    """The (event, step) pairs a process reported, its start left out."""
+    return [(e["event"], e.get("step")) for e in sentinel_events(stdout) if e["event"] != "start"]
 
 
 def sentinel_events(stdout: str) -> list[dict[str, object]]:
@@ -291,9 +304,49 @@ def test_the_hook_reports_each_match_as_a_line_of_the_process_and_passes_the_res
 
 @pytest.mark.slow
 def test_a_torchrun_agent_matches_nothing() -> None:
-    agent = "import sys, types; sys.modules['torch.distributed.run'] = types.ModuleType('r')\n"
-    done = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), agent + JOB)
+    done = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), FAKE_AGENT + JOB)
     assert sentinel_events(done.stdout) == []
+
+
+@pytest.mark.slow
+def test_an_agent_given_local_rank_by_its_launcher_still_matches_nothing() -> None:
+    """Slurm scripts export ``LOCAL_RANK=$SLURM_LOCALID`` before torchrun. Taken for a
+    worker, such an agent matched the lines it relays under a prefix of its own
+    (``--role trainer`` gives ``[trainer0]:``): every event twice, once as the agent."""
+    done = run_job(
+        json.dumps({"evidence": {"preset": "nanogpt"}}),
+        FAKE_AGENT + JOB.replace("[rank1]:", "[trainer1]:"),
+        extra={"LOCAL_RANK": "0"},
+    )
+    assert sentinel_events(done.stdout) == []
+
+
+@pytest.mark.slow
+def test_an_agent_that_prints_before_it_has_imported_torchrun_matches_nothing() -> None:
+    """``python -m torch.distributed.run`` imports torch before its own module, and torch
+    may warn; the agent is the agent once torchrun's module is there."""
+    done = run_job(
+        json.dumps({"evidence": {"preset": "nanogpt"}}),
+        "import warnings; warnings.warn('a warning while torch imports')\n" + FAKE_AGENT + JOB,
+    )
+    assert "a warning while torch imports" in done.stderr  # the premise: a line came first
+    assert sentinel_events(done.stdout) == []
+
+
+@pytest.mark.slow
+def test_a_worker_forked_from_the_agent_matches_its_own_lines() -> None:
+    """A function entrypoint's workers may be forked from the agent, tap and all; torchrun
+    gives each its worker environment before the function runs."""
+    fork = (
+        FAKE_AGENT
+        + "import os\nprint('agent up', flush=True)\npid = os.fork()\nif pid:\n"
+        + "    os.waitpid(pid, 0)\n    raise SystemExit(0)\n"
+        + "".join(f"os.environ[{k!r}] = {v!r}\n" for k, v in WORKER_ENV.items())
+    )
+    done = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), fork + JOB)
+    assert "agent up" in done.stdout  # the premise: the agent printed before the fork
+    worker = run_job(json.dumps({"evidence": {"preset": "nanogpt"}}), extra=WORKER_ENV)
+    assert steps_of(done.stdout) == steps_of(worker.stdout) != [], done.stdout
 
 
 @pytest.mark.slow
@@ -307,7 +360,7 @@ def test_a_worker_that_imports_torchruns_agent_server_still_matches() -> None:
     done = run_job(
         json.dumps({"evidence": {"preset": "nanogpt"}}),
         dcp + JOB + probe + "print('agent server imported' if agent in sys.modules else '')\n",
-        extra={"LOCAL_RANK": "0"},
+        extra=WORKER_ENV,
     )
     assert "agent server imported" in done.stdout  # the premise
     steps = [(e["event"], e["step"]) for e in sentinel_events(done.stdout)[1:]]

@@ -139,15 +139,22 @@ _RELAY = re.compile(
 #: Not the agent server's modules: a worker imports those too, through
 #: ``torch.distributed.checkpoint`` (its async process executor) or ``transformers.trainer``.
 _AGENT_MODULE = "torch.distributed.run"
+#: What torchrun gives each worker it starts, and not itself. ``LOCAL_RANK`` is no sign of
+#: a worker: a launcher may export it to torchrun (``LOCAL_RANK=$SLURM_LOCALID``).
+_WORKER_ENV = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
 def _is_torchrun_agent() -> bool:
-    """Whether this process is a torchrun agent: it runs torchrun's module, and it is not
-    one of the workers a torchrun started (those have ``LOCAL_RANK``)."""
-    if "LOCAL_RANK" in os.environ:
-        return False
-    main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return _AGENT_MODULE in sys.modules or getattr(main, "name", None) == _AGENT_MODULE
+    """Whether this process is a torchrun agent: it runs torchrun's module, and no torchrun
+    started it. Asked at each line, not once: ``python -m torch.distributed.run`` may print
+    before it has imported itself, and a worker forked from the agent is a worker."""
+    modules = sys.modules  # first: two lookups, the cost a worker pays for each line
+    if _AGENT_MODULE not in modules:
+        main = getattr(modules.get("__main__"), "__spec__", None)
+        if getattr(main, "name", None) != _AGENT_MODULE:
+            return False
+    environ = os.environ
+    return not any(name in environ for name in _WORKER_ENV)
 
 
 def step_from_path(path: str) -> int | None:
@@ -544,14 +551,11 @@ class _Emitter:
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self._reporter: Any = None  # recoverygate.reporter, imported on the first event
-        self._agent: bool | None = None  # whether this process is a torchrun agent
 
     def line(self, text: str) -> None:
         if not text:
             return
-        if self._agent is None:  # decided on the process's first line: torchrun imports first
-            self._agent = _is_torchrun_agent()
-        if self._agent:
+        if _is_torchrun_agent():
             return  # a torchrun agent: its workers match their own lines
         first = text[0]
         if first in "[(" and _RELAY.match(text):
