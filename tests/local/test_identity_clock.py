@@ -53,7 +53,7 @@ def test_a_stepped_wall_clock_changes_no_identity_and_cleanup_still_reaches_the_
     stopped: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     identity = Identity.of(psutil.Process(stopped.pid))
-    table, _ = process_table()  # psutil's process_iter now caches this Process object
+    table, _ = process_table()
     before = psutil.Process(stopped.pid).create_time()
     booted = _pslinux.boot_time()
     monkeypatch.setattr(_pslinux, "boot_time", lambda: booted + 1.0)  # the clock steps
@@ -62,7 +62,7 @@ def test_a_stepped_wall_clock_changes_no_identity_and_cleanup_still_reaches_the_
     assert is_running(identity)
     assert Identity.of(psutil.Process(stopped.pid)) == identity
     table, _ = process_table()
-    assert identity.same_start(table[stopped.pid].info["create_time"])
+    assert identity.same_start(table[stopped.pid].create_time)
     assert signal_exactly(identity, signal.SIGCONT)
     assert signal_exactly(identity, signal.SIGKILL)
     assert stopped.wait(timeout=10) == -signal.SIGKILL

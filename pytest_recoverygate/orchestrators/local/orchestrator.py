@@ -53,6 +53,7 @@ from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.local.processes import (
     Identity,
+    ProcRow,
     Scan,
     SubreaperGuard,
     WorkerProc,
@@ -551,13 +552,12 @@ class LocalOrchestrator(LaunchedJob):
         with self._lock:
             self._seen[identity.pid] = identity
 
-    def _environ(self, proc: psutil.Process, identity: Identity) -> dict[str, str] | None:
+    def _environ(self, proc: ProcRow, identity: Identity) -> dict[str, str] | None:
         """The process's environment, cached once it shows RANK (or once it is old enough)."""
         if identity in self._environ_cache:
             return self._environ_cache[identity]
-        try:
-            environ = proc.environ()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        environ = proc.environ()
+        if environ is None:
             return None
         if "RANK" in environ or identity.age() > ENVIRON_RETRY_AGE:
             self._environ_cache[identity] = environ
@@ -576,11 +576,9 @@ class LocalOrchestrator(LaunchedJob):
         with self._lock:
             known = [self._agent, *self._seen.values()]
         pending = [
-            i.pid
-            for i in known
-            if i.pid in table and i.same_start(table[i.pid].info["create_time"])
+            i.pid for i in known if i.pid in table and i.same_start(table[i.pid].create_time)
         ]
-        procs: dict[int, psutil.Process] = {}
+        procs: dict[int, ProcRow] = {}
         while pending:
             pid = pending.pop()
             if pid in procs or pid not in table:
@@ -590,10 +588,10 @@ class LocalOrchestrator(LaunchedJob):
         workers: list[WorkerProc] = []
         identities: list[Identity] = []
         for proc in procs.values():
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            if proc.zombie:
                 continue
-            identity = Identity(proc.pid, proc.info["create_time"])
-            parent_pid = proc.info["ppid"]
+            identity = Identity(proc.pid, proc.create_time)
+            parent_pid = proc.ppid
             identities.append(identity)
             if identity == self._agent:
                 continue
@@ -602,7 +600,7 @@ class LocalOrchestrator(LaunchedJob):
                 continue
             parent = procs.get(parent_pid)
             if parent is not None and parent.pid != self._agent.pid:
-                parent_identity = Identity(parent.pid, parent.info["create_time"])
+                parent_identity = Identity(parent.pid, parent.create_time)
                 parent_env = self._environ(parent, parent_identity)
                 if parent_env and "RANK" in parent_env:
                     continue  # a worker's own subprocess (e.g. a DataLoader worker)
@@ -787,7 +785,7 @@ class LocalOrchestrator(LaunchedJob):
         me = os.getpid()
         pending = list(children.get(me, ()))
         pending += [
-            i.pid for i in seen if i.pid in table and i.same_start(table[i.pid].info["create_time"])
+            i.pid for i in seen if i.pid in table and i.same_start(table[i.pid].create_time)
         ]
         visited: set[int] = set()
         marked: list[Identity] = []
@@ -798,15 +796,14 @@ class LocalOrchestrator(LaunchedJob):
             visited.add(pid)
             pending.extend(children.get(pid, ()))
             proc = table[pid]
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            if proc.zombie:
                 continue
-            try:
-                environ = proc.environ()
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            environ = proc.environ()
+            if environ is None:
                 continue  # gone, or not ours to read: never signalled
             if environ.get(DRILL_MARKER) != self._drill_id:
                 continue
-            identity = Identity(pid, proc.info["create_time"])
+            identity = Identity(pid, proc.create_time)
             with self._lock:
                 self._marked.add(identity)
             marked.append(identity)

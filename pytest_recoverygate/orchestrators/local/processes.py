@@ -31,6 +31,7 @@ from pytest_recoverygate.errors import DiscoveryError
 
 __all__ = [
     "Identity",
+    "ProcRow",
     "Scan",
     "SubreaperGuard",
     "WorkerProc",
@@ -58,20 +59,30 @@ _BOOT = psutil.boot_time()
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def start_time(pid: int) -> float | None:
-    """When process ``pid`` started, in seconds since the epoch: its start in clock ticks
-    since boot (``/proc/PID/stat`` field 22, fixed for the life of the process) plus the
-    boot time this process read once. None when there is no such process."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/PID/stat`` after the command name, split: field 3 (the state) is at 0.
+    None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    fields = stat.rsplit(b")", 1)[-1].split()  # the name before it may hold anything
+    return stat.rsplit(b")", 1)[-1].split()  # the name before it may hold anything
+
+
+def _started(fields: list[bytes]) -> float | None:
     try:
         return _BOOT + int(fields[19]) / _CLOCK_TICKS
     except (IndexError, ValueError):
         return None
+
+
+def start_time(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch: its start in clock ticks
+    since boot (``/proc/PID/stat`` field 22, fixed for the life of the process) plus the
+    boot time this process read once. None when there is no such process."""
+    fields = _stat_fields(pid)
+    return None if fields is None else _started(fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,20 +203,61 @@ class SubreaperGuard:
                 prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-def process_table() -> tuple[dict[int, psutil.Process], dict[int, list[int]]]:
+@dataclass(frozen=True, slots=True)
+class ProcRow:
+    """One process as one look at the process table saw it (its ``/proc/PID/stat``, read
+    once): this look's own record, which nothing else in the process can change."""
+
+    pid: int
+    ppid: int
+    create_time: float  # :func:`start_time`
+    zombie: bool  # dead, its exit status not collected (state Z or X)
+
+    def environ(self) -> dict[str, str] | None:
+        """The process's environment now, or None when it is gone or not ours to read."""
+        try:
+            with open(f"/proc/{self.pid}/environ", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return None
+        environ: dict[str, str] = {}
+        for entry in data.split(b"\0"):
+            key, sep, value = entry.partition(b"=")
+            if sep:
+                environ[os.fsdecode(key)] = os.fsdecode(value)
+        return environ
+
+
+def process_table() -> tuple[dict[int, ProcRow], dict[int, list[int]]]:
     """One pass over the process table: processes by pid, and children by parent pid.
 
-    Each process's ``info`` holds ``ppid``, ``status`` and ``create_time``: its
-    :func:`start_time`, never psutil's (see :data:`_BOOT`)."""
-    table: dict[int, psutil.Process] = {}
+    Each row is read from ``/proc/PID/stat`` into a record of this call's own, never
+    psutil's: ``process_iter`` caches its Process objects for the whole process and
+    replaces their ``info`` on every walk, so a table a node's watcher had just taken lost
+    its start times when another watcher (or any other code) walked the table meanwhile
+    (a two-node drill failed with ``KeyError('create_time')``)."""
+    table: dict[int, ProcRow] = {}
     children: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid", "status"]):
-        started = start_time(proc.pid)
-        if proc.info["ppid"] is None or started is None:
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table, children
+    for entry in entries:
+        if not entry.isdigit():
             continue
-        proc.info["create_time"] = started
-        table[proc.pid] = proc
-        children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        pid = int(entry)
+        fields = _stat_fields(pid)
+        if fields is None:
+            continue  # gone meanwhile
+        started = _started(fields)
+        try:
+            ppid = int(fields[1])
+        except (IndexError, ValueError):
+            continue
+        if started is None:
+            continue
+        table[pid] = ProcRow(pid, ppid, started, zombie=fields[0] in (b"Z", b"X"))
+        children.setdefault(ppid, []).append(pid)
     return table, children
 
 
