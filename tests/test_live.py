@@ -177,6 +177,68 @@ def test_a_healed_replacement_and_training_survivors_pass() -> None:
     assert {r.replica: r.before for r in live.replicas} == {0: 20, 1: 20}
 
 
+def heal_and_train(job: Job, inc: str) -> None:
+    """Replica 1's replacement ``inc`` starts, heals from replica 0 and both train on."""
+    job.line(S, inc, replica=1)
+    job.now += 0.5
+    job.line(L, inc, 23, source="peer", peer=0)
+    train(job, range(24, 27), ("a0", inc))
+
+
+def test_lines_of_the_killed_replica_until_the_kill_takes_effect_are_not_counted() -> None:
+    # A kubelet kills a deleted pod's container a moment after the DELETE was sent: the
+    # killed replica commits two more steps (0.3 s) before it dies (a full CI run's fake
+    # cluster did this under load, and the old 50 ms allowance failed the drill).
+    job = start()
+    kill_at_20(job)
+    train(job, range(21, 23), ("a0", "b0"), dt=0.15)
+    train(job, range(23, 24), ("a0",), dt=0.7)
+    job.now += 1.0
+    heal_and_train(job, "b1")
+    result = job.result
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.checks[0].name == "target_killed" and result.checks[0].passed is True
+
+
+def test_an_old_incarnation_still_reporting_after_its_replacement_started_fails() -> None:
+    job = start()
+    kill_at_20(job)
+    train(job, range(21, 23), ("a0", "b0"), dt=0.7)
+    job.line(S, "b1", replica=1)
+    job.now += 0.2
+    job.line(P, "b0", 23)  # the one the drill killed is still alive beside its replacement
+    job.now += 0.3
+    job.line(L, "b1", 23, source="peer", peer=0)
+    train(job, range(24, 27), ("a0", "b1"))
+    result = job.result
+    assert result.verdict is Verdict.FAIL
+    check = result.checks[0]
+    assert check.name == "target_killed" and check.passed is False
+    assert check.reason is FailureReason.INCONCLUSIVE
+    assert check.message == (
+        "the killed replica's old incarnation b0 kept reporting until 1.60s after the kill, "
+        "after its replacement had started (0.20s after the replacement's first line): "
+        "both were alive at once: the kill did not hit the process that reports"
+    )
+
+
+def test_an_old_incarnation_reporting_past_the_time_a_kill_takes_effect_fails() -> None:
+    job = start(spec(max_survivor_stall=None))
+    kill_at_20(job)
+    train(job, range(21, 81), ("a0", "b0"))  # 6 s after the kill, no replacement yet
+    job.now += 1.0
+    job.line(S, "b1", replica=1)
+    job.now += 0.5
+    job.line(L, "b1", 80, source="peer", peer=0)
+    train(job, range(81, 84), ("a0", "b1"))
+    result = job.result
+    check = result.checks[0]
+    assert check.name == "target_killed" and check.passed is False
+    assert "kept reporting until 6.00s after the kill, more than 5.00s after the kill was sent" in (
+        check.message
+    )
+
+
 def test_survivors_that_wait_for_the_dead_replica_fail_as_soon_as_proven() -> None:
     job = start()
     kill_at_20(job)

@@ -335,7 +335,15 @@ TABLE: tuple[Rule, ...] = (
         "live",
         live.target_killed,
         (R.INCONCLUSIVE,),
-        tests=("tests/test_live.py::test_a_healed_replacement_and_training_survivors_pass",),
+        tests=(
+            "tests/test_live.py::test_a_healed_replacement_and_training_survivors_pass",
+            "tests/test_live.py::"
+            "test_lines_of_the_killed_replica_until_the_kill_takes_effect_are_not_counted",
+            "tests/test_live.py::"
+            "test_an_old_incarnation_still_reporting_after_its_replacement_started_fails",
+            "tests/test_live.py::"
+            "test_an_old_incarnation_reporting_past_the_time_a_kill_takes_effect_fails",
+        ),
     ),
     Rule(
         "survivors_kept_training",

@@ -21,14 +21,20 @@ __all__ = [
 
 R = FailureReason
 
+#: How long after its DELETE or signal was sent a kill may still be taking effect: a
+#: kubelet kills a force-deleted pod's container a moment later (SIGTERM, then SIGKILL
+#: after a short grace), and the pod's clock may be a little off the drill's.
+KILL_TAKES_EFFECT = 5.0
+
 
 def target_killed(ev: LiveEvidence) -> Check:
-    """No line of the killed replica's old incarnations is stamped after the kill (it died
-    by the kill, not later); no line of the target replica before the kill, or a line
-    after it, is undecided."""
+    """The killed replica's old incarnations stopped reporting once the kill took effect:
+    none wrote a line after its replacement's first line (both were alive at once) or
+    more than ``KILL_TAKES_EFFECT`` (5 s) after the kill was sent. A kill takes effect a
+    moment after it is sent (a kubelet's, a second or so), so lines in between are not
+    counted. No line of the target replica before the kill is undecided."""
     log, kill = ev.log, ev.kill
     victims = [p for p in log.procs.values() if p.replica == log.target and log.old(p)]
-    late_lines = [p for p in victims if p.last_line > kill + 0.05]
     if not victims:
         return Check(
             "target_killed",
@@ -40,16 +46,42 @@ def target_killed(ev: LiveEvidence) -> Check:
             "(REPLICA_GROUP_ID or RECOVERYGATE_REPLICA)?",
             R.INCONCLUSIVE,
         )
+    firsts = [
+        p.start_time if p.start_time is not None else p.first_seen
+        for p in log.procs.values()
+        if p.replica == log.target and log.born_after_kill(p)
+    ]
+    replaced = min(firsts) if firsts else None
+    late = [
+        p
+        for p in victims
+        if (replaced is not None and p.last_line > replaced)
+        or p.last_line > kill + KILL_TAKES_EFFECT
+    ]
+    if not late:
+        return Check(
+            "target_killed",
+            True,
+            "no line of the killed instance once its replacement ran",
+            "none",
+            "the target replica died by the kill",
+        )
+    worst = max(late, key=lambda p: p.last_line)
+    after = format_seconds(worst.last_line - kill)
+    why = (
+        f"after its replacement had started ({format_seconds(worst.last_line - replaced)} "
+        "after the replacement's first line): both were alive at once"
+        if replaced is not None and worst.last_line > replaced
+        else f"more than {format_seconds(KILL_TAKES_EFFECT)} after the kill was sent"
+    )
     return Check(
         "target_killed",
-        not late_lines,
-        "no line of the killed instance after the kill",
-        "none" if not late_lines else f"{len(late_lines)} incarnation(s) kept writing",
-        "the target replica died by the kill"
-        if not late_lines
-        else "the killed replica's old incarnation kept reporting after the kill: "
-        "the kill did not hit the process that reports",
-        None if not late_lines else R.INCONCLUSIVE,
+        False,
+        "no line of the killed instance once its replacement ran",
+        f"{len(late)} incarnation(s) kept writing",
+        f"the killed replica's old incarnation {worst.inc} kept reporting until {after} "
+        f"after the kill, {why}: the kill did not hit the process that reports",
+        R.INCONCLUSIVE,
     )
 
 
