@@ -47,6 +47,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -170,19 +171,34 @@ def state_digest(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any)
     )
 
 
-def save_checkpoint(folder: Path, step: int, state: dict[str, Any], mode: str) -> None:
+def save_checkpoint(
+    folder: Path,
+    step: int,
+    state: dict[str, Any],
+    mode: str,
+    started: Callable[[], None] | None = None,
+) -> None:
     """atomic: temp file, fsync, rename (a reader never sees a partial file).
 
     direct: the bug this example's torn-checkpoint twin shows — a ``latest`` pointer moved
     first and ``torch.save`` straight to the final path, so a kill mid-save leaves a
     partial file that the restart loads.
+
+    ``started`` is called as the save's first write begins: in direct mode once the pointer
+    has moved, so a kill that answers the ``checkpoint_started`` line always finds it moved
+    (a kill that landed before it found step 40 still named, a correct resume, and a full
+    CI run's broken twin passed).
     """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:08d}.pt"
     if mode == "direct":
         (folder / "latest").write_text(final.name)
+        if started is not None:
+            started()
         torch.save(state, final)
         return
+    if started is not None:
+        started()
     tmp = folder / f".step-{step:08d}.pt.tmp-{os.getpid()}"
     with open(tmp, "wb") as handle:
         torch.save(state, handle)
@@ -378,14 +394,14 @@ def main(argv: list[str] | None = None) -> None:
             save_shard(folder, step, model, opt, sched, rank)
         elif rank == 0 and (step % args.ckpt_every == 0 or stopping):
             digest = state_digest(model, opt, sched)
-            truth.record("save_started", step)
-            reporter.checkpoint_started(step)
-            save_checkpoint(
-                folder,
-                step,
-                training_state(step, model, opt, sched, args.save_pad),
-                args.save_mode,
-            )
+            state = training_state(step, model, opt, sched, args.save_pad)
+
+            def started(step: int = step) -> None:
+                truth.record("save_started", step)
+                reporter.checkpoint_started(step)
+
+            save_checkpoint(folder, step, state, args.save_mode, started)
+            del state
             truth.record("checkpoint", step)
             reporter.checkpoint_completed(step, digest=digest)
         if stopping:
