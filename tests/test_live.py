@@ -123,6 +123,15 @@ def kill_at_20(job: Job) -> None:
     assert job.engine.kill_time == job.now
 
 
+def heal_and_train(job: Job, inc: str, step: int) -> None:
+    """Replica 1's replacement ``inc`` starts, heals from replica 0 at ``step`` 0.5 s
+    later, and both commit the next three steps."""
+    job.line(S, inc, replica=1)
+    job.now += 0.5
+    job.line(L, inc, step, source="peer", peer=0)
+    train(job, range(step + 1, step + 4), ("a0", inc))
+
+
 def test_after_step_kills_once_any_replica_reports_the_step() -> None:
     job = start()
     train(job, range(1, 20), ("a0", "b0"))
@@ -140,10 +149,7 @@ def test_a_healed_replacement_and_training_survivors_pass() -> None:
     kill = job.now
     train(job, range(21, 24), ("a0",), dt=0.7)  # the survivor slows, keeps committing
     job.now += 1.0
-    job.line(S, "b1", replica=1)
-    job.now += 0.5
-    job.line(L, "b1", 23, source="peer", peer=0)
-    train(job, range(24, 27), ("a0", "b1"))
+    heal_and_train(job, "b1", 23)
     result = job.result
     assert result.verdict is Verdict.PASS, result.summary
     live = result.live
@@ -177,14 +183,6 @@ def test_a_healed_replacement_and_training_survivors_pass() -> None:
     assert {r.replica: r.before for r in live.replicas} == {0: 20, 1: 20}
 
 
-def heal_and_train(job: Job, inc: str) -> None:
-    """Replica 1's replacement ``inc`` starts, heals from replica 0 and both train on."""
-    job.line(S, inc, replica=1)
-    job.now += 0.5
-    job.line(L, inc, 23, source="peer", peer=0)
-    train(job, range(24, 27), ("a0", inc))
-
-
 def test_lines_of_the_killed_replica_until_the_kill_takes_effect_are_not_counted() -> None:
     # A kubelet kills a deleted pod's container a moment after the DELETE was sent: the
     # killed replica commits two more steps (0.3 s) before it dies (a full CI run's fake
@@ -194,7 +192,7 @@ def test_lines_of_the_killed_replica_until_the_kill_takes_effect_are_not_counted
     train(job, range(21, 23), ("a0", "b0"), dt=0.15)
     train(job, range(23, 24), ("a0",), dt=0.7)
     job.now += 1.0
-    heal_and_train(job, "b1")
+    heal_and_train(job, "b1", 23)
     result = job.result
     assert result.verdict is Verdict.PASS, result.summary
     assert result.checks[0].name == "target_killed" and result.checks[0].passed is True
@@ -227,10 +225,7 @@ def test_an_old_incarnation_reporting_past_the_time_a_kill_takes_effect_fails() 
     kill_at_20(job)
     train(job, range(21, 81), ("a0", "b0"))  # 6 s after the kill, no replacement yet
     job.now += 1.0
-    job.line(S, "b1", replica=1)
-    job.now += 0.5
-    job.line(L, "b1", 80, source="peer", peer=0)
-    train(job, range(81, 84), ("a0", "b1"))
+    heal_and_train(job, "b1", 80)
     result = job.result
     check = result.checks[0]
     assert check.name == "target_killed" and check.passed is False
