@@ -187,8 +187,18 @@ def test_preempt_a_job_that_leaves_sigterm_to_ray_fails_not_saved(tmp_path: Path
     run = drill(example("recovery-test-preempt-no-save.yaml"), tmp_path)
 
     assert run.code == 1, failed(run)
-    assert run.report["reasons"] == ["NOT_SAVED_ON_PREEMPT"], failed(run)
+    reasons = run.report["reasons"]
+    assert reasons[0] == "NOT_SAVED_ON_PREEMPT", failed(run)
     assert "savedStep" not in details(run)
+    # Where the SIGTERM lands is Ray's timing (its log lines reach the driver late under
+    # load). One that cuts the periodic save after Ray stored its files leaves that save's
+    # completion unseen, and a resume from it undecided: the verdict says so beside the
+    # failure (seen once in a full CI run), and nothing else may join it.
+    if reasons[1:]:
+        assert reasons[1:] == ["INCONCLUSIVE"], failed(run)
+        [resume] = [c for c in run.report["recoveries"][0]["checks"] if c["name"] == "resume_step"]
+        assert resume["passed"] is None, failed(run)
+        assert "before the kill and was cut" in resume["message"], failed(run)
 
 
 def test_hang_with_a_short_gloo_timeout_is_detected_at_trains_restart_decision(
