@@ -53,7 +53,6 @@ def test_a_stepped_wall_clock_changes_no_identity_and_cleanup_still_reaches_the_
     stopped: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     identity = Identity.of(psutil.Process(stopped.pid))
-    table, _ = process_table()
     before = psutil.Process(stopped.pid).create_time()
     booted = _pslinux.boot_time()
     monkeypatch.setattr(_pslinux, "boot_time", lambda: booted + 1.0)  # the clock steps
