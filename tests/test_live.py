@@ -216,7 +216,7 @@ def test_an_old_incarnation_still_reporting_after_its_replacement_started_fails(
     assert check.message == (
         "the killed replica's old incarnation b0 kept reporting until 1.60s after the kill, "
         "after its replacement had started (0.20s after the replacement's first line): "
-        "both were alive at once: the kill did not hit the process that reports"
+        "both were alive at once: the kill had not ended the process that reports by then"
     )
 
 

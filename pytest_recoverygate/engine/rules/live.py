@@ -80,7 +80,7 @@ def target_killed(ev: LiveEvidence) -> Check:
         "no line of the killed instance once its replacement ran",
         f"{len(late)} incarnation(s) kept writing",
         f"the killed replica's old incarnation {worst.inc} kept reporting until {after} "
-        f"after the kill, {why}: the kill did not hit the process that reports",
+        f"after the kill, {why}: the kill had not ended the process that reports by then",
         R.INCONCLUSIVE,
     )
 
