@@ -46,6 +46,7 @@ from pytest_recoverygate.engine.model import (
     TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import MAX_KILLS, Delay, DrillSpec
+from pytest_recoverygate.engine.state import MAX_REAIMS
 
 T0 = 1_800_000_000.0
 P = TrainingEventKind.PROGRESS
@@ -231,6 +232,7 @@ class Drill:
         self.kills: list[KillTarget] = []
         self.kill_times: list[float] = []
         self.result: DrillResult | None = None
+        self.stalls: list[tuple[float, float]] = []  # the drill does nothing in these
 
     def act(self, actions: Sequence[KillTarget | RestoreTarget | Finish], now: float) -> None:
         for action in actions:
@@ -246,6 +248,8 @@ class Drill:
         now = 0.0
         while self.result is None and now < until:
             now = round(now + 0.01, 6)
+            if any(start <= now < end for start, end in self.stalls):
+                continue  # starved: what the job prints meanwhile is read when it wakes
             for event in self.job.lines_until(now):
                 if self.result is None:
                     self.act(self.engine.on_training_event(event), now)
@@ -287,6 +291,36 @@ def test_before_next_checkpoint_kills_just_before_the_next_save() -> None:
     assert drill.kill_times[0] < 3.101  # before checkpoint 30 starts
     assert result.verdict is Verdict.PASS, result.summary
     assert result.lost_steps == 8  # the worst case at this interval: 8 of 10 steps
+
+
+def test_a_before_next_kill_the_save_beat_is_aimed_again_not_landed_late() -> None:
+    # The drill is starved from 2.85 s to 3.2 s: the kill due at 2.9 s (just before the save
+    # of checkpoint 30 at 3.1 s) would land after it, the best case instead of the worst.
+    drill = Drill(after_checkpoint=20, delay=Delay("before_next"), max_lost_steps=10)
+    drill.stalls.append((2.85, 3.2))
+    result = drill.run()
+    # aimed again from checkpoint 30 with twice the margin (0.4 s): 0.6 s after it
+    assert drill.kill_times == [pytest.approx(3.102 + 0.6, abs=0.011)]
+    [recovery] = result.recoveries
+    assert [k.checkpoint_step for k in drill.kills] == [30]
+    assert "checkpointsBeforeKill" not in recovery.fault_details
+    assert result.lost_steps == 6
+    assert any("aiming again, before the save after checkpoint 30" in n for n in result.notes)
+    assert result.verdict is Verdict.PASS, result.summary
+
+
+def test_a_before_next_kill_is_aimed_again_at_most_max_reaims_times() -> None:
+    drill = Drill(after_checkpoint=20, delay=Delay("before_next"), max_lost_steps=20)
+    # Starved across each aim (2.9 s; then 0.6 s after checkpoint 30; then half the interval,
+    # the most margin there is, after 40 and 50): the last aim lands late, where it was
+    # aimed, and the report names the checkpoint it missed.
+    drill.stalls += [(2.85, 3.2), (3.65, 4.2), (4.25, 5.2), (5.25, 6.2)]
+    result = drill.run()
+    [recovery] = result.recoveries
+    assert [k.checkpoint_step for k in drill.kills] == [20 + 10 * MAX_REAIMS]
+    assert recovery.fault_details["checkpointsBeforeKill"] == [30 + 10 * MAX_REAIMS]
+    assert sum("aiming again" in n for n in result.notes) == MAX_REAIMS
+    assert result.verdict is Verdict.PASS, result.summary
 
 
 def test_a_checkpoint_slipping_in_before_a_late_kill_is_named() -> None:

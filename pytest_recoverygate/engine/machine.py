@@ -64,6 +64,7 @@ from pytest_recoverygate.engine.spec import (
     Sustain,
 )
 from pytest_recoverygate.engine.state import (
+    MAX_REAIMS,
     TRANSITIONS,
     Action,
     DrillState,
@@ -538,7 +539,25 @@ class DrillEngine(DrillState):
                     "the kill landed; aiming at the next save, a quarter into it",
                 )
                 return []
-            if armed.save_started is None and step > armed.step:
+            if (
+                armed.save_started is None
+                and step > armed.step
+                and self.spec.delay.kind == "before_next"
+                and self._reaims < MAX_REAIMS
+            ):
+                # The kill aimed just before this save was late (the drill or its reading
+                # of the job lagged, or the job sped up): killing now would be the best
+                # case, not the worst. Aim again from this checkpoint, with twice the margin.
+                self._armed = None
+                self._reaims += 1
+                self.note(
+                    at,
+                    "note",
+                    f"checkpoint {step} completed before the kill aimed just before it had "
+                    f"landed; aiming again, before the save after checkpoint {step}, with "
+                    f"{2**self._reaims} times the margin",
+                )
+            elif armed.save_started is None and step > armed.step:
                 self.note(
                     at,
                     "note",
@@ -806,6 +825,7 @@ class DrillEngine(DrillState):
             self._next_after = now
             self._waiting_since = now
             self._torn_retry = False
+            self._reaims = 0
             self._move(Phase.WAITING_FOR_CHECKPOINT)
             self.note(
                 now, "note", f"recovery {kill.index} verified; waiting for {self.waiting_for}"

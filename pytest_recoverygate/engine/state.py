@@ -41,6 +41,7 @@ from pytest_recoverygate.engine.verdict import (
 )
 
 __all__ = [
+    "MAX_REAIMS",
     "TRANSITIONS",
     "Action",
     "DrillState",
@@ -72,6 +73,12 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.VERIFYING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
     Phase.DONE: frozenset(),
 }
+
+
+#: How many times a ``beforeNextCheckpoint`` kill is aimed again when the save it was to
+#: precede completes first (each time from that checkpoint, with twice the margin); after
+#: that it lands where it was aimed, and the report names the checkpoints it missed.
+MAX_REAIMS = 3
 
 
 class IllegalTransition(RuntimeError):
@@ -149,6 +156,7 @@ class DrillState:
         self._armed: _Armed | None = None
         self._slipped: list[int] = []  # checkpoints completed while the armed kill waited
         self._torn_retry = False
+        self._reaims = 0  # beforeNextCheckpoint kills aimed again after the save beat them
         self._kill: KillRecord | None = None
         self._recoveries: list[Recovery] = []
         self._gave_up: tuple[int, float, str] | None = None  # (kill index, time, detail)
@@ -386,6 +394,8 @@ class DrillState:
         rate = ev.rate()
         step_time = 1.0 / rate if rate else 0.0
         margin = max(0.1 * seconds, 2 * step_time)
+        # aimed again (MAX_REAIMS): twice the margin each time, up to half the interval
+        margin = max(margin, min(margin * 2**self._reaims, 0.5 * seconds))
         offset = max(seconds - save - margin, 0.0)
         return at + offset, (
             f"checkpoint {step} completed; the kill lands {format_seconds(offset)} later, "

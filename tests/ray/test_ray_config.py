@@ -5,7 +5,8 @@ backend without importing ray; bad input is a validation error at FILE:LINE nami
 key, the value and the fix (an unknown key, an address that is not host:port, a
 submissionId without an address or with an entrypoint, a fault Ray cannot take); and
 Train's state answer (canned from a real Ray 2.60 run) is read into runs, attempts and
-workers.
+workers; the port of the cluster a driver starts is read from the file its GCS wrote,
+never from the temporary file it writes first.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.ray import RayWorkload
+from pytest_recoverygate.orchestrators.ray.orchestrator import _gcs_port
 from pytest_recoverygate.orchestrators.ray.state import failed_worker, failure_of, parse_runs
 from pytest_recoverygate.registry import get_backend
 
@@ -205,3 +207,18 @@ def test_the_worker_gone_is_the_drills_victim_when_a_late_look_finds_the_whole_g
     assert failed_worker(first, dead, {victim.actor_id}) is victim
     said = failure_of(run, 0, dead, {victim.actor_id})
     assert said is not None and said.startswith("worker death detected: ")
+
+
+def test_the_gcs_port_is_read_from_the_file_the_gcs_renamed_not_its_temporary(
+    tmp_path: Path,
+) -> None:
+    session = tmp_path / "session_latest"
+    assert _gcs_port(session) == ""  # no session yet
+    session.mkdir()
+    node = "a2ce6e3f530a2c4791d5ebfb1233b8791aa813304db657e30b8e1941"
+    # The GCS writes the port to a temporary file, then renames it (CI saw the look find
+    # the temporary file and the read find it gone): the temporary file is not the answer.
+    (session / f"gcs_server_port_{node}.tmp").write_text("6379")
+    assert _gcs_port(session) == ""
+    (session / f"gcs_server_port_{node}.tmp").rename(session / f"gcs_server_port_{node}")
+    assert _gcs_port(session) == "6379"
