@@ -64,7 +64,6 @@ from pytest_recoverygate.engine.spec import (
     Sustain,
 )
 from pytest_recoverygate.engine.state import (
-    MAX_REAIMS,
     TRANSITIONS,
     Action,
     DrillState,
@@ -539,32 +538,8 @@ class DrillEngine(DrillState):
                     "the kill landed; aiming at the next save, a quarter into it",
                 )
                 return []
-            if (
-                armed.save_started is None
-                and step > armed.step
-                and self.spec.delay.kind == "before_next"
-                and self._reaims < MAX_REAIMS
-            ):
-                # The kill aimed just before this save was late (the drill or its reading
-                # of the job lagged, or the job sped up): killing now would be the best
-                # case, not the worst. Aim again from this checkpoint, with twice the margin.
-                self._armed = None
-                self._reaims += 1
-                self.note(
-                    at,
-                    "note",
-                    f"checkpoint {step} completed before the kill aimed just before it had "
-                    f"landed; aiming again, before the save after checkpoint {step}, with "
-                    f"{2**self._reaims} times the margin",
-                )
-            elif armed.save_started is None and step > armed.step:
-                self.note(
-                    at,
-                    "note",
-                    f"checkpoint {step} completed before the delayed kill "
-                    "landed: the kill is not before the next checkpoint",
-                )
-                self._slipped.append(step)
+            if armed.save_started is None and step > armed.step:
+                self._checkpoint_beat_the_kill(step, at)
         if new or self.spec.fault == "KillDuringCheckpoint":
             return []
         return self._consider_trigger(step, at, save_rank=None)

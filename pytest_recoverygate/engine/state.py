@@ -429,6 +429,30 @@ class DrillState:
             )
         ]
 
+    def _checkpoint_beat_the_kill(self, step: int, at: float) -> None:
+        """Checkpoint ``step`` completed while the kill armed by an earlier one waited."""
+        if self.spec.delay.kind == "before_next" and self._reaims < MAX_REAIMS:
+            # The kill aimed just before this save was late (the drill or its reading of the
+            # job lagged, or the job sped up): killing now would be the best case, not the
+            # worst. Aim again from this checkpoint (the caller's trigger), twice the margin.
+            self._armed = None
+            self._reaims += 1
+            self.note(
+                at,
+                "note",
+                f"checkpoint {step} completed before the kill aimed just before it had "
+                f"landed; aiming again, before the save after checkpoint {step}, with "
+                f"{2**self._reaims} times the margin",
+            )
+            return
+        self.note(
+            at,
+            "note",
+            f"checkpoint {step} completed before the delayed kill "
+            "landed: the kill is not before the next checkpoint",
+        )
+        self._slipped.append(step)
+
     def _position(self, trigger_time: float, kill_time: float) -> float | None:
         """Where in the checkpoint interval the kill landed (0 right after a checkpoint)."""
         interval = self.ledger.interval()

@@ -22,7 +22,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.ray import RayWorkload
-from pytest_recoverygate.orchestrators.ray.orchestrator import _gcs_port
+from pytest_recoverygate.orchestrators.ray.processes import gcs_port
 from pytest_recoverygate.orchestrators.ray.state import failed_worker, failure_of, parse_runs
 from pytest_recoverygate.registry import get_backend
 
@@ -213,12 +213,12 @@ def test_the_gcs_port_is_read_from_the_file_the_gcs_renamed_not_its_temporary(
     tmp_path: Path,
 ) -> None:
     session = tmp_path / "session_latest"
-    assert _gcs_port(session) == ""  # no session yet
+    assert gcs_port(session) == ""  # no session yet
     session.mkdir()
     node = "a2ce6e3f530a2c4791d5ebfb1233b8791aa813304db657e30b8e1941"
     # The GCS writes the port to a temporary file, then renames it (CI saw the look find
     # the temporary file and the read find it gone): the temporary file is not the answer.
     (session / f"gcs_server_port_{node}.tmp").write_text("6379")
-    assert _gcs_port(session) == ""
+    assert gcs_port(session) == ""
     (session / f"gcs_server_port_{node}.tmp").rename(session / f"gcs_server_port_{node}")
-    assert _gcs_port(session) == "6379"
+    assert gcs_port(session) == "6379"

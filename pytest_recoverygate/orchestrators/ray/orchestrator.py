@@ -63,6 +63,7 @@ from pytest_recoverygate.orchestrators.ray.processes import (
     DRILL_MARKER,
     end_driver,
     end_marked,
+    gcs_port,
     local_addresses,
 )
 from pytest_recoverygate.orchestrators.ray.server import KillServer
@@ -525,7 +526,7 @@ class RayOrchestrator(LaunchedJob):
             assert self._tmpdir is not None
             session = self._tmpdir / "ray" / "session_latest"
             while True:
-                text = _gcs_port(session)
+                text = gcs_port(session)
                 if text.isdigit():
                     self._gcs = f"127.0.0.1:{text}"
                     break
@@ -897,16 +898,3 @@ class RayOrchestrator(LaunchedJob):
                 )
 
     # ------------------------------------------------------------------ cleanup
-
-
-def _gcs_port(session: Path) -> str:
-    """The GCS port the cluster's head wrote under ``session`` ("" while it has not).
-
-    The GCS writes ``gcs_server_port_<node>`` through a ``….tmp`` file it then renames:
-    the temporary file is skipped, and one that goes between the look and the read is
-    looked for again on the next try."""
-    try:
-        ports = sorted(p for p in session.glob("gcs_server_port_*") if p.suffix != ".tmp")
-        return ports[0].read_text().strip() if ports else ""
-    except OSError:  # the session or the file went between the look and the read
-        return ""

@@ -1,6 +1,7 @@
 """The Ray backend's processes on this machine: its addresses, the driver the drill
-launched (ended by session), and every process of the cluster that driver started, found
-by the drill's marker in its environment and killed (psutil, imported when needed).
+launched (ended by session), the port of the cluster that driver started, and every
+process of that cluster, found by the drill's marker in its environment and killed
+(psutil, imported when needed).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "TERM_GRACE",
     "end_driver",
     "end_marked",
+    "gcs_port",
     "local_addresses",
     "marked",
 ]
@@ -59,6 +62,19 @@ def end_driver(proc: subprocess.Popen[bytes]) -> list[str]:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # what is left of its session
     return []
+
+
+def gcs_port(session: Path) -> str:
+    """The GCS port the cluster's head wrote in its ``session`` folder ("" while it has not).
+
+    The GCS writes ``gcs_server_port_<node>`` through a ``….tmp`` file it then renames:
+    the temporary file is skipped, and a file gone between the look and the read is looked
+    for again on the caller's next try."""
+    try:
+        ports = sorted(p for p in session.glob("gcs_server_port_*") if p.suffix != ".tmp")
+        return ports[0].read_text().strip() if ports else ""
+    except OSError:  # the session or the file went between the look and the read
+        return ""
 
 
 def marked(drill_id: str) -> list[Any]:
