@@ -41,6 +41,7 @@ __all__ = [
     "print_effective_config",
     "print_result",
     "shorten",
+    "sweep_command",
 ]
 
 #: The exit codes, from the one table (:data:`pytest_recoverygate.engine.verdict.EXIT_CODES`).
@@ -76,6 +77,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     _compare_parser(sub)
     _history_parser(sub)
     _explain_parser(sub)
+    sweep = sub.add_parser(
+        "sweep",
+        help="remove what a SIGKILLed multi-node drill left behind",
+        description="Find the owner records of local multi-node drills that no longer run "
+        "(a drill SIGKILLed, or killed by the OOM killer, cannot clean up) and remove "
+        "what each left: the processes in its network namespaces, the namespaces, its "
+        "folder. A running drill's namespaces, and namespaces no record names, are left "
+        f"alone ({docs_link('nodes.md')}).",
+        epilog="exit codes: 0 nothing left behind, 3 something could not be removed",
+    )
+    _switch(sweep, "--dry-run", help="only say what would be removed")
     return parser
 
 
@@ -222,6 +234,19 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
     print(f"base: {args.base}\nnew:  {args.new}")
     print(baseline.format_table(comparison, markdown=args.markdown))
     return EXIT_CODES[Verdict.FAIL] if comparison.regressed else EXIT_PASS
+
+
+def sweep_command(args: argparse.Namespace, name: str) -> int:
+    """``recoverygate sweep``: what dead multi-node drills left, removed (or listed)."""
+    from pytest_recoverygate.orchestrators.local.sweep import sweep
+
+    report = sweep(dry_run=args.dry_run)
+    for line in report.lines:
+        print(printable(line))
+    if report.problems:
+        print(f"{name} sweep: not everything could be removed (see above)", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_PASS
 
 
 def explain_command(args: argparse.Namespace, name: str) -> int:
@@ -407,6 +432,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return history_command(args, name)
     if args.command == "explain":
         return explain_command(args, name)
+    if args.command == "sweep":
+        return sweep_command(args, name)
 
     from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.errors import (

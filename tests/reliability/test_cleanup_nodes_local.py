@@ -8,7 +8,7 @@ imports) run on two nodes:
   backend right after the node kill, one raised while restoring a cut link, and SIGTERM
   to the CLI in the middle of a node's recovery;
 - after each: no network namespace of the drill (``ip netns list``), no process carrying
-  the row's tag, none left stopped, the drill's folder gone;
+  the row's tag, none left stopped, the drill's folder and owner record gone;
 - a KillNode never signals a process of another node: node 0's worker, found at
   discovery, is still the same running process when the drill ends (the stand-in's nodes
   do not rendezvous, so nothing else would have ended it).
@@ -36,8 +36,10 @@ from pytest_recoverygate.engine.model import GroupEvent, GroupEventKind, KillRes
 from pytest_recoverygate.orchestrators.local.netns import missing_capabilities
 from pytest_recoverygate.orchestrators.local.nodes import LocalNodesOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import Identity
+from pytest_recoverygate.orchestrators.local.sweep import RECORD_PREFIX
 from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.lock import lock_dir
 from pytest_recoverygate.shared.procs import JobLaunch
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
 from tests.reliability.conftest import Figures
@@ -133,7 +135,8 @@ def assert_nothing_left(
 ) -> None:
     """No process of the drill (its tag), none stopped, no namespace of the drill: those
     named rg<drill_id>-*, or, without the id, any rg*- namespace that was not there
-    before (other drills on the machine may make and remove theirs meanwhile)."""
+    before (other drills on the machine may make and remove theirs meanwhile); with the
+    id, no owner record of the drill either."""
     deadline = time.monotonic() + 10
     while tagged_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -149,6 +152,9 @@ def assert_nothing_left(
     assert stopped == [], f"processes left stopped: {stopped}"
     assert left == [], f"processes of the drill left: {left}"
     assert namespaces == set(), f"namespaces left: {namespaces}"
+    if drill_id is not None:  # its owner record (what `recoverygate sweep` reads) went too
+        record = lock_dir() / f"{RECORD_PREFIX}{drill_id}.json"
+        assert not record.exists(), f"owner record left: {record}"
 
 
 def test_a_node_kill_that_passes_leaves_nothing_and_never_touches_the_other_node(

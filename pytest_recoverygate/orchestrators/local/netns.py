@@ -53,6 +53,7 @@ __all__ = [
     "IFACE",
     "Network",
     "NodeNet",
+    "delete_netns",
     "is_trusted_tool",
     "missing_capabilities",
     "node_command",
@@ -165,6 +166,12 @@ def _ip(*args: str) -> str:
     return done.stdout
 
 
+def delete_netns(name: str) -> None:
+    """``ip netns delete NAME`` when it exists (its veth ends and a bridge in it go too)."""
+    if (NETNS_DIR / name).exists():
+        _ip("netns", "delete", name)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeNet:
     """One node's namespace: its name, when it was made, its address and hostname."""
@@ -266,8 +273,7 @@ class Network:
         return True
 
     def _delete(self, name: str) -> None:
-        if (NETNS_DIR / name).exists():
-            _ip("netns", "delete", name)
+        delete_netns(name)
 
     def close(self) -> list[str]:
         """Restore every cut link, delete every namespace made; what could not go, named."""

@@ -55,6 +55,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
     pidfd_open,
     resolve_executable,
 )
+from pytest_recoverygate.orchestrators.local.sweep import OwnerRecord, claim
 from pytest_recoverygate.registry.seams import cleanup_once
 from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
 from pytest_recoverygate.shared.procs import JobLaunch, LaunchedJob
@@ -144,6 +145,7 @@ class LocalNodesOrchestrator(LaunchedJob):
         self.nodes = nodes
         self._root: Path | None = None
         self._network: Network | None = None
+        self._owner: OwnerRecord | None = None  # held while the namespaces may exist
         self._runs: list[_NodeRun] = []  # every node ever launched, replacements too
         self._source = _MergedSource()
         self._lock = threading.Lock()
@@ -235,6 +237,9 @@ class LocalNodesOrchestrator(LaunchedJob):
         self._root = Path(tempfile.mkdtemp(prefix="recoverygate-nodes-"))
         self.shared_dir.mkdir()
         self._network = Network(self.nodes, self._root / "hosts")
+        # Claimed before the first namespace: should this process be SIGKILLed, the
+        # unlocked record lets `recoverygate sweep` find and remove what it left (sweep.py).
+        self._owner = claim(self._network.drill_id, self._root)
         nets = self._network.open()
         runs = [self._launch(net) for net in nets]
         threads = [self._start(run, deadline) for run in runs]
@@ -542,6 +547,8 @@ class LocalNodesOrchestrator(LaunchedJob):
             thread.join(timeout=5.0)
         if self._network is not None:
             problems += self._network.close()
+        if self._owner is not None and self._network is not None:
+            self._owner.release(done=not Network.leftovers(self._network.drill_id))
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
         if problems:
