@@ -238,9 +238,14 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
 
 def sweep_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate sweep``: what dead multi-node drills left, removed (or listed)."""
+    from pytest_recoverygate.errors import DrillError
     from pytest_recoverygate.orchestrators.local.sweep import sweep
 
-    report = sweep(dry_run=args.dry_run)
+    try:
+        report = sweep(dry_run=args.dry_run)
+    except (DrillError, OSError) as exc:
+        print(printable(f"{name} sweep: {exc}"), file=sys.stderr)
+        return EXIT_ERROR
     for line in report.lines:
         print(printable(line))
     if report.problems:

@@ -305,8 +305,33 @@ def test_a_before_next_kill_the_save_beat_is_aimed_again_not_landed_late() -> No
     assert [k.checkpoint_step for k in drill.kills] == [30]
     assert "checkpointsBeforeKill" not in recovery.fault_details
     assert result.lost_steps == 6
-    assert any("aiming again, before the save after checkpoint 30" in n for n in result.notes)
+    assert any(
+        "aiming again (re-aim 1 of 3), before the save after checkpoint 30" in n
+        for n in result.notes
+    )
+    assert recovery.fault_details["reaims"] == 1
     assert result.verdict is Verdict.PASS, result.summary
+
+
+def test_a_checkpoint_read_after_the_kill_was_sent_leaves_the_kill_armed() -> None:
+    # Saves take 9 s of a 10 s interval: the margin (10 %, 1 s) is the whole second of
+    # training, so the kill is sent inside the handler of checkpoint 20.
+    # Checkpoint 30's line is read before the kill's result (one batch of lines): the kill
+    # already sent is not aimed again, and its result finds it armed.
+    job = SimJob(save=9.0)
+    engine = DrillEngine(
+        DrillSpec(after_checkpoint=20, delay=Delay("before_next"), max_recovery_time=60.0), T0
+    )
+    engine.discovered(T0, "test")
+    sent: list[KillTarget] = []
+    for event in job.lives[0].events:
+        actions = engine.on_training_event(event)
+        sent += [a for a in actions if isinstance(a, KillTarget)]
+        if sent and event.kind is C and event.step == 30:
+            break
+    assert [k.checkpoint_step for k in sent] == [20]
+    engine.on_kill_result(KillResult(KillOutcome.KILLED, T0 + 25.0))  # no AssertionError
+    assert not any("aiming again" in e.detail for e in engine.timeline_entries())
 
 
 def test_a_before_next_kill_is_aimed_again_at_most_max_reaims_times() -> None:

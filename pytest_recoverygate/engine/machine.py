@@ -526,7 +526,9 @@ class DrillEngine(DrillState):
             )
         armed = self._armed
         if armed is not None and not new:
-            if armed.save_started is not None and step == armed.step:
+            # Aimed again only while the kill waits: once sent (KILLING), it stays armed.
+            waiting = self.phase is Phase.WAITING_FOR_CHECKPOINT
+            if waiting and armed.save_started is not None and step == armed.step:
                 # The save finished before the kill landed: aim at the next one, earlier.
                 self._armed = None
                 self._torn_retry = True
@@ -539,7 +541,7 @@ class DrillEngine(DrillState):
                 )
                 return []
             if armed.save_started is None and step > armed.step:
-                self._checkpoint_beat_the_kill(step, at)
+                self._checkpoint_beat_the_kill(step, at, reaim=waiting)
         if new or self.spec.fault == "KillDuringCheckpoint":
             return []
         return self._consider_trigger(step, at, save_rank=None)

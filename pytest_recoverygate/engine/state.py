@@ -429,20 +429,21 @@ class DrillState:
             )
         ]
 
-    def _checkpoint_beat_the_kill(self, step: int, at: float) -> None:
-        """Checkpoint ``step`` completed while the kill armed by an earlier one waited."""
-        if self.spec.delay.kind == "before_next" and self._reaims < MAX_REAIMS:
+    def _checkpoint_beat_the_kill(self, step: int, at: float, *, reaim: bool) -> None:
+        """Checkpoint ``step`` completed while the kill armed by an earlier one waited
+        (``reaim``: it has not been sent yet)."""
+        if reaim and self.spec.delay.kind == "before_next" and self._reaims < MAX_REAIMS:
             # The kill aimed just before this save was late (the drill or its reading of the
             # job lagged, or the job sped up): killing now would be the best case, not the
-            # worst. Aim again from this checkpoint (the caller's trigger), twice the margin.
+            # worst. Aim again from this checkpoint (the caller's trigger), a wider margin.
             self._armed = None
             self._reaims += 1
             self.note(
                 at,
                 "note",
                 f"checkpoint {step} completed before the kill aimed just before it had "
-                f"landed; aiming again, before the save after checkpoint {step}, with "
-                f"{2**self._reaims} times the margin",
+                f"landed; aiming again (re-aim {self._reaims} of {MAX_REAIMS}), before the "
+                f"save after checkpoint {step}, with a wider margin",
             )
             return
         self.note(
@@ -464,6 +465,8 @@ class DrillState:
         kill.slipped = list(self._slipped)
         if kill.slipped:
             kill.details["checkpointsBeforeKill"] = list(kill.slipped)
+        if self._reaims:
+            kill.details["reaims"] = self._reaims
         if armed.save_started is not None:
             kill.details["tornStep"] = armed.step
             kill.details["intoSaveSeconds"] = round(kill.time - armed.save_started, 6)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -111,7 +112,15 @@ def drill(tmp_path: Path) -> Iterator[DeadDrill]:
         [sys.executable, "-c", DRILL], env=_env(locks), stdout=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
-    drill_id, inner, folder = process.stdout.readline().split()
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        assert ready, "the drill process did not start its network in 30 s"
+        drill_id, inner, folder = process.stdout.readline().split()
+    except BaseException:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+        raise
     dead = DeadDrill(process, drill_id, int(inner), Path(folder), locks)
     try:
         node0 = (NETNS_DIR / f"rg{drill_id}-n0").stat()
@@ -156,7 +165,9 @@ def test_a_sigkilled_drills_namespaces_processes_folder_and_record_are_swept(
 
     swept = drill.sweep()
     assert swept.returncode == 0, swept.stdout + swept.stderr
-    assert "removed namespaces " + ", ".join(left) in swept.stdout
+    assert f"removed namespaces {', '.join(left)}; removed its folder {drill.folder}" in (
+        swept.stdout
+    )
     assert drill.namespaces() == []
     deadline = time.monotonic() + 5
     while drill.inner_alive() and time.monotonic() < deadline:
@@ -184,7 +195,7 @@ def test_a_record_naming_another_folder_has_its_namespaces_swept_not_the_folder(
     drill.record.write_text(json.dumps({**record, "folder": str(precious)}))
     swept = drill.sweep()
     assert swept.returncode == 0, swept.stdout + swept.stderr
-    assert f"its record names folder {precious}, which is not a drill's folder" in swept.stdout
+    assert f"{precious} is not the folder the drill made" in swept.stdout
     assert precious.is_dir() and drill.namespaces() == []
 
 

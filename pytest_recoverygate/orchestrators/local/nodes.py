@@ -547,9 +547,11 @@ class LocalNodesOrchestrator(LaunchedJob):
             thread.join(timeout=5.0)
         if self._network is not None:
             problems += self._network.close()
-        if self._owner is not None and self._network is not None:
-            self._owner.release(done=not Network.leftovers(self._network.drill_id))
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+        if self._owner is not None and self._network is not None:
+            # Kept, unlocked, for `recoverygate sweep` when anything may be left.
+            left = problems or Network.leftovers(self._network.drill_id)
+            self._owner.release(done=not left and not (self._root and self._root.exists()))
         if problems:
             raise BackendError("cleanup of the nodes failed: " + "; ".join(problems))

@@ -7,7 +7,7 @@ in them, and so does its folder. So each drill's network claims an **owner recor
 it makes its first namespace: ``recoverygate-netns-rgID.json`` in the drill lock folder
 (:func:`~pytest_recoverygate.shared.lock.lock_dir`: ``/run/recoverygate`` as root), which
 names the drill and its folder, and which the drill holds an exclusive ``flock`` on for as
-long as it runs. It removes the record once every namespace it made is gone.
+long as it runs. It removes the record once its namespaces and folder are gone.
 
 The kernel drops a ``flock`` when its holder dies, whatever kills it, so ownership needs
 no pid (which the system may have given to another process since): a record that
@@ -15,11 +15,13 @@ no pid (which the system may have given to another process since): a record that
 alone, and only for what carries that drill's own names, it
 
 1. SIGKILLs the processes inside the drill's namespaces (``rgID-sw``, ``rgID-nK``,
-   ``rgID-nK-rJ``), each by pidfd, after checking through it that the process is still
-   in that namespace and is the one listed (its start time);
-2. deletes the namespaces (their veth pairs and the bridge go with them);
-3. removes the drill's folder, only when it is a ``recoverygate-nodes-*`` folder (not a
-   link) in the temp folder;
+   ``rgID-nK-rJ``), each pinned by a pidfd and checked, once pinned, to be in that
+   namespace; again until none is left (a process forked meanwhile too), for up to
+   :data:`EXIT_WAIT` seconds. While one is left, nothing is deleted: deleting the name
+   would leave it running in a namespace nothing could find again;
+2. deletes the namespaces (their veth pairs and the bridge go with them), nodes first;
+3. removes the drill's folder, only when it is the very folder the drill made (the
+   device and inode the record holds), not a link;
 4. removes the record.
 
 A record still locked (its drill is running), a namespace no record names, and a record
@@ -37,7 +39,6 @@ import re
 import shutil
 import signal
 import stat
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -59,8 +60,8 @@ __all__ = [
 
 RECORD_PREFIX = "recoverygate-netns-rg"
 _ID = re.compile(r"[0-9a-f]{1,32}")
-_RECORD_BYTES = 4096  # a drill writes about 100
-EXIT_WAIT = 5.0  # seconds for the SIGKILLed processes to leave their namespaces
+_RECORD_BYTES = 4096  # a drill writes about 150
+EXIT_WAIT = 5.0  # seconds for the processes in a dead drill's namespaces to be gone
 
 
 def namespace_pattern(drill_id: str) -> re.Pattern[str]:
@@ -77,8 +78,8 @@ class OwnerRecord:
     fd: int
 
     def release(self, *, done: bool) -> None:
-        """Give up the claim; with ``done`` (every namespace gone) remove the record too,
-        else leave it for :func:`sweep`."""
+        """Give up the claim; with ``done`` (nothing of the drill left) remove the record
+        too (while still holding it), else leave it for :func:`sweep`."""
         if self.fd < 0:
             return
         if done:
@@ -89,18 +90,39 @@ class OwnerRecord:
 
 
 def claim(drill_id: str, folder: Path) -> OwnerRecord:
-    """Write and lock drill ``drill_id``'s owner record (before its first namespace)."""
+    """Write and lock drill ``drill_id``'s owner record (before its first namespace).
+
+    The record is written and locked under a name no sweep looks at, then linked into
+    place, so a sweep never sees it unlocked or half written."""
     if not _ID.fullmatch(drill_id):
         raise BackendError(f"drill id {drill_id!r} is not lowercase hex")
-    path = lock_dir() / f"{RECORD_PREFIX}{drill_id}.json"
+    where = lock_dir()
+    path = where / f"{RECORD_PREFIX}{drill_id}.json"
+    draft = where / f".{RECORD_PREFIX}{drill_id}.{os.getpid()}.draft"
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(draft, flags, 0o600)
     except OSError as exc:
         raise BackendError(f"the drill's owner record {path} could not be made: {exc}") from exc
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new and ours: nobody else holds it
-    text = json.dumps({"drill": drill_id, "pid": os.getpid(), "folder": str(folder)})
-    os.write(fd, text.encode("utf-8"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        info = os.lstat(folder)
+        text = json.dumps(
+            {
+                "drill": drill_id,
+                "pid": os.getpid(),
+                "folder": str(folder),
+                "folderId": [info.st_dev, info.st_ino],
+            }
+        )
+        os.write(fd, text.encode("utf-8"))
+        os.link(draft, path)
+    except OSError as exc:
+        os.close(fd)
+        raise BackendError(f"the drill's owner record {path} could not be made: {exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            draft.unlink()
     return OwnerRecord(drill_id, path, fd)
 
 
@@ -115,18 +137,22 @@ class SweepReport:
 
 def sweep(*, dry_run: bool = False, directory: Path | None = None) -> SweepReport:
     """Remove what each drill that no longer runs left behind (see the module docstring);
-    with ``dry_run``, only say what that is."""
+    with ``dry_run``, only say what that is. A drill lock folder that cannot be used
+    raises :class:`~pytest_recoverygate.errors.DiscoveryError`."""
     report = SweepReport()
     folder = directory or lock_dir()
-    records = sorted(folder.glob(f"{RECORD_PREFIX}*.json"))
     owned: set[str] = set()
-    for path in records:
+    for path in sorted(folder.glob(f"{RECORD_PREFIX}*.json")):
         drill_id = path.name[len(RECORD_PREFIX) : -len(".json")]
-        if _ID.fullmatch(drill_id):
-            owned.add(drill_id)
-            _sweep_record(path, drill_id, report, dry_run=dry_run)
-        else:
+        if not _ID.fullmatch(drill_id):
             report.lines.append(f"{path}: not a record a drill writes; left alone")
+            continue
+        owned.add(drill_id)
+        try:
+            _sweep_record(path, drill_id, report, dry_run=dry_run)
+        except OSError as exc:
+            report.problems.append(f"{path}: {exc}")
+            report.lines.append(f"drill rg{drill_id}: not swept: {exc}")
     for name in _namespaces():
         match = re.fullmatch(r"rg([0-9a-f]+)-.*", name)
         if (
@@ -135,8 +161,9 @@ def sweep(*, dry_run: bool = False, directory: Path | None = None) -> SweepRepor
             and namespace_pattern(match.group(1)).fullmatch(name)
         ):
             report.lines.append(
-                f"namespace {name}: named like a drill's, but no owner record names it (a "
-                "drill from before records, or another tool's); left alone"
+                f"namespace {name}: named like a drill's, but no owner record in {folder} "
+                "names it (a drill of another user or lock folder, one from before records, "
+                "or another tool's); left alone"
             )
     if not report.lines:
         report.lines.append(f"nothing to sweep: no drill's owner record in {folder}")
@@ -159,12 +186,15 @@ def _sweep_record(path: Path, drill_id: str, report: SweepReport, *, dry_run: bo
         except BlockingIOError:
             report.lines.append(f"drill rg{drill_id}: running (it holds its record); left alone")
             return
+        if not _same_file(fd, path):  # its drill removed it between the open and the lock
+            report.lines.append(f"drill rg{drill_id}: ended meanwhile, and cleaned up")
+            return
         content = _read_record(fd, drill_id)
         if content is None:
             report.lines.append(f"{path}: not what a drill writes; left alone")
             return
-        pid, drill_folder = content
-        names = [n for n in _namespaces() if namespace_pattern(drill_id).fullmatch(n)]
+        pid, drill_folder, folder_id = content
+        names = _drill_namespaces(drill_id)
         head = f"drill rg{drill_id} (pid {pid}, no longer running)"
         if dry_run:
             report.lines.append(
@@ -172,32 +202,48 @@ def _sweep_record(path: Path, drill_id: str, report: SweepReport, *, dry_run: bo
                 f"in them, and {drill_folder}"
             )
             return
-        problems = _remove(drill_id, names, drill_folder, report)
-        report.problems += problems
+        problems, folder_said = _remove(drill_id, names, drill_folder, folder_id)
         if problems:
+            report.problems += problems
             report.lines.append(f"{head}: not all removed: {'; '.join(problems)}")
             return
         report.lines.append(
-            f"{head}: removed namespaces {', '.join(names) or 'none'} and {drill_folder}"
+            f"{head}: removed namespaces {', '.join(names) or 'none'}; {folder_said}"
         )
         report.swept.append(drill_id)
-        path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     finally:
         os.close(fd)
 
 
-def _read_record(fd: int, drill_id: str) -> tuple[int, Path] | None:
-    """The pid and folder a drill's record names, or None when it is not one."""
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _read_record(fd: int, drill_id: str) -> tuple[int, Path, tuple[int, int]] | None:
+    """The pid, folder and folder identity a drill's record names, or None when it is
+    not one."""
     try:
         data = json.loads(os.pread(fd, _RECORD_BYTES, 0).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("drill") != drill_id:
         return None
-    pid, folder = data.get("pid"), data.get("folder")
-    if not isinstance(pid, int) or not isinstance(folder, str):
+    pid, folder, folder_id = data.get("pid"), data.get("folder"), data.get("folderId")
+    if not isinstance(pid, int) or not isinstance(folder, str) or not folder:
         return None
-    return pid, Path(folder)
+    if not (
+        isinstance(folder_id, list)
+        and len(folder_id) == 2
+        and all(isinstance(n, int) for n in folder_id)
+    ):
+        return None
+    return pid, Path(folder), (folder_id[0], folder_id[1])
 
 
 def _namespaces() -> list[str]:
@@ -206,39 +252,58 @@ def _namespaces() -> list[str]:
     return []
 
 
-def _remove(drill_id: str, names: list[str], folder: Path, report: SweepReport) -> list[str]:
-    """End the processes in ``names``, delete them, remove the folder: what failed."""
+def _drill_namespaces(drill_id: str) -> list[str]:
+    """Drill ``drill_id``'s namespaces: its nodes first, its switch last."""
+    pattern = namespace_pattern(drill_id)
+    names = [n for n in _namespaces() if pattern.fullmatch(n)]
+    return sorted(names, key=lambda n: (n.endswith("-sw"), n))
+
+
+def _remove(
+    drill_id: str, names: list[str], folder: Path, folder_id: tuple[int, int]
+) -> tuple[list[str], str]:
+    """End the processes in ``names``, delete them, remove the folder: what failed, and
+    what became of the folder.
+
+    Nothing is deleted while a process is still in one of the namespaces (deleting the
+    name would leave it running in a namespace nothing can find again)."""
     problems: list[str] = []
-    killed: list[tuple[str, int]] = []
-    for name in names:
-        killed += [(name, pid) for pid in _kill_inside(name, report)]
     deadline = time.monotonic() + EXIT_WAIT
-    while any(_in_namespace(pid, name) for name, pid in killed) and time.monotonic() < deadline:
-        _reap(pid for _, pid in killed)
+    while True:
+        inside = {name: _pids_inside(name) for name in names}
+        if not any(inside.values()):
+            break
+        if time.monotonic() >= deadline:
+            for name, pids in inside.items():
+                problems += [
+                    f"pid {pid} is still in namespace {name} after SIGKILL" for pid in pids
+                ]
+            return problems, ""
+        for name, pids in inside.items():
+            problems += _kill_inside(name, pids)
+        if problems:
+            return problems, ""
         time.sleep(0.05)
-    _reap(pid for _, pid in killed)
-    for name, pid in killed:
-        if _in_namespace(pid, name):
-            problems.append(f"pid {pid} is still in namespace {name} after SIGKILL")
-    if problems:
-        return problems
-    for name in reversed(names):  # the nodes first, the switch last
+        _reap(pid for pids in inside.values() for pid in pids)
+    for name in names:
         try:
             delete_netns(name)
         except BackendError as exc:
             problems.append(str(exc))
-    if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(
-        "recoverygate-nodes-"
-    ):
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISDIR(os.lstat(folder).st_mode):
-                shutil.rmtree(folder)
-    elif str(folder):
-        report.lines.append(
-            f"drill rg{drill_id}: its record names folder {folder}, which is not a drill's "
-            "folder (recoverygate-nodes-* in the temp folder); left alone"
+    try:
+        found = os.lstat(folder)
+    except FileNotFoundError:
+        return problems, f"its folder {folder} was gone already"
+    if not stat.S_ISDIR(found.st_mode) or (found.st_dev, found.st_ino) != folder_id:
+        return problems, (
+            f"{folder} is not the folder the drill made (another file or folder has that "
+            "name now): left alone"
         )
-    return problems
+    try:
+        shutil.rmtree(folder)
+    except OSError as exc:
+        problems.append(f"{folder} could not be removed: {exc}")
+    return problems, f"removed its folder {folder}"
 
 
 def _netns_key(path: str) -> tuple[int, int] | None:
@@ -249,39 +314,40 @@ def _netns_key(path: str) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def _in_namespace(pid: int, name: str) -> bool:
-    """Process ``pid`` is alive in namespace ``name`` (a zombie is in none)."""
-    key = _netns_key(str(NETNS_DIR / name))
-    return key is not None and _netns_key(f"/proc/{pid}/ns/net") == key
-
-
-def _kill_inside(name: str, report: SweepReport) -> list[int]:
-    """SIGKILL every process in namespace ``name``, each pinned by a pidfd and checked to
-    be the process listed and still in it; the pids signalled."""
+def _pids_inside(name: str) -> list[int]:
+    """The live processes in namespace ``name`` (a zombie is in none)."""
     key = _netns_key(str(NETNS_DIR / name))
     if key is None:
         return []
-    listed = [
-        (int(entry), start_time(int(entry)))
+    return [
+        int(entry)
         for entry in os.listdir("/proc")
         if entry.isdigit() and _netns_key(f"/proc/{entry}/ns/net") == key
     ]
-    signalled: list[int] = []
-    for pid, started in listed:
+
+
+def _kill_inside(name: str, pids: list[int]) -> list[str]:
+    """SIGKILL each of ``pids``, pinned by a pidfd and checked through it to be still in
+    namespace ``name``; what could not be signalled."""
+    key = _netns_key(str(NETNS_DIR / name))
+    problems: list[str] = []
+    for pid in pids:
         pidfd = pidfd_open(pid)
         if pidfd is None:
-            report.problems.append(f"pid {pid} in namespace {name}: no pidfd; not signalled")
-            continue
+            if start_time(pid) is not None and _netns_key(f"/proc/{pid}/ns/net") == key:
+                problems.append(f"pid {pid} in namespace {name} could not be pinned (pidfd)")
+            continue  # otherwise it is gone
         try:
-            if started is None or start_time(pid) != started or not _in_namespace(pid, name):
-                continue  # gone, or another process by now
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            signalled.append(pid)
+            # Pinned: the pid now names this process until the pidfd is closed.
+            if key is not None and _netns_key(f"/proc/{pid}/ns/net") == key:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         except ProcessLookupError:
             continue
+        except PermissionError as exc:
+            problems.append(f"pid {pid} in namespace {name} could not be signalled: {exc}")
         finally:
             os.close(pidfd)
-    return signalled
+    return problems
 
 
 def _reap(pids: Iterable[int]) -> None:
