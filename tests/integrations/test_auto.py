@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 from recoverygate.integrations import auto
 
+# Its e2e tests run in scripts/test's second drill lane, beside the Ray drills.
+pytestmark = pytest.mark.second_lane
+
 ROOT = Path(__file__).resolve().parents[2]
 REPORTER = ROOT / "reporter"
 PTH = REPORTER / "recoverygate-auto.pth"
