@@ -348,6 +348,15 @@ def test_a_before_next_kill_is_aimed_again_at_most_max_reaims_times() -> None:
     assert result.verdict is Verdict.PASS, result.summary
 
 
+def test_a_delay_past_the_checkpoint_timeout_still_kills_once_the_trigger_was_reached() -> None:
+    # timeouts.checkpoint bounds the wait for the trigger checkpoint (reached at 2.1 s), not
+    # the delay after it: the kill lands at 2.1 + 5 s, no "timed out waiting" ERROR at 3 s.
+    drill = Drill(delay=Delay("seconds", 5.0, explicit=True), checkpoint_timeout=3.0)
+    result = drill.run()
+    assert drill.kill_times == [pytest.approx(2.102 + 5.0, abs=0.011)]
+    assert result.verdict is Verdict.PASS, result.summary
+
+
 def test_a_checkpoint_slipping_in_before_a_late_kill_is_named() -> None:
     drill = Drill(after_checkpoint=20, delay=Delay("seconds", 1.5, explicit=True))
     result = drill.run()

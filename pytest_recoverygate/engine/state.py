@@ -213,8 +213,12 @@ class DrillState:
     def deadline(self) -> float | None:
         """When :meth:`tick` must be called at the latest (drill clock)."""
         if self.phase is Phase.WAITING_FOR_CHECKPOINT:
-            timeout = self._waiting_since + self.spec.checkpoint_timeout
-            return min(timeout, self._armed.fire_at) if self._armed is not None else timeout
+            armed = self._armed
+            if armed is not None and armed.fire_at < math.inf:
+                # The trigger was reached: the kill lands then, whatever timeouts.checkpoint
+                # (a delay, or a re-aimed beforeNextCheckpoint kill, may pass it).
+                return armed.fire_at
+            return self._waiting_since + self.spec.checkpoint_timeout
         if self.phase in (Phase.RECOVERING, Phase.VERIFYING) and self._kill is not None:
             kill = self._kill
             window = kill.window
