@@ -39,7 +39,15 @@ from pathlib import Path
 from pytest_recoverygate.engine.model import Worker, Workload
 from pytest_recoverygate.errors import DiscoveryError
 
-__all__ = ["DrillLock", "LockScope", "job_lock", "job_scope", "lock_dir", "lock_path"]
+__all__ = [
+    "DrillLock",
+    "LockScope",
+    "job_lock",
+    "job_scope",
+    "lock_dir",
+    "lock_path",
+    "same_file",
+]
 
 _ATTEMPTS = 5  # re-tries after locking a file another holder unlinked meanwhile
 ROOT_LOCK_DIR = Path("/run/recoverygate")  # root's: in a folder only root can write
@@ -75,6 +83,16 @@ def _private_folder(path: Path) -> Path:
             "RECOVERYGATE_LOCK_DIR to a folder only you can write"
         )
     return path
+
+
+def same_file(fd: int, path: Path) -> bool:
+    """``path`` (not followed) still names the file open as ``fd``: no one unlinked or
+    replaced it since it was opened (a lock taken on an unlinked inode locks nothing)."""
+    try:
+        mine, now = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
 
 
 def lock_path(key: str, directory: Path | None = None) -> Path:
@@ -144,7 +162,7 @@ class DrillLock:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 raise DiscoveryError(self._busy_message(holder)) from None
-            if not self._same_file(fd):  # the previous holder unlinked it meanwhile
+            if not same_file(fd, self.path):  # the previous holder unlinked it meanwhile
                 os.close(fd)
                 continue
             self._fd = fd
@@ -160,7 +178,7 @@ class DrillLock:
         if fd is None:
             return
         with contextlib.suppress(OSError):
-            if self._same_file(fd):
+            if same_file(fd, self.path):
                 os.unlink(self.path)
         os.close(fd)  # closing the last descriptor releases the flock
 
@@ -196,13 +214,6 @@ class DrillLock:
             "nothing was written to it. Remove it (someone may have planted it), or set "
             "RECOVERYGATE_LOCK_DIR to a folder only you can write"
         )
-
-    def _same_file(self, fd: int) -> bool:
-        try:
-            mine, now = os.fstat(fd), os.stat(self.path, follow_symlinks=False)
-        except OSError:
-            return False
-        return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
 
     def _write_holder(self, fd: int) -> None:
         data = json.dumps(

@@ -47,7 +47,7 @@ from pathlib import Path
 from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.orchestrators.local.netns import NETNS_DIR, delete_netns
 from pytest_recoverygate.orchestrators.local.processes import pidfd_open, start_time
-from pytest_recoverygate.shared.lock import lock_dir
+from pytest_recoverygate.shared.lock import lock_dir, same_file
 
 __all__ = [
     "RECORD_PREFIX",
@@ -186,7 +186,7 @@ def _sweep_record(path: Path, drill_id: str, report: SweepReport, *, dry_run: bo
         except BlockingIOError:
             report.lines.append(f"drill rg{drill_id}: running (it holds its record); left alone")
             return
-        if not _same_file(fd, path):  # its drill removed it between the open and the lock
+        if not same_file(fd, path):  # its drill removed it between the open and the lock
             report.lines.append(f"drill rg{drill_id}: ended meanwhile, and cleaned up")
             return
         content = _read_record(fd, drill_id)
@@ -215,14 +215,6 @@ def _sweep_record(path: Path, drill_id: str, report: SweepReport, *, dry_run: bo
             path.unlink()
     finally:
         os.close(fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        here, there = os.fstat(fd), os.lstat(path)
-    except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _read_record(fd: int, drill_id: str) -> tuple[int, Path, tuple[int, int]] | None:
