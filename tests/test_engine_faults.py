@@ -313,6 +313,20 @@ def test_a_before_next_kill_the_save_beat_is_aimed_again_not_landed_late() -> No
     assert result.verdict is Verdict.PASS, result.summary
 
 
+def test_re_aims_with_slow_saves_still_land_inside_the_training_before_the_next_save() -> None:
+    # Saves take 1 s of a 2 s interval (an adversarial try): a margin capped at half the
+    # interval would be all the training, and the third re-aim would kill right after
+    # checkpoint 50. Capped at half the training (0.5 s), it lands 0.5 s after it.
+    drill = Drill(SimJob(save=1.0), after_checkpoint=20, delay=Delay("before_next"))
+    drill.stalls += [(4.85, 6.2), (6.65, 8.2), (8.25, 10.2)]
+    result = drill.run()
+    [recovery] = result.recoveries
+    assert recovery.fault_details["reaims"] == MAX_REAIMS
+    assert [k.checkpoint_step for k in drill.kills] == [50]
+    assert drill.kill_times == [pytest.approx(10.102 + 0.5, abs=0.011)]
+    assert result.verdict is Verdict.PASS, result.summary
+
+
 def test_a_checkpoint_read_after_the_kill_was_sent_leaves_the_kill_armed() -> None:
     # Saves take 9 s of a 10 s interval: the margin (10 %, 1 s) is the whole second of
     # training, so the kill is sent inside the handler of checkpoint 20.

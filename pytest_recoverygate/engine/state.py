@@ -398,8 +398,9 @@ class DrillState:
         rate = ev.rate()
         step_time = 1.0 / rate if rate else 0.0
         margin = max(0.1 * seconds, 2 * step_time)
-        # aimed again (MAX_REAIMS): twice the margin each time, up to half the interval
-        margin = max(margin, min(margin * 2**self._reaims, 0.5 * seconds))
+        # aimed again (MAX_REAIMS): twice the margin each time, up to half the time the job
+        # trains between saves (half the interval would be all of it when saves are slow)
+        margin = max(margin, min(margin * 2**self._reaims, 0.5 * (seconds - save)))
         offset = max(seconds - save - margin, 0.0)
         return at + offset, (
             f"checkpoint {step} completed; the kill lands {format_seconds(offset)} later, "
