@@ -371,6 +371,19 @@ def test_a_delay_past_the_checkpoint_timeout_still_kills_once_the_trigger_was_re
     assert result.verdict is Verdict.PASS, result.summary
 
 
+def test_a_job_that_ends_during_the_delay_is_told_the_delay_not_the_trigger() -> None:
+    # The trigger (checkpoint 20, at 2.1 s) was reached; the job finished at 30 s, long
+    # before the 500 s delay ended: the fix is the delay, not an earlier afterCheckpoint.
+    job = SimJob()
+    job.lives[0].events = [e for e in job.lives[0].events if e.timestamp - T0 <= 30.0]
+    job.group.append(GroupEvent(GroupEventKind.JOB_SUCCEEDED, T0 + 30.1, "done"))
+    drill = Drill(job, delay=Delay("seconds", 500.0, explicit=True))
+    result = drill.run(until=40.0)
+    assert result.verdict is Verdict.ERROR and drill.kills == []
+    assert "(checkpoint 20 triggered the kill, due 7m52s later)" in result.summary
+    assert result.summary.endswith("shorten injectFailure.delay or lengthen the run")
+
+
 def test_a_checkpoint_slipping_in_before_a_late_kill_is_named() -> None:
     drill = Drill(after_checkpoint=20, delay=Delay("seconds", 1.5, explicit=True))
     result = drill.run()

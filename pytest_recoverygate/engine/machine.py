@@ -663,9 +663,16 @@ class DrillEngine(DrillState):
                     "on stderr when they do not)"
                 )
             waited = self._replay_wait_note()
+            armed = self._armed
             if waited is not None:  # issue 33: it ended between the checkpoint and the step
                 detail += f" ({waited})"
                 fix = "; lower expectations.replaySteps or lengthen the run" if fix else fix
+            elif armed is not None and fix:  # the trigger was reached: the delay was too long
+                detail += (
+                    f" (checkpoint {armed.step} triggered the kill, due "
+                    f"{format_seconds(max(armed.fire_at - event.timestamp, 0.0))} later)"
+                )
+                fix = "; shorten injectFailure.delay or lengthen the run"
             return self._finish_error(
                 event.timestamp,
                 f"the job {how}{step} before the drill could kill anything{detail}{fix}",
