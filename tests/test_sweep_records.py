@@ -71,7 +71,7 @@ def test_a_dead_drills_record_and_folder_are_swept(locks: Path, tmp_path: Path) 
     claim("abc123", folder).release(done=False)  # as if it died: the lock is gone
     report = sweep(directory=locks)
     assert report.lines == [
-        f"drill rgabc123 (pid {os.getpid()}, no longer running): removed namespaces none; "
+        f"drill rgabc123 (no longer running; its record names pid {os.getpid()}): removed namespaces none; "
         f"removed its folder {folder}"
     ]
     assert report.swept == ["abc123"] and report.problems == []
@@ -172,7 +172,10 @@ def test_the_cli_says_what_it_swept(locks: Path, tmp_path: Path) -> None:
     claim("abc123", folder).release(done=False)
     done = run_cli({"RECOVERYGATE_LOCK_DIR": str(locks)})
     assert done.returncode == 0, done.stderr
-    assert f"drill rgabc123 (pid {os.getpid()}, no longer running): removed" in done.stdout
+    assert (
+        f"drill rgabc123 (no longer running; its record names pid {os.getpid()}): removed"
+        in done.stdout
+    )
     again = run_cli({"RECOVERYGATE_LOCK_DIR": str(locks)})
     assert again.returncode == 0 and f"nothing to sweep: no drill's owner record in {locks}" in (
         again.stdout

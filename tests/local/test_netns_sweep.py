@@ -159,7 +159,10 @@ def test_a_sigkilled_drills_namespaces_processes_folder_and_record_are_swept(
 
     listed = drill.sweep("--dry-run")
     assert listed.returncode == 0, listed.stderr
-    assert f"drill rg{drill.drill_id} (pid {drill.process.pid}, no longer running)" in listed.stdout
+    assert (
+        f"drill rg{drill.drill_id} (no longer running; its record names pid {drill.process.pid})"
+        in listed.stdout
+    )
     assert "would remove namespaces " + ", ".join(left) in listed.stdout
     assert drill.namespaces() == left and drill.inner_alive() and drill.record.is_file()
 

@@ -195,7 +195,9 @@ def _sweep_record(path: Path, drill_id: str, report: SweepReport, *, dry_run: bo
             return
         pid, drill_folder, folder_id = content
         names = _drill_namespaces(drill_id)
-        head = f"drill rg{drill_id} (pid {pid}, no longer running)"
+        # "No longer running" is what the free lock proves; the pid is only what the record
+        # says (a forged record may name any pid).
+        head = f"drill rg{drill_id} (no longer running; its record names pid {pid})"
         if dry_run:
             report.lines.append(
                 f"{head}: would remove namespaces {', '.join(names) or 'none'}, the processes "
