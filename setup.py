@@ -43,5 +43,8 @@ setup(
         # kubectl recoverygate is a headline entry point: the client comes with the package
         # (imported lazily, only by the kubernetes backend, so --help stays fast).
         "kubernetes>=35",
+        # StorageFault's storage layer (a FUSE passthrough over the checkpoint folder, its
+        # own process; needs libfuse3 from the system: Debian's fuse3).
+        "mfusepy>=3.1",
     ],
 )

@@ -52,6 +52,7 @@ from pytest_recoverygate.registry.seams import (
     cleanup_once,
 )
 from pytest_recoverygate.shared.lock import DrillLock, job_lock
+from pytest_recoverygate.storage.layer import StorageLayer
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -274,6 +275,7 @@ class _Drill:
         self._last_status = 0.0
         self._shown_phase: Phase | None = None
         self.lock: DrillLock | None = None
+        self.storage: StorageLayer | None = None  # StorageFault: the layer over the folder
 
     @property
     def phase(self) -> Phase:
@@ -313,6 +315,7 @@ class _Drill:
     def _run(self) -> DrillResult:
         self._shown_phase = Phase.DISCOVERING
         self._status(self.engine.status(self.clock.now()), phase_changed=True)
+        self._mount_storage()  # before the local backend launches the job
         deadline = self.clock.now() + self.config.timeouts.discovery
         workload = self.orchestrator.discover(deadline)
         rank = self.config.inject_failure.rank_for(self.config.workload.reporting_rank)
@@ -374,6 +377,9 @@ class _Drill:
             actions += self.engine.on_training_event(event)
         for group_event in self.orchestrator.watch_group():
             actions += self.engine.on_group_event(group_event)
+        if self.storage is not None:
+            for storage_event in self.storage.events():
+                actions += self.engine.on_storage_event(storage_event)
         self._take_notices()
         actions += self.engine.tick(self.clock.now())
         return actions
@@ -418,11 +424,15 @@ class _Drill:
 
     def _execute(self, action: KillTarget | RestoreTarget | Finish) -> list[Action]:
         if isinstance(action, RestoreTarget):
+            if self.engine.spec.storage is not None:
+                return self._lift_storage(action)
             return self._restore(action)
         assert isinstance(action, KillTarget)
         assert self.target is not None
         if self.config.inject_failure.on_node:
             return self._execute_on_node(action)
+        if action.fault == "StorageFault":
+            return self._arm_storage(action)
         target = self._target_for(action)
         if target is None:
             rank = self.target.rank if action.rank is None else action.rank
@@ -477,6 +487,75 @@ class _Drill:
         )
         result = self._attempt(self.orchestrator.kill_node, node, dry_run=self.dry_run, fault=fault)
         return list(self.engine.on_kill_result(result))
+
+    # ------------------------------------------------------------------ StorageFault
+
+    def _mount_storage(self) -> None:
+        """StorageFault: the storage layer over the checkpoint folder, mounted before the
+        job starts (a dry run mounts nothing)."""
+        spec = self.engine.spec.storage
+        if spec is None or self.dry_run:
+            return
+        layer = StorageLayer(spec.path, wakeup=self.clock.wakeup)
+        self.storage = layer  # cleanup unmounts whatever of it came up
+        layer.mount()
+        self._note("storage", f"storage layer mounted over {layer.folder} ({layer.fsname})")
+
+    def _arm_storage(self, action: KillTarget) -> list[Action]:
+        """Arm the fault; with ``during: load`` kill the target too (its replacement
+        loads through the faulty storage)."""
+        spec = self.engine.spec.storage
+        assert spec is not None
+        assert self.target is not None
+        what = f"the {spec.mode} fault on {spec.path}"
+        load = spec.during == "load"
+        self._sync_phase(
+            f"checkpoint step {action.checkpoint_step} reached; "
+            + ("checking" if self.dry_run else "arming")
+            + f" {what}"
+            + (f" and killing {self.target.describe()}" if load else "")
+        )
+        now = self.clock.now()
+        if self.dry_run or self.storage is None:
+            detail = f"would arm {what} (a storage layer over exactly that folder)"
+            if load:
+                result = self._attempt(
+                    self.orchestrator.kill, self.target, dry_run=True, fault=model.KILL
+                )
+                detail += f"; {result.detail}"
+            result = model.KillResult(model.KillOutcome.DRY_RUN, now, detail)
+            return list(self.engine.on_kill_result(result))
+        try:
+            armed_at = self.storage.arm(spec.mode, spec.during, spec.latency)
+        except DrillError as exc:
+            result = model.KillResult(model.KillOutcome.UNCONFIRMED, now, str(exc))
+            return list(self.engine.on_kill_result(result))
+        result = model.KillResult(model.KillOutcome.KILLED, armed_at, f"{what} is armed")
+        if load:
+            self._killed.add(self.target.instance_id)
+            kill = self._attempt(
+                self.orchestrator.kill, self.target, dry_run=False, fault=model.KILL
+            )
+            result = replace(kill, detail=f"{what} is armed; {kill.detail}")
+        return list(self.engine.on_kill_result(result))
+
+    def _lift_storage(self, action: RestoreTarget) -> list[Action]:
+        """Lift the fault, then read back the files the engine names (the audit)."""
+        self._note("restore", f"lifting the storage fault: {action.why}")
+        layer = self.storage
+        if layer is None:
+            return []
+        lifted = layer.lift()
+        actions: list[Action] = []
+        for event in layer.events():  # what the layer saw before it was lifted comes first
+            actions += self.engine.on_storage_event(event)
+        record = self.engine.storage_record
+        if record is not None:
+            for event in layer.audit(record.audit_plan()):
+                actions += self.engine.on_storage_event(event)
+        outcome = model.KillOutcome.KILLED if lifted is not None else model.KillOutcome.UNCONFIRMED
+        result = model.KillResult(outcome, lifted or self.clock.now(), f"lifted: {action.why}")
+        return actions + list(self.engine.on_restore_result(result))
 
     def _restore(self, action: RestoreTarget) -> list[Action]:
         """End the fault on the node (the link back up); cleanup does it again anyway."""
@@ -585,6 +664,11 @@ class _Drill:
         """Close the source and clean the backend up, once; return the failure, if any."""
         errors: list[str] = []
         with _signals_deferred():
+            if self.storage is not None:  # a stalled job is let go before anything else
+                try:
+                    self.storage.lift()
+                except Exception as exc:
+                    errors.append(f"lifting the storage fault: {exc}")
             if self.source is not None:
                 try:
                     self.source.close()
@@ -594,6 +678,13 @@ class _Drill:
                 self.orchestrator.cleanup()
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
+            if self.storage is not None:
+                try:
+                    problem = self.storage.close()
+                except Exception as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
+                if problem is not None:
+                    errors.append(f"the storage layer: {problem}")
         if self.lock is not None:
             self.lock.release()
         self._note("cleanup", "; ".join(errors) or "done")

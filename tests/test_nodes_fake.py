@@ -350,7 +350,7 @@ def test_nobody_noticing_fails_at_max_detection_time_plus_grace(fault: str, tmp_
             {"failure": "  duration: 20s\n"},
             8,
             "injectFailure.duration",
-            "applies to type: PartitionNode only",
+            "applies to type: PartitionNode or StorageFault only",
         ),
         (
             {"fault": "PartitionNode", "failure": "  replace: true\n"},

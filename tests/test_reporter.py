@@ -773,6 +773,7 @@ def test_the_package_root_imports_nothing_eagerly() -> None:
     assert recoverygate.__version__ == "0.1.0"
     assert set(reporter.__all__) == {
         "checkpoint_completed",
+        "checkpoint_failed",
         "checkpoint_loaded",
         "checkpoint_started",
         "configure",

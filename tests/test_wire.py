@@ -450,6 +450,9 @@ def records_strategy(draw: st.DrawFn) -> Record:
     if event == "progress":  # NaN aside (never equal to itself), every float round-trips
         loss = draw(st.none() | st.floats(allow_nan=False))
         data = draw(st.none() | st.text(min_size=1, max_size=wire.MAX_DATA_CHARS))
+    error: str | None = None
+    if event == "checkpoint_failed":
+        error = draw(st.none() | st.text(max_size=wire.MAX_ERROR_CHARS))
     return Record(
         event,
         draw(st.integers(0, 4_000_000_000_000_000).map(lambda us: us / 1_000_000)),
@@ -462,6 +465,7 @@ def records_strategy(draw: st.DrawFn) -> Record:
         peer=peer,
         loss=loss,
         data=data,
+        error=error,
     )
 
 
@@ -487,6 +491,7 @@ start_strategy = st.builds(
     peer=st.none(),
     loss=st.none(),
     data=st.none(),
+    error=st.none(),
 )
 
 

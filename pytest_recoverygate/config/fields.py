@@ -23,6 +23,9 @@ from pytest_recoverygate.durations import (
     parse_step_ref,
 )
 from pytest_recoverygate.engine.spec import Sustain
+from pytest_recoverygate.engine.storage import StorageSpec
+from pytest_recoverygate.storage.layer import folder_problem
+from pytest_recoverygate.storage.wire import DURING, MODES
 
 __all__ = [
     "MAX_DURATION",
@@ -43,12 +46,18 @@ __all__ = [
     "file_path",
     "id_number",
     "id_option",
+    "kill_after_value",
     "launch_or_attach",
     "meta",
     "node_count_field",
     "option",
+    "path_in_scope",
     "refuse",
     "step_ref",
+    "storage_during",
+    "storage_keys",
+    "storage_mode",
+    "storage_spec_of",
     "sustain_of",
     "sustain_value",
     "workdir_field",
@@ -456,3 +465,115 @@ def id_option(what: str, key: str, example: int, most: int) -> Any:
     """An :data:`IdNumber` key's ``Field``: ``what`` it is, an example, at most ``most``."""
     allowed = f'{what} (a whole number, also quoted: "{example}")'
     return option(None, allowed, f"{key}: {example}", ge=1, le=most)
+
+
+# ---------------------------------------------------------------- StorageFault (issue 40)
+
+
+def storage_mode(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value in MODES):
+        return value
+    raise refuse("is not a storage fault mode", " or ".join(MODES), "e.g. mode: enospc")
+
+
+def storage_during(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value in DURING):
+        return value
+    raise refuse("must be save or load", "save or load", "e.g. during: save")
+
+
+def kill_after_value(value: Any) -> Any:
+    if value is None or value in ("none", "save"):
+        return value
+    raise refuse("must be none or save", "none or save", "e.g. killAfter: save")
+
+
+def storage_keys(failure: Any) -> None:
+    """A StorageFault's keys fit each other (the path's own checks are the schema's)."""
+    if failure.mode is None:
+        raise refuse(
+            "a StorageFault needs a mode",
+            " or ".join(MODES),
+            "add mode: enospc (or eio, readonly, stall, latency)",
+            key=("mode",),
+        )
+    if failure.path is None:
+        raise refuse(
+            "a StorageFault needs the job's checkpoint folder",
+            "an existing folder the job saves its checkpoints in",
+            "add path: ./checkpoints",
+            key=("path",),
+        )
+    if (failure.latency is None) != (failure.mode != "latency"):
+        if failure.latency is None:
+            raise refuse(
+                "mode latency needs the delay to add",
+                "a duration above 0",
+                "add latency: 2s",
+                key=("latency",),
+            )
+        raise refuse(
+            f"applies to mode: latency only (this fault is {failure.mode})",
+            "latency, with mode: latency",
+            "remove latency, or use mode: latency",
+            key=("latency",),
+            got=format_duration(failure.latency),
+        )
+    if failure.during == "load" and failure.kill_after == "save":
+        raise refuse(
+            "does not go with during: load (the drill already kills the target for the load)",
+            "killAfter with during: save",
+            "remove killAfter, or use during: save",
+            key=("killAfter",),
+            got="save",
+        )
+    for key, given in (("count", failure.count != 1), ("delay", failure.delay is not None)):
+        if given:
+            raise refuse(
+                "does not apply to StorageFault (one fault, armed at the trigger checkpoint)",
+                f"{key} with another type",
+                f"remove {key}",
+                key=(key,),
+            )
+    problem = folder_problem(failure.path)
+    if problem is not None:
+        raise refuse(
+            f"cannot be covered by a storage fault: {problem}",
+            "the job's own checkpoint folder",
+            "point path at the folder the job saves its checkpoints in",
+            key=("path",),
+            got=str(failure.path),
+        )
+
+
+def storage_spec_of(failure: Any) -> StorageSpec | None:
+    """The engine's :class:`~pytest_recoverygate.engine.storage.StorageSpec` of a
+    validated StorageFault (None for any other fault)."""
+    if failure.type != "StorageFault" or failure.mode is None:
+        return None
+    return StorageSpec(
+        mode=failure.mode,
+        during=failure.during or "save",
+        path=str(failure.path or ""),
+        latency=failure.latency,
+        duration=failure.duration,
+        kill_after=failure.kill_after == "save",
+    )
+
+
+def path_in_scope(scope: tuple[Path, ...] | None, path: Path) -> None:
+    """A StorageFault's ``path`` lies in a folder the job can be shown to use (``scope``:
+    the workload's :meth:`storage_scope`; None: it cannot say yet)."""
+    if scope is None:
+        return
+    if any(path == folder or folder in path.parents for folder in scope):
+        return
+    shown = ", ".join(str(f) for f in scope[:4]) or "none"
+    raise refuse(
+        "lies outside what the job can be shown to use (its working folder and the paths "
+        f"its command names: {shown})",
+        "the job's checkpoint folder, inside its working folder or named by its command",
+        "point path at the folder the job saves to, or name it in the job's command",
+        key=("path",),
+        got=str(path),
+    )

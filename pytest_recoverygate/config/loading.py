@@ -536,6 +536,11 @@ _UNSET_IS_ABSENT = {
         "afterCheckpoint",
         "afterStep",
         "targetReplica",
+        "mode",
+        "during",
+        "path",
+        "latency",
+        "killAfter",
     ),
     "expectations": (
         "maxDetectionTime",

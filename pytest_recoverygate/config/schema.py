@@ -51,11 +51,17 @@ from pytest_recoverygate.config.fields import (
     file_path,
     id_number,
     id_option,
+    kill_after_value,
     meta,
     node_count_field,
     option,
+    path_in_scope,
     refuse,
     step_ref,
+    storage_during,
+    storage_keys,
+    storage_mode,
+    storage_spec_of,
     sustain_of,
     sustain_value,
 )
@@ -79,6 +85,7 @@ from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec,
 from pytest_recoverygate.errors import UsageError
 from pytest_recoverygate.registry import all_backends, backend_names, get_backend
 from pytest_recoverygate.registry.seams import Backend
+from pytest_recoverygate.storage.wire import MODES
 
 __all__ = [
     "MAX_DURATION",
@@ -109,6 +116,7 @@ __all__ = [
     "replay_of",
     "spec_from_config",
     "step_ref",
+    "storage_spec_of",
     "sustain_of",
     "sustain_value",
 ]
@@ -139,6 +147,12 @@ class WorkloadBase(Section):
         """Whether the backend can match the job's log lines itself (``evidence.podLogs``;
         its orchestrator then has ``match_log_evidence(spec)``). No by default."""
         return False
+
+    def storage_scope(self) -> tuple[Path, ...] | None:
+        """The folders the job can be shown to use (its working folder, the paths its
+        command names): a StorageFault's ``path`` must lie in one of them. None: the
+        backend cannot say before discovery (it checks then)."""
+        return None
 
 
 # ------------------------------------------------------------------ fault types
@@ -318,6 +332,38 @@ class InjectFailure(Section):
         "(uncordoned at cleanup)",
         "cordon: true",
     )
+    # issue 40: StorageFault (docs/faults.md)
+    mode: Annotated[str | None, BeforeValidator(storage_mode)] = option(
+        None,
+        f"{_or_list(list(MODES))} (StorageFault, required): what the checkpoint storage does",
+        "mode: enospc",
+    )
+    during: Annotated[str | None, BeforeValidator(storage_during)] = option(
+        None,
+        "save or load (StorageFault; default save): the first save after the trigger, or "
+        "the replacement's load after a kill",
+        "during: save",
+    )
+    path: Annotated[Path | None, file_path()] = option(  # checked whole by storage_keys
+        None,
+        "the job's checkpoint folder (StorageFault, required): an existing folder, relative "
+        "to the config file's folder, inside what the job uses (its working folder, a path "
+        "its command names)",
+        "path: ./checkpoints",
+    )
+    latency: Annotated[float | None, _duration(zero_ok=False, optional=True)] = option(
+        None,
+        "a duration above 0 (StorageFault mode latency, required there): added to every "
+        "write, fsync and rename of a save, or every read of a load",
+        "latency: 2s",
+    )
+    kill_after: Annotated[str | None, BeforeValidator(kill_after_value)] = option(
+        None,
+        "none or save (StorageFault with during: save; default none): save SIGKILLs the "
+        "target once the faulted save ended (after the fault is lifted), to prove what the "
+        "job resumes from",
+        "killAfter: save",
+    )
 
     @property
     def on_node(self) -> bool:
@@ -366,7 +412,12 @@ class InjectFailure(Section):
         only = (
             ("targetNode", self.target_node is not None, NODE_FAULTS),
             ("replace", self.replace is not None, ("KillNode",)),
-            ("duration", self.duration is not None, ("PartitionNode",)),
+            ("duration", self.duration is not None, ("PartitionNode", "StorageFault")),
+            ("mode", self.mode is not None, ("StorageFault",)),
+            ("during", self.during is not None, ("StorageFault",)),
+            ("path", self.path is not None, ("StorageFault",)),
+            ("latency", self.latency is not None, ("StorageFault",)),
+            ("killAfter", self.kill_after is not None, ("StorageFault",)),
             ("drainNode", bool(self.drain_node), ("KillNode",)),
             ("cordon", bool(self.cordon), ("KillNode", "DrainNode")),
         )
@@ -379,6 +430,8 @@ class InjectFailure(Section):
                     f"remove {key}, or use type: {faults[0]}",
                     key=(key,),
                 )
+        if self.type == "StorageFault":
+            storage_keys(self)
         if self.delay == "spread" and (self.count in {1, "untilBudgetExhausted"}):
             raise refuse(
                 "spreads the kills of count: N over the checkpoint interval, so it needs "
@@ -542,6 +595,8 @@ class DrillConfig(Section):
                 )
         if failure.on_node:
             _node_fits(workload, failure)
+        if failure.path is not None:
+            path_in_scope(workload.storage_scope(), failure.path)
         workload.check_failure(failure)
         return failure
 
@@ -723,6 +778,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         rejoin_from=expect.rejoin_from or "peer",
         replay=replay_of(expect.replay),
         replay_steps=expect.replay_steps,
+        storage=storage_spec_of(failure),
     )
 
 

@@ -34,6 +34,7 @@ CHECKPOINT_KINDS = frozenset(
         TrainingEventKind.CHECKPOINT_STARTED,
         TrainingEventKind.CHECKPOINT_COMPLETED,
         TrainingEventKind.CHECKPOINT_LOADED,
+        TrainingEventKind.CHECKPOINT_FAILED,
     }
 )
 

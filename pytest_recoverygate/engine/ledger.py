@@ -211,6 +211,8 @@ class Ledger:
         self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
         self.started_ranks: set[int] = set()  # the other ranks seen starting a save
+        # StorageFault: saves the fault hit that the job counted anyway (engine.faulted)
+        self.not_durable: set[int] = set()
 
     def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
         """Whether the ledger has no room left for ``event`` (:func:`.caps.no_room`); such
@@ -737,13 +739,18 @@ class Ledger:
         """
         if explicit is not None:
             return explicit, explicit
+        bad = self.not_durable
         if inc is None:
             kill = self.round.kill_time
-            done = [c.step for c in self.checkpoints if kill is None or c.time <= kill]
+            done = [
+                c.step
+                for c in self.checkpoints
+                if (kill is None or c.time <= kill) and c.step not in bad
+            ]
             return (max(done) if done else None), (max(done) if done else None)
         started, loaded = self.load_window(inc)
-        durable = [c.step for c in self.checkpoints if c.time <= loaded]
-        before = [c.step for c in self.checkpoints if c.time <= started]
+        durable = [c.step for c in self.checkpoints if c.time <= loaded and c.step not in bad]
+        before = [c.step for c in self.checkpoints if c.time <= started and c.step not in bad]
         expected = max(durable) if durable else None
         floor = max(before) if before else expected
         return expected, floor

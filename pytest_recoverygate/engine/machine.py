@@ -49,6 +49,7 @@ from typing import Any
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
+from pytest_recoverygate.engine.faulted import FaultedPhase
 from pytest_recoverygate.engine.ledger import Inc
 from pytest_recoverygate.engine.recovery import (
     KillRecord,
@@ -66,7 +67,6 @@ from pytest_recoverygate.engine.spec import (
 from pytest_recoverygate.engine.state import (
     TRANSITIONS,
     Action,
-    DrillState,
     Finish,
     IllegalTransition,
     KillTarget,
@@ -130,9 +130,10 @@ def _quiet(*args: Any, **kwargs: Any) -> None:
     """A timeline note that goes nowhere (a provisional judgement)."""
 
 
-class DrillEngine(DrillState):
+class DrillEngine(FaultedPhase):
     """One drill's state machine. Feed it; it tells you what to do (its state, deadlines
-    and result: :class:`~pytest_recoverygate.engine.state.DrillState`)."""
+    and result: :class:`~pytest_recoverygate.engine.state.DrillState`; a StorageFault's
+    own phase: :class:`~pytest_recoverygate.engine.faulted.FaultedPhase`)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -165,6 +166,7 @@ class DrillEngine(DrillState):
     def on_training_event(self, event: model.TrainingEvent) -> list[Action]:
         if self.phase is Phase.DONE:
             return []
+        loud = self._storage_new_start(event)  # StorageFault: a restart ends FAULTED first
         ev = self.ledger
         if event.incarnation in ev.ignored_incs or (
             self.not_before is not None
@@ -206,15 +208,21 @@ class DrillEngine(DrillState):
             return []
         inc = ev.incarnation(event)
         pending = self._pending_starts.pop(event.incarnation, None)
-        actions: list[Action] = []
+        actions: list[Action] = list(loud)
         if pending is not None:
             actions += self._on_event(inc, pending)
-        return actions + self._on_event(inc, event)
+        actions += self._on_event(inc, event)
+        if self._storage is not None:
+            actions += self._storage_training(event)
+        return actions
 
     def on_group_event(self, event: model.GroupEvent) -> list[Action]:
         if self.phase is Phase.DONE:
             return []
         self.note(event.timestamp, f"group:{event.kind.value}", event.detail)
+        faulted = self._storage_group(event)
+        if faulted is not None:
+            return faulted
         ended = event.kind in (model.GroupEventKind.JOB_FAILED, model.GroupEventKind.JOB_SUCCEEDED)
         kill = self._kill
         if kill is None or not self.ledger.open:
@@ -247,8 +255,17 @@ class DrillEngine(DrillState):
     def on_kill_result(self, result: model.KillResult) -> list[Action]:
         if self.phase is not Phase.KILLING:
             return []
+        after = self._storage_kill_result(result)  # StorageFault's killAfter
+        if after is not None:
+            return after
         armed = self._armed
         self._armed = None
+        if result.outcome is model.KillOutcome.KILLED and self._storage is not None:
+            self._storage.armed_now(result.timestamp)
+            self.note(result.timestamp, "storage", result.detail or "the storage fault is armed")
+            if self._storage.spec.during == "save":
+                self._move(Phase.FAULTED)
+                return []
         if result.outcome is model.KillOutcome.KILLED:
             assert armed is not None
             index = len(self._recoveries) + 1
@@ -259,6 +276,7 @@ class DrillEngine(DrillState):
             self._fault_details_at_kill(self._kill, armed)
             if self.spec.fault in model.NODE_FAULTS and self._world_size is not None:
                 self._kill.details["worldSizeBefore"] = self._world_size
+            self._kill.storage = self._storage  # StorageFault, during: load
             self.ledger.killed(result.timestamp)
             if self._live is not None:
                 self._live.killed(result.timestamp)
@@ -298,9 +316,10 @@ class DrillEngine(DrillState):
         """The fault on the target ended (the link is back): note when, for the report."""
         kill = self._kill
         if kill is None:
+            self.note(result.timestamp, f"restore:{result.outcome.value}", result.detail)
             return []
         self.note(result.timestamp, f"restore:{result.outcome.value}", result.detail)
-        if result.outcome is model.KillOutcome.KILLED:
+        if result.outcome is model.KillOutcome.KILLED and self.spec.fault == "PartitionNode":
             kill.details["partitionSeconds"] = round(result.timestamp - kill.time, 6)
         return []
 
@@ -326,6 +345,12 @@ class DrillEngine(DrillState):
         restore = self._restore_due(now)
         if restore is not None:
             return [restore]
+        faulted = self._faulted_tick(now)  # StorageFault: FAULTED's own deadlines
+        if faulted is not None:
+            return faulted
+        lift = self._load_lift(now)
+        if lift:
+            return lift
         armed = self._armed
         if (
             self.phase is Phase.WAITING_FOR_CHECKPOINT
@@ -641,50 +666,6 @@ class DrillEngine(DrillState):
         kill = self._kill
         if kill is not None and kill.detected is None:
             kill.detected = at
-
-    def _ended_between_kills(self, event: model.GroupEvent) -> list[Action]:
-        how = "failed" if event.kind is model.GroupEventKind.JOB_FAILED else "finished"
-        step = f" at step {self.current_step}" if self.current_step is not None else ""
-        detail = f": {event.detail}" if event.detail else ""
-        if not self._recoveries:
-            fix = (
-                ""
-                if event.kind is model.GroupEventKind.JOB_FAILED
-                else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
-            )
-            if self.current_step is None and not self.ledger.checkpoints:
-                # Nothing with a step was ever printed: no run is too short for that.
-                fix = (
-                    ": it printed no progress or checkpoint line with a step, so the drill "
-                    "had nothing to trigger on. Call the reporter with a step "
-                    "(reporter.progress(step), reporter.checkpoint_completed(step)); with "
-                    "recoverygate.integrations.ray, pass report(metrics, step=N) or put "
-                    "'step' in the metrics (its workers warn 'report() without a step' "
-                    "on stderr when they do not)"
-                )
-            waited = self._replay_wait_note()
-            armed = self._armed
-            if waited is not None:  # issue 33: it ended between the checkpoint and the step
-                detail += f" ({waited})"
-                fix = "; lower expectations.replaySteps or lengthen the run" if fix else fix
-            elif armed is not None and fix:  # the trigger was reached: the delay was too long
-                detail += (
-                    f" (checkpoint {armed.step} triggered the kill, due "
-                    f"{format_seconds(max(armed.fire_at - event.timestamp, 0.0))} later)"
-                )
-                fix = "; shorten injectFailure.delay or lengthen the run"
-            return self._finish_error(
-                event.timestamp,
-                f"the job {how}{step} before the drill could kill anything{detail}{fix}",
-            )
-        done = len(self._recoveries)
-        return self._finish_overall(
-            event.timestamp,
-            error=(
-                f"the job {how}{step} after {done} verified recover{'y' if done == 1 else 'ies'}, "
-                f"before the next kill{detail}; lengthen the run"
-            ),
-        )
 
     # ------------------------------------------------------------------ triggers
 

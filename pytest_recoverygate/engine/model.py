@@ -23,6 +23,8 @@ __all__ = [
     "LiveRecovery",
     "Node",
     "ReplicaSteps",
+    "StorageEvent",
+    "StorageEventKind",
     "TimelineEntry",
     "TrainingEvent",
     "TrainingEventKind",
@@ -39,6 +41,7 @@ class TrainingEventKind(enum.Enum):
     CHECKPOINT_STARTED = "checkpoint_started"
     CHECKPOINT_COMPLETED = "checkpoint_completed"
     CHECKPOINT_LOADED = "checkpoint_loaded"
+    CHECKPOINT_FAILED = "checkpoint_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,8 @@ class TrainingEvent:
     is ``"peer"`` when the state was copied from a live replica (``peer``: its rank), else
     ``None`` (a checkpoint); see docs/torchft.md. ``loss`` and ``data`` (progress, when
     the job passed them) are the step's loss and a fingerprint of its batch, compared
-    with the killed run's by ``expectations.replay`` (docs/replay.md).
+    with the killed run's by ``expectations.replay`` (docs/replay.md). ``error``
+    (checkpoint failed) is what the job said failed the save.
     """
 
     kind: TrainingEventKind
@@ -79,6 +83,7 @@ class TrainingEvent:
     peer: int | None = None
     loss: float | None = None
     data: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +251,49 @@ class Fault:
 
 #: The faults whose target is a node (every instance of it), not one worker instance.
 NODE_FAULTS = ("KillNode", "PartitionNode", "DrainNode")
+
+
+class StorageEventKind(enum.Enum):
+    """What the storage layer over the job's checkpoint folder saw (StorageFault).
+
+    ``FAILED``: the fault failed an operation; ``STALLED``: the fault holds operations (the
+    first one); ``DELAYED``: the fault delays operations (the first one); ``WROTE``: a
+    file closed after the job wrote to it (``size``: its size then); ``RENAMED`` (``to``:
+    the new name; ``detail`` ``replaced`` when it replaced a file), ``REMOVED``,
+    ``TRUNCATED`` (a file's contents cut: opened for truncation, or truncated shorter);
+    ``AUDIT``: the drill read a file back after the fault was lifted
+    (``detail``: ``ok``, ``missing``, ``short``, ``unreadable``, ``refused``; ``content``:
+    the text of a small file).
+    """
+
+    FAILED = "failed"
+    STALLED = "stalled"
+    DELAYED = "delayed"
+    WROTE = "wrote"
+    RENAMED = "renamed"
+    REMOVED = "removed"
+    TRUNCATED = "truncated"
+    AUDIT = "audit"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageEvent:
+    """One thing the storage layer (or the drill's audit) saw, stamped on this machine's
+    clock. ``path`` is relative to the checkpoint folder; ``op`` the operation (``write``,
+    ``fsync``, ``rename``, ``read``, ...); ``error`` its errno name (``ENOSPC``); ``pid``
+    the process that made it, where the layer knows."""
+
+    kind: StorageEventKind
+    timestamp: float
+    path: str = ""
+    op: str = ""
+    error: str = ""
+    pid: int | None = None
+    size: int | None = None
+    first: float | None = None  # WROTE: its first write
+    to: str = ""
+    detail: str = ""
+    content: str = ""
 
 
 #: The default fault: SIGKILL, now.

@@ -22,6 +22,7 @@ from pytest_recoverygate.engine.rules.evidence import (
     DrillEvidence,
     KillEvidence,
     KillRecord,
+    StorageEvidence,
     Window,
     ended_how,
 )
@@ -29,6 +30,7 @@ from pytest_recoverygate.engine.rules.lost import lost
 from pytest_recoverygate.engine.rules.replay import replay_figures
 from pytest_recoverygate.engine.rules.resume import settle
 from pytest_recoverygate.engine.spec import DrillSpec
+from pytest_recoverygate.engine.storage import storage_details
 from pytest_recoverygate.engine.verdict import (
     BREAKDOWN_PHASES,
     Check,
@@ -143,6 +145,8 @@ def _figures(ev: KillEvidence, checks: Sequence[Check]) -> None:
     ranks = next((c.observed for c in checks if c.name == "all_ranks_resumed"), None)
     if ranks:
         kill.details["ranks"] = ranks
+    if kill.storage is not None:
+        kill.details["storage"] = storage_details(kill.storage)
     if spec.fault == "Preempt":
         saved = kill.details.get("savedStep")
         resume = ev.settled
@@ -197,6 +201,11 @@ def judge(
     """One kill's :class:`Recovery`: the ``kill`` rules of the table over its evidence."""
     ev = evidence(ledger, spec, kill, inc, now=now, ranks=ranks, final=final)
     checks = run(TABLE, "kill", ev)
+    if kill.storage is not None:  # StorageFault: the fault this recovery follows
+        storage = StorageEvidence(
+            spec, kill.storage, now, final, True, spec.stall_limit(ledger.rate())
+        )
+        checks += run(TABLE, "storage", storage)
     _figures(ev, checks)
     verdict, summary, checks = _combine(ev, checks)
     resume, recovery_time = ev.settled, ev.recovery_time

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_recoverygate.engine.storage import StorageSpec
 from pytest_recoverygate.engine.verdict import format_seconds
 
 __all__ = [
@@ -33,6 +34,7 @@ FAULTS = (
     "KillNode",
     "PartitionNode",
     "DrainNode",
+    "StorageFault",
 )
 
 
@@ -171,6 +173,15 @@ class DrillSpec:
     # issue 33: expectations.replay and replaySteps (pytest_recoverygate.engine.rules.replay)
     replay: ReplaySpec = field(default_factory=ReplaySpec)
     replay_steps: int = 5
+    # issue 40: StorageFault (pytest_recoverygate.engine.storage, engine.faulted)
+    storage: StorageSpec | None = None
+
+    def stall_limit(self, rate: float | None) -> float:
+        """StorageFault's ``maxStall``: as set, else the larger of 60 s and 10 step times
+        (``rate``: steps per second, when known)."""
+        if self.max_stall is not None:
+            return self.max_stall
+        return max(60.0, 10.0 / rate) if rate else 60.0
 
     @property
     def effective_recovery_timeout(self) -> float:

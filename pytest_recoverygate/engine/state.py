@@ -17,6 +17,8 @@ from pytest_recoverygate.engine.caps import MAX_CHECKPOINTS, MAX_INCARNATIONS
 from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.live import LiveJudge
 from pytest_recoverygate.engine.model import (
+    GroupEvent,
+    GroupEventKind,
     LiveRecovery,
     TimelineEntry,
     TrainingEvent,
@@ -31,6 +33,7 @@ from pytest_recoverygate.engine.spec import (
     DETECTED_FAULTS,
     DrillSpec,
 )
+from pytest_recoverygate.engine.storage import StorageRecord
 from pytest_recoverygate.engine.verdict import (
     Check,
     DrillResult,
@@ -59,6 +62,7 @@ class Phase(enum.Enum):
     DISCOVERING = "discovering"
     WAITING_FOR_CHECKPOINT = "waiting for checkpoint"
     KILLING = "killing"
+    FAULTED = "storage faulted"
     RECOVERING = "recovering"
     VERIFYING = "verifying"
     DONE = "done"
@@ -68,7 +72,10 @@ class Phase(enum.Enum):
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.DISCOVERING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
     Phase.WAITING_FOR_CHECKPOINT: frozenset({Phase.KILLING, Phase.DONE}),
-    Phase.KILLING: frozenset({Phase.RECOVERING, Phase.DONE}),
+    Phase.KILLING: frozenset({Phase.RECOVERING, Phase.FAULTED, Phase.DONE}),
+    # StorageFault (engine.faulted): the storage is faulty and nothing was killed; the job
+    # failing loudly (or killAfter's kill) makes it a recovery
+    Phase.FAULTED: frozenset({Phase.RECOVERING, Phase.KILLING, Phase.DONE}),
     Phase.RECOVERING: frozenset({Phase.VERIFYING, Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
     Phase.VERIFYING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
     Phase.DONE: frozenset(),
@@ -172,6 +179,8 @@ class DrillState:
         self._live = LiveJudge(spec) if spec.recovery == "live" else None
         self._live_result: LiveRecovery | None = None
         self._live_waiting_noted = False
+        # StorageFault (issue 40): the record of the fault on the checkpoint folder
+        self._storage = StorageRecord(spec.storage) if spec.storage is not None else None
 
     def _move(self, to: Phase) -> None:
         """The one place the phase changes."""
@@ -482,6 +491,50 @@ class DrillState:
             kill.details["delay"] = self.spec.delay.describe()
 
     # ------------------------------------------------------------------ output
+
+    def _ended_between_kills(self, event: GroupEvent) -> list[Action]:
+        how = "failed" if event.kind is GroupEventKind.JOB_FAILED else "finished"
+        step = f" at step {self.current_step}" if self.current_step is not None else ""
+        detail = f": {event.detail}" if event.detail else ""
+        if not self._recoveries:
+            fix = (
+                ""
+                if event.kind is GroupEventKind.JOB_FAILED
+                else "; lengthen the run or pick an earlier injectFailure.afterCheckpoint"
+            )
+            if self.current_step is None and not self.ledger.checkpoints:
+                # Nothing with a step was ever printed: no run is too short for that.
+                fix = (
+                    ": it printed no progress or checkpoint line with a step, so the drill "
+                    "had nothing to trigger on. Call the reporter with a step "
+                    "(reporter.progress(step), reporter.checkpoint_completed(step)); with "
+                    "recoverygate.integrations.ray, pass report(metrics, step=N) or put "
+                    "'step' in the metrics (its workers warn 'report() without a step' "
+                    "on stderr when they do not)"
+                )
+            waited = self._replay_wait_note()
+            armed = self._armed
+            if waited is not None:  # issue 33: it ended between the checkpoint and the step
+                detail += f" ({waited})"
+                fix = "; lower expectations.replaySteps or lengthen the run" if fix else fix
+            elif armed is not None and fix:  # the trigger was reached: the delay was too long
+                detail += (
+                    f" (checkpoint {armed.step} triggered the kill, due "
+                    f"{format_seconds(max(armed.fire_at - event.timestamp, 0.0))} later)"
+                )
+                fix = "; shorten injectFailure.delay or lengthen the run"
+            return self._finish_error(
+                event.timestamp,
+                f"the job {how}{step} before the drill could kill anything{detail}{fix}",
+            )
+        done = len(self._recoveries)
+        return self._finish_overall(
+            event.timestamp,
+            error=(
+                f"the job {how}{step} after {done} verified recover{'y' if done == 1 else 'ies'}, "
+                f"before the next kill{detail}; lengthen the run"
+            ),
+        )
 
     def _finish_overall(self, now: float, *, error: str | None = None) -> list[Action]:
         if error is not None:

@@ -82,6 +82,12 @@ class FailureReason(enum.Enum):
     HEALED_TO_OLDER_STEP = "the replacement healed to a step older than the survivors'"
     # expectations.replay (pytest_recoverygate.engine.rules.replay)
     REPLAY_DIVERGED = "the resumed job did not redo the killed run's steps the same way"
+    # StorageFault (pytest_recoverygate.engine.rules.storage)
+    SAVE_FAILURE_SWALLOWED = "a save the storage failed was counted or passed over in silence"
+    LAST_GOOD_CHECKPOINT_DELETED = (
+        "the job removed its last good checkpoint before the new one was durable"
+    )
+    STALLED_ON_STORAGE = "the job waited on its stalled storage instead of failing or going on"
     INCONCLUSIVE = "the evidence cannot decide"
 
 

@@ -2,7 +2,8 @@
 
 Call ``reporter.progress(step)`` every step, ``reporter.checkpoint_started(step)`` when a
 save begins, ``reporter.checkpoint_completed(step)`` once a checkpoint is durably saved
-and ``reporter.checkpoint_loaded(step)`` after a resume loaded one. Each call prints at
+(``reporter.checkpoint_failed(step, error)`` when the save did not become one) and
+``reporter.checkpoint_loaded(step)`` after a resume loaded one. Each call prints at
 most one RECOVERYGATE/v1 line (see :mod:`recoverygate.wire`) to stdout, where the drill
 reads it. The two checkpoint calls take an optional ``digest=``, the state's fingerprint
 (a hex string, or a mapping of part name -> hex string, as ``state_digest`` returns it),
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "checkpoint_completed",
+    "checkpoint_failed",
     "checkpoint_loaded",
     "checkpoint_started",
     "configure",
@@ -120,6 +122,7 @@ _progress_parts = (b"", b"")  # the line around its time and step, see wire.step
 _started_parts = (b"", b"")
 _completed_parts = (b"", b"")
 _loaded_parts = (b"", b"")
+_failed_parts = (b"", b"")
 _emitted = 0  # progress lines emitted so far (only "fewer than two" matters)
 _replay_window = DEFAULT_REPLAY_WINDOW  # RECOVERYGATE_REPLAY_WINDOW
 _window = 0  # progress calls still to print unthrottled (the replay window)
@@ -169,6 +172,37 @@ def checkpoint_completed(step: SupportsInt, digest: Digest = None) -> None:
             _emit(_completed_parts, step)
         else:
             _emit_digest(_completed_parts, step, digest)
+
+
+def checkpoint_failed(step: SupportsInt, error: object = None) -> None:
+    """Report that the save of the state after ``step`` steps did not become a checkpoint
+    (it raised, timed out or was given up), instead of counting it. Never rate-limited.
+
+    ``error``: what failed it, an exception or a text (written as ``Type: message``, at
+    most 200 characters). A job that retries or skips a failed save says so with this;
+    a drill that breaks the checkpoint storage (StorageFault) reads it.
+    """
+    if not _ready:
+        _init()
+    if not _ckpt_on:
+        return
+    try:
+        value = int(step)
+        if value < 0:
+            return
+        from recoverygate import wire  # loaded by _init already: a dict lookup
+
+        text = None
+        if error is not None:
+            text = str(error)
+            if isinstance(error, BaseException):
+                text = f"{type(error).__name__}: {text}"
+            text = text[:200]
+        tail = b"" if text is None else f',"error":{wire.json_string(text)}'.encode("ascii")
+        line = b"%s%.6f%s%d%s}\n" % (_failed_parts[0], _clock(), _failed_parts[1], value, tail)
+        _write_after_start(line)
+    except Exception:  # closed stdout, EPIPE, an error whose str() raises: drop the line
+        return
 
 
 def checkpoint_loaded(
@@ -305,7 +339,7 @@ def _init() -> None:
     """Decide whether this process prints and preformat its lines (once per process)."""
     global _ready, _on, _ckpt_on, _interval, _start_line, _emitted, _span, _skip
     global _replay_window, _window
-    global _progress_parts, _started_parts, _completed_parts, _loaded_parts
+    global _progress_parts, _started_parts, _completed_parts, _loaded_parts, _failed_parts
     with _lock:
         if _ready:
             return
@@ -342,6 +376,7 @@ def _init() -> None:
                     wire.step_line_parts(wire.CHECKPOINT_COMPLETED, _inc, rank)
                 )
                 _loaded_parts = _encoded(wire.step_line_parts(wire.CHECKPOINT_LOADED, _inc, rank))
+                _failed_parts = _encoded(wire.step_line_parts(wire.CHECKPOINT_FAILED, _inc, rank))
                 _start_line = wire.format_start(
                     _process_start_time(),
                     _inc,

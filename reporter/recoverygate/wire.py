@@ -9,7 +9,7 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 
 =============== ======= =====================================================================
 ``event``       str     ``start``, ``progress``, ``checkpoint_started``,
-                        ``checkpoint_completed``, ``checkpoint_loaded``
+                        ``checkpoint_completed``, ``checkpoint_loaded``, ``checkpoint_failed``
 ``time``        number  POSIX seconds on the emitter's clock, microsecond resolution
 ``inc``         str     incarnation id, 16 hex chars, random per process
 ``rank``        int     global rank (``RANK``); absent when unknown
@@ -42,7 +42,14 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``data``        str     progress only, optional: a fingerprint of the step's batch, 1 to 128
                         characters (the reporter writes an int in decimal, bytes in hex, and
                         anything longer than 128 characters as its BLAKE2b-128 hex digest)
+``error``       str     checkpoint_failed only, optional: what failed the save (the reporter
+                        writes ``Type: message``, at most 200 characters; a reader keeps at
+                        most :data:`MAX_ERROR_CHARS`)
 =============== ======= =====================================================================
+
+``checkpoint_failed`` says that the save of the state after ``step`` steps did not become a
+checkpoint (it raised, timed out, or was given up): the job says so instead of counting it
+(docs/faults.md, StorageFault).
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
 on it and on the other events the two fields are unknown fields, ignored. On a checkpoint
@@ -80,6 +87,7 @@ __all__ = [
     "MAX_DATA_CHARS",
     "MAX_DIGEST_CHARS",
     "MAX_DIGEST_PARTS",
+    "MAX_ERROR_CHARS",
     "MAX_EVENT_BYTES",
     "MAX_PART_NAME_CHARS",
     "SENTINEL",
@@ -110,9 +118,19 @@ PROGRESS = "progress"
 CHECKPOINT_STARTED = "checkpoint_started"
 CHECKPOINT_COMPLETED = "checkpoint_completed"
 CHECKPOINT_LOADED = "checkpoint_loaded"
+CHECKPOINT_FAILED = "checkpoint_failed"
 EVENT_KINDS = frozenset(
-    {START, PROGRESS, CHECKPOINT_STARTED, CHECKPOINT_COMPLETED, CHECKPOINT_LOADED}
+    {
+        START,
+        PROGRESS,
+        CHECKPOINT_STARTED,
+        CHECKPOINT_COMPLETED,
+        CHECKPOINT_LOADED,
+        CHECKPOINT_FAILED,
+    }
 )
+#: The longest ``error`` a reader keeps (a longer one is cut to this, never malformed).
+MAX_ERROR_CHARS = 512
 #: ``source`` values of checkpoint_loaded (absent means ``checkpoint``).
 LOAD_SOURCES = frozenset({"checkpoint", "peer"})
 #: Events that may carry ``digest`` and ``parts``.
@@ -168,6 +186,7 @@ class Record(NamedTuple):
     peer: int | None = None
     loss: float | None = None  # progress: the step's loss, as the job computed it
     data: str | None = None  # progress: a fingerprint of the step's batch
+    error: str | None = None  # checkpoint_failed: what failed the save
 
 
 # ---------------------------------------------------------------------------- digests
@@ -344,16 +363,22 @@ def format_step(
     peer: int | None = None,
     loss: float | None = None,
     data: str | None = None,
+    error: str | None = None,
 ) -> str:
     """One complete progress/checkpoint line, newline included.
 
     ``digest`` and ``parts`` (checkpoint_completed and checkpoint_loaded only) must be
     valid: lower-case hex, parts sorted by name, as :func:`normalize_digest` returns them.
     ``source`` and ``peer``: checkpoint_loaded only (see :func:`source_fields`).
-    ``loss`` and ``data``: progress only (see :func:`progress_fields`).
+    ``loss`` and ``data``: progress only (see :func:`progress_fields`). ``error``:
+    checkpoint_failed only.
     """
     head, middle = step_line_parts(event, inc, rank)
     extra = ""
+    if error is not None:
+        if event != CHECKPOINT_FAILED:
+            raise ValueError(f"a {event} event carries no error")
+        extra = f',"error":{json_string(error)}'
     if loss is not None or data is not None:
         if event != PROGRESS:
             raise ValueError(f"a {event} event carries no loss or data")
@@ -453,6 +478,7 @@ def format_record(record: Record) -> str:
         peer=record.peer,
         loss=record.loss,
         data=record.data,
+        error=record.error,
     )
 
 
@@ -569,6 +595,11 @@ def record_from_json(obj: object) -> Record | None:
         if event == PROGRESS:  # elsewhere unknown fields: ignored
             loss = _opt_loss(get("loss"))
             data = _opt_data(get("data"))
+        error: str | None = None
+        if event == CHECKPOINT_FAILED:
+            error = _opt_str(get("error"))
+            if error is not None:
+                error = error[:MAX_ERROR_CHARS]
         return Record(
             event,
             time,
@@ -592,6 +623,7 @@ def record_from_json(obj: object) -> Record | None:
             peer,
             loss,
             data,
+            error,
         )
     except (_Bad, ArithmeticError, ValueError, TypeError):  # never raised: malformed
         return None
@@ -604,7 +636,8 @@ _raw_decode = json.JSONDecoder().raw_decode
 # only a shortcut: anything else (a start event, extra fields, other emitters) goes
 # through json.
 _FAST = re.compile(
-    rb'[ \t]*\{"event":"(progress|checkpoint_started|checkpoint_completed|checkpoint_loaded)",'
+    rb'[ \t]*\{"event":"(progress|checkpoint_started|checkpoint_completed|checkpoint_loaded|'
+    rb'checkpoint_failed)",'
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
     rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})'
     rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?))?\}'

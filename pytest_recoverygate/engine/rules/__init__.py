@@ -23,6 +23,7 @@ from pytest_recoverygate.engine.rules import (
     ranks,
     replay,
     resume,
+    storage,
     sustain,
 )
 from pytest_recoverygate.engine.rules.rule import SCOPES, Rule, run
@@ -254,6 +255,67 @@ TABLE: tuple[Rule, ...] = (
             "tests/test_examples_fake.py::test_each_fake_example_reaches_its_verdict",
         ),
         undecided=False,
+    ),
+    # ------------------------------------------------------- a fault on the checkpoint storage
+    Rule(
+        "fault_hit",
+        "fault_hit",
+        "storage",
+        storage.fault_hit,
+        (),
+        tests=(
+            "tests/test_engine_storage.py::test_a_fault_nothing_met_is_inconclusive",
+            "tests/test_engine_storage.py::test_a_job_that_says_the_save_failed_and_trains_on_passes",
+        ),
+    ),
+    Rule(
+        "failed_save_not_counted",
+        "failed_save_not_counted",
+        "storage",
+        storage.failed_save_not_counted,
+        (R.SAVE_FAILURE_SWALLOWED,),
+        tests=(
+            "tests/test_engine_storage.py::test_a_failed_save_reported_complete_fails_at_once",
+            "tests/test_engine_storage.py::test_a_pointer_moved_to_the_failed_save_fails",
+            "tests/test_engine_storage.py::test_a_failed_save_passed_over_in_silence_fails",
+            "tests/test_engine_storage.py::test_a_job_that_says_the_save_failed_and_trains_on_passes",
+            "tests/test_engine_storage.py::test_a_job_that_fails_loudly_is_a_recovery_from_the_last_durable_checkpoint",
+        ),
+    ),
+    Rule(
+        "last_good_kept",
+        "last_good_checkpoint_kept",
+        "storage",
+        storage.last_good_kept,
+        (R.LAST_GOOD_CHECKPOINT_DELETED,),
+        tests=(
+            "tests/test_engine_storage.py::test_removing_the_last_durable_checkpoint_before_the_new_one_fails",
+            "tests/test_engine_storage.py::test_retention_after_a_durable_save_passes",
+        ),
+    ),
+    Rule(
+        "stall_handled",
+        "storage_stall_handled",
+        "storage",
+        storage.stall_handled,
+        (R.STALLED_ON_STORAGE,),
+        tests=(
+            "tests/test_engine_storage.py::test_a_stall_nothing_escapes_fails_at_max_stall",
+            "tests/test_engine_storage.py::test_a_stall_the_job_fails_out_of_is_a_recovery",
+            "tests/test_engine_storage.py::test_a_stall_shorter_than_max_stall_passes",
+        ),
+        undecided=False,
+    ),
+    Rule(
+        "trained_after_lift",
+        "trained_after_lift",
+        "storage",
+        storage.trained_after_lift,
+        (R.STOPPED_PROGRESSING,),
+        tests=(
+            "tests/test_engine_storage.py::test_a_job_that_says_the_save_failed_and_trains_on_passes",
+            "tests/test_engine_storage.py::test_a_job_that_stops_after_the_lift_fails",
+        ),
     ),
     # ------------------------------------------------------- a kill nothing followed
     Rule(

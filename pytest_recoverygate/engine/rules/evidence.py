@@ -17,6 +17,7 @@ from typing import Any
 from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
 from pytest_recoverygate.engine.model import GroupEventKind
 from pytest_recoverygate.engine.spec import DrillSpec, Sustain
+from pytest_recoverygate.engine.storage import StorageRecord
 from pytest_recoverygate.engine.verdict import Recovery, StepContract, format_seconds
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "DrillEvidence",
     "KillEvidence",
     "KillRecord",
+    "StorageEvidence",
     "Window",
     "ended_how",
 ]
@@ -78,6 +80,7 @@ class KillRecord:
     details: dict[str, Any] = field(default_factory=dict)
     slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
     window: Window | None = None  # the sustain window, once it opened
+    storage: StorageRecord | None = None  # StorageFault: the fault this recovery follows
 
 
 def ended_how(kill: KillRecord, now: float) -> str:
@@ -147,3 +150,20 @@ class DrillEvidence:
     recoveries: Sequence[Recovery]
     gave_up: tuple[int, float, str] | None
     known_budget: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StorageEvidence:
+    """The evidence of a StorageFault (scope ``storage``): its record, and how the job
+    went on. ``restarted``: the job failed loudly or the drill killed it after the save
+    (``killAfter``), so a recovery follows, judged by the ``kill`` rules; else ``window``
+    is its training after the fault was lifted. ``stall_limit``: ``maxStall`` in effect
+    (the larger of 60 s and 10 step times unless set)."""
+
+    spec: DrillSpec
+    record: StorageRecord
+    now: float
+    final: bool
+    restarted: bool
+    stall_limit: float
+    window: Window | None = None

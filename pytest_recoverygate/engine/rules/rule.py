@@ -19,8 +19,10 @@ __all__ = ["SCOPES", "Rule", "run"]
 #: ``drill`` the drill over its kills
 #: (:class:`~pytest_recoverygate.engine.rules.evidence.DrillEvidence`); ``live`` the
 #: kill of a ``recovery: live`` drill
-#: (:class:`~pytest_recoverygate.engine.replicas.LiveEvidence`).
-SCOPES = ("kill", "hung", "drill", "live")
+#: (:class:`~pytest_recoverygate.engine.replicas.LiveEvidence`); ``storage`` a fault on the
+#: checkpoint storage (:class:`~pytest_recoverygate.engine.rules.evidence.StorageEvidence`),
+#: beside the kill's rules when the job restarted after it.
+SCOPES = ("kill", "hung", "drill", "live", "storage")
 
 
 @dataclass(frozen=True, slots=True)

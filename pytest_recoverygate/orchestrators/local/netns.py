@@ -13,12 +13,15 @@ drill's network exists outside its namespaces, so its traffic cannot leave them,
 drills (each with its own switch) never clash even with the same addresses.
 
 A node's processes run in its network namespace, in a UTS namespace of their own (its
-hostname) and a private mount namespace where the drill's hosts file (every node's
+hostname) and a mount namespace of their own where the drill's hosts file (every node's
 hostname and address) is bind-mounted over ``/etc/hosts``: torchrun's c10d rendezvous
-resolves the hostnames. :func:`node_command` wraps the node's command so: ``nsenter
---net`` enters the namespace, ``unshare --uts --mount`` makes the other two, and a shell
-sets the hostname, mounts the hosts file and execs the command (the launched pid stays the
-command's).
+resolves the hostnames. Its mounts are slaves (``--propagation slave``): nothing mounted
+in a node reaches the host, and what the host shares reaches the node (a StorageFault's
+layer over the checkpoint folder is shared, so its read-only bind and its unmount reach
+every node; the host's other mounts are private and stay as the node copied them).
+:func:`node_command` wraps the node's command so: ``nsenter --net`` enters the
+namespace, ``unshare --uts --mount`` makes the other two, and a shell sets the hostname,
+mounts the hosts file and execs the command (the launched pid stays the command's).
 
 A node's identity is its namespace's name and the time the drill made it (the netns
 inode is no identity: this machine's sandbox reuses it). A partition takes the node's
@@ -319,7 +322,7 @@ def node_command(node: NodeNet, hosts_file: Path, command: list[str]) -> list[st
         "--uts",
         "--mount",
         "--propagation",
-        "private",
+        "slave",
         "--",
         "/bin/sh",
         "-c",
