@@ -269,7 +269,7 @@ def test_a_stall_nothing_escapes_fails_at_max_stall() -> None:
     assert d.result is not None
     assert d.result.verdict is Verdict.FAIL
     check = d.checks()["storage_stall_handled"]
-    assert check.reason is R.STALLED_ON_STORAGE  # type: ignore[attr-defined]
+    assert check.reason is R.STALLED_ON_STORAGE
     assert d.result.finished_at is not None
     assert d.result.finished_at - (T0 + t) < 11.0, "decided when proven"
 
