@@ -75,6 +75,7 @@ class FileState:
     written: float  # closed after its last write
     first: float  # its first write then
     gone: tuple[float, str] | None = None  # (when, how): removed, truncated, replaced
+    link: str = ""  # a symbolic link: what it points to (never part of a checkpoint)
 
 
 @dataclass(slots=True)
@@ -173,12 +174,14 @@ class StorageRecord:
             return
         if kind is TrainingEventKind.PROGRESS:
             self._progress(step, at)
-        elif kind is TrainingEventKind.CHECKPOINT_STARTED:
+            return
+        if kind is TrainingEventKind.CHECKPOINT_STARTED:
             self._save_started(step, at)
         elif kind is TrainingEventKind.CHECKPOINT_COMPLETED:
             self._completed(step, at)
         elif kind is TrainingEventKind.CHECKPOINT_FAILED:
             self._said_failed(step, at, event.error or "")
+        self._pointer()  # a line may name the failed save's step
 
     def _progress(self, step: int, at: float) -> None:
         previous = self.last_progress
@@ -267,7 +270,7 @@ class StorageRecord:
         return sorted(
             name
             for name, state in self.files.items()
-            if state.gone is None and start <= state.written <= end
+            if state.gone is None and not state.link and start <= state.written <= end
         )
 
     # ------------------------------------------------------------------ the layer
@@ -312,6 +315,7 @@ class StorageRecord:
                 step, started = None, None  # that save was over: a later line names this one
         how = {S.STALLED: "held", S.DELAYED: "delayed"}.get(event.kind, event.error)
         self.hit = FaultedSave(step, started, event.timestamp, event.op, event.path, how)
+        self._pointer()
 
     def _wrote(self, event: StorageEvent) -> None:
         name = event.path
@@ -319,7 +323,8 @@ class StorageRecord:
             self.files_over += 1
             return
         first = event.first if event.first is not None else event.timestamp
-        self.files[name] = FileState(event.size or 0, event.timestamp, first)
+        self.files[name] = FileState(event.size or 0, event.timestamp, first, link=event.content)
+        self._pointer()
 
     def _renamed(self, event: StorageEvent) -> None:
         old, new, at = event.path, event.to, event.timestamp
@@ -349,21 +354,33 @@ class StorageRecord:
                 f"{name} {how} (checkpoint {self.durable}) before a newer checkpoint was durable",
             )
 
-    def _audited(self, event: StorageEvent) -> None:
+    def _pointer(self) -> None:
+        """A link made, or a small file read back, while the storage was faulty, that names
+        the failed save: the job moved its ``latest`` pointer to it."""
         hit = self.hit
-        if (
-            event.content
-            and hit is not None
-            and hit.step is not None
-            and self.pointer is None
-            and names_step(event.content, hit.step)
-        ):
-            self.pointer = (event.path, event.content, event.timestamp)
-            self.fact(
-                "moved its latest pointer to the failed save",
-                event.timestamp,
-                f"{event.path} reads {event.content!r}",
-            )
+        if self.pointer is not None or hit is None or hit.step is None:
+            return
+        if hit.error in ("held", "delayed"):
+            return  # a slowed save is no failed one
+        candidates = [
+            (name, state.link, state.written)
+            for name, state in self.files.items()
+            if state.link and self.in_effect(state.written)
+        ]
+        candidates += [
+            (name, event.content, event.timestamp)
+            for name, event in self.audit.items()
+            if event.content and name in self.files and self.in_effect(self.files[name].written)
+        ]
+        for name, text, at in candidates:
+            if names_step(text, hit.step):
+                self.pointer = (name, text, at)
+                shown = f"{name} -> {text}" if self.files[name].link else f"{name} reads {text!r}"
+                self.fact("moved its latest pointer to the failed save", at, shown)
+                return
+
+    def _audited(self, event: StorageEvent) -> None:
+        self._pointer()
         durable = self.durable
         if (
             durable is not None

@@ -19,8 +19,11 @@ drill's audit of which files a checkpoint is made of). Armed, it acts on the ope
   ``tests/storage/test_storage_layer.py`` holds the same operations against a real full
   ext4 to this model.
 - ``eio``: the operations fail with EIO.
-- ``readonly``: the kernel's own: a read-only bind mount of the folder over it (EROFS from
-  the VFS for everything that writes), unmounted when lifted.
+- ``readonly``: the kernel's own: the layer does every operation below a read-only clone
+  of the folder (``open_tree`` + ``mount_setattr(MOUNT_ATTR_RDONLY)``: a bind mount no
+  namespace shows, freed with its descriptor), so each write meets the VFS's own EROFS,
+  and the layer sees and reports it (a read-only mount *over* the folder would refuse
+  them before the layer saw them); dropped when lifted.
 - ``stall``: every operation waits, neither failing nor progressing, until lifted (a stuck
   network file system); a caller blocked here dies only of SIGKILL or of a signal it does
   not handle (as on a hard NFS mount).
@@ -38,15 +41,16 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import functools
 import json
 import os
 import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mfusepy
 
@@ -57,9 +61,12 @@ __all__ = ["BLOCK", "Layer", "main"]
 #: The block size of the modelled file system (ext4's default).
 BLOCK = 4096
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_SHARED = 1, 32, 4096, 1 << 20
+_MS_SHARED = 1 << 20
+_OPEN_TREE_CLONE, _AT_EMPTY_PATH, _MOUNT_ATTR_RDONLY = 1, 0x1000, 0x1
+_SYS_OPEN_TREE, _SYS_MOUNT_SETATTR = 428, 442  # the same number on every architecture
 _MNT_DETACH = 2
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_Op = TypeVar("_Op", bound=Callable[..., Any])
 
 
 def _blocks(size: int) -> int:
@@ -106,6 +113,25 @@ class _Events:
                 os.write(self._fd, line.encode()[:MAX_LINE])
 
 
+def _refusals(op: str) -> Callable[[_Op], _Op]:
+    """readonly: report each EROFS the kernel gave this operation (the VFS refuses it
+    below the layer, so the layer sees the error, not the fault)."""
+
+    def wrap(method: _Op) -> _Op:
+        @functools.wraps(method)
+        def run(self: Layer, path: str, *args: Any) -> Any:
+            try:
+                return method(self, path, *args)
+            except OSError as exc:
+                if exc.errno == errno.EROFS and self._ro_root is not None:
+                    self._failed(op, path, errno.EROFS)
+                raise
+
+        return run  # type: ignore[return-value]
+
+    return wrap
+
+
 class Layer(mfusepy.Operations):  # type: ignore[misc]
     """The passthrough file system with its fault."""
 
@@ -122,7 +148,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         self._free = 0
         self._handles: dict[int, _Handle] = {}
         self._next = 1
-        self._ro_mount: int | None = None  # readonly: the bind mount's id
+        self._ro_root: int | None = None  # readonly: a read-only clone of the folder
         self.failed = 0
         self.stalled = 0
         self.delayed = 0
@@ -139,10 +165,11 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             if mode == "stall":
                 self._released.clear()
         if mode == "readonly":
-            problem = self._bind_readonly()
-            if problem is not None:
+            try:
+                self._ro_root = _readonly_clone(self.root)
+            except OSError as exc:
                 self.lift()
-                return problem
+                return f"a read-only clone of the folder: {exc.strerror or exc}"
         self.events.send("armed", mode=mode, during=during)
         return None
 
@@ -151,31 +178,13 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             was = self._fault
             self._fault = None
             self._released.set()
-        if self._ro_mount is not None:
-            self._unbind_readonly()
+            ro, self._ro_root = self._ro_root, None
+        if ro is not None:
+            os.close(ro)
         if was is not None:
             self.events.send(
                 "lifted", failed=self.failed, stalled=self.stalled, delayed=self.delayed
             )
-
-    def _bind_readonly(self) -> str | None:
-        target = self.mountpoint.encode()
-        if _LIBC.mount(target, target, None, _MS_BIND, None) != 0:
-            return f"bind mount: {os.strerror(ctypes.get_errno())}"
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-        if _LIBC.mount(None, target, None, flags, None) != 0:
-            err = ctypes.get_errno()
-            _LIBC.umount2(target, 0)
-            return f"read-only remount: {os.strerror(err)}"
-        self._ro_mount = _top_mount_id(self.mountpoint)
-        return None
-
-    def _unbind_readonly(self) -> None:
-        ours, self._ro_mount = self._ro_mount, None
-        if ours is None or _top_mount_id(self.mountpoint) != ours:
-            return  # never unmount a mount that is not the one we made
-        if _LIBC.umount2(self.mountpoint.encode(), 0) != 0:
-            _LIBC.umount2(self.mountpoint.encode(), _MNT_DETACH)
 
     def _gate(self, op: str, path: str) -> _Fault | None:
         """Before an operation: hold it (stall), delay it (latency) or fail it (eio). The
@@ -206,10 +215,13 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         return fault
 
     def _fail(self, op: str, path: str, code: int) -> None:
+        self._failed(op, path, code)
+        raise OSError(code, os.strerror(code))
+
+    def _failed(self, op: str, path: str, code: int) -> None:
         with self._lock:
             self.failed += 1
         self._note("failed", op, path, errno=errno.errorcode.get(code, str(code)))
-        raise OSError(code, os.strerror(code))
 
     def _note(self, ev: str, op: str, path: str, **fields: Any) -> None:
         self.events.send(ev, op=op, path=path.lstrip("/"), pid=_caller(), **fields)
@@ -224,9 +236,9 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         if any(p in (".", "..") for p in parts):
             raise OSError(errno.EINVAL, "no . or .. here")
         if not parts:
-            yield self.root, "."
+            yield self._root(), "."
             return
-        fd = os.open(".", _DIR, dir_fd=self.root)
+        fd = os.open(".", _DIR, dir_fd=self._root())
         try:
             for name in parts[:-1]:
                 nxt = os.open(name, _DIR, dir_fd=fd)
@@ -235,6 +247,12 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             yield fd, parts[-1]
         finally:
             os.close(fd)
+
+    def _root(self) -> int:
+        """The folder the operations are done below: its read-only clone while readonly
+        is armed."""
+        ro = self._ro_root
+        return ro if ro is not None else self.root
 
     def _handle(self, fh: int) -> _Handle:
         handle = self._handles.get(fh)
@@ -288,6 +306,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             os.close(handle.fd)
         return 0
 
+    @_refusals("open")
     def open(self, path: str, flags: int) -> int:
         self._gate("open", path)
         with self._at(path) as (parent, name):
@@ -336,6 +355,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
 
     # ------------------------------------------------------------ writing
 
+    @_refusals("create")
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
         self._gate("create", path)
         with self._at(path) as (parent, name):
@@ -347,6 +367,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             )
         return self._keep(path, fd)
 
+    @_refusals("write")
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         handle = self._handle(fh)
         fault = self._gate("write", handle.path)
@@ -381,6 +402,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         if after < before:
             self.events.send("truncated", path=path.lstrip("/"), size=after, pid=_caller())
 
+    @_refusals("truncate")
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         self._gate("truncate", path)  # growing takes no block (a sparse file), shrinking frees
         if fh is not None and fh in self._handles:
@@ -397,6 +419,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
                 os.close(fd)
         return 0
 
+    @_refusals("fallocate")
     def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
         handle = self._handle(fh)
         fault = self._gate("fallocate", handle.path)
@@ -412,12 +435,14 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         os.posix_fallocate(handle.fd, offset, size)
         return 0
 
+    @_refusals("fsync")
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         handle = self._handle(fh)
         self._gate("fsync", handle.path)
         (os.fdatasync if datasync else os.fsync)(handle.fd)
         return 0
 
+    @_refusals("fsyncdir")
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
         handle = self._handle(fh)
         self._gate("fsyncdir", handle.path)
@@ -448,6 +473,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             )
         return 0
 
+    @_refusals("mkdir")
     def mkdir(self, path: str, mode: int) -> int:
         fault = self._gate("mkdir", path)
         if fault is not None and fault.mode == "enospc":
@@ -461,6 +487,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             os.mkdir(name, mode & 0o7777, dir_fd=parent)
         return 0
 
+    @_refusals("unlink")
     def unlink(self, path: str) -> int:
         self._gate("unlink", path)
         with self._at(path) as (parent, name):
@@ -471,6 +498,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         )
         return 0
 
+    @_refusals("rmdir")
     def rmdir(self, path: str) -> int:
         self._gate("rmdir", path)
         with self._at(path) as (parent, name):
@@ -478,6 +506,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         self.events.send("removed", path=path.lstrip("/"), folder=True, pid=_caller())
         return 0
 
+    @_refusals("rename")
     def rename(self, old: str, new: str) -> int:
         self._gate("rename", old)
         with self._at(old) as (src, a), self._at(new) as (dst, b):
@@ -494,6 +523,7 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         )
         return 0
 
+    @_refusals("symlink")
     def symlink(self, target: str, source: str) -> int:
         self._gate("symlink", target)
         with self._at(target) as (parent, name):
@@ -509,12 +539,14 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
         )
         return 0
 
+    @_refusals("link")
     def link(self, target: str, source: str) -> int:
         self._gate("link", target)
         with self._at(source) as (sp, sname), self._at(target) as (tp, tname):
             os.link(sname, tname, src_dir_fd=sp, dst_dir_fd=tp, follow_symlinks=False)
         return 0
 
+    @_refusals("chmod")
     def chmod(self, path: str, mode: int) -> int:
         self._gate("chmod", path)
         with self._at(path) as (parent, name):
@@ -527,12 +559,14 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             os.close(fd)
         return 0
 
+    @_refusals("chown")
     def chown(self, path: str, uid: int, gid: int) -> int:
         self._gate("chown", path)
         with self._at(path) as (parent, name):
             os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
         return 0
 
+    @_refusals("utimens")
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
         self._gate("utimens", path)
         with self._at(path) as (parent, name):
@@ -541,6 +575,37 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
             else:
                 os.utime(name, ns=times, dir_fd=parent, follow_symlinks=False)
         return 0
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = (
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    )
+
+
+def _readonly_clone(root: int) -> int:
+    """A descriptor of a read-only bind mount of the folder ``root``, attached nowhere
+    (Linux 5.12+: open_tree and mount_setattr)."""
+    fd = int(
+        _LIBC.syscall(_SYS_OPEN_TREE, root, b"", _OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC)
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY, 0, 0, 0)
+    if (
+        _LIBC.syscall(
+            _SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
+        )
+        != 0
+    ):
+        err = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(err, os.strerror(err))
+    return fd
 
 
 def _attrs(st: os.stat_result) -> dict[str, Any]:
@@ -565,18 +630,6 @@ def _caller() -> int:
         return int(mfusepy.fuse_get_context()[2])
     except Exception:
         return 0
-
-
-def _top_mount_id(path: str) -> int | None:
-    """The id of the newest mount at ``path`` in this namespace, or None."""
-    found = None
-    target = os.path.realpath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            fields = line.split()
-            if len(fields) > 4 and _unescape(fields[4]) == target:
-                found = int(fields[0])
-    return found
 
 
 def _unescape(text: str) -> str:

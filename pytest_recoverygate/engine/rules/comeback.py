@@ -92,6 +92,7 @@ def recovery_time(ev: KillEvidence) -> Check | None:
             f"recovered in {format_seconds(seconds)} (limit {format_seconds(limit)})"
             if ok
             else f"came back too slowly: {format_seconds(seconds)} > {format_seconds(limit)}"
+            + _load_phase(ev)
             if ok is False
             else f"the recovery took between {format_seconds(earliest or 0.0)} (its first "
             f"line, at the loaded step) and {format_seconds(seconds)} (its first "
@@ -99,4 +100,17 @@ def recovery_time(ev: KillEvidence) -> Check | None:
             "progress only after a step, or report checkpoint_loaded later"
         ),
         None if ok else (R.TOO_SLOW if ok is False else R.INCONCLUSIVE),
+    )
+
+
+def _load_phase(ev: KillEvidence) -> str:
+    """StorageFault ``during: load``: the phase the fault made grow, named."""
+    storage, inc = ev.kill.storage, ev.inc
+    if storage is None or storage.spec.during != "load" or inc is None or inc.loaded_at is None:
+        return ""
+    started = inc.start_time if inc.start_time is not None else inc.first_seen
+    took = max(inc.loaded_at - started, 0.0)
+    return (
+        f"; the checkpointLoaded phase (from the replacement's start to its checkpoint_loaded) "
+        f"took {format_seconds(took)} of it, reading through the {storage.spec.mode} fault"
     )

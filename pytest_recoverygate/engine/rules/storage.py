@@ -26,14 +26,18 @@ R = FailureReason
 
 
 def _op(record: StorageRecord) -> str:
-    """The first operation the fault hit, as a phrase."""
+    """The first operation the fault hit, as a phrase: ``its write of X failed with
+    ENOSPC 1.08s after the fault was armed``."""
     hit = record.hit
     if hit is None:
         return "no operation"
-    armed = record.armed_at or hit.hit
-    what = "held" if hit.error == "held" else ("delayed" if hit.error == "delayed" else hit.error)
-    after = format_seconds(max(hit.hit - armed, 0.0))
-    return f"{hit.op} {hit.path or '.'} {what} {after} after arming"
+    after = format_seconds(max(hit.hit - (record.armed_at or hit.hit), 0.0))
+    what = f"its {hit.op} of {hit.path or 'the folder'}"
+    if hit.error == "held":
+        return f"{what} was held from {after} after the fault was armed"
+    if hit.error == "delayed":
+        return f"{what} was delayed from {after} after the fault was armed"
+    return f"{what} failed with {hit.error} {after} after the fault was armed"
 
 
 def _save(record: StorageRecord) -> str:
@@ -88,8 +92,7 @@ def failed_save_not_counted(ev: StorageEvidence) -> Check | None:
     problems: list[str] = []
     for step, at, _ in record.swallowed:
         problems.append(
-            f"checkpoint_completed({step}) came {format_seconds(max(at - hit.hit, 0.0))} after "
-            f"{_op(record)}"
+            f"checkpoint_completed({step}) came {format_seconds(max(at - hit.hit, 0.0))} later"
         )
         short = [
             f"{name} {event.detail}"
@@ -101,7 +104,11 @@ def failed_save_not_counted(ev: StorageEvidence) -> Check | None:
             problems.append(f"its files read back: {', '.join(short[:4])}")
     if record.pointer is not None:
         name, text, _ = record.pointer
-        problems.append(f"{name} was moved to name it (it reads {text.strip()!r})")
+        state = record.files.get(name)
+        shown = (
+            f"now -> {text}" if state is not None and state.link else f"it reads {text.strip()!r}"
+        )
+        problems.append(f"{name} was moved to name it ({shown})")
     if problems:
         return Check(
             "failed_save_not_counted",
@@ -194,7 +201,8 @@ def last_good_kept(ev: StorageEvidence) -> Check | None:
         True,
         expected,
         files[:8],
-        f"checkpoint {durable}'s {len(files)} file(s) were kept while {_save(record)} failed",
+        f"checkpoint {durable}'s {len(files)} file(s) were kept while {_save(record)} "
+        + ("failed" if record.hit.error not in ("held", "delayed") else f"was {record.hit.error}"),
     )
 
 
@@ -224,7 +232,8 @@ def stall_handled(ev: StorageEvidence) -> Check | None:
             ok,
             expected,
             round(waited, 6),
-            f"{format_seconds(waited)} after the storage held {_op(record)}, {what}"
+            f"{format_seconds(waited)} after the storage began to hold the job's operations "
+            f"({_op(record)}), {what}"
             + ("" if ok else f": longer than maxStall {format_seconds(limit)}"),
             None if ok else R.STALLED_ON_STORAGE,
         )
@@ -235,7 +244,8 @@ def stall_handled(ev: StorageEvidence) -> Check | None:
             expected,
             round(ev.now - began, 6),
             f"the job neither failed nor trained for {format_seconds(ev.now - began)} after "
-            f"the storage held {_op(record)} (maxStall {format_seconds(limit)}): it waits "
+            f"the storage began to hold its operations ({_op(record)}; maxStall "
+            f"{format_seconds(limit)}): it waits "
             "on its storage, or at a barrier behind a rank that does, with no timeout",
             R.STALLED_ON_STORAGE,
         )

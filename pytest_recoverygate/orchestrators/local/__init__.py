@@ -244,6 +244,27 @@ class LocalWorkload(WorkloadBase):
     def node_count(self) -> int:
         return self.nodes
 
+    def storage_scope(self) -> tuple[Path, ...]:
+        """Its working folders and every existing folder its commands and environment
+        name (a path, or the value of ``--opt=path``), relative to the working folder."""
+        folders = [self.workdir]
+        words: list[tuple[Path, str]] = [(self.workdir, w) for w in self.command or []]
+        words += [(self.workdir, v) for v in self.env.values()]
+        for member in self.group or []:
+            where = member.workdir if member.workdir is not None else self.workdir
+            folders.append(where)
+            words += [(where, w) for w in member.command]
+            words += [(where, v) for v in member.env.values()]
+        for where, word in words:
+            value = word.partition("=")[2] if word.startswith("-") else word
+            if not value or "{" in value or "\x00" in value:
+                continue
+            path = Path(value).expanduser()
+            path = (path if path.is_absolute() else where / path).resolve()
+            if path.is_dir():
+                folders.append(path)
+        return tuple(dict.fromkeys(folders))
+
 
 def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Orchestrator:
     from pytest_recoverygate.orchestrators.local.orchestrator import LocalOrchestrator
@@ -297,7 +318,15 @@ BACKEND: Backend[LocalWorkload] = Backend(
     workload=LocalWorkload,
     create=_create,
     faults=frozenset(
-        {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker", "KillNode", "PartitionNode"}
+        {
+            "KillWorker",
+            "KillDuringCheckpoint",
+            "Preempt",
+            "HangWorker",
+            "KillNode",
+            "PartitionNode",
+            "StorageFault",
+        }
     ),
     failure_keys=frozenset({"targetReplica"}),
     restart_budget=_restart_budget,
