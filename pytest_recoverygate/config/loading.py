@@ -42,7 +42,7 @@ from pytest_recoverygate.config.schema import (
     fault_types,
     spec_from_config,
 )
-from pytest_recoverygate.config.sections import REPLAY_TAGS
+from pytest_recoverygate.config.sections import PATTERN_TAGS, REPLAY_TAGS
 from pytest_recoverygate.config.yamlfile import (
     INVALID,
     MAX_CONFIG_BYTES,
@@ -201,11 +201,13 @@ def _is_env_value(path: tuple[Any, ...]) -> bool:
 
 
 def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``loc`` without the union tags of ``expectations.replay`` (they are no keys)."""
+    """``loc`` without the union tags of ``expectations.replay`` and of an
+    ``evidence.patterns`` value (they are no keys)."""
     return tuple(
         key
         for i, key in enumerate(loc)
         if not (i > 0 and loc[i - 1] == "replay" and key in REPLAY_TAGS)
+        and not (i > 1 and loc[i - 2] == "patterns" and key in PATTERN_TAGS)
     )
 
 
