@@ -107,6 +107,13 @@ def test_each_rule_fails_only_with_the_reasons_its_row_declares(rule: Rule) -> N
     assert declared - {"INCONCLUSIVE"} <= found, "a declared reason the rule never gives"
 
 
+@pytest.mark.parametrize("rule", TABLE, ids=lambda rule: rule.name)
+def test_no_rule_fails_a_check_as_inconclusive(rule: Rule) -> None:
+    # A check is failed with a failure reason, or undecided: never both (issue 41,
+    # target_killed returned a failed check with reason INCONCLUSIVE).
+    assert "INCONCLUSIVE" not in {reason.name for reason in rule.fails}
+
+
 def _report_of(example: str, tmp_path: Path) -> dict[str, object]:
     config = load_config(ROOT / "examples" / "fake" / example)
     clock = SimulatedClock()
