@@ -173,6 +173,25 @@ def test_explain_names_each_check_s_rule_and_its_condition(
     assert "  rule new_incarnation (comeback.new_incarnation)" in out
 
 
+def test_explain_calls_a_check_that_verified_nothing_not_checked_as_the_terminal_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 41: it said "all_ranks_resumed: passed — not checked: …"; the terminal marks
+    # it "--", the page "not checked", and the rule says it neither passes nor fails.
+    doc = _report_of("recovery-test.yaml", tmp_path)
+    check = next(c for c in doc["checks"] if c["name"] == "all_ranks_resumed")  # type: ignore[attr-defined]
+    assert check["status"] == "unchecked"
+    assert main(["explain", str(tmp_path / "report.json")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("all_ranks_resumed:"))
+    assert line.startswith(
+        "all_ranks_resumed: not checked (it verified nothing: it neither passes nor fails "
+        "the drill) — rank(s) 1 reported no checkpoint_loaded"
+    )
+    assert "passed" not in line
+    assert "  rule all_ranks_resumed (ranks.all_ranks_resumed)" in out
+
+
 def test_explain_finds_the_rules_of_a_report_that_names_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
