@@ -37,10 +37,11 @@ from pytest_recoverygate.engine.model import (
     TrainingEvent,
 )
 from pytest_recoverygate.engine.rules.replay import WHAT_TO_CHECK, judge
-from pytest_recoverygate.engine.spec import ReplaySpec
+from pytest_recoverygate.engine.spec import ReplaySpec, Sustain
 from pytest_recoverygate.engine.verdict import Check, DrillResult, FailureReason, Verdict
 from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.base import SimulatedClock
+from pytest_recoverygate.report.html import render_report
 from pytest_recoverygate.report.terminal import replay_lines
 from pytest_recoverygate.report.timeline import build_figure
 from pytest_recoverygate.runner import RunOptions, run_drill
@@ -584,3 +585,65 @@ def test_a_replay_steps_step_that_never_comes_is_named() -> None:
     summary = at_once.result.summary
     assert "before the drill could kill anything" in summary
     assert "waits for step 25" in summary and "lower expectations.replaySteps" in summary
+
+
+# ---------------------------------------------------------------------------- issue 41
+
+
+def finish_step(engine: DrillEngine, events: list[TrainingEvent]) -> tuple[int | None, Finish]:
+    """Feed ``events`` until the engine finishes: the step of the line that ended it."""
+    for event in events:
+        for action in engine.on_training_event(event):
+            if isinstance(action, Finish):
+                return event.step, action
+    [action] = [a for a in engine.tick(T0 + 10_000.0) if isinstance(a, Finish)]
+    return None, action
+
+
+def test_a_divergence_after_the_first_replayed_step_ends_the_drill_once_that_step_is_done() -> None:
+    """docs/replay.md: decided when proven. Step 21 matches, step 23 diverges: the drill
+    ends once step 23's lines are all in (at step 24's line), not after the sustain
+    window (it held 20 more lines: step 41)."""
+    engine = engine_for(replay=EXACT, sustain=Sustain(lines=20, seconds=0.0))
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    new = job(
+        "new", 5.0, list(range(21, 60)), lambda s: good(s) + (0.5 if s >= 23 else 0.0), loaded=20
+    )
+    step, finish = finish_step(engine, new)
+    assert step == 24, finish.result.summary
+    assert finish.result.verdict is Verdict.FAIL
+    assert "replay diverged at step 23" in finish.result.summary
+
+
+def test_a_tolerance_ends_the_drill_at_the_first_step_beyond_the_allowance() -> None:
+    spec = ReplaySpec("tolerance", rtol=1e-9, max_divergent_steps=1)
+    engine = engine_for(replay=spec, sustain=Sustain(lines=20, seconds=0.0))
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    spikes = {22: 0.5, 25: 0.5}
+    new = job("new", 5.0, list(range(21, 60)), lambda s: good(s) + spikes.get(s, 0.0), loaded=20)
+    step, finish = finish_step(engine, new)
+    assert step == 26, finish.result.summary
+    assert finish.result.verdict is Verdict.FAIL
+    assert "replay diverged at step 25" in finish.result.summary
+
+
+def test_within_the_tolerance_only_the_rows_outside_it_are_marked() -> None:
+    """Every compared row was marked "<- differs" under a tolerance (issue 41)."""
+    spec = ReplaySpec("tolerance", rtol=1e-6, max_divergent_steps=1)
+    engine = engine_for(replay=spec)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    noisy = {s: good(s) * (1 + 1e-9) for s in range(21, 60)}
+    noisy[24] = good(24) + 0.5  # the one outside it (allowed)
+    result = result_of(engine, job("new", 5.0, list(range(21, 60)), noisy.__getitem__, loaded=20))
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.replay is not None
+    assert [row["matches"] for row in result.replay["steps"]] == [
+        row["step"] != 24 for row in result.replay["steps"]
+    ]
+    marked = [line for line in replay_lines(result) if "differs" in line]
+    assert len(marked) == 1 and marked[0].split()[0] == "24", marked
+    assert "outside the tolerance" in marked[0]
+    page = render_report({"verdict": "PASS", "recoveries": [{"index": 1, "replay": result.replay}]})
+    table = page.split("<h2>Replay</h2>")[1]
+    assert table.count("outside the tolerance") == 1
+    assert "differs" not in table

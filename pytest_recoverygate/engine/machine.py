@@ -50,12 +50,7 @@ from typing import Any
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
 from pytest_recoverygate.engine.ledger import Inc
-from pytest_recoverygate.engine.recovery import (
-    KillRecord,
-    Window,
-    hung,
-    judge,
-)
+from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
 from pytest_recoverygate.engine.spec import (
     FAULTS,
     MAX_KILLS,
@@ -601,6 +596,8 @@ class DrillEngine(DrillState):
             )
             if provisional.verdict is Verdict.FAIL and not unknown_parent:
                 return self._judge(at)
+        elif replay_diverged(self.ledger, self.spec, kill, inc, step):
+            return self._judge(at)  # issue 41: a divergence is proven at its step
         return self._sustain(inc, step, at)
 
     def _sustain(self, inc: Inc, step: int, at: float) -> list[Action]:

@@ -242,6 +242,19 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> str:
     return _table(["check", "result", "expected", "observed", "message"], rows)
 
 
+def _replay_mark(row: Mapping[str, Any], first: Any, mode: Any) -> str:
+    """A compared step's mark: the first divergent, another that did not match (outside
+    the tolerance, or its data differs), or none (it matched)."""
+    if row.get("step") == first:
+        return "<b>first divergent</b>"
+    matches = row.get("matches")  # reports before it: the values as printed
+    if matches is None:
+        matches = repr(row.get("killed")) == repr(row.get("replacement"))
+    if matches:
+        return ""
+    return "outside the tolerance" if mode == "tolerance" else "differs"
+
+
 def _replay(doc: Mapping[str, Any]) -> list[str]:
     """expectations.replay: each recovery's compared steps, the two runs side by side."""
     out: list[str] = []
@@ -257,7 +270,7 @@ def _replay(doc: Mapping[str, Any]) -> list[str]:
                 _e(row.get("replacement")),
                 _e(row.get("killedData", "")),
                 _e(row.get("replacementData", "")),
-                "<b>first divergent</b>" if row.get("step") == first else "",
+                _replay_mark(row, first, replay.get("mode")),
             ]
             for row in replay["steps"]
         ]

@@ -84,7 +84,8 @@ class ReplayFigures:
     point), values as reported (of a step reported more than once, its first differing
     line, else its first); ``steps_skipped``: steps both runs reported that cannot be
     compared (a different number of lines); ``finite_losses``: compared lines whose two
-    losses are finite numbers.
+    losses are finite numbers; ``diverged``: the compared steps that did not match (outside
+    the tolerance, or whose data differs).
     """
 
     mode: ReplayMode
@@ -100,11 +101,17 @@ class ReplayFigures:
     steps_skipped: int = 0
     lines_per_step: int = 1
     finite_losses: int = 0
+    diverged: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         rows = []
         for step, (old, old_data), (new, new_data) in self.steps:
-            row: dict[str, Any] = {"step": step, "killed": _json(old), "replacement": _json(new)}
+            row: dict[str, Any] = {
+                "step": step,
+                "killed": _json(old),
+                "replacement": _json(new),
+                "matches": step not in self.diverged,
+            }
             if old_data is not None or new_data is not None:
                 row["killedData"], row["replacementData"] = old_data, new_data
             rows.append(row)
@@ -321,6 +328,7 @@ def _figures(
         skipped,
         per_step,
         acc["finite"],
+        tuple(divergent),
     )
 
 
