@@ -69,6 +69,7 @@ __all__ = [
     "clean_line",
     "install",
     "pattern_problem",
+    "preset_base",
     "problems",
     "spec_from_json",
     "step_from_path",
