@@ -82,6 +82,7 @@ class Inc:
         default_factory=dict
     )
     first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
+    loss_decimals: int | None = None  # the fewest decimals a loss it printed had (log lines)
     zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
 
     def info(self) -> IncarnationInfo:
@@ -366,9 +367,12 @@ class Ledger:
         at: float,
         *,
         new: bool,
-        loss: float | None = None,
-        data: str | None = None,
+        point: TrainingEvent | None = None,
     ) -> None:
+        loss, data = (point.loss, point.data) if point is not None else (None, None)
+        if point is not None and point.loss_decimals is not None:  # issue 41: as printed
+            held, printed = inc.loss_decimals, point.loss_decimals
+            inc.loss_decimals = printed if held is None else min(held, printed)
         if loss is not None or data is not None:  # issue 33: kept for engine/rules/replay.py
             points = inc.replay_points
             seen = points.pop(step, ())  # a step reported again: every line, newest place

@@ -413,7 +413,7 @@ class DrillEngine(DrillState):
         if step is None:
             return []
         if kind is model.TrainingEventKind.PROGRESS:
-            ev.progress(inc, step, event.timestamp, new=new, loss=event.loss, data=event.data)
+            ev.progress(inc, step, event.timestamp, new=new, point=event)
             armed = self._armed
             if (  # issue 33: replaySteps, the kill waits for a step (state._replay_wait)
                 not new

@@ -469,6 +469,8 @@ class Matcher:
         if spec.context is not None:
             self._rules.append(("context", spec.context, _literal_hint(spec.context.pattern)))
         self.context_step: int | None = None  # the neighbour line last seen
+        #: the loss of the last progress line as printed (its precision rides with it)
+        self.loss_text: str | None = None
         self.pending_save: int | None = None  # a save started, not yet proven complete
         self.pending_load = False  # a load line waiting for the neighbour that names its step
         #: what to add to the number a line of each kind names (1: its base is ``index``)
@@ -546,6 +548,7 @@ class Matcher:
                 loss = None
             if loss is not None and not math.isfinite(loss):
                 loss = None
+        self.loss_text = text if loss is not None else None
         out.append(("progress", step, loss))
 
 
@@ -646,9 +649,10 @@ class _Emitter:
             reporter.checkpoint_loaded(step)
 
     def _progress(self, step: int, loss: float | None) -> None:
-        """A progress line by the reporter's own rules (its rate limit and replay window)."""
+        """A progress line by the reporter's own rules (its rate limit and replay window);
+        the loss as the line printed it, so that its precision reaches the drill."""
         reporter = self._reporter or self._load_reporter()
-        reporter.progress(step, loss=loss)
+        reporter.progress(step, loss=self.matcher.loss_text if loss is not None else None)
 
 
 _installed: list[_Tap] = []

@@ -44,6 +44,7 @@ __all__ = [
     "judge",
     "judge_kill",
     "points_of",
+    "printed_decimals",
     "reference",
     "replacements",
     "replay_figures",
@@ -85,7 +86,9 @@ class ReplayFigures:
     line, else its first); ``steps_skipped``: steps both runs reported that cannot be
     compared (a different number of lines); ``finite_losses``: compared lines whose two
     losses are finite numbers; ``diverged``: the compared steps that did not match (outside
-    the tolerance, or whose data differs).
+    the tolerance, or whose data differs); ``printed_decimals``: the losses were read from
+    lines the job printed with that many decimals (the fewest of either run), so equal
+    ones are equal to that precision only, None when the job passed its losses itself.
     """
 
     mode: ReplayMode
@@ -102,6 +105,7 @@ class ReplayFigures:
     lines_per_step: int = 1
     finite_losses: int = 0
     diverged: tuple[int, ...] = ()
+    printed_decimals: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         rows = []
@@ -127,6 +131,7 @@ class ReplayFigures:
             "killedRunLastStep": self.killed_at,
             "stepsSkipped": self.steps_skipped,
             "linesPerStep": self.lines_per_step,
+            "lossDecimals": self.printed_decimals,
             "steps": rows,
         }
 
@@ -144,6 +149,13 @@ def _json(value: float | None) -> float | str | None:
 def points_of(inc: Inc) -> Mapping[int, Lines]:
     """The (loss, data) lines an incarnation reported, by step."""
     return inc.replay_points
+
+
+def printed_decimals(*incs: Inc | None) -> int | None:
+    """The fewest decimals the losses of ``incs`` were printed with (read from log lines),
+    None when none of them read its losses from a line."""
+    found = [i.loss_decimals for i in incs if i is not None and i.loss_decimals is not None]
+    return min(found, default=None)
 
 
 def _candidates(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) -> list[Inc]:
@@ -238,6 +250,7 @@ def judge(
     spec: ReplaySpec,
     *,
     resumed_from: int | None = None,
+    printed: int | None = None,
 ) -> tuple[Check | None, ReplayFigures | None]:
     """Compare the steps both runs reported; the check (None with ``report``) and the
     figures (None when neither run reported a loss or data and nothing is judged).
@@ -245,6 +258,7 @@ def judge(
     Only steps past ``resumed_from`` are replayed steps: a line of the replacement at or
     below the step it resumed from is the state it loaded, or a step it should not have
     redone (which the resume checks judge), never a replay of the killed run's.
+    ``printed``: the losses were read from lines printed with that many decimals.
     """
     old = {step: _lines(v) for step, v in killed.items()}
     new = {step: _lines(v) for step, v in replacement.items()}
@@ -267,6 +281,7 @@ def judge(
             spec.mode, 0, None, 0, None, None, None, (), resumed_from, killed_at, skipped, per_step
         )
     figures = _figures(old, new, spec, common, (resumed_from, killed_at, skipped, per_step))
+    figures = replace(figures, printed_decimals=printed)
     if not spec.judges:
         return None, figures
     return _check(spec, figures), figures
@@ -352,12 +367,19 @@ def _check(spec: ReplaySpec, figures: ReplayFigures) -> Check:
         return _diverged(spec, figures)
     if not figures.finite_losses:
         return _unproven(spec, figures)
+    decimals = figures.printed_decimals
     how = (
         "bit for bit"
         if spec.mode == "exact"
         else f"within the tolerance ({figures.divergent_steps} outside it, "
         f"{spec.max_divergent_steps} allowed)"
     )
+    if decimals is not None and spec.mode == "exact":
+        how = (
+            f"equal to the {decimals} printed decimal{'s' if decimals != 1 else ''} (the "
+            "losses were read from the job's lines: a difference below that precision "
+            "cannot be seen)"
+        )
     return Check(
         CHECK,
         True,
@@ -507,7 +529,8 @@ def judge_kill(
     def one(inc: Inc, start: int | None) -> tuple[Check | None, ReplayFigures | None]:
         old = reference(ledger, kill_index, kill_time, inc)
         killed = points_of(old) if old is not None else {}
-        return judge(killed, points_of(inc), spec, resumed_from=start)
+        printed = printed_decimals(old, inc)
+        return judge(killed, points_of(inc), spec, resumed_from=start, printed=printed)
 
     check, figures = one(judged, resumed_from)
     if spec.judges and (check is None or check.passed is not False):
