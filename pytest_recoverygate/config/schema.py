@@ -74,6 +74,7 @@ from pytest_recoverygate.durations import (
     format_duration,
     parse_duration,
 )
+from pytest_recoverygate.engine.advice import PATTERNS
 from pytest_recoverygate.engine.model import NODE_FAULTS
 from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec, ReplaySpec
 from pytest_recoverygate.errors import UsageError
@@ -723,6 +724,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         rejoin_from=expect.rejoin_from or "peer",
         replay=replay_of(expect.replay),
         replay_steps=expect.replay_steps,
+        evidence=(config.evidence.preset or PATTERNS) if config.evidence is not None else None,
     )
 
 

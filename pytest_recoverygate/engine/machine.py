@@ -48,6 +48,7 @@ import math
 from typing import Any
 
 from pytest_recoverygate.engine import model
+from pytest_recoverygate.engine.advice import steps_fix
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
 from pytest_recoverygate.engine.ledger import Inc
 from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
@@ -653,11 +654,7 @@ class DrillEngine(DrillState):
                 # Nothing with a step was ever printed: no run is too short for that.
                 fix = (
                     ": it printed no progress or checkpoint line with a step, so the drill "
-                    "had nothing to trigger on. Call the reporter with a step "
-                    "(reporter.progress(step), reporter.checkpoint_completed(step)); with "
-                    "recoverygate.integrations.ray, pass report(metrics, step=N) or put "
-                    "'step' in the metrics (its workers warn 'report() without a step' "
-                    "on stderr when they do not)"
+                    f"had nothing to trigger on. {steps_fix(self.spec.evidence)}"
                 )
             waited = self._replay_wait_note()
             armed = self._armed
