@@ -25,6 +25,7 @@ __all__ = [
     "HTML_FILE",
     "OUTPUT_LINE_LIMIT",
     "OUTPUT_TAIL_LINES",
+    "plain_value",
     "render_report",
     "svg_for_inline",
 ]
@@ -83,6 +84,31 @@ def _e(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return html.escape(str(value), quote=True)
+
+
+#: How deep :func:`plain_value` spells out nested mappings and lists (a report is input).
+_PLAIN_DEPTH = 4
+
+
+def plain_value(value: Any, depth: int = 0) -> str:
+    """A check's expected or observed value as words, not Python's repr: a mapping as
+    ``key value, key value`` (nested ones in parentheses), a list comma-separated, a
+    number as the report holds it (every digit), None as a dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if depth >= _PLAIN_DEPTH and isinstance(value, Mapping | list | tuple):
+        return "…"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k} {plain_value(v, depth + 1)}" for k, v in value.items())
+        return f"({inner})" if depth else inner
+    if isinstance(value, list | tuple):
+        inner = ", ".join(plain_value(v, depth + 1) for v in value)
+        return f"[{inner}]" if depth else inner
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
 
 def _seconds(value: Any) -> str:
@@ -231,8 +257,8 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> str:
         [
             f"<code>{_e(c.get('name'))}</code>",
             _check_status(c),
-            _e(c.get("expected")),
-            _e(c.get("observed")),
+            _e(plain_value(c.get("expected"))),
+            _e(plain_value(c.get("observed"))),
             _e(c.get("message")),
         ]
         for c in checks
@@ -266,8 +292,8 @@ def _replay(doc: Mapping[str, Any]) -> list[str]:
         rows = [
             [
                 _e(row.get("step")),
-                _e(row.get("killed")),
-                _e(row.get("replacement")),
+                _e(plain_value(row.get("killed"))),  # every digit: they decide
+                _e(plain_value(row.get("replacement"))),
                 _e(row.get("killedData", "")),
                 _e(row.get("replacementData", "")),
                 _replay_mark(row, first, replay.get("mode")),
@@ -277,8 +303,8 @@ def _replay(doc: Mapping[str, Any]) -> list[str]:
         out.append(
             f"<p>recovery {_e(recovery.get('index'))}: {_e(replay.get('mode'))}, "
             f"{_e(replay.get('stepsCompared'))} steps compared, first divergent step "
-            f"{_e(first)}, max abs diff {_e(replay.get('maxAbsDiff'))}, max rel diff "
-            f"{_e(replay.get('maxRelDiff'))}</p>"
+            f"{_e(first)}, max abs diff {_e(plain_value(replay.get('maxAbsDiff')))}, max rel "
+            f"diff {_e(plain_value(replay.get('maxRelDiff')))}</p>"
         )
         out.append(
             _table(
