@@ -178,7 +178,7 @@ def _fault_types_allowed() -> str:
 def _fault_type(value: Any) -> Any:
     if isinstance(value, str) and value in fault_types():
         return value
-    raise refuse("is not one of the allowed values", _fault_types_allowed())
+    raise refuse("is not one of the allowed values", _fault_types_allowed(), choices=fault_types())
 
 
 DELAY_ALLOWED = (
@@ -213,7 +213,11 @@ def _delay(value: Any, info: ValidationInfo) -> Any:
     try:
         seconds = parse_duration(text)
     except DurationSyntaxError as exc:
-        raise refuse(f"is not a valid delay ({exc})", DELAY_ALLOWED) from None
+        raise refuse(
+            f"is not a valid delay ({exc})",
+            DELAY_ALLOWED,
+            choices=("beforeNextCheckpoint", "spread"),
+        ) from None
     if seconds > MAX_DURATION:
         raise refuse("is out of range", DELAY_ALLOWED)
     return format_duration(seconds)
@@ -224,7 +228,11 @@ def _count(value: Any) -> Any:
     if isinstance(value, str) and value.strip() == "untilBudgetExhausted":
         return "untilBudgetExhausted"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise refuse("must be a number of kills or untilBudgetExhausted", allowed)
+        raise refuse(
+            "must be a number of kills or untilBudgetExhausted",
+            allowed,
+            choices=("untilBudgetExhausted",),
+        )
     if not 1 <= value <= MAX_KILLS:
         raise refuse(f"must be from 1 to {MAX_KILLS}", allowed)
     return value

@@ -74,7 +74,7 @@ def _one_of(*values: str) -> BeforeValidator:
     def check(value: Any) -> Any:
         if value is None or (isinstance(value, str) and value in values):
             return value
-        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
+        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}", choices=values)
 
     return BeforeValidator(check)
 
@@ -116,7 +116,12 @@ def _replay_value(value: Any) -> Any:
     if isinstance(value, str) and value in ("report", "exact"):
         return value
     hint = "e.g. replay: exact, or replay: {rtol: 1e-3}"
-    raise refuse("must be report, exact or a tolerance mapping", _REPLAY_ALLOWED, hint)
+    raise refuse(
+        "must be report, exact or a tolerance mapping",
+        _REPLAY_ALLOWED,
+        hint,
+        choices=("report", "exact"),
+    )
 
 
 #: The union tags of ``replay`` (not keys: the loader drops them from error locations).
