@@ -111,9 +111,10 @@ def steps_fix(evidence: str | None) -> str:
         else "the lines your evidence.patterns match"
     )
     return (
-        f"The drill reads the steps from {what}: check that the job prints them to the "
-        "stdout or stderr of a Python process with the reporter installed "
-        "(docs/evidence.md says what the hook cannot see)"
+        f"The drill reads the steps from {what}: check that the job prints them through "
+        "sys.stdout or sys.stderr of a Python process with the reporter installed (the "
+        "start-up hook does not see a logging.FileHandler, nor bytes written past "
+        "sys.stdout)"
     )
 
 
