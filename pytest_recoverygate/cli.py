@@ -157,10 +157,12 @@ def _compare_parser(sub: Commands) -> None:
         "compare",
         help="compare a drill's figures with a baseline report",
         description="Figure by figure (recovery time and each phase, lost steps, lost "
-        "work, save stall, step time): base, new, change. With --max-regression, exit 1 "
-        f"when a figure got worse than its allowance ({docs_link('reports.md')}).",
-        epilog="exit codes: 0 no regression beyond an allowance, 1 a figure regressed, "
-        "2 bad input (a missing file, no drill report, an unknown figure or allowance)",
+        "work, save stall, step time): base, new, change. Exit 1 when the verdict "
+        "regressed (base PASS, new FAIL or ERROR) and, with --max-regression, when a figure "
+        f"got worse than its allowance ({docs_link('reports.md')}).",
+        epilog="exit codes: 0 no regression, 1 the verdict regressed or a figure regressed "
+        "beyond its allowance, 2 bad input (a missing file, no drill report, an unknown "
+        "figure or allowance)",
     )
     compare.add_argument("base", type=Path, help="the baseline: a report.json or report folder")
     compare.add_argument("new", type=Path, help="the new run: a report.json or report folder")
@@ -212,7 +214,8 @@ def _explain_parser(sub: Commands) -> None:
 
 
 def compare_command(args: argparse.Namespace, name: str) -> int:
-    """``recoverygate compare BASE NEW``: the table; 1 when a figure regressed."""
+    """``recoverygate compare BASE NEW``: the table; 1 when the verdict or a figure
+    regressed."""
     from pytest_recoverygate.errors import BaselineError
     from pytest_recoverygate.report import compare as baseline
 
@@ -233,7 +236,8 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
         print(f"{name} compare: warning: {warning}", file=sys.stderr)
     print(f"base: {args.base}\nnew:  {args.new}")
     print(baseline.format_table(comparison, markdown=args.markdown))
-    return EXIT_CODES[Verdict.FAIL] if comparison.regressed else EXIT_PASS
+    regressed = comparison.regressed or comparison.verdict_regressed
+    return EXIT_CODES[Verdict.FAIL] if regressed else EXIT_PASS
 
 
 def sweep_command(args: argparse.Namespace, name: str) -> int:

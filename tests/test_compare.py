@@ -1,7 +1,8 @@
 """``recoverygate compare BASE NEW``: a drill's figures against a baseline report.
 
 We test these aspects: the table (every figure of the reports: base, new, change), the
-exit codes (0 without or within the allowances, 1 beyond one, 2 on bad input with a
+exit codes (0 without or within the allowances, 1 beyond one or on a verdict that went
+from PASS to FAIL or ERROR, allowances or not, 2 on bad input with a
 message naming it and no traceback), relative, absolute and phase allowances, the
 warning (or refusal with ``--strict``) for different drills, and that a figure a newer
 report carries slots in without a change to the table of known figures.
@@ -215,3 +216,21 @@ def test_a_relative_allowance_on_a_zero_base_allows_nothing(reports: dict[str, P
     assert [r.figure for r in comparison.regressed] == ["lostSteps"]
     with pytest.raises(BaselineError, match="'-1%'"):
         parse_allowances("lostSteps=-1%", "test")
+
+
+def test_a_pass_that_became_a_fail_exits_1_without_any_allowance(
+    reports: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """issue 41: PASS -> FAIL exited 0 unless --max-regression was given."""
+    for verdict in ("FAIL", "ERROR"):
+        failed = doc(reports["fast"]) | {"verdict": verdict, "summary": "resumed from step 0"}
+        path = tmp_path / f"{verdict}.json"
+        path.write_text(json.dumps(failed))
+        assert main(["compare", str(reports["fast"]), str(path)]) == 1, verdict
+        out = capsys.readouterr().out
+        assert f"the verdict regressed (PASS to {verdict}): exit 1" in out
+        assert main(["compare", str(reports["fast"]), str(path), "--markdown"]) == 1
+        assert "the verdict regressed" in capsys.readouterr().out
+    # the other way round is no regression; neither is PASS to PASS
+    assert main(["compare", str(path), str(reports["fast"])]) == 0
+    assert main(["compare", str(reports["fast"]), str(reports["slow"])]) == 0

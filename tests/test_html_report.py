@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from pytest_recoverygate.cli import main
-from pytest_recoverygate.report.html import OUTPUT_LINE_LIMIT, svg_for_inline
+from pytest_recoverygate.report.files import markdown_summary
+from pytest_recoverygate.report.html import OUTPUT_LINE_LIMIT, render_report, svg_for_inline
 from tests.trend_reports import run_fake_drill
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,3 +247,54 @@ def test_the_github_step_summary_links_the_page(
     assert "[Open the HTML report](https://ci.example.com/drills/night-1/report.html)" in (
         summary.read_text()
     )
+
+
+# ---------------------------------------------------------------------------- issue 41
+
+
+def test_the_replay_table_shows_every_digit_of_a_loss() -> None:
+    """It rounded to 3 decimals: 2.345612 and 2.345648 both read 2.346."""
+    replay = {
+        "mode": "exact",
+        "stepsCompared": 1,
+        "firstDivergentStep": 21,
+        "maxAbsDiff": 3.6e-05,
+        "maxRelDiff": 1.5347e-05,
+        "steps": [{"step": 21, "killed": 2.345612, "replacement": 2.345648, "matches": False}],
+    }
+    page = render_report({"verdict": "FAIL", "recoveries": [{"index": 1, "replay": replay}]})
+    table = page.split("<h2>Replay</h2>")[1]
+    assert "2.345612" in table and "2.345648" in table
+    assert "2.346" not in table
+    assert "3.6e-05" in table
+
+
+def test_the_checks_table_and_the_summary_show_no_python_dicts(tmp_path: Path) -> None:
+    check = {
+        "name": "replay_matches",
+        "passed": False,
+        "checked": True,
+        "expected": "every replayed step's loss equal to the killed run's",
+        "observed": {"stepsCompared": 5, "firstDivergentStep": 21, "maxAbsDiff": 3.6e-05},
+        "message": "replay diverged at step 21",
+        "reason": "REPLAY_DIVERGED",
+    }
+    doc = {"verdict": "FAIL", "summary": "replay diverged", "checks": [check]}
+    page = render_report(doc)
+    checks = page.split("<h2>Checks</h2>")[1].split("<h2>")[0]
+    assert "{" not in checks and "&#x27;stepsCompared" not in checks
+    assert "stepsCompared 5, firstDivergentStep 21, maxAbsDiff 3.6e-05" in checks
+    summary = markdown_summary(doc)
+    assert "{" not in summary
+    assert "observed stepsCompared 5, firstDivergentStep 21, maxAbsDiff 3.6e-05" in summary
+
+
+def test_a_number_in_the_summary_table_carries_no_markdown_escape() -> None:
+    """It showed ``\\14.678``: an ordered-list escape put before a digit, which markdown
+    cannot escape, so the backslash was shown."""
+    summary = markdown_summary(
+        {"verdict": "PASS", "summary": "14. resumed", "recoveryTimeSeconds": 14.678}
+    )
+    assert "| recoveryTimeSeconds | 14.678 |" in summary
+    assert "\\1" not in summary
+    assert "\n14\\. resumed\n" in summary  # a line that would start a list: the dot escaped

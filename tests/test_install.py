@@ -9,7 +9,9 @@ and never shows as a bare ``ModuleNotFoundError``; the two distributions
 ``pytest_recoverygate`` and depends on the reporter at the same, single-sourced version)
 share no file, install into a fresh environment in either order, import, and uninstall
 without leaving anything behind; and, end to end (``e2e``), a fresh virtualenv with the
-built wheels runs a Kubernetes drill against the fake API server.
+built wheels runs a Kubernetes drill against the fake API server. The README's "Try it"
+says what ``scripts/demo`` does: how many drills it runs (and how many more as root), and
+what its setup installs as root.
 """
 
 from __future__ import annotations
@@ -330,3 +332,27 @@ def test_a_fresh_venv_with_the_built_wheels_runs_a_kubernetes_drill(
     assert "No module named" not in output, output
     assert proc.returncode == 0, output
     assert json.loads(report.read_text())["verdict"] == "DRY-RUN"
+
+
+def _try_it() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return readme.split("## Try it", 1)[1].split("\n## ", 1)[0]
+
+
+def test_try_it_says_how_many_drills_the_demo_runs_and_what_it_installs_as_root() -> None:
+    """issue 41: it said two drills; as root the demo runs four and installs Chromium."""
+    demo = (ROOT / "scripts" / "demo").read_text(encoding="utf-8")
+    setup = (ROOT / "scripts" / "setup").read_text(encoding="utf-8")
+    drills = re.findall(r"^\s*recoverygate run -f (\S+)", demo, flags=re.M)
+    as_root = demo.split('if [ "$(id -u)" -eq 0 ]; then', 1)[1].split("else", 1)[0]
+    root_only = re.findall(r"recoverygate run -f (\S+)", as_root)
+    always = len(drills) - len(root_only)
+    assert (always, len(root_only)) == (2, 2), drills
+    text = " ".join(_try_it().split())
+    assert "**Two real drills**" in text
+    assert "**As root, two more**" in text
+    for example in root_only:
+        assert Path(example).name in text, example
+    assert "apt-get install" in setup and "chromium" in setup
+    assert "As root** on a machine with `apt-get` and no `chromium`" in text
+    assert "several GB" in text

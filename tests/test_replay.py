@@ -18,6 +18,7 @@ We test these aspects:
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable
@@ -26,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recoverygate import reporter
+from recoverygate.evidence import Matcher, Spec, _Emitter
+from recoverygate.wire import parse_text, printed_decimals
 
 from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.engine.machine import DrillEngine, Finish, KillTarget
@@ -37,13 +41,15 @@ from pytest_recoverygate.engine.model import (
     TrainingEvent,
 )
 from pytest_recoverygate.engine.rules.replay import WHAT_TO_CHECK, judge
-from pytest_recoverygate.engine.spec import ReplaySpec
+from pytest_recoverygate.engine.spec import ReplaySpec, Sustain
 from pytest_recoverygate.engine.verdict import Check, DrillResult, FailureReason, Verdict
 from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.base import SimulatedClock
+from pytest_recoverygate.report.html import render_report
 from pytest_recoverygate.report.terminal import replay_lines
 from pytest_recoverygate.report.timeline import build_figure
 from pytest_recoverygate.runner import RunOptions, run_drill
+from pytest_recoverygate.shared.events import to_training_event
 from tests.test_engine_patterns import T0, C, L, P, S, drive, engine_for, ev, result_of
 
 EXACT = ReplaySpec("exact")
@@ -584,3 +590,143 @@ def test_a_replay_steps_step_that_never_comes_is_named() -> None:
     summary = at_once.result.summary
     assert "before the drill could kill anything" in summary
     assert "waits for step 25" in summary and "lower expectations.replaySteps" in summary
+
+
+# ---------------------------------------------------------------------------- issue 41
+
+
+def finish_step(engine: DrillEngine, events: list[TrainingEvent]) -> tuple[int | None, Finish]:
+    """Feed ``events`` until the engine finishes: the step of the line that ended it."""
+    for event in events:
+        for action in engine.on_training_event(event):
+            if isinstance(action, Finish):
+                return event.step, action
+    [action] = [a for a in engine.tick(T0 + 10_000.0) if isinstance(a, Finish)]
+    return None, action
+
+
+def test_a_divergence_after_the_first_replayed_step_ends_the_drill_once_that_step_is_done() -> None:
+    """docs/replay.md: decided when proven. Step 21 matches, step 23 diverges: the drill
+    ends once step 23's lines are all in (at step 24's line), not after the sustain
+    window (it held 20 more lines: step 41)."""
+    engine = engine_for(replay=EXACT, sustain=Sustain(lines=20, seconds=0.0))
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    new = job(
+        "new", 5.0, list(range(21, 60)), lambda s: good(s) + (0.5 if s >= 23 else 0.0), loaded=20
+    )
+    step, finish = finish_step(engine, new)
+    assert step == 24, finish.result.summary
+    assert finish.result.verdict is Verdict.FAIL
+    assert "replay diverged at step 23" in finish.result.summary
+
+
+def test_a_tolerance_ends_the_drill_at_the_first_step_beyond_the_allowance() -> None:
+    spec = ReplaySpec("tolerance", rtol=1e-9, max_divergent_steps=1)
+    engine = engine_for(replay=spec, sustain=Sustain(lines=20, seconds=0.0))
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    spikes = {22: 0.5, 25: 0.5}
+    new = job("new", 5.0, list(range(21, 60)), lambda s: good(s) + spikes.get(s, 0.0), loaded=20)
+    step, finish = finish_step(engine, new)
+    assert step == 26, finish.result.summary
+    assert finish.result.verdict is Verdict.FAIL
+    assert "replay diverged at step 25" in finish.result.summary
+
+
+def test_within_the_tolerance_only_the_rows_outside_it_are_marked() -> None:
+    """Every compared row was marked "<- differs" under a tolerance (issue 41)."""
+    spec = ReplaySpec("tolerance", rtol=1e-6, max_divergent_steps=1)
+    engine = engine_for(replay=spec)
+    kill_when_asked(engine, job("old", 0.0, list(range(1, 31)), good))
+    noisy = {s: good(s) * (1 + 1e-9) for s in range(21, 60)}
+    noisy[24] = good(24) + 0.5  # the one outside it (allowed)
+    result = result_of(engine, job("new", 5.0, list(range(21, 60)), noisy.__getitem__, loaded=20))
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.replay is not None
+    assert [row["matches"] for row in result.replay["steps"]] == [
+        row["step"] != 24 for row in result.replay["steps"]
+    ]
+    marked = [line for line in replay_lines(result) if "differs" in line]
+    assert len(marked) == 1 and marked[0].split()[0] == "24", marked
+    assert "outside the tolerance" in marked[0]
+    page = render_report({"verdict": "PASS", "recoveries": [{"index": 1, "replay": result.replay}]})
+    table = page.split("<h2>Replay</h2>")[1]
+    assert table.count("outside the tolerance") == 1
+    assert "differs" not in table
+
+
+# ---------------------------------------------------------------------------- printed losses
+# issue 41: a loss read from a job's line carries the precision it was printed with
+
+
+def printed_run(inc: str, lines: list[str], start: float) -> list[TrainingEvent]:
+    """``lines`` through the evidence hook's matcher and the reporter, as a job's process
+    turns them into RECOVERYGATE/v1 lines, read back as the drill reads them."""
+    out = io.StringIO()
+    clock = [T0 + start]
+    reporter.configure(stream=out, clock=lambda: clock[0], replay_window=1000)
+    try:
+        emitter = _Emitter(Matcher(Spec(PRINTED)))
+        for line in lines:
+            clock[0] += 0.1
+            emitter.line(line)
+    finally:
+        reporter.configure()
+    records, malformed = parse_text(out.getvalue())
+    assert malformed == 0
+    return [replace(to_training_event(r, None), incarnation=inc, rank=0) for r in records]
+
+
+PRINTED: dict[str, Any] = {
+    "patterns": {
+        "progress": r"^step (?P<step>\d+) loss (?P<loss>[0-9.]+)",
+        "checkpointCompleted": r"^saved step (?P<step>\d+)",
+    }
+}
+
+
+def printed_lines(first: int, last: int, loss: Callable[[int], float]) -> list[str]:
+    """A job that prints its loss with 4 decimals (``f"{loss:.4f}"``) and saves every 10."""
+    out = []
+    for step in range(first, last + 1):
+        out.append(f"step {step} loss {loss(step):.4f}")
+        if step % 10 == 0:
+            out.append(f"saved step {step}")
+    return out
+
+
+def test_a_printed_loss_carries_its_decimals_to_the_drill() -> None:
+    (event,) = [e for e in printed_run("a", ["step 1 loss 2.3456"], 0.0) if e.kind is P]
+    assert (event.step, event.loss, event.loss_decimals) == (1, 2.3456, 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "decimals"),
+    [("2.3456", 4), ("6.543210E+00", 6), ("3", 0), ("+1.50", 2), ("1e-3", 0), ("nan", None)],
+)
+def test_the_decimals_a_number_was_printed_with(text: str, decimals: int | None) -> None:
+    assert printed_decimals(text) == decimals
+
+
+def test_exact_on_printed_losses_says_equal_to_the_printed_decimals_not_bit_for_bit() -> None:
+    """The killed run's loss 2.345612 and the replacement's 2.345648 both print 2.3456:
+    it PASSed "bit for bit" (issue 41). Equal to the 4 printed decimals is what it shows."""
+    engine = engine_for(replay=EXACT)
+    killed = printed_run("old", printed_lines(1, 30, lambda s: 2.345612 + s), 0.0)
+    kill_when_asked(engine, killed)
+    replacement = printed_lines(21, 40, lambda s: 2.345648 + s)
+    result = result_of(engine, printed_run("new", replacement, 10.0))
+    check = check_of(result)
+    assert check.passed is True, check.message
+    assert "bit for bit" not in check.message
+    assert "equal to the 4 printed decimals" in check.message
+    assert "a difference below that precision cannot be seen" in check.message
+    assert result.replay is not None and result.replay["lossDecimals"] == 4
+
+
+def test_a_difference_the_printed_decimals_show_still_diverges() -> None:
+    engine = engine_for(replay=EXACT)
+    kill_when_asked(engine, printed_run("old", printed_lines(1, 30, lambda s: 2.3456 + s), 0.0))
+    replacement = printed_lines(21, 40, lambda s: 2.3457 + s)
+    check = check_of(result_of(engine, printed_run("new", replacement, 10.0)))
+    assert check.passed is False
+    assert "replay diverged at step 21: the killed run's loss was 23.3456" in check.message

@@ -107,6 +107,13 @@ def test_each_rule_fails_only_with_the_reasons_its_row_declares(rule: Rule) -> N
     assert declared - {"INCONCLUSIVE"} <= found, "a declared reason the rule never gives"
 
 
+@pytest.mark.parametrize("rule", TABLE, ids=lambda rule: rule.name)
+def test_no_rule_fails_a_check_as_inconclusive(rule: Rule) -> None:
+    # A check is failed with a failure reason, or undecided: never both (issue 41,
+    # target_killed returned a failed check with reason INCONCLUSIVE).
+    assert "INCONCLUSIVE" not in {reason.name for reason in rule.fails}
+
+
 def _report_of(example: str, tmp_path: Path) -> dict[str, object]:
     config = load_config(ROOT / "examples" / "fake" / example)
     clock = SimulatedClock()
@@ -164,6 +171,25 @@ def test_explain_names_each_check_s_rule_and_its_condition(
     assert "  rule resume_step (resume.resume_step)" in out
     assert "The replacement resumed from the expected step" in out
     assert "  rule new_incarnation (comeback.new_incarnation)" in out
+
+
+def test_explain_calls_a_check_that_verified_nothing_not_checked_as_the_terminal_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 41: it said "all_ranks_resumed: passed — not checked: …"; the terminal marks
+    # it "--", the page "not checked", and the rule says it neither passes nor fails.
+    doc = _report_of("recovery-test.yaml", tmp_path)
+    check = next(c for c in doc["checks"] if c["name"] == "all_ranks_resumed")  # type: ignore[attr-defined]
+    assert check["status"] == "unchecked"
+    assert main(["explain", str(tmp_path / "report.json")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("all_ranks_resumed:"))
+    assert line.startswith(
+        "all_ranks_resumed: not checked (it verified nothing: it neither passes nor fails "
+        "the drill) — rank(s) 1 reported no checkpoint_loaded"
+    )
+    assert "passed" not in line
+    assert "  rule all_ranks_resumed (ranks.all_ranks_resumed)" in out
 
 
 def test_explain_finds_the_rules_of_a_report_that_names_none(

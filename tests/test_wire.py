@@ -447,9 +447,12 @@ def records_strategy(draw: st.DrawFn) -> Record:
         peer = draw(st.none() | st.integers(0, 1000))
     loss: float | None = None
     data: str | None = None
+    decimals: int | None = None
     if event == "progress":  # NaN aside (never equal to itself), every float round-trips
         loss = draw(st.none() | st.floats(allow_nan=False))
         data = draw(st.none() | st.text(min_size=1, max_size=wire.MAX_DATA_CHARS))
+        if loss is not None:
+            decimals = draw(st.none() | st.integers(0, wire.MAX_LOSS_DECIMALS))
     error: str | None = None
     if event == "checkpoint_failed":
         error = draw(st.none() | st.text(max_size=wire.MAX_ERROR_CHARS))
@@ -465,6 +468,7 @@ def records_strategy(draw: st.DrawFn) -> Record:
         peer=peer,
         loss=loss,
         data=data,
+        loss_decimals=decimals,
         error=error,
     )
 
@@ -491,6 +495,7 @@ start_strategy = st.builds(
     peer=st.none(),
     loss=st.none(),
     data=st.none(),
+    loss_decimals=st.none(),
     error=st.none(),
 )
 
@@ -600,6 +605,21 @@ def test_loss_and_data_on_another_event_are_unknown_fields_ignored() -> None:
         assert record.data is None
     with pytest.raises(ValueError, match="loss"):
         format_step("checkpoint_completed", 1.0, INC, 1, loss=0.5)
+
+
+@pytest.mark.parametrize("line_end", ["}", ',"x":1}'])  # the shortcut, and the JSON path
+def test_a_loss_read_from_a_printed_line_carries_its_decimals(line_end: str) -> None:
+    line = format_step("progress", 1.0, INC, 41, rank=0, loss=2.3456, loss_decimals=4)
+    assert line.endswith('"loss":2.3456,"loss_decimals":4}\n')
+    record = only(line.replace("}\n", line_end))
+    assert (record.loss, record.loss_decimals) == (2.3456, 4)
+    for bad in ('"loss_decimals":25', '"loss_decimals":-1', '"loss_decimals":"4"'):
+        body = f'{{"event":"progress","time":1,"inc":"ab","step":3,"loss":1.5,{bad}{line_end}'
+        assert parse_text(f"{SENTINEL} {body}") == ([], 1), bad
+    alone = f'{{"event":"progress","time":1,"inc":"ab","step":3,"loss_decimals":4{line_end}'
+    assert parse_text(f"{SENTINEL} {alone}") == ([], 1)  # decimals of no loss
+    with pytest.raises(ValueError, match="loss_decimals"):
+        format_step("progress", 1.0, INC, 1, loss=0.5, loss_decimals=25)
 
 
 @pytest.mark.parametrize(

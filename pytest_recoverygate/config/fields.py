@@ -96,11 +96,16 @@ def refuse(
     hint: str = "",
     key: tuple[str, ...] = (),
     got: str | None = None,
+    *,
+    choices: Sequence[str] = (),
 ) -> PydanticCustomError:
-    """An error in our own words; ``key`` extends the error's location (model checks)."""
+    """An error in our own words; ``key`` extends the error's location (model checks);
+    ``choices``: the words the value may be, so a misspelt one gets "did you mean …?"."""
     ctx: dict[str, Any] = {"problem": problem, "allowed": allowed, "hint": hint, "key": key}
     if got is not None:
         ctx["got"] = got
+    if choices:
+        ctx["choices"] = tuple(choices)
     return PydanticCustomError("recoverygate", "{problem}", ctx)
 
 
@@ -311,7 +316,7 @@ def step_ref(literal: str) -> BeforeValidator:
             try:
                 return parse_step_ref(value)
             except StepRefSyntaxError:
-                raise refuse("is not a step reference", allowed) from None
+                raise refuse("is not a step reference", allowed, choices=(literal,)) from None
         if isinstance(value, int) and not isinstance(value, bool):
             if _from_yaml(info):
                 raise refuse("a step reference is written step-N", allowed, f"write step-{value}")

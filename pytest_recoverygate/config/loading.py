@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -42,7 +43,7 @@ from pytest_recoverygate.config.schema import (
     fault_types,
     spec_from_config,
 )
-from pytest_recoverygate.config.sections import REPLAY_TAGS
+from pytest_recoverygate.config.sections import PATTERN_TAGS, REPLAY_TAGS
 from pytest_recoverygate.config.yamlfile import (
     INVALID,
     MAX_CONFIG_BYTES,
@@ -182,6 +183,14 @@ def _did_you_mean(key: str, candidates: list[str]) -> str:
     return ""
 
 
+def _misspelt(value: Any, choices: Sequence[str]) -> str:
+    """ "did you mean …?" for a text value close to one of ``choices`` (a value misspelt as
+    keys are: case, ``_`` and ``-`` aside, or a letter or two off), else ""."""
+    if not isinstance(value, str) or not choices or len(value) > 200:
+        return ""
+    return _did_you_mean(value.strip(), list(choices))
+
+
 def _elsewhere(key: str) -> str:
     """Name the backends where an unknown workload key would be valid."""
     owners = [
@@ -201,11 +210,13 @@ def _is_env_value(path: tuple[Any, ...]) -> bool:
 
 
 def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``loc`` without the union tags of ``expectations.replay`` (they are no keys)."""
+    """``loc`` without the union tags of ``expectations.replay`` and of an
+    ``evidence.patterns`` value (they are no keys)."""
     return tuple(
         key
         for i, key in enumerate(loc)
         if not (i > 0 and loc[i - 1] == "replay" and key in REPLAY_TAGS)
+        and not (i > 1 and loc[i - 2] == "patterns" and key in PATTERN_TAGS)
     )
 
 
@@ -275,8 +286,11 @@ def _translate(
         hint = str(ctx.get("hint") or hint)
         if "got" in ctx:
             got = str(ctx["got"])
+        hint = _misspelt(error.get("input"), ctx.get("choices") or ()) or hint
     elif kind in ("literal_error",):
         allowed = allowed or str(ctx.get("expected", ""))
+        words = re.findall(r"'([^'\n]{1,64})'", str(ctx.get("expected", "")))
+        hint = _misspelt(error.get("input"), words) or hint
     elif kind == "string_type" and spot is not None and not quoted:
         key = path[-1] if path else "key"
         if is_text_slot(path):

@@ -80,6 +80,7 @@ from pytest_recoverygate.durations import (
     format_duration,
     parse_duration,
 )
+from pytest_recoverygate.engine.advice import PATTERNS
 from pytest_recoverygate.engine.model import NODE_FAULTS
 from pytest_recoverygate.engine.spec import FAULTS, MAX_KILLS, Delay, DrillSpec, ReplaySpec
 from pytest_recoverygate.errors import UsageError
@@ -191,7 +192,7 @@ def _fault_types_allowed() -> str:
 def _fault_type(value: Any) -> Any:
     if isinstance(value, str) and value in fault_types():
         return value
-    raise refuse("is not one of the allowed values", _fault_types_allowed())
+    raise refuse("is not one of the allowed values", _fault_types_allowed(), choices=fault_types())
 
 
 DELAY_ALLOWED = (
@@ -226,7 +227,11 @@ def _delay(value: Any, info: ValidationInfo) -> Any:
     try:
         seconds = parse_duration(text)
     except DurationSyntaxError as exc:
-        raise refuse(f"is not a valid delay ({exc})", DELAY_ALLOWED) from None
+        raise refuse(
+            f"is not a valid delay ({exc})",
+            DELAY_ALLOWED,
+            choices=("beforeNextCheckpoint", "spread"),
+        ) from None
     if seconds > MAX_DURATION:
         raise refuse("is out of range", DELAY_ALLOWED)
     return format_duration(seconds)
@@ -237,7 +242,11 @@ def _count(value: Any) -> Any:
     if isinstance(value, str) and value.strip() == "untilBudgetExhausted":
         return "untilBudgetExhausted"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise refuse("must be a number of kills or untilBudgetExhausted", allowed)
+        raise refuse(
+            "must be a number of kills or untilBudgetExhausted",
+            allowed,
+            choices=("untilBudgetExhausted",),
+        )
     if not 1 <= value <= MAX_KILLS:
         raise refuse(f"must be from 1 to {MAX_KILLS}", allowed)
     return value
@@ -778,6 +787,7 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         rejoin_from=expect.rejoin_from or "peer",
         replay=replay_of(expect.replay),
         replay_steps=expect.replay_steps,
+        evidence=(config.evidence.preset or PATTERNS) if config.evidence is not None else None,
         storage=storage_spec_of(failure),
     )
 

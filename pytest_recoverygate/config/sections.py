@@ -31,8 +31,10 @@ from pytest_recoverygate.config.fields import (
 from pytest_recoverygate.engine.spec import MAX_KILLS
 
 __all__ = [
+    "PATTERN_TAGS",
     "REPLAY_TAGS",
     "Evidence",
+    "EvidencePattern",
     "EvidencePatterns",
     "Expectations",
     "Projection",
@@ -72,7 +74,7 @@ def _one_of(*values: str) -> BeforeValidator:
     def check(value: Any) -> Any:
         if value is None or (isinstance(value, str) and value in values):
             return value
-        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}")
+        raise refuse(f"must be {allowed}", allowed, f"e.g. {values[0]}", choices=values)
 
     return BeforeValidator(check)
 
@@ -114,7 +116,12 @@ def _replay_value(value: Any) -> Any:
     if isinstance(value, str) and value in ("report", "exact"):
         return value
     hint = "e.g. replay: exact, or replay: {rtol: 1e-3}"
-    raise refuse("must be report, exact or a tolerance mapping", _REPLAY_ALLOWED, hint)
+    raise refuse(
+        "must be report, exact or a tolerance mapping",
+        _REPLAY_ALLOWED,
+        hint,
+        choices=("report", "exact"),
+    )
 
 
 #: The union tags of ``replay`` (not keys: the loader drops them from error locations).
@@ -307,18 +314,24 @@ class Timeouts(Section):
 
 def _evidence_pattern(kind: str) -> BeforeValidator:
     """One ``evidence.patterns`` key: a regex that compiles, has its groups and cannot
-    backtrack without bound (checked by the same code the job's processes run)."""
+    backtrack without bound (checked by the same code the job's processes run), or a
+    mapping ``{regex, stepBase}`` (a regex checked the same way)."""
 
     def check(value: Any) -> Any:
         if value is None:
             return value
-        message = pattern_problem(kind, value)
+        mapping = isinstance(value, dict)
+        if mapping and "regex" not in value:
+            return value  # the preset's regex, with its own base (Evidence checks the preset)
+        regex = value["regex"] if mapping else value
+        message = pattern_problem(kind, regex)
         if message is not None:
             raise refuse(
                 message,
                 "a regular expression with a (?P<step>...) group (checkpoints: or (?P<path>...))",
                 f"e.g. {kind}: '{_PATTERN_EXAMPLES[kind]}'",
-                got=str(value)[:200],
+                key=("regex",) if mapping else (),
+                got=str(regex)[:200],
             )
         return value
 
@@ -332,30 +345,83 @@ _PATTERN_EXAMPLES = {
     "checkpointLoaded": r"successfully loaded checkpoint .* at iteration (?P<step>\d+)",
 }
 
+_STEP_BASE_HELP = (
+    "completed or index: the number a line names counts the steps done, or is the 0-based "
+    "index of the step just done (the drill adds 1)"
+)
+
+
+class EvidencePattern(Section):
+    """One pattern with its own step base: ``{regex: …, stepBase: completed | index}``."""
+
+    regex: str | None = option(
+        None,
+        "a regular expression (default: the preset's of this kind)",
+        "regex: 'Resuming training from snapshot at Epoch (?P<step>\\d+)'",
+    )
+    step_base: Annotated[str | None, _one_of("completed", "index")] = option(
+        None, _STEP_BASE_HELP + " (default: the section's stepBase)", "stepBase: completed"
+    )
+
+    def entry(self) -> str | dict[str, str]:
+        """The pattern as the job's processes get it (a bare regex when it has no base)."""
+        if self.step_base is None and self.regex is not None:
+            return self.regex
+        given = {"regex": self.regex, "stepBase": self.step_base}
+        return {key: value for key, value in given.items() if value is not None}
+
+
+def _pattern_tag(value: Any) -> str:
+    """Which form of a ``patterns`` value a value is (a regex, or a mapping)."""
+    return "mapping" if isinstance(value, (dict, EvidencePattern)) else "text"
+
+
+#: A ``patterns`` value: a regex, or a mapping with its own base.
+_Pattern = (
+    Annotated[
+        Annotated[str, Tag("text")] | Annotated[EvidencePattern, Tag("mapping")],
+        Discriminator(_pattern_tag),
+    ]
+    | None
+)
+
+#: The union tags of a ``patterns`` value (not keys: the loader drops them from locations).
+PATTERN_TAGS = frozenset({"text", "mapping"})
+
 
 class EvidencePatterns(Section):
-    """Custom patterns, each overriding the preset's of the same kind (docs/evidence.md)."""
+    """Custom patterns, each overriding the preset's of the same kind (docs/evidence.md);
+    each a regex, or ``{regex, stepBase}`` for a line whose number has its own base."""
 
-    progress: Annotated[str | None, _evidence_pattern("progress")] = option(
+    progress: Annotated[_Pattern, _evidence_pattern("progress")] = option(
         None,
         "a regex with (?P<step>...) (and optionally (?P<loss>...)): a training step",
         "progress: 'iter (?P<step>\\d+): loss (?P<loss>[0-9.]+)'",
     )
-    checkpoint_started: Annotated[str | None, _evidence_pattern("checkpointStarted")] = option(
+    checkpoint_started: Annotated[_Pattern, _evidence_pattern("checkpointStarted")] = option(
         None,
         "a regex with (?P<step>...) or (?P<path>...): a save began (printed before the write)",
         "checkpointStarted: 'saving checkpoint at iteration\\s+(?P<step>\\d+)'",
     )
-    checkpoint_completed: Annotated[str | None, _evidence_pattern("checkpointCompleted")] = option(
+    checkpoint_completed: Annotated[_Pattern, _evidence_pattern("checkpointCompleted")] = option(
         None,
         "a regex with (?P<step>...) or (?P<path>...): a save is durable",
         "checkpointCompleted: 'successfully saved checkpoint from iteration\\s+(?P<step>\\d+)'",
     )
-    checkpoint_loaded: Annotated[str | None, _evidence_pattern("checkpointLoaded")] = option(
+    checkpoint_loaded: Annotated[_Pattern, _evidence_pattern("checkpointLoaded")] = option(
         None,
         "a regex with (?P<step>...) or (?P<path>...): a resume loaded a checkpoint",
         "checkpointLoaded: 'loaded checkpoint .* at iteration (?P<step>\\d+)'",
     )
+
+    def entries(self) -> dict[str, str | dict[str, str]]:
+        """The patterns given, by kind, as the job's processes get them."""
+        out: dict[str, str | dict[str, str]] = {}
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[info.alias or name] = value if isinstance(value, str) else value.entry()
+        return out
 
 
 class Evidence(Section):
@@ -371,8 +437,8 @@ class Evidence(Section):
     )
     step_base: Annotated[str | None, _one_of("completed", "index")] = option(
         None,
-        "completed or index: the progress number counts steps done, or is the 0-based "
-        "index of the step just done (default: the preset's, else completed)",
+        _STEP_BASE_HELP + ", for every pattern (the preset's too) without its own "
+        "stepBase (default: each preset line's, else completed)",
         "stepBase: index",
     )
 
@@ -393,11 +459,31 @@ class Evidence(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _regex_to_take(self) -> Evidence:
+        """A pattern given only a stepBase takes the preset's regex: there must be one."""
+        entries = self.patterns.entries() if self.patterns else {}
+        for kind, entry in entries.items():
+            if isinstance(entry, dict) and "regex" not in entry:
+                table = PRESETS.get(self.preset or "", {})
+                if not table.get(kind):
+                    owner = (
+                        f"preset {self.preset} has no {kind} line"
+                        if self.preset
+                        else "there is no preset"
+                    )
+                    raise refuse(
+                        f"needs a regex: {owner} to take it from",
+                        "a regular expression with a (?P<step>...) group",
+                        f"e.g. regex: '{_PATTERN_EXAMPLES[kind]}'",
+                        key=("patterns", kind, "regex"),
+                        got="nothing",
+                    )
+        return self
+
     def spec(self) -> Spec:
         """The spec the job's processes get (the preset with these patterns over it)."""
-        patterns = (
-            self.patterns.model_dump(by_alias=True, exclude_none=True) if self.patterns else {}
-        )
+        patterns = self.patterns.entries() if self.patterns else {}
         return Spec({"preset": self.preset, "patterns": patterns, "stepBase": self.step_base})
 
     def environment(self, current: str | None = None) -> str:

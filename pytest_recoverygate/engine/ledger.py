@@ -15,8 +15,8 @@ answers the questions a verdict rests on:
   bounded (extrapolated at the fastest rate seen, capped by a survivor's later line);
 - **the checks** of one recovery, each passed, failed or undecided with the fix.
 
-Nothing here has a clock, a phase or an action: :mod:`pytest_recoverygate.engine.machine` decides
-*when* to judge; this module decides *what* the evidence says.
+Nothing here has a clock, a phase or an action: :mod:`pytest_recoverygate.engine.machine`
+decides *when* to judge; this module decides *what* the evidence says.
 """
 
 from __future__ import annotations
@@ -30,11 +30,7 @@ from dataclasses import dataclass, field
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES, no_room
 from pytest_recoverygate.engine.grid import GridTracker, held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
-from pytest_recoverygate.engine.verdict import (
-    FailureReason,
-    IncarnationInfo,
-    StepContract,
-)
+from pytest_recoverygate.engine.verdict import FailureReason, IncarnationInfo, StepContract
 
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
 
@@ -82,6 +78,7 @@ class Inc:
         default_factory=dict
     )
     first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
+    loss_decimals: int | None = None  # the fewest decimals a loss it printed had (log lines)
     zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
 
     def info(self) -> IncarnationInfo:
@@ -368,9 +365,12 @@ class Ledger:
         at: float,
         *,
         new: bool,
-        loss: float | None = None,
-        data: str | None = None,
+        point: TrainingEvent | None = None,
     ) -> None:
+        loss, data = (point.loss, point.data) if point is not None else (None, None)
+        if point is not None and point.loss_decimals is not None:  # issue 41: as printed
+            held, printed = inc.loss_decimals, point.loss_decimals
+            inc.loss_decimals = printed if held is None else min(held, printed)
         if loss is not None or data is not None:  # issue 33: kept for engine/rules/replay.py
             points = inc.replay_points
             seen = points.pop(step, ())  # a step reported again: every line, newest place

@@ -51,12 +51,7 @@ from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
 from pytest_recoverygate.engine.faulted import FaultedPhase
 from pytest_recoverygate.engine.ledger import Inc
-from pytest_recoverygate.engine.recovery import (
-    KillRecord,
-    Window,
-    hung,
-    judge,
-)
+from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
 from pytest_recoverygate.engine.spec import (
     FAULTS,
     MAX_KILLS,
@@ -443,7 +438,7 @@ class DrillEngine(FaultedPhase):
         if step is None:
             return []
         if kind is model.TrainingEventKind.PROGRESS:
-            ev.progress(inc, step, event.timestamp, new=new, loss=event.loss, data=event.data)
+            ev.progress(inc, step, event.timestamp, new=new, point=event)
             armed = self._armed
             if (  # issue 33: replaySteps, the kill waits for a step (state._replay_wait)
                 not new
@@ -626,6 +621,8 @@ class DrillEngine(FaultedPhase):
             )
             if provisional.verdict is Verdict.FAIL and not unknown_parent:
                 return self._judge(at)
+        elif replay_diverged(self.ledger, self.spec, kill, inc, step):
+            return self._judge(at)  # issue 41: a divergence is proven at its step
         return self._sustain(inc, step, at)
 
     def _sustain(self, inc: Inc, step: int, at: float) -> list[Action]:

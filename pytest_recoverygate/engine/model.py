@@ -60,7 +60,8 @@ class TrainingEvent:
     is ``"peer"`` when the state was copied from a live replica (``peer``: its rank), else
     ``None`` (a checkpoint); see docs/torchft.md. ``loss`` and ``data`` (progress, when
     the job passed them) are the step's loss and a fingerprint of its batch, compared
-    with the killed run's by ``expectations.replay`` (docs/replay.md). ``error``
+    with the killed run's by ``expectations.replay`` (docs/replay.md); ``loss_decimals``:
+    the loss was read from a line the job printed with that many decimals. ``error``
     (checkpoint failed) is what the job said failed the save.
     """
 
@@ -83,6 +84,7 @@ class TrainingEvent:
     peer: int | None = None
     loss: float | None = None
     data: str | None = None
+    loss_decimals: int | None = None
     error: str | None = None
 
 

@@ -27,7 +27,8 @@ from pytest_recoverygate.engine.rules.evidence import (
     ended_how,
 )
 from pytest_recoverygate.engine.rules.lost import lost
-from pytest_recoverygate.engine.rules.replay import replay_figures
+from pytest_recoverygate.engine.rules.replay import judge as judge_replay
+from pytest_recoverygate.engine.rules.replay import points_of, reference, replay_figures
 from pytest_recoverygate.engine.rules.resume import settle
 from pytest_recoverygate.engine.spec import DrillSpec
 from pytest_recoverygate.engine.storage import storage_details
@@ -50,6 +51,7 @@ __all__ = [
     "judge",
     "node_details",
     "overall",
+    "replay_diverged",
     "restarts",
 ]
 
@@ -243,6 +245,22 @@ def judge(
         sustained=_sustained(kill, spec),
         replay=replay_figures(ev),
     )
+
+
+def replay_diverged(ledger: Ledger, spec: DrillSpec, kill: KillRecord, inc: Inc, step: int) -> bool:
+    """Whether the judged replacement ``inc``, now at ``step``, already diverged from its
+    killed run beyond the allowance (docs/replay.md: decided when proven, not after the
+    sustain window). Only its steps before ``step`` are compared: a step may have more
+    lines to come until a later step is reported."""
+    resume = kill.resume
+    if not spec.replay.judges or resume is None or inc.first_trained(resume) is None:
+        return False
+    old = reference(ledger, kill.index, kill.time, inc)
+    done = {s: lines for s, lines in points_of(inc).items() if s < step}
+    if old is None or max(done, default=None) not in old.replay_points:
+        return False  # the step just completed adds nothing to compare
+    check, _ = judge_replay(points_of(old), done, spec.replay, resumed_from=resume.step)
+    return check is not None and check.passed is False
 
 
 def _ended_inside(kill: KillRecord, spec: DrillSpec) -> bool:

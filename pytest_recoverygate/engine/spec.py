@@ -173,6 +173,9 @@ class DrillSpec:
     # issue 33: expectations.replay and replaySteps (pytest_recoverygate.engine.rules.replay)
     replay: ReplaySpec = field(default_factory=ReplaySpec)
     replay_steps: int = 5
+    # issue 41: how the job reports (engine/advice.py): None, reporter calls; "patterns" or
+    # a preset's name, its own log lines (evidence:), so messages name its lines and knobs
+    evidence: str | None = None
     # issue 40: StorageFault (pytest_recoverygate.engine.storage, engine.faulted)
     storage: StorageSpec | None = None
 

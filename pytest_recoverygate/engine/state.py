@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pytest_recoverygate.engine.advice import steps_fix
 from pytest_recoverygate.engine.caps import MAX_CHECKPOINTS, MAX_INCARNATIONS
 from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.live import LiveJudge
@@ -506,11 +507,7 @@ class DrillState:
                 # Nothing with a step was ever printed: no run is too short for that.
                 fix = (
                     ": it printed no progress or checkpoint line with a step, so the drill "
-                    "had nothing to trigger on. Call the reporter with a step "
-                    "(reporter.progress(step), reporter.checkpoint_completed(step)); with "
-                    "recoverygate.integrations.ray, pass report(metrics, step=N) or put "
-                    "'step' in the metrics (its workers warn 'report() without a step' "
-                    "on stderr when they do not)"
+                    f"had nothing to trigger on. {steps_fix(self.spec.evidence)}"
                 )
             waited = self._replay_wait_note()
             armed = self._armed

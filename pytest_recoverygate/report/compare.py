@@ -265,6 +265,12 @@ class Comparison:
     def regressed(self) -> tuple[Row, ...]:
         return tuple(r for r in self.rows if r.status is Status.REGRESSED)
 
+    @property
+    def verdict_regressed(self) -> bool:
+        """The base PASSed and the new run did not (FAIL, or ERROR: not proven): a
+        regression whatever the figures, with or without an allowance."""
+        return self.base_verdict == "PASS" and self.new_verdict in ("FAIL", "ERROR")
+
 
 def compare(
     base: Mapping[str, Any],
@@ -381,6 +387,11 @@ def format_table(comparison: Comparison, *, markdown: bool = False) -> str:
         f"verdict: {comparison.base_name} {comparison.base_verdict or '—'}, "
         f"{comparison.new_name} {comparison.new_verdict or '—'}"
     )
+    if comparison.verdict_regressed:
+        verdicts += (
+            f" — the verdict regressed ({comparison.base_verdict} to "
+            f"{comparison.new_verdict}): exit 1"
+        )
     if markdown:
         lines = [f"| {' | '.join(cells[0])} |", "|" + " --- |" * len(cells[0])]
         lines += [f"| {' | '.join(c.replace('|', '/') for c in row)} |" for row in cells[1:]]

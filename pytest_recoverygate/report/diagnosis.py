@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pytest_recoverygate.engine.advice import PATTERNS, resume_option
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.shared.textbounds import cap_lines
@@ -56,6 +57,8 @@ class Clues:
     checkpoints_before_kill: int | None = None  # the last checkpoint seen before the kill
     env: Mapping[str, str] = field(default_factory=dict)  # what the drill adds (local)
     command: tuple[str, ...] = ()  # what the drill launches (local)
+    #: how the job reports: None, reporter calls; "patterns" or a preset, its log lines
+    evidence: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -301,17 +304,36 @@ def _not_shared_match(clues: Clues) -> str | None:
     return evidence
 
 
+def _seen_resume(clues: Clues) -> str:
+    """How the drill sees a resume: a reporter call, or the trainer's load line."""
+    if clues.evidence is None:
+        return (
+            ", and call reporter.checkpoint_loaded(step) after loading so the drill sees the resume"
+        )
+    return ""
+
+
 def _not_shared_explain(clues: Clues, evidence: str) -> str:
+    option = resume_option(clues.evidence)
     if "; the job printed: " in evidence and "the command names" not in evidence:
+        fix = (
+            f"Fix: {option}."
+            if option is not None
+            else "Fix: resume whenever a checkpoint exists (nanoGPT: init_from='resume' when "
+            f"out_dir holds ckpt.pt){_seen_resume(clues)}."
+        )
         return (
             "The job saved checkpoints, but the replacement trained from step 0, and the job "
             "itself said it starts from scratch (quoted in the evidence): its resume is not "
             "switched on for a restart — nanoGPT's init_from='scratch', a resume flag or "
             "path the restart does not get. The storage is not to blame unless the replacement "
-            "could not see the folder. Fix: resume whenever a checkpoint exists (nanoGPT: "
-            "init_from='resume' when out_dir holds ckpt.pt), and call "
-            "reporter.checkpoint_loaded(step) after loading so the drill sees the resume."
+            f"could not see the folder. {fix}"
         )
+    resume = (
+        f"check that the resume looks where the saves go ({option})"
+        if option is not None
+        else f"check that the resume looks where the saves go{_seen_resume(clues)}"
+    )
     return (
         "The job saved checkpoints, but the replacement did not load any and trained from "
         "step 0. Either its resume never loaded (the job starts from scratch on every start, "
@@ -322,9 +344,8 @@ def _not_shared_explain(clues: Clues, evidence: str) -> str:
         "pod's emptyDir, which is gone with the pod. The evidence names the path when the "
         "command gives one as checkpoint storage. Fix: checkpoint to storage every "
         "replacement sees — a shared filesystem or a PersistentVolumeClaim (ReadWriteMany "
-        "across nodes), or object storage — with the same path for every restart; check that "
-        "the resume looks where the saves go, and call reporter.checkpoint_loaded(step) "
-        "after loading so the drill sees the resume."
+        "across nodes), or object storage — with the same path for every restart; "
+        f"{resume}."
     )
 
 
@@ -340,29 +361,68 @@ _LISTING = re.compile(r"\b(?:listdir|scandir|iterdir|glob|walk)\(")
 _CHECKPOINTISH = re.compile(r"checkpoint|ckpt|snapshot|save", re.I)
 
 
-def _missing_dir_match(clues: Clues) -> str | None:
+#: A frame that opens a file to read it (the load, not a listing of its folder).
+_OPENING = re.compile(r"\b(?:torch\.load|open|_open_file|safe_open|load_file|load)\(")
+#: A path that names a file (an extension), not a folder.
+_FILE_NAME = re.compile(r"[^/\\]\.[A-Za-z0-9]{1,12}$")
+
+
+def _missing(clues: Clues) -> tuple[str, str, str] | None:
+    """What a first start failed on: (``folder``, ``file`` or ``path``, the path, the
+    line quoted). ``folder``: a listing of it, or torch.save into it, says the folder was
+    missing; ``file``: a load of a file name found no file (whether its folder existed
+    the output does not say); ``path``: a checkpoint path, nothing says which."""
     if not clues.failed or clues.checkpoints_before_kill:
         return None  # a checkpoint was saved, so the folder existed: not a first start
     for found in reversed(list(_MISSING_DIR.finditer(clues.output))[-_MAX_CANDIDATES:]):
-        path = found.group(1) or found.group(2) or ""
-        if found.group(2) is not None:
-            return _line_of(clues.output, found)  # torch.save into a folder nobody made
+        line = _line_of(clues.output, found)
+        if found.group(2) is not None:  # torch.save into a folder nobody made
+            return "folder", found.group(2), line
+        path = found.group(1) or ""
         before = clues.output[max(0, found.start() - 2000) : found.start()]
         recent = "\n".join(before.splitlines()[-6:])
-        if _LISTING.search(recent) or _CHECKPOINTISH.search(path):
-            return _line_of(clues.output, found)
+        if _LISTING.search(recent):
+            return "folder", path, line
+        if _CHECKPOINTISH.search(path):
+            opened = _OPENING.search(recent) or _FILE_NAME.search(path)
+            return ("file" if opened else "path"), path, line
     return None
 
 
+def _missing_dir_match(clues: Clues) -> str | None:
+    found = _missing(clues)
+    return found[2] if found is not None else None
+
+
 def _missing_dir_explain(clues: Clues, evidence: str) -> str:
+    kind, path, _ = _missing(clues) or ("path", "", "")
+    if kind == "folder":
+        return (
+            "The job failed on its first start because the checkpoint folder did not exist "
+            "yet. A fresh run has no checkpoints, so nothing has created the folder: the code "
+            "that looks for a checkpoint to resume from (os.listdir, glob) or the first save "
+            "(torch.save does not create folders) fails, and the drill never reaches a kill. "
+            "Fix: create the folder before the first save and before looking for checkpoints "
+            "(os.makedirs(folder, exist_ok=True)), and treat a missing or empty folder as a "
+            "start from step 0."
+        )
+    what = (
+        f"the checkpoint file it loads, {path!r}, did not exist"
+        if kind == "file"
+        else f"the checkpoint path {path!r} did not exist"
+    )
+    option = resume_option(clues.evidence)
+    fix = (
+        f"Fix: {option}."
+        if option is not None
+        else "Fix: load a checkpoint only when one exists (os.path.exists, or list the "
+        "folder), and start from step 0 when there is none."
+    )
     return (
-        "The job failed on its first start because the checkpoint folder did not exist "
-        "yet. A fresh run has no checkpoints, so nothing has created the folder: the code "
-        "that looks for a checkpoint to resume from (os.listdir, glob) or the first save "
-        "(torch.save does not create folders) fails, and the drill never reaches a kill. "
-        "Fix: create the folder before the first save and before looking for checkpoints "
-        "(os.makedirs(folder, exist_ok=True)), and treat a missing or empty folder as a "
-        "start from step 0."
+        f"The job failed on its first start because {what}: a fresh run has no checkpoint "
+        "yet, and its resume code loads one unconditionally (nanoGPT's init_from='resume' "
+        "does), so every start before the first save fails and the drill never reaches a "
+        f"kill. {fix}"
     )
 
 
@@ -448,7 +508,7 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         "missing-checkpoint-dir",
-        "no checkpoint folder on the first start",
+        "no checkpoint folder or file on the first start",
         _missing_dir_match,
         _missing_dir_explain,
     ),
@@ -471,8 +531,11 @@ def clues_from(result: DrillResult, output: str = "", config: DrillConfig | None
     """The clues of one drill: its result, the job's output and what the drill launched."""
     env: Mapping[str, str] = {}
     command: tuple[str, ...] = ()
+    evidence: str | None = None
     if config is not None:
         command, env = config.workload.launched_with()
+        if config.evidence is not None:
+            evidence = config.evidence.preset or PATTERNS
     checkpoints: list[int] = [
         step
         for e in result.timeline
@@ -493,6 +556,7 @@ def clues_from(result: DrillResult, output: str = "", config: DrillConfig | None
         checkpoints_before_kill=max(checkpoints) if checkpoints else None,
         env=env,
         command=command,
+        evidence=evidence,
     )
 
 

@@ -21,6 +21,17 @@ from pytest_recoverygate.report.compare import load_report
 __all__ = ["explain", "explain_report", "rules_of"]
 
 OUTCOME = {True: "passed", False: "FAILED", None: "undecided"}
+#: A check that verified nothing (``checked`` false), as the terminal, the page and the
+#: rule book call it.
+NOT_CHECKED = "not checked"
+
+
+def _outcome(check: dict[str, Any]) -> str:
+    """A check's outcome: passed, FAILED, undecided, or not checked (it verified nothing,
+    so it neither passes nor fails the drill; reports before ``checked`` read as before)."""
+    if check.get("checked") is False or check.get("status") == "unchecked":
+        return NOT_CHECKED
+    return OUTCOME.get(check.get("passed"), "?")
 
 
 def _text(value: object) -> str:
@@ -41,7 +52,7 @@ def rules_of(check: dict[str, Any], *, live: bool) -> list[Rule]:
     for rule in TABLE:
         if rule.check != check.get("name") or (rule.scope == "live") != live:
             continue
-        if passed is True and not rule.passes:
+        if passed is True and not rule.passes:  # not checked: passed stays True
             continue
         if passed is None and not rule.undecided:
             continue
@@ -55,9 +66,12 @@ def _lines(checks: list[dict[str, Any]], *, live: bool, indent: str) -> Iterator
     for check in checks:
         if not isinstance(check, dict):
             continue
-        outcome = OUTCOME.get(check.get("passed"), "?")
+        outcome = _outcome(check)
         reason = f" ({_text(check['reason'])})" if check.get("reason") else ""
         name, message = _text(check.get("name")), _text(check.get("message"))
+        if outcome == NOT_CHECKED:
+            message = message.removeprefix(f"{NOT_CHECKED}: ")
+            reason = " (it verified nothing: it neither passes nor fails the drill)"
         yield f"{indent}{name}: {outcome}{reason} — {message}"
         found = rules_of(check, live=live)
         if not found:

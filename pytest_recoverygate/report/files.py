@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_recoverygate.engine.machine import DrillResult
 from pytest_recoverygate.errors import describe_exception
+from pytest_recoverygate.report.html import plain_value
 from pytest_recoverygate.shared.jobtext import printable
 from pytest_recoverygate.shared.safefiles import (
     UnsafeFile,
@@ -520,18 +521,25 @@ def _html_link(name: str) -> str:
 
 
 _MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|~!")  # what means something mid-line
-_LINE_START = re.compile(r"^(?=[#+=>-]|\d+[.)])")  # a heading, list or quote at the start
+_LINE_START = re.compile(r"^(?=[#+=>-])")  # a heading, list or quote at the start
+_ORDERED = re.compile(r"^(\d{1,9})(?=[.)])")  # an ordered list item at the start: 14. or 14)
 
 
-def _md(value: Any) -> str:
+def _md(value: Any, *, cell: bool = False) -> str:
     """``value`` as literal markdown text on one line: every character markdown gives a
     meaning to is escaped (no link, autolink, image, HTML, heading or code a job's text
     could make),
-    ``&`` as an entity, line breaks as spaces, control characters made visible."""
+    ``&`` as an entity, line breaks as spaces, control characters made visible. A line
+    that would start a block (a heading, a list, a quote) has its marker escaped; a
+    table ``cell`` starts no block, so a number in it (``14.678``) is left as it is."""
     text = printable(str(value)).replace("\n", " ").replace("&", "&amp;")
     text = "".join(f"\\{c}" if c in _MARKDOWN_SPECIAL else c for c in text)
     text = text.replace("://", "\\://").replace("www.", "www\\.")  # no autolink either
-    return _LINE_START.sub("\\\\", text)
+    if cell:
+        return text
+    # A backslash escapes punctuation only: "14." becomes "14\." (a "\14." would show its
+    # backslash, since a digit cannot be escaped).
+    return _ORDERED.sub(lambda m: m.group(1) + "\\", _LINE_START.sub("\\\\", text))
 
 
 def _code(value: Any) -> str:
@@ -578,7 +586,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
             "survivorsKeptTraining",
         )
     for key in keys:
-        lines.append(f"| {key} | {_md(_fmt(doc.get(key)))} |")
+        lines.append(f"| {key} | {_md(_fmt(doc.get(key)), cell=True)} |")
     breakdown = doc.get("breakdown") or {}
     if breakdown:
         lines += ["", "| recovery phase | seconds after the kill |", "| --- | --- |"]
@@ -604,8 +612,9 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if failed:
         lines += ["", "**Failed checks**", ""]
         lines += [
-            f"- `{c['name']}`: {_md(c['message'])} (expected {_md(c['expected'])}, "
-            f"observed {_md(c['observed'])})"
+            f"- `{c['name']}`: {_md(c['message'])} (expected "
+            f"{_md(plain_value(c['expected']), cell=True)}, observed "
+            f"{_md(plain_value(c['observed']), cell=True)})"
             for c in failed
         ]
     for diagnosis in doc.get("diagnoses") or []:

@@ -25,6 +25,7 @@ __all__ = [
     "HTML_FILE",
     "OUTPUT_LINE_LIMIT",
     "OUTPUT_TAIL_LINES",
+    "plain_value",
     "render_report",
     "svg_for_inline",
 ]
@@ -83,6 +84,31 @@ def _e(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return html.escape(str(value), quote=True)
+
+
+#: How deep :func:`plain_value` spells out nested mappings and lists (a report is input).
+_PLAIN_DEPTH = 4
+
+
+def plain_value(value: Any, depth: int = 0) -> str:
+    """A check's expected or observed value as words, not Python's repr: a mapping as
+    ``key value, key value`` (nested ones in parentheses), a list comma-separated, a
+    number as the report holds it (every digit), None as a dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if depth >= _PLAIN_DEPTH and isinstance(value, Mapping | list | tuple):
+        return "…"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k} {plain_value(v, depth + 1)}" for k, v in value.items())
+        return f"({inner})" if depth else inner
+    if isinstance(value, list | tuple):
+        inner = ", ".join(plain_value(v, depth + 1) for v in value)
+        return f"[{inner}]" if depth else inner
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
 
 def _seconds(value: Any) -> str:
@@ -231,8 +257,8 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> str:
         [
             f"<code>{_e(c.get('name'))}</code>",
             _check_status(c),
-            _e(c.get("expected")),
-            _e(c.get("observed")),
+            _e(plain_value(c.get("expected"))),
+            _e(plain_value(c.get("observed"))),
             _e(c.get("message")),
         ]
         for c in checks
@@ -240,6 +266,19 @@ def _checks(checks: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return '<p class="note">No checks were decided.</p>'
     return _table(["check", "result", "expected", "observed", "message"], rows)
+
+
+def _replay_mark(row: Mapping[str, Any], first: Any, mode: Any) -> str:
+    """A compared step's mark: the first divergent, another that did not match (outside
+    the tolerance, or its data differs), or none (it matched)."""
+    if row.get("step") == first:
+        return "<b>first divergent</b>"
+    matches = row.get("matches")  # reports before it: the values as printed
+    if matches is None:
+        matches = repr(row.get("killed")) == repr(row.get("replacement"))
+    if matches:
+        return ""
+    return "outside the tolerance" if mode == "tolerance" else "differs"
 
 
 def _replay(doc: Mapping[str, Any]) -> list[str]:
@@ -253,19 +292,19 @@ def _replay(doc: Mapping[str, Any]) -> list[str]:
         rows = [
             [
                 _e(row.get("step")),
-                _e(row.get("killed")),
-                _e(row.get("replacement")),
+                _e(plain_value(row.get("killed"))),  # every digit: they decide
+                _e(plain_value(row.get("replacement"))),
                 _e(row.get("killedData", "")),
                 _e(row.get("replacementData", "")),
-                "<b>first divergent</b>" if row.get("step") == first else "",
+                _replay_mark(row, first, replay.get("mode")),
             ]
             for row in replay["steps"]
         ]
         out.append(
             f"<p>recovery {_e(recovery.get('index'))}: {_e(replay.get('mode'))}, "
             f"{_e(replay.get('stepsCompared'))} steps compared, first divergent step "
-            f"{_e(first)}, max abs diff {_e(replay.get('maxAbsDiff'))}, max rel diff "
-            f"{_e(replay.get('maxRelDiff'))}</p>"
+            f"{_e(first)}, max abs diff {_e(plain_value(replay.get('maxAbsDiff')))}, max rel "
+            f"diff {_e(plain_value(replay.get('maxRelDiff')))}</p>"
         )
         out.append(
             _table(

@@ -92,8 +92,14 @@ def replay_lines(result: DrillResult, limit: int = 12) -> list[str]:
     start = next((i for i, row in enumerate(rows) if row["step"] == first), 0)
     start = max(0, min(start - 2, len(rows) - limit))
     lines = [f"replayed steps ({replay['mode']}): step, killed run, replacement"]
+    differs = "   <- differs" + (
+        " (outside the tolerance)" if replay["mode"] == "tolerance" else ""
+    )
     for row in rows[start : start + limit]:
-        same = "" if repr(row["killed"]) == repr(row["replacement"]) else "   <- differs"
+        matches = row.get("matches")  # reports before it: the values as printed
+        if matches is None:
+            matches = repr(row["killed"]) == repr(row["replacement"])
+        same = "" if matches else differs
         old_data, new_data = row.get("killedData"), row.get("replacementData")
         if old_data is not None and new_data is not None and old_data != new_data:
             same = "   <- data differs"  # compared only where both runs gave one

@@ -64,6 +64,7 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         peer=record.peer,
         loss=record.loss,
         data=record.data,
+        loss_decimals=record.loss_decimals,
         error=record.error,
     )
 

@@ -73,7 +73,16 @@ class LogEvidence:
                 out.append(
                     wire.format_start(received, stream.inc, pid=0, host=host, rank=self.rank)
                 )
+            printed = stream.matcher.loss_text if loss is not None else None
             out.append(
-                wire.format_step(_EVENTS[kind], received, stream.inc, step, self.rank, loss=loss)
+                wire.format_step(
+                    _EVENTS[kind],
+                    received,
+                    stream.inc,
+                    step,
+                    self.rank,
+                    loss=loss,
+                    loss_decimals=wire.printed_decimals(printed) if printed else None,
+                )
             )
         return "".join(out).encode("ascii")

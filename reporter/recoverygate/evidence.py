@@ -11,13 +11,20 @@ backend. docs/evidence.md describes the presets, their lines and their traps.
 The spec is a JSON object::
 
     {"preset": "nanogpt",                        # optional
-     "patterns": {"progress": "...", ...},       # optional, each overrides the preset's
-     "stepBase": "completed" | "index"}          # optional: the progress line's number
+     "patterns": {"progress": "...",             # optional, each overrides the preset's
+                  "checkpointLoaded": {"regex": "...", "stepBase": "completed"}, ...},
+     "stepBase": "completed" | "index"}          # optional: the base of every pattern
+
+The base of a pattern says what the number its line names is: ``completed``, the steps
+completed; ``index``, the 0-based index of the step just done (the drill adds 1). Its own
+``stepBase`` (a pattern given as a mapping) wins, then the spec's ``stepBase`` (every
+pattern of the set, the preset's too), then the preset's base of that line
+(:data:`PRESETS`' ``bases``), else ``completed``. A preset's neighbour line keeps its own.
 
 What a match means (the step contract, docs/step-contract.md):
 
-- ``progress``: ``step`` group = steps completed (``stepBase: index``: the 0-based index
-  of the step just done, so +1); a ``loss`` group rides along as the line's ``loss``.
+- ``progress``: ``step`` group = steps completed (by its base); a ``loss`` group rides
+  along as the line's ``loss``.
 - ``checkpointStarted``: a save *began* (a line printed before the write), never its
   completion. Its step: the ``step`` group, else the step in the ``path`` group
   (``step-N``, ``checkpoint-N``, ``iter_000000N``, ``epoch=E-step=S``, ``global_stepN``),
@@ -62,6 +69,7 @@ __all__ = [
     "clean_line",
     "install",
     "pattern_problem",
+    "preset_base",
     "problems",
     "spec_from_json",
     "step_from_path",
@@ -80,9 +88,10 @@ _MAX_PARTIAL = 4 * MAX_LINE_CHARS
 
 _LOSS = r"(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 
-#: preset -> its patterns, its neighbour line (``context``), the base of its progress
-#: number and how it completes a save (``line``: its own completion line; ``progress``:
-#: the next progress line proves a synchronous save returned).
+#: preset -> its patterns, its neighbour line (``context``), the base of each line's number
+#: (``bases``: a kind or ``context`` -> ``index``; a line not named there is ``completed``)
+#: and how it completes a save (``line``: its own completion line; ``progress``: the next
+#: progress line proves a synchronous save returned).
 PRESETS: dict[str, dict[str, Any]] = {
     "nanogpt": {
         "progress": r"^iter (?P<step>\d+): loss " + _LOSS,
@@ -91,7 +100,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "checkpointCompleted": None,
         "checkpointLoaded": r"^Resuming training from ",
         "context": r"^step (?P<step>\d+): train loss ",
-        "stepBase": "index",
+        "bases": {"progress": "index"},  # "step N:" counts the steps done: completed
         "completion": "progress",
     },
     "torchtitan": {
@@ -102,7 +111,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         ),
         "checkpointLoaded": r"\bLoading the checkpoint from (?P<path>\S+?)\.?$",
         "context": None,  # the progress line
-        "stepBase": "completed",
+        "bases": {},
         "completion": "line",
     },
     "megatron": {
@@ -113,7 +122,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             r"\bsuccessfully loaded checkpoint from .*? at iteration\s+(?P<step>\d+)"
         ),
         "context": None,
-        "stepBase": "completed",
+        "bases": {},
         "completion": "line",
     },
     "litgpt": {
@@ -122,7 +131,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "checkpointCompleted": None,
         "checkpointLoaded": r"^Resuming training from (?P<path>.+)$",
         "context": None,
-        "stepBase": "completed",
+        "bases": {},
         "completion": "progress",
     },
 }
@@ -186,19 +195,45 @@ def clean_line(line: str) -> str:
 # ---------------------------------------------------------------------------- the spec
 
 
+def preset_base(preset: str | None, kind: str) -> str:
+    """The base of a preset's line of ``kind`` (or ``context``): ``completed`` or ``index``."""
+    bases: Mapping[str, str] = PRESETS[preset]["bases"] if preset in PRESETS else {}
+    return bases.get(kind, "completed")
+
+
+def _entry(value: object) -> tuple[str | None, str | None]:
+    """A ``patterns`` value as ``(regex, its own stepBase)``: a regex, or a mapping."""
+    if isinstance(value, dict):
+        regex, base = value.get("regex"), value.get("stepBase")
+        return (regex if isinstance(regex, str) else None), (
+            base if isinstance(base, str) else None
+        )
+    return (value if isinstance(value, str) else None), None
+
+
 class Spec:
-    """A checked evidence spec: one compiled pattern per kind (None: not matched)."""
+    """A checked evidence spec: one compiled pattern per kind (None: not matched) and the
+    base of each (``bases``: a kind or ``context`` -> ``completed`` or ``index``)."""
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         preset = data.get("preset")
         base: dict[str, Any] = dict(PRESETS[preset]) if preset is not None else {}
         patterns = data.get("patterns") or {}
         self.preset: str | None = preset
-        self.sources: dict[str, str | None] = {k: patterns.get(k, base.get(k)) for k in KINDS}
+        #: the spec's own ``stepBase`` (every pattern of the set), None if not given
+        self.step_base: str | None = data.get("stepBase")
+        #: the patterns as given (a regex, or a mapping with its own base)
+        self.given: dict[str, Any] = {k: patterns[k] for k in KINDS if patterns.get(k)}
+        self.sources: dict[str, str | None] = {}
+        self.bases: dict[str, str] = {}
+        for kind in KINDS:
+            regex, own = _entry(self.given.get(kind))
+            self.sources[kind] = regex or base.get(kind)
+            self.bases[kind] = own or self.step_base or preset_base(preset, kind)
+        self.bases["context"] = preset_base(preset, "context")
         self.patterns = {k: re.compile(v) if v else None for k, v in self.sources.items()}
         context = base.get("context")
         self.context = re.compile(context) if context else None
-        self.step_base: str = data.get("stepBase") or base.get("stepBase") or "completed"
         self.completion: str = base.get("completion", "line")
 
     def to_json(self, frameworks: str | None = None) -> str:
@@ -210,10 +245,10 @@ class Spec:
         if self.preset is not None:
             out["preset"] = self.preset
         preset = PRESETS.get(self.preset or "", {})
-        own = {k: v for k, v in self.sources.items() if v != preset.get(k) and v}
+        own = {k: v for k, v in self.given.items() if v != preset.get(k)}
         if own:
             out["patterns"] = own
-        if self.step_base != preset.get("stepBase", "completed"):
+        if self.step_base is not None:
             out["stepBase"] = self.step_base
         value: dict[str, Any] = {"evidence": out}
         before = (frameworks or "").strip()
@@ -257,17 +292,42 @@ def problems(data: Mapping[str, Any], *, timed: bool = True) -> list[tuple[tuple
     patterns = data.get("patterns") or {}
     if not isinstance(patterns, dict):
         return [*found, (("patterns",), "patterns must be a mapping of kind -> regex")]
-    for kind, text in patterns.items():
+    for kind, value in patterns.items():
         if kind not in KINDS:
             found.append(
                 (("patterns", str(kind)), f"unknown kind {kind!r}: use {', '.join(KINDS)}")
             )
             continue
-        message = pattern_problem(kind, text, timed=timed)
+        if isinstance(value, dict):
+            found += _entry_problems(kind, value, preset, timed=timed)
+            continue
+        message = pattern_problem(kind, value, timed=timed)
         if message is not None:
             found.append((("patterns", kind), message))
     if preset is None and not patterns:
         found.append(((), "give a preset or at least one pattern"))
+    return found
+
+
+def _entry_problems(
+    kind: str, value: Mapping[str, Any], preset: object, *, timed: bool
+) -> list[tuple[tuple[str, ...], str]]:
+    """What is wrong with a pattern given as ``{regex, stepBase}``."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    where = ("patterns", kind)
+    for key in value:
+        if key not in ("regex", "stepBase"):
+            found.append(((*where, str(key)), f"unknown key {key!r}: use regex, stepBase"))
+    base = value.get("stepBase")
+    if base is not None and base not in STEP_BASES:
+        found.append(((*where, "stepBase"), f"stepBase must be completed or index, not {base!r}"))
+    if "regex" in value:
+        message = pattern_problem(kind, value["regex"], timed=timed)
+        if message is not None:
+            found.append(((*where, "regex"), message))
+    elif not (isinstance(preset, str) and PRESETS.get(preset, {}).get(kind)):
+        owner = "no preset" if preset is None else f"preset {preset} has no {kind} line"
+        found.append(((*where, "regex"), f"needs a regex: {owner} to take it from"))
     return found
 
 
@@ -409,9 +469,13 @@ class Matcher:
         if spec.context is not None:
             self._rules.append(("context", spec.context, _literal_hint(spec.context.pattern)))
         self.context_step: int | None = None  # the neighbour line last seen
+        #: the loss of the last progress line as printed (its precision rides with it)
+        self.loss_text: str | None = None
         self.pending_save: int | None = None  # a save started, not yet proven complete
         self.pending_load = False  # a load line waiting for the neighbour that names its step
-        self._step_offset = 1 if spec.step_base == "index" else 0
+        #: what to add to the number a line of each kind names (1: its base is ``index``)
+        self._offsets = {k: int(base == "index") for k, base in spec.bases.items()}
+        self._step_offset = self._offsets["progress"]
         self._completes = spec.completion == "progress"  # the next step line completes a save
         self._own_context = spec.context is None  # the progress line is the neighbour line
         progress = spec.patterns["progress"]
@@ -437,6 +501,8 @@ class Matcher:
 
     def _apply(self, kind: str, match: re.Match[str], out: list[Event]) -> None:
         step = _step_of(match)
+        if step is not None:
+            step += self._offsets[kind]
         if kind == "context":
             if step is not None:
                 self.context_step = step
@@ -482,6 +548,7 @@ class Matcher:
                 loss = None
             if loss is not None and not math.isfinite(loss):
                 loss = None
+        self.loss_text = text if loss is not None else None
         out.append(("progress", step, loss))
 
 
@@ -582,9 +649,10 @@ class _Emitter:
             reporter.checkpoint_loaded(step)
 
     def _progress(self, step: int, loss: float | None) -> None:
-        """A progress line by the reporter's own rules (its rate limit and replay window)."""
+        """A progress line by the reporter's own rules (its rate limit and replay window);
+        the loss as the line printed it, so that its precision reaches the drill."""
         reporter = self._reporter or self._load_reporter()
-        reporter.progress(step, loss=loss)
+        reporter.progress(step, loss=self.matcher.loss_text if loss is not None else None)
 
 
 _installed: list[_Tap] = []

@@ -140,7 +140,9 @@ def progress(step: SupportsInt, loss: object = None, data: object = None) -> Non
     ``loss``: the step's loss (a float, a 0-d tensor, anything ``float()`` takes), so a
     drill can compare the steps a resumed job redoes with the killed run's
     (``expectations.replay``, docs/replay.md). It is converted only when a line is
-    printed: a call that does not print costs no ``float()`` and no device sync.
+    printed: a call that does not print costs no ``float()`` and no device sync. A loss
+    given as text (``"2.3456"``, as a log line printed it) also tells the drill how many
+    decimals it was printed with: equal losses are then equal to that precision only.
     ``data``: optional fingerprint of the step's batch (an int, a str or bytes).
     """
     global _skip
@@ -499,6 +501,7 @@ def _emit_progress(step: SupportsInt, now: float, loss: object, data: object) ->
             tail = wire.progress_fields(
                 None if loss is None else float(loss),  # type: ignore[arg-type]
                 None if data is None else wire.data_text(data),
+                wire.printed_decimals(loss) if type(loss) is str else None,
             )
         except Exception:  # float() refused it: the step is still reported
             tail = wire.progress_fields(None, None if data is None else wire.data_text(data))

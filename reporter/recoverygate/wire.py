@@ -39,6 +39,10 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
                         back as the same float (Python's ``repr``); a non-finite loss is the
                         string ``"nan"``, ``"inf"`` or ``"-inf"`` (a number that is no finite
                         float, e.g. ``NaN``, ``1e400`` or a huge integer, is malformed)
+``loss_decimals`` int   progress only, optional, with ``loss``: the loss was read from a line
+                        the job printed, with that many decimals (0 to 24; of the mantissa in
+                        ``1.234e-05`` form): two such losses that are equal are equal to
+                        that precision, not bit for bit
 ``data``        str     progress only, optional: a fingerprint of the step's batch, 1 to 128
                         characters (the reporter writes an int in decimal, bytes in hex, and
                         anything longer than 128 characters as its BLAKE2b-128 hex digest)
@@ -105,6 +109,7 @@ __all__ = [
     "loss_text",
     "normalize_digest",
     "parse_text",
+    "printed_decimals",
     "progress_fields",
     "record_from_json",
     "source_fields",
@@ -143,6 +148,8 @@ MAX_DIGEST_PARTS = 16
 MAX_PART_NAME_CHARS = 64
 #: The longest ``data`` fingerprint on the wire; a longer one is sent as its digest.
 MAX_DATA_CHARS = 128
+#: The most decimals ``loss_decimals`` may say (a float holds no more than 17 digits).
+MAX_LOSS_DECIMALS = 24
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _HEX = re.compile(rf"[0-9a-fA-F]{{1,{MAX_DIGEST_CHARS}}}").fullmatch
 _PART_NAME = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_PART_NAME_CHARS}}}").fullmatch
@@ -186,6 +193,7 @@ class Record(NamedTuple):
     peer: int | None = None
     loss: float | None = None  # progress: the step's loss, as the job computed it
     data: str | None = None  # progress: a fingerprint of the step's batch
+    loss_decimals: int | None = None  # progress: the loss's printed decimals (a log line's)
     error: str | None = None  # checkpoint_failed: what failed the save
 
 
@@ -341,10 +349,25 @@ def data_text(value: object) -> str | None:
         return None
 
 
-def progress_fields(loss: float | None, data: str | None = None) -> str:
-    """The text of the optional ``loss`` and ``data`` fields (progress), each with a
-    leading comma. ``data`` must be a valid fingerprint (see :func:`data_text`)."""
+def printed_decimals(text: str) -> int | None:
+    """How many decimals a number was printed with (``2.3456``: 4, ``6.543210E+00``: 6,
+    ``3``: 0), or None when ``text`` is no plain number (``nan``, ``inf``)."""
+    mantissa = text.strip().lower().partition("e")[0].lstrip("+-")
+    whole, _, decimals = mantissa.partition(".")
+    if not (whole or decimals) or not (whole + decimals).isdigit():
+        return None
+    return min(len(decimals), MAX_LOSS_DECIMALS)
+
+
+def progress_fields(
+    loss: float | None, data: str | None = None, decimals: int | None = None
+) -> str:
+    """The text of the optional ``loss``, ``loss_decimals`` and ``data`` fields
+    (progress), each with a leading comma. ``data`` must be a valid fingerprint (see
+    :func:`data_text`); ``decimals`` (0 to 24) is written only with a loss."""
     text = "" if loss is None else f',"loss":{loss_text(float(loss))}'
+    if loss is not None and decimals is not None:
+        text += f',"loss_decimals":{int(decimals)}'
     if data is not None:
         text += f',"data":{json_string(data)}'
     return text
@@ -363,6 +386,7 @@ def format_step(
     peer: int | None = None,
     loss: float | None = None,
     data: str | None = None,
+    loss_decimals: int | None = None,
     error: str | None = None,
 ) -> str:
     """One complete progress/checkpoint line, newline included.
@@ -370,6 +394,7 @@ def format_step(
     ``digest`` and ``parts`` (checkpoint_completed and checkpoint_loaded only) must be
     valid: lower-case hex, parts sorted by name, as :func:`normalize_digest` returns them.
     ``source`` and ``peer``: checkpoint_loaded only (see :func:`source_fields`).
+    ``loss``, ``loss_decimals`` and ``data``: progress only (see :func:`progress_fields`).
     ``loss`` and ``data``: progress only (see :func:`progress_fields`). ``error``:
     checkpoint_failed only.
     """
@@ -384,7 +409,9 @@ def format_step(
             raise ValueError(f"a {event} event carries no loss or data")
         if data is not None and (not data or len(data) > MAX_DATA_CHARS):
             raise ValueError(f"data must be 1 to {MAX_DATA_CHARS} characters")
-        extra = progress_fields(loss, data)
+        if loss_decimals is not None and not 0 <= loss_decimals <= MAX_LOSS_DECIMALS:
+            raise ValueError(f"loss_decimals must be 0 to {MAX_LOSS_DECIMALS}")
+        extra = progress_fields(loss, data, loss_decimals)
     if digest is not None or parts:
         if event not in DIGEST_EVENTS:
             raise ValueError(f"a {event} event carries no digest")
@@ -478,6 +505,7 @@ def format_record(record: Record) -> str:
         peer=record.peer,
         loss=record.loss,
         data=record.data,
+        loss_decimals=record.loss_decimals,
         error=record.error,
     )
 
@@ -592,9 +620,13 @@ def record_from_json(obj: object) -> Record | None:
             peer = _opt_int(get("peer"))
         loss: float | None = None
         data: str | None = None
+        decimals: int | None = None
         if event == PROGRESS:  # elsewhere unknown fields: ignored
             loss = _opt_loss(get("loss"))
             data = _opt_data(get("data"))
+            decimals = _opt_int(get("loss_decimals"))
+            if decimals is not None and (decimals > MAX_LOSS_DECIMALS or loss is None):
+                raise _Bad
         error: str | None = None
         if event == CHECKPOINT_FAILED:
             error = _opt_str(get("error"))
@@ -623,6 +655,7 @@ def record_from_json(obj: object) -> Record | None:
             peer,
             loss,
             data,
+            decimals,
             error,
         )
     except (_Bad, ArithmeticError, ValueError, TypeError):  # never raised: malformed
@@ -640,7 +673,8 @@ _FAST = re.compile(
     rb'checkpoint_failed)",'
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
     rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})'
-    rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?))?\}'
+    rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?)'
+    rb'(?:,"loss_decimals":(0|[1-9][0-9]?))?)?\}'
 ).match
 _EVENT_NAMES = {name.encode("ascii"): name for name in EVENT_KINDS}
 
@@ -656,17 +690,22 @@ def _fast_loss(text: bytes) -> float:
 def _fast_record(groups: tuple[bytes | None, ...]) -> Record | None:
     """The :class:`Record` of a line :data:`_FAST` matched (its groups, in order); None
     when its loss is beyond the float range (malformed, as on the JSON path)."""
-    event, time, inc, rank, step, loss = groups
+    event, time, inc, rank, step, loss, decimals = groups
     assert event is not None
     assert time is not None
     assert inc is not None
     assert step is not None
     name = _EVENT_NAMES[event]
     value = None
+    printed = None
     if loss is not None and name == PROGRESS:
         value = _fast_loss(loss)
         if not math.isfinite(value):
             return None
+        if decimals is not None:
+            printed = int(decimals)
+            if printed > MAX_LOSS_DECIMALS:
+                return None
     return Record(
         name,
         float(time),
@@ -675,6 +714,7 @@ def _fast_record(groups: tuple[bytes | None, ...]) -> Record | None:
         None if rank is None else int(rank),
         # a loss on another event is an unknown field there: ignored, as the JSON path does
         loss=value,
+        loss_decimals=printed,
     )
 
 

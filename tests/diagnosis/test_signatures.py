@@ -129,6 +129,10 @@ CASES = {
         error_before_kill(sample("missing-checkpoint-dir-save.log")),
         {"missing-checkpoint-dir"},
     ),
+    "missing-checkpoint-file-load.log": (
+        error_before_kill(sample("missing-checkpoint-file-load.log")),
+        {"missing-checkpoint-dir"},
+    ),
     "missing-python-package.log": (
         error_before_kill(sample("missing-python-package.log")),
         {"missing-python-package"},
@@ -350,7 +354,7 @@ def test_a_job_failing_on_its_first_start_gets_the_missing_folder_diagnosis(
     )
     proc = run_cli("run", "-f", str(config), "-q")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "diagnosis: no checkpoint folder on the first start" in proc.stdout
+    assert "diagnosis: no checkpoint folder or file on the first start" in proc.stdout
     assert "os.makedirs(folder, exist_ok=True)" in proc.stdout
     assert "FileNotFoundError: [Errno 2] No such file or directory" in proc.stdout
     assert "--report-dir keeps the whole output" in proc.stdout

@@ -33,6 +33,7 @@ removed, and the step it loaded: the truth a drill's verdict is held to.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -157,10 +158,8 @@ def save(folder: Path, step: int, state: dict[str, Any], saver: str, truth: Trut
         os.replace(tmp, final)
         fsync_folder(folder)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass
         raise
     truth("durable", step)
     if saver == "atomic":  # retention after the new one is durable: keep the last two
@@ -178,7 +177,9 @@ def main() -> None:
     truth("start", 0)
     folder = Path(args.ckpt_dir)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+    )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     step = 0
     found = resume_from(folder) if folder.is_dir() else None

@@ -32,7 +32,10 @@ def target_killed(ev: LiveEvidence) -> Check:
     none wrote a line after its replacement's first line (both were alive at once) or
     more than ``KILL_TAKES_EFFECT`` (5 s) after the kill was sent. A kill takes effect a
     moment after it is sent (a kubelet's, a second or so), so lines in between are not
-    counted. No line of the target replica before the kill is undecided."""
+    counted. An old incarnation that kept reporting is undecided, not failed: the kill
+    did not end the process that reports, so the recovery from it cannot be judged (the
+    drill's kill did not happen as planned; the job is not at fault). No line of the
+    target replica before the kill is undecided."""
     log, kill = ev.log, ev.kill
     victims = [p for p in log.procs.values() if p.replica == log.target and log.old(p)]
     if not victims:
@@ -76,11 +79,13 @@ def target_killed(ev: LiveEvidence) -> Check:
     )
     return Check(
         "target_killed",
-        False,
+        None,
         "no line of the killed instance once its replacement ran",
         f"{len(late)} incarnation(s) kept writing",
         f"the killed replica's old incarnation {worst.inc} kept reporting until {after} "
-        f"after the kill, {why}: the kill had not ended the process that reports by then",
+        f"after the kill, {why}: the kill had not ended the process that reports by then, "
+        "so the recovery from it cannot be judged; check that the target the drill kills "
+        "is the process that prints the replica's lines",
         R.INCONCLUSIVE,
     )
 

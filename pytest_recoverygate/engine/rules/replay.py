@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pytest_recoverygate.engine.advice import loss_fix
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES
 from pytest_recoverygate.engine.ledger import Inc, Ledger
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
@@ -44,6 +45,7 @@ __all__ = [
     "judge",
     "judge_kill",
     "points_of",
+    "printed_decimals",
     "reference",
     "replacements",
     "replay_figures",
@@ -84,7 +86,10 @@ class ReplayFigures:
     point), values as reported (of a step reported more than once, its first differing
     line, else its first); ``steps_skipped``: steps both runs reported that cannot be
     compared (a different number of lines); ``finite_losses``: compared lines whose two
-    losses are finite numbers.
+    losses are finite numbers; ``diverged``: the compared steps that did not match (outside
+    the tolerance, or whose data differs); ``printed_decimals``: the losses were read from
+    lines the job printed with that many decimals (the fewest of either run), so equal
+    ones are equal to that precision only, None when the job passed its losses itself.
     """
 
     mode: ReplayMode
@@ -100,11 +105,18 @@ class ReplayFigures:
     steps_skipped: int = 0
     lines_per_step: int = 1
     finite_losses: int = 0
+    diverged: tuple[int, ...] = ()
+    printed_decimals: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         rows = []
         for step, (old, old_data), (new, new_data) in self.steps:
-            row: dict[str, Any] = {"step": step, "killed": _json(old), "replacement": _json(new)}
+            row: dict[str, Any] = {
+                "step": step,
+                "killed": _json(old),
+                "replacement": _json(new),
+                "matches": step not in self.diverged,
+            }
             if old_data is not None or new_data is not None:
                 row["killedData"], row["replacementData"] = old_data, new_data
             rows.append(row)
@@ -120,6 +132,7 @@ class ReplayFigures:
             "killedRunLastStep": self.killed_at,
             "stepsSkipped": self.steps_skipped,
             "linesPerStep": self.lines_per_step,
+            "lossDecimals": self.printed_decimals,
             "steps": rows,
         }
 
@@ -137,6 +150,13 @@ def _json(value: float | None) -> float | str | None:
 def points_of(inc: Inc) -> Mapping[int, Lines]:
     """The (loss, data) lines an incarnation reported, by step."""
     return inc.replay_points
+
+
+def printed_decimals(*incs: Inc | None) -> int | None:
+    """The fewest decimals the losses of ``incs`` were printed with (read from log lines),
+    None when none of them read its losses from a line."""
+    found = [i.loss_decimals for i in incs if i is not None and i.loss_decimals is not None]
+    return min(found, default=None)
 
 
 def _candidates(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) -> list[Inc]:
@@ -231,6 +251,8 @@ def judge(
     spec: ReplaySpec,
     *,
     resumed_from: int | None = None,
+    printed: int | None = None,
+    evidence: str | None = None,
 ) -> tuple[Check | None, ReplayFigures | None]:
     """Compare the steps both runs reported; the check (None with ``report``) and the
     figures (None when neither run reported a loss or data and nothing is judged).
@@ -238,6 +260,8 @@ def judge(
     Only steps past ``resumed_from`` are replayed steps: a line of the replacement at or
     below the step it resumed from is the state it loaded, or a step it should not have
     redone (which the resume checks judge), never a replay of the killed run's.
+    ``printed``: the losses were read from lines printed with that many decimals;
+    ``evidence``: how the job reports (the fix a message gives, engine/advice.py).
     """
     old = {step: _lines(v) for step, v in killed.items()}
     new = {step: _lines(v) for step, v in replacement.items()}
@@ -254,15 +278,17 @@ def judge(
             killed_at=killed_at,
             skipped=skipped,
             per_step=per_step,
+            evidence=evidence,
         )
         why = _nothing(reason, skipped)
         return why, ReplayFigures(
             spec.mode, 0, None, 0, None, None, None, (), resumed_from, killed_at, skipped, per_step
         )
     figures = _figures(old, new, spec, common, (resumed_from, killed_at, skipped, per_step))
+    figures = replace(figures, printed_decimals=printed)
     if not spec.judges:
         return None, figures
-    return _check(spec, figures), figures
+    return _check(spec, figures, evidence), figures
 
 
 def _compare(
@@ -321,6 +347,7 @@ def _figures(
         skipped,
         per_step,
         acc["finite"],
+        tuple(divergent),
     )
 
 
@@ -338,18 +365,25 @@ def _observed(figures: ReplayFigures) -> dict[str, Any]:
     }
 
 
-def _check(spec: ReplaySpec, figures: ReplayFigures) -> Check:
+def _check(spec: ReplaySpec, figures: ReplayFigures, evidence: str | None = None) -> Check:
     n = figures.steps_compared
     if figures.first_divergent_step is not None:
         return _diverged(spec, figures)
     if not figures.finite_losses:
-        return _unproven(spec, figures)
+        return _unproven(spec, figures, evidence)
+    decimals = figures.printed_decimals
     how = (
         "bit for bit"
         if spec.mode == "exact"
         else f"within the tolerance ({figures.divergent_steps} outside it, "
         f"{spec.max_divergent_steps} allowed)"
     )
+    if decimals is not None and spec.mode == "exact":
+        how = (
+            f"equal to the {decimals} printed decimal{'s' if decimals != 1 else ''} (the "
+            "losses were read from the job's lines: a difference below that precision "
+            "cannot be seen)"
+        )
     return Check(
         CHECK,
         True,
@@ -360,7 +394,7 @@ def _check(spec: ReplaySpec, figures: ReplayFigures) -> Check:
     )
 
 
-def _unproven(spec: ReplaySpec, figures: ReplayFigures) -> Check:
+def _unproven(spec: ReplaySpec, figures: ReplayFigures, evidence: str | None) -> Check:
     """Inconclusive: the compared steps agree, but no finite loss was compared."""
     n = figures.steps_compared
     what = f"{n} compared step{'s' if n != 1 else ''} ({_span(figures)})"
@@ -371,8 +405,8 @@ def _unproven(spec: ReplaySpec, figures: ReplayFigures) -> Check:
     ):
         why = (
             f"the batch fingerprints of {what} matched, but no loss was compared: the data "
-            "position was restored, nothing shows the training state was; pass "
-            "reporter.progress(step, loss=loss)"
+            f"position was restored, nothing shows the training state was; pass the loss: "
+            f"{loss_fix(evidence)}"
         )
     else:
         why = (
@@ -436,6 +470,7 @@ def _why_nothing(
     killed_at: int | None,
     skipped: int,
     per_step: int,
+    evidence: str | None = None,
 ) -> str:
     loss_old = any(p[0] is not None for ls in killed.values() for p in ls)
     loss_new = any(p[0] is not None for ls in replacement.values() for p in ls)
@@ -444,13 +479,11 @@ def _why_nothing(
     )
     floor = -1 if resumed_from is None else resumed_from
     if not loss_old and not loss_new and not data_both:
-        return (
-            "the job reports no loss: pass it, reporter.progress(step, loss=loss) "
-            "(a float or a 0-d tensor)"
-        )
+        return f"the job reports no loss: pass it, {loss_fix(evidence)}"
     if loss_old != loss_new and not data_both:
         which = "the killed run" if not loss_old else "the replacement"
-        return f"{which} reported no loss: pass loss= to reporter.progress on every run"
+        fix = "pass loss= to reporter.progress" if evidence is None else loss_fix(evidence)
+        return f"{which} reported no loss: {fix} on every run"
     if skipped:
         return (
             f"the {skipped} step{'s' if skipped != 1 else ''} both runs reported past the "
@@ -490,6 +523,7 @@ def judge_kill(
     kill_time: float,
     judged: Inc,
     resumed_from: int | None,
+    evidence: str | None = None,
 ) -> tuple[Check | None, dict[str, Any] | None]:
     """The replay check and the report's figures of one kill, from the ledger: the judged
     replacement against its rank's killed run; when that holds (or cannot decide), every
@@ -499,7 +533,10 @@ def judge_kill(
     def one(inc: Inc, start: int | None) -> tuple[Check | None, ReplayFigures | None]:
         old = reference(ledger, kill_index, kill_time, inc)
         killed = points_of(old) if old is not None else {}
-        return judge(killed, points_of(inc), spec, resumed_from=start)
+        printed = printed_decimals(old, inc)
+        return judge(
+            killed, points_of(inc), spec, resumed_from=start, printed=printed, evidence=evidence
+        )
 
     check, figures = one(judged, resumed_from)
     if spec.judges and (check is None or check.passed is not False):
@@ -525,6 +562,7 @@ def _of_kill(ev: KillEvidence) -> tuple[Check | None, dict[str, Any] | None]:
         kill_time=ev.kill.time,
         judged=ev.inc,
         resumed_from=ev.settled.step,
+        evidence=ev.spec.evidence,
     )
 
 

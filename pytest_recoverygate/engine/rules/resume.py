@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from pytest_recoverygate.engine.advice import load_fix, save_fix
 from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume, steps_text
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
@@ -67,6 +68,7 @@ class _Resumed:
     first: int | None
     completed: list[int]
     torn: set[int]
+    evidence: str | None = None  # how the job reports (engine/advice.py)
 
 
 def _read(ev: KillEvidence) -> _Resumed:
@@ -85,6 +87,7 @@ def _read(ev: KillEvidence) -> _Resumed:
         inc.first[0] if inc.first else None,
         sorted({c.step for c in ev.ledger.before(inc)}),
         set(ev.ledger.torn()),
+        ev.spec.evidence,
     )
 
 
@@ -105,8 +108,7 @@ def _check(r: _Resumed, passed: bool | None, message: str, reason: FailureReason
                 (
                     f"the replacement's first step ({first}) fits a resume from step "
                     f"{observed} as well as one that loaded checkpoint {inside[-1]} and "
-                    "redid steps: call reporter.checkpoint_loaded(step) after loading so "
-                    "the drill knows which"
+                    f"redid steps: {load_fix(r.evidence)} so the drill knows which"
                 ),
                 R.INCONCLUSIVE,
             )
@@ -167,8 +169,13 @@ def _unreported_load(r: _Resumed) -> Check | None:
             f"reported saved, and its first step was {first}: either it loaded a "
             f"checkpoint of step {first} saved without a report and did that step again, "
             f"or its load line names the next step to run (the state of step {first - 1}). "
-            "Make it decidable: call reporter.checkpoint_loaded(step) with the step the "
-            "loaded checkpoint holds (the one checkpoint_completed reported for it)"
+            "Make it decidable: "
+            + (
+                "call reporter.checkpoint_loaded(step) with the step the loaded checkpoint "
+                "holds (the one checkpoint_completed reported for it)"
+                if r.evidence is None
+                else load_fix(r.evidence)
+            )
         ),
         R.INCONCLUSIVE,
     )
@@ -244,9 +251,7 @@ def _cut_save(r: _Resumed) -> Check | None:
             f"{format_seconds(cut[observed])} before the kill and was cut {never}: "
             "either it loaded a torn checkpoint, or the checkpoint was complete and "
             "the job reports checkpoint_completed later than it becomes durable (after "
-            "a barrier, at the next hook). Make it decidable: call "
-            "reporter.checkpoint_completed(step) as soon as the checkpoint is durable "
-            "on the rank that writes it"
+            f"a barrier, at the next hook). Make it decidable: {save_fix(r.evidence)}"
         ),
         R.INCONCLUSIVE,
     )
@@ -370,9 +375,13 @@ def _beyond_seen(r: _Resumed) -> Check | None:
                 f"{how} checkpoint {observed}, which the drill never saw completed "
                 f"(newer than every checkpoint seen, {expected}, and within the "
                 f"steps the job reached, at most {reach}): a complete checkpoint "
-                "written without a report, or a torn one. Make it decidable: call "
-                "reporter.checkpoint_completed(step) for every checkpoint the job "
-                "writes, on the rank that writes it"
+                "written without a report, or a torn one. Make it decidable: "
+                + (
+                    "call reporter.checkpoint_completed(step) for every checkpoint the job "
+                    "writes, on the rank that writes it"
+                    if r.evidence is None
+                    else save_fix(r.evidence)
+                )
             ),
             R.INCONCLUSIVE,
         )
@@ -503,7 +512,7 @@ def resume_step(ev: KillEvidence) -> Check | None:
     if not ev.trained:
         return None
     assert ev.resume is not None
-    return unless_proven(_resume_check(ev), ev.resume, ev.expected, ev.contract)
+    return unless_proven(_resume_check(ev), ev.resume, ev.expected, ev.contract, ev.spec.evidence)
 
 
 def settle(ev: KillEvidence) -> Resume | None:
@@ -520,7 +529,11 @@ def settle(ev: KillEvidence) -> Resume | None:
 
 
 def unless_proven(
-    verdict: Check, resume: Resume, expected: int | None, contract: StepContract
+    verdict: Check,
+    resume: Resume,
+    expected: int | None,
+    contract: StepContract,
+    evidence: str | None = None,
 ) -> Check:
     """:func:`_resume_check`'s FAIL made undecided where it rests on a step inferred from
     the reporting grid (nothing loaded, nothing replayed, no upper bound below the
@@ -540,8 +553,7 @@ def unless_proven(
             verdict.expected,
             verdict.observed,
             f"inferred from the job's reporting grid ({contract.grid}), not proven: "
-            f"{verdict.message}; call reporter.checkpoint_loaded(step) after loading so "
-            "the drill knows",
+            f"{verdict.message}; {load_fix(evidence)} so the drill knows",
             R.INCONCLUSIVE,
         )
     return verdict
