@@ -216,7 +216,7 @@ def main() -> None:
                 reporter.checkpoint_started(step)
                 try:
                     counted = save(folder, step, state, args.saver, truth)
-                except OSError as exc:
+                except (OSError, RuntimeError) as exc:  # torch.save to a path: RuntimeError
                     truth("save_failed", step, error=str(exc))
                     reporter.checkpoint_failed(step, exc)
                     if args.on_error == "raise":

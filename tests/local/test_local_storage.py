@@ -1,0 +1,250 @@
+"""StorageFault end to end: real torchrun jobs whose checkpoint folder fails, each verdict
+held to the job's own records.
+
+We test these aspects, each with a shipped example under examples/local/storage/ run as a
+user would (``recoverygate run -f …``), the job (train_storage.py) writing its own
+ground truth (``RECOVERYGATE_GROUND_TRUTH``: every save started, failed with its error,
+durable, reported complete, every checkpoint it removed, the step it loaded):
+- enospc, eio and readonly against the atomic saver: the save fails, the job says so and
+  fails loudly, the replacement resumes from the newest durable checkpoint (PASS); the
+  same saver told to skip trains on (PASS);
+- the savers that get it wrong: a writer thread that reports a failed save complete and
+  a ``latest`` link moved to a save that then failed (``SAVE_FAILURE_SWALLOWED``),
+  retention that removes the last checkpoint first (``LAST_GOOD_CHECKPOINT_DELETED``);
+- stall: behind a barrier without a timeout (``STALLED_ON_STORAGE`` at maxStall), with a
+  timeout (PASS), and a stall shorter than maxStall (PASS);
+- during: load with latency: within the SLO (PASS), against a tighter one (``TOO_SLOW``,
+  the checkpointLoaded phase named);
+- after every drill: no mount, no layer process, no owner record, no process of the job.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from pytest_recoverygate.shared.lock import lock_dir
+from pytest_recoverygate.storage.layer import RECORD_PREFIX, our_mounts
+from tests.cli_drill import run_cli_drill
+
+pytestmark = [pytest.mark.e2e, pytest.mark.local]
+
+STORAGE = Path(__file__).resolve().parents[2] / "examples" / "local" / "storage"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+@dataclass(frozen=True)
+class Run:
+    report: dict[str, Any]
+    code: int
+    output: str
+    truth: dict[int, list[dict[str, Any]]]  # rank 0's records, per process (pid), in order
+
+    def explain(self) -> str:
+        return (
+            f"\nexit {self.code}\nsummary: {self.report.get('summary')}\nreasons: "
+            f"{self.report.get('reasons')}\noutput tail:\n"
+            + "\n".join(self.output.splitlines()[-25:])
+        )
+
+    @property
+    def processes(self) -> list[list[dict[str, Any]]]:
+        """Rank 0's processes, oldest first."""
+        return sorted(self.truth.values(), key=lambda rows: rows[0]["t"])
+
+    def events(self, process: list[dict[str, Any]], event: str) -> list[int]:
+        return [row["step"] for row in process if row["event"] == event]
+
+    @property
+    def storage(self) -> dict[str, Any]:
+        return dict(self.report["recoveries"][0]["faultDetails"]["storage"])
+
+
+def drill(name: str, tmp_path: Path) -> Run:
+    """Run examples/local/storage/<name> on a fresh checkpoint folder, ground truth on."""
+    config = yaml.safe_load((STORAGE / name).read_text())
+    command = config["workload"]["command"]
+    command[0] = str(TORCHRUN)
+    command[:] = [str(STORAGE / c) if c == "train_storage.py" else c for c in command]
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    command[:] = [f"--ckpt-dir={folder}" if c.startswith("--ckpt-dir=") else c for c in command]
+    config["workload"]["workdir"] = str(tmp_path)
+    config["injectFailure"]["path"] = str(folder)
+    base = tmp_path / "truth"
+    mark = uuid.uuid4().hex
+    env = config["workload"].setdefault("env", {})
+    env.update(RECOVERYGATE_GROUND_TRUTH=str(base), RG_E2E_MARK=mark)
+    run = run_cli_drill(config, tmp_path / name, timeout=600)
+    truth: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for path in sorted(tmp_path.glob("truth.0.*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            truth[row["pid"]].append(row)
+    result = Run(run.report, run.code, run.output, dict(truth))
+    assert not left_behind(mark, folder), "left behind:\n" + "\n".join(left_behind(mark, folder))
+    return result
+
+
+def left_behind(mark: str, folder: Path) -> list[str]:
+    """What this drill left (other drills may run beside it): a storage layer's mount over
+    its folder, that layer's process or owner record, a process of its job (each process
+    then killed, so one leak fails one test)."""
+    mine = str(folder.resolve())
+    found = [f"mount {target} ({source})" for target, source in our_mounts() if target == mine]
+    for record in lock_dir().glob(f"{RECORD_PREFIX}*.json"):
+        try:
+            if json.loads(record.read_text()).get("folder") == mine:
+                found.append(f"record {record}")
+        except (OSError, ValueError):
+            continue
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if "pytest_recoverygate.storage.fs" in cmdline and str(folder) in cmdline:
+                found.append(f"layer {proc.pid} {cmdline}")
+                proc.kill()
+            elif proc.environ().get("RG_E2E_MARK") == mark:
+                found.append(f"job {proc.pid} {proc.status()} {cmdline}")
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def assert_resumed_from_the_last_durable(run: Run) -> None:
+    """PASS, and the job's own records agree: its first process saved 40 durably and
+    failed the save of 60; the replacement the drill judged loaded 40."""
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    first, *later = run.processes
+    assert max(run.events(first, "durable")) == 40, first
+    assert 60 in run.events(first, "save_failed"), first
+    assert 60 not in run.events(first, "reported_complete"), first
+    loaded = [run.events(p, "loaded")[0] for p in later if run.events(p, "step")]
+    assert loaded and loaded[0] == run.report["resumeStep"] == 40, (loaded, run.explain())
+    assert run.report["expectedResumeStep"] == 40
+
+
+# ------------------------------------------------------------------ the savers that get it right
+
+
+@pytest.mark.parametrize(
+    "name", ["atomic-enospc.yaml", "atomic-eio.yaml", "atomic-readonly.yaml"]
+)
+def test_an_atomic_saver_fails_loudly_and_resumes_from_the_last_durable(
+    name: str, tmp_path: Path
+) -> None:
+    run = drill(name, tmp_path)
+    assert_resumed_from_the_last_durable(run)
+    storage = run.storage
+    errno = {"atomic-enospc.yaml": "ENOSPC", "atomic-eio.yaml": "EIO"}.get(name, "EROFS")
+    assert storage["firstOperation"]["error"] == errno, storage
+    assert storage["saveHit"] == 60 and storage["lastDurableCheckpoint"] == 40, storage
+    assert storage["liftedAt"] is not None, storage
+    checks = {c["name"]: c for c in run.report["checks"]}
+    assert checks["failed_save_not_counted"]["passed"] is True, run.explain()
+    assert checks["last_good_checkpoint_kept"]["passed"] is True, run.explain()
+
+
+def test_a_saver_that_skips_a_failed_save_says_so_and_trains_on(tmp_path: Path) -> None:
+    run = drill("atomic-skip.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    [first] = run.processes  # it never restarted
+    assert 60 in run.events(first, "save_failed"), first
+    assert 80 in run.events(first, "durable"), first  # the next save, once lifted, worked
+    assert run.storage["saveEnded"] == "reported failed", run.storage
+
+
+# ------------------------------------------------------------------ the savers that get it wrong
+
+
+def test_a_writer_thread_that_reports_a_failed_save_complete_fails(tmp_path: Path) -> None:
+    run = drill("swallow-enospc.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] == "SAVE_FAILURE_SWALLOWED", run.explain()
+    first = run.processes[0]
+    # its own records: the write failed, and it reported the checkpoint complete anyway
+    assert 60 in run.events(first, "save_failed") and 60 in run.events(first, "reported_complete")
+
+
+def test_a_latest_link_moved_before_the_save_fails(tmp_path: Path) -> None:
+    run = drill("latest-first-enospc.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert "SAVE_FAILURE_SWALLOWED" in run.report["reasons"], run.explain()
+    assert "latest was moved to name it" in run.report["summary"], run.explain()
+    first = run.processes[0]
+    assert 60 in run.events(first, "pointer") and 60 in run.events(first, "save_failed"), first
+
+
+def test_retention_that_removes_the_last_checkpoint_first_fails(tmp_path: Path) -> None:
+    run = drill("delete-first-eio.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] == "LAST_GOOD_CHECKPOINT_DELETED", run.explain()
+    first = run.processes[0]
+    deleted = [row for row in first if row["event"] == "deleted" and row["step"] == 40]
+    failed = [row for row in first if row["event"] == "save_failed" and row["step"] == 60]
+    assert deleted and failed and deleted[0]["t"] < failed[0]["t"], first
+
+
+# ------------------------------------------------------------------ stall
+
+
+def test_a_stall_behind_a_barrier_without_a_timeout_fails_at_max_stall(tmp_path: Path) -> None:
+    run = drill("stall-barrier.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"] == ["STALLED_ON_STORAGE"], run.explain()
+    [first] = run.processes
+    assert 60 in run.events(first, "save_started"), first
+    assert max(run.events(first, "step")) == 60, "no step past the held save"
+    assert not run.events(first, "save_failed"), "the save neither failed nor completed"
+    [check] = [c for c in run.report["checks"] if c["name"] == "storage_stall_handled"]
+    assert 20.0 <= check["observed"] < 30.0, check  # decided at maxStall, not later
+
+
+def test_a_stall_behind_a_barrier_with_a_timeout_fails_loudly_and_recovers(
+    tmp_path: Path,
+) -> None:
+    run = drill("stall-barrier-timeout.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    later = [p for p in run.processes[1:] if run.events(p, "step")]
+    assert later and run.events(later[0], "loaded")[0] == run.report["resumeStep"] == 40
+
+
+def test_a_stall_shorter_than_max_stall_passes(tmp_path: Path) -> None:
+    run = drill("stall-short.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    [first] = run.processes  # the held save completed once the storage came back
+    assert 60 in run.events(first, "durable") and max(run.events(first, "step")) > 60, first
+
+
+# ------------------------------------------------------------------ during: load
+
+
+def test_a_slow_load_within_the_slo_passes(tmp_path: Path) -> None:
+    run = drill("load-latency.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    assert run.storage["operationsDelayed"] >= 1, run.storage
+    later = [p for p in run.processes[1:] if run.events(p, "step")]
+    assert later and run.events(later[0], "loaded")[0] == 40
+
+
+def test_a_load_slower_than_the_slo_fails_naming_the_load(tmp_path: Path) -> None:
+    run = drill("load-latency-too-slow.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"] == ["TOO_SLOW"], run.explain()
+    assert "checkpointLoaded phase" in run.report["summary"], run.explain()
+    later = [p for p in run.processes[1:] if run.events(p, "step")]
+    assert later and run.events(later[0], "loaded")[0] == 40  # the right checkpoint, slowly
+    phases = run.report["recoveries"][0]["breakdown"]
+    assert phases["checkpointLoaded"] - phases["processStarted"] > 10.0, phases
