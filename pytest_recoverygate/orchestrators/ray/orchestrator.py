@@ -280,12 +280,14 @@ class RayOrchestrator(LaunchedJob):
         """One signal through the cluster, by a task pinned to the target's node."""
         marker = list(target.marker) if target.marker else None
         request = {"op": "signal", "node": target.node_id, "pid": target.pid}
-        request |= {"ticks": target.ticks, "signal": sig, "marker": marker}
-        return self._ask(request, HELPER_TIMEOUT)
+        return self._ask(
+            request | {"ticks": target.ticks, "signal": sig, "marker": marker}, HELPER_TIMEOUT
+        )
 
     def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One request to the cluster: the kill server, else a one-shot helper for it."""
-        assert self._gcs is not None
+        if self._gcs is None:
+            raise BackendError("the drill is not connected to the Ray cluster")
         if self._server is not None and self._server.ready(timeout):
             return self._server.request(request, timeout)
         return self._helper("request", self._gcs, json.dumps(request), timeout=timeout)

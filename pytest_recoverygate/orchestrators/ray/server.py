@@ -102,6 +102,20 @@ class KillServer:
             raise BackendError(str(answer["error"]))
         return answer
 
+    def kill(
+        self,
+        node_id: str,
+        pid: int,
+        ticks: str,
+        timeout: float,
+        sig: str = "KILL",
+        *,
+        marker: tuple[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """One ``signal`` request (see :func:`.helper.signal_here`)."""
+        request = {"op": "signal", "node": node_id, "pid": pid, "ticks": ticks, "signal": sig}
+        return self.request({**request, "marker": list(marker) if marker else None}, timeout)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             if self._proc.stdin is not None:
