@@ -59,6 +59,7 @@ __all__ = [
     "is_worker_title",
     "main",
     "process_ticks",
+    "request",
     "signal_here",
 ]
 
