@@ -55,7 +55,8 @@ def _lines(checks: list[dict[str, Any]], *, live: bool, indent: str) -> Iterator
     for check in checks:
         if not isinstance(check, dict):
             continue
-        outcome = OUTCOME.get(check.get("passed"), "?")
+        passed = check.get("passed")
+        outcome = OUTCOME.get(passed, "?") if passed is None or isinstance(passed, bool) else "?"
         reason = f" ({_text(check['reason'])})" if check.get("reason") else ""
         name, message = _text(check.get("name")), _text(check.get("message"))
         yield f"{indent}{name}: {outcome}{reason} — {message}"
