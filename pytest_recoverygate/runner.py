@@ -59,6 +59,9 @@ if TYPE_CHECKING:
     from pytest_recoverygate.report.evidence import Evidence
 
 __all__ = [
+    "MAX_RAW_OTHER",
+    "MAX_RAW_PROGRESS",
+    "ProgressRecord",
     "RunOptions",
     "Status",
     "check_confirmation",

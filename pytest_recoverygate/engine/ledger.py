@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES, no_room
 from pytest_recoverygate.engine.grid import GridTracker, held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.rankless import RanklessLines
 from pytest_recoverygate.engine.verdict import (
     FailureReason,
     IncarnationInfo,
@@ -37,8 +38,6 @@ from pytest_recoverygate.engine.verdict import (
 )
 
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
-
-MAX_RANKLESS_NAMED = 64  # rank-less incarnations named in the report's note (the rest counted)
 
 R = FailureReason
 
@@ -214,29 +213,7 @@ class Ledger:
         self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
         self.started_ranks: set[int] = set()  # the other ranks seen starting a save
-        # issue 41: once a line with a rank came, a rank-less process stands for no rank
-        # (a Ray driver relaying its workers' lines, a launcher): its lines are not evidence
-        self.ranked = False
-        self.rankless_lines = 0
-        self.rankless_incs: set[str] = set()
-
-    def rankless(self, event: TrainingEvent) -> bool:
-        """Whether ``event`` is a rank-less process's line while ranked processes report:
-        counted in :attr:`rankless_lines`, never evidence of the reporting rank."""
-        if event.rank is not None:
-            self.ranked = True
-            return False
-        if not self.ranked:
-            return False
-        self.rankless_lines += 1
-        if len(self.rankless_incs) < MAX_RANKLESS_NAMED:
-            self.rankless_incs.add(event.incarnation)
-        return True
-
-    def stands_in(self, inc: Inc) -> bool:
-        """A rank-less incarnation seen before the ranked ones reported: it never stands
-        for the reporting rank (never its replacement, nor its killed run)."""
-        return inc.rank is None and self.ranked
+        self.rankless = RanklessLines()  # issue 41: rank-less lines once ranked ones came
 
     def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
         """Whether the ledger has no room left for ``event`` (:func:`.caps.no_room`); such
@@ -269,13 +246,8 @@ class Ledger:
 
     def is_new(self, inc: Inc) -> bool:
         """A replacement for the kill under judgement (a worker, never a child of one)."""
-        return (
-            self.open
-            and inc.born == self.kills
-            and self.kills > 0
-            and not self.is_child(inc)
-            and not self.stands_in(inc)
-        )
+        new = self.open and inc.born == self.kills > 0
+        return new and not self.is_child(inc) and not self.rankless.stands_in(inc.rank)
 
     def other_rank(self, event: TrainingEvent) -> None:
         """A start or checkpoint line of a rank other than the reporting one."""
@@ -443,8 +415,7 @@ class Ledger:
         self.current_step = step
         rnd = self.round
         kill = rnd.kill_time
-        if kill is None or at <= kill:
-            inc.before_kill = (step, at)
+        inc.before_kill = (step, at) if kill is None or at <= kill else inc.before_kill
         if new:
             return
         if kill is None or at <= kill:

@@ -178,7 +178,7 @@ class DrillEngine(DrillState):
             if len(ev.ignored_incs) < MAX_INCARNATIONS:
                 ev.ignored_incs.add(event.incarnation)
             return []
-        if ev.rankless(event):
+        if ev.rankless.ignore(event):
             return []  # issue 41: a rank-less process while ranked ones report (a Ray driver)
         rank = self.spec.reporting_rank
         other = rank is not None and event.rank is not None and event.rank != rank

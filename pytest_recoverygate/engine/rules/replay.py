@@ -146,7 +146,7 @@ def _candidates(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) 
         if inc is not judged
         and inc.born < kill_index
         and not ledger.is_child(inc)
-        and not ledger.stands_in(inc)
+        and not ledger.rankless.stands_in(inc.rank)
         and inc.replay_points
         and inc.first_seen <= kill_time
         and _last_before(inc, kill_time) is not None
@@ -199,7 +199,7 @@ def replacements(ledger: Ledger, kill_index: int, judged: Inc) -> list[Inc]:
         if inc is not judged
         and inc.born == kill_index
         and not ledger.is_child(inc)
-        and not ledger.stands_in(inc)
+        and not ledger.rankless.stands_in(inc.rank)
         and inc.replay_points
     ]
 
