@@ -9,7 +9,8 @@ these aspects, on answers captured from a real Ray 2.60 run (tests/ray/data:
 - the honest state agrees with the GCS; a state that names another pid, node, job or
   class, or an actor the GCS does not know, is refused, naming what differs;
 - the guard refuses at discovery before any probe, and when the node's probe says the
-  pid is no Train worker of its raylet; it takes the start ticks the node read;
+  pid is no Train worker of its raylet; it takes the start ticks the node read; in a
+  cluster the drill started, the drill's jobs are those whose driver carries its marker;
 - KillNode: only a node hosting a worker the GCS vouches for, never the head, and a GCS
   that names no head (or cannot be read) is a refusal (it failed open);
 - the logs folder is the session the GCS names (under the drill's own ``RAY_TMPDIR``
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -78,7 +81,8 @@ def test_the_honest_state_agrees_with_the_gcs() -> None:
     view = parse_gcs(captured_gcs())
     job = driver_job(view, DRIVER_PID, LOCAL)
     assert job == "01000000"
-    assert [refusal(w, view, job) for w in workers()] == [None, None]
+    assert job == "01000000"
+    assert [refusal(w, view, {job}) for w in workers()] == [None, None]
     assert head_node(view) == next(iter(view.nodes))
 
 
@@ -94,7 +98,7 @@ def test_a_forged_worker_is_refused_naming_what_differs(forged: dict[str, Any], 
     view = parse_gcs(captured_gcs())
     rank1 = replace(workers()[1], **forged)
 
-    why = refusal(rank1, view, "01000000")
+    why = refusal(rank1, view, {"01000000"})
 
     assert why is not None and said in why, why
 
@@ -105,12 +109,12 @@ def test_an_actor_of_another_job_or_class_is_refused() -> None:
     other = copy.deepcopy(answer)
     other["actors"][rank1.actor_id]["job"] = "02000000"
     assert "belongs to job 02000000, not to the drill's job 01000000" in str(
-        refusal(rank1, parse_gcs(other), "01000000")
+        refusal(rank1, parse_gcs(other), {"01000000"})
     )
     other = copy.deepcopy(answer)
     other["actors"][rank1.actor_id]["class"] = "TrainController"
-    assert "not a RayTrainWorker" in str(refusal(rank1, parse_gcs(other), "01000000"))
-    assert "job is unknown" in str(refusal(rank1, parse_gcs(answer), None))
+    assert "not a RayTrainWorker" in str(refusal(rank1, parse_gcs(other), {"01000000"}))
+    assert "job is unknown" in str(refusal(rank1, parse_gcs(answer), ()))
 
 
 def test_a_dead_actor_is_gone_not_refused_when_the_caller_allows() -> None:
@@ -118,8 +122,8 @@ def test_a_dead_actor_is_gone_not_refused_when_the_caller_allows() -> None:
     rank1 = workers()[1]
     answer["actors"][rank1.actor_id]["state"] = "DEAD"
     view = parse_gcs(answer)
-    assert refusal(rank1, view, "01000000", gone_ok=True) is None
-    assert "as DEAD" in str(refusal(rank1, view, "01000000"))
+    assert refusal(rank1, view, {"01000000"}, gone_ok=True) is None
+    assert "as DEAD" in str(refusal(rank1, view, {"01000000"}))
 
 
 def test_a_driver_on_another_machine_or_twice_listed_is_no_job_of_the_drill() -> None:
@@ -161,7 +165,7 @@ def test_the_guard_takes_the_ticks_its_probe_read_on_the_node() -> None:
 
     guard.verify(workers(), driver_pid=DRIVER_PID, job=None)
 
-    assert guard.job == "01000000"
+    assert guard.jobs == {"01000000"}
     assert [guard.ticks(w.actor_id) for w in workers()] == ["t20832", "t20878"]
     assert [r["op"] for r in cluster.asked] == ["gcs", "probe", "probe"]
     target = guard.target(workers()[1], guard.ticks(workers()[1].actor_id))
@@ -194,6 +198,30 @@ def test_a_gcs_that_cannot_be_read_refuses_discovery() -> None:
 
     with pytest.raises(DiscoveryError, match="could not read the GCS"):
         WorkerGuard(down, local=LOCAL).verify(workers(), driver_pid=DRIVER_PID, job=None)
+
+
+def test_in_its_own_cluster_the_drill_takes_the_jobs_whose_drivers_carry_its_marker() -> None:
+    """A driver behind a wrapper (``entrypoint: [bash, run.sh]``): the process the drill
+    launched is not the driver; in a cluster the drill started, the jobs whose driver on
+    this machine carries the drill's marker are its own, and no other."""
+    marker = ("RECOVERYGATE_DRILL_ID", "0123456789abcdef")
+    ours = subprocess.Popen(["sleep", "60"], env={**os.environ, marker[0]: marker[1]})
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        answer = captured_gcs()
+        answer["jobs"] = [
+            {"job": "01000000", "driverPid": ours.pid, "driverIp": "192.0.2.2", "dead": False},
+            {"job": "02000000", "driverPid": other.pid, "driverIp": "192.0.2.2", "dead": False},
+        ]
+        guard = WorkerGuard(Cluster(answer), local=LOCAL, marker=marker)
+
+        guard.verify(workers(), driver_pid=ours.pid + 100_000, job=None)
+
+        assert guard.jobs == {"01000000"}
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def test_kill_node_is_refused_on_the_head_and_when_no_head_is_named() -> None:

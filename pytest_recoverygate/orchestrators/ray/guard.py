@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_recoverygate.errors import BackendError, DiscoveryError
+from pytest_recoverygate.orchestrators.ray.helper import environ_value
 from pytest_recoverygate.orchestrators.ray.signals import Target
 from pytest_recoverygate.orchestrators.ray.state import TrainWorker
 from pytest_recoverygate.orchestrators.ray.verify import (
@@ -63,7 +64,7 @@ class WorkerGuard:
         self._local = local
         self.marker = marker
         self.within = within  # a cluster the drill started: its sessions live under it
-        self.job: str | None = None
+        self.jobs: frozenset[str] = frozenset()  # the drill's Ray job(s), as the GCS names them
         self._lock = threading.Lock()
         self._ticks: dict[str, str] = {}  # actor id -> start ticks, read on its node
         self._raylets: dict[str, int] = {}  # node id -> its raylet's pid
@@ -89,11 +90,24 @@ class WorkerGuard:
 
     def find_job(self, view: GcsView, *, driver_pid: int | None, job: str | None) -> None:
         """The drill's job: the Ray Job's (``job``, from the Jobs API) or the one whose
-        driver is the process the drill launched."""
+        driver is the process the drill launched; in a cluster the drill started, when
+        that process is not the driver itself (a wrapper script), every live job whose
+        driver on this machine carries the drill's marker (no one else holds its token)."""
         if job is not None:
-            self.job = job
-        elif driver_pid is not None:
-            self.job = driver_job(view, driver_pid, self._local)
+            self.jobs = frozenset({job})
+            return
+        own = driver_job(view, driver_pid, self._local) if driver_pid is not None else None
+        if own is not None:
+            self.jobs = frozenset({own})
+        elif self.marker is not None:
+            name, value = self.marker
+            self.jobs = frozenset(
+                j.job
+                for j in view.jobs
+                if not j.dead
+                and j.driver_ip in self._local
+                and environ_value(j.driver_pid, name) == value
+            )
 
     def is_local(self, node_id: str) -> bool:
         """Whether the node is this machine, by the address its raylet registered."""
@@ -121,7 +135,7 @@ class WorkerGuard:
             ) from None
         self.find_job(view, driver_pid=driver_pid, job=job)
         for worker in workers:
-            why = refusal(worker, view, self.job)
+            why = refusal(worker, view, self.jobs)
             if why is not None:
                 raise DiscoveryError(
                     f"refusing the Train run: {why}. Train's state is written by job code; "
@@ -172,7 +186,7 @@ class WorkerGuard:
         GCS says the actor is gone; BackendError when anything disagrees (nothing is
         sent). ``ticks``: the identity the drill holds for it (None: probe it now)."""
         view = self.gcs([worker.actor_id])
-        why = refusal(worker, view, self.job, gone_ok=True)
+        why = refusal(worker, view, self.jobs, gone_ok=True)
         if why is not None:
             raise BackendError(
                 f"refusing to signal {worker.pid}: {why}; Train's state is written by job "
@@ -199,10 +213,10 @@ class WorkerGuard:
         (BackendError otherwise, nothing sent)."""
         workers = [w for w in workers if w.node_id == node_id]
         view = self.gcs(w.actor_id for w in workers)
-        vouched = [w for w in workers if refusal(w, view, self.job) is None]
+        vouched = [w for w in workers if refusal(w, view, self.jobs) is None]
         if not vouched:
             reasons = (
-                "; ".join(str(refusal(w, view, self.job)) for w in workers[:3])
+                "; ".join(str(refusal(w, view, self.jobs)) for w in workers[:3])
                 or "Train's state lists no worker there"
             )
             raise BackendError(
@@ -243,7 +257,7 @@ class WorkerGuard:
                 view = self.gcs([worker.actor_id])
             except BackendError:
                 return []
-            if refusal(worker, view, self.job) is not None:
+            if refusal(worker, view, self.jobs) is not None:
                 return []
             self._remember(view, worker)
             with self._lock:

@@ -55,6 +55,7 @@ __all__ = [
     "SIGNALS",
     "WORKER_TITLE",
     "check_here",
+    "environ_value",
     "helper_command",
     "is_worker_title",
     "main",
@@ -102,7 +103,7 @@ def _title(pid: int) -> str:
         return ""
 
 
-def _environ_value(pid: int, name: str) -> str | None:
+def environ_value(pid: int, name: str) -> str | None:
     """The value of ``name`` in the process's environment (None: absent or unreadable)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
@@ -156,7 +157,7 @@ def check_here(
             "detail": f"pid {pid} is no Train worker: its title is {title[:80]!r}, "
             f"not {WORKER_TITLE}",
         }
-    if marker is not None and _environ_value(pid, marker[0]) != marker[1]:
+    if marker is not None and environ_value(pid, marker[0]) != marker[1]:
         return {
             "outcome": "refused",
             "detail": f"pid {pid} does not carry this drill's {marker[0]}: it is no process "

@@ -7,7 +7,8 @@ when the GCS, as each raylet registered it, agrees (:func:`refusal`):
 
 - the actor exists, is a ``RayTrainWorker`` and is ``ALIVE``;
 - it is an actor of the drill's job (the job whose driver the drill launched, or the
-  Ray Job ``submissionId`` names), never of another job of the cluster;
+  Ray Job ``submissionId`` names; in a cluster the drill started, a job whose driver
+  carries the drill's marker), never of another job of the cluster;
 - its node and its pid are the ones Train's state names.
 
 On the node itself (:func:`.helper.check_here`, through a task pinned there) the pid
@@ -138,7 +139,7 @@ def driver_job(view: GcsView, driver_pid: int, local: Collection[str]) -> str | 
 
 
 def refusal(
-    worker: TrainWorker, view: GcsView, job: str | None, *, gone_ok: bool = False
+    worker: TrainWorker, view: GcsView, jobs: Collection[str], *, gone_ok: bool = False
 ) -> str | None:
     """Why the drill must not take ``worker`` (as Train's state names it) for a worker of
     its job, or None when the GCS agrees with every field the drill would act on.
@@ -154,10 +155,13 @@ def refusal(
         return None if gone_ok else f"the GCS lists the actor of {who} as {actor.state}"
     if actor.cls != WORKER_CLASS:
         return f"the actor of {who} is a {actor.cls!r} in the GCS, not a {WORKER_CLASS}"
-    if job is None:
+    if not jobs:
         return f"the drill's own Ray job is unknown, so {who} cannot be shown to be of it"
-    if actor.job != job:
-        return f"the actor of {who} belongs to job {actor.job}, not to the drill's job {job}"
+    if actor.job not in jobs:
+        return (
+            f"the actor of {who} belongs to job {actor.job}, not to the drill's job "
+            f"{', '.join(sorted(jobs))}"
+        )
     if actor.node_id != worker.node_id:
         return (
             f"Train's state puts {who} on node {worker.node_id[:12]}, the GCS on node "
