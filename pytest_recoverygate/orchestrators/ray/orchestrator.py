@@ -13,19 +13,22 @@ How it sees the job (Ray 2.60, measured; docs/ray.md):
   nothing is launched.
 - **Discovery** reads Train's state from the dashboard (``/api/train/v2/runs/v1``): the
   run of this drill's driver (or Job), its current attempt's workers with world rank,
-  node, pid and actor id. A worker instance is ``ACTOR_ID:PID``, plus ``@TICKS`` (the
-  process start time in clock ticks) when its node is this machine. A replacement is a
-  new actor.
+  node, pid and actor id. That state is job input: :class:`.guard.WorkerGuard` checks
+  every worker against the GCS and probes it on its node, refusing any mismatch. A worker
+  instance is ``ACTOR_ID:PID@TICKS``, the start ticks read on its node by that probe. A
+  replacement is a new actor (probed at its kill).
 - **The kill** is one signal (SIGKILL; SIGTERM then SIGKILL for Preempt; SIGSTOP for
   HangWorker), sent through a pidfd by a zero-CPU Ray task pinned to the worker's node
-  (``helper kill``; the drill itself for a worker on this machine), after the pid's start
-  time is checked there. Never retried.
+  (the drill itself for a worker on this machine whose raylet the probe named), after
+  the GCS vouched for it again and the node checked its start time, parent raylet and
+  title. Never retried.
 - **The group** is Train's run state, polled: the attempt errored (worker death
   detected), its workers all dead (group shut down), a new attempt pending (new group
   being placed), the new attempt running with every worker alive (train function
   restarted); the run ERRORED/ABORTED or the driver exiting non-zero is the job failing.
-- **Evidence** is read from the session's ``logs/worker-*-<pid>.out`` of every Train
-  worker (raw and complete) when the session folder is on this machine; otherwise from
+- **Evidence** is read from ``logs/worker-<worker id>-<job>-<pid>.out`` of every Train
+  worker (raw and complete) in the session the GCS names, when that folder is on this
+  machine; otherwise from
   the driver's forwarded copy (``(RayTrainWorker pid=N)`` prefixes, which Ray's log dedup
   can fold). One source per drill, never both: a line would count twice.
 - **Cleanup** ends what the drill launched: the driver's session (SIGTERM, then SIGKILL),
