@@ -213,6 +213,18 @@ def _explain_parser(sub: Commands) -> None:
     explain.add_argument("report", type=Path, help="a drill's report.json (or its folder)")
 
 
+#: What reading a report that is not one raises (a field of another type, a value that
+#: is no number): bad input, exit 2, never a traceback.
+_SHAPE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, RecursionError, OverflowError)
+
+
+def _misshapen(exc: BaseException) -> str:
+    return (
+        f"this JSON is no report recoverygate wrote ({type(exc).__name__}: {exc}); give the "
+        "report.json that recoverygate run --report/--report-dir wrote"
+    )
+
+
 def compare_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate compare BASE NEW``: the table; 1 when the verdict or a figure
     regressed."""
@@ -226,16 +238,20 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
         base = baseline.load_report(args.base, "BASE")
         new = baseline.load_report(args.new, "NEW")
         comparison = baseline.compare(base, new, allowances, base_name="base", new_name="new")
+        table = baseline.format_table(comparison, markdown=args.markdown)
     except BaselineError as exc:
-        print(f"{name} compare: {exc}", file=sys.stderr)
+        print(printable(f"{name} compare: {exc}"), file=sys.stderr)
         return EXIT_USAGE
-    for warning in comparison.warnings:
+    except _SHAPE_ERRORS as exc:  # a JSON crafted past load_report's checks
+        print(printable(f"{name} compare: {_misshapen(exc)}"), file=sys.stderr)
+        return EXIT_USAGE
+    for warning in map(printable, comparison.warnings):  # the reports' own text
         if args.strict:
             print(f"{name} compare: {warning}; refused (--strict)", file=sys.stderr)
             return EXIT_USAGE
         print(f"{name} compare: warning: {warning}", file=sys.stderr)
-    print(f"base: {args.base}\nnew:  {args.new}")
-    print(baseline.format_table(comparison, markdown=args.markdown))
+    print(printable(f"base: {args.base}\nnew:  {args.new}"))
+    print(table)
     regressed = comparison.regressed or comparison.verdict_regressed
     return EXIT_CODES[Verdict.FAIL] if regressed else EXIT_PASS
 
@@ -266,7 +282,10 @@ def explain_command(args: argparse.Namespace, name: str) -> int:
     try:
         lines = explain_report(args.report)
     except BaselineError as exc:
-        print(f"{name} explain: {exc}", file=sys.stderr)
+        print(printable(f"{name} explain: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
+    except _SHAPE_ERRORS as exc:  # a JSON crafted past load_report's checks
+        print(printable(f"{name} explain: {_misshapen(exc)}"), file=sys.stderr)
         return EXIT_USAGE
     print("\n".join(lines))
     return EXIT_PASS

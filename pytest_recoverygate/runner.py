@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
     from pytest_recoverygate.report.evidence import Evidence
 
 __all__ = [
+    "MAX_RAW_OTHER",
+    "MAX_RAW_PROGRESS",
+    "ProgressRecord",
     "RunOptions",
     "Status",
     "check_confirmation",
@@ -269,8 +273,10 @@ class _Drill:
         self._killed: set[str] = set()  # instance ids hit so far: never twice
         self._killed_nodes: set[str] = set()  # node identities a KillNode hit: never twice
         self.source: EventSource | None = None
-        self.progress: list[tuple[float, str, int]] = []
+        self.progress = ProgressRecord()
         self.raw_log: list[dict[str, Any]] = []
+        self.raw_dropped = 0  # event rows past the bounds below: not in events.jsonl
+        self._raw_progress = 0
         self.interrupted_by = "SIGINT"
         self._last_status = 0.0
         self._shown_phase: Phase | None = None
@@ -599,9 +605,16 @@ class _Drill:
         return current
 
     def _record(self, event: model.TrainingEvent) -> None:
-        if event.kind is model.TrainingEventKind.PROGRESS and event.step is not None:
-            self.progress.append((event.timestamp, event.incarnation, event.step))
-        if event.kind is not model.TrainingEventKind.PROGRESS or len(self.raw_log) < 100_000:
+        """Keep the event for the costs and the report, within bounds: what the job prints
+        must not grow the drill's memory (the engine is capped the same way)."""
+        progress = event.kind is model.TrainingEventKind.PROGRESS
+        if progress and event.step is not None:
+            self.progress.add((event.timestamp, event.incarnation, event.step))
+        kept = self._raw_progress if progress else len(self.raw_log) - self._raw_progress
+        if kept >= (MAX_RAW_PROGRESS if progress else MAX_RAW_OTHER):
+            self.raw_dropped += 1
+        else:
+            self._raw_progress += progress
             row: dict[str, Any] = {
                 "time": event.timestamp,
                 "received": event.received,
@@ -697,22 +710,79 @@ class _Drill:
         from pytest_recoverygate.engine.costs import measure
 
         costs = measure(
-            self.progress,
+            self.progress.points(),
             [(step, at) for step, at, _ in result.checkpoints],
             result.saves,
             result.recoveries,
             [inc for _, _, inc in result.checkpoints],
         )
+        notes = result.notes
+        if self.raw_dropped:
+            notes += (
+                f"{self.raw_dropped} event line(s) past the drill's bounds on what it keeps "
+                f"({MAX_RAW_PROGRESS:,} progress lines, {MAX_RAW_OTHER:,} others) are not in "
+                "events.jsonl; the verdict saw every line",
+            )
+        if self.progress.stride > 1:
+            notes += (
+                f"the progress kept for the costs and the picture is every line of the "
+                f"last {ProgressRecord.RECENT:,} and every {self.progress.stride}th before "
+                f"them ({self.progress.seen:,} lines in all)",
+            )
         result = replace(
             result,
             target=self.target,
             timeline=timeline,
             malformed_lines=malformed,
-            progress=tuple(self.progress),
+            progress=self.progress.points(),
             costs=costs.as_dict(),
+            notes=notes,
         )
         self._status(f"{result.verdict.value}: {result.summary}", phase_changed=True)
         return result
+
+
+#: The most event rows of each kind the runner keeps for events.jsonl (the rest counted).
+MAX_RAW_PROGRESS = 100_000
+MAX_RAW_OTHER = 200_000  # above what the engine holds: 3 x 50,000 checkpoint lines, starts
+
+
+class ProgressRecord:
+    """The progress lines a drill keeps for its costs and its picture, in bounded memory:
+    every line of the last :data:`RECENT`, and of those before them every ``stride``-th,
+    at most :data:`HISTORY` (when the history is full, every other one is dropped and the
+    stride doubles). The costs take time per step over the span between two kept lines,
+    so a sparser history averages more steps per sample; it biases nothing."""
+
+    RECENT = 32_768
+    HISTORY = 32_768
+
+    def __init__(self) -> None:
+        self._recent: deque[tuple[float, str, int]] = deque()
+        self._history: list[tuple[float, str, int]] = []
+        self.stride = 1
+        self.seen = 0
+        self._aged = 0  # lines that left the recent window so far
+
+    def add(self, point: tuple[float, str, int]) -> None:
+        self.seen += 1
+        self._recent.append(point)
+        if len(self._recent) <= self.RECENT:
+            return
+        old = self._recent.popleft()
+        if self._aged % self.stride == 0:
+            self._history.append(old)
+            if len(self._history) >= self.HISTORY:
+                del self._history[1::2]
+                self.stride *= 2
+        self._aged += 1
+
+    def points(self) -> tuple[tuple[float, str, int], ...]:
+        """The kept lines, in the order they came."""
+        return (*self._history, *self._recent)
+
+    def __len__(self) -> int:
+        return len(self._history) + len(self._recent)
 
 
 def _discovery_error(message: str) -> DrillError:

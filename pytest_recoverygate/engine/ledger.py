@@ -4,16 +4,12 @@
 progress, checkpoints started and completed, digests) and, for the kill under judgement,
 answers the questions a verdict rests on:
 
-- **the step contract**, learned from the first incarnation (its first two progress lines,
-  which the reporter always prints, give the first step and the stride);
+- **the step contract**, from the first incarnation's first two progress lines;
 - **the resume step** of a replacement: its ``checkpoint_loaded`` (checked against its
-  first step: at or below it means steps were replayed) or its first step minus the
-  stride, and only where that inference is sound;
+  first step) or its first step minus the stride, only where that inference is sound;
 - **the expected step**: with ``latest``, the newest checkpoint durable before the
   replacement loaded (a survivor's checkpoint after the kill included);
-- **the last step before the kill**, proven (lines stamped at or before the kill) and
-  bounded (extrapolated at the fastest rate seen, capped by a survivor's later line);
-- **the checks** of one recovery, each passed, failed or undecided with the fix.
+- **the last step before the kill**, proven and bounded (the fastest rate seen).
 
 Nothing here has a clock, a phase or an action: :mod:`pytest_recoverygate.engine.machine`
 decides *when* to judge; this module decides *what* the evidence says.
@@ -30,6 +26,7 @@ from dataclasses import dataclass, field
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES, no_room
 from pytest_recoverygate.engine.grid import GridTracker, held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.rankless import RanklessLines
 from pytest_recoverygate.engine.verdict import FailureReason, IncarnationInfo, StepContract
 
 __all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
@@ -80,6 +77,7 @@ class Inc:
     first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
     loss_decimals: int | None = None  # the fewest decimals a loss it printed had (log lines)
     zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
+    before_kill: tuple[int, float] | None = None  # its last line at or before the last kill
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(
@@ -208,8 +206,8 @@ class Ledger:
         self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
         self.started_ranks: set[int] = set()  # the other ranks seen starting a save
-        # StorageFault: saves the fault hit that the job counted anyway (engine.faulted)
-        self.not_durable: set[int] = set()
+        self.not_durable: set[int] = set()  # StorageFault: failed saves counted anyway
+        self.rankless = RanklessLines()  # issue 41: rank-less lines once ranked ones came
 
     def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:
         """Whether the ledger has no room left for ``event`` (:func:`.caps.no_room`); such
@@ -242,7 +240,8 @@ class Ledger:
 
     def is_new(self, inc: Inc) -> bool:
         """A replacement for the kill under judgement (a worker, never a child of one)."""
-        return self.open and inc.born == self.kills and self.kills > 0 and not self.is_child(inc)
+        new = self.open and inc.born == self.kills > 0
+        return new and not self.is_child(inc) and not self.rankless.stands_in(inc.rank)
 
     def other_rank(self, event: TrainingEvent) -> None:
         """A start or checkpoint line of a rank other than the reporting one."""
@@ -411,10 +410,11 @@ class Ledger:
             inc.advanced = (step, at)
         inc.last = (step, at)
         self.current_step = step
-        if new:
-            return
         rnd = self.round
         kill = rnd.kill_time
+        inc.before_kill = (step, at) if kill is None or at <= kill else inc.before_kill
+        if new:
+            return
         if kill is None or at <= kill:
             if rnd.pre is None or step >= rnd.pre[0]:
                 rnd.pre = (step, at)

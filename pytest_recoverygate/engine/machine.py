@@ -175,6 +175,8 @@ class DrillEngine(FaultedPhase):
             if len(ev.ignored_incs) < MAX_INCARNATIONS:
                 ev.ignored_incs.add(event.incarnation)
             return []
+        if ev.rankless.ignore(event):
+            return []  # issue 41: a rank-less process while ranked ones report (a Ray driver)
         rank = self.spec.reporting_rank
         other = rank is not None and event.rank is not None and event.rank != rank
         if other and event.kind not in _RANK_KINDS:

@@ -572,6 +572,13 @@ class DrillState:
                 "stamped before the job started (an earlier run's log printed at start-up?) "
                 "and were ignored: they are not evidence of this run"
             )
+        rankless = self.ledger.rankless
+        if rankless.lines:
+            notes.append(
+                f"{rankless.lines} reporter line(s) of {len(rankless.incs)} process(es) "
+                "without a rank were ignored while processes with a rank reported (a Ray "
+                "driver or a launcher relaying its workers' lines): they stand for no rank"
+            )
         capped = self.ledger.capped_lines
         if capped:
             notes.append(
@@ -634,7 +641,9 @@ class DrillState:
             timeline=tuple(sorted(self._timeline, key=lambda e: e.timestamp)),
             started_at=self.started_at,
             finished_at=now,
-            ignored_lines=self.ledger.ignored_lines + self.ledger.capped_lines,
+            ignored_lines=(
+                self.ledger.ignored_lines + self.ledger.capped_lines + self.ledger.rankless.lines
+            ),
             live=self._live_result,
         )
 

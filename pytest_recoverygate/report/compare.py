@@ -35,6 +35,7 @@ from typing import Any
 from pytest_recoverygate.durations import parse_duration
 from pytest_recoverygate.engine.verdict import BREAKDOWN_PHASES
 from pytest_recoverygate.errors import BaselineError
+from pytest_recoverygate.shared.jobtext import markdown_text, printable
 
 __all__ = [
     "KNOWN_FIGURES",
@@ -121,7 +122,10 @@ _NOT_FIGURES = re.compile(r"^(max|min|expected)[A-Z]|^checkpointInterval")
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        return float(value) if math.isfinite(value) else None
+    except OverflowError:  # an integer beyond a float: no figure
+        return None
 
 
 def phase_durations(doc: Mapping[str, Any]) -> dict[str, float | None]:
@@ -381,11 +385,17 @@ def table_rows(comparison: Comparison) -> list[list[str]]:
 
 
 def format_table(comparison: Comparison, *, markdown: bool = False) -> str:
-    """The comparison as an aligned text table (or a markdown one), verdicts first."""
-    cells = table_rows(comparison)
+    """The comparison as an aligned text table (or a markdown one), verdicts first.
+
+    Every text that came from a report (its verdicts, the names of its figures) is shown
+    as text: control characters made visible on a terminal; in markdown (a CI comment)
+    also no link, image, HTML or table cell of its own (:func:`.jobtext.markdown_text`).
+    """
+    safe = markdown_text if markdown else printable
+    cells = [[safe(c) for c in row] for row in table_rows(comparison)]
     verdicts = (
-        f"verdict: {comparison.base_name} {comparison.base_verdict or '—'}, "
-        f"{comparison.new_name} {comparison.new_verdict or '—'}"
+        f"verdict: {safe(comparison.base_name)} {safe(comparison.base_verdict or '—')}, "
+        f"{safe(comparison.new_name)} {safe(comparison.new_verdict or '—')}"
     )
     if comparison.verdict_regressed:
         verdicts += (
@@ -394,7 +404,7 @@ def format_table(comparison: Comparison, *, markdown: bool = False) -> str:
         )
     if markdown:
         lines = [f"| {' | '.join(cells[0])} |", "|" + " --- |" * len(cells[0])]
-        lines += [f"| {' | '.join(c.replace('|', '/') for c in row)} |" for row in cells[1:]]
+        lines += [f"| {' | '.join(row)} |" for row in cells[1:]]
         return "\n".join([verdicts, "", *lines])
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = [
@@ -404,7 +414,7 @@ def format_table(comparison: Comparison, *, markdown: bool = False) -> str:
     regressed = comparison.regressed
     tail = (
         f"{len(regressed)} figure(s) regressed beyond the allowance: "
-        + ", ".join(r.figure for r in regressed)
+        + ", ".join(safe(r.figure) for r in regressed)
         if regressed
         else "no figure regressed beyond its allowance"
         if any(r.allowance is not None for r in comparison.rows)
@@ -446,9 +456,34 @@ def load_report(path: Path, what: str = "report") -> dict[str, Any]:
         raise BaselineError(
             f"{what} {file}: not JSON ({exc}); give a drill's report.json"
         ) from None
+    except RecursionError:
+        raise BaselineError(
+            f"{what} {file}: its JSON is nested too deeply to be a drill report; give the "
+            "report.json that recoverygate run --report/--report-dir wrote"
+        ) from None
     if not isinstance(doc, dict) or "verdict" not in doc or "reportVersion" not in doc:
         raise BaselineError(
             f"{what} {file}: this JSON is no drill report (no 'reportVersion' and 'verdict' "
             "keys); give the report.json that recoverygate run --report/--report-dir wrote"
         )
+    for key, kind in _SHAPES.items():
+        value = doc.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise BaselineError(
+                f"{what} {file}: {key!r} is {type(value).__name__}, not {kind.__name__}: this "
+                "is no report recoverygate wrote; give the report.json of recoverygate run"
+            )
     return doc
+
+
+#: The types of the top-level fields the commands read (a report recoverygate wrote).
+_SHAPES: dict[str, type] = {
+    "verdict": str,
+    "summary": str,
+    "drill": str,
+    "orchestrator": str,
+    "checks": list,
+    "recoveries": list,
+    "breakdown": dict,
+    "costs": dict,
+}

@@ -31,7 +31,8 @@ def _outcome(check: dict[str, Any]) -> str:
     so it neither passes nor fails the drill; reports before ``checked`` read as before)."""
     if check.get("checked") is False or check.get("status") == "unchecked":
         return NOT_CHECKED
-    return OUTCOME.get(check.get("passed"), "?")
+    passed = check.get("passed")  # a crafted report may hold anything here
+    return OUTCOME.get(passed, "?") if passed is None or isinstance(passed, bool) else "?"
 
 
 def _text(value: object) -> str:

@@ -8,6 +8,9 @@ title or (OSC 8) plant a link; kept in a report, its output may hold credentials
   ``CR``, ``DEL``, ...) except line feed and tab, and the Unicode bidirectional
   overrides, with a visible ``\\xNN`` / ``\\uNNNN``: everything a terminal, a prompt or a
   CI log shows of a job's text goes through it.
+- :func:`markdown_text` makes text literal markdown on one line (a table cell, a CI
+  comment): every character markdown gives a meaning to mid-line is escaped, so a report's
+  text can make no link, image, autolink, HTML or code span.
 - :func:`mask_secrets` replaces the values of common credential patterns (Hugging Face,
   GitHub, AWS, Slack, OpenAI-style keys, ``Bearer`` tokens, ``password=``/``token=``
   values) with ``[masked]``: the job output a report keeps goes through it. Every pattern
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MASK", "mask_secrets", "printable"]
+__all__ = ["MASK", "markdown_text", "mask_secrets", "printable"]
 
 MASK = "[masked]"
 
@@ -35,6 +38,19 @@ def _escape(match: re.Match[str]) -> str:
 def printable(text: str) -> str:
     """``text`` with every control character but ``\\n`` and ``\\t`` made visible."""
     return _CONTROL.sub(_escape, text.replace("\r\n", "\n"))
+
+
+_MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|~!")  # what means something mid-line
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as literal markdown on one line: control characters made visible, line
+    breaks as spaces, ``&`` as an entity, every character markdown gives a meaning to
+    mid-line backslash-escaped (links, images, HTML, code, emphasis, table cells), and
+    no autolink (``://``, ``www.``)."""
+    text = printable(text).replace("\n", " ").replace("\t", " ").replace("&", "&amp;")
+    text = "".join(f"\\{c}" if c in _MARKDOWN_SPECIAL else c for c in text)
+    return text.replace("://", "\\://").replace("www.", "www\\.")
 
 
 # (pattern, replacement): the prefix that names the kind of secret is kept.

@@ -56,10 +56,14 @@ _HOLDER_TEXT = 200  # characters of the holder's config path shown in the messag
 
 def lock_dir() -> Path:
     """Where lock files live: $RECOVERYGATE_LOCK_DIR, else ``/run/recoverygate`` as root,
-    else $XDG_RUNTIME_DIR, else a private ``recoverygate-<uid>`` folder in the temp dir."""
+    else $XDG_RUNTIME_DIR, else a private ``recoverygate-<uid>`` folder in the temp dir.
+
+    $RECOVERYGATE_LOCK_DIR passes the same checks as the drill's own folders (made 0700
+    if missing; a folder, not a link, of the drill's user, no group or other bits): a
+    world-writable folder given there would let another user plant the lock file."""
     value = os.environ.get("RECOVERYGATE_LOCK_DIR")
-    if value and os.path.isdir(value) and os.access(value, os.W_OK | os.X_OK):
-        return Path(value)
+    if value:
+        return _private_folder(Path(value), "RECOVERYGATE_LOCK_DIR")
     uid = os.geteuid()
     if uid == 0 and ROOT_LOCK_DIR.parent.is_dir():
         return _private_folder(ROOT_LOCK_DIR)
@@ -69,17 +73,25 @@ def lock_dir() -> Path:
     return _private_folder(Path(tempfile.gettempdir()) / f"recoverygate-{uid}")
 
 
-def _private_folder(path: Path) -> Path:
+def _private_folder(path: Path, source: str = "") -> Path:
     """``path``, made 0700 if missing; refused unless it is a folder (not a link) of the
     drill's user that no one else can write or read."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    st = os.lstat(path)
+    where = f" (from {source})" if source else ""
     uid = os.geteuid()
+    try:
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise DiscoveryError(
+            f"the drill lock folder {path}{where} cannot be made or read: {exc.strerror or exc}; "
+            "set RECOVERYGATE_LOCK_DIR to a folder only you can write"
+        ) from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
         raise DiscoveryError(
-            f"the drill lock folder {path} is not a private folder of uid {uid} (found "
-            f"{stat.filemode(st.st_mode)}, owner uid {st.st_uid}); remove it, or set "
+            f"the drill lock folder {path}{where} is not a private folder of uid {uid} "
+            f"(found {stat.filemode(st.st_mode)}, owner uid {st.st_uid}); make it one "
+            f"(chmod 700, owned by uid {uid}, not a link), remove it, or set "
             "RECOVERYGATE_LOCK_DIR to a folder only you can write"
         )
     return path

@@ -41,15 +41,20 @@ nested unbounded quantifiers or alternatives under one are refused at validation
 (:func:`problems`), and what remains is timed there on probe lines of that length.
 
 Lines relayed from another process -- torchrun's ``[rank0]:`` / ``[default0]:`` headers,
-Ray's ``(RayTrainWorker pid=N)`` -- are not matched in the relaying process (the process
-that printed them matched them itself); a torchrun agent matches nothing. The Kubernetes
-fallback, which reads pod logs, strips those headers instead (:func:`strip_relay`).
+Ray's ``(RayTrainWorker pid=N)`` (which Ray's driver prints in colour unless
+``RAY_COLOR_PREFIX=0``: the header is looked for after the colour codes are taken off)
+-- are not matched in the relaying process (the process that printed them matched them
+itself); a torchrun agent and a Ray driver (connected with ``ray.init``) match nothing:
+every line of a training step they print is a worker's, relayed, and reported by that
+worker with its rank. The Kubernetes fallback, which reads pod logs, strips those headers
+instead (:func:`strip_relay`).
 
 Standard library only; ``json`` and the reporter are imported when first needed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -74,6 +79,7 @@ __all__ = [
     "spec_from_json",
     "step_from_path",
     "strip_relay",
+    "tap_ray_streams",
     "uninstall",
 ]
 
@@ -153,6 +159,22 @@ _AGENT_MODULE = "torch.distributed.run"
 _WORKER_ENV = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
+#: ``ray._private.worker.SCRIPT_MODE``: the mode of a process connected as a driver.
+_RAY_SCRIPT_MODE = 0
+
+
+def _is_ray_driver() -> bool:
+    """Whether this process is a Ray driver: connected to its cluster as a script
+    (``ray.init``), so the training lines it prints are its workers', relayed. Asked at
+    each line: ``ray.init`` comes after the hook. A Ray worker (the mode of a worker
+    process) matches its own lines; a process that imports ray without connecting does
+    too."""
+    worker = sys.modules.get("ray._private.worker")  # first: one lookup, all a job pays
+    if worker is None:
+        return False
+    return getattr(getattr(worker, "global_worker", None), "mode", None) == _RAY_SCRIPT_MODE
+
+
 def _is_torchrun_agent() -> bool:
     """Whether this process is a torchrun agent: it runs torchrun's module, and no torchrun
     started it. Asked at each line, not once: ``python -m torch.distributed.run`` may print
@@ -173,7 +195,10 @@ def step_from_path(path: str) -> int | None:
 
 
 def strip_relay(line: str) -> tuple[str, int | None]:
-    """``line`` without a launcher's relay header, and the rank that header names."""
+    """``line`` without a launcher's relay header, and the rank that header names (the
+    header may be in colour: Ray's driver prints ``\x1b[36m(RayTrainWorker pid=N)\x1b[0m``)."""
+    if line.startswith("\x1b"):
+        line = clean_line(line)
     match = _RELAY.match(line)
     if match is None:
         return line, None
@@ -622,10 +647,13 @@ class _Emitter:
     def line(self, text: str) -> None:
         if not text:
             return
-        if _is_torchrun_agent():
-            return  # a torchrun agent: its workers match their own lines
+        if _is_torchrun_agent() or _is_ray_driver():
+            return  # a launcher: its workers match their own lines, with their rank
         first = text[0]
-        if first in "[(" and _RELAY.match(text):
+        if first == "\x1b":  # a coloured header (Ray's relay): looked for without colours
+            text = clean_line(text)
+            first = text[:1]
+        if first and first in "[(" and _RELAY.match(text):
             return  # relayed from another process, which matched it itself
         for kind, step, loss in self.matcher.feed(text):
             if kind == "progress":
@@ -656,6 +684,10 @@ class _Emitter:
 
 
 _installed: list[_Tap] = []
+#: The file descriptors the taps write to (1 and 2): a stream Ray opens on them is tapped.
+_tapped_fds: set[int] = set()
+#: The attribute that holds the unpatched function on a patched one.
+_ORIGINAL = "__recoverygate_original__"
 
 
 def install(spec: Spec) -> bool:
@@ -671,9 +703,34 @@ def install(spec: Spec) -> bool:
             tap = _Tap(stream, emitter.line)
             setattr(sys, name, tap)
             _installed.append(tap)
+            with contextlib.suppress(Exception):  # no descriptor: nothing Ray re-opens
+                _tapped_fds.add(stream.fileno())
         return bool(_installed)
     except Exception:
         return False
+
+
+def tap_ray_streams(utils: Any) -> None:
+    """Keep the tap in a Ray worker process: Ray's ``default_worker`` replaces
+    ``sys.stdout`` and ``sys.stderr`` after start-up with new streams on the same
+    descriptors (``ray._private.utils.open_log(fd, unbuffered=True, closefd=False)``),
+    dropping the tap; its ``open_log`` is wrapped so that a stream it opens on a tapped
+    descriptor is tapped again, with the same matcher. Called when ``ray._private.utils``
+    is imported (:mod:`recoverygate.integrations.auto`)."""
+    original = getattr(utils, "open_log", None)
+    if original is None or hasattr(original, _ORIGINAL) or not _installed:
+        return
+    sink = _installed[0].__dict__["_rg_sink"]
+
+    def open_log(path: Any, *args: Any, **kwargs: Any) -> Any:
+        stream = original(path, *args, **kwargs)
+        if isinstance(path, int) and path in _tapped_fds and not isinstance(stream, _Tap):
+            return _Tap(stream, sink)
+        return stream
+
+    setattr(open_log, _ORIGINAL, original)
+    open_log.__doc__ = original.__doc__
+    utils.open_log = open_log
 
 
 def uninstall() -> None:
@@ -683,3 +740,4 @@ def uninstall() -> None:
         if isinstance(stream, _Tap):
             setattr(sys, name, stream.__dict__["_rg_stream"])
     _installed.clear()
+    _tapped_fds.clear()

@@ -139,9 +139,7 @@ def assert_resumed_from_the_last_durable(run: Run) -> None:
 # ------------------------------------------------------------------ the savers that get it right
 
 
-@pytest.mark.parametrize(
-    "name", ["atomic-enospc.yaml", "atomic-eio.yaml", "atomic-readonly.yaml"]
-)
+@pytest.mark.parametrize("name", ["atomic-enospc.yaml", "atomic-eio.yaml", "atomic-readonly.yaml"])
 def test_an_atomic_saver_fails_loudly_and_resumes_from_the_last_durable(
     name: str, tmp_path: Path
 ) -> None:

@@ -4,7 +4,12 @@ We test these aspects of :func:`helper.signal_here` (the body of the kill task o
 worker's node) and :class:`signals.WorkerSignals` (what the drill owes the job):
 
 - a signal reaches exactly the process of that pid *and* start time: a pid whose start
-  ticks differ, or (ticks unknown) that is no Ray worker, is not touched;
+  ticks differ is not touched;
+- issue 41 (a forged Train state): whatever pid the state names, only a child of the
+  node's raylet titled ``ray::RayTrainWorker…`` (with the drill's marker, in a cluster
+  the drill started) is signalled; a ``sleep`` named with its own true start ticks, a
+  worker-titled process the raylet did not start, a look-alike title and a worker
+  without the marker are refused, and never signalled;
 - the answer carries the ticks seen, the identity a later signal uses;
 - a HangWorker stop is remembered before it is sent, so ``continue_all`` continues it
   even when the answer was lost, and names what it could not continue;
@@ -14,6 +19,7 @@ worker's node) and :class:`signals.WorkerSignals` (what the drill owes the job):
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,16 +31,23 @@ import psutil
 import pytest
 
 from pytest_recoverygate.errors import BackendError
-from pytest_recoverygate.orchestrators.ray.helper import process_ticks, signal_here
+from pytest_recoverygate.orchestrators.ray.helper import WORKER_TITLE, process_ticks, signal_here
 from pytest_recoverygate.orchestrators.ray.signals import Target, WorkerSignals
 
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+#: This test process plays the node's raylet: the parent of every worker it starts.
+RAYLET = os.getpid()
+
+
+def as_worker(command: list[str], title: str = WORKER_TITLE) -> subprocess.Popen[bytes]:
+    """``command`` as a child of this process, titled as Ray titles a Train worker."""
+    return subprocess.Popen(["bash", "-c", f'exec -a "{title}" "$@"', "bash", *command])
 
 
 @pytest.fixture
 def victim() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", IGNORES_TERM])
-    time.sleep(0.2)  # its handler is in place
+    proc = as_worker([sys.executable, "-c", IGNORES_TERM])
+    time.sleep(0.3)  # its handler is in place
     try:
         yield proc
     finally:
@@ -59,48 +72,58 @@ def target_of(proc: subprocess.Popen[bytes], ticks: str | None = None) -> Target
     return Target("node-1", proc.pid, ticks or process_ticks(proc.pid) or "-", local=False)
 
 
+def here(target: Target, sig: str) -> dict[str, Any]:
+    """The node's task, run here: this process is the node's raylet."""
+    return signal_here(target.pid, target.ticks, sig, raylet=RAYLET, marker=target.marker)
+
+
 def test_a_signal_reaches_that_pid_and_start_time_and_says_its_ticks(
     victim: subprocess.Popen[bytes],
 ) -> None:
     ticks = process_ticks(victim.pid)
 
-    answer = signal_here(victim.pid, str(ticks), "STOP")
+    answer = signal_here(victim.pid, str(ticks), "STOP", raylet=RAYLET)
 
     assert answer["outcome"] == "killed"
     assert answer["ticks"] == ticks
     assert wait_for(lambda: state(victim) == psutil.STATUS_STOPPED)
-    assert signal_here(victim.pid, str(ticks), "CONT")["outcome"] == "killed"
+    assert signal_here(victim.pid, str(ticks), "CONT", raylet=RAYLET)["outcome"] == "killed"
     assert wait_for(lambda: state(victim) != psutil.STATUS_STOPPED)
 
 
 def test_another_process_on_that_pid_is_not_touched(victim: subprocess.Popen[bytes]) -> None:
-    answer = signal_here(victim.pid, "1", "KILL")  # started at another tick: not it
+    answer = signal_here(victim.pid, "1", "KILL", raylet=RAYLET)  # another start tick: not it
 
     assert answer["outcome"] == "already_gone"
     assert "another process now" in answer["detail"]
     assert victim.poll() is None
 
 
-def test_without_ticks_only_a_ray_worker_is_signalled(victim: subprocess.Popen[bytes]) -> None:
-    answer = signal_here(victim.pid, "-", "KILL")
+def test_without_ticks_a_train_worker_of_the_raylet_is_still_signalled(
+    victim: subprocess.Popen[bytes],
+) -> None:
+    answer = signal_here(victim.pid, "-", "STOP", raylet=RAYLET)
 
-    assert answer["outcome"] == "already_gone"
-    assert "no Ray worker" in answer["detail"]
-    assert victim.poll() is None
+    assert answer["outcome"] == "killed", answer
+    assert answer["ticks"] == process_ticks(victim.pid)
+    assert wait_for(lambda: state(victim) == psutil.STATUS_STOPPED)
+    assert (
+        signal_here(victim.pid, str(answer["ticks"]), "CONT", raylet=RAYLET)["outcome"] == "killed"
+    )
 
 
 def test_a_pid_that_is_gone_is_said_so() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=30)
 
-    assert signal_here(proc.pid, "-", "KILL")["outcome"] == "already_gone"
+    assert signal_here(proc.pid, "-", "KILL", raylet=RAYLET)["outcome"] == "already_gone"
 
 
 def test_a_stop_whose_answer_was_lost_is_still_continued_at_cleanup(
     victim: subprocess.Popen[bytes],
 ) -> None:
     def lost(target: Target, sig: str) -> dict[str, Any]:
-        answer = signal_here(target.pid, target.ticks, sig)  # it lands on the node...
+        answer = here(target, sig)  # it lands on the node...
         if sig == "STOP":
             raise BackendError("the kill server gave no answer within 90s")  # ...unanswered
         return answer
@@ -121,7 +144,7 @@ def test_a_worker_that_cannot_be_continued_is_named_with_the_command(
     def cluster(target: Target, sig: str) -> dict[str, Any]:
         if sig == "CONT":
             raise BackendError("no node answers")
-        return signal_here(target.pid, target.ticks, sig)
+        return here(target, sig)
 
     signals = WorkerSignals(cluster)
     assert signals.stop(target_of(victim))["outcome"] == "killed"
@@ -135,7 +158,7 @@ def test_a_worker_that_cannot_be_continued_is_named_with_the_command(
 
 
 def test_a_stop_that_never_landed_is_not_owed(victim: subprocess.Popen[bytes]) -> None:
-    signals = WorkerSignals(lambda t, sig: signal_here(t.pid, t.ticks, sig))
+    signals = WorkerSignals(here)
 
     answer = signals.stop(target_of(victim, ticks="1"))  # another process: not touched
 
@@ -149,7 +172,7 @@ def test_a_stop_that_never_landed_is_not_owed(victim: subprocess.Popen[bytes]) -
 def test_preempt_sigkills_the_instance_that_ignored_sigterm_after_the_grace_period(
     victim: subprocess.Popen[bytes],
 ) -> None:
-    signals = WorkerSignals(lambda t, sig: signal_here(t.pid, t.ticks, sig))
+    signals = WorkerSignals(here)
     target = target_of(victim)
     assert signals.send(target, "TERM")["outcome"] == "killed"
 
@@ -165,10 +188,111 @@ def test_preempt_sigkills_the_instance_that_ignored_sigterm_after_the_grace_peri
 def test_no_sigkill_when_the_drill_ends_within_the_grace_period(
     victim: subprocess.Popen[bytes],
 ) -> None:
-    signals = WorkerSignals(lambda t, sig: signal_here(t.pid, t.ticks, sig))
+    signals = WorkerSignals(here)
     signals.escalate_later(target_of(victim), 30.0)
 
     signals.close()
 
     assert victim.poll() is None
     assert signals.escalations == ["SIGKILL not sent: the drill ended within the grace period"]
+
+
+# ---------------------------------------------------------------------------- issue 41
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """Any process of the machine that a forged Train state could name."""
+    proc = subprocess.Popen(["sleep", "60"])
+    time.sleep(0.1)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("sig", ["KILL", "TERM", "STOP", "CONT"])
+def test_a_sleep_named_with_its_own_start_ticks_is_never_signalled(
+    sleeper: subprocess.Popen[bytes], sig: str
+) -> None:
+    """The forged state of issue 41: a ``sleep`` named as rank 1's pid, its start ticks
+    read from the sleep itself (the identity check the drill used to make); it was
+    SIGKILLed "by the drill"."""
+    ticks = process_ticks(sleeper.pid)
+    assert ticks is not None
+
+    for given in (ticks, "-"):
+        answer = signal_here(sleeper.pid, given, sig, raylet=RAYLET)
+        assert answer["outcome"] == "refused", answer
+        assert "no Train worker" in answer["detail"]
+
+    time.sleep(0.1)
+    assert sleeper.poll() is None
+    assert state(sleeper) != psutil.STATUS_STOPPED
+
+
+def test_a_process_the_raylet_did_not_start_is_refused_whatever_its_title() -> None:
+    """A job may title any process ``ray::RayTrainWorker`` (another tenant's worker looks
+    the same); only the node's raylet's own children are Ray worker processes."""
+    code = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(60)"
+    worker_title = ["bash", "-c", f'exec -a "{WORKER_TITLE}" sleep 60']
+    parent = subprocess.Popen([sys.executable, "-c", code, *worker_title])
+    try:
+        assert wait_for(lambda: psutil.Process(parent.pid).children())
+        [grandchild] = psutil.Process(parent.pid).children()
+        assert wait_for(lambda: grandchild.cmdline()[:1] == [WORKER_TITLE])
+        ticks = process_ticks(grandchild.pid)
+        assert ticks is not None
+
+        answer = signal_here(grandchild.pid, ticks, "KILL", raylet=RAYLET)
+
+        assert answer["outcome"] == "refused", answer
+        assert f"its parent is pid {parent.pid}, not the node's raylet" in answer["detail"]
+        assert grandchild.is_running()
+    finally:
+        for proc in psutil.Process(parent.pid).children(recursive=True):
+            proc.kill()
+        parent.kill()
+        parent.wait(timeout=10)
+
+
+def test_a_look_alike_title_is_refused() -> None:
+    proc = as_worker(["sleep", "60"], title="ray::RayTrainWorkerX")
+    try:
+        assert wait_for(lambda: psutil.Process(proc.pid).cmdline()[:1] == ["ray::RayTrainWorkerX"])
+
+        answer = signal_here(proc.pid, "-", "KILL", raylet=RAYLET)
+
+        assert answer["outcome"] == "refused", answer
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_in_a_cluster_the_drill_started_a_worker_without_its_marker_is_refused() -> None:
+    """Every process of a cluster the drill started inherits the drill's marker; a worker
+    of another cluster on the same machine does not carry it."""
+    marker = ("RECOVERYGATE_DRILL_ID", "0123456789abcdef")
+    plain = as_worker(["sleep", "60"])
+    marked = subprocess.Popen(
+        ["bash", "-c", f'exec -a "{WORKER_TITLE}" sleep 60'],
+        env={**os.environ, marker[0]: marker[1]},
+    )
+    try:
+        assert wait_for(lambda: psutil.Process(plain.pid).cmdline()[:1] == [WORKER_TITLE])
+        assert wait_for(lambda: psutil.Process(marked.pid).cmdline()[:1] == [WORKER_TITLE])
+
+        refused = signal_here(plain.pid, "-", "KILL", raylet=RAYLET, marker=marker)
+        signalled = signal_here(marked.pid, "-", "KILL", raylet=RAYLET, marker=marker)
+
+        assert refused["outcome"] == "refused", refused
+        assert "does not carry this drill's RECOVERYGATE_DRILL_ID" in refused["detail"]
+        assert plain.poll() is None
+        assert signalled["outcome"] == "killed", signalled
+        assert marked.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for proc in (plain, marked):
+            proc.kill()
+            proc.wait(timeout=10)

@@ -417,6 +417,32 @@ def test_the_default_lock_folder_is_private(
         lock_dir()
 
 
+def test_the_lock_folder_from_the_environment_passes_the_same_checks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 41: RECOVERYGATE_LOCK_DIR was taken without the private-folder checks (as
+    root it accepted a 0777 folder, where another user could plant the lock file)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("RECOVERYGATE_LOCK_DIR", str(shared))
+    with pytest.raises(DiscoveryError, match=r"not a private folder .*RECOVERYGATE_LOCK_DIR"):
+        lock_dir()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(private)
+    monkeypatch.setenv("RECOVERYGATE_LOCK_DIR", str(link))
+    with pytest.raises(DiscoveryError, match="not a private folder"):
+        lock_dir()
+    monkeypatch.setenv("RECOVERYGATE_LOCK_DIR", str(private))
+    assert lock_dir() == private
+    missing = tmp_path / "missing"
+    monkeypatch.setenv("RECOVERYGATE_LOCK_DIR", str(missing))
+    assert lock_dir() == missing
+    assert stat.S_IMODE(os.lstat(missing).st_mode) == 0o700
+
+
 # --------------------------------------------------------------------- job text on screens
 
 HOSTILE_TAIL = [

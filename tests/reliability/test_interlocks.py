@@ -52,7 +52,7 @@ def server() -> Iterator[FakeApiServer]:
 @pytest.fixture(autouse=True)
 def private_locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "locks"
-    folder.mkdir()
+    folder.mkdir(mode=0o700)
     monkeypatch.setenv("RECOVERYGATE_LOCK_DIR", str(folder))
     return folder
 

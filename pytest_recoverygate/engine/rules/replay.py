@@ -160,33 +160,52 @@ def printed_decimals(*incs: Inc | None) -> int | None:
 
 
 def _candidates(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) -> list[Inc]:
-    return [
+    found = [
         inc
         for inc in ledger.order
         if inc is not judged
         and inc.born < kill_index
         and not ledger.is_child(inc)
+        and not ledger.rankless.stands_in(inc.rank)
         and inc.replay_points
         and inc.first_seen <= kill_time
-        and inc.last is not None
+        and _last_before(inc, kill_time) is not None
         and (judged.rank is None or inc.rank is None or inc.rank == judged.rank)
     ]
+    ranked = [inc for inc in found if inc.rank is not None]
+    # issue 41: a process that named no rank stands for the judged rank only when no
+    # process of that rank reported
+    return ranked if judged.rank is not None and ranked else found
+
+
+def _last_before(inc: Inc, kill_time: float) -> float | None:
+    """When the incarnation printed its last progress line at or before the kill (None:
+    none): its lines after the kill are not the killed run's (a survivor, or a process
+    relaying the replacement's lines)."""
+    if inc.last is not None and inc.last[1] <= kill_time:
+        return inc.last[1]
+    before = [at for _, at in inc.points if at <= kill_time]  # its first steps only
+    for line in (inc.before_kill, inc.advanced):
+        if line is not None and line[1] <= kill_time:
+            before.append(line[1])
+    return max(before, default=None)
 
 
 def reference(ledger: Ledger, kill_index: int, kill_time: float, judged: Inc) -> Inc | None:
     """The killed run: the judged replacement's rank's incarnation before kill ``kill_index``.
 
     With torchrun the whole group restarts, so it is that rank's old process even when
-    another rank was the target. Of that rank's workers seen before the kill (and those
-    that named no rank; any rank's when the replacement names none), the one whose last
-    progress line before it is the newest; None when none reported a loss or data.
+    another rank was the target. Of that rank's workers seen before the kill (those that
+    named no rank only when no worker of that rank reported; any rank's when the
+    replacement names none), the one whose last progress line *before the kill* is the
+    newest; None when none reported a loss or data.
     """
     best: Inc | None = None
+    best_at = -math.inf
     for inc in _candidates(ledger, kill_index, kill_time, judged):
-        if best is None or (
-            best.last is not None and inc.last is not None and inc.last[1] > best.last[1]
-        ):
-            best = inc
+        at = _last_before(inc, kill_time)
+        if at is not None and at > best_at:
+            best, best_at = inc, at
     return best
 
 
@@ -200,6 +219,7 @@ def replacements(ledger: Ledger, kill_index: int, judged: Inc) -> list[Inc]:
         if inc is not judged
         and inc.born == kill_index
         and not ledger.is_child(inc)
+        and not ledger.rankless.stands_in(inc.rank)
         and inc.replay_points
     ]
 

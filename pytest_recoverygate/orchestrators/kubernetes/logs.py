@@ -6,8 +6,11 @@ kubelet timestamps, and feeds each line to the shared
 receive time, so recovery time excludes streaming delay. The stream ends when the
 container stops; it is reopened on whichever pod now holds that rank (400 "waiting to
 start" while it is Pending is retried), from ``sinceSeconds`` covering the gap, and lines
-already seen (same kubelet timestamp and content) are dropped. What the followed pods
-printed is kept per pod for the report (:meth:`LogStream.job_output`).
+already seen are dropped (:class:`SeenLines`: a pod's log is in kubelet-time order, so
+a line older than the newest one seen of that pod was seen, and one at that very
+nanosecond is told apart by its digest: bounded memory and O(1) per line, whatever the
+overlap or the line lengths). What the followed pods printed is kept per pod for the
+report (:meth:`LogStream.job_output`).
 
 The log is the job's text: a line is held for at most
 :data:`~pytest_recoverygate.shared.textbounds.MAX_LINE_BYTES` bytes before its newline; a
@@ -17,8 +20,10 @@ longer one is handed on cut there (the rest dropped up to its newline), counted 
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -36,9 +41,9 @@ from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 from pytest_recoverygate.shared.logevidence import LogEvidence
 from pytest_recoverygate.shared.textbounds import MAX_LINE_BYTES, CutLine, LineSplitter
 
-__all__ = ["LogStream", "PodLogEvents", "parse_kubelet_timestamp"]
+__all__ = ["LogStream", "PodLogEvents", "SeenLines", "kubelet_ns", "parse_kubelet_timestamp"]
 
-_LOG_DEDUPE_WINDOW = 600.0  # seconds of kubelet time kept for dropping re-sent lines
+_LOG_DEDUPE_WINDOW = 600.0  # a line this much older than the newest one seen is dropped
 
 
 def parse_kubelet_timestamp(text: str) -> float:
@@ -50,6 +55,77 @@ def parse_kubelet_timestamp(text: str) -> float:
     if fraction and not fraction.isdigit():
         raise ValueError(text)
     return base.timestamp() + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+
+
+def kubelet_ns(text: str) -> int:
+    """``2026-11-29T11:47:14.123456789Z`` as integer nanoseconds since the epoch (exact:
+    kubelet trims trailing zeros, and a float cannot hold nanoseconds); ValueError when
+    malformed."""
+    if not text.endswith("Z") or len(text) < 20:
+        raise ValueError(text)
+    base = datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    fraction = text[20:-1] if len(text) > 20 and text[19] == "." else ""
+    if fraction and (not fraction.isdigit() or len(fraction) > 9):
+        raise ValueError(text)
+    return int(base.timestamp()) * 1_000_000_000 + int(fraction.ljust(9, "0") or 0)
+
+
+class SeenLines:
+    """Which log lines were already delivered, per stream (one followed pod), in bounded
+    memory and O(1) per line.
+
+    A container's log is in kubelet-time order, and a reopened stream (``sinceSeconds``)
+    replays its lines in that order. So per stream the newest timestamp seen is kept, and
+    the digests of the lines at exactly that nanosecond: a line older than it was seen; a
+    line at it was seen if its digest was; a newer line is new. Lines without a timestamp
+    (malformed) are remembered by digest, the last :data:`MAX_UNSTAMPED` of them.
+    """
+
+    #: digests kept of the lines sharing a stream's newest timestamp
+    MAX_AT_TOP = 1024
+    #: streams remembered (the pods a drill followed: the newest ones)
+    MAX_STREAMS = 64
+    #: digests kept of lines without a timestamp
+    MAX_UNSTAMPED = 1024
+
+    def __init__(self) -> None:
+        self._top: OrderedDict[Hashable, tuple[int, dict[bytes, None]]] = OrderedDict()
+        self._unstamped: OrderedDict[bytes, None] = OrderedDict()
+
+    @staticmethod
+    def _digest(content: bytes) -> bytes:
+        return hashlib.blake2b(content, digest_size=16).digest()
+
+    def first_time(self, stream: Hashable, stamp: int | None, content: bytes) -> bool:
+        """Whether this line of ``stream`` is new (it is then remembered)."""
+        digest = self._digest(content)
+        if stamp is None:
+            if digest in self._unstamped:
+                return False
+            self._unstamped[digest] = None
+            if len(self._unstamped) > self.MAX_UNSTAMPED:
+                self._unstamped.popitem(last=False)
+            return True
+        top = self._top.get(stream)
+        if top is not None and stamp < top[0]:
+            return False
+        if top is not None and stamp == top[0]:
+            at_top = top[1]
+            if digest in at_top:
+                return False
+            at_top[digest] = None
+            if len(at_top) > self.MAX_AT_TOP:
+                del at_top[next(iter(at_top))]
+            return True
+        self._top[stream] = (stamp, {digest: None})
+        self._top.move_to_end(stream)
+        if len(self._top) > self.MAX_STREAMS:
+            self._top.popitem(last=False)
+        return True
+
+    def size(self) -> int:
+        """Digests held: at most MAX_STREAMS x MAX_AT_TOP + MAX_UNSTAMPED."""
+        return sum(len(d) for _, d in self._top.values()) + len(self._unstamped)
 
 
 class PodLogEvents:
@@ -94,7 +170,7 @@ class LogStream:
         # ``source``: one shared by several streams (the replica groups of a live drill)
         self.source = source or StreamEventSource(wakeup=self._clock.wakeup, clock=self._clock.now)
         self.events = PodLogEvents(self.source, session)
-        self._seen_lines: dict[tuple[str, bytes], float] = {}
+        self._seen = SeenLines()
         self._last_log_time: float | None = None
         self._fresh = 0  # new lines the current stream delivered so far
         # the followed pods' logs, per pod (a replacement with the pod's name shares its file)
@@ -201,23 +277,19 @@ class LogStream:
     def _feed_line(self, line: bytes, stream: Any) -> bool:
         """Parse the kubelet timestamp, drop lines seen before, feed the rest."""
         stamp, _, content = line.partition(b" ")
+        ns: int | None
         try:
-            ts_text = stamp.decode("ascii")
-            received = parse_kubelet_timestamp(ts_text)
+            ns = kubelet_ns(stamp.decode("ascii"))
+            received = ns / 1e9
         except (UnicodeDecodeError, ValueError):
-            ts_text, received, content = "", self._clock.now(), line
-        key = (ts_text, content)
-        if key in self._seen_lines:
-            return False
+            ns, received, content = None, self._clock.now(), line
         last = self._last_log_time
-        if last is not None and received < last - _LOG_DEDUPE_WINDOW:
+        if ns is not None and last is not None and received < last - _LOG_DEDUPE_WINDOW:
             return False
-        self._seen_lines[key] = received
+        if not self._seen.first_time(stream, ns, content):
+            return False
         if last is None or received > last:
             self._last_log_time = received
-            if len(self._seen_lines) > 10_000:
-                horizon = received - _LOG_DEDUPE_WINDOW
-                self._seen_lines = {k: v for k, v in self._seen_lines.items() if v >= horizon}
         if self.evidence is not None:
             events = self.evidence.translate(self._incarnation, self._host, content, received)
             if events:

@@ -13,19 +13,22 @@ How it sees the job (Ray 2.60, measured; docs/ray.md):
   nothing is launched.
 - **Discovery** reads Train's state from the dashboard (``/api/train/v2/runs/v1``): the
   run of this drill's driver (or Job), its current attempt's workers with world rank,
-  node, pid and actor id. A worker instance is ``ACTOR_ID:PID``, plus ``@TICKS`` (the
-  process start time in clock ticks) when its node is this machine. A replacement is a
-  new actor.
+  node, pid and actor id. That state is job input: :class:`.guard.WorkerGuard` checks
+  every worker against the GCS and probes it on its node, refusing any mismatch. A worker
+  instance is ``ACTOR_ID:PID@TICKS``, the start ticks read on its node by that probe. A
+  replacement is a new actor (probed at its kill).
 - **The kill** is one signal (SIGKILL; SIGTERM then SIGKILL for Preempt; SIGSTOP for
   HangWorker), sent through a pidfd by a zero-CPU Ray task pinned to the worker's node
-  (``helper kill``; the drill itself for a worker on this machine), after the pid's start
-  time is checked there. Never retried.
+  (the drill itself for a worker on this machine whose raylet the probe named), after
+  the GCS vouched for it again and the node checked its start time, parent raylet and
+  title. Never retried.
 - **The group** is Train's run state, polled: the attempt errored (worker death
   detected), its workers all dead (group shut down), a new attempt pending (new group
   being placed), the new attempt running with every worker alive (train function
   restarted); the run ERRORED/ABORTED or the driver exiting non-zero is the job failing.
-- **Evidence** is read from the session's ``logs/worker-*-<pid>.out`` of every Train
-  worker (raw and complete) when the session folder is on this machine; otherwise from
+- **Evidence** is read from ``logs/worker-<worker id>-<job>-<pid>.out`` of every Train
+  worker (raw and complete) in the session the GCS names, when that folder is on this
+  machine; otherwise from
   the driver's forwarded copy (``(RayTrainWorker pid=N)`` prefixes, which Ray's log dedup
   can fold). One source per drill, never both: a line would count twice.
 - **Cleanup** ends what the drill launched: the driver's session (SIGTERM, then SIGKILL),
@@ -37,6 +40,7 @@ How it sees the job (Ray 2.60, measured; docs/ray.md):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -50,6 +54,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,8 +62,9 @@ from typing import TYPE_CHECKING, Any
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError
 from pytest_recoverygate.orchestrators.ray import INSTALL_HINT
+from pytest_recoverygate.orchestrators.ray.guard import WorkerGuard
 from pytest_recoverygate.orchestrators.ray.helper import MARK as HELPER_MARK
-from pytest_recoverygate.orchestrators.ray.helper import helper_command, process_ticks
+from pytest_recoverygate.orchestrators.ray.helper import helper_command
 from pytest_recoverygate.orchestrators.ray.processes import (
     DRILL_MARKER,
     end_driver,
@@ -158,8 +164,9 @@ class RayOrchestrator(LaunchedJob):
         self._signals = WorkerSignals(self._task_signal)
         self._killed_nodes: set[str] = set()  # node ids whose raylet the drill ended
         self._killed: set[str] = set()  # actor ids of the workers the drill signalled
-        self._local = local_addresses()
-        self._ticks: dict[int, str] = {}  # pid -> start ticks, for workers on this machine
+        self._guard = WorkerGuard(self._ask, local=local_addresses())
+        self._job_id: str | None = None  # submissionId: its Ray job, as the Jobs API names it
+        self._followed: set[str] = set()  # actor ids whose worker log is tailed
         self._seen_attempts: set[str] = set()
         self._reported: set[tuple[str, str]] = set()  # (attempt id, phase) already emitted
         self._started_cluster = False
@@ -173,6 +180,8 @@ class RayOrchestrator(LaunchedJob):
         if self.submission_id is None:
             self._launch()
         self._connect(deadline)
+        assert self._gcs is not None
+        self._server = KillServer(self._client_env, self._gcs)  # connects while Train starts
         run = self._wait_for_group(deadline)
         attempt = run.current
         assert attempt is not None
@@ -183,13 +192,16 @@ class RayOrchestrator(LaunchedJob):
                 f"{run.name!r}: its {len(ranks)} workers have world ranks "
                 f"{ranks[0]}-{ranks[-1]}; set targetRank to one of them (nothing was killed)"
             )
+        self._guard.verify(
+            attempt.workers,
+            driver_pid=self._popen.pid if self._popen is not None else None,
+            job=self._job_id,
+        )
         self._choose_evidence(attempt)
         with self._lock:
             self._run = run
             self._seen_attempts.add(attempt.attempt_id)
             self._reported.add((attempt.attempt_id, "running"))
-        assert self._gcs is not None
-        self._server = KillServer(self._client_env, self._gcs)
         self._watcher = threading.Thread(target=self._watch, name="recoverygate-ray", daemon=True)
         self._watcher.start()
         self.discovered_at = self._clock.now()
@@ -223,11 +235,12 @@ class RayOrchestrator(LaunchedJob):
                 self._clock.now(),
                 f"{worker.describe()} is no longer a live worker of the run; nothing was touched",
             )
-        if ticks is not None and self._is_local(found) and process_ticks(pid) != ticks:
+        target = self._guard.target(found, ticks)  # BackendError: refused, nothing sent
+        if target is None:
             return model.KillResult(
                 model.KillOutcome.ALREADY_GONE,
                 self._clock.now(),
-                f"pid {pid} is another process now; nothing was touched",
+                f"the GCS lists {worker.describe()} as gone; nothing was touched",
             )
         if dry_run:
             return model.KillResult(
@@ -236,7 +249,6 @@ class RayOrchestrator(LaunchedJob):
                 f"would send SIG{sig} to pid {pid} (actor {actor_id}, node "
                 f"{found.node_id[:12]}); nothing was sent",
             )
-        target = Target(found.node_id, pid, ticks or "-", self._is_local(found))
         before = self._clock.now()
         with self._lock:  # before the signal: the watcher may look before the task answers
             self._killed.add(actor_id)
@@ -260,9 +272,7 @@ class RayOrchestrator(LaunchedJob):
         by = str(result.get("by", "a task on its node"))
         detail = f"SIG{sig} sent to pid {pid} (actor {actor_id}, node {found.node_id[:12]}) by {by}"
         if sig == "TERM":
-            exact = Target(
-                target.node_id, pid, str(result.get("ticks") or target.ticks), target.local
-            )
+            exact = dataclasses.replace(target, ticks=str(result.get("ticks") or target.ticks))
             self._signals.escalate_later(exact, fault.grace_period)
             detail += f"; SIGKILL after {fault.grace_period:g}s if that same instance still runs"
         elif sig == "STOP":
@@ -270,19 +280,20 @@ class RayOrchestrator(LaunchedJob):
         return model.KillResult(model.KillOutcome.KILLED, float(result.get("at", before)), detail)
 
     def _task_signal(self, target: Target, sig: str) -> dict[str, Any]:
-        """One signal through the cluster: the kill server, else a helper for this one."""
-        assert self._gcs is not None
-        if self._server is not None and self._server.ready(HELPER_TIMEOUT):
-            return self._server.kill(target.node_id, target.pid, target.ticks, HELPER_TIMEOUT, sig)
-        return self._helper(
-            "kill",
-            self._gcs,
-            target.node_id,
-            str(target.pid),
-            target.ticks,
-            sig,
-            timeout=HELPER_TIMEOUT,
+        """One signal through the cluster, by a task pinned to the target's node."""
+        marker = list(target.marker) if target.marker else None
+        request = {"op": "signal", "node": target.node_id, "pid": target.pid}
+        return self._ask(
+            request | {"ticks": target.ticks, "signal": sig, "marker": marker}, HELPER_TIMEOUT
         )
+
+    def _ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request to the cluster: the kill server, else a one-shot helper for it."""
+        if self._gcs is None:
+            raise BackendError("the drill is not connected to the Ray cluster")
+        if self._server is not None and self._server.ready(timeout):
+            return self._server.request(request, timeout)
+        return self._helper("request", self._gcs, json.dumps(request), timeout=timeout)
 
     def current_worker(self, rank: int) -> model.Worker | None:
         """That rank's worker in the run's current attempt, when that attempt is running."""
@@ -346,12 +357,8 @@ class RayOrchestrator(LaunchedJob):
                 self._clock.now(),
                 f"{node.describe()} runs no live worker of the run now; nothing was touched",
             )
-        if node.identity == self._head_node():
-            raise BackendError(
-                f"{node.describe()} is the Ray head: ending its raylet ends the whole cluster, "
-                "not a node of it; set injectFailure.targetRank (or targetNode) to a worker on "
-                "another node"
-            )
+        # Only a node hosting a worker the GCS vouches for, never the head (BackendError)
+        self._guard.check_node(node.identity, live)
         if dry_run:
             return model.KillResult(
                 model.KillOutcome.DRY_RUN,
@@ -362,13 +369,7 @@ class RayOrchestrator(LaunchedJob):
         with self._lock:
             self._killed_nodes.add(node.identity)
         try:
-            if self._server is not None and self._server.ready(HELPER_TIMEOUT):
-                result = self._server.kill(node.identity, -1, "-", HELPER_TIMEOUT)
-            else:
-                assert self._gcs is not None
-                result = self._helper(
-                    "kill", self._gcs, node.identity, "-1", "-", timeout=HELPER_TIMEOUT
-                )
+            result = self._ask({"op": "raylet", "node": node.identity}, HELPER_TIMEOUT)
         except BackendError as exc:
             return model.KillResult(
                 model.KillOutcome.UNCONFIRMED,
@@ -391,16 +392,6 @@ class RayOrchestrator(LaunchedJob):
         return model.KillResult(
             model.KillOutcome.ALREADY_GONE, self._clock.now(), "nothing to restore"
         )
-
-    def _head_node(self) -> str | None:
-        """The node id of the cluster's head, from the state API (None: unknown)."""
-        try:
-            answer = self._get("/api/v0/nodes?detail=1&limit=1000")
-        except (OSError, ValueError):
-            return None
-        rows = answer.get("data", {}).get("result", {}).get("result", [])
-        head = next((r for r in rows if r.get("is_head_node")), None)
-        return str(head["node_id"]) if head is not None else None
 
     def events(self) -> StreamEventSource:
         return self._source
@@ -473,6 +464,8 @@ class RayOrchestrator(LaunchedJob):
             env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
         self._client_env = env
         self._started_cluster = self.address is None
+        if self._started_cluster:  # every process of it carries the marker, under its tmpdir
+            self._guard.marker, self._guard.within = (DRILL_MARKER, self._drill_id), self._tmpdir
         command = [shutil.which(self.command[0]) or self.command[0], *self.command[1:]]
         if command[0] == "python" or Path(command[0]).name in ("python", "python3"):
             command[0] = sys.executable  # the drill's own interpreter: the one with ray
@@ -671,8 +664,6 @@ class RayOrchestrator(LaunchedJob):
                     )
                 if current is not None and current.running:
                     self._run_id = run.run_id
-                    for w in current.workers:
-                        self._remember(w)
                     return run
             self._check_driver("before Train's worker group was running")
             if self._clock.now() >= deadline:
@@ -686,7 +677,8 @@ class RayOrchestrator(LaunchedJob):
     def _check_job(self) -> None:
         """``submissionId``: the Ray Job must be running (nothing is killed otherwise)."""
         try:
-            job = self._get(f"/api/jobs/{self.submission_id}")
+            assert self.submission_id is not None
+            job = self._get(f"/api/jobs/{urllib.parse.quote(self.submission_id, safe='')}")
         except urllib.error.HTTPError as exc:
             raise DiscoveryError(
                 f"workload.submissionId {self.submission_id!r}: the cluster at {self.address} "
@@ -698,6 +690,8 @@ class RayOrchestrator(LaunchedJob):
                 f"{self._dashboard} did not answer: {exc}"
             ) from None
         status = str(job.get("status", "")) if isinstance(job, dict) else ""
+        if isinstance(job, dict) and job.get("job_id"):
+            self._job_id = str(job["job_id"])  # its driver's Ray job: the workers' job
         if status != "RUNNING":
             raise DiscoveryError(
                 f"workload.submissionId {self.submission_id!r} is not running (its status is "
@@ -717,17 +711,8 @@ class RayOrchestrator(LaunchedJob):
 
     # ------------------------------------------------------------------ identity
 
-    def _is_local(self, worker: TrainWorker) -> bool:
-        return worker.node_ip in self._local
-
-    def _remember(self, worker: TrainWorker) -> None:
-        if self._is_local(worker) and worker.pid not in self._ticks:
-            ticks = process_ticks(worker.pid)
-            if ticks is not None:
-                self._ticks[worker.pid] = ticks
-
     def _worker(self, worker: TrainWorker) -> model.Worker:
-        ticks = self._ticks.get(worker.pid)
+        ticks = self._guard.ticks(worker.actor_id)  # read on its node by the guard's probe
         instance = f"{worker.actor_id}:{worker.pid}" + (f"@{ticks}" if ticks else "")
         return model.Worker(
             worker.rank,
@@ -753,13 +738,13 @@ class RayOrchestrator(LaunchedJob):
     # ------------------------------------------------------------------ evidence
 
     def _choose_evidence(self, attempt: TrainAttempt) -> None:
-        """Worker logs when the session folder is on this machine, else the driver's copy."""
+        """Worker logs when the session folder the GCS names is on this machine, else the
+        driver's copy (never the folder Train's state names: job code writes that)."""
         for worker in attempt.workers:
-            if worker.log_file and self._is_local(worker):
-                logs = Path(worker.log_file).parent.parent  # .../session_X/logs/train/<file>
-                if any(logs.glob(f"worker-*-{worker.pid}.out")):
-                    self._worker_logs = logs
-                    break
+            logs = self._guard.logs_folder(worker.node_id)
+            if logs is not None and self._guard.log_files(worker):
+                self._worker_logs = logs
+                break
         with self._lock:
             self._driver_evidence = self._worker_logs is None
             buffered, self._driver_buffer = self._driver_buffer, []
@@ -776,7 +761,10 @@ class RayOrchestrator(LaunchedJob):
         except OSError:
             owner = None
         for worker in attempt.workers:
-            for path in self._worker_logs.glob(f"worker-*-{worker.pid}.out"):
+            if worker.actor_id in self._followed:
+                continue
+            for path in self._guard.log_files(worker):
+                self._followed.add(worker.actor_id)
                 key = str(path)
                 if key in self._tails:
                     continue
@@ -850,9 +838,9 @@ class RayOrchestrator(LaunchedJob):
                     model.GroupEventKind.NODE_GONE,
                     f"every worker of node {on_node[0].node} is gone with its raylet",
                 )
+        if run.current is not None and run.current.running:
+            self._follow_logs(run.current)  # until the GCS vouched for each worker's log
         for index, attempt in enumerate(run.attempts):
-            for worker in attempt.workers:
-                self._remember(worker)
             aid = attempt.attempt_id
             old = index < len(run.attempts) - 1 or attempt.status in ("ERRORED", "ABORTED")
             dead = [w for w in attempt.workers if not w.alive]

@@ -1,8 +1,9 @@
 """The signals a Ray drill sends to one Train worker, and what it still owes the job.
 
-Every signal goes to one instance by identity (pid + its start time in clock ticks,
-checked on the worker's node through a pidfd, see :mod:`.helper`): a Ray task pinned to
-the node sends it, or, for a worker on this machine, the drill itself. What a fault
+Every signal goes to one instance by identity (pid + its start time in clock ticks, its
+parent the node's raylet, its title a Train worker's, checked on the worker's node
+through a pidfd, see :mod:`.helper`): a Ray task pinned to the node sends it, or, for a
+worker on this machine whose raylet is known, the drill itself. What a fault
 leaves behind is kept here until cleanup:
 
 - ``HangWorker``: the stopped instance, remembered *before* the SIGSTOP is sent, so that
@@ -29,13 +30,16 @@ __all__ = ["Send", "Target", "WorkerSignals"]
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """One worker instance: its node, pid, start ticks (``-``: not known yet) and whether
-    its node is this machine."""
+    """One worker instance: its node, pid, start ticks (``-``: not known yet), whether its
+    node is this machine, that node's raylet (the worker's parent; None: not known, the
+    node's task checks it) and the marker it must carry (a cluster the drill started)."""
 
     node_id: str
     pid: int
     ticks: str
     local: bool
+    raylet: int | None = None
+    marker: tuple[str, str] | None = None
 
     def describe(self) -> str:
         return f"pid {self.pid} on node {self.node_id[:12]}"
@@ -60,9 +64,12 @@ class WorkerSignals:
         """Send ``sig`` to ``target``: the answer of :func:`.helper.signal_here` (a worker
         on this machine whose ticks are known) or of the node's task; BackendError when
         the task did not answer."""
-        if target.local and target.ticks != "-":
+        if target.local and target.ticks != "-" and target.raylet is not None:
             try:
-                return {**signal_here(target.pid, target.ticks, sig), "by": "the drill"}
+                answer = signal_here(
+                    target.pid, target.ticks, sig, raylet=target.raylet, marker=target.marker
+                )
+                return {**answer, "by": "the drill"}
             except PermissionError:
                 pass  # a cluster of another user: its own task may
         return {**self._send(target, sig), "by": "a task on its node"}

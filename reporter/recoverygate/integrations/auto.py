@@ -66,6 +66,9 @@ _TARGETS: dict[str, tuple[str, str]] = {
 }
 #: module name -> the class whose ``__init__`` is patched (default ``Trainer``)
 _CLASSES = {"torchft.manager": "Manager"}
+#: Watched when the output is tapped (an evidence spec): Ray's worker process replaces
+#: ``sys.stdout``/``sys.stderr`` through this module's ``open_log``, and the tap must stay.
+_RAY_STREAMS = "ray._private.utils"
 
 
 def wanted(value: str | None = None) -> frozenset[str]:
@@ -157,6 +160,11 @@ def _patch(module: Any, add: Callable[[Any], None], name: str = "Trainer") -> No
 
 
 def _patch_module(name: str, module: Any) -> None:
+    if name == _RAY_STREAMS:
+        from recoverygate import evidence
+
+        evidence.tap_ray_streams(module)
+        return
     framework, namespace = _TARGETS[name]
     if framework == "ray":
         from recoverygate.integrations.ray import install as install_ray
@@ -231,13 +239,15 @@ def install(value: str | None = None) -> bool:
         tapped = _install_evidence(value)
         frameworks = wanted(value)
         names = frozenset(name for name, (fw, _) in _TARGETS.items() if fw in frameworks)
-        if not names or installed():
+        watched = names | ({_RAY_STREAMS} if tapped else set())
+        if not watched or installed():
             return bool(names) or tapped
-        sys.meta_path.insert(0, _Finder(names))
-        for name in names:
+        sys.meta_path.insert(0, _Finder(frozenset(watched)))
+        for name in watched:
             module = sys.modules.get(name)
             if module is not None and (
-                name == "ray.train" or hasattr(module, _CLASSES.get(name, "Trainer"))
+                name in ("ray.train", _RAY_STREAMS)
+                or hasattr(module, _CLASSES.get(name, "Trainer"))
             ):
                 _patch_module(name, module)
         return True
