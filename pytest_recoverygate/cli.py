@@ -79,12 +79,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     _explain_parser(sub)
     sweep = sub.add_parser(
         "sweep",
-        help="remove what a SIGKILLed multi-node drill left behind",
-        description="Find the owner records of local multi-node drills that no longer run "
-        "(a drill SIGKILLed, or killed by the OOM killer, cannot clean up) and remove "
-        "what each left: the processes in its network namespaces, the namespaces, its "
-        "folder. A running drill's namespaces, and namespaces no record names, are left "
-        f"alone ({docs_link('nodes.md')}).",
+        help="remove what a SIGKILLed drill left behind",
+        description="Find the owner records of drills that no longer run (a drill "
+        "SIGKILLed, or killed by the OOM killer, cannot clean up) and remove what each "
+        "left: a local multi-node drill's processes in its network namespaces, the "
+        f"namespaces and its folder ({docs_link('nodes.md')}); a StorageFault's mount over "
+        "the checkpoint folder and its layer process (faults.md). A running drill's, and "
+        "what no record names, are left alone.",
         epilog="exit codes: 0 nothing left behind, 3 something could not be removed",
     )
     _switch(sweep, "--dry-run", help="only say what would be removed")
@@ -257,18 +258,23 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
 
 
 def sweep_command(args: argparse.Namespace, name: str) -> int:
-    """``recoverygate sweep``: what dead multi-node drills left, removed (or listed)."""
+    """``recoverygate sweep``: what dead drills left (a multi-node drill's namespaces, a
+    StorageFault's mount), removed (or listed)."""
     from pytest_recoverygate.errors import DrillError
     from pytest_recoverygate.orchestrators.local.sweep import sweep
+    from pytest_recoverygate.storage.layer import sweep as sweep_storage
 
     try:
         report = sweep(dry_run=args.dry_run)
+        storage = sweep_storage(dry_run=args.dry_run)
     except (DrillError, OSError) as exc:
         print(printable(f"{name} sweep: {exc}"), file=sys.stderr)
         return EXIT_ERROR
-    for line in report.lines:
+    nothing = [line for line in report.lines if line.startswith("nothing to sweep")]
+    lines = [line for line in report.lines if line not in nothing] + storage.lines
+    for line in lines or nothing:
         print(printable(line))
-    if report.problems:
+    if report.problems or storage.problems:
         print(f"{name} sweep: not everything could be removed (see above)", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_PASS

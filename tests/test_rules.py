@@ -235,3 +235,10 @@ def test_explain_refuses_a_bad_report_with_exit_2(
     assert message in captured.err
     assert str(path) in captured.err
     assert "Traceback" not in captured.err
+
+
+def test_every_rule_has_its_section_on_the_page() -> None:
+    """The table links each rule to its section: a scope without a heading drops them."""
+    page = render(TABLE)
+    missing = [rule.name for rule in TABLE if f"\n### {rule.name}\n" not in page]
+    assert not missing, missing

@@ -313,6 +313,7 @@ class FaultedPhase(DrillState):
             checks = run(TABLE, "storage", ev)
             failed = [c for c in checks if c.passed is False]
         undecided = [c for c in checks if c.passed is None]
+        record.lifted(now, "the drill ended; its cleanup lifts it")  # if still armed
         if failed:
             verdict, summary = Verdict.FAIL, "; ".join(c.message for c in failed)
         elif undecided:

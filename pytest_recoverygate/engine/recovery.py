@@ -148,6 +148,8 @@ def _figures(ev: KillEvidence, checks: Sequence[Check]) -> None:
     if ranks:
         kill.details["ranks"] = ranks
     if kill.storage is not None:
+        if ev.final:
+            kill.storage.lifted(ev.now, "the drill ended; its cleanup lifts it")  # if armed
         kill.details["storage"] = storage_details(kill.storage)
     if spec.fault == "Preempt":
         saved = kill.details.get("savedStep")

@@ -153,6 +153,14 @@ class StorageRecord:
         bad = {step for step, _, _ in self.swallowed}
         return sorted(step for step in self.completed if step not in bad)
 
+    def intact(self, step: int) -> bool:
+        """Whether completed checkpoint ``step``'s files (as the layer saw them written)
+        are all still there: none removed, truncated or replaced since."""
+        names = self.made_of.get(step)
+        if not names:
+            return False
+        return all(name in self.files and self.files[name].gone is None for name in names)
+
     # ------------------------------------------------------------------ the fault
 
     def armed_now(self, at: float) -> None:

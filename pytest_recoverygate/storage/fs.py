@@ -60,6 +60,8 @@ __all__ = ["BLOCK", "Layer", "main"]
 
 #: The block size of the modelled file system (ext4's default).
 BLOCK = 4096
+#: Seconds between looks, while an operation is held, at whether its caller was signalled.
+STALL_POLL = 0.05
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MS_SHARED = 1 << 20
 _OPEN_TREE_CLONE, _AT_EMPTY_PATH, _MOUNT_ATTR_RDONLY = 1, 0x1000, 0x1
@@ -198,7 +200,12 @@ class Layer(mfusepy.Operations):  # type: ignore[misc]
                 first = self.stalled == 1
             if first:
                 self._note("stalled", op, path)
-            self._released.wait()
+            # Held until lifted, but interruptible as a hard NFS mount is killable: a
+            # signal to the caller (the kernel's FUSE_INTERRUPT) ends this wait with EINTR,
+            # so SIGKILL kills it (without this the kernel waits for the answer in D state).
+            while not self._released.wait(STALL_POLL):
+                if _interrupted():
+                    raise OSError(errno.EINTR, os.strerror(errno.EINTR))
             return None
         if op not in fault.ops:
             return fault
@@ -623,6 +630,19 @@ def _attrs(st: os.stat_result) -> dict[str, Any]:
         "st_ctime": st.st_ctime_ns,
         "st_rdev": st.st_rdev,
     }
+
+
+_fuse_interrupted = mfusepy._libfuse.fuse_interrupted
+_fuse_interrupted.restype = ctypes.c_int
+_fuse_interrupted.argtypes = ()
+
+
+def _interrupted() -> bool:
+    """Whether the kernel interrupted the request this thread is answering."""
+    try:
+        return bool(_fuse_interrupted())
+    except Exception:
+        return False
 
 
 def _caller() -> int:

@@ -197,6 +197,7 @@ class StorageLayer:
         self._answers: list[dict[str, Any]] = []
         self._lock = threading.Condition()
         self._reader: threading.Thread | None = None
+        self._stderr_reader: threading.Thread | None = None
         self._stderr = b""
         self.mounted = False
         self.armed = False
@@ -253,7 +254,8 @@ class StorageLayer:
             target=self._read, args=(os.fdopen(read, "rb"),), name="storage-layer", daemon=True
         )
         self._reader.start()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_reader.start()
         answer = self._await(("ready", "exit"), READY_TIMEOUT)
         if answer is None or answer["ev"] != "ready":
             why = (answer or {}).get("error") or self._stderr_text() or "no answer"
@@ -262,6 +264,13 @@ class StorageLayer:
         self.mounted = True
 
     def _read(self, stream: Any) -> None:
+        with stream:
+            self._read_lines(stream)
+        with self._lock:
+            self._answers.append({"ev": "exit", "t": time.time(), "error": "the layer ended"})
+            self._lock.notify_all()
+
+    def _read_lines(self, stream: Any) -> None:
         for line in stream:
             event = parse_event(line[:MAX_LINE].rstrip(b"\n"))
             if event is None:
@@ -275,16 +284,14 @@ class StorageLayer:
                 self._lock.notify_all()
             if self._wakeup is not None:
                 self._wakeup()
-        with self._lock:
-            self._answers.append({"ev": "exit", "t": time.time(), "error": "the layer ended"})
-            self._lock.notify_all()
 
     def _drain_stderr(self) -> None:
         proc = self._proc
         if proc is None or proc.stderr is None:
             return
-        for chunk in iter(lambda: proc.stderr.read(4096) if proc.stderr else b"", b""):
-            self._stderr = (self._stderr + chunk)[-4096:]
+        with proc.stderr as stream:
+            for chunk in iter(lambda: stream.read1(4096), b""):
+                self._stderr = (self._stderr + chunk)[-4096:]
 
     def _stderr_text(self) -> str:
         lines = [
@@ -406,6 +413,9 @@ class StorageLayer:
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1
+        for thread in (self._reader, self._stderr_reader):
+            if thread is not None:
+                thread.join(EXIT_TIMEOUT)  # each closes its pipe once the layer is gone
         left = [target for target, source in our_mounts() if source == self.fsname]
         if left:
             self._unmount_ours()

@@ -160,7 +160,7 @@ def test_a_saver_that_skips_a_failed_save_says_so_and_trains_on(tmp_path: Path) 
     assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
     [first] = run.processes  # it never restarted
     assert 60 in run.events(first, "save_failed"), first
-    assert 80 in run.events(first, "durable"), first  # the next save, once lifted, worked
+    assert 60 not in run.events(first, "durable") and max(run.events(first, "step")) > 60
     assert run.storage["saveEnded"] == "reported failed", run.storage
 
 

@@ -208,13 +208,13 @@ def main() -> None:
         reporter.progress(step)
         if step % args.ckpt_every == 0:
             if rank == 0:
-                folder.mkdir(parents=True, exist_ok=True)
                 state = {"step": step, "model": model.state_dict(), "opt": opt.state_dict()}
                 if args.pad:
                     state["pad"] = torch.zeros(args.pad, dtype=torch.uint8)
                 truth("save_started", step)
                 reporter.checkpoint_started(step)
                 try:
+                    folder.mkdir(parents=True, exist_ok=True)
                     counted = save(folder, step, state, args.saver, truth)
                 except (OSError, RuntimeError) as exc:  # torch.save to a path: RuntimeError
                     truth("save_failed", step, error=str(exc))

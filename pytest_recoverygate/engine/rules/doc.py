@@ -15,6 +15,7 @@ HEADINGS = {
     "hung": "A kill that nothing followed (count: untilBudgetExhausted)",
     "drill": "The drill over its kills",
     "live": "The kill of a live recovery (recovery: live)",
+    "storage": "A fault on the checkpoint storage (StorageFault)",
 }
 
 INTRO = """\

@@ -185,15 +185,20 @@ def last_good_kept(ev: StorageEvidence) -> Check | None:
     if record.deleted is not None:
         name, at, how = record.deleted
         armed = record.armed_at or at
+        left = [s for s in record.durable_steps() if s < durable and record.intact(s)]
+        after = (
+            f"only checkpoint {max(left)}, an older one, was left"
+            if left
+            else "no durable checkpoint was left"
+        )
         return Check(
             "last_good_checkpoint_kept",
             False,
             expected,
             f"{name} {how}",
             f"checkpoint {durable}, the last durable one, lost {name} ({how}) "
-            f"{format_seconds(max(at - armed, 0.0))} after the fault struck, before a newer "
-            f"checkpoint was durable: when {_save(record)} failed, no durable checkpoint "
-            f"newer than the ones before {durable} was left",
+            f"{format_seconds(max(at - armed, 0.0))} after the fault was armed, before a newer "
+            f"checkpoint was durable: when {_save(record)} failed, {after}",
             R.LAST_GOOD_CHECKPOINT_DELETED,
         )
     return Check(
