@@ -41,9 +41,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import faulthandler
 import functools
 import json
 import os
+import signal
 import stat
 import sys
 import threading
@@ -704,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--fsname", required=True)
     args = parser.parse_args(argv)
+    # SIGUSR1: every thread's stack on stderr (the drill asks before it kills a layer that
+    # did not exit, and keeps the answer for its message)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     events = _Events(args.events_fd)
     layer = Layer(args.root_fd, args.mountpoint, events)
     ready = threading.Thread(

@@ -55,7 +55,7 @@ FSTYPE = "fuse.recoverygate"
 RECORD_PREFIX = "recoverygate-storage-"
 READY_TIMEOUT = 15.0  # seconds for the layer to mount
 ANSWER_TIMEOUT = 10.0  # seconds for the layer to answer arm/lift
-EXIT_TIMEOUT = 10.0  # seconds for the layer to unmount and exit
+EXIT_TIMEOUT = 5.0  # seconds for the layer to unmount and exit (twice, with copies)
 AUDIT_BUDGET = 1 << 30  # bytes the audit reads back in all; past it, sizes only
 _ID = re.compile(r"[0-9a-f]{16}")
 _RECORD_BYTES = 4096
@@ -290,7 +290,7 @@ class StorageLayer:
         if proc is None or proc.stderr is None:
             return
         with proc.stderr as stream:
-            for chunk in iter(lambda: stream.read1(4096), b""):
+            for chunk in iter(lambda: os.read(stream.fileno(), 4096), b""):
                 self._stderr = (self._stderr + chunk)[-4096:]
 
     def _stderr_text(self) -> str:
@@ -407,7 +407,32 @@ class StorageLayer:
         try:
             proc.wait(EXIT_TIMEOUT)
         except subprocess.TimeoutExpired:
-            problems.append(f"the storage layer (pid {proc.pid}) did not exit; killed")
+            # A mount namespace made while the layer was mounted (another tool's unshare,
+            # with private propagation) holds a copy of it: the layer serves it until that
+            # copy goes. Unmount the copies of this layer's own mount there, then wait again.
+            copies = _unmount_copies(self.fsname)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(EXIT_TIMEOUT)
+            if copies:
+                problems.append(
+                    f"the storage layer's mount was copied into {len(copies)} other mount "
+                    f"namespace(s) ({', '.join(copies[:3])}); unmounted there"
+                )
+        if proc.poll() is None:
+            mounted = [t for t, source in our_mounts() if source == self.fsname]
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, on its stderr
+                time.sleep(0.5)
+            stacks = " | ".join(
+                line.strip()
+                for line in self._stderr.decode("utf-8", "replace").splitlines()[-12:]
+                if line.strip()
+            )
+            problems.append(
+                f"the storage layer (pid {proc.pid}) did not exit in {EXIT_TIMEOUT:g}s "
+                f"(still mounted: {', '.join(mounted) or 'nothing'}); killed"
+                + (f"; its threads: {stacks[:1500]}" if stacks else "")
+            )
             self._unmount_ours()
             self._kill(proc)
         if self._pidfd >= 0:
@@ -442,6 +467,44 @@ class StorageLayer:
             if not mine:
                 return
             _umount(self.folder, lazy=True)
+
+
+def _unmount_copies(fsname: str) -> list[str]:
+    """Lazily unmount this layer's mount (``fsname``) in every other mount namespace that
+    holds a copy of it; the namespaces, as ``pid N (comm)``. Only a mount whose source is
+    this layer's own name is touched."""
+    mine = os.stat("/proc/self/ns/mnt").st_ino
+    seen: set[int] = {mine}
+    done: list[str] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ns = os.stat(entry / "ns" / "mnt").st_ino
+            if ns in seen:
+                continue
+            seen.add(ns)
+            targets = [
+                _unescape(left.split()[4])
+                for left, _, right in (
+                    line.partition(" - ") for line in (entry / "mountinfo").read_text().splitlines()
+                )
+                if right.split()[:2] == [FSTYPE, fsname]
+            ]
+            comm = (entry / "comm").read_text().strip()[:32]
+        except (OSError, IndexError):
+            continue
+        for target in targets:
+            subprocess.run(
+                ["/usr/bin/nsenter", f"--mount=/proc/{entry.name}/ns/mnt", "--",
+                 "/usr/bin/umount", "-l", target],
+                capture_output=True,
+                check=False,
+                timeout=10,
+            )  # fmt: skip
+        if targets:
+            done.append(f"pid {entry.name} ({comm})")
+    return done
 
 
 def _umount(target: str, *, lazy: bool) -> bool:

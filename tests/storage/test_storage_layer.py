@@ -37,7 +37,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mfusepy", reason="the storage layer needs mfusepy and libfuse3 (scripts/setup)")
+pytest.importorskip(
+    "mfusepy", reason="the storage layer needs mfusepy and libfuse3 (scripts/setup)"
+)
 
 from pytest_recoverygate.engine.model import StorageEventKind  # noqa: E402
 from pytest_recoverygate.storage.layer import (  # noqa: E402
@@ -361,9 +363,7 @@ def locks(tmp_path: Path) -> Path:
     return made
 
 
-def test_a_sigkilled_drill_takes_its_fault_and_its_mount_with_it(
-    folder: Path, locks: Path
-) -> None:
+def test_a_sigkilled_drill_takes_its_fault_and_its_mount_with_it(folder: Path, locks: Path) -> None:
     proc, fsname, layer_pid = start_drill(folder, locks)
     assert any(s == fsname for _, s in our_mounts())
     proc.kill()
@@ -408,3 +408,27 @@ def test_the_sweep_leaves_a_running_drills_layer_alone(folder: Path, locks: Path
         proc.wait()
     eventually(lambda: not any(s == fsname for _, s in our_mounts()), "the layer to unmount")
     sweep(directory=locks)
+
+
+def test_a_copy_of_the_mount_in_another_namespace_is_unmounted_there(folder: Path) -> None:
+    """A mount namespace made while the layer is mounted (another tool's ``unshare``, with
+    private propagation) holds a copy that keeps the layer serving: close unmounts that
+    copy, says so, and the layer exits."""
+    layer = StorageLayer(folder)
+    layer.mount()
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "120"])
+    try:
+        mountinfo = Path(f"/proc/{other.pid}/mountinfo")
+
+        def private_copy() -> bool:  # unshare makes it private just after the copy
+            lines = [line for line in mountinfo.read_text().splitlines() if layer.fsname in line]
+            return bool(lines) and all("shared:" not in line for line in lines)
+
+        eventually(private_copy, "a private copy in the other namespace")
+        problem = layer.close()
+        assert problem is not None and "copied into 1 other mount namespace" in problem
+        assert layer.fsname not in mountinfo.read_text()
+        assert not any(s == layer.fsname for _, s in our_mounts())
+    finally:
+        other.kill()
+        other.wait()
