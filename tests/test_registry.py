@@ -182,14 +182,14 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
     assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node | {"DrainNode"}
     assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"}
     assert get_backend("fake").faults == common | node
-    assert get_backend("local").faults == common | node | {"StorageFault"}
+    assert get_backend("local").faults == common | node | {"StorageFault", "KillDuringRecovery"}
     assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}
 
 
 ALLOWED = {
     "fake": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
-    "local": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode, PartitionNode or "
-    "StorageFault",
+    "local": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode, PartitionNode, "
+    "StorageFault or KillDuringRecovery",
     "kubernetes": "KillWorker, KillDuringCheckpoint, Preempt, KillNode or DrainNode",
 }
 

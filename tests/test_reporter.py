@@ -774,6 +774,7 @@ def test_the_package_root_imports_nothing_eagerly() -> None:
     assert set(reporter.__all__) == {
         "checkpoint_completed",
         "checkpoint_failed",
+        "checkpoint_load_started",
         "checkpoint_loaded",
         "checkpoint_started",
         "configure",

@@ -24,6 +24,10 @@ What it does, and why each piece is here:
   with ``stateDigestMatches: true`` proves the resumed job holds the state that was saved.
   ``--restore no-optimizer`` and ``--restore no-scheduler`` are the broken twins: the
   step and the weights come back, the optimizer moments or the LR schedule do not.
+- ``--stage-dir`` copies the checkpoint to a per-rank staging folder before loading it
+  (as a job copies it from an object store to local disk) and reports
+  ``checkpoint_load_started`` first; ``--stage-mode direct`` is the KillDuringRecovery twin:
+  a copy cut by a kill is reused by every later restart, which crashes on it.
 - ``--save-mode direct`` is the torn-checkpoint twin: ``torch.save`` straight to the final
   path and a ``latest`` pointer written before the file is complete, so a kill during the
   save leaves a partial checkpoint that the restart then loads.
@@ -111,6 +115,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--save-on-sigterm",
         action="store_true",
         help="on SIGTERM, finish the current step, save a checkpoint and exit 0",
+    )
+    parser.add_argument(
+        "--stage-dir",
+        default=None,
+        help="copy the checkpoint into this folder (+ /rank-R) before loading it; {tmpdir} expands",
+    )
+    parser.add_argument(
+        "--stage-mode",
+        choices=("atomic", "direct"),
+        default="atomic",
+        help="atomic: a temporary name, then rename; direct: the final name (a bug)",
     )
     parser.add_argument(
         "--shards",
@@ -249,15 +264,21 @@ def load_checkpoint(
     opt: torch.optim.Optimizer,
     sched: Any,
     restore: str = "all",
+    stage: Path | None = None,
+    stage_mode: str = "atomic",
 ) -> int:
-    """Load the chosen checkpoint and return its step (0: start from scratch)."""
+    """Load the chosen checkpoint and return its step (0: start from scratch); with
+    ``stage``, from a copy staged there first (see :func:`staged`)."""
     if which == "none":
         return 0
     found = list_checkpoints(folder)
     index = -1 if which == "latest" else -2
     if len(found) < -index:
         return 0
-    _, path = found[index]
+    step, path = found[index]
+    reporter.checkpoint_load_started(step)
+    if stage is not None:
+        path = staged(path, stage, stage_mode)
     state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
     if restore != "no-optimizer":  # the bug: an optimizer re-created, its moments lost
@@ -267,6 +288,29 @@ def load_checkpoint(
     if "rng" in state:
         torch.set_rng_state(state["rng"])
     return int(state["step"])
+
+
+def staged(path: Path, stage: Path, mode: str) -> Path:
+    """The checkpoint copied to this rank's staging folder first (as a job copies it from
+    an object store to local disk), reused when already there.
+
+    atomic: copied to a temporary name, then renamed: a copy cut by a kill is never taken
+    for a staged checkpoint. direct: the bug this example's KillDuringRecovery twin shows:
+    copied straight to its final name and reused without a check, so a restart killed
+    while staging leaves a partial copy that every later restart loads and crashes on.
+    """
+    stage.mkdir(parents=True, exist_ok=True)
+    final = stage / path.name
+    if final.exists():
+        return final
+    target = final if mode == "direct" else stage / f".{path.name}.part-{os.getpid()}"
+    with open(path, "rb") as src, open(target, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+            time.sleep(0.005)  # a download from an object store takes its time
+    if target != final:
+        os.replace(target, final)
+    return final
 
 
 def init_distributed(store_prefix: str, timeout: float) -> None:
@@ -367,7 +411,10 @@ def main(argv: list[str] | None = None) -> None:
         folder = folder / f"rank-{rank}"
         step = load_shard(folder, model, opt, sched)
     else:
-        loaded = load_checkpoint(folder, args.resume, model, opt, sched, args.restore)
+        stage = checkpoint_dir(args.stage_dir) / f"rank-{rank}" if args.stage_dir else None
+        loaded = load_checkpoint(
+            folder, args.resume, model, opt, sched, args.restore, stage, args.stage_mode
+        )
         # Every rank must run the same steps; rank 0's checkpoint is the authority.
         start = torch.tensor([loaded], dtype=torch.int64)
         dist.broadcast(start, src=0)

@@ -52,6 +52,8 @@ __all__ = [
     "node_count_field",
     "option",
     "path_in_scope",
+    "recovery_phase_value",
+    "reentry_keys",
     "refuse",
     "step_ref",
     "storage_during",
@@ -582,3 +584,37 @@ def path_in_scope(scope: tuple[Path, ...] | None, path: Path) -> None:
         key=("path",),
         got=str(path),
     )
+
+
+# ---------------------------------------------------------------- KillDuringRecovery (issue 43)
+
+#: ``injectFailure.phase``: where in the first kill's recovery the second kill lands.
+RECOVERY_PHASES = ("startup", "rendezvous", "checkpointLoad", "firstInterval")
+
+
+def recovery_phase_value(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value in RECOVERY_PHASES):
+        return value
+    raise refuse(
+        "is not a phase of a recovery",
+        " or ".join(RECOVERY_PHASES),
+        "e.g. phase: checkpointLoad",
+    )
+
+
+def reentry_keys(failure: Any) -> None:
+    """A KillDuringRecovery's keys fit each other."""
+    if failure.phase is None:
+        raise refuse(
+            "a KillDuringRecovery needs the phase its second kill lands in",
+            " or ".join(RECOVERY_PHASES),
+            "add phase: checkpointLoad",
+            key=("phase",),
+        )
+    if failure.count != 1:
+        raise refuse(
+            "does not apply to KillDuringRecovery (its two kills are one drill)",
+            "count with another type",
+            "remove count",
+            key=("count",),
+        )

@@ -56,6 +56,8 @@ from pytest_recoverygate.config.fields import (
     node_count_field,
     option,
     path_in_scope,
+    recovery_phase_value,
+    reentry_keys,
     refuse,
     step_ref,
     storage_during,
@@ -366,6 +368,21 @@ class InjectFailure(Section):
         "write, fsync and rename of a save, or every read of a load",
         "latency: 2s",
     )
+    # issue 43: KillDuringRecovery (docs/faults.md)
+    phase: Annotated[str | None, BeforeValidator(recovery_phase_value)] = option(
+        None,
+        "startup, rendezvous, checkpointLoad or firstInterval (KillDuringRecovery, "
+        "required): the phase of the first kill's recovery the second kill lands in",
+        "phase: checkpointLoad",
+    )
+    second_target: int | None = option(
+        None,
+        "a whole number >= 0 (KillDuringRecovery; default the first kill's rank): the rank "
+        "whose replacement the second kill hits",
+        "secondTarget: 1",
+        ge=0,
+        le=MAX_RANK,
+    )
     kill_after: Annotated[str | None, BeforeValidator(kill_after_value)] = option(
         None,
         "none or save (StorageFault with during: save; default none): save SIGKILLs the "
@@ -427,6 +444,8 @@ class InjectFailure(Section):
             ("path", self.path is not None, ("StorageFault",)),
             ("latency", self.latency is not None, ("StorageFault",)),
             ("killAfter", self.kill_after is not None, ("StorageFault",)),
+            ("phase", self.phase is not None, ("KillDuringRecovery",)),
+            ("secondTarget", self.second_target is not None, ("KillDuringRecovery",)),
             ("drainNode", bool(self.drain_node), ("KillNode",)),
             ("cordon", bool(self.cordon), ("KillNode", "DrainNode")),
         )
@@ -441,6 +460,8 @@ class InjectFailure(Section):
                 )
         if self.type == "StorageFault":
             storage_keys(self)
+        if self.type == "KillDuringRecovery":
+            reentry_keys(self)
         if self.delay == "spread" and (self.count in {1, "untilBudgetExhausted"}):
             raise refuse(
                 "spreads the kills of count: N over the checkpoint interval, so it needs "
@@ -789,6 +810,8 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         replay_steps=expect.replay_steps,
         evidence=(config.evidence.preset or PATTERNS) if config.evidence is not None else None,
         storage=storage_spec_of(failure),
+        recovery_phase=failure.phase,
+        second_target=failure.second_target,
     )
 
 

@@ -35,6 +35,7 @@ CHECKPOINT_KINDS = frozenset(
         TrainingEventKind.CHECKPOINT_COMPLETED,
         TrainingEventKind.CHECKPOINT_LOADED,
         TrainingEventKind.CHECKPOINT_FAILED,
+        TrainingEventKind.CHECKPOINT_LOAD_STARTED,
     }
 )
 

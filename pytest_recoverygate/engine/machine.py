@@ -49,9 +49,9 @@ from typing import Any
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
-from pytest_recoverygate.engine.faulted import FaultedPhase
 from pytest_recoverygate.engine.ledger import Inc
 from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
+from pytest_recoverygate.engine.reentry import ReentryPhase
 from pytest_recoverygate.engine.spec import (
     FAULTS,
     MAX_KILLS,
@@ -117,6 +117,7 @@ _RANK_KINDS = frozenset(
         model.TrainingEventKind.CHECKPOINT_STARTED,
         model.TrainingEventKind.CHECKPOINT_COMPLETED,
         model.TrainingEventKind.CHECKPOINT_LOADED,
+        model.TrainingEventKind.CHECKPOINT_LOAD_STARTED,
     }
 )
 
@@ -125,10 +126,11 @@ def _quiet(*args: Any, **kwargs: Any) -> None:
     """A timeline note that goes nowhere (a provisional judgement)."""
 
 
-class DrillEngine(FaultedPhase):
+class DrillEngine(ReentryPhase):
     """One drill's state machine. Feed it; it tells you what to do (its state, deadlines
     and result: :class:`~pytest_recoverygate.engine.state.DrillState`; a StorageFault's
-    own phase: :class:`~pytest_recoverygate.engine.faulted.FaultedPhase`)."""
+    own phase: :class:`~pytest_recoverygate.engine.faulted.FaultedPhase`; the second kill
+    of a KillDuringRecovery: :class:`~pytest_recoverygate.engine.reentry.ReentryPhase`)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -185,7 +187,7 @@ class DrillEngine(FaultedPhase):
             return []  # a job's lines past the ledger's bounds: counted, not evidence
         if other:
             ev.other_rank(event)
-            return []
+            return self._reentry_line(None, event)
         if self._live is not None:
             return self._on_live_event(event)
         kill = self.kill_time if ev.open else None
@@ -211,6 +213,8 @@ class DrillEngine(FaultedPhase):
         actions += self._on_event(inc, event)
         if self._storage is not None:
             actions += self._storage_training(event)
+        if not actions:
+            actions += self._reentry_line(inc, event)
         return actions
 
     def on_group_event(self, event: model.GroupEvent) -> list[Action]:
@@ -240,6 +244,9 @@ class DrillEngine(FaultedPhase):
                 kill.group_restarts = max(kill.group_restarts, event.restart_count)
             else:
                 kill.group_restarts += 1
+        second = self._reentry_group(event)
+        if second:
+            return second
         if ended:
             kill.job_ended = (
                 event.timestamp,
@@ -253,6 +260,8 @@ class DrillEngine(FaultedPhase):
         if self.phase is not Phase.KILLING:
             return []
         after = self._storage_kill_result(result)  # StorageFault's killAfter
+        if after is None:
+            after = self._reentry_kill_result(result)  # KillDuringRecovery's second kill
         if after is not None:
             return after
         armed = self._armed
@@ -345,7 +354,7 @@ class DrillEngine(FaultedPhase):
         faulted = self._faulted_tick(now)  # StorageFault: FAULTED's own deadlines
         if faulted is not None:
             return faulted
-        lift = self._load_lift(now)
+        lift = self._load_lift(now) or self._reentry_retry(now)
         if lift:
             return lift
         armed = self._armed
@@ -774,6 +783,10 @@ class DrillEngine(FaultedPhase):
         recovery = judge(
             self.ledger, self.spec, kill, inc, now=now, note=self.note, ranks=self.ranks
         )
+        if recovery.verdict is Verdict.PASS:
+            missed = self._reentry_missed(now)  # KillDuringRecovery: its phase never came
+            if missed is not None:
+                return missed
         self._recoveries.append(recovery)
         more = recovery.verdict is Verdict.PASS and (
             self.spec.count is None or len(self._recoveries) < self.spec.count

@@ -42,6 +42,7 @@ class TrainingEventKind(enum.Enum):
     CHECKPOINT_COMPLETED = "checkpoint_completed"
     CHECKPOINT_LOADED = "checkpoint_loaded"
     CHECKPOINT_FAILED = "checkpoint_failed"
+    CHECKPOINT_LOAD_STARTED = "checkpoint_load_started"
 
 
 @dataclass(frozen=True, slots=True)

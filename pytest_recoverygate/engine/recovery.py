@@ -364,6 +364,8 @@ def overall(
     ``recoveries`` check; ``untilBudgetExhausted`` judges the budget instead.
     """
     budget_mode = spec.count is None
+    # a recovery the drill cut on purpose (KillDuringRecovery's first) is never judged
+    recoveries = [r for r in recoveries if r.verdict is not Verdict.INTERRUPTED]
     headline = next(
         (r for r in recoveries if r.verdict is not Verdict.PASS),
         recoveries[-1] if recoveries else None,

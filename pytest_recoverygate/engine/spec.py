@@ -35,6 +35,7 @@ FAULTS = (
     "PartitionNode",
     "DrainNode",
     "StorageFault",
+    "KillDuringRecovery",
 )
 
 
@@ -178,6 +179,9 @@ class DrillSpec:
     evidence: str | None = None
     # issue 40: StorageFault (pytest_recoverygate.engine.storage, engine.faulted)
     storage: StorageSpec | None = None
+    # issue 43: KillDuringRecovery (pytest_recoverygate.engine.reentry)
+    recovery_phase: str | None = None  # startup | rendezvous | checkpointLoad | firstInterval
+    second_target: int | None = None  # None: the first kill's rank
 
     def stall_limit(self, rate: float | None) -> float:
         """StorageFault's ``maxStall``: as set, else the larger of 60 s and 10 step times

@@ -77,8 +77,11 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     # StorageFault (engine.faulted): the storage is faulty and nothing was killed; the job
     # failing loudly (or killAfter's kill) makes it a recovery
     Phase.FAULTED: frozenset({Phase.RECOVERING, Phase.KILLING, Phase.DONE}),
-    Phase.RECOVERING: frozenset({Phase.VERIFYING, Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
-    Phase.VERIFYING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.DONE}),
+    # KillDuringRecovery (engine.reentry): the second kill lands inside the first recovery
+    Phase.RECOVERING: frozenset(
+        {Phase.VERIFYING, Phase.WAITING_FOR_CHECKPOINT, Phase.KILLING, Phase.DONE}
+    ),
+    Phase.VERIFYING: frozenset({Phase.WAITING_FOR_CHECKPOINT, Phase.KILLING, Phase.DONE}),
     Phase.DONE: frozenset(),
 }
 

@@ -88,6 +88,8 @@ class FailureReason(enum.Enum):
         "the job removed its last good checkpoint before the new one was durable"
     )
     STALLED_ON_STORAGE = "the job waited on its stalled storage instead of failing or going on"
+    # KillDuringRecovery (pytest_recoverygate.engine.reentry)
+    RECOVERY_NOT_REENTRANT = "a failure inside the recovery left the job unable to recover"
     INCONCLUSIVE = "the evidence cannot decide"
 
 
@@ -396,9 +398,10 @@ class DrillResult(_Judged):
     def headline(self) -> Recovery | None:
         """The recovery the top-level figures are of (the first that did not pass, else
         the last)."""
+        judged = [r for r in self.recoveries if r.verdict is not Verdict.INTERRUPTED]
         return next(
-            (r for r in self.recoveries if r.verdict is not Verdict.PASS),
-            self.recoveries[-1] if self.recoveries else None,
+            (r for r in judged if r.verdict is not Verdict.PASS),
+            judged[-1] if judged else None,
         )
 
     @property

@@ -3,7 +3,8 @@
 Call ``reporter.progress(step)`` every step, ``reporter.checkpoint_started(step)`` when a
 save begins, ``reporter.checkpoint_completed(step)`` once a checkpoint is durably saved
 (``reporter.checkpoint_failed(step, error)`` when the save did not become one) and
-``reporter.checkpoint_loaded(step)`` after a resume loaded one. Each call prints at
+``reporter.checkpoint_loaded(step)`` after a resume loaded one
+(``reporter.checkpoint_load_started(step)`` as the load begins). Each call prints at
 most one RECOVERYGATE/v1 line (see :mod:`recoverygate.wire`) to stdout, where the drill
 reads it. The two checkpoint calls take an optional ``digest=``, the state's fingerprint
 (a hex string, or a mapping of part name -> hex string, as ``state_digest`` returns it),
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
 __all__ = [
     "checkpoint_completed",
     "checkpoint_failed",
+    "checkpoint_load_started",
     "checkpoint_loaded",
     "checkpoint_started",
     "configure",
@@ -123,6 +125,7 @@ _started_parts = (b"", b"")
 _completed_parts = (b"", b"")
 _loaded_parts = (b"", b"")
 _failed_parts = (b"", b"")
+_load_started_parts = (b"", b"")
 _emitted = 0  # progress lines emitted so far (only "fewer than two" matters)
 _replay_window = DEFAULT_REPLAY_WINDOW  # RECOVERYGATE_REPLAY_WINDOW
 _window = 0  # progress calls still to print unthrottled (the replay window)
@@ -205,6 +208,16 @@ def checkpoint_failed(step: SupportsInt, error: object = None) -> None:
         _write_after_start(line)
     except Exception:  # closed stdout, EPIPE, an error whose str() raises: drop the line
         return
+
+
+def checkpoint_load_started(step: SupportsInt) -> None:
+    """Report that a resume began loading the checkpoint of ``step`` (call
+    :func:`checkpoint_loaded` once it holds it). Never rate-limited. A drill that kills
+    inside the load (KillDuringRecovery ``phase: checkpointLoad``) aims at this line."""
+    if not _ready:
+        _init()
+    if _ckpt_on:
+        _emit(_load_started_parts, step)
 
 
 def checkpoint_loaded(
@@ -342,6 +355,7 @@ def _init() -> None:
     global _ready, _on, _ckpt_on, _interval, _start_line, _emitted, _span, _skip
     global _replay_window, _window
     global _progress_parts, _started_parts, _completed_parts, _loaded_parts, _failed_parts
+    global _load_started_parts
     with _lock:
         if _ready:
             return
@@ -379,6 +393,9 @@ def _init() -> None:
                 )
                 _loaded_parts = _encoded(wire.step_line_parts(wire.CHECKPOINT_LOADED, _inc, rank))
                 _failed_parts = _encoded(wire.step_line_parts(wire.CHECKPOINT_FAILED, _inc, rank))
+                _load_started_parts = _encoded(
+                    wire.step_line_parts(wire.CHECKPOINT_LOAD_STARTED, _inc, rank)
+                )
                 _start_line = wire.format_start(
                     _process_start_time(),
                     _inc,

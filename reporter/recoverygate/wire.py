@@ -9,7 +9,8 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 
 =============== ======= =====================================================================
 ``event``       str     ``start``, ``progress``, ``checkpoint_started``,
-                        ``checkpoint_completed``, ``checkpoint_loaded``, ``checkpoint_failed``
+                        ``checkpoint_completed``, ``checkpoint_loaded``, ``checkpoint_failed``,
+                        ``checkpoint_load_started``
 ``time``        number  POSIX seconds on the emitter's clock, microsecond resolution
 ``inc``         str     incarnation id, 16 hex chars, random per process
 ``rank``        int     global rank (``RANK``); absent when unknown
@@ -53,7 +54,9 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 
 ``checkpoint_failed`` says that the save of the state after ``step`` steps did not become a
 checkpoint (it raised, timed out, or was given up): the job says so instead of counting it
-(docs/faults.md, StorageFault).
+(docs/faults.md, StorageFault). ``checkpoint_load_started`` says that a resume began
+loading the checkpoint of ``step`` (its ``checkpoint_loaded`` follows once it holds it):
+the load phase of a recovery (docs/faults.md, KillDuringRecovery).
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
 on it and on the other events the two fields are unknown fields, ignored. On a checkpoint
@@ -124,6 +127,7 @@ CHECKPOINT_STARTED = "checkpoint_started"
 CHECKPOINT_COMPLETED = "checkpoint_completed"
 CHECKPOINT_LOADED = "checkpoint_loaded"
 CHECKPOINT_FAILED = "checkpoint_failed"
+CHECKPOINT_LOAD_STARTED = "checkpoint_load_started"
 EVENT_KINDS = frozenset(
     {
         START,
@@ -132,6 +136,7 @@ EVENT_KINDS = frozenset(
         CHECKPOINT_COMPLETED,
         CHECKPOINT_LOADED,
         CHECKPOINT_FAILED,
+        CHECKPOINT_LOAD_STARTED,
     }
 )
 #: The longest ``error`` a reader keeps (a longer one is cut to this, never malformed).
@@ -670,7 +675,7 @@ _raw_decode = json.JSONDecoder().raw_decode
 # through json.
 _FAST = re.compile(
     rb'[ \t]*\{"event":"(progress|checkpoint_started|checkpoint_completed|checkpoint_loaded|'
-    rb'checkpoint_failed)",'
+    rb'checkpoint_failed|checkpoint_load_started)",'
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
     rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})'
     rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?)'

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
-from tests.truth.truth import Truth, compute
+from tests.truth.truth import Truth, compute, load_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
@@ -267,3 +267,43 @@ def test_a_resume_that_loses_part_of_the_state_fails_on_that_part(
     assert f"{part} state differs" in run.report["summary"]
     others = [c for c in run.report["checks"] if c["name"] != "state_digest"]
     assert all(c["passed"] for c in others), others  # the step came back right
+
+
+# ------------------------------------------------------------------ KillDuringRecovery
+
+
+def test_a_second_kill_inside_the_load_is_survived_by_an_atomic_staging(tmp_path: Path) -> None:
+    run = drill("kill-during-load.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    first, second = run.report["recoveries"]
+    assert first["verdict"] == "INTERRUPTED", first
+    assert first["faultDetails"]["secondKillPhase"] == "checkpointLoad"
+    # the job's own records: the second kill landed on a rank-1 process that had begun
+    # to load (started after the first kill, no "loaded" record), and the replacement
+    # judged loaded the checkpoint of step 40
+    processes = load_processes(tmp_path / "truth")
+    cut = [
+        p
+        for p in processes
+        if p.rank == 1 and first["killTime"] < p.started < second["killTime"] and p.loaded is None
+    ]
+    assert cut, [(p.rank, p.started, p.loaded) for p in processes]
+    [truth] = run.truths[1:]
+    assert second["resumeStep"] == truth.resume_step == 40, truth.describe()
+
+
+def test_a_second_kill_inside_the_load_of_a_direct_staging_is_not_reentrant(
+    tmp_path: Path,
+) -> None:
+    run = drill("kill-during-load-staged-direct.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] == "RECOVERY_NOT_REENTRANT", run.explain()
+    second = run.report["recoveries"][1]
+    # the job's own records: after the second kill, no rank-1 process ever loaded (each
+    # crashed on the partial staged copy), and no process trained a step
+    processes = load_processes(tmp_path / "truth")
+    later = [p for p in processes if p.started > second["killTime"]]
+    assert later and all(p.loaded is None and not p.steps for p in later), [
+        (p.rank, p.loaded, len(p.steps)) for p in later
+    ]
+    assert len([p for p in later if p.rank == 1]) >= 2  # it tried again, and again

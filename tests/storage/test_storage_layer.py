@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import shutil
@@ -41,8 +42,8 @@ pytest.importorskip(
     "mfusepy", reason="the storage layer needs mfusepy and libfuse3 (scripts/setup)"
 )
 
-from pytest_recoverygate.engine.model import StorageEventKind  # noqa: E402
-from pytest_recoverygate.storage.layer import (  # noqa: E402
+from pytest_recoverygate.engine.model import StorageEventKind
+from pytest_recoverygate.storage.layer import (
     RECORD_PREFIX,
     StorageLayer,
     our_mounts,
@@ -85,6 +86,11 @@ def layer(folder: Path) -> Iterator[StorageLayer]:
         assert not [t for t, _ in our_mounts() if t == str(folder)], "the mount is gone"
 
 
+def outcomes(ops: list[tuple[str, Callable[[Path], object]]], where: Path) -> list[tuple[str, str]]:
+    """Each named operation's outcome on ``where``, in order."""
+    return [(name, outcome(functools.partial(op, where))) for name, op in ops]
+
+
 def outcome(call: Callable[[], object]) -> str:
     """``ok`` or the errno name a call raised."""
     try:
@@ -115,10 +121,12 @@ def test_the_folder_keeps_its_files_and_the_layer_reports_what_the_job_does(
         handle.truncate(10)
     (folder / "step-20.pt").unlink()
     got: list[tuple[str, str]] = []
-    eventually(
-        lambda: bool(got.extend((e.kind.value, e.path) for e in layer.events()) or len(got) >= 4),
-        "the layer's events",
-    )
+
+    def four() -> bool:
+        got.extend((e.kind.value, e.path) for e in layer.events())
+        return len(got) >= 4
+
+    eventually(four, "the layer's events")
     assert ("wrote", ".tmp-40") in got
     assert ("renamed", ".tmp-40") in got
     assert ("truncated", "step-20.pt") in got
@@ -194,7 +202,7 @@ def test_enospc_answers_as_a_real_full_ext4(tmp_path: Path, folder: Path) -> Non
     disk = next(real)
     try:
         free = os.statvfs(disk).f_bavail  # full: another writer took every block
-        kernel = [(name, outcome(lambda op=op: op(disk))) for name, op in SEQUENCE]
+        kernel = outcomes(SEQUENCE, disk)
     finally:
         with contextlib.suppress(StopIteration):
             next(real)
@@ -204,7 +212,7 @@ def test_enospc_answers_as_a_real_full_ext4(tmp_path: Path, folder: Path) -> Non
     try:
         layer.arm("enospc", "save")
         assert os.statvfs(folder).f_bavail == free == 0
-        ours = [(name, outcome(lambda op=op: op(folder))) for name, op in SEQUENCE]
+        ours = outcomes(SEQUENCE, folder)
     finally:
         assert layer.close() is None
     assert ours == kernel
@@ -250,14 +258,14 @@ def test_readonly_answers_as_a_real_read_only_mount_and_reports_each_refusal(
     subprocess.run(["mount", "--bind", str(other), str(other)], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(other)], check=True)
-        kernel = [(name, outcome(lambda op=op: op(other))) for name, op in READONLY]
+        kernel = outcomes(READONLY, other)
     finally:
         subprocess.run(["umount", str(other)], check=False)
     layer = StorageLayer(folder)
     layer.mount()
     try:
         layer.arm("readonly", "save")
-        ours = [(name, outcome(lambda op=op: op(folder))) for name, op in READONLY]
+        ours = outcomes(READONLY, folder)
         refused = [e.op for e in layer.events() if e.kind is StorageEventKind.FAILED]
     finally:
         assert layer.close() is None
@@ -273,10 +281,10 @@ def test_eio_fails_a_saves_writes_and_a_loads_reads(layer: StorageLayer, folder:
     layer.arm("eio", "save")
     assert outcome(lambda: write(folder / "s.pt", b"s" * 10)) == "EIO"
     assert outcome(lambda: os.rename(folder / "step-20.pt", folder / "y")) == "EIO"
-    assert outcome(lambda: (folder / "step-20.pt").read_bytes()) == "ok"
+    assert outcome((folder / "step-20.pt").read_bytes) == "ok"
     layer.lift()
     layer.arm("eio", "load")
-    assert outcome(lambda: (folder / "step-20.pt").read_bytes()) == "EIO"
+    assert outcome((folder / "step-20.pt").read_bytes) == "EIO"
     layer.lift()
     assert (folder / "step-20.pt").read_bytes() == b"twenty" * 100
 

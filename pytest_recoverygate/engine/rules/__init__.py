@@ -61,6 +61,18 @@ TABLE: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        "reentrant",
+        "reentrant",
+        "kill",
+        comeback.reentrant,
+        (R.RECOVERY_NOT_REENTRANT,),
+        tests=(
+            "tests/test_engine_reentry.py::test_a_job_that_comes_back_from_a_kill_in_its_load_passes",
+            "tests/test_engine_reentry.py::test_a_job_that_a_second_kill_leaves_crash_looping_is_not_reentrant",
+            "tests/test_engine_reentry.py::test_a_job_a_second_kill_leaves_hung_is_not_reentrant",
+        ),
+    ),
+    Rule(
         "step_contract",
         "step_contract",
         "kill",

@@ -3,10 +3,10 @@ came back within ``maxRecoveryTime``."""
 
 from __future__ import annotations
 
-from pytest_recoverygate.engine.rules.evidence import KillEvidence
+from pytest_recoverygate.engine.rules.evidence import KillEvidence, ended_how
 from pytest_recoverygate.engine.verdict import Check, FailureReason, format_seconds
 
-__all__ = ["detected", "new_incarnation", "recovery_time"]
+__all__ = ["detected", "new_incarnation", "recovery_time", "reentrant"]
 
 R = FailureReason
 
@@ -113,4 +113,51 @@ def _load_phase(ev: KillEvidence) -> str:
     return (
         f"; the checkpointLoaded phase (from the replacement's start to its checkpoint_loaded) "
         f"took {format_seconds(took)} of it, reading through the {storage.spec.mode} fault"
+    )
+
+
+def reentrant(ev: KillEvidence) -> Check | None:
+    """``KillDuringRecovery``, the second kill: the job came back (a replacement trained
+    past its resume) from a failure inside the recovery of the first; one it left hung,
+    crash-looping or failed for good fails, the phase named (a job that finished first is
+    undecided)."""
+    spec, kill = ev.spec, ev.kill
+    if spec.fault != "KillDuringRecovery" or kill.index < 2:
+        return None
+    phase = spec.recovery_phase or "?"
+    where = f"a second failure in the {phase} phase of its recovery"
+    expected = "the job recovers again"
+    if ev.trained:
+        return Check("reentrant", True, expected, "came back", f"the job came back from {where}")
+    if ev.inc is not None and not ev.final and kill.job_ended is None:
+        return None  # a replacement that has not trained yet: not decided
+    if ev.finished_ok:
+        return Check(
+            "reentrant",
+            None,
+            expected,
+            None,
+            f"inconclusive: the job finished after {where}; lengthen the run",
+            R.INCONCLUSIVE,
+        )
+    after = format_seconds(ev.now - kill.time)
+    if kill.job_ended is not None and ev.restarts >= 2:
+        how = (
+            f"it crash-looped: {ev.restarts} restarts, none trained, then {ended_how(kill, ev.now)}"
+        )
+    elif kill.job_ended is not None:
+        how = f"it failed for good ({ended_how(kill, ev.now)})"
+    elif ev.restarts >= 2:
+        how = f"it crash-looped: {ev.restarts} restarts in {after}, none reported back"
+    elif ev.restarts == 1:
+        how = f"it restarted once, and nothing reported back in {after}"
+    else:
+        how = f"it hung: nothing restarted it in {after}"
+    return Check(
+        "reentrant",
+        False,
+        expected,
+        how,
+        f"the recovery is not re-entrant: after {where}, {how}",
+        R.RECOVERY_NOT_REENTRANT,
     )

@@ -326,6 +326,7 @@ BACKEND: Backend[LocalWorkload] = Backend(
             "KillNode",
             "PartitionNode",
             "StorageFault",
+            "KillDuringRecovery",
         }
     ),
     failure_keys=frozenset({"targetReplica"}),

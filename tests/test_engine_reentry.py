@@ -1,0 +1,236 @@
+"""KillDuringRecovery in the engine, driven directly (no backend, no clock).
+
+We test these aspects:
+- the second kill lands at the sign of the named phase of the first recovery
+  (``startup``: the backend saw the replacement's first process; ``rendezvous``: the whole
+  group running; ``checkpointLoad``: a ``checkpoint_load_started`` line; ``firstInterval``:
+  the replacement's first step past its resume), on the target's *current* instance
+  (index 2), and is aimed again while no replacement instance is there yet;
+- the first recovery is recorded as interrupted, never judged; the second is judged from
+  the newest durable checkpoint, its recovery time counted from the second kill;
+- a job that comes back passes; one the second failure leaves crash-looping, hung or
+  failed fails ``RECOVERY_NOT_REENTRANT`` with the phase named; one that restarts from
+  scratch fails as such;
+- a recovery that never shows the phase is an ERROR saying what would show it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from pytest_recoverygate.engine.machine import (
+    DrillEngine,
+    DrillResult,
+    FailureReason,
+    Finish,
+    KillTarget,
+    Verdict,
+)
+from pytest_recoverygate.engine.model import (
+    GroupEvent,
+    GroupEventKind,
+    KillOutcome,
+    KillResult,
+    TrainingEvent,
+    TrainingEventKind,
+)
+from pytest_recoverygate.engine.spec import DrillSpec
+
+T0 = 1_800_000_000.0
+P = TrainingEventKind.PROGRESS
+C = TrainingEventKind.CHECKPOINT_COMPLETED
+LS = TrainingEventKind.CHECKPOINT_LOAD_STARTED
+L = TrainingEventKind.CHECKPOINT_LOADED
+S = TrainingEventKind.START
+G = GroupEventKind
+R = FailureReason
+
+
+def spec(phase: str, **kw: object) -> DrillSpec:
+    return DrillSpec(
+        max_recovery_time=float(kw.pop("max_recovery_time", 30.0)),  # type: ignore[arg-type]
+        after_checkpoint=20,
+        fault="KillDuringRecovery",
+        recovery_phase=phase,
+        recovery_timeout=float(kw.pop("recovery_timeout", 60.0)),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@dataclass
+class Drill:
+    engine: DrillEngine
+    kills: list[KillTarget] = field(default_factory=list)
+    result: DrillResult | None = None
+    gone: int = 0  # kills answered ALREADY_GONE (no replacement instance yet)
+
+    @classmethod
+    def start(cls, s: DrillSpec, gone: int = 0) -> Drill:
+        engine = DrillEngine(s, T0)
+        engine.discovered(T0, "job", ranks=(0, 1))
+        return cls(engine, gone=gone)
+
+    def answer(self, actions: list[object], t: float) -> None:
+        for action in actions:
+            if isinstance(action, Finish):
+                self.result = action.result
+            elif isinstance(action, KillTarget):
+                self.kills.append(action)
+                if action.index == 2 and self.gone > 0:
+                    self.gone -= 1
+                    outcome = KillOutcome.ALREADY_GONE
+                else:
+                    outcome = KillOutcome.KILLED
+                self.answer(list(self.engine.on_kill_result(KillResult(outcome, T0 + t))), t)
+
+    def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
+             rank: int = 0) -> Drill:  # fmt: skip
+        self.answer(list(self.engine.on_training_event(
+            TrainingEvent(kind, T0 + t, inc, step=step, rank=rank)
+        )), t)  # fmt: skip
+        return self
+
+    def group(self, kind: GroupEventKind, t: float) -> Drill:
+        self.answer(list(self.engine.on_group_event(GroupEvent(kind, T0 + t))), t)
+        return self
+
+    def train(self, inc: str, t: float, steps: range, dt: float = 0.1, every: int = 0) -> float:
+        for step in steps:
+            self.line(P, t, inc, step)
+            if every and step % every == 0:
+                self.line(C, t + 0.01, inc, step)
+            t += dt
+        return t
+
+    def until(self, t_end: float, t: float) -> Drill:
+        while t <= t_end and self.result is None:
+            self.answer(list(self.engine.tick(T0 + t)), t)
+            t += 0.5
+        return self
+
+    def checks(self) -> dict[str, object]:
+        assert self.result is not None
+        return {c.name: c for c in self.result.checks}
+
+
+def first_kill(d: Drill) -> float:
+    d.line(S, 0.0, "a")
+    t = d.train("a", 0.1, range(1, 26), every=10)
+    assert [k.index for k in d.kills] == [1]
+    d.group(G.WORKER_GONE, t)
+    return t
+
+
+def recover(d: Drill, inc: str, t: float, loaded: int = 20) -> float:
+    d.line(S, t, inc)
+    d.line(LS, t + 0.5, inc, loaded)
+    d.line(L, t + 1.0, inc, loaded)
+    return d.train(inc, t + 1.1, range(loaded + 1, loaded + 200))
+
+
+def test_a_job_that_comes_back_from_a_kill_in_its_load_passes() -> None:
+    d = Drill.start(spec("checkpointLoad"))
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(LS, t + 1.5, "b", 20)  # the load begins: the second kill lands here
+    assert [k.index for k in d.kills] == [1, 2]
+    assert d.kills[1].rank == 1
+    t2 = recover(d, "c", t + 4.0)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.PASS, d.result.summary
+    first, second = d.result.recoveries
+    assert first.verdict is Verdict.INTERRUPTED and "checkpointLoad" in first.summary
+    assert second.resume_step == 20 and second.kill_time == T0 + t + 1.5
+    assert second.recovery_time_seconds is not None and second.recovery_time_seconds < t2 - t
+    assert d.checks()["reentrant"].passed is True  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("phase", "sign"),
+    [("startup", G.RESTARTING), ("rendezvous", G.REPLACEMENT_RUNNING)],
+)
+def test_the_backend_group_changes_time_the_startup_and_rendezvous_kills(
+    phase: str, sign: GroupEventKind
+) -> None:
+    d = Drill.start(spec(phase))
+    t = first_kill(d)
+    d.group(G.RESTARTING, t + 0.3)
+    d.group(G.REPLACEMENT_RUNNING, t + 0.6)
+    assert [k.index for k in d.kills] == [1, 2]
+    kills = [r for r in d.engine.timeline_entries() if r.kind == "kill"]
+    assert len(kills) == 2
+    second = kills[1]
+    assert second.timestamp == pytest.approx(T0 + t + (0.3 if sign is G.RESTARTING else 0.6))
+
+
+def test_the_second_kill_is_aimed_again_until_a_replacement_is_there() -> None:
+    d = Drill.start(spec("startup"), gone=2)
+    t = first_kill(d)
+    d.group(G.RESTARTING, t + 0.3)
+    d.until(t + 1.6, t=t + 0.4)  # two looks find no replacement instance, the third does
+    assert [k.index for k in d.kills] == [1, 2, 2, 2]
+    assert d.engine._second_sent
+
+
+def test_the_first_interval_kill_lands_at_the_first_step_past_the_resume() -> None:
+    d = Drill.start(spec("firstInterval"))
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(L, t + 1.5, "b", 20)
+    d.line(P, t + 1.6, "b", 21)
+    assert [k.index for k in d.kills] == [1, 2]
+    recover(d, "c", t + 4.0)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.PASS, d.result.summary
+
+
+def test_a_job_that_a_second_kill_leaves_crash_looping_is_not_reentrant() -> None:
+    d = Drill.start(spec("checkpointLoad", max_recovery_time=10.0, recovery_timeout=20.0))
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(LS, t + 1.5, "b", 20)
+    for i in range(3):  # each restart dies before it reports a step
+        d.group(G.RESTARTING, t + 3.0 + 4 * i)
+    d.group(G.JOB_FAILED, t + 16.0)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.FAIL
+    check = d.checks()["reentrant"]
+    assert check.reason is R.RECOVERY_NOT_REENTRANT  # type: ignore[attr-defined]
+    assert "checkpointLoad" in check.message  # type: ignore[attr-defined]
+
+
+def test_a_job_a_second_kill_leaves_hung_is_not_reentrant() -> None:
+    d = Drill.start(spec("checkpointLoad", max_recovery_time=5.0, recovery_timeout=10.0))
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(LS, t + 1.5, "b", 20)
+    d.until(t + 20.0, t=t + 2.0)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.FAIL
+    check = d.checks()["reentrant"]
+    assert "it hung" in check.message  # type: ignore[attr-defined]
+
+
+def test_a_second_recovery_from_scratch_fails_as_such() -> None:
+    d = Drill.start(spec("checkpointLoad"))
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(LS, t + 1.5, "b", 20)
+    d.line(S, t + 4.0, "c")
+    d.train("c", t + 5.0, range(1, 200))
+    assert d.result is not None
+    assert d.result.verdict is Verdict.FAIL
+    assert R.RESTARTED_FROM_SCRATCH in d.result.reasons
+
+
+def test_a_recovery_that_never_shows_its_load_is_an_error_saying_what_would() -> None:
+    d = Drill.start(spec("checkpointLoad"))
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(L, t + 1.5, "b", 20)  # loaded, but never said it began to load
+    d.train("b", t + 1.6, range(21, 300))
+    assert d.result is not None
+    assert d.result.verdict is Verdict.ERROR
+    assert "checkpoint_load_started" in d.result.summary
