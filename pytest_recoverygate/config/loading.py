@@ -555,6 +555,8 @@ _UNSET_IS_ABSENT = {
         "path",
         "latency",
         "killAfter",
+        "phase",
+        "secondTarget",
     ),
     "expectations": (
         "maxDetectionTime",
