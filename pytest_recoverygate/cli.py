@@ -259,22 +259,24 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
 
 def sweep_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate sweep``: what dead drills left (a multi-node drill's namespaces, a
-    StorageFault's mount), removed (or listed)."""
+    StorageFault's mount, a StickyFault's poison), removed (or listed)."""
     from pytest_recoverygate.errors import DrillError
     from pytest_recoverygate.orchestrators.local.sweep import sweep
     from pytest_recoverygate.storage.layer import sweep as sweep_storage
+    from pytest_recoverygate.storage.poison import sweep as sweep_poison
 
     try:
         report = sweep(dry_run=args.dry_run)
         storage = sweep_storage(dry_run=args.dry_run)
+        poison = sweep_poison(dry_run=args.dry_run)
     except (DrillError, OSError) as exc:
         print(printable(f"{name} sweep: {exc}"), file=sys.stderr)
         return EXIT_ERROR
     nothing = [line for line in report.lines if line.startswith("nothing to sweep")]
-    lines = [line for line in report.lines if line not in nothing] + storage.lines
+    lines = [line for line in report.lines if line not in nothing] + storage.lines + poison.lines
     for line in lines or nothing:
         print(printable(line))
-    if report.problems or storage.problems:
+    if report.problems or storage.problems or poison.problems:
         print(f"{name} sweep: not everything could be removed (see above)", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_PASS

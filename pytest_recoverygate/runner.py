@@ -53,7 +53,9 @@ from pytest_recoverygate.registry.seams import (
     cleanup_once,
 )
 from pytest_recoverygate.shared.lock import DrillLock, job_lock
+from pytest_recoverygate.storage.damage import damage, files_written
 from pytest_recoverygate.storage.layer import StorageLayer
+from pytest_recoverygate.storage.poison import Poison
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -156,11 +158,18 @@ def run_drill(
     clock = clock or RealClock()
     check_confirmation(config, options)
     check_report_paths(options)
-    if orchestrator is None:
-        from pytest_recoverygate.orchestrators import build_orchestrator
+    poison = _poison_for(config, options)
+    try:
+        if orchestrator is None:
+            from pytest_recoverygate.orchestrators import build_orchestrator
 
-        orchestrator = build_orchestrator(config, clock)
-    drill = _Drill(config, options, clock, orchestrator)
+            environment = poison.environment if poison is not None else None
+            orchestrator = build_orchestrator(config, clock, environment)
+    except BaseException:
+        if poison is not None:
+            poison.close()
+        raise
+    drill = _Drill(config, options, clock, orchestrator, poison)
     with _signals_raise_interrupt(options.handle_signals):
         result = drill.run()
     result = unmatched_evidence(result, config, drill.raw_log)
@@ -192,6 +201,21 @@ def run_drill(
     if result.verdict is Verdict.INTERRUPTED:
         raise DrillInterrupted(drill.interrupted_by).with_result(result)
     return result
+
+
+def _poison_for(config: DrillConfig, options: RunOptions) -> Poison | None:
+    """StickyFault ``scope: step``: the poison the job's environment names (armed at the
+    trigger, removed at cleanup); None for any other drill, and in a dry run."""
+    failure = config.inject_failure
+    if (
+        failure.type != "StickyFault"
+        or failure.scope != "step"
+        or failure.at_step is None
+        or options.dry_run
+        or config.safety.dry_run
+    ):
+        return None
+    return Poison(failure.rank_for(config.workload.reporting_rank), failure.at_step)
 
 
 def _keep_evidence(
@@ -264,7 +288,12 @@ class _Drill:
     """One run: owns the engine, the backend and the cleanup guarantee."""
 
     def __init__(
-        self, config: DrillConfig, options: RunOptions, clock: Clock, orchestrator: Orchestrator
+        self,
+        config: DrillConfig,
+        options: RunOptions,
+        clock: Clock,
+        orchestrator: Orchestrator,
+        poison: Poison | None = None,
     ) -> None:
         self.config = config
         self.options = options
@@ -287,6 +316,7 @@ class _Drill:
         self._shown_phase: Phase | None = None
         self.lock: DrillLock | None = None
         self.storage: StorageLayer | None = None  # StorageFault: the layer over the folder
+        self.poison = poison  # StickyFault scope step: the poison (removed at cleanup)
 
     @property
     def phase(self) -> Phase:
@@ -444,6 +474,13 @@ class _Drill:
             return self._execute_on_node(action)
         if action.fault == "StorageFault":
             return self._arm_storage(action)
+        sticky = self.engine.spec.sticky
+        if sticky is not None and sticky.scope == "step":
+            return self._arm_sticky(action)
+        if sticky is not None and sticky.scope == "checkpoint":
+            undamaged = self._damage_checkpoint(action)
+            if undamaged is not None:
+                return undamaged
         target = self._target_for(action)
         if target is None:
             rank = self.target.rank if action.rank is None else action.rank
@@ -497,6 +534,82 @@ class _Drill:
             cordon=spec.cordon,
         )
         result = self._attempt(self.orchestrator.kill_node, node, dry_run=self.dry_run, fault=fault)
+        return list(self.engine.on_kill_result(result))
+
+    # ------------------------------------------------------------------ StickyFault
+
+    def _arm_sticky(self, action: KillTarget) -> list[Action]:
+        """``scope: step``: arm the poison (nothing is killed: the job's own step is)."""
+        spec = self.engine.spec.sticky
+        assert spec is not None
+        what = f"step {spec.at_step} on rank {self.engine.spec.target_rank}"
+        self._sync_phase(
+            f"checkpoint step {action.checkpoint_step} reached; "
+            + ("checking the poisoning of" if self.dry_run else "poisoning")
+            + f" {what}"
+        )
+        now = self.clock.now()
+        if self.poison is None:
+            detail = (
+                f"would poison {what}: each incarnation of that rank that reports it exits 1 "
+                "until the drill ends (RECOVERYGATE_POISON, read by the reporter)"
+            )
+            return list(self.engine.on_kill_result(
+                model.KillResult(model.KillOutcome.DRY_RUN, now, detail)))  # fmt: skip
+        try:
+            armed_at = self.poison.arm()
+        except OSError as exc:
+            result = model.KillResult(
+                model.KillOutcome.UNCONFIRMED, now, f"the poison could not be armed: {exc}"
+            )
+            return list(self.engine.on_kill_result(result))
+        detail = f"{what} is poisoned (the reporter ends each incarnation that reports it)"
+        return list(
+            self.engine.on_kill_result(model.KillResult(model.KillOutcome.KILLED, armed_at, detail))
+        )
+
+    def _damage_checkpoint(self, action: KillTarget) -> list[Action] | None:
+        """``scope: checkpoint``: write over the files the trigger checkpoint's save wrote
+        under ``path`` (storage.damage); None when done (the target is killed next), else
+        the engine's answer to a damage that could not be done (nothing was touched)."""
+        spec = self.engine.spec.sticky
+        folder = self.config.inject_failure.path
+        assert spec is not None
+        assert folder is not None
+        step = action.checkpoint_step
+        window = self.engine.sticky_save_window(step)
+        now = self.clock.now()
+        if window is None:
+            return self._not_damaged(f"the save of checkpoint {step} was not seen; nothing done")
+        try:
+            names = files_written(folder, *window)
+        except OSError as exc:
+            return self._not_damaged(f"{folder} cannot be read ({exc.strerror}); nothing done")
+        listed = ", ".join(name for name, _ in names) or "none"
+        if not names:
+            return self._not_damaged(
+                f"no file under {folder} was written by the save of checkpoint {step} (from "
+                f"{window[1] - window[0]:.3f}s before its checkpoint_completed); is path the "
+                "job's checkpoint folder? Nothing was touched"
+            )
+        if self.dry_run:
+            assert self.target is not None
+            result = self._attempt(self.orchestrator.kill, self.target, dry_run=True)
+            detail = f"would {spec.damage} {listed} under {folder}, then: {result.detail}"
+            return list(self.engine.on_kill_result(
+                model.KillResult(model.KillOutcome.DRY_RUN, now, detail)))  # fmt: skip
+        self._sync_phase(f"checkpoint step {step} reached; damaging ({spec.damage}) {listed}")
+        try:
+            done = damage(folder, [name for name, _ in names], spec.damage)
+        except OSError as exc:
+            return self._not_damaged(f"damaging {folder} failed ({exc}); see the timeline")
+        if not done:
+            return self._not_damaged(f"none of {listed} could be damaged (gone, or a link)")
+        self.engine.sticky_damaged(step, tuple(d.describe() for d in done), self.clock.now())
+        return None
+
+    def _not_damaged(self, detail: str) -> list[Action]:
+        result = model.KillResult(model.KillOutcome.UNCONFIRMED, self.clock.now(), detail)
         return list(self.engine.on_kill_result(result))
 
     # ------------------------------------------------------------------ StorageFault
@@ -682,6 +795,13 @@ class _Drill:
         """Close the source and clean the backend up, once; return the failure, if any."""
         errors: list[str] = []
         with _signals_deferred():
+            if self.poison is not None:  # no incarnation dies at the step from now on
+                try:
+                    problem = self.poison.close()
+                except OSError as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
+                if problem is not None:
+                    errors.append(f"the poison: {problem}")
             if self.storage is not None:  # a stalled job is let go before anything else
                 try:
                     self.storage.lift()

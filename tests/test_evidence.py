@@ -446,6 +446,7 @@ def test_a_drill_that_saw_no_matching_line_names_the_pattern_and_says_inconclusi
     tmp_path: Path,
 ) -> None:
     from pytest_recoverygate.engine.machine import DrillResult, Verdict
+    from pytest_recoverygate.engine.verdict import IncarnationInfo
     from pytest_recoverygate.runner import unmatched_evidence
 
     config = load_config(write(tmp_path, "  preset: nanogpt"))
@@ -457,17 +458,19 @@ def test_a_drill_that_saw_no_matching_line_names_the_pattern_and_says_inconclusi
     )
     kinds = sorted(note.split(" pattern ")[0].rsplit(" ", 1)[-1] for note in result.notes)
     assert kinds == [
-        "checkpointLoaded",
         "checkpointStarted",
         "progress",
-    ]  # nanogpt has no completion line
+    ]  # nanogpt has no completion line; no replacement started, so no load was missed
 
     trained = [
         {"event": "progress"},
         {"event": "checkpoint_started"},
         {"event": "checkpoint_completed"},
     ]
-    failed = DrillResult(verdict=Verdict.FAIL, summary="resumed from step 0")
+    replacement = IncarnationInfo("b", 0, 2, "h", 1, True, 1.0, 1.0, None, 1, 2)
+    failed = DrillResult(
+        verdict=Verdict.FAIL, summary="resumed from step 0", incarnations=(replacement,)
+    )
     result = unmatched_evidence(failed, config, trained)
     assert result.summary == "resumed from step 0"  # progress matched: no inconclusive
     assert [n.split(" pattern ")[0] for n in result.notes] == [

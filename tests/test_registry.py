@@ -182,14 +182,15 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
     assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node | {"DrainNode"}
     assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"}
     assert get_backend("fake").faults == common | node
-    assert get_backend("local").faults == common | node | {"StorageFault", "KillDuringRecovery"}
+    at_rest = {"StorageFault", "KillDuringRecovery", "StickyFault"}
+    assert get_backend("local").faults == common | node | at_rest
     assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}
 
 
 ALLOWED = {
     "fake": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
     "local": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode, PartitionNode, "
-    "StorageFault or KillDuringRecovery",
+    "StorageFault, KillDuringRecovery or StickyFault",
     "kubernetes": "KillWorker, KillDuringCheckpoint, Preempt, KillNode or DrainNode",
 }
 

@@ -22,7 +22,7 @@ from pytest_recoverygate.durations import (
     parse_duration,
     parse_step_ref,
 )
-from pytest_recoverygate.engine.spec import Sustain
+from pytest_recoverygate.engine.spec import StickySpec, Sustain
 from pytest_recoverygate.engine.storage import StorageSpec
 from pytest_recoverygate.storage.layer import folder_problem
 from pytest_recoverygate.storage.wire import DURING, MODES
@@ -38,6 +38,7 @@ __all__ = [
     "check_target_replica",
     "command_arguments",
     "command_field",
+    "damage_value",
     "distinct_items",
     "duration",
     "env_field",
@@ -56,6 +57,9 @@ __all__ = [
     "reentry_keys",
     "refuse",
     "step_ref",
+    "sticky_keys",
+    "sticky_scope_value",
+    "sticky_spec_of",
     "storage_during",
     "storage_keys",
     "storage_mode",
@@ -618,3 +622,107 @@ def reentry_keys(failure: Any) -> None:
             "remove count",
             key=("count",),
         )
+
+
+# ---------------------------------------------------------------- StickyFault (issue 43)
+
+#: ``injectFailure.scope`` of a StickyFault this version carries out.
+STICKY_SCOPES = ("step", "checkpoint")
+#: ``injectFailure.damage``: how a checkpoint is damaged at rest.
+DAMAGES = ("truncate", "zero", "flip")
+
+
+def sticky_scope_value(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value in STICKY_SCOPES):
+        return value
+    if value == "node":
+        raise refuse(
+            "scope: node (a node that stays bad) is not carried out yet",
+            " or ".join(STICKY_SCOPES),
+            "use scope: step or checkpoint",
+        )
+    raise refuse("is not a StickyFault scope", " or ".join(STICKY_SCOPES), "e.g. scope: step")
+
+
+def damage_value(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value in DAMAGES):
+        return value
+    raise refuse("is not a kind of damage", " or ".join(DAMAGES), "e.g. damage: flip")
+
+
+def sticky_keys(failure: Any) -> None:
+    """A StickyFault's keys fit its scope."""
+    if failure.scope is None:
+        raise refuse(
+            "a StickyFault needs its scope",
+            " or ".join(STICKY_SCOPES),
+            "add scope: step (with atStep: N) or scope: checkpoint (with path:)",
+            key=("scope",),
+        )
+    if failure.scope == "step" and failure.at_step is None:
+        raise refuse(
+            "scope: step needs the step every incarnation dies at",
+            "a whole number >= 1, after the trigger checkpoint",
+            "add atStep: 50",
+            key=("atStep",),
+        )
+    trigger = failure.after_checkpoint
+    if failure.scope == "step" and isinstance(trigger, int) and failure.at_step <= trigger:
+        raise refuse(
+            f"must come after the trigger (afterCheckpoint: step-{trigger}): the poison is "
+            "armed there",
+            f"a step above {trigger}",
+            key=("atStep",),
+            got=str(failure.at_step),
+        )
+    if failure.scope == "checkpoint" and failure.path is None:
+        raise refuse(
+            "scope: checkpoint needs the job's checkpoint folder (its files are damaged)",
+            "an existing folder the job saves its checkpoints in",
+            "add path: ./checkpoints",
+            key=("path",),
+        )
+    for key, given, scope in (
+        ("atStep", failure.at_step is not None, "step"),
+        ("damage", failure.damage is not None, "checkpoint"),
+        ("path", failure.path is not None and failure.scope == "step", "checkpoint"),
+    ):
+        if given and failure.scope != scope:
+            raise refuse(
+                f"applies to scope: {scope} only (this StickyFault is scope: {failure.scope})",
+                f"{key} with scope: {scope}",
+                f"remove {key}",
+                key=(key,),
+            )
+    if failure.count != 1:
+        raise refuse(
+            "does not apply to StickyFault (the failure comes back by itself)",
+            "count with another type",
+            "remove count",
+            key=("count",),
+        )
+    if failure.path is not None:
+        problem = folder_problem(failure.path)
+        if problem is not None:
+            raise refuse(
+                f"cannot be damaged by a fault: {problem}",
+                "the job's own checkpoint folder",
+                key=("path",),
+                got=str(failure.path),
+            )
+
+
+def sticky_spec_of(
+    failure: Any, max_crash_loop: int | None, gpus: int | None = None
+) -> StickySpec | None:
+    """The engine's StickySpec of a validated StickyFault (None for any other fault);
+    ``gpus``: ``projection.gpus``, the scale a crash loop's cost is told at."""
+    if failure.type != "StickyFault" or failure.scope is None:
+        return None
+    return StickySpec(
+        scope=failure.scope,
+        at_step=failure.at_step,
+        max_crash_loop=3 if max_crash_loop is None else max_crash_loop,
+        damage=failure.damage or "truncate",
+        gpus=gpus,
+    )

@@ -557,8 +557,12 @@ _UNSET_IS_ABSENT = {
         "killAfter",
         "phase",
         "secondTarget",
+        "scope",
+        "atStep",
+        "damage",
     ),
     "expectations": (
+        "maxCrashLoop",
         "maxDetectionTime",
         "restartBudget",
         "maxSurvivorStall",

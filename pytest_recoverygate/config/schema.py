@@ -46,6 +46,7 @@ from pytest_recoverygate.config.fields import (
     _duration,
     _from_yaml,
     command_arguments,
+    damage_value,
     duration,
     exactly_one,
     file_path,
@@ -60,6 +61,9 @@ from pytest_recoverygate.config.fields import (
     reentry_keys,
     refuse,
     step_ref,
+    sticky_keys,
+    sticky_scope_value,
+    sticky_spec_of,
     storage_during,
     storage_keys,
     storage_mode,
@@ -383,6 +387,26 @@ class InjectFailure(Section):
         ge=0,
         le=MAX_RANK,
     )
+    # issue 43: StickyFault (docs/faults.md)
+    scope: Annotated[str | None, BeforeValidator(sticky_scope_value)] = option(
+        None,
+        "step or checkpoint (StickyFault, required): the failure that comes back",
+        "scope: step",
+    )
+    at_step: int | None = option(
+        None,
+        "a whole number >= 1 (StickyFault scope step, required): every incarnation of the "
+        "target rank dies when it reports this step",
+        "atStep: 50",
+        ge=1,
+        le=MAX_STEP,
+    )
+    damage: Annotated[str | None, BeforeValidator(damage_value)] = option(
+        None,
+        "truncate, zero or flip (StickyFault scope checkpoint; default truncate): how the "
+        "newest checkpoint's files are damaged at rest",
+        "damage: flip",
+    )
     kill_after: Annotated[str | None, BeforeValidator(kill_after_value)] = option(
         None,
         "none or save (StorageFault with during: save; default none): save SIGKILLs the "
@@ -441,10 +465,13 @@ class InjectFailure(Section):
             ("duration", self.duration is not None, ("PartitionNode", "StorageFault")),
             ("mode", self.mode is not None, ("StorageFault",)),
             ("during", self.during is not None, ("StorageFault",)),
-            ("path", self.path is not None, ("StorageFault",)),
+            ("path", self.path is not None, ("StorageFault", "StickyFault")),
             ("latency", self.latency is not None, ("StorageFault",)),
             ("killAfter", self.kill_after is not None, ("StorageFault",)),
             ("phase", self.phase is not None, ("KillDuringRecovery",)),
+            ("scope", self.scope is not None, ("StickyFault",)),
+            ("atStep", self.at_step is not None, ("StickyFault",)),
+            ("damage", self.damage is not None, ("StickyFault",)),
             ("secondTarget", self.second_target is not None, ("KillDuringRecovery",)),
             ("drainNode", bool(self.drain_node), ("KillNode",)),
             ("cordon", bool(self.cordon), ("KillNode", "DrainNode")),
@@ -462,6 +489,8 @@ class InjectFailure(Section):
             storage_keys(self)
         if self.type == "KillDuringRecovery":
             reentry_keys(self)
+        if self.type == "StickyFault":
+            sticky_keys(self)
         if self.delay == "spread" and (self.count in {1, "untilBudgetExhausted"}):
             raise refuse(
                 "spreads the kills of count: N over the checkpoint interval, so it needs "
@@ -812,6 +841,11 @@ def spec_from_config(config: DrillConfig) -> DrillSpec:
         storage=storage_spec_of(failure),
         recovery_phase=failure.phase,
         second_target=failure.second_target,
+        sticky=sticky_spec_of(
+            failure,
+            expect.max_crash_loop,
+            config.projection.gpus if config.projection is not None else None,
+        ),
     )
 
 

@@ -181,6 +181,14 @@ class Expectations(Section):
         "a duration above 0 (HangWorker, PartitionNode): the stop or the cut -> the job notices",
         "maxDetectionTime: 2m",
     )
+    max_crash_loop: int | None = option(
+        None,
+        "a whole number >= 1 (StickyFault; default 3): the most incarnations that may die "
+        "of the same failure before the job stops retrying it",
+        "maxCrashLoop: 3",
+        ge=1,
+        le=MAX_KILLS,
+    )
     saved_on_preempt: bool = option(
         False,
         "true or false (Preempt): require a checkpoint completed in the grace period",

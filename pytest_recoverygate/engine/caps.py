@@ -36,6 +36,7 @@ CHECKPOINT_KINDS = frozenset(
         TrainingEventKind.CHECKPOINT_LOADED,
         TrainingEventKind.CHECKPOINT_FAILED,
         TrainingEventKind.CHECKPOINT_LOAD_STARTED,
+        TrainingEventKind.POISONED,
     }
 )
 

@@ -199,14 +199,14 @@ class Ledger:
         self.advance_gap = 0.0  # the longest gap between advancing lines of the old workers
         self.ignored_lines = 0  # lines not of this run (stamped before it), not evidence
         self.ignored_incs: set[str] = set()
-        # The other ranks: their start and checkpoint lines only (one line per save or load),
-        # so every rank's resumed state can be held to the expected step.
+        # The other ranks' start and checkpoint lines (each rank's resume is held to the step)
         self.others: dict[str, Inc] = {}
         self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
         self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
         self.started_ranks: set[int] = set()  # the other ranks seen starting a save
         self.not_durable: set[int] = set()  # StorageFault: failed saves counted anyway
+        self.damaged: dict[int, tuple[str, ...]] = {}  # StickyFault: step -> files damaged
         self.rankless = RanklessLines()  # issue 41: rank-less lines once ranked ones came
 
     def over_cap(self, event: TrainingEvent, *, other: bool) -> bool:

@@ -51,7 +51,6 @@ from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
 from pytest_recoverygate.engine.ledger import Inc
 from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
-from pytest_recoverygate.engine.reentry import ReentryPhase
 from pytest_recoverygate.engine.spec import (
     FAULTS,
     MAX_KILLS,
@@ -69,6 +68,7 @@ from pytest_recoverygate.engine.state import (
     RestoreTarget,
     _Armed,
 )
+from pytest_recoverygate.engine.sticky import StickyPhase
 from pytest_recoverygate.engine.verdict import (
     BREAKDOWN_PHASES,
     EXIT_CODES,
@@ -118,6 +118,7 @@ _RANK_KINDS = frozenset(
         model.TrainingEventKind.CHECKPOINT_COMPLETED,
         model.TrainingEventKind.CHECKPOINT_LOADED,
         model.TrainingEventKind.CHECKPOINT_LOAD_STARTED,
+        model.TrainingEventKind.POISONED,
     }
 )
 
@@ -126,11 +127,12 @@ def _quiet(*args: Any, **kwargs: Any) -> None:
     """A timeline note that goes nowhere (a provisional judgement)."""
 
 
-class DrillEngine(ReentryPhase):
+class DrillEngine(StickyPhase):
     """One drill's state machine. Feed it; it tells you what to do (its state, deadlines
     and result: :class:`~pytest_recoverygate.engine.state.DrillState`; a StorageFault's
     own phase: :class:`~pytest_recoverygate.engine.faulted.FaultedPhase`; the second kill
-    of a KillDuringRecovery: :class:`~pytest_recoverygate.engine.reentry.ReentryPhase`)."""
+    of a KillDuringRecovery: :class:`~pytest_recoverygate.engine.reentry.ReentryPhase`; a
+    StickyFault's: :class:`~pytest_recoverygate.engine.sticky.StickyPhase`)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -187,7 +189,7 @@ class DrillEngine(ReentryPhase):
             return []  # a job's lines past the ledger's bounds: counted, not evidence
         if other:
             ev.other_rank(event)
-            return self._reentry_line(None, event)
+            return self._reentry_line(None, event) + self._sticky_line(event)
         if self._live is not None:
             return self._on_live_event(event)
         kill = self.kill_time if ev.open else None
@@ -214,7 +216,7 @@ class DrillEngine(ReentryPhase):
         if self._storage is not None:
             actions += self._storage_training(event)
         if not actions:
-            actions += self._reentry_line(inc, event)
+            actions += self._reentry_line(inc, event) + self._sticky_line(event)
         return actions
 
     def on_group_event(self, event: model.GroupEvent) -> list[Action]:
@@ -222,6 +224,8 @@ class DrillEngine(ReentryPhase):
             return []
         self.note(event.timestamp, f"group:{event.kind.value}", event.detail)
         faulted = self._storage_group(event)
+        if faulted is None:
+            faulted = self._sticky_group(event)
         if faulted is not None:
             return faulted
         ended = event.kind in (model.GroupEventKind.JOB_FAILED, model.GroupEventKind.JOB_SUCCEEDED)
@@ -247,6 +251,8 @@ class DrillEngine(ReentryPhase):
         second = self._reentry_group(event)
         if second:
             return second
+        if self._sticky_loops(kill):  # StickyFault: a crash loop on the damaged checkpoint
+            return self._judge(event.timestamp)
         if ended:
             kill.job_ended = (
                 event.timestamp,
@@ -262,6 +268,8 @@ class DrillEngine(ReentryPhase):
         after = self._storage_kill_result(result)  # StorageFault's killAfter
         if after is None:
             after = self._reentry_kill_result(result)  # KillDuringRecovery's second kill
+        if after is None:
+            after = self._sticky_armed(result)  # StickyFault's poison
         if after is not None:
             return after
         armed = self._armed
@@ -352,6 +360,8 @@ class DrillEngine(ReentryPhase):
         if restore is not None:
             return [restore]
         faulted = self._faulted_tick(now)  # StorageFault: FAULTED's own deadlines
+        if faulted is None:
+            faulted = self._sticky_tick(now)  # StickyFault's
         if faulted is not None:
             return faulted
         lift = self._load_lift(now) or self._reentry_retry(now)
@@ -476,12 +486,6 @@ class DrillEngine(ReentryPhase):
             self.note(event.timestamp, "checkpoint_loaded", f"{where}step {step}", step=step)
             if new and self.phase is Phase.RECOVERING:
                 self._move(Phase.VERIFYING)  # it resumed: now it must train past the step
-            if inc.born == 0 and not ev.kills and inc.first is None:
-                self.note(
-                    event.timestamp,
-                    "note",
-                    f"the job resumed from step {step} when the drill started",
-                )
         return []
 
     def _on_child_event(self, inc: Inc, event: model.TrainingEvent) -> list[Action]:

@@ -43,6 +43,7 @@ class TrainingEventKind(enum.Enum):
     CHECKPOINT_LOADED = "checkpoint_loaded"
     CHECKPOINT_FAILED = "checkpoint_failed"
     CHECKPOINT_LOAD_STARTED = "checkpoint_load_started"
+    POISONED = "poisoned"  # the reporter's own: a StickyFault's step ended this process
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ __all__ = [
     "DrillSpec",
     "ReplayMode",
     "ReplaySpec",
+    "StickySpec",
     "Sustain",
 ]
 
@@ -36,6 +37,7 @@ FAULTS = (
     "DrainNode",
     "StorageFault",
     "KillDuringRecovery",
+    "StickyFault",
 )
 
 
@@ -136,6 +138,17 @@ class ReplaySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StickySpec:
+    """``injectFailure`` of a StickyFault (engine.sticky), in plain values."""
+
+    scope: str  # step | checkpoint | node
+    at_step: int | None = None  # scope step: the step every incarnation dies at
+    max_crash_loop: int = 3  # expectations.maxCrashLoop
+    damage: str = "truncate"  # scope checkpoint: truncate | zero | flip
+    gpus: int | None = None  # projection.gpus: a crash loop's cost at that scale
+
+
+@dataclass(frozen=True, slots=True)
 class DrillSpec:
     """What the engine needs from the config, in plain values (seconds, steps)."""
 
@@ -182,6 +195,8 @@ class DrillSpec:
     # issue 43: KillDuringRecovery (pytest_recoverygate.engine.reentry)
     recovery_phase: str | None = None  # startup | rendezvous | checkpointLoad | firstInterval
     second_target: int | None = None  # None: the first kill's rank
+    # issue 43: StickyFault (pytest_recoverygate.engine.sticky)
+    sticky: StickySpec | None = None
 
     def stall_limit(self, rate: float | None) -> float:
         """StorageFault's ``maxStall``: as set, else the larger of 60 s and 10 step times

@@ -63,7 +63,7 @@ class Phase(enum.Enum):
     DISCOVERING = "discovering"
     WAITING_FOR_CHECKPOINT = "waiting for checkpoint"
     KILLING = "killing"
-    FAULTED = "storage faulted"
+    FAULTED = "faulted"  # StorageFault armed, StickyFault poisoned: nothing was killed
     RECOVERING = "recovering"
     VERIFYING = "verifying"
     DONE = "done"

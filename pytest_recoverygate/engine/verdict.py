@@ -90,6 +90,10 @@ class FailureReason(enum.Enum):
     STALLED_ON_STORAGE = "the job waited on its stalled storage instead of failing or going on"
     # KillDuringRecovery (pytest_recoverygate.engine.reentry)
     RECOVERY_NOT_REENTRANT = "a failure inside the recovery left the job unable to recover"
+    # StickyFault (pytest_recoverygate.engine.sticky)
+    CRASH_LOOP = "the job retried the same failure again and again"
+    LOADED_CORRUPT_CHECKPOINT = "the job loaded a damaged checkpoint and trained on its state"
+    NO_FALLBACK = "the job restarted from scratch though an older checkpoint was intact"
     INCONCLUSIVE = "the evidence cannot decide"
 
 

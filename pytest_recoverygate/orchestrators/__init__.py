@@ -4,6 +4,7 @@ everything of :mod:`pytest_recoverygate.registry` (docs/backends.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_recoverygate import registry
@@ -17,15 +18,25 @@ __all__ = [*registry.__all__, "AUTO_ENV", "build_orchestrator", "with_evidence"]
 AUTO_ENV = "RECOVERYGATE_AUTO"
 
 
-def build_orchestrator(config: DrillConfig, clock: Clock) -> Orchestrator:
+def build_orchestrator(
+    config: DrillConfig, clock: Clock, environment: Mapping[str, str] | None = None
+) -> Orchestrator:
     """The backend ``workload.orchestrator`` names, built from the config.
 
     With an ``evidence`` section, a job the drill launches gets the patterns in
     ``RECOVERYGATE_AUTO`` (its ``env``, which group members and Ray entrypoints inherit);
     with ``evidence.podLogs`` the Kubernetes backend matches the pod log itself.
+    ``environment`` is the drill's own addition to a launched job's ``env`` (a
+    StickyFault's poison), over the workload's.
     """
     backend = get_backend(config.workload.orchestrator)
-    orchestrator = backend.create(with_evidence(config), config.inject_failure, clock)
+    workload = with_evidence(config)
+    if environment:
+        env = getattr(workload, "env", None)
+        if not isinstance(env, dict):
+            raise TypeError(f"{backend.name} workloads carry no env for the drill's variables")
+        workload = workload.model_copy(update={"env": {**env, **environment}})
+    orchestrator = backend.create(workload, config.inject_failure, clock)
     if config.evidence is not None and config.evidence.pod_logs:
         orchestrator.match_log_evidence(config.evidence.spec())  # type: ignore[attr-defined]
     return orchestrator

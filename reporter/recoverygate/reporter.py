@@ -44,6 +44,10 @@ Environment (read on the first call, and again in a forked child):
   ``WORLD_SIZE``: copied into the start event when set.
 - ``RECOVERYGATE_REPLICA``, else ``REPLICA_GROUP_ID`` (torchft's): the replica group,
   copied into the start event as ``replica`` when it is a whole number.
+- ``RECOVERYGATE_POISON``: ``RANK:STEP:FILE``, set by a drill's StickyFault (never by
+  hand): on that rank, ``progress(STEP)`` while FILE exists prints a ``poisoned`` line and
+  ends the process with exit code 1, as a crash at that step would; every call is then
+  looked at (no countdown), in that drill's jobs alone.
 
 How a process says how it was launched: importing this module sets
 ``RECOVERYGATE_PARENT_INC`` to this process's incarnation id, so a subprocess it starts
@@ -126,6 +130,9 @@ _completed_parts = (b"", b"")
 _loaded_parts = (b"", b"")
 _failed_parts = (b"", b"")
 _load_started_parts = (b"", b"")
+_poisoned_parts = (b"", b"")
+_poison_step: int | None = None  # RECOVERYGATE_POISON, for this rank: the step that kills
+_poison_file = ""
 _emitted = 0  # progress lines emitted so far (only "fewer than two" matters)
 _replay_window = DEFAULT_REPLAY_WINDOW  # RECOVERYGATE_REPLAY_WINDOW
 _window = 0  # progress calls still to print unthrottled (the replay window)
@@ -355,7 +362,7 @@ def _init() -> None:
     global _ready, _on, _ckpt_on, _interval, _start_line, _emitted, _span, _skip
     global _replay_window, _window
     global _progress_parts, _started_parts, _completed_parts, _loaded_parts, _failed_parts
-    global _load_started_parts
+    global _load_started_parts, _poisoned_parts, _poison_step, _poison_file
     with _lock:
         if _ready:
             return
@@ -383,7 +390,8 @@ def _init() -> None:
             _emitted = 0
             _span = 0
             _skip = 0
-            if _ckpt_on:
+            _poison_step, _poison_file = _poison_of(rank if rank is not None else 0)
+            if _ckpt_on or _poison_step is not None:  # a poisoned rank always says it died
                 from recoverygate import wire  # needs json: paid on the first line only
 
                 _progress_parts = _encoded(wire.step_line_parts(wire.PROGRESS, _inc, rank))
@@ -396,6 +404,7 @@ def _init() -> None:
                 _load_started_parts = _encoded(
                     wire.step_line_parts(wire.CHECKPOINT_LOAD_STARTED, _inc, rank)
                 )
+                _poisoned_parts = _encoded(wire.step_line_parts(wire.POISONED, _inc, rank))
                 _start_line = wire.format_start(
                     _process_start_time(),
                     _inc,
@@ -413,6 +422,20 @@ def _init() -> None:
         except Exception:  # never raise into training code: stay silent instead
             _on = _ckpt_on = False
         _ready = True
+
+
+def _poison_of(rank: int) -> tuple[int | None, str]:
+    """``RECOVERYGATE_POISON`` (``RANK:STEP:FILE``) for this rank: (the step, the file)."""
+    value = os.environ.get("RECOVERYGATE_POISON")
+    if not value:
+        return None, ""
+    try:
+        who, step, path = value.split(":", 2)
+        if int(who) != rank or not path:
+            return None, ""
+        return int(step), path
+    except ValueError:
+        return None, ""
 
 
 def _process_start_time() -> float:
@@ -451,9 +474,33 @@ def _open_window() -> None:
 
 def _progress(step: SupportsInt, loss: object, data: object) -> None:
     """The slow path of :func:`progress`: maybe emit, then size the next countdown."""
-    global _skip, _span, _emitted, _last_emit, _last_check, _window
+    global _skip
     if not _ready:
         _init()
+    if _poison_step is None:
+        _progress_emit(step, loss, data)
+        return
+    _poisoned(step)
+    _progress_emit(step, loss, data)
+    _skip = 0  # poisoned: every call is looked at
+
+
+def _poisoned(step: SupportsInt) -> None:
+    """A StickyFault's step: the process dies here while the drill's file exists."""
+    try:
+        if int(step) != _poison_step or not os.path.exists(_poison_file):
+            return
+        if _poisoned_parts[0]:
+            _emit(_poisoned_parts, step)
+        os.write(2, b"RecoveryGate StickyFault: this step is poisoned by the drill; exit 1\n")
+    except Exception:  # never raise into training code
+        return
+    os._exit(1)
+
+
+def _progress_emit(step: SupportsInt, loss: object, data: object) -> None:
+    """Emit if due, then size the next countdown."""
+    global _skip, _span, _emitted, _last_emit, _last_check, _window
     if not _on:
         _skip = _NEVER
         return

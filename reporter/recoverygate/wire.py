@@ -10,7 +10,7 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 =============== ======= =====================================================================
 ``event``       str     ``start``, ``progress``, ``checkpoint_started``,
                         ``checkpoint_completed``, ``checkpoint_loaded``, ``checkpoint_failed``,
-                        ``checkpoint_load_started``
+                        ``checkpoint_load_started``, ``poisoned``
 ``time``        number  POSIX seconds on the emitter's clock, microsecond resolution
 ``inc``         str     incarnation id, 16 hex chars, random per process
 ``rank``        int     global rank (``RANK``); absent when unknown
@@ -56,7 +56,9 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 checkpoint (it raised, timed out, or was given up): the job says so instead of counting it
 (docs/faults.md, StorageFault). ``checkpoint_load_started`` says that a resume began
 loading the checkpoint of ``step`` (its ``checkpoint_loaded`` follows once it holds it):
-the load phase of a recovery (docs/faults.md, KillDuringRecovery).
+the load phase of a recovery (docs/faults.md, KillDuringRecovery). ``poisoned`` is the
+reporter's own, never a job's: a StickyFault made this process die at ``step``
+(``RECOVERYGATE_POISON``), the line its last.
 
 ``checkpoint_started`` (a save of the state after ``step`` steps began) carries no digest:
 on it and on the other events the two fields are unknown fields, ignored. On a checkpoint
@@ -128,6 +130,7 @@ CHECKPOINT_COMPLETED = "checkpoint_completed"
 CHECKPOINT_LOADED = "checkpoint_loaded"
 CHECKPOINT_FAILED = "checkpoint_failed"
 CHECKPOINT_LOAD_STARTED = "checkpoint_load_started"
+POISONED = "poisoned"
 EVENT_KINDS = frozenset(
     {
         START,
@@ -137,6 +140,7 @@ EVENT_KINDS = frozenset(
         CHECKPOINT_LOADED,
         CHECKPOINT_FAILED,
         CHECKPOINT_LOAD_STARTED,
+        POISONED,
     }
 )
 #: The longest ``error`` a reader keeps (a longer one is cut to this, never malformed).
@@ -675,7 +679,7 @@ _raw_decode = json.JSONDecoder().raw_decode
 # through json.
 _FAST = re.compile(
     rb'[ \t]*\{"event":"(progress|checkpoint_started|checkpoint_completed|checkpoint_loaded|'
-    rb'checkpoint_failed|checkpoint_load_started)",'
+    rb'checkpoint_failed|checkpoint_load_started|poisoned)",'
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
     rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})'
     rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?)'

@@ -33,6 +33,7 @@ import psutil
 import pytest
 import yaml
 
+from pytest_recoverygate.storage.poison import sweep as sweep_poison
 from tests.cli_drill import run_cli_drill
 from tests.truth.truth import Truth, compute, load_processes
 
@@ -307,3 +308,38 @@ def test_a_second_kill_inside_the_load_of_a_direct_staging_is_not_reentrant(
         (p.rank, p.loaded, len(p.steps)) for p in later
     ]
     assert len([p for p in later if p.rank == 1]) >= 2  # it tried again, and again
+
+
+# ------------------------------------------------------------------ StickyFault, scope: step
+
+
+def sticky_drill(name: str, tmp_path: Path) -> tuple[Run, dict[str, Any], list[int]]:
+    """The drill, then the job's records: each rank-1 process whose last step was the
+    poisoned one (50), by pid. Nothing of the drill is left: no process, no poison (a
+    poison no running drill holds is what the sweep would remove)."""
+    run = drill(name, tmp_path)
+    details = run.report["recoveries"][0]["faultDetails"]["sticky"]
+    orphans = [line for line in sweep_poison(dry_run=True).lines if "would remove" in line]
+    assert not orphans, orphans
+    assert not left_behind(run), left_behind(run)
+    deaths = [
+        p.pid
+        for p in load_processes(tmp_path / "truth")
+        if p.rank == 1 and p.steps and p.steps[-1].step == 50
+    ]
+    return run, details, deaths
+
+
+def test_a_bounded_restart_budget_stops_retrying_a_poisoned_step(tmp_path: Path) -> None:
+    run, details, deaths = sticky_drill("crash-loop-bounded.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    assert "gave up loudly" in run.report["summary"]
+    # every death the drill counted is a process of rank 1 whose last step was 50
+    assert details["deaths"] == len(deaths) == 3, (details, deaths)
+
+
+def test_an_unbounded_restart_budget_crash_loops_on_a_poisoned_step(tmp_path: Path) -> None:
+    run, details, deaths = sticky_drill("crash-loop-unbounded.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"] == ["CRASH_LOOP"], run.explain()
+    assert details["deaths"] == 4 and len(deaths) >= 4, (details, deaths)

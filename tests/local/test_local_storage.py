@@ -20,6 +20,7 @@ durable, reported complete, every checkpoint it removed, the step it loaded):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -273,3 +274,76 @@ def test_a_load_slower_than_the_slo_fails_naming_the_load(tmp_path: Path) -> Non
     assert later and run.events(later[0], "loaded")[0] == 40  # the right checkpoint, slowly
     phases = run.report["recoveries"][0]["breakdown"]
     assert phases["checkpointLoaded"] - phases["processStarted"] > 10.0, phases
+
+
+# ------------------------------------------------------------------ StickyFault, scope: checkpoint
+#
+# The checkpoint of step 40 is damaged at rest (its files, as its save wrote them), then
+# rank 1 is killed: what the job's restart does with it is held to the job's records
+# (each checkpoint it rejected, the step and the state digest it loaded, the digest it
+# saved at each step).
+
+
+def rows(run: Run, process: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [row for row in process if row["event"] == event]
+
+
+def damaged_files(run: Run) -> list[str]:
+    damage = run.report["recoveries"][0]["faultDetails"]["damage"]
+    assert damage["step"] == 40, damage
+    return sorted(text.split(" (", 1)[0] for text in damage["files"])
+
+
+def test_a_job_that_verifies_on_load_falls_back_past_the_damaged_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = drill("damaged-verify.yaml", tmp_path)
+    assert run.report["verdict"] == "PASS" and run.code == 0, run.explain()
+    assert damaged_files(run) == ["step-00000040.pt", "step-00000040.pt.sha256"]
+    later = [p for p in run.processes[1:] if run.events(p, "step")]
+    assert later, run.explain()
+    assert run.events(later[0], "rejected") == [40]  # the job saw the damage ...
+    assert run.events(later[0], "loaded") == [20] == [run.report["resumeStep"]]  # ... fell back
+    # nothing but step 40's files was touched: step 20's file still matches its checksum
+    folder = tmp_path / "checkpoints"
+    twenty = folder / "step-00000020.pt"
+    if twenty.exists():  # retention may have removed it since
+        sidecar = (folder / "step-00000020.pt.sha256").read_text().strip()
+        assert hashlib.sha256(twenty.read_bytes()).hexdigest() == sidecar
+
+
+def test_a_job_that_trusts_a_silently_damaged_checkpoint_fails_by_its_digest(
+    tmp_path: Path,
+) -> None:
+    run = drill("damaged-trust-flip.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] == "LOADED_CORRUPT_CHECKPOINT", run.explain()
+    # the job's records: it loaded step 40 with another state than it saved there
+    first, *later = run.processes
+    [saved] = [r["digest"] for r in rows(run, first, "reported_complete") if r["step"] == 40]
+    loads = [r for p in later for r in rows(run, p, "loaded") if r["step"] == 40]
+    assert loads and all(r["digest"] != saved for r in loads), (saved, loads)
+
+
+def test_a_job_that_trusts_a_truncated_checkpoint_crash_loops(tmp_path: Path) -> None:
+    run = drill("damaged-trust-truncate.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] == "CRASH_LOOP", run.explain()
+    # the job's records: every process after the kill died before it loaded anything,
+    # restart after restart (the drill decides at the fourth restart: that process may
+    # be ended before it writes its first record)
+    kill = run.report["recoveries"][0]["killTime"]
+    later = [p for p in run.processes if p[0]["t"] > kill]
+    assert [p[0]["restart"] for p in later][:3] == [1, 2, 3], run.explain()
+    assert all(not run.events(p, "loaded") for p in later), later
+    assert run.report["recoveries"][0]["restarts"] == 4
+
+
+def test_a_job_that_drops_a_damaged_checkpoint_for_step_0_has_no_fallback(
+    tmp_path: Path,
+) -> None:
+    run = drill("damaged-scratch.yaml", tmp_path)
+    assert run.report["verdict"] == "FAIL", run.explain()
+    assert run.report["reasons"][0] == "NO_FALLBACK", run.explain()
+    later = [p for p in run.processes[1:] if run.events(p, "step")]
+    assert run.events(later[0], "rejected") == [40] and run.events(later[0], "loaded") == [0]

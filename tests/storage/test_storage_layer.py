@@ -42,7 +42,7 @@ pytest.importorskip(
     "mfusepy", reason="the storage layer needs mfusepy and libfuse3 (scripts/setup)"
 )
 
-from pytest_recoverygate.engine.model import StorageEventKind
+from pytest_recoverygate.engine.model import StorageEvent, StorageEventKind
 from pytest_recoverygate.storage.layer import (
     RECORD_PREFIX,
     StorageLayer,
@@ -65,6 +65,19 @@ def eventually(predicate: Callable[[], bool], what: str, timeout: float = 10.0) 
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def collected(layer: StorageLayer, kind: StorageEventKind, at_least: int = 1) -> list[StorageEvent]:
+    """The layer's events of ``kind``, waited for: they come over a pipe, after the
+    operation they report has returned to its caller."""
+    got: list[StorageEvent] = []
+
+    def enough() -> bool:
+        got.extend(e for e in layer.events() if e.kind is kind)
+        return len(got) >= at_least
+
+    eventually(enough, f"{at_least} {kind.value} event(s)")
+    return got
 
 
 @pytest.fixture
@@ -230,8 +243,8 @@ def test_a_write_that_does_not_fit_is_a_short_write_then_enospc(folder: Path) ->
             assert outcome(lambda: os.write(fd, b"b" * 100)) == "ENOSPC"
         finally:
             os.close(fd)
-        failed = [e for e in layer.events() if e.kind is StorageEventKind.FAILED]
-        assert failed and failed[0].error == "ENOSPC" and failed[0].path == "big"
+        failed = collected(layer, StorageEventKind.FAILED)
+        assert failed[0].error == "ENOSPC" and failed[0].path == "big"
     finally:
         assert layer.close() is None
 
@@ -266,7 +279,7 @@ def test_readonly_answers_as_a_real_read_only_mount_and_reports_each_refusal(
     try:
         layer.arm("readonly", "save")
         ours = outcomes(READONLY, folder)
-        refused = [e.op for e in layer.events() if e.kind is StorageEventKind.FAILED]
+        refused = [e.op for e in collected(layer, StorageEventKind.FAILED, 4)]
     finally:
         assert layer.close() is None
     assert ours == kernel
@@ -331,8 +344,8 @@ def test_latency_delays_each_operation(layer: StorageLayer, folder: Path) -> Non
     started = time.monotonic()
     write(folder / "slow", b"s")
     assert time.monotonic() - started >= 0.3
-    delayed = [e for e in layer.events() if e.kind is StorageEventKind.DELAYED]
-    assert delayed and delayed[0].path in ("slow", "")
+    delayed = collected(layer, StorageEventKind.DELAYED)
+    assert delayed[0].path in ("slow", "")
 
 
 # ------------------------------------------------------------------ a drill that dies

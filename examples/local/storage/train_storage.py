@@ -22,7 +22,20 @@ process group's ``--timeout``): a save that hangs holds rank 1 there. ``--saver`
 - ``delete-first``: keep-last-1 retention that removes the old checkpoint before saving
   the new one (verl#4873, torchtitan#4197): a failed save leaves none.
 
-A resume follows ``latest`` when it exists, else takes the newest ``step-N.pt``.
+A resume follows ``latest`` when it exists, else takes the newest ``step-N.pt``;
+``--on-load`` says what it does with a checkpoint that is damaged at rest (StickyFault,
+``scope: checkpoint``):
+
+- ``trust`` (the default): load the newest; a file that no longer loads crashes the job
+  (torchrun restarts it onto the same file), one that loads with damaged bytes is trained on;
+- ``verify`` (right): the atomic saver writes ``step-N.pt.sha256`` (the file's SHA-256)
+  after each checkpoint; a resume checks the newest against it and, when it differs, is
+  missing or the file does not load, says so and falls back to the one before it;
+- ``scratch``: a checkpoint that does not load is dropped and training starts again from
+  step 0 (a fallback that throws away every older checkpoint).
+
+Each checkpoint is reported with the state's digest (``reporter.state_digest``), and so
+is each load: the drill can tell a damaged state that loaded from the state saved.
 
 With ``RECOVERYGATE_GROUND_TRUTH=<base>`` every rank appends its own records to
 ``<base>.<rank>.<pid>.jsonl``: each step, each save started, failed (its error), durable
@@ -35,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -64,6 +78,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise")
     parser.add_argument("--timeout", type=float, default=30.0, help="process group timeout (s)")
     parser.add_argument("--pad", type=int, default=0, help="extra bytes in each checkpoint")
+    parser.add_argument("--on-load", choices=("trust", "verify", "scratch"), default="trust")
     return parser.parse_args()
 
 
@@ -104,6 +119,38 @@ def resume_from(folder: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load(folder: Path, on_load: str, truth: Truth) -> tuple[int, dict[str, Any]] | None:
+    """The checkpoint to resume from, as ``--on-load`` says (see the module docstring)."""
+    found = resume_from(folder) if folder.is_dir() else None
+    if found is None:
+        return None
+    candidates = [found] + [c for c in reversed(checkpoints(folder)) if c[0] < found[0]]
+    for step, path in candidates if on_load == "verify" else candidates[:1]:
+        try:
+            if on_load == "verify":
+                sidecar = path.with_name(path.name + ".sha256")
+                want = sidecar.read_text().strip() if sidecar.exists() else None
+                if want != sha256_of(path):
+                    raise ValueError(f"{path} does not match its checksum {sidecar.name}")
+            return step, torch.load(path, map_location="cpu")
+        except (ValueError, RuntimeError, EOFError, OSError) as exc:
+            if on_load == "trust":
+                raise  # a file that no longer loads: the job dies, restarts, dies again
+            truth("rejected", step, error=str(exc)[:200])
+            print(f"checkpoint {path.name} is damaged ({exc}); falling back", flush=True)
+            if on_load == "scratch":
+                return None
+    return None
+
+
 def fsync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -112,7 +159,9 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def save(folder: Path, step: int, state: dict[str, Any], saver: str, truth: Truth) -> bool:
+def save(
+    folder: Path, step: int, state: dict[str, Any], saver: str, truth: Truth, checksum: bool
+) -> bool:
     """One save by ``saver``; True when the job counts it (reports it complete)."""
     final = folder / f"step-{step:08d}.pt"
     if saver == "delete-first":  # retention first: make room, then save
@@ -156,6 +205,10 @@ def save(folder: Path, step: int, state: dict[str, Any], saver: str, truth: Trut
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, final)
+        if checksum:  # --on-load verify: the file's checksum beside it
+            sidecar = folder / f".{final.name}.sha256.tmp"
+            sidecar.write_text(sha256_of(final) + "\n")
+            os.replace(sidecar, folder / f"{final.name}.sha256")
         fsync_folder(folder)
     except OSError:
         with contextlib.suppress(OSError):
@@ -165,8 +218,15 @@ def save(folder: Path, step: int, state: dict[str, Any], saver: str, truth: Trut
     if saver == "atomic":  # retention after the new one is durable: keep the last two
         for old_step, old in checkpoints(folder)[:-2]:
             old.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                old.with_name(old.name + ".sha256").unlink()
             truth("deleted", old_step)
     return True
+
+
+def digest_of(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
+    """The state's fingerprint, as the drill compares it (saved vs loaded)."""
+    return str(reporter.state_digest({"model": model, "optimizer": opt}))
 
 
 def main() -> None:
@@ -182,18 +242,19 @@ def main() -> None:
     )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     step = 0
-    found = resume_from(folder) if folder.is_dir() else None
-    if found is not None:
-        state = torch.load(found[1], map_location="cpu")  # a partial file raises here
+    loaded = load(folder, args.on_load, truth)
+    if loaded is not None:
+        _, state = loaded
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = int(state["step"])
     start = torch.tensor([step], dtype=torch.int64)
     dist.broadcast(start, src=0)
     step = int(start.item())
-    truth("loaded", step)
+    digest = digest_of(model, opt)
+    truth("loaded", step, digest=digest)
     if step:
-        reporter.checkpoint_loaded(step)
+        reporter.checkpoint_loaded(step, digest=digest)
     ddp = DistributedDataParallel(model)
     loss_fn = torch.nn.MSELoss()
     while step < args.steps:
@@ -215,7 +276,8 @@ def main() -> None:
                 reporter.checkpoint_started(step)
                 try:
                     folder.mkdir(parents=True, exist_ok=True)
-                    counted = save(folder, step, state, args.saver, truth)
+                    verify = args.on_load == "verify"
+                    counted = save(folder, step, state, args.saver, truth, verify)
                 except (OSError, RuntimeError) as exc:  # torch.save to a path: RuntimeError
                     truth("save_failed", step, error=str(exc))
                     reporter.checkpoint_failed(step, exc)
@@ -223,8 +285,9 @@ def main() -> None:
                         raise
                 else:
                     if counted:
-                        truth("reported_complete", step)
-                        reporter.checkpoint_completed(step)
+                        digest = digest_of(model, opt)
+                        truth("reported_complete", step, digest=digest)
+                        reporter.checkpoint_completed(step, digest=digest)
             dist.barrier()  # every rank waits for the save (a hung save holds them all)
         if args.step_time > 0:
             time.sleep(args.step_time)

@@ -23,6 +23,7 @@ from pytest_recoverygate.engine.rules import (
     ranks,
     replay,
     resume,
+    sticky,
     storage,
     sustain,
 )
@@ -36,6 +37,21 @@ R = FailureReason
 #: Every rule of the verdict, in the order its checks appear in a report.
 TABLE: tuple[Rule, ...] = (
     # ----------------------------------------------------------- each kill (restart mode)
+    Rule(
+        "damage_handled",
+        "damage_handled",
+        "kill",
+        sticky.damage_handled,
+        (R.LOADED_CORRUPT_CHECKPOINT, R.NO_FALLBACK, R.CRASH_LOOP),
+        tests=(
+            "tests/test_engine_sticky.py::test_a_job_that_falls_back_past_the_damage_passes",
+            "tests/test_engine_sticky.py::test_a_job_that_loads_the_damaged_state_fails_by_its_digest",
+            "tests/test_engine_sticky.py::test_a_load_of_the_damaged_step_without_digests_is_undecided",
+            "tests/test_engine_sticky.py::test_a_job_that_starts_from_scratch_has_no_fallback",
+            "tests/test_engine_sticky.py::test_a_crash_loop_on_the_damaged_checkpoint_fails_when_proven",
+            "tests/test_engine_sticky.py::test_a_loud_failure_naming_the_file_passes",
+        ),
+    ),
     Rule(
         "detected",
         "hang_detected",
@@ -331,6 +347,31 @@ TABLE: tuple[Rule, ...] = (
         tests=(
             "tests/test_engine_storage.py::test_a_job_that_says_the_save_failed_and_trains_on_passes",
             "tests/test_engine_storage.py::test_a_job_that_stops_after_the_lift_fails",
+        ),
+    ),
+    # ------------------------------------------------------- a failure that comes back
+    Rule(
+        "poison_reached",
+        "fault_hit",
+        "sticky",
+        sticky.poison_reached,
+        (),
+        tests=(
+            "tests/test_engine_sticky.py::test_a_poison_never_reached_is_inconclusive",
+            "tests/test_engine_sticky.py::test_a_job_that_gives_up_within_its_budget_passes",
+        ),
+        passes=True,
+    ),
+    Rule(
+        "crash_loop_bounded",
+        "crash_loop",
+        "sticky",
+        sticky.crash_loop_bounded,
+        (R.CRASH_LOOP,),
+        tests=(
+            "tests/test_engine_sticky.py::test_more_deaths_than_max_crash_loop_fail_when_proven",
+            "tests/test_engine_sticky.py::test_a_job_that_gives_up_within_its_budget_passes",
+            "tests/test_engine_sticky.py::test_a_job_that_steps_past_the_poison_passes",
         ),
     ),
     # ------------------------------------------------------- a kill nothing followed

@@ -16,6 +16,7 @@ HEADINGS = {
     "drill": "The drill over its kills",
     "live": "The kill of a live recovery (recovery: live)",
     "storage": "A fault on the checkpoint storage (StorageFault)",
+    "sticky": "A failure that comes back (StickyFault)",
 }
 
 INTRO = """\

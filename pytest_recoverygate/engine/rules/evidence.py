@@ -16,7 +16,7 @@ from typing import Any
 
 from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
 from pytest_recoverygate.engine.model import GroupEventKind
-from pytest_recoverygate.engine.spec import DrillSpec, Sustain
+from pytest_recoverygate.engine.spec import DrillSpec, StickySpec, Sustain
 from pytest_recoverygate.engine.storage import StorageRecord
 from pytest_recoverygate.engine.verdict import Recovery, StepContract, format_seconds
 
@@ -25,6 +25,7 @@ __all__ = [
     "DrillEvidence",
     "KillEvidence",
     "KillRecord",
+    "StickyEvidence",
     "StorageEvidence",
     "Window",
     "ended_how",
@@ -167,3 +168,21 @@ class StorageEvidence:
     restarted: bool
     stall_limit: float
     window: Window | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StickyEvidence:
+    """The evidence of a StickyFault with ``scope: step`` (scope ``sticky``): when the
+    poison was armed, each death at the step (incarnation, time), the restarts the backend
+    saw, how the job ended (time, detail, succeeded), the first step past the poisoned one
+    the reporting rank reported, the judging time, and whether it is the last word."""
+
+    spec: DrillSpec
+    sticky: StickySpec
+    armed_at: float
+    deaths: tuple[tuple[str, float], ...]
+    restarts: int
+    ended: tuple[float, str, bool] | None
+    past: tuple[int, float] | None
+    now: float
+    final: bool

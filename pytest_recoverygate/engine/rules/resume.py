@@ -402,7 +402,12 @@ def _latest(r: _Resumed) -> Check | None:
     observed, expected, ledger = r.observed, r.expected, r.ledger
     assert observed is not None
     assert expected is not None
-    durable = {c.step for c in ledger.checkpoints if c.time <= ledger.load_window(r.inc)[1]}
+    loaded_by = ledger.load_window(r.inc)[1]
+    durable = {
+        c.step
+        for c in ledger.checkpoints
+        if c.time <= loaded_by and c.step not in ledger.not_durable
+    }
     lowest = r.floor if r.floor is not None else expected
     if observed in durable and observed >= lowest:
         return _check(r, True, f"resumed from the latest checkpoint, step {observed}", None)
@@ -427,13 +432,15 @@ def _wrong_step(r: _Resumed) -> Check:
             R.RESTARTED_FROM_SCRATCH,
         )
     if observed > expected:
+        why = (
+            f"checkpoint {observed} is not durable (a failed save, or damaged at rest)"
+            if observed in r.ledger.not_durable
+            else "the job resumed from a checkpoint newer than expected"
+        )
         return _check(
             r,
             False,
-            (
-                f"resumed from step {observed}, expected step {expected} — the job resumed "
-                "from a checkpoint newer than expected"
-            ),
+            f"resumed from step {observed}, expected step {expected} — {why}",
             R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
         )
     if observed in completed:

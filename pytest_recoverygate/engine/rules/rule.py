@@ -21,8 +21,9 @@ __all__ = ["SCOPES", "Rule", "run"]
 #: kill of a ``recovery: live`` drill
 #: (:class:`~pytest_recoverygate.engine.replicas.LiveEvidence`); ``storage`` a fault on the
 #: checkpoint storage (:class:`~pytest_recoverygate.engine.rules.evidence.StorageEvidence`),
-#: beside the kill's rules when the job restarted after it.
-SCOPES = ("kill", "hung", "drill", "live", "storage")
+#: beside the kill's rules when the job restarted after it; ``sticky`` a failure that
+#: comes back (:class:`~pytest_recoverygate.engine.rules.evidence.StickyEvidence`).
+SCOPES = ("kill", "hung", "drill", "live", "storage", "sticky")
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,6 +327,7 @@ BACKEND: Backend[LocalWorkload] = Backend(
             "PartitionNode",
             "StorageFault",
             "KillDuringRecovery",
+            "StickyFault",
         }
     ),
     failure_keys=frozenset({"targetReplica"}),
