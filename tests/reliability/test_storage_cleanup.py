@@ -178,7 +178,7 @@ def test_an_exception_while_the_fault_holds_still_lifts_and_unmounts(
     result = run_drill(
         config,
         RunOptions(confirmed=True, observer=backend.observe, handle_signals=False),
-        orchestrator=backend,  # type: ignore[arg-type]
+        orchestrator=backend,
     )
     left = leftovers(folder, mark)
     figures.add("storage_cleanup_rows")
@@ -209,10 +209,10 @@ def test_a_sigkilled_drills_layer_unmounts_by_itself_and_the_sweep_removes_its_r
     wait_for(lambda: not any(t == mine for t, _ in our_mounts()), "the layer to unmount", 30)
     # The job a SIGKILLed drill launched stays (docs/local.md): end it here. The layer
     # serves its detached mount until the job's last open file in it is closed, then ends.
-    for proc in psutil.process_iter():
+    for job in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get("RG_E2E_MARK") == mark:
-                proc.kill()
+            if job.environ().get("RG_E2E_MARK") == mark:
+                job.kill()
 
     def layer_gone() -> bool:
         return not any(

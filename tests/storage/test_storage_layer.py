@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import shutil
@@ -41,8 +42,8 @@ pytest.importorskip(
     "mfusepy", reason="the storage layer needs mfusepy and libfuse3 (scripts/setup)"
 )
 
-from pytest_recoverygate.engine.model import StorageEventKind  # noqa: E402
-from pytest_recoverygate.storage.layer import (  # noqa: E402
+from pytest_recoverygate.engine.model import StorageEventKind
+from pytest_recoverygate.storage.layer import (
     RECORD_PREFIX,
     StorageLayer,
     our_mounts,
@@ -115,10 +116,12 @@ def test_the_folder_keeps_its_files_and_the_layer_reports_what_the_job_does(
         handle.truncate(10)
     (folder / "step-20.pt").unlink()
     got: list[tuple[str, str]] = []
-    eventually(
-        lambda: bool(got.extend((e.kind.value, e.path) for e in layer.events()) or len(got) >= 4),
-        "the layer's events",
-    )
+
+    def four_events() -> bool:
+        got.extend((e.kind.value, e.path) for e in layer.events())
+        return len(got) >= 4
+
+    eventually(four_events, "the layer's events")
     assert ("wrote", ".tmp-40") in got
     assert ("renamed", ".tmp-40") in got
     assert ("truncated", "step-20.pt") in got
@@ -194,7 +197,7 @@ def test_enospc_answers_as_a_real_full_ext4(tmp_path: Path, folder: Path) -> Non
     disk = next(real)
     try:
         free = os.statvfs(disk).f_bavail  # full: another writer took every block
-        kernel = [(name, outcome(lambda op=op: op(disk))) for name, op in SEQUENCE]
+        kernel = [(name, outcome(functools.partial(op, disk))) for name, op in SEQUENCE]
     finally:
         with contextlib.suppress(StopIteration):
             next(real)
@@ -204,7 +207,7 @@ def test_enospc_answers_as_a_real_full_ext4(tmp_path: Path, folder: Path) -> Non
     try:
         layer.arm("enospc", "save")
         assert os.statvfs(folder).f_bavail == free == 0
-        ours = [(name, outcome(lambda op=op: op(folder))) for name, op in SEQUENCE]
+        ours = [(name, outcome(functools.partial(op, folder))) for name, op in SEQUENCE]
     finally:
         assert layer.close() is None
     assert ours == kernel
@@ -250,14 +253,14 @@ def test_readonly_answers_as_a_real_read_only_mount_and_reports_each_refusal(
     subprocess.run(["mount", "--bind", str(other), str(other)], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(other)], check=True)
-        kernel = [(name, outcome(lambda op=op: op(other))) for name, op in READONLY]
+        kernel = [(name, outcome(functools.partial(op, other))) for name, op in READONLY]
     finally:
         subprocess.run(["umount", str(other)], check=False)
     layer = StorageLayer(folder)
     layer.mount()
     try:
         layer.arm("readonly", "save")
-        ours = [(name, outcome(lambda op=op: op(folder))) for name, op in READONLY]
+        ours = [(name, outcome(functools.partial(op, folder))) for name, op in READONLY]
         refused = [e.op for e in layer.events() if e.kind is StorageEventKind.FAILED]
     finally:
         assert layer.close() is None
@@ -273,10 +276,10 @@ def test_eio_fails_a_saves_writes_and_a_loads_reads(layer: StorageLayer, folder:
     layer.arm("eio", "save")
     assert outcome(lambda: write(folder / "s.pt", b"s" * 10)) == "EIO"
     assert outcome(lambda: os.rename(folder / "step-20.pt", folder / "y")) == "EIO"
-    assert outcome(lambda: (folder / "step-20.pt").read_bytes()) == "ok"
+    assert outcome((folder / "step-20.pt").read_bytes) == "ok"
     layer.lift()
     layer.arm("eio", "load")
-    assert outcome(lambda: (folder / "step-20.pt").read_bytes()) == "EIO"
+    assert outcome((folder / "step-20.pt").read_bytes) == "EIO"
     layer.lift()
     assert (folder / "step-20.pt").read_bytes() == b"twenty" * 100
 
