@@ -201,6 +201,9 @@ class StorageLayer:
         self._stderr = b""
         self.mounted = False
         self.armed = False
+        #: What :meth:`close` did beyond the plan and undid (copies of the mount that other
+        #: tools' mount namespaces took): for the drill's timeline, not failures.
+        self.notes: list[str] = []
 
     # ------------------------------------------------------------------ mount
 
@@ -389,7 +392,8 @@ class StorageLayer:
     # ------------------------------------------------------------------ cleanup
 
     def close(self) -> str | None:
-        """Lift, unmount, end the layer; what could not be done, or None. Idempotent."""
+        """Lift, unmount, end the layer; what could not be done, or None (what it undid
+        on the way is in :attr:`notes`). Idempotent."""
         proc = self._proc
         if proc is None:
             if self._record is not None:
@@ -410,13 +414,16 @@ class StorageLayer:
             # A mount namespace made while the layer was mounted (another tool's unshare,
             # with private propagation) holds a copy of it: the layer serves it until that
             # copy goes. Unmount the copies of this layer's own mount there, then wait again.
+            # Unmounted there, it is no failure of the cleanup: a note (the runner's
+            # timeline); what is still left is a problem below.
             copies = _unmount_copies(self.fsname)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(EXIT_TIMEOUT)
             if copies:
-                problems.append(
+                self.notes.append(
                     f"the storage layer's mount was copied into {len(copies)} other mount "
-                    f"namespace(s) ({', '.join(copies[:3])}); unmounted there"
+                    f"namespace(s) made while it was mounted ({', '.join(copies[:3])}); "
+                    "unmounted there"
                 )
         if proc.poll() is None:
             mounted = [t for t, source in our_mounts() if source == self.fsname]
