@@ -97,6 +97,7 @@ class StorageRecord:
     """The facts of one StorageFault (see the module docstring)."""
 
     spec: StorageSpec
+    mounted_at: float | None = None  # the layer came up (after discovery on some backends)
     armed_at: float | None = None
     lifted_at: float | None = None
     lift_why: str = ""
