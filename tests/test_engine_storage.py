@@ -15,6 +15,8 @@ We test these aspects:
   recovery, judged from the newest durable checkpoint; a stall shorter than ``maxStall``
   passes;
 - a fault nothing met is inconclusive, never a PASS;
+- a layer mounted after discovery, over a job already saving (the Slurm backend): a
+  checkpoint saved before the mount triggers nothing, the first one the layer saw does;
 - a job that fails loudly is a recovery whose expected resume step is the newest durable
   checkpoint (never the save the fault hit), and ``during: load`` is a kill whose
   replacement reads through the fault.
@@ -156,6 +158,25 @@ def test_the_fault_is_armed_at_the_trigger_and_nothing_is_killed() -> None:
     assert [k.fault for k in kills] == ["StorageFault"]
     assert d.engine.storage_record is not None
     assert d.engine.storage_record.durable == 20
+
+
+def test_a_checkpoint_saved_before_the_layer_was_mounted_is_no_trigger() -> None:
+    d = Drill.start(spec())
+    d.line(S, 0.0, "a")
+    d.line(P, 0.1, "a", 19)
+    d.line(ST, 0.2, "a", 20)  # its save started before the mount, completed after it
+    d.engine.storage_mounted(T0 + 0.25)
+    d.line(C, 0.3, "a", 20)
+    assert not any(isinstance(a, KillTarget) for a in d.actions)
+    assert d.engine.phase is Phase.WAITING_FOR_CHECKPOINT
+    notes = [e.detail for e in d.engine.timeline_entries() if e.kind == "note"]
+    assert any("checkpoint 20 was saved before the storage layer was mounted" in n for n in notes)
+    d.train("a", 0.4, range(21, 31))  # the layer sees checkpoint 30 written: the trigger
+    kills = [a for a in d.actions if isinstance(a, KillTarget)]
+    assert [k.checkpoint_step for k in kills] == [30]
+    assert d.engine.storage_record is not None
+    assert d.engine.storage_record.durable == 30
+    assert d.engine.storage_record.made_of[30] == ["step-30.pt"]
 
 
 def test_a_failed_save_reported_complete_fails_at_once() -> None:
