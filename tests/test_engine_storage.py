@@ -17,6 +17,7 @@ We test these aspects:
 - a fault nothing met is inconclusive, never a PASS;
 - a layer mounted after discovery, over a job already saving (the Slurm backend): a
   checkpoint saved before the mount triggers nothing, the first one the layer saw does;
+- a file the layer reports after the job's completed line is still that checkpoint's;
 - a job that fails loudly is a recovery whose expected resume step is the newest durable
   checkpoint (never the save the fault hit), and ``during: load`` is a kill whose
   replacement reads through the fault.
@@ -179,6 +180,22 @@ def test_a_checkpoint_saved_before_the_layer_was_mounted_is_no_trigger() -> None
     assert d.engine.storage_record.made_of[30] == ["step-30.pt"]
 
 
+def test_a_write_the_layer_reports_after_the_completed_line_is_still_the_checkpoints() -> None:
+    """The job's line and the layer's event come by two roads: a file written inside a
+    save's window belongs to that checkpoint whichever arrives first (Ray's controller
+    writes its checkpoint index, then the worker's line says the checkpoint completed)."""
+    d = Drill.start(spec())
+    d.line(S, 0.0, "a")
+    d.line(ST, 0.1, "a", 10)
+    d.storage(SK.WROTE, 0.15, "step-10/state.pt", size=1000, first=0.12)
+    d.line(C, 0.3, "a", 10)
+    d.storage(SK.WROTE, 0.2, "index.json", size=900, first=0.19)  # reported late
+    d.storage(SK.WROTE, 0.5, "other.json", size=900, first=0.5)  # after the save: not its
+    record = d.engine.storage_record
+    assert record is not None
+    assert record.made_of[10] == ["index.json", "step-10/state.pt"]
+
+
 def test_a_failed_save_reported_complete_fails_at_once() -> None:
     d = Drill.start(spec())
     t = armed(d)
@@ -277,6 +294,21 @@ def test_retention_after_a_durable_save_passes() -> None:
     d.line(C, t + 0.7, "a", 30)
     d.storage(SK.REMOVED, t + 0.8, "step-20.pt")  # after 30 was durable
     assert d.engine.storage_record.deleted is None  # type: ignore[union-attr]
+
+
+def test_a_file_rewritten_in_place_once_the_fault_is_lifted_is_no_loss() -> None:
+    """Ray's controller rewrites its checkpoint index in place (truncate, then write) at
+    every registration: once the storage is healthy again that is no lost checkpoint."""
+    d = Drill.start(spec(mode="eio"))
+    t = armed(d)
+    d.line(ST, t, "a", 30)
+    d.storage(SK.FAILED, t + 0.01, "step-30.pt", op="write", error="EIO")
+    d.line(F, t + 0.02, "a", 30)  # said so: the fault is lifted
+    record = d.engine.storage_record
+    assert record is not None and record.lifted_at is not None
+    assert "step-20.pt" in record.made_of[20]
+    d.storage(SK.TRUNCATED, t + 0.5, "step-20.pt")  # healthy again: rewritten in place
+    assert record.deleted is None
 
 
 def test_a_stall_nothing_escapes_fails_at_max_stall() -> None:
