@@ -285,6 +285,32 @@ def test_removing_the_last_durable_checkpoint_before_the_new_one_fails() -> None
     assert "step-20.pt" in check.message  # type: ignore[attr-defined]
 
 
+def test_an_index_every_save_rewrites_lost_leaves_no_checkpoint_sure() -> None:
+    """Ray's checkpoint_manager_snapshot.json: one file rewritten at every save, truncated
+    by the rewrite the fault failed; the older checkpoints' own files are whole, but the
+    index they are found by is gone, so none is named as left."""
+    d = Drill.start(spec())
+    d.line(S, 0.0, "a")
+    t = 0.1
+    for step in (10, 20):
+        d.line(P, t, "a", step)
+        d.line(ST, t, "a", step)
+        d.storage(SK.WROTE, t + 0.01, f"step-{step}/state.pt", size=1000, first=t)
+        d.storage(SK.WROTE, t + 0.015, "index.json", size=900, first=t + 0.012)
+        d.line(C, t + 0.02, "a", step)
+        t += 1.0
+    assert d.engine.phase is Phase.FAULTED
+    d.line(ST, t, "a", 30)
+    d.storage(SK.FAILED, t + 0.01, "step-30", op="mkdir", error="ENOSPC")
+    d.storage(SK.TRUNCATED, t + 0.02, "index.json")
+    assert d.result is not None and d.result.verdict is Verdict.FAIL
+    check = d.checks()["last_good_checkpoint_kept"]
+    assert check.reason is R.LAST_GOOD_CHECKPOINT_DELETED  # type: ignore[attr-defined]
+    message = check.message  # type: ignore[attr-defined]
+    assert "index.json was part of checkpoints 10, 20 alike" in message, message
+    assert "only checkpoint 10" not in message
+
+
 def test_retention_after_a_durable_save_passes() -> None:
     d = Drill.start(spec(mode="latency", latency=0.5))
     t = armed(d)
