@@ -55,7 +55,9 @@ FSTYPE = "fuse.recoverygate"
 RECORD_PREFIX = "recoverygate-storage-"
 READY_TIMEOUT = 15.0  # seconds for the layer to mount
 ANSWER_TIMEOUT = 10.0  # seconds for the layer to answer arm/lift
-EXIT_TIMEOUT = 5.0  # seconds for the layer to unmount and exit (twice, with copies)
+EXIT_TIMEOUT = 5.0  # seconds for the layer to unmount and exit (again after the copies)
+COPY_ROUNDS = 5  # rounds of unmounting copies of the mount in other namespaces, at most
+COPY_WAIT = 2.0  # seconds for the layer to exit after a round that unmounted some
 AUDIT_BUDGET = 1 << 30  # bytes the audit reads back in all; past it, sizes only
 _ID = re.compile(r"[0-9a-f]{16}")
 _RECORD_BYTES = 4096
@@ -415,10 +417,19 @@ class StorageLayer:
             # with private propagation) holds a copy of it: the layer serves it until that
             # copy goes. Unmount the copies of this layer's own mount there, then wait again.
             # Unmounted there, it is no failure of the cleanup: a note (the runner's
-            # timeline); what is still left is a problem below.
-            copies = _unmount_copies(self.fsname)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(EXIT_TIMEOUT)
+            # timeline); what is still left is a problem below. A container runtime
+            # clones new namespaces from one that holds a copy (measured: containerd
+            # starting pods beside a drill), so a copy can appear after a round: again.
+            copies: list[str] = []
+            for _ in range(COPY_ROUNDS):
+                found = _unmount_copies(self.fsname)
+                copies += [c for c in found if c not in copies]
+                try:
+                    proc.wait(EXIT_TIMEOUT if not found else COPY_WAIT)
+                    break
+                except subprocess.TimeoutExpired:
+                    if not found:
+                        break
             if copies:
                 self.notes.append(
                     f"the storage layer's mount was copied into {len(copies)} other mount "
