@@ -33,6 +33,7 @@ from pytest_recoverygate.config.fields import (
     workdir_field,
 )
 from pytest_recoverygate.config.schema import InjectFailure, WorkloadBase
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.registry.seams import Backend
 from pytest_recoverygate.shared.procs import JobLaunch
 from pytest_recoverygate.storage.scope import named_folders
@@ -129,7 +130,7 @@ class RayWorkload(WorkloadBase):
             f"the drill launches the driver and its ray.init() starts the cluster here; with "
             f"{key} the workers may run on other machines, which a mount made here misses",
             "StorageFault with entrypoint and no address",
-            f"remove {key} and give the entrypoint (docs/ray.md)",
+            f"remove {key} and give the entrypoint ({docs_link('ray.md')})",
             key=("type",),
             got=failure.type,
         )
