@@ -50,6 +50,7 @@ from pytest_recoverygate.registry.seams import (
     Notices,
     Orchestrator,
     RealClock,
+    StorageScope,
     cleanup_once,
 )
 from pytest_recoverygate.shared.lock import DrillLock, job_lock
@@ -356,7 +357,11 @@ class _Drill:
     def _run(self) -> DrillResult:
         self._shown_phase = Phase.DISCOVERING
         self._status(self.engine.status(self.clock.now()), phase_changed=True)
-        self._mount_storage()  # before the local backend launches the job
+        # StorageFault: where the config shows the job's folders (a job the backend
+        # launches), the layer is mounted before the job starts; else after discovery.
+        before_launch = self.config.workload.storage_scope() is not None
+        if before_launch:
+            self._mount_storage()
         deadline = self.clock.now() + self.config.timeouts.discovery
         workload = self.orchestrator.discover(deadline)
         rank = self.config.inject_failure.rank_for(self.config.workload.reporting_rank)
@@ -368,6 +373,8 @@ class _Drill:
                 f"(ranks present: {ranks}); set injectFailure.targetRank to one of them"
             )
         self.target = target
+        if not before_launch:
+            self._storage_scope(target)  # DiscoveryError, nothing touched
         discovered = (
             f"{workload.job}: {len(workload.workers)} worker(s); target {target.describe()}"
         )
@@ -389,6 +396,8 @@ class _Drill:
                                 f"{self.node.describe()}")  # fmt: skip
             if not self.options.confirm(shown, workload):
                 raise _usage_declined(target)
+        if not before_launch:
+            self._mount_storage()  # the job runs: the layer over its folder from now on
         self.source = self.orchestrator.events()
         self.engine.discovered(
             self.clock.now(),
@@ -616,14 +625,43 @@ class _Drill:
 
     def _mount_storage(self) -> None:
         """StorageFault: the storage layer over the checkpoint folder, mounted before the
-        job starts (a dry run mounts nothing)."""
+        job starts, or once discovery showed the running job's folders (a dry run mounts
+        nothing)."""
         spec = self.engine.spec.storage
         if spec is None or self.dry_run:
             return
         layer = StorageLayer(spec.path, wakeup=self.clock.wakeup)
         self.storage = layer  # cleanup unmounts whatever of it came up
         layer.mount()
+        self.engine.storage_mounted(self.clock.now())
         self._note("storage", f"storage layer mounted over {layer.folder} ({layer.fsname})")
+
+    def _storage_scope(self, target: model.Worker) -> None:
+        """StorageFault on a job the config cannot scope (one the backend attaches to):
+        its ``path`` must lie in a folder the running job can be shown to use, and the
+        target's processes must see a mount made here. DiscoveryError otherwise, before
+        anything is mounted or hit."""
+        spec = self.engine.spec.storage
+        if spec is None:
+            return
+        name = self.orchestrator.name
+        if not isinstance(self.orchestrator, StorageScope):
+            raise _discovery_error(
+                f"StorageFault on {spec.path}: orchestrator {name} cannot show which folders "
+                "the job uses (its workload section names none, and the backend reads none "
+                f"from the running job: no storage_scope, {docs_link('backends.md')}); "
+                "nothing was mounted"
+            )
+        scope = self.orchestrator.storage_scope(target)
+        path = Path(os.path.realpath(spec.path))
+        if any(path == folder or folder in path.parents for folder in scope):
+            return
+        shown = ", ".join(str(folder) for folder in scope[:4]) or "none"
+        raise _discovery_error(
+            f"StorageFault: path {spec.path} lies outside what the job can be shown to use "
+            f"(as {name} shows it: {shown}); point injectFailure.path at the folder the job "
+            "saves its checkpoints in; nothing was mounted"
+        )
 
     def _arm_storage(self, action: KillTarget) -> list[Action]:
         """Arm the fault; with ``during: load`` kill the target too (its replacement
@@ -823,6 +861,8 @@ class _Drill:
                     problem = f"{type(exc).__name__}: {exc}"
                 if problem is not None:
                     errors.append(f"the storage layer: {problem}")
+                for note in self.storage.notes:
+                    self._note("cleanup", note)
         if self.lock is not None:
             self.lock.release()
         self._note("cleanup", "; ".join(errors) or "done")

@@ -7,7 +7,10 @@ We test these aspects:
   ``recoverygate validate``: an unknown mode, a missing mode or path, latency without
   ``mode: latency`` (and the reverse), ``during: load`` with ``killAfter``, ``count`` or
   ``delay``; a path that does not exist, is not a folder, is ``/``, a system folder or a
-  shared root, or lies outside what the job can be shown to use.
+  shared root, or lies outside what the job can be shown to use;
+- on slurm the scope waits for discovery; on ray it is the entrypoint's folders (its
+  storage_path), and a cluster the drill does not start is refused; kubernetes refuses
+  StorageFault with its reason.
 """
 
 from __future__ import annotations
@@ -132,3 +135,86 @@ def test_validate_exits_2_naming_the_line(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{path}:8: injectFailure.path" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ the other backends
+
+
+SLURM = """\
+workload:
+  orchestrator: slurm
+  jobName: rg-storage
+injectFailure:
+  type: StorageFault
+  mode: enospc
+  path: {path}
+  afterCheckpoint: step-40
+expectations:
+  maxRecoveryTime: 60s
+"""
+
+RAY = """\
+workload:
+  orchestrator: ray
+  entrypoint: [python, train_ray.py, --storage=./storage]
+  workdir: .
+{extra}injectFailure:
+  type: StorageFault
+  mode: enospc
+  path: {path}
+  afterCheckpoint: step-40
+expectations:
+  maxRecoveryTime: 2m
+"""
+
+
+def test_on_slurm_the_scope_waits_for_discovery(tmp_path: Path) -> None:
+    """A Slurm job is found by id or name: its folders are read at discovery (the
+    runner checks ``path`` then), so any folder that may be covered validates here."""
+    (tmp_path / "anywhere").mkdir()
+    path = tmp_path / "drill.yaml"
+    path.write_text(SLURM.format(path="./anywhere"))
+    config = load_config(path)
+    assert config.workload.storage_scope() is None
+    assert spec_from_config(config).storage is not None
+
+
+def test_on_ray_the_storage_path_the_entrypoint_names_is_in_scope(tmp_path: Path) -> None:
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "job" / "elsewhere").mkdir(parents=True)
+    path = tmp_path / "drill.yaml"
+    path.write_text(RAY.format(extra="", path="./storage"))
+    config = load_config(path)
+    assert (tmp_path / "storage").resolve() in (config.workload.storage_scope() or ())
+    outside = tmp_path / "job" / "drill.yaml"
+    outside.write_text(RAY.format(extra="", path=str(tmp_path / "storage")).replace(
+        "--storage=./storage", "--storage=./elsewhere"))  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        load_config(outside)
+    assert "lies outside what the job can be shown to use" in str(caught.value)
+
+
+def test_on_ray_a_cluster_the_drill_does_not_start_is_refused(tmp_path: Path) -> None:
+    """``address`` (a running cluster; a running Ray Job needs it too): the workers may
+    be on other machines."""
+    (tmp_path / "storage").mkdir()
+    path = tmp_path / "drill.yaml"
+    path.write_text(RAY.format(extra="  address: 127.0.0.1:6379\n", path="./storage"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "injectFailure.type" in message and "remove address" in message, message
+    assert "a mount made here misses" in message, message
+
+
+def test_on_kubernetes_it_is_refused_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    path = tmp_path / "drill.yaml"
+    path.write_text(
+        "workload:\n  orchestrator: kubernetes\n  selector: app=train\n"
+        "injectFailure:\n  type: StorageFault\n  mode: eio\n  path: ./ckpt\n"
+        "  afterCheckpoint: step-40\nexpectations:\n  maxRecoveryTime: 60s\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "StorageFault cannot be injected on kubernetes yet" in str(caught.value)

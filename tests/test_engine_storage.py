@@ -15,6 +15,9 @@ We test these aspects:
   recovery, judged from the newest durable checkpoint; a stall shorter than ``maxStall``
   passes;
 - a fault nothing met is inconclusive, never a PASS;
+- a layer mounted after discovery, over a job already saving (the Slurm backend): a
+  checkpoint saved before the mount triggers nothing, the first one the layer saw does;
+- a file the layer reports after the job's completed line is still that checkpoint's;
 - a job that fails loudly is a recovery whose expected resume step is the newest durable
   checkpoint (never the save the fault hit), and ``during: load`` is a kill whose
   replacement reads through the fault.
@@ -158,6 +161,41 @@ def test_the_fault_is_armed_at_the_trigger_and_nothing_is_killed() -> None:
     assert d.engine.storage_record.durable == 20
 
 
+def test_a_checkpoint_saved_before_the_layer_was_mounted_is_no_trigger() -> None:
+    d = Drill.start(spec())
+    d.line(S, 0.0, "a")
+    d.line(P, 0.1, "a", 19)
+    d.line(ST, 0.2, "a", 20)  # its save started before the mount, completed after it
+    d.engine.storage_mounted(T0 + 0.25)
+    d.line(C, 0.3, "a", 20)
+    assert not any(isinstance(a, KillTarget) for a in d.actions)
+    assert d.engine.phase is Phase.WAITING_FOR_CHECKPOINT
+    notes = [e.detail for e in d.engine.timeline_entries() if e.kind == "note"]
+    assert any("checkpoint 20 was saved before the storage layer was mounted" in n for n in notes)
+    d.train("a", 0.4, range(21, 31))  # the layer sees checkpoint 30 written: the trigger
+    kills = [a for a in d.actions if isinstance(a, KillTarget)]
+    assert [k.checkpoint_step for k in kills] == [30]
+    assert d.engine.storage_record is not None
+    assert d.engine.storage_record.durable == 30
+    assert d.engine.storage_record.made_of[30] == ["step-30.pt"]
+
+
+def test_a_write_the_layer_reports_after_the_completed_line_is_still_the_checkpoints() -> None:
+    """The job's line and the layer's event come by two roads: a file written inside a
+    save's window belongs to that checkpoint whichever arrives first (Ray's controller
+    writes its checkpoint index, then the worker's line says the checkpoint completed)."""
+    d = Drill.start(spec())
+    d.line(S, 0.0, "a")
+    d.line(ST, 0.1, "a", 10)
+    d.storage(SK.WROTE, 0.15, "step-10/state.pt", size=1000, first=0.12)
+    d.line(C, 0.3, "a", 10)
+    d.storage(SK.WROTE, 0.2, "index.json", size=900, first=0.19)  # reported late
+    d.storage(SK.WROTE, 0.5, "other.json", size=900, first=0.5)  # after the save: not its
+    record = d.engine.storage_record
+    assert record is not None
+    assert record.made_of[10] == ["index.json", "step-10/state.pt"]
+
+
 def test_a_failed_save_reported_complete_fails_at_once() -> None:
     d = Drill.start(spec())
     t = armed(d)
@@ -247,6 +285,32 @@ def test_removing_the_last_durable_checkpoint_before_the_new_one_fails() -> None
     assert "step-20.pt" in check.message  # type: ignore[attr-defined]
 
 
+def test_an_index_every_save_rewrites_lost_leaves_no_checkpoint_sure() -> None:
+    """Ray's checkpoint_manager_snapshot.json: one file rewritten at every save, truncated
+    by the rewrite the fault failed; the older checkpoints' own files are whole, but the
+    index they are found by is gone, so none is named as left."""
+    d = Drill.start(spec())
+    d.line(S, 0.0, "a")
+    t = 0.1
+    for step in (10, 20):
+        d.line(P, t, "a", step)
+        d.line(ST, t, "a", step)
+        d.storage(SK.WROTE, t + 0.01, f"step-{step}/state.pt", size=1000, first=t)
+        d.storage(SK.WROTE, t + 0.015, "index.json", size=900, first=t + 0.012)
+        d.line(C, t + 0.02, "a", step)
+        t += 1.0
+    assert d.engine.phase is Phase.FAULTED
+    d.line(ST, t, "a", 30)
+    d.storage(SK.FAILED, t + 0.01, "step-30", op="mkdir", error="ENOSPC")
+    d.storage(SK.TRUNCATED, t + 0.02, "index.json")
+    assert d.result is not None and d.result.verdict is Verdict.FAIL
+    check = d.checks()["last_good_checkpoint_kept"]
+    assert check.reason is R.LAST_GOOD_CHECKPOINT_DELETED  # type: ignore[attr-defined]
+    message = check.message  # type: ignore[attr-defined]
+    assert "index.json was part of checkpoints 10, 20 alike" in message, message
+    assert "only checkpoint 10" not in message
+
+
 def test_retention_after_a_durable_save_passes() -> None:
     d = Drill.start(spec(mode="latency", latency=0.5))
     t = armed(d)
@@ -256,6 +320,21 @@ def test_retention_after_a_durable_save_passes() -> None:
     d.line(C, t + 0.7, "a", 30)
     d.storage(SK.REMOVED, t + 0.8, "step-20.pt")  # after 30 was durable
     assert d.engine.storage_record.deleted is None  # type: ignore[union-attr]
+
+
+def test_a_file_rewritten_in_place_once_the_fault_is_lifted_is_no_loss() -> None:
+    """Ray's controller rewrites its checkpoint index in place (truncate, then write) at
+    every registration: once the storage is healthy again that is no lost checkpoint."""
+    d = Drill.start(spec(mode="eio"))
+    t = armed(d)
+    d.line(ST, t, "a", 30)
+    d.storage(SK.FAILED, t + 0.01, "step-30.pt", op="write", error="EIO")
+    d.line(F, t + 0.02, "a", 30)  # said so: the fault is lifted
+    record = d.engine.storage_record
+    assert record is not None and record.lifted_at is not None
+    assert "step-20.pt" in record.made_of[20]
+    d.storage(SK.TRUNCATED, t + 0.5, "step-20.pt")  # healthy again: rewritten in place
+    assert record.deleted is None
 
 
 def test_a_stall_nothing_escapes_fails_at_max_stall() -> None:

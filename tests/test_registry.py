@@ -180,10 +180,12 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
     common = {"KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker"}
     node = {"KillNode", "PartitionNode"}
     assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node | {"DrainNode"}
-    assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"}
+    storage = {"StorageFault"}
+    assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"} | storage
     assert get_backend("fake").faults == common | node
-    at_rest = {"StorageFault", "KillDuringRecovery", "StickyFault"}
+    at_rest = storage | {"KillDuringRecovery", "StickyFault"}
     assert get_backend("local").faults == common | node | at_rest
+    assert get_backend("ray").faults == common | {"KillNode"} | storage
     assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}
 
 
@@ -214,6 +216,9 @@ def test_a_backend_refuses_a_fault_in_its_own_words() -> None:
         f"{ALLOWED['kubernetes']} with this orchestrator",
         "use type: KillWorker",
     )
+    problem, _, _ = fault_refusal("kubernetes", "StorageFault") or ("", "", "")
+    assert problem.startswith("StorageFault cannot be injected on kubernetes yet: ")
+    assert "host folder (hostPath) of the node the drill runs on" in problem
 
 
 # ------------------------------------------------------------------ locks and budgets

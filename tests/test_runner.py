@@ -263,3 +263,82 @@ def test_a_failing_cleanup_turns_a_pass_into_an_error(fake_config: ConfigFactory
     result = run_drill(config, clock=clock, orchestrator=backend)
     assert result.verdict is Verdict.ERROR
     assert "cleanup failed: RuntimeError: could not reap pid 42" in result.summary
+
+
+# ------------------------------------------------------------------ StorageFault's scope
+
+
+class ScopedFake(FakeOrchestrator):
+    """The fake job, with the StorageScope seam answering ``scope`` (or refusing)."""
+
+    def __init__(self, scope: tuple[Any, ...] | str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.scope = scope
+        self.asked: list[Worker] = []
+
+    def storage_scope(self, target: Worker) -> tuple[Any, ...]:
+        from pytest_recoverygate.errors import DiscoveryError
+
+        self.asked.append(target)
+        if isinstance(self.scope, str):
+            raise DiscoveryError(self.scope)
+        return self.scope
+
+
+@pytest.mark.parametrize(
+    ("scope", "words"),
+    [
+        (None, "cannot show which folders the job uses"),
+        ((), "lies outside what the job can be shown to use"),
+        ("its processes run in a mount namespace of their own", "mount namespace of their own"),
+    ],
+    ids=["no seam", "outside", "refused"],
+)
+def test_a_storage_fault_the_running_job_does_not_scope_is_refused_before_any_mount(
+    tmp_path: Any, scope: Any, words: str
+) -> None:
+    """A backend whose config cannot scope the job (slurm): the runner asks the backend
+    after discovery, and refuses (ERROR, exit 3) before the layer is mounted or anything
+    is hit."""
+    from pytest_recoverygate.config.loading import parse_config
+    from pytest_recoverygate.storage.layer import our_mounts
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = parse_config(
+        "workload:\n  orchestrator: slurm\n  jobId: 7\ninjectFailure:\n  type: StorageFault\n"
+        f"  mode: eio\n  path: {folder}\n  afterCheckpoint: step-40\nexpectations:\n"
+        "  maxRecoveryTime: 60s\nsafety:\n  requireConfirm: false\n",
+        tmp_path / "drill.yaml",
+    )
+    clock = SimulatedClock()
+    backend = FakeOrchestrator(clock=clock) if scope is None else ScopedFake(scope, clock=clock)
+    result = run_drill(config, RunOptions(handle_signals=False), clock=clock, orchestrator=backend)
+    assert result.verdict is Verdict.ERROR and result.exit_code == 3, result.summary
+    assert words in result.summary, result.summary
+    assert not any(e.kind == "storage" for e in result.timeline), result.timeline
+    assert not [t for t, _ in our_mounts() if t == str(folder)]
+    assert backend.kills == []
+    if isinstance(backend, ScopedFake):
+        assert [w.rank for w in backend.asked] == [1]
+
+
+def test_a_storage_fault_in_what_the_running_job_shows_passes_the_scope_check(
+    tmp_path: Any,
+) -> None:
+    """The path inside the scope: the runner goes on (a dry run mounts nothing)."""
+    from pytest_recoverygate.config.loading import parse_config
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = parse_config(
+        "workload:\n  orchestrator: slurm\n  jobId: 7\ninjectFailure:\n  type: StorageFault\n"
+        f"  mode: eio\n  path: {folder}\n  afterCheckpoint: step-40\nexpectations:\n"
+        "  maxRecoveryTime: 60s\nsafety:\n  requireConfirm: false\n  dryRun: true\n",
+        tmp_path / "drill.yaml",
+    )
+    clock = SimulatedClock()
+    backend = ScopedFake((tmp_path.resolve(),), clock=clock)
+    result = run_drill(config, RunOptions(handle_signals=False), clock=clock, orchestrator=backend)
+    assert "would arm the eio fault" in " ".join(e.detail for e in result.timeline), result.summary
+    assert [w.rank for w in backend.asked] == [1]

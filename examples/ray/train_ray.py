@@ -34,12 +34,20 @@ The faults' options:
 (``{"loss": ...}``) and no ``reporter.progress`` line, so nothing reaches the drill but
 the integration's own warning (Ray still registers every checkpoint in ``--storage``).
 
+``--storage=DIR`` is the run's ``storage_path`` (default ``$RAY_TMPDIR/storage``): the
+folder a StorageFault covers (recovery-test-storage-enospc.yaml). With
+``RECOVERYGATE_GROUND_TRUTH=<base>`` every worker appends its own records to
+``<base>.<rank>.<pid>.jsonl``: the step it loaded, each step, each save started, each
+``ray.train.report`` with a checkpoint that returned (Ray persisted it) or raised (its
+error): the truth a drill's verdict is held to.
+
 ``--nodes=2`` starts a two-node cluster on this machine (``ray.cluster_utils.Cluster``: a
 head with 2 CPUs and a second node with 1) and spreads the workers over both: for the
 ``KillNode`` drill, which ends the raylet of the second node.
 """
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -77,6 +85,18 @@ def slow_upload(seconds):
         return Checkpoint(dest, filesystem=storage.storage_filesystem)
 
     return upload
+
+
+def truth(event, step, **extra):
+    """One record of this worker's (RECOVERYGATE_GROUND_TRUTH), flushed."""
+    base = os.environ.get("RECOVERYGATE_GROUND_TRUTH")
+    if not base:
+        return
+    rank = ray.train.get_context().get_world_rank()
+    row = {"t": round(time.time(), 6), "rank": rank, "pid": os.getpid(), "step": step}
+    row.update(event=event, **extra)
+    with open(f"{base}.{rank}.{os.getpid()}.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
 
 
 def newest_folder():
@@ -120,12 +140,18 @@ def save(config, rank, step, metrics, model, optim):
             extra = {}
             if config["save_seconds"]:
                 extra["checkpoint_upload_fn"] = slow_upload(config["save_seconds"])
-            ray.train.report(
-                metrics,
-                checkpoint=Checkpoint.from_directory(folder),
-                checkpoint_dir_name=f"step-{step:06d}",
-                **extra,
-            )
+            truth("save_started", step)
+            try:
+                ray.train.report(
+                    metrics,
+                    checkpoint=Checkpoint.from_directory(folder),
+                    checkpoint_dir_name=f"step-{step:06d}",
+                    **extra,
+                )
+            except Exception as exc:
+                truth("save_failed", step, error=f"{type(exc).__name__}: {exc}"[:300])
+                raise
+            truth("reported", step)
         else:
             ray.train.report(metrics, checkpoint_dir_name=f"step-{step:06d}")
 
@@ -140,6 +166,7 @@ def train_func(config):
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         step = state["step"]
+    truth("loaded", step)
     sigterm = rg.sigterm_event() if config["save_on_sigterm"] else None
     while step < config["steps"]:
         time.sleep(config["step_time"])  # the forward/backward of a real model
@@ -150,6 +177,7 @@ def train_func(config):
             dist.all_reduce(p.grad)
         optim.step()
         step += 1
+        truth("step", step)
         if not config["no_step"]:
             reporter.progress(step)
         metrics = (
@@ -190,8 +218,8 @@ def main():
     parser.add_argument("--storage", default=None, help="default: $RAY_TMPDIR/storage")
     parser.add_argument("--nodes", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
-    storage = args.storage or os.path.join(
-        os.environ.get("RAY_TMPDIR", tempfile.gettempdir()), "storage"
+    storage = os.path.abspath(
+        args.storage or os.path.join(os.environ.get("RAY_TMPDIR", tempfile.gettempdir()), "storage")
     )
     started = time.time()
     placement = "PACK"

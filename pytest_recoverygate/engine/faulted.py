@@ -96,6 +96,34 @@ class FaultedPhase(DrillState):
 
     # ------------------------------------------------------------------ inputs
 
+    def storage_mounted(self, now: float) -> None:
+        """The storage layer came up over the folder at ``now``. On a backend that mounts
+        it after discovery, over a job already saving, a checkpoint completed before then
+        triggers nothing: the layer saw none of its files (what it is made of, whether
+        the job removes it), so the fault waits for the next one."""
+        record = self._storage
+        if record is not None and record.mounted_at is None:
+            record.mounted_at = now
+
+    def _storage_too_early(self, step: int, at: float) -> bool:
+        """Checkpoint ``step``, completed at ``at``, was saved (started, or completed) before
+        the layer was mounted."""
+        record = self._storage
+        if record is None or record.mounted_at is None:
+            return False
+        if min(at, record.started.get(step, at)) >= record.mounted_at:
+            return False
+        if step not in self._skipped_triggers:
+            self._skipped_triggers.add(step)
+            self.note(
+                at,
+                "note",
+                f"checkpoint {step} was saved before the storage layer was mounted over "
+                f"{record.spec.path} (it did not see its files written); the fault waits "
+                "for the next checkpoint",
+            )
+        return True
+
     def on_storage_event(self, event: model.StorageEvent) -> list[Action]:
         """What the storage layer (or the drill's audit) saw."""
         record = self._storage

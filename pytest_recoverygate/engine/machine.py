@@ -694,6 +694,8 @@ class DrillEngine(StickyPhase):
                 return []
         elif step < self.spec.after_checkpoint:
             return []
+        if self._storage_too_early(step, at):
+            return []
         refusal = self.ledger.indistinguishable(step) if not self._recoveries else None
         if refusal is not None:
             if step not in self._skipped_triggers:

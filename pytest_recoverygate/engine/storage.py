@@ -97,6 +97,7 @@ class StorageRecord:
     """The facts of one StorageFault (see the module docstring)."""
 
     spec: StorageSpec
+    mounted_at: float | None = None  # the layer came up (after discovery on some backends)
     armed_at: float | None = None
     lifted_at: float | None = None
     lift_why: str = ""
@@ -332,6 +333,12 @@ class StorageRecord:
             return
         first = event.first if event.first is not None else event.timestamp
         self.files[name] = FileState(event.size or 0, event.timestamp, first, link=event.content)
+        if not event.content:  # a write the layer reported after the job's completed line
+            for step, done in self.completed.items():
+                names = self.made_of.setdefault(step, [])
+                if name not in names and self._window_start(step) <= event.timestamp <= done:
+                    names.append(name)
+                    names.sort()
         self._pointer()
 
     def _renamed(self, event: StorageEvent) -> None:
@@ -349,8 +356,8 @@ class StorageRecord:
         state = self.files.get(name)
         if state is not None and state.gone is None:
             state.gone = (at, how)
-        if self.armed_at is None or at < self.armed_at or self.deleted is not None:
-            return
+        if not self.in_effect(at) or self.deleted is not None:
+            return  # a file rewritten in place once the storage is healthy again is no loss
         if self.durable is None or name not in self.made_of.get(self.durable, ()):
             return
         newer = [s for s in self.durable_steps() if s > self.durable and self.completed[s] <= at]

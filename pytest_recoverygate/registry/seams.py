@@ -55,6 +55,19 @@ name a node fault (``KillNode``, ``PartitionNode``, ``DrainNode``; docs/nodes.md
 - ``restore_node(node)`` ends a PartitionNode (the link back up), idempotent, and
   reports ``NODE_RESTORED``; ``cleanup()`` restores every cut link first, whatever else
   fails. A backend without PartitionNode returns ALREADY_GONE ("nothing to restore").
+
+The storage seam, :class:`StorageScope`, is what a backend offers for a StorageFault
+(docs/faults.md) when its ``workload`` section cannot say at config time which folders
+the job uses (``WorkloadBase.storage_scope()`` returns None: a job the drill attaches
+to, such as a Slurm job by id or name). The runner then mounts the storage layer after
+discovery, not before it:
+
+- ``storage_scope(target)`` returns the folders the running job can be shown to use (its
+  working folder, the folders its command or script names), read from the backend; the
+  fault's ``path`` must lie in one of them, or the drill is refused (``DiscoveryError``,
+  nothing touched). It raises ``DiscoveryError`` itself, with the reason, when a mount
+  made on the drill's machine would not cover the folder as ``target``'s processes see
+  it (they run on another node, or in a mount namespace of their own).
 """
 
 from __future__ import annotations
@@ -63,6 +76,7 @@ import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
@@ -82,6 +96,7 @@ __all__ = [
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
+    "StorageScope",
     "cleanup_once",
     "node_moved",
 ]
@@ -200,6 +215,16 @@ class NodeFaults(Protocol):
 
     def restore_node(self, node: model.Node) -> model.KillResult:
         """End a partition of ``node`` (idempotent; cleanup does it too)."""
+        ...
+
+
+@runtime_checkable
+class StorageScope(Protocol):
+    """Optional, for a StorageFault on a job the config cannot scope (see the module)."""
+
+    def storage_scope(self, target: model.Worker) -> tuple[Path, ...]:
+        """The folders the discovered job can be shown to use; DiscoveryError, with the
+        reason, when ``target``'s processes would not see a mount made on this machine."""
         ...
 
 

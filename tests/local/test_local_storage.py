@@ -21,55 +21,21 @@ durable, reported complete, every checkpoint it removed, the step it loaded):
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import signal
 import sys
 import uuid
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
 
-from pytest_recoverygate.shared.lock import lock_dir
-from pytest_recoverygate.storage.layer import RECORD_PREFIX, our_mounts
 from tests.cli_drill import run_cli_drill
+from tests.storage_truth import Run, left_behind, read_truth, record_for_the_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
 STORAGE = Path(__file__).resolve().parents[2] / "examples" / "local" / "storage"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-
-
-@dataclass(frozen=True)
-class Run:
-    report: dict[str, Any]
-    code: int
-    output: str
-    truth: dict[int, list[dict[str, Any]]]  # rank 0's records, per process (pid), in order
-
-    def explain(self) -> str:
-        return (
-            f"\nexit {self.code}\nsummary: {self.report.get('summary')}\nreasons: "
-            f"{self.report.get('reasons')}\noutput tail:\n"
-            + "\n".join(self.output.splitlines()[-25:])
-        )
-
-    @property
-    def processes(self) -> list[list[dict[str, Any]]]:
-        """Rank 0's processes, oldest first."""
-        return sorted(self.truth.values(), key=lambda rows: rows[0]["t"])
-
-    def events(self, process: list[dict[str, Any]], event: str) -> list[int]:
-        return [row["step"] for row in process if row["event"] == event]
-
-    @property
-    def storage(self) -> dict[str, Any]:
-        return dict(self.report["recoveries"][0]["faultDetails"]["storage"])
 
 
 def drill(name: str, tmp_path: Path) -> Run:
@@ -88,67 +54,10 @@ def drill(name: str, tmp_path: Path) -> Run:
     env = config["workload"].setdefault("env", {})
     env.update(RECOVERYGATE_GROUND_TRUTH=str(base), RG_E2E_MARK=mark)
     run = run_cli_drill(config, tmp_path / name, timeout=600)
-    truth: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for path in sorted(tmp_path.glob("truth.0.*.jsonl")):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            truth[row["pid"]].append(row)
-    result = Run(run.report, run.code, run.output, dict(truth))
-    _record_for_the_docs(name, run.report, run.wall)
+    result = Run(run.report, run.code, run.output, read_truth(base))
+    record_for_the_docs(name, run.report, run.wall)
     assert not left_behind(mark, folder), "left behind:\n" + "\n".join(left_behind(mark, folder))
     return result
-
-
-def _record_for_the_docs(name: str, report: dict[str, Any], wall: float) -> None:
-    """With RECOVERYGATE_FAULT_TABLE=FILE, one JSON line per drill: docs/faults.md's
-    StorageFault figures come from a run, never typed in."""
-    out = os.environ.get("RECOVERYGATE_FAULT_TABLE")
-    if not out:
-        return
-    recoveries = report.get("recoveries") or [{}]
-    storage = (recoveries[0].get("faultDetails") or {}).get("storage") or {}
-    line = {
-        "example": name,
-        "verdict": report.get("verdict"),
-        "reasons": report.get("reasons"),
-        "wall": round(wall, 1),
-        "resumeStep": report.get("resumeStep"),
-        "recoveryTimeSeconds": report.get("recoveryTimeSeconds"),
-        "breakdown": recoveries[0].get("breakdown"),
-        "storage": {k: storage.get(k) for k in (
-            "firstOperation", "operationsFailed", "operationsHeld", "operationsDelayed",
-            "saveHit", "saveEnded", "armedAt", "liftedAt", "liftedBecause", "jobDid", "audit",
-        )},
-    }  # fmt: skip
-    with open(out, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(line) + "\n")
-
-
-def left_behind(mark: str, folder: Path) -> list[str]:
-    """What this drill left (other drills may run beside it): a storage layer's mount over
-    its folder, that layer's process or owner record, a process of its job (each process
-    then killed, so one leak fails one test)."""
-    mine = str(folder.resolve())
-    found = [f"mount {target} ({source})" for target, source in our_mounts() if target == mine]
-    for record in lock_dir().glob(f"{RECORD_PREFIX}*.json"):
-        try:
-            if json.loads(record.read_text()).get("folder") == mine:
-                found.append(f"record {record}")
-        except (OSError, ValueError):
-            continue
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if "pytest_recoverygate.storage.fs" in cmdline and str(folder) in cmdline:
-                found.append(f"layer {proc.pid} {cmdline}")
-                proc.kill()
-            elif proc.environ().get("RG_E2E_MARK") == mark:
-                found.append(f"job {proc.pid} {proc.status()} {cmdline}")
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def assert_resumed_from_the_last_durable(run: Run) -> None:

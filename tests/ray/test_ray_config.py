@@ -89,7 +89,10 @@ def test_the_backend_registers_without_importing_ray() -> None:
         "b = get_backend('ray'); print(b.name, sorted(b.faults), 'ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    faults = "['HangWorker', 'KillDuringCheckpoint', 'KillNode', 'KillWorker', 'Preempt']"
+    faults = (
+        "['HangWorker', 'KillDuringCheckpoint', 'KillNode', 'KillWorker', 'Preempt', "
+        "'StorageFault']"
+    )
     assert out.stdout.split() == ["ray", *faults.split(), "False"]
     assert get_backend("ray").workload is RayWorkload
 

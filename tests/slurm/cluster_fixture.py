@@ -9,10 +9,15 @@ RECOVERYGATE_SLURM_NODES=2 runs two nodes, RECOVERYGATE_SLURM_NODES=1 the one-no
 cluster on loopback. Tests that need it skip with the reason when Slurm is not
 installed here (CI installs it). Set RECOVERYGATE_SLURM_CLUSTER=DIR to reuse a cluster
 that is already up (``scripts/slurm-cluster up [--nodes N] DIR``) instead.
+
+``slurm_one_node`` is a one-node cluster whichever the session's is (its own, beside a
+session cluster of several nodes): the StorageFault drills need the slurmd, and so the
+job, in the drill's mount namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -41,12 +46,10 @@ def _slurm_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    reason = _slurm_missing()
-    if reason:
-        pytest.skip(reason)
-    reuse = os.environ.get("RECOVERYGATE_SLURM_CLUSTER")
+@contextlib.contextmanager
+def slurm_up(nodes: str, reuse: str | None = None) -> Iterator[SlurmCluster]:
+    """A cluster of ``nodes`` nodes (scripts/slurm-cluster ``up``), ``down`` afterwards;
+    with ``reuse``, the cluster already up in that folder, left up."""
     # Not under pytest's basetemp (mode 0700): as on a real cluster, every user can read
     # slurm.conf and reach munge's socket (the drainNode test runs a drill as nobody).
     folder = Path(reuse) if reuse else Path(tempfile.mkdtemp(prefix="recoverygate-slurm-"))
@@ -57,7 +60,6 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "reporter")])
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    nodes = os.environ.get("RECOVERYGATE_SLURM_NODES", "3")
     if not reuse:
         # Two sessions starting at once (two engineers, CI and a developer) can pick the
         # same free port pair for slurmctld; the loser's up fails and cleans up after
@@ -96,3 +98,25 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
             )
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    reason = _slurm_missing()
+    if reason:
+        pytest.skip(reason)
+    nodes = os.environ.get("RECOVERYGATE_SLURM_NODES", "3")
+    with slurm_up(nodes, os.environ.get("RECOVERYGATE_SLURM_CLUSTER")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_one_node(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """A one-node cluster, whose slurmd runs in the host's namespaces (a mount made here
+    is seen by its jobs): the session cluster when it has one node, else one of its own
+    (about 0.3 s to bring up), beside it."""
+    if slurm_cluster.nodes == ["localhost"]:
+        yield slurm_cluster
+        return
+    with slurm_up("1") as cluster:
+        yield cluster

@@ -434,7 +434,7 @@ def test_the_sweep_leaves_a_running_drills_layer_alone(folder: Path, locks: Path
 def test_a_copy_of_the_mount_in_another_namespace_is_unmounted_there(folder: Path) -> None:
     """A mount namespace made while the layer is mounted (another tool's ``unshare``, with
     private propagation) holds a copy that keeps the layer serving: close unmounts that
-    copy, says so, and the layer exits."""
+    copy, says so in a note (no failure: nothing is left), and the layer exits."""
     layer = StorageLayer(folder)
     layer.mount()
     other = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "120"])
@@ -446,8 +446,8 @@ def test_a_copy_of_the_mount_in_another_namespace_is_unmounted_there(folder: Pat
             return bool(lines) and all("shared:" not in line for line in lines)
 
         eventually(private_copy, "a private copy in the other namespace")
-        problem = layer.close()
-        assert problem is not None and "copied into 1 other mount namespace" in problem
+        assert layer.close() is None  # undone, so no failure: a note for the timeline
+        assert len(layer.notes) == 1 and "copied into 1 other mount namespace" in layer.notes[0]
         assert layer.fsname not in mountinfo.read_text()
         assert not any(s == layer.fsname for _, s in our_mounts())
     finally:

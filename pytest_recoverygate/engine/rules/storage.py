@@ -186,11 +186,17 @@ def last_good_kept(ev: StorageEvidence) -> Check | None:
         name, at, how = record.deleted
         armed = record.armed_at or at
         left = [s for s in record.durable_steps() if s < durable and record.intact(s)]
+        shared = sorted(s for s, names in record.made_of.items() if name in names)
         after = (
             f"only checkpoint {max(left)}, an older one, was left"
             if left
             else "no durable checkpoint was left"
         )
+        if len(shared) > 1:  # rewritten at every save: an index older checkpoints need too
+            after = (
+                f"{name} was part of checkpoints {', '.join(map(str, shared))} alike (the "
+                "job rewrites it at each save), so no checkpoint is sure to be left"
+            )
         return Check(
             "last_good_checkpoint_kept",
             False,

@@ -64,6 +64,16 @@ _HANG_REFUSED = (
     "list/watch/delete, pods/log get) cannot stop a process inside a container"
 )
 
+#: Why StorageFault is refused (until issue 42's real cluster: docs/faults.md).
+_STORAGE_REFUSED = (
+    "StorageFault cannot be injected on kubernetes yet: the drill covers a checkpoint "
+    "folder with a storage layer mounted on its own machine, so the pod's volume would "
+    "have to be a host folder (hostPath) of the node the drill runs on, which a drill "
+    "with pods-only RBAC cannot check, and no test cluster here runs pods on the drill's "
+    "machine to measure it. Drill the checkpoint storage with orchestrator: local, slurm "
+    "or ray"
+)
+
 
 def _strip(value: Any) -> Any:
     """A selector without its surrounding blanks; an empty one is refused."""
@@ -224,7 +234,11 @@ BACKEND: Backend[KubernetesWorkload] = Backend(
     workload=KubernetesWorkload,
     create=_create,
     faults=frozenset(FAULT_TYPES),
-    refusals={"HangWorker": _HANG_REFUSED, "PartitionNode": PARTITION_REFUSED},
+    refusals={
+        "HangWorker": _HANG_REFUSED,
+        "PartitionNode": PARTITION_REFUSED,
+        "StorageFault": _STORAGE_REFUSED,
+    },
     failure_keys=frozenset({"cordon", "targetReplica"}),
     lock_scope=_lock_scope,
     summary="Kubeflow PyTorchJob / Trainer TrainJob pods, through the kubernetes client",

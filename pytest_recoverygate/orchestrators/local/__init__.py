@@ -44,6 +44,7 @@ from pytest_recoverygate.config.schema import (
 from pytest_recoverygate.orchestrators.local.torchrun import max_restarts
 from pytest_recoverygate.registry.seams import Backend
 from pytest_recoverygate.shared.procs import JobLaunch
+from pytest_recoverygate.storage.scope import named_folders
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.local.members import GroupOrchestrator
@@ -255,15 +256,7 @@ class LocalWorkload(WorkloadBase):
             folders.append(where)
             words += [(where, w) for w in member.command]
             words += [(where, v) for v in member.env.values()]
-        for where, word in words:
-            value = word.partition("=")[2] if word.startswith("-") else word
-            if not value or "{" in value or "\x00" in value:
-                continue
-            path = Path(value).expanduser()
-            path = (path if path.is_absolute() else where / path).resolve()
-            if path.is_dir():
-                folders.append(path)
-        return tuple(dict.fromkeys(folders))
+        return tuple(dict.fromkeys([*folders, *named_folders(words)]))
 
 
 def _create(workload: LocalWorkload, failure: InjectFailure, clock: Clock) -> Orchestrator:

@@ -33,8 +33,10 @@ from pytest_recoverygate.config.fields import (
     workdir_field,
 )
 from pytest_recoverygate.config.schema import InjectFailure, WorkloadBase
+from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.registry.seams import Backend
 from pytest_recoverygate.shared.procs import JobLaunch
+from pytest_recoverygate.storage.scope import named_folders
 
 if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.ray.orchestrator import RayOrchestrator
@@ -42,8 +44,16 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKEND", "FAULT_TYPES", "INSTALL_HINT", "RayOrchestrator", "RayWorkload"]
 
-#: What this backend can inject (docs/ray.md, "What each fault does").
-FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt", "HangWorker", "KillNode")
+#: What this backend can inject (docs/ray.md, "What each fault does"); StorageFault on the
+#: run's ``storage_path``, of a cluster the driver starts on this machine.
+FAULT_TYPES = (
+    "KillWorker",
+    "KillDuringCheckpoint",
+    "Preempt",
+    "HangWorker",
+    "KillNode",
+    "StorageFault",
+)
 #: How to get what this backend imports.
 INSTALL_HINT = 'pip install "recoverygate[ray]" (it brings ray[default,train])'
 
@@ -110,6 +120,29 @@ class RayWorkload(WorkloadBase):
 
     def launched_with(self) -> tuple[tuple[str, ...], Mapping[str, str]]:
         return tuple(self.entrypoint or ()), dict(self.env)
+
+    def check_failure(self, failure: InjectFailure) -> None:
+        if failure.type != "StorageFault" or (self.address is None and self.entrypoint):
+            return
+        key = "address" if self.address is not None else "submissionId"
+        raise refuse(
+            f"StorageFault on ray covers the run's storage_path as this machine sees it, so "
+            f"the drill launches the driver and its ray.init() starts the cluster here; with "
+            f"{key} the workers may run on other machines, which a mount made here misses",
+            "StorageFault with entrypoint and no address",
+            f"remove {key} and give the entrypoint ({docs_link('ray.md')})",
+            key=("type",),
+            got=failure.type,
+        )
+
+    def storage_scope(self) -> tuple[Path, ...] | None:
+        """Where a StorageFault may point: the working folder and the folders the
+        entrypoint and environment name (the ``storage_path`` it passes, ``--storage=…``);
+        None for a running Ray Job (refused by :meth:`check_failure`)."""
+        if not self.entrypoint:
+            return None
+        words = [(self.workdir, w) for w in (*self.entrypoint, *self.env.values())]
+        return tuple(dict.fromkeys([self.workdir, *named_folders(words)]))
 
 
 def _create(workload: RayWorkload, failure: InjectFailure, clock: Clock) -> RayOrchestrator:

@@ -3,6 +3,8 @@
 - :mod:`.parsing`: what the Slurm clients and the node scripts print, read (pure);
 - :mod:`.commands`: running the clients (timeouts, retries, destructive commands once);
 - :mod:`.events`: the job's output file tailed into training events;
+- :mod:`.storage`: StorageFault's scope, read from the running job (the folders it
+  uses, and whether the target rank sees a mount made by the drill);
 - :mod:`.orchestrator`: :class:`SlurmOrchestrator`, the drill's four methods.
 
 This module is the backend's registry entry (:data:`BACKEND`) and its ``workload``
@@ -45,7 +47,9 @@ MAX_SLURM_JOB_ID = 2**32 - 1
 #: What this backend can inject: a signal to one rank through a kill step on its node
 #: (SIGKILL, SIGKILL mid-save, SIGTERM then SIGKILL, SIGSTOP), the whole step, or a
 #: requeue of the job, or every process of the job's step on one node (KillNode, with
-#: ``drain_node`` also the node DRAIN) (docs/slurm.md, "What each fault does").
+#: ``drain_node`` also the node DRAIN); or its checkpoint folder, covered by a storage
+#: layer once discovery showed the job's folders (StorageFault: :mod:`.storage`)
+#: (docs/slurm.md, "What each fault does").
 FAULT_TYPES = (
     "KillWorker",
     "KillDuringCheckpoint",
@@ -54,6 +58,7 @@ FAULT_TYPES = (
     "KillStep",
     "Requeue",
     "KillNode",
+    "StorageFault",
 )
 
 #: A targetReplica without workload.replicas: why the drill needs them, how to add them.

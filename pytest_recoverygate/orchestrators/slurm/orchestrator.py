@@ -81,6 +81,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_probe_output,
     parse_slurm_marker,
 )
+from pytest_recoverygate.orchestrators.slurm.storage import JobStorage
 from pytest_recoverygate.registry.seams import Clock, EventSource, cleanup_once, node_moved
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput
@@ -123,7 +124,7 @@ class _Watch:
     replacement: model.Worker | None = None
 
 
-class SlurmOrchestrator:
+class SlurmOrchestrator(JobStorage):
     """Drills a running Slurm job: find ranks, kill one, watch it come back.
 
     ``fault`` is the default of :meth:`kill` (the drill passes its own) and what

@@ -216,6 +216,7 @@ class JobInfo:
     work_dir: str
     partition: str
     requeue: bool = True
+    command: str = ""  # the batch script (sbatch) or the command (srun, salloc)
 
     @classmethod
     def from_record(cls, record: Mapping[str, str]) -> JobInfo:
@@ -235,6 +236,7 @@ class JobInfo:
             work_dir=_null(record.get("WorkDir", "")),
             partition=record.get("Partition", ""),
             requeue=record.get("Requeue", "1") != "0",
+            command=_null(record.get("Command", "")),
         )
 
     def describe_end(self) -> str:
