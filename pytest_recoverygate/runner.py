@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,6 +53,17 @@ from pytest_recoverygate.registry.seams import (
 )
 from pytest_recoverygate.shared.lock import DrillLock, job_lock
 from pytest_recoverygate.storage.layer import StorageLayer
+from pytest_recoverygate.transcript import outcome
+from pytest_recoverygate.transcript.outcome import (
+    MAX_RAW_OTHER,
+    MAX_RAW_PROGRESS,
+    EventLog,
+    EvidenceView,
+    ProgressRecord,
+    finished,
+    with_cleanup_error,
+)
+from pytest_recoverygate.transcript.record import EngineDoor, Recorder
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -163,7 +173,7 @@ def run_drill(
     drill = _Drill(config, options, clock, orchestrator)
     with _signals_raise_interrupt(options.handle_signals):
         result = drill.run()
-    result = unmatched_evidence(result, config, drill.raw_log)
+    result = unmatched_evidence(result, config, drill.log.rows)
     evidence = _keep_evidence(result, config, options, orchestrator)
     if (
         options.report_path is not None
@@ -178,8 +188,9 @@ def run_drill(
                 config,
                 options.report_path,
                 options.report_dir,
-                drill.raw_log,
+                drill.log.rows,
                 evidence=evidence,
+                transcript=None if drill.recorder is None else drill.recorder.text(),
             )
         except OSError as exc:
             if result.verdict is Verdict.INTERRUPTED:  # the interrupt is what to report
@@ -206,53 +217,12 @@ def _keep_evidence(
     return evidence
 
 
-#: ``evidence.patterns`` kind -> the event its matches report.
-_EVIDENCE_EVENTS = {
-    "progress": "progress",
-    "checkpointStarted": "checkpoint_started",
-    "checkpointCompleted": "checkpoint_completed",
-    "checkpointLoaded": "checkpoint_loaded",
-}
-
-
 def unmatched_evidence(
     result: DrillResult, config: DrillConfig, raw_log: list[dict[str, Any]]
 ) -> DrillResult:
-    """A drill with an ``evidence`` section: what pod-log evidence lacks (``podLogs``);
-    and, when it did not PASS, each pattern no line matched during the whole drill (the
-    CLI and the report show the job's last lines). When not one progress line matched,
-    the summary says so: the drill could not see the job train, which is not evidence of
-    anything about its recovery."""
-    if config.evidence is None:
-        return result
-    if config.evidence.pod_logs:
-        from pytest_recoverygate.shared.logevidence import LACKS
-
-        result = replace(result, notes=(*result.notes, LACKS))
-    if result.verdict is Verdict.PASS:
-        return result
-    seen = {row.get("event") for row in raw_log}
-    where = f"preset {config.evidence.preset}" if config.evidence.preset else "your patterns"
-    notes = []
-    # A drill that saw no replacement start (a StorageFault the job went on from, a drill
-    # ended before any kill) had no load to match: its load line's silence says nothing.
-    came_back = any(info.new for info in result.incarnations)
-    for kind, pattern in config.evidence.spec().sources.items():
-        if kind == "checkpointLoaded" and not came_back:
-            continue
-        if pattern and _EVIDENCE_EVENTS[kind] not in seen:
-            notes.append(
-                f"evidence: no line matched the {kind} pattern ({where}) {pattern!r} during "
-                "the whole drill; compare it with the job's last lines, and check that the "
-                "reporter is installed in the job's Python (its start-up hook does the matching)"
-            )
-    if not notes:
-        return result
-    summary = result.summary
-    if "progress" not in seen:  # "inconclusive" only where the verdict says so (ERROR)
-        said = "inconclusive: " if result.verdict is Verdict.ERROR else "note: "
-        summary = f"{summary} ({said}{notes[0].removeprefix('evidence: ')})"
-    return replace(result, summary=summary, notes=(*result.notes, *notes))
+    """A drill with an ``evidence`` section: what pod-log evidence lacks and the patterns
+    no line matched (:func:`pytest_recoverygate.transcript.outcome.unmatched_evidence`)."""
+    return outcome.unmatched_evidence(result, EvidenceView.of(config), raw_log)
 
 
 #: Lines stamped this long before the job's launch are still taken as its own (the
@@ -272,16 +242,21 @@ class _Drill:
         self.orchestrator = orchestrator
         self.dry_run = options.dry_run or config.safety.dry_run
         self.started = clock.now()
-        self.engine = DrillEngine(spec_from_config(config), self.started)
+        self.engine = DrillEngine(spec_from_config(config), self.started)  # read, never fed
+        # Every input goes through the door, recorded for transcript.jsonl when a report
+        # folder is written (recoverygate rejudge replays it).
+        self.recorder = (
+            None
+            if options.report_dir is None
+            else Recorder(self.engine.spec, self.started, context=_context(config, self.dry_run))
+        )
+        self.door = EngineDoor(self.engine, self.recorder)
         self.target: model.Worker | None = None
         self.node: model.Node | None = None  # node faults: the node hit (or to hit)
         self._killed: set[str] = set()  # instance ids hit so far: never twice
         self._killed_nodes: set[str] = set()  # node identities a KillNode hit: never twice
         self.source: EventSource | None = None
-        self.progress = ProgressRecord()
-        self.raw_log: list[dict[str, Any]] = []
-        self.raw_dropped = 0  # event rows past the bounds below: not in events.jsonl
-        self._raw_progress = 0
+        self.log = EventLog()  # the events kept for events.jsonl and the costs
         self.interrupted_by = "SIGINT"
         self._last_status = 0.0
         self._shown_phase: Phase | None = None
@@ -309,19 +284,13 @@ class _Drill:
             result = self._abort(Verdict.ERROR, str(exc))
         except Exception as exc:  # a backend bug must still end in cleanup and ERROR
             detail = describe_exception(exc)  # a missing module: the pip command
-            self.engine.note(self.clock.now(), "exception", traceback.format_exc(limit=8))
+            self._note("exception", traceback.format_exc(limit=8))
             result = self._abort(
                 Verdict.ERROR, f"the drill failed in phase '{self.phase.value}': {detail}"
             )
         finally:
             cleanup_error = self._cleanup()
-        if cleanup_error is not None and result.verdict is not Verdict.INTERRUPTED:
-            result = replace(
-                result,
-                verdict=Verdict.ERROR if result.verdict is not Verdict.FAIL else result.verdict,
-                summary=f"{result.summary}; cleanup failed: {cleanup_error}",
-            )
-        return self._finalize(result)
+        return self._finalize(with_cleanup_error(result, cleanup_error), cleanup_error)
 
     def _run(self) -> DrillResult:
         self._shown_phase = Phase.DISCOVERING
@@ -360,7 +329,7 @@ class _Drill:
             if not self.options.confirm(shown, workload):
                 raise _usage_declined(target)
         self.source = self.orchestrator.events()
-        self.engine.discovered(
+        self.door.discovered(
             self.clock.now(),
             discovered,
             restart_budget=backend.restart_budget(self.config.workload),
@@ -384,22 +353,22 @@ class _Drill:
         assert self.source is not None
         actions: list[Action] = []
         for event in self.source.poll():
-            self._record(event)
-            actions += self.engine.on_training_event(event)
+            self.log.add(event)
+            actions += self.door.on_training_event(event)
         for group_event in self.orchestrator.watch_group():
-            actions += self.engine.on_group_event(group_event)
+            actions += self.door.on_group_event(group_event)
         if self.storage is not None:
             for storage_event in self.storage.events():
-                actions += self.engine.on_storage_event(storage_event)
+                actions += self.door.on_storage_event(storage_event)
         self._take_notices()
-        actions += self.engine.tick(self.clock.now())
+        actions += self.door.tick(self.clock.now())
         return actions
 
     def _take_notices(self) -> None:
         """The event source's notices (a job file it refused to read) onto the timeline."""
         if isinstance(self.source, Notices):
             for at, text in self.source.notices():
-                self.engine.note(at, "refused", text)
+                self.door.note(at, "refused", text)
 
     def _target_node(self, workload: model.Workload, target: model.Worker) -> model.Node:
         """The node a node fault hits: ``targetNode``, else the target rank's node."""
@@ -461,7 +430,7 @@ class _Drill:
         )
         fault = model.Fault(action.fault, action.grace_period)
         result = self._attempt(self.orchestrator.kill, target, dry_run=self.dry_run, fault=fault)
-        return list(self.engine.on_kill_result(result))
+        return list(self.door.on_kill_result(result))
 
     def _execute_on_node(self, action: KillTarget) -> list[Action]:
         """A node fault: every instance of the target node, as the backend sees it now."""
@@ -497,7 +466,7 @@ class _Drill:
             cordon=spec.cordon,
         )
         result = self._attempt(self.orchestrator.kill_node, node, dry_run=self.dry_run, fault=fault)
-        return list(self.engine.on_kill_result(result))
+        return list(self.door.on_kill_result(result))
 
     # ------------------------------------------------------------------ StorageFault
 
@@ -535,12 +504,12 @@ class _Drill:
                 )
                 detail += f"; {result.detail}"
             result = model.KillResult(model.KillOutcome.DRY_RUN, now, detail)
-            return list(self.engine.on_kill_result(result))
+            return list(self.door.on_kill_result(result))
         try:
             armed_at = self.storage.arm(spec.mode, spec.during, spec.latency)
         except DrillError as exc:
             result = model.KillResult(model.KillOutcome.UNCONFIRMED, now, str(exc))
-            return list(self.engine.on_kill_result(result))
+            return list(self.door.on_kill_result(result))
         result = model.KillResult(model.KillOutcome.KILLED, armed_at, f"{what} is armed")
         if load:
             self._killed.add(self.target.instance_id)
@@ -548,7 +517,7 @@ class _Drill:
                 self.orchestrator.kill, self.target, dry_run=False, fault=model.KILL
             )
             result = replace(kill, detail=f"{what} is armed; {kill.detail}")
-        return list(self.engine.on_kill_result(result))
+        return list(self.door.on_kill_result(result))
 
     def _lift_storage(self, action: RestoreTarget) -> list[Action]:
         """Lift the fault, then read back the files the engine names (the audit)."""
@@ -559,14 +528,14 @@ class _Drill:
         lifted = layer.lift()
         actions: list[Action] = []
         for event in layer.events():  # what the layer saw before it was lifted comes first
-            actions += self.engine.on_storage_event(event)
+            actions += self.door.on_storage_event(event)
         record = self.engine.storage_record
         if record is not None:
             for event in layer.audit(record.audit_plan()):
-                actions += self.engine.on_storage_event(event)
+                actions += self.door.on_storage_event(event)
         outcome = model.KillOutcome.KILLED if lifted is not None else model.KillOutcome.UNCONFIRMED
         result = model.KillResult(outcome, lifted or self.clock.now(), f"lifted: {action.why}")
-        return actions + list(self.engine.on_restore_result(result))
+        return actions + list(self.door.on_restore_result(result))
 
     def _restore(self, action: RestoreTarget) -> list[Action]:
         """End the fault on the node (the link back up); cleanup does it again anyway."""
@@ -574,12 +543,12 @@ class _Drill:
         assert isinstance(self.orchestrator, NodeFaults)
         self._note("restore", f"restoring {self.node.describe()}: {action.why}")
         result = self._attempt(self.orchestrator.restore_node, self.node)
-        return list(self.engine.on_restore_result(result))
+        return list(self.door.on_restore_result(result))
 
     def _already_gone(self, detail: str) -> list[Action]:
         """The engine's answer to a target that is not there to hit (nothing was)."""
         return list(
-            self.engine.on_kill_result(
+            self.door.on_kill_result(
                 model.KillResult(model.KillOutcome.ALREADY_GONE, self.clock.now(), detail)
             )
         )
@@ -608,30 +577,6 @@ class _Drill:
         if current is None or current.instance_id in self._killed:
             return None
         return current
-
-    def _record(self, event: model.TrainingEvent) -> None:
-        """Keep the event for the costs and the report, within bounds: what the job prints
-        must not grow the drill's memory (the engine is capped the same way)."""
-        progress = event.kind is model.TrainingEventKind.PROGRESS
-        if progress and event.step is not None:
-            self.progress.add((event.timestamp, event.incarnation, event.step))
-        kept = self._raw_progress if progress else len(self.raw_log) - self._raw_progress
-        if kept >= (MAX_RAW_PROGRESS if progress else MAX_RAW_OTHER):
-            self.raw_dropped += 1
-        else:
-            self._raw_progress += progress
-            row: dict[str, Any] = {
-                "time": event.timestamp,
-                "received": event.received,
-                "event": event.kind.value,
-                "step": event.step,
-                "inc": event.incarnation,
-                "rank": event.rank,
-            }
-            # recovery: live's fields, only where a line carried them
-            extra = {"replica": event.replica, "source": event.source, "peer": event.peer}
-            row.update({k: v for k, v in extra.items() if v is not None})
-            self.raw_log.append(row)
 
     def _sync_phase(self, message: str | None = None) -> None:
         """Show the engine's phase when it changed, else a fresh status line now and then."""
@@ -672,10 +617,10 @@ class _Drill:
         )
 
     def _note(self, kind: str, detail: str) -> None:
-        self.engine.note(self.clock.now(), kind, detail)
+        self.door.note(self.clock.now(), kind, detail)
 
     def _abort(self, verdict: Verdict, message: str) -> DrillResult:
-        return self.engine.abort(self.clock.now(), verdict, message)
+        return self.door.abort(self.clock.now(), verdict, message)
 
     @cleanup_once
     def _cleanup(self) -> str | None:
@@ -708,86 +653,34 @@ class _Drill:
         self._note("cleanup", "; ".join(errors) or "done")
         return "; ".join(errors) or None
 
-    def _finalize(self, result: DrillResult) -> DrillResult:
+    def _finalize(self, result: DrillResult, cleanup_error: str | None) -> DrillResult:
         self._take_notices()
         malformed = self.source.malformed_lines if self.source is not None else 0
-        timeline = tuple(sorted(self.engine.timeline_entries(), key=lambda e: e.timestamp))
-        from pytest_recoverygate.engine.costs import measure
-
-        costs = measure(
-            self.progress.points(),
-            [(step, at) for step, at, _ in result.checkpoints],
-            result.saves,
-            result.recoveries,
-            [inc for _, _, inc in result.checkpoints],
-        )
-        notes = result.notes
-        if self.raw_dropped:
-            notes += (
-                f"{self.raw_dropped} event line(s) past the drill's bounds on what it keeps "
-                f"({MAX_RAW_PROGRESS:,} progress lines, {MAX_RAW_OTHER:,} others) are not in "
-                "events.jsonl; the verdict saw every line",
+        if self.recorder is not None:  # the transcript's last line: what the runner adds
+            self.recorder.end(
+                target=self.target, malformed_lines=malformed, cleanup_error=cleanup_error
             )
-        if self.progress.stride > 1:
-            notes += (
-                f"the progress kept for the costs and the picture is every line of the "
-                f"last {ProgressRecord.RECENT:,} and every {self.progress.stride}th before "
-                f"them ({self.progress.seen:,} lines in all)",
-            )
-        result = replace(
+        result = finished(
             result,
+            log=self.log,
+            timeline=self.engine.timeline_entries(),
             target=self.target,
-            timeline=timeline,
             malformed_lines=malformed,
-            progress=self.progress.points(),
-            costs=costs.as_dict(),
-            notes=notes,
         )
         self._status(f"{result.verdict.value}: {result.summary}", phase_changed=True)
         return result
 
 
-#: The most event rows of each kind the runner keeps for events.jsonl (the rest counted).
-MAX_RAW_PROGRESS = 100_000
-MAX_RAW_OTHER = 200_000  # above what the engine holds: 3 x 50,000 checkpoint lines, starts
-
-
-class ProgressRecord:
-    """The progress lines a drill keeps for its costs and its picture, in bounded memory:
-    every line of the last :data:`RECENT`, and of those before them every ``stride``-th,
-    at most :data:`HISTORY` (when the history is full, every other one is dropped and the
-    stride doubles). The costs take time per step over the span between two kept lines,
-    so a sparser history averages more steps per sample; it biases nothing."""
-
-    RECENT = 32_768
-    HISTORY = 32_768
-
-    def __init__(self) -> None:
-        self._recent: deque[tuple[float, str, int]] = deque()
-        self._history: list[tuple[float, str, int]] = []
-        self.stride = 1
-        self.seen = 0
-        self._aged = 0  # lines that left the recent window so far
-
-    def add(self, point: tuple[float, str, int]) -> None:
-        self.seen += 1
-        self._recent.append(point)
-        if len(self._recent) <= self.RECENT:
-            return
-        old = self._recent.popleft()
-        if self._aged % self.stride == 0:
-            self._history.append(old)
-            if len(self._history) >= self.HISTORY:
-                del self._history[1::2]
-                self.stride *= 2
-        self._aged += 1
-
-    def points(self) -> tuple[tuple[float, str, int], ...]:
-        """The kept lines, in the order they came."""
-        return (*self._history, *self._recent)
-
-    def __len__(self) -> int:
-        return len(self._history) + len(self._recent)
+def _context(config: DrillConfig, dry_run: bool) -> dict[str, Any]:
+    """A transcript header's keys from the config: what the report says of the drill."""
+    evidence = EvidenceView.of(config)
+    return {
+        "drill": config.name,
+        "config": str(config.source_path),
+        "orchestrator": config.workload.orchestrator,
+        "dry_run": dry_run,
+        "evidence": None if evidence is None else evidence.as_dict(),
+    }
 
 
 def _discovery_error(message: str) -> DrillError:
