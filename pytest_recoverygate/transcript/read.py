@@ -152,7 +152,7 @@ def read_transcript(path: Path) -> Transcript:
         raise TranscriptError(f"{file}: cannot read it: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
         raise TranscriptError(
-            f"{file}: over {MAX_BYTES >> 20} MiB; a transcript recoverygate writes is at most that"
+            f"{file}: over {MAX_BYTES:,} bytes; a transcript recoverygate writes is at most that"
         )
     chunks = data.split(b"\n")
     if chunks and chunks[-1] == b"":

@@ -175,10 +175,8 @@ def replay(
                 continue  # it raised as recorded: the recorded lines that follow say the rest
             diverged.append(f"{file}:{call.line}: {call.name} raised {raised}")
             if result is None:
-                result = engine.abort(
-                    last,
-                    Verdict.ERROR,
-                    f"the engine raised {raised} replaying {file.name}:{call.line}",
+                result = _abort(
+                    engine, last, f"the engine raised {raised} replaying {file.name}:{call.line}"
                 )
             break
         if call.raised is not None:
@@ -196,9 +194,9 @@ def replay(
             acts = [a for a in got if a.get("action") != "finish"]
             recorded_acts = [a for a in call.then if a.get("action") != "finish"]
             if not faithful and not finish and acts != recorded_acts:
-                result = engine.abort(
+                result = _abort(
+                    engine,
                     last,
-                    Verdict.ERROR,
                     "rejudge cannot decide under these expectations: the drill would have "
                     f"acted otherwise at {file.name}:{call.line} ({_answers(got)}, where it "
                     f"did {_answers(call.then)}), and the transcript cannot say what the job "
@@ -211,9 +209,9 @@ def replay(
             elif isinstance(value, list):
                 result = next((a.result for a in value if isinstance(a, Finish)), None)
     if result is None:
-        result = engine.abort(
+        result = _abort(
+            engine,
             last,
-            Verdict.ERROR,
             "inconclusive: the transcript ends before the engine reached a verdict"
             + (
                 ""
@@ -236,6 +234,21 @@ def replay(
     return unmatched_evidence(result, header.evidence, log.rows), tuple(diverged)
 
 
+def _abort(engine: DrillEngine, now: float, message: str) -> DrillResult:
+    """The replay ended from outside with an ERROR: the engine's result with what it knows,
+    or, where its state cannot make one (a value it raised on), the bare verdict."""
+    try:
+        return engine.abort(now, Verdict.ERROR, message)
+    except Exception as exc:
+        return DrillResult(
+            verdict=Verdict.ERROR,
+            summary=f"{message}; no figures: the engine's result raised {type(exc).__name__}",
+            timeline=tuple(engine.timeline_entries()),
+            started_at=engine.started_at,
+            finished_at=now,
+        )
+
+
 def _answers(then: Any) -> str:
     if not then:
         return "nothing"
@@ -243,7 +256,9 @@ def _answers(then: Any) -> str:
     for action in then:
         kind = action.get("action")
         if kind == "finish":
-            parts.append(f"finish {action.get('verdict')}")
+            summary = str(action.get("summary"))
+            summary = summary if len(summary) <= 80 else summary[:77] + "..."
+            parts.append(f"finish {action.get('verdict')} ({summary!r})")
         elif kind == "kill":
             parts.append(f"kill {action.get('index')} ({action.get('fault')})")
         else:
