@@ -441,9 +441,10 @@ def text_lines(judged: Rejudged, expectations: Path | None = None) -> tuple[list
             )
     tail = []
     if judged.diverged:
+        under = "under these expectations " if expectations is not None else ""
         tail.append(
-            f"replay: the engine answered otherwise than recorded at {len(judged.diverged)} "
-            "line(s):"
+            f"replay: {under}the engine answered otherwise than recorded at "
+            f"{len(judged.diverged)} line(s):"
         )
         tail += [f"  {line}" for line in judged.diverged[:MAX_SHOWN]]
     else:
