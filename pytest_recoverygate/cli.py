@@ -1,9 +1,10 @@
 """``recoverygate`` (and ``kubectl recoverygate``): a thin shell over the runner.
 
 Exit codes: 0 PASS (or a clean dry run), 1 FAIL, 2 invalid config or usage, 3 ERROR
-(the drill could not run), 130 interrupted (after cleanup). Heavy modules (pydantic,
-the backends) are imported only after the arguments are parsed, so ``--help`` is fast
-and never imports kubernetes or torch.
+(the drill could not run), 130 interrupted (after cleanup); ``rejudge`` exits with the
+verdict it replays (an interrupted drill's as 3) and 2 on a transcript it cannot use.
+Heavy modules (pydantic, the backends) are imported only after the arguments are parsed,
+so ``--help`` is fast and never imports kubernetes or torch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "main",
     "print_effective_config",
     "print_result",
+    "rejudge_command",
     "shorten",
     "sweep_command",
 ]
@@ -77,6 +79,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     _compare_parser(sub)
     _history_parser(sub)
     _explain_parser(sub)
+    _rejudge_parser(sub)
     sweep = sub.add_parser(
         "sweep",
         help="remove what a SIGKILLed drill left behind",
@@ -214,6 +217,35 @@ def _explain_parser(sub: Commands) -> None:
     explain.add_argument("report", type=Path, help="a drill's report.json (or its folder)")
 
 
+def _rejudge_parser(sub: Commands) -> None:
+    rejudge = sub.add_parser(
+        "rejudge",
+        help="judge a drill again from its transcript, without running it",
+        description="Replay a drill's transcript.jsonl (every call the drill made into the "
+        "engine) through a fresh engine with no clock, and print the verdict, the checks and "
+        "the differences from the report the drill wrote; with -f, under that config's "
+        f"expectations instead ({docs_link('reports.md')}).",
+        epilog="exit codes: 0 PASS (or dry run), 1 FAIL, 3 ERROR (an interrupted drill's "
+        "too), 2 bad input (a missing or malformed transcript, another version, an invalid "
+        "config)",
+    )
+    rejudge.add_argument(
+        "transcript",
+        type=Path,
+        metavar="REPORT_DIR|transcript.jsonl",
+        help="a report folder (--report-dir) or its transcript.jsonl",
+    )
+    rejudge.add_argument(
+        "-f",
+        "--file",
+        type=Path,
+        metavar="recovery-test.yaml",
+        help="judge under this config's expectations (maxRecoveryTime, maxLostSteps, replay, "
+        "sustain, ...); the fault, trigger and job stay the transcript's",
+    )
+    _switch(rejudge, "--json", help="print the rejudged report and the differences as JSON")
+
+
 #: What reading a report that is not one raises (a field of another type, a value that
 #: is no number): bad input, exit 2, never a traceback.
 _SHAPE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, RecursionError, OverflowError)
@@ -297,6 +329,46 @@ def explain_command(args: argparse.Namespace, name: str) -> int:
         return EXIT_USAGE
     print("\n".join(lines))
     return EXIT_PASS
+
+
+def rejudge_command(args: argparse.Namespace, name: str) -> int:
+    """``recoverygate rejudge REPORT_DIR|transcript.jsonl [-f CONFIG] [--json]``: the
+    verdict replayed from the transcript; its exit code is the verdict's."""
+    import json
+
+    from pytest_recoverygate.errors import ConfigError, TranscriptError
+    from pytest_recoverygate.transcript.rejudge import as_json, rejudge, text_lines
+
+    other = None
+    if args.file is not None:
+        from pytest_recoverygate.config.loading import load_config
+        from pytest_recoverygate.config.schema import spec_from_config
+
+        try:
+            other = spec_from_config(load_config(args.file))
+        except ConfigError as exc:
+            print(f"{name} rejudge: invalid config:\n{exc}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        judged = rejudge(args.transcript, other)
+    except TranscriptError as exc:
+        print(printable(f"{name} rejudge: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
+    except _SHAPE_ERRORS as exc:  # a transcript crafted past the reader's checks
+        print(
+            printable(f"{name} rejudge: {args.transcript}: this is no transcript recoverygate "
+                      f"wrote ({type(exc).__name__}: {exc})"),
+            file=sys.stderr,
+        )  # fmt: skip
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(as_json(judged, args.file), indent=2, default=str))
+        return judged.exit_code
+    head, tail = text_lines(judged, args.file)
+    print(printable("\n".join(head)))
+    print_result(judged.result, sys.stdout)
+    print(printable("\n".join(tail)))
+    return judged.exit_code
 
 
 def history_command(args: argparse.Namespace, name: str) -> int:
@@ -470,6 +542,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return explain_command(args, name)
     if args.command == "sweep":
         return sweep_command(args, name)
+    if args.command == "rejudge":
+        return rejudge_command(args, name)
 
     from pytest_recoverygate.config.loading import load_config
     from pytest_recoverygate.errors import (

@@ -6,7 +6,8 @@
     ├── ConfigError              the drill config is invalid (exit 2)
     ├── UsageError               the command line or the environment asks the impossible (exit 2)
     │   ├── ConfirmationRequired  a kill needs confirming and this run cannot ask
-    │   └── BaselineError       a report or allowance given to compare/history is unusable
+    │   ├── BaselineError       a report or allowance given to compare/history is unusable
+    │   └── TranscriptError     a transcript given to rejudge is unusable (FILE:LINE: why)
     ├── DrillError               the drill could not be carried out (verdict ERROR, exit 3)
     │   ├── DiscoveryError       no workload, an ambiguous one, or the target is absent
     │   ├── PermissionDeniedError  the backend refused an operation we need
@@ -32,6 +33,7 @@ __all__ = [
     "PermissionDeniedError",
     "RecoveryGateError",
     "ReportError",
+    "TranscriptError",
     "UsageError",
     "describe_exception",
     "pip_command_for",
@@ -66,6 +68,11 @@ class ConfirmationRequired(UsageError):
 
 class BaselineError(UsageError):
     """A report, report folder or allowance given to compare or history cannot be used."""
+
+
+class TranscriptError(UsageError):
+    """A transcript given to ``recoverygate rejudge`` is unusable: missing, of another
+    version, past a bound, or a line that is not what it should be (``FILE:LINE: why``)."""
 
 
 class ReportError(RecoveryGateError):

@@ -15,12 +15,12 @@ import signal
 import sys
 import threading
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec
 
+from pytest_recoverygate.atrest import AtRest, poison_for
 from pytest_recoverygate.config.schema import spec_from_config
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.machine import (
@@ -50,13 +50,22 @@ from pytest_recoverygate.registry.seams import (
     Notices,
     Orchestrator,
     RealClock,
-    StorageScope,
     cleanup_once,
 )
 from pytest_recoverygate.shared.lock import DrillLock, job_lock
-from pytest_recoverygate.storage.damage import damage, files_written
 from pytest_recoverygate.storage.layer import StorageLayer
 from pytest_recoverygate.storage.poison import Poison
+from pytest_recoverygate.transcript import outcome
+from pytest_recoverygate.transcript.outcome import (
+    MAX_RAW_OTHER,
+    MAX_RAW_PROGRESS,
+    EventLog,
+    EvidenceView,
+    ProgressRecord,
+    finished,
+    with_cleanup_error,
+)
+from pytest_recoverygate.transcript.record import EngineDoor, Recorder
 
 if TYPE_CHECKING:
     from pytest_recoverygate.config.schema import DrillConfig
@@ -159,7 +168,7 @@ def run_drill(
     clock = clock or RealClock()
     check_confirmation(config, options)
     check_report_paths(options)
-    poison = _poison_for(config, options)
+    poison = poison_for(config, options.dry_run or config.safety.dry_run)
     try:
         if orchestrator is None:
             from pytest_recoverygate.orchestrators import build_orchestrator
@@ -173,7 +182,7 @@ def run_drill(
     drill = _Drill(config, options, clock, orchestrator, poison)
     with _signals_raise_interrupt(options.handle_signals):
         result = drill.run()
-    result = unmatched_evidence(result, config, drill.raw_log)
+    result = unmatched_evidence(result, config, drill.log.rows)
     evidence = _keep_evidence(result, config, options, orchestrator)
     if (
         options.report_path is not None
@@ -188,8 +197,9 @@ def run_drill(
                 config,
                 options.report_path,
                 options.report_dir,
-                drill.raw_log,
+                drill.log.rows,
                 evidence=evidence,
+                transcript=None if drill.recorder is None else drill.recorder.text(),
             )
         except OSError as exc:
             if result.verdict is Verdict.INTERRUPTED:  # the interrupt is what to report
@@ -204,21 +214,6 @@ def run_drill(
     return result
 
 
-def _poison_for(config: DrillConfig, options: RunOptions) -> Poison | None:
-    """StickyFault ``scope: step``: the poison the job's environment names (armed at the
-    trigger, removed at cleanup); None for any other drill, and in a dry run."""
-    failure = config.inject_failure
-    if (
-        failure.type != "StickyFault"
-        or failure.scope != "step"
-        or failure.at_step is None
-        or options.dry_run
-        or config.safety.dry_run
-    ):
-        return None
-    return Poison(failure.rank_for(config.workload.reporting_rank), failure.at_step)
-
-
 def _keep_evidence(
     result: DrillResult, config: DrillConfig, options: RunOptions, orchestrator: Orchestrator
 ) -> Evidence:
@@ -231,53 +226,12 @@ def _keep_evidence(
     return evidence
 
 
-#: ``evidence.patterns`` kind -> the event its matches report.
-_EVIDENCE_EVENTS = {
-    "progress": "progress",
-    "checkpointStarted": "checkpoint_started",
-    "checkpointCompleted": "checkpoint_completed",
-    "checkpointLoaded": "checkpoint_loaded",
-}
-
-
 def unmatched_evidence(
     result: DrillResult, config: DrillConfig, raw_log: list[dict[str, Any]]
 ) -> DrillResult:
-    """A drill with an ``evidence`` section: what pod-log evidence lacks (``podLogs``);
-    and, when it did not PASS, each pattern no line matched during the whole drill (the
-    CLI and the report show the job's last lines). When not one progress line matched,
-    the summary says so: the drill could not see the job train, which is not evidence of
-    anything about its recovery."""
-    if config.evidence is None:
-        return result
-    if config.evidence.pod_logs:
-        from pytest_recoverygate.shared.logevidence import LACKS
-
-        result = replace(result, notes=(*result.notes, LACKS))
-    if result.verdict is Verdict.PASS:
-        return result
-    seen = {row.get("event") for row in raw_log}
-    where = f"preset {config.evidence.preset}" if config.evidence.preset else "your patterns"
-    notes = []
-    # A drill that saw no replacement start (a StorageFault the job went on from, a drill
-    # ended before any kill) had no load to match: its load line's silence says nothing.
-    came_back = any(info.new for info in result.incarnations)
-    for kind, pattern in config.evidence.spec().sources.items():
-        if kind == "checkpointLoaded" and not came_back:
-            continue
-        if pattern and _EVIDENCE_EVENTS[kind] not in seen:
-            notes.append(
-                f"evidence: no line matched the {kind} pattern ({where}) {pattern!r} during "
-                "the whole drill; compare it with the job's last lines, and check that the "
-                "reporter is installed in the job's Python (its start-up hook does the matching)"
-            )
-    if not notes:
-        return result
-    summary = result.summary
-    if "progress" not in seen:  # "inconclusive" only where the verdict says so (ERROR)
-        said = "inconclusive: " if result.verdict is Verdict.ERROR else "note: "
-        summary = f"{summary} ({said}{notes[0].removeprefix('evidence: ')})"
-    return replace(result, summary=summary, notes=(*result.notes, *notes))
+    """A drill with an ``evidence`` section: what pod-log evidence lacks and the patterns
+    no line matched (:func:`pytest_recoverygate.transcript.outcome.unmatched_evidence`)."""
+    return outcome.unmatched_evidence(result, EvidenceView.of(config), raw_log)
 
 
 #: Lines stamped this long before the job's launch are still taken as its own (the
@@ -285,7 +239,7 @@ def unmatched_evidence(
 NOT_BEFORE_SLACK = 0.25
 
 
-class _Drill:
+class _Drill(AtRest):
     """One run: owns the engine, the backend and the cleanup guarantee."""
 
     def __init__(
@@ -302,16 +256,21 @@ class _Drill:
         self.orchestrator = orchestrator
         self.dry_run = options.dry_run or config.safety.dry_run
         self.started = clock.now()
-        self.engine = DrillEngine(spec_from_config(config), self.started)
+        self.engine = DrillEngine(spec_from_config(config), self.started)  # read, never fed
+        # Every input goes through the door, recorded for transcript.jsonl when a report
+        # folder is written (recoverygate rejudge replays it).
+        self.recorder = (
+            None
+            if options.report_dir is None
+            else Recorder(self.engine.spec, self.started, context=_context(config, self.dry_run))
+        )
+        self.door = EngineDoor(self.engine, self.recorder)
         self.target: model.Worker | None = None
         self.node: model.Node | None = None  # node faults: the node hit (or to hit)
         self._killed: set[str] = set()  # instance ids hit so far: never twice
         self._killed_nodes: set[str] = set()  # node identities a KillNode hit: never twice
         self.source: EventSource | None = None
-        self.progress = ProgressRecord()
-        self.raw_log: list[dict[str, Any]] = []
-        self.raw_dropped = 0  # event rows past the bounds below: not in events.jsonl
-        self._raw_progress = 0
+        self.log = EventLog()  # the events kept for events.jsonl and the costs
         self.interrupted_by = "SIGINT"
         self._last_status = 0.0
         self._shown_phase: Phase | None = None
@@ -340,19 +299,13 @@ class _Drill:
             result = self._abort(Verdict.ERROR, str(exc))
         except Exception as exc:  # a backend bug must still end in cleanup and ERROR
             detail = describe_exception(exc)  # a missing module: the pip command
-            self.engine.note(self.clock.now(), "exception", traceback.format_exc(limit=8))
+            self._note("exception", traceback.format_exc(limit=8))
             result = self._abort(
                 Verdict.ERROR, f"the drill failed in phase '{self.phase.value}': {detail}"
             )
         finally:
             cleanup_error = self._cleanup()
-        if cleanup_error is not None and result.verdict is not Verdict.INTERRUPTED:
-            result = replace(
-                result,
-                verdict=Verdict.ERROR if result.verdict is not Verdict.FAIL else result.verdict,
-                summary=f"{result.summary}; cleanup failed: {cleanup_error}",
-            )
-        return self._finalize(result)
+        return self._finalize(with_cleanup_error(result, cleanup_error), cleanup_error)
 
     def _run(self) -> DrillResult:
         self._shown_phase = Phase.DISCOVERING
@@ -399,7 +352,7 @@ class _Drill:
         if not before_launch:
             self._mount_storage()  # the job runs: the layer over its folder from now on
         self.source = self.orchestrator.events()
-        self.engine.discovered(
+        self.door.discovered(
             self.clock.now(),
             discovered,
             restart_budget=backend.restart_budget(self.config.workload),
@@ -423,22 +376,22 @@ class _Drill:
         assert self.source is not None
         actions: list[Action] = []
         for event in self.source.poll():
-            self._record(event)
-            actions += self.engine.on_training_event(event)
+            self.log.add(event)
+            actions += self.door.on_training_event(event)
         for group_event in self.orchestrator.watch_group():
-            actions += self.engine.on_group_event(group_event)
+            actions += self.door.on_group_event(group_event)
         if self.storage is not None:
             for storage_event in self.storage.events():
-                actions += self.engine.on_storage_event(storage_event)
+                actions += self.door.on_storage_event(storage_event)
         self._take_notices()
-        actions += self.engine.tick(self.clock.now())
+        actions += self.door.tick(self.clock.now())
         return actions
 
     def _take_notices(self) -> None:
         """The event source's notices (a job file it refused to read) onto the timeline."""
         if isinstance(self.source, Notices):
             for at, text in self.source.notices():
-                self.engine.note(at, "refused", text)
+                self.door.note(at, "refused", text)
 
     def _target_node(self, workload: model.Workload, target: model.Worker) -> model.Node:
         """The node a node fault hits: ``targetNode``, else the target rank's node."""
@@ -507,7 +460,7 @@ class _Drill:
         )
         fault = model.Fault(action.fault, action.grace_period)
         result = self._attempt(self.orchestrator.kill, target, dry_run=self.dry_run, fault=fault)
-        return list(self.engine.on_kill_result(result))
+        return list(self.door.on_kill_result(result))
 
     def _execute_on_node(self, action: KillTarget) -> list[Action]:
         """A node fault: every instance of the target node, as the backend sees it now."""
@@ -543,181 +496,7 @@ class _Drill:
             cordon=spec.cordon,
         )
         result = self._attempt(self.orchestrator.kill_node, node, dry_run=self.dry_run, fault=fault)
-        return list(self.engine.on_kill_result(result))
-
-    # ------------------------------------------------------------------ StickyFault
-
-    def _arm_sticky(self, action: KillTarget) -> list[Action]:
-        """``scope: step``: arm the poison (nothing is killed: the job's own step is)."""
-        spec = self.engine.spec.sticky
-        assert spec is not None
-        what = f"step {spec.at_step} on rank {self.engine.spec.target_rank}"
-        self._sync_phase(
-            f"checkpoint step {action.checkpoint_step} reached; "
-            + ("checking the poisoning of" if self.dry_run else "poisoning")
-            + f" {what}"
-        )
-        now = self.clock.now()
-        if self.poison is None:
-            detail = (
-                f"would poison {what}: each incarnation of that rank that reports it exits 1 "
-                "until the drill ends (RECOVERYGATE_POISON, read by the reporter)"
-            )
-            return list(self.engine.on_kill_result(
-                model.KillResult(model.KillOutcome.DRY_RUN, now, detail)))  # fmt: skip
-        try:
-            armed_at = self.poison.arm()
-        except OSError as exc:
-            result = model.KillResult(
-                model.KillOutcome.UNCONFIRMED, now, f"the poison could not be armed: {exc}"
-            )
-            return list(self.engine.on_kill_result(result))
-        detail = f"{what} is poisoned (the reporter ends each incarnation that reports it)"
-        return list(
-            self.engine.on_kill_result(model.KillResult(model.KillOutcome.KILLED, armed_at, detail))
-        )
-
-    def _damage_checkpoint(self, action: KillTarget) -> list[Action] | None:
-        """``scope: checkpoint``: write over the files the trigger checkpoint's save wrote
-        under ``path`` (storage.damage); None when done (the target is killed next), else
-        the engine's answer to a damage that could not be done (nothing was touched)."""
-        spec = self.engine.spec.sticky
-        folder = self.config.inject_failure.path
-        assert spec is not None
-        assert folder is not None
-        step = action.checkpoint_step
-        window = self.engine.sticky_save_window(step)
-        now = self.clock.now()
-        if window is None:
-            return self._not_damaged(f"the save of checkpoint {step} was not seen; nothing done")
-        try:
-            names = files_written(folder, *window)
-        except OSError as exc:
-            return self._not_damaged(f"{folder} cannot be read ({exc.strerror}); nothing done")
-        listed = ", ".join(name for name, _ in names) or "none"
-        if not names:
-            return self._not_damaged(
-                f"no file under {folder} was written by the save of checkpoint {step} (from "
-                f"{window[1] - window[0]:.3f}s before its checkpoint_completed); is path the "
-                "job's checkpoint folder? Nothing was touched"
-            )
-        if self.dry_run:
-            assert self.target is not None
-            result = self._attempt(self.orchestrator.kill, self.target, dry_run=True)
-            detail = f"would {spec.damage} {listed} under {folder}, then: {result.detail}"
-            return list(self.engine.on_kill_result(
-                model.KillResult(model.KillOutcome.DRY_RUN, now, detail)))  # fmt: skip
-        self._sync_phase(f"checkpoint step {step} reached; damaging ({spec.damage}) {listed}")
-        try:
-            done = damage(folder, [name for name, _ in names], spec.damage)
-        except OSError as exc:
-            return self._not_damaged(f"damaging {folder} failed ({exc}); see the timeline")
-        if not done:
-            return self._not_damaged(f"none of {listed} could be damaged (gone, or a link)")
-        self.engine.sticky_damaged(step, tuple(d.describe() for d in done), self.clock.now())
-        return None
-
-    def _not_damaged(self, detail: str) -> list[Action]:
-        result = model.KillResult(model.KillOutcome.UNCONFIRMED, self.clock.now(), detail)
-        return list(self.engine.on_kill_result(result))
-
-    # ------------------------------------------------------------------ StorageFault
-
-    def _mount_storage(self) -> None:
-        """StorageFault: the storage layer over the checkpoint folder, mounted before the
-        job starts, or once discovery showed the running job's folders (a dry run mounts
-        nothing)."""
-        spec = self.engine.spec.storage
-        if spec is None or self.dry_run:
-            return
-        layer = StorageLayer(spec.path, wakeup=self.clock.wakeup)
-        self.storage = layer  # cleanup unmounts whatever of it came up
-        layer.mount()
-        self.engine.storage_mounted(self.clock.now())
-        self._note("storage", f"storage layer mounted over {layer.folder} ({layer.fsname})")
-
-    def _storage_scope(self, target: model.Worker) -> None:
-        """StorageFault on a job the config cannot scope (one the backend attaches to):
-        its ``path`` must lie in a folder the running job can be shown to use, and the
-        target's processes must see a mount made here. DiscoveryError otherwise, before
-        anything is mounted or hit."""
-        spec = self.engine.spec.storage
-        if spec is None:
-            return
-        name = self.orchestrator.name
-        if not isinstance(self.orchestrator, StorageScope):
-            raise _discovery_error(
-                f"StorageFault on {spec.path}: orchestrator {name} cannot show which folders "
-                "the job uses (its workload section names none, and the backend reads none "
-                f"from the running job: no storage_scope, {docs_link('backends.md')}); "
-                "nothing was mounted"
-            )
-        scope = self.orchestrator.storage_scope(target)
-        path = Path(os.path.realpath(spec.path))
-        if any(path == folder or folder in path.parents for folder in scope):
-            return
-        shown = ", ".join(str(folder) for folder in scope[:4]) or "none"
-        raise _discovery_error(
-            f"StorageFault: path {spec.path} lies outside what the job can be shown to use "
-            f"(as {name} shows it: {shown}); point injectFailure.path at the folder the job "
-            "saves its checkpoints in; nothing was mounted"
-        )
-
-    def _arm_storage(self, action: KillTarget) -> list[Action]:
-        """Arm the fault; with ``during: load`` kill the target too (its replacement
-        loads through the faulty storage)."""
-        spec = self.engine.spec.storage
-        assert spec is not None
-        assert self.target is not None
-        what = f"the {spec.mode} fault on {spec.path}"
-        load = spec.during == "load"
-        self._sync_phase(
-            f"checkpoint step {action.checkpoint_step} reached; "
-            + ("checking" if self.dry_run else "arming")
-            + f" {what}"
-            + (f" and killing {self.target.describe()}" if load else "")
-        )
-        now = self.clock.now()
-        if self.dry_run or self.storage is None:
-            detail = f"would arm {what} (a storage layer over exactly that folder)"
-            if load:
-                result = self._attempt(
-                    self.orchestrator.kill, self.target, dry_run=True, fault=model.KILL
-                )
-                detail += f"; {result.detail}"
-            result = model.KillResult(model.KillOutcome.DRY_RUN, now, detail)
-            return list(self.engine.on_kill_result(result))
-        try:
-            armed_at = self.storage.arm(spec.mode, spec.during, spec.latency)
-        except DrillError as exc:
-            result = model.KillResult(model.KillOutcome.UNCONFIRMED, now, str(exc))
-            return list(self.engine.on_kill_result(result))
-        result = model.KillResult(model.KillOutcome.KILLED, armed_at, f"{what} is armed")
-        if load:
-            self._killed.add(self.target.instance_id)
-            kill = self._attempt(
-                self.orchestrator.kill, self.target, dry_run=False, fault=model.KILL
-            )
-            result = replace(kill, detail=f"{what} is armed; {kill.detail}")
-        return list(self.engine.on_kill_result(result))
-
-    def _lift_storage(self, action: RestoreTarget) -> list[Action]:
-        """Lift the fault, then read back the files the engine names (the audit)."""
-        self._note("restore", f"lifting the storage fault: {action.why}")
-        layer = self.storage
-        if layer is None:
-            return []
-        lifted = layer.lift()
-        actions: list[Action] = []
-        for event in layer.events():  # what the layer saw before it was lifted comes first
-            actions += self.engine.on_storage_event(event)
-        record = self.engine.storage_record
-        if record is not None:
-            for event in layer.audit(record.audit_plan()):
-                actions += self.engine.on_storage_event(event)
-        outcome = model.KillOutcome.KILLED if lifted is not None else model.KillOutcome.UNCONFIRMED
-        result = model.KillResult(outcome, lifted or self.clock.now(), f"lifted: {action.why}")
-        return actions + list(self.engine.on_restore_result(result))
+        return list(self.door.on_kill_result(result))
 
     def _restore(self, action: RestoreTarget) -> list[Action]:
         """End the fault on the node (the link back up); cleanup does it again anyway."""
@@ -725,12 +504,12 @@ class _Drill:
         assert isinstance(self.orchestrator, NodeFaults)
         self._note("restore", f"restoring {self.node.describe()}: {action.why}")
         result = self._attempt(self.orchestrator.restore_node, self.node)
-        return list(self.engine.on_restore_result(result))
+        return list(self.door.on_restore_result(result))
 
     def _already_gone(self, detail: str) -> list[Action]:
         """The engine's answer to a target that is not there to hit (nothing was)."""
         return list(
-            self.engine.on_kill_result(
+            self.door.on_kill_result(
                 model.KillResult(model.KillOutcome.ALREADY_GONE, self.clock.now(), detail)
             )
         )
@@ -759,30 +538,6 @@ class _Drill:
         if current is None or current.instance_id in self._killed:
             return None
         return current
-
-    def _record(self, event: model.TrainingEvent) -> None:
-        """Keep the event for the costs and the report, within bounds: what the job prints
-        must not grow the drill's memory (the engine is capped the same way)."""
-        progress = event.kind is model.TrainingEventKind.PROGRESS
-        if progress and event.step is not None:
-            self.progress.add((event.timestamp, event.incarnation, event.step))
-        kept = self._raw_progress if progress else len(self.raw_log) - self._raw_progress
-        if kept >= (MAX_RAW_PROGRESS if progress else MAX_RAW_OTHER):
-            self.raw_dropped += 1
-        else:
-            self._raw_progress += progress
-            row: dict[str, Any] = {
-                "time": event.timestamp,
-                "received": event.received,
-                "event": event.kind.value,
-                "step": event.step,
-                "inc": event.incarnation,
-                "rank": event.rank,
-            }
-            # recovery: live's fields, only where a line carried them
-            extra = {"replica": event.replica, "source": event.source, "peer": event.peer}
-            row.update({k: v for k, v in extra.items() if v is not None})
-            self.raw_log.append(row)
 
     def _sync_phase(self, message: str | None = None) -> None:
         """Show the engine's phase when it changed, else a fresh status line now and then."""
@@ -823,10 +578,10 @@ class _Drill:
         )
 
     def _note(self, kind: str, detail: str) -> None:
-        self.engine.note(self.clock.now(), kind, detail)
+        self.door.note(self.clock.now(), kind, detail)
 
     def _abort(self, verdict: Verdict, message: str) -> DrillResult:
-        return self.engine.abort(self.clock.now(), verdict, message)
+        return self.door.abort(self.clock.now(), verdict, message)
 
     @cleanup_once
     def _cleanup(self) -> str | None:
@@ -868,86 +623,34 @@ class _Drill:
         self._note("cleanup", "; ".join(errors) or "done")
         return "; ".join(errors) or None
 
-    def _finalize(self, result: DrillResult) -> DrillResult:
+    def _finalize(self, result: DrillResult, cleanup_error: str | None) -> DrillResult:
         self._take_notices()
         malformed = self.source.malformed_lines if self.source is not None else 0
-        timeline = tuple(sorted(self.engine.timeline_entries(), key=lambda e: e.timestamp))
-        from pytest_recoverygate.engine.costs import measure
-
-        costs = measure(
-            self.progress.points(),
-            [(step, at) for step, at, _ in result.checkpoints],
-            result.saves,
-            result.recoveries,
-            [inc for _, _, inc in result.checkpoints],
-        )
-        notes = result.notes
-        if self.raw_dropped:
-            notes += (
-                f"{self.raw_dropped} event line(s) past the drill's bounds on what it keeps "
-                f"({MAX_RAW_PROGRESS:,} progress lines, {MAX_RAW_OTHER:,} others) are not in "
-                "events.jsonl; the verdict saw every line",
+        if self.recorder is not None:  # the transcript's last line: what the runner adds
+            self.recorder.end(
+                target=self.target, malformed_lines=malformed, cleanup_error=cleanup_error
             )
-        if self.progress.stride > 1:
-            notes += (
-                f"the progress kept for the costs and the picture is every line of the "
-                f"last {ProgressRecord.RECENT:,} and every {self.progress.stride}th before "
-                f"them ({self.progress.seen:,} lines in all)",
-            )
-        result = replace(
+        result = finished(
             result,
+            log=self.log,
+            timeline=self.engine.timeline_entries(),
             target=self.target,
-            timeline=timeline,
             malformed_lines=malformed,
-            progress=self.progress.points(),
-            costs=costs.as_dict(),
-            notes=notes,
         )
         self._status(f"{result.verdict.value}: {result.summary}", phase_changed=True)
         return result
 
 
-#: The most event rows of each kind the runner keeps for events.jsonl (the rest counted).
-MAX_RAW_PROGRESS = 100_000
-MAX_RAW_OTHER = 200_000  # above what the engine holds: 3 x 50,000 checkpoint lines, starts
-
-
-class ProgressRecord:
-    """The progress lines a drill keeps for its costs and its picture, in bounded memory:
-    every line of the last :data:`RECENT`, and of those before them every ``stride``-th,
-    at most :data:`HISTORY` (when the history is full, every other one is dropped and the
-    stride doubles). The costs take time per step over the span between two kept lines,
-    so a sparser history averages more steps per sample; it biases nothing."""
-
-    RECENT = 32_768
-    HISTORY = 32_768
-
-    def __init__(self) -> None:
-        self._recent: deque[tuple[float, str, int]] = deque()
-        self._history: list[tuple[float, str, int]] = []
-        self.stride = 1
-        self.seen = 0
-        self._aged = 0  # lines that left the recent window so far
-
-    def add(self, point: tuple[float, str, int]) -> None:
-        self.seen += 1
-        self._recent.append(point)
-        if len(self._recent) <= self.RECENT:
-            return
-        old = self._recent.popleft()
-        if self._aged % self.stride == 0:
-            self._history.append(old)
-            if len(self._history) >= self.HISTORY:
-                del self._history[1::2]
-                self.stride *= 2
-        self._aged += 1
-
-    def points(self) -> tuple[tuple[float, str, int], ...]:
-        """The kept lines, in the order they came."""
-        return (*self._history, *self._recent)
-
-    def __len__(self) -> int:
-        return len(self._history) + len(self._recent)
+def _context(config: DrillConfig, dry_run: bool) -> dict[str, Any]:
+    """A transcript header's keys from the config: what the report says of the drill."""
+    evidence = EvidenceView.of(config)
+    return {
+        "drill": config.name,
+        "config": str(config.source_path),
+        "orchestrator": config.workload.orchestrator,
+        "dry_run": dry_run,
+        "evidence": None if evidence is None else evidence.as_dict(),
+    }
 
 
 def _discovery_error(message: str) -> DrillError:

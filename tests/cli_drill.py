@@ -1,10 +1,23 @@
 """One drill run as a user runs it: the config written to a file, ``recoverygate run`` in a
-subprocess, the report read back. Shared by the real-process drills (the truth corpus,
-the fault catalogue, the framework integrations)."""
+subprocess, the report folder read back and the drill rejudged from its transcript.
+Shared by the real-process drills (the truth corpus, the fault catalogue, the framework
+integrations).
+
+Every drill it runs writes a report folder (``--report-dir``) and is rejudged in this
+process (``recoverygate rejudge``'s function): the replay through a fresh engine must
+answer every call as the drill's engine did and give the report the drill wrote, value for
+value, or the drill's test fails. When a test that ran drills fails, tests/conftest.py
+keeps their folders (:data:`RAN`; :func:`keep_folders`) and prints where, so that
+``recoverygate rejudge`` can tell an engine bug (it reproduces) from timing (it does not),
+and the transcript can become a fixture. There are no automatic reruns.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +28,24 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DRILL_SUSTAIN", "CliRun", "run_cli_drill", "with_drill_sustain"]
+from tests.transcripts import assert_rejudged
+
+__all__ = [
+    "DRILL_SUSTAIN",
+    "KEEP_ENV",
+    "RAN",
+    "CliRun",
+    "keep_folders",
+    "run_cli_drill",
+    "with_drill_sustain",
+]
+
+#: Where the report folders of a failed test's drills are kept (default: ``failed-drills``
+#: in the checkout, ignored by git; CI uploads it).
+KEEP_ENV = "RECOVERYGATE_KEEP_FAILED_DRILLS"
+#: The report folders of the drills the current test ran (tests/conftest.py empties it
+#: before each test and keeps them when the test fails).
+RAN: list[Path] = []
 
 #: The sustain window of the test drills, unless a config sets its own: the drills are
 #: about recovery, not about how long a job trains on, and the default (the larger of 3
@@ -54,20 +84,20 @@ def run_cli_drill(
     drill_sustain: bool = True,
 ) -> CliRun:
     """Write ``config`` (with :func:`with_drill_sustain`) to ``path`` and run it (``--yes
-    -q``). The report goes next to the config (``report.json``), or with ``report_dir``
-    into that folder (``--report-dir``). ``drill_sustain=False`` runs ``config`` as it is."""
+    -q``) into a report folder: ``report_dir``, else ``<config stem>-report`` next to the
+    config; then rejudge it from its transcript and assert it reproduces
+    (:func:`~tests.transcripts.assert_rejudged`). ``drill_sustain=False`` runs ``config``
+    as it is."""
     text = with_drill_sustain(config) if drill_sustain else dict(config)
     path.write_text(yaml.safe_dump(text, sort_keys=False))
-    if report_dir is None:
-        report_path = path.parent / "report.json"
-        where = ["--report", str(report_path)]
-    else:
-        report_path = report_dir / "report.json"
-        where = ["--report-dir", str(report_dir)]
+    if report_dir is None:  # always a folder: the transcript is in it
+        report_dir = path.parent / f"{path.stem}-report"
+    report_path = report_dir / "report.json"
     command = [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path)]
+    RAN.append(report_dir)
     started = time.monotonic()
     proc = subprocess.run(
-        [*command, *where, "--yes", "-q"],
+        [*command, "--report-dir", str(report_dir), "--yes", "-q"],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -78,4 +108,22 @@ def run_cli_drill(
     wall = time.monotonic() - started
     output = proc.stdout + proc.stderr
     assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output}"
+    assert_rejudged(report_dir)  # the drill's own transcript reproduces its report
     return CliRun(json.loads(report_path.read_text()), proc.returncode, output, wall)
+
+
+def keep_folders(test_id: str, root: Path) -> list[Path]:
+    """Copy the report folders of the drills the test ran (:data:`RAN`) to
+    ``$RECOVERYGATE_KEEP_FAILED_DRILLS/<test>/`` (default ``root/failed-drills``); the
+    copies' paths."""
+    base = Path(os.environ.get(KEEP_ENV) or root / "failed-drills")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id)[:150]
+    kept = []
+    for number, folder in enumerate(RAN, start=1):
+        if not folder.is_dir():
+            continue
+        target = base / name / (folder.name if len(RAN) == 1 else f"{number}-{folder.name}")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(folder, target, symlinks=True)
+        kept.append(target)
+    return kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +75,46 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     collection per unit test would cost the quick lane a minute."""
     if item.get_closest_marker("e2e") or item.get_closest_marker("slow"):
         gc.collect()
+
+
+#: Report folders of failed drills kept in this session (printed at its end).
+KEPT_DRILLS: list[Path] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test starts with no drill folders of its own (tests/cli_drill.py: RAN)."""
+    drills = sys.modules.get("tests.cli_drill")
+    if drills is not None:
+        drills.RAN.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test that ran drills (tests/cli_drill.py) and failed keeps their report folders,
+    transcript and all, and says where: ``recoverygate rejudge FOLDER`` then tells an
+    engine bug (it reproduces) from timing (it does not). No test is run again."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    drills = sys.modules.get("tests.cli_drill")
+    if drills is None or not drills.RAN or not report.failed or report.when == "teardown":
+        return
+    kept = drills.keep_folders(item.nodeid, ROOT)
+    KEPT_DRILLS.extend(kept)
+    if kept:
+        report.sections.append(
+            (
+                "recoverygate: the report folders of this test's drills, kept",
+                "\n".join(f"{path}\n  recoverygate rejudge {path}" for path in kept),
+            )
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if KEPT_DRILLS:
+        terminalreporter.section("recoverygate: failed drills kept")
+        for path in KEPT_DRILLS:
+            terminalreporter.write_line(f"{path}  (recoverygate rejudge {path})")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

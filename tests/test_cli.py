@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from pytest_recoverygate.cli import main
+from tests.transcripts import assert_rejudged
 
 WriteDrill = Callable[..., Path]
 
@@ -84,14 +85,15 @@ def test_run_writes_the_json_report_with_the_contract_keys(
     assert not stat.S_IMODE(report.stat().st_mode) & stat.S_IWOTH
 
 
-def test_a_report_dir_holds_report_events_summary_and_picture(
+def test_a_report_dir_holds_report_events_transcript_summary_and_picture(
     write_drill: WriteDrill,
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "drill"
     assert main(["run", "-f", str(write_drill()), "-q", "--report-dir", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"report.json", "events.jsonl", "summary.md"} <= names
+    assert {"report.json", "events.jsonl", "summary.md", "transcript.jsonl"} <= names
+    assert_rejudged(out)  # a drill on the real clock, replayed to its own report
     pytest.importorskip("matplotlib")
     assert {"timeline.png", "timeline.svg"} <= names
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"

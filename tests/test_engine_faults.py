@@ -45,7 +45,7 @@ from pytest_recoverygate.engine.model import (
     TrainingEvent,
     TrainingEventKind,
 )
-from pytest_recoverygate.engine.spec import MAX_KILLS, Delay, DrillSpec
+from pytest_recoverygate.engine.spec import MAX_KILLS, Delay, DrillSpec, Sustain
 from pytest_recoverygate.engine.state import MAX_REAIMS
 
 T0 = 1_800_000_000.0
@@ -474,6 +474,17 @@ def test_a_job_that_never_gives_up_without_a_restart_budget_is_inconclusive() ->
     assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary
     assert f"the job survived {MAX_KILLS} kills without giving up" in result.summary
     assert "set expectations.restartBudget" in result.summary
+    assert len(drill.kills) == MAX_KILLS
+
+
+def test_a_fast_job_that_never_gives_up_is_inconclusive_at_the_last_kill() -> None:
+    # The same on a job that saves every 2 steps of 10 ms and restarts in 0.1 s, held one
+    # line: its 50 recoveries take seconds, not minutes (the rule's fixture is its transcript)
+    job = SimJob(rate=100.0, every=2, restart=0.1, budget=1000)
+    drill = Drill(job, count=None, sustain=Sustain(lines=1, seconds=0.0))
+    result = drill.run(until=300.0)
+    assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary
+    assert f"the job survived {MAX_KILLS} kills without giving up" in result.summary
     assert len(drill.kills) == MAX_KILLS
 
 

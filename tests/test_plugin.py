@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import FAKE_DRILL, merge
+from tests.transcripts import assert_rejudged
 
 WriteDrill = Callable[..., Path]
 
@@ -256,6 +257,8 @@ def test_the_report_folder_is_named_after_the_drill(pytester: pytest.Pytester) -
     # the drill's name, by default the file's stem; a second test of it adds its own name
     assert sorted(p.name for p in out.iterdir()) == ["drill", "drill-test_two", "llama-finetune"]
     assert (out / "llama-finetune" / "report.json").is_file()
+    for folder in out.iterdir():  # each drill of the plugin, rejudged from its transcript
+        assert_rejudged(folder)
 
 
 def test_the_header_says_what_will_run(pytester: pytest.Pytester) -> None:

@@ -34,9 +34,20 @@ PACKAGE = ROOT / "pytest_recoverygate"
 MAX_FUNCTION_LINES = 100
 
 
+def fixtures() -> dict[str, list[str]]:
+    """Each rule's fixtures by scenario name (tests/fixtures/rules), as the page links them."""
+    folder = ROOT / "tests" / "fixtures" / "rules"
+    return {
+        rule.name: sorted(p.name.removesuffix(".jsonl") for p in rule.glob("*.jsonl"))
+        for rule in sorted(folder.iterdir())
+    }
+
+
 def test_the_rules_page_is_the_text_the_table_renders() -> None:
     page = (ROOT / "docs" / "verdict-rules.md").read_text(encoding="utf-8")
-    assert page == render(TABLE), "docs/verdict-rules.md is stale: run scripts/verdict-rules"
+    assert page == render(TABLE, fixtures()), (
+        "docs/verdict-rules.md is stale: run scripts/verdict-rules"
+    )
 
 
 def test_the_script_checks_and_writes_the_page() -> None:

@@ -46,23 +46,23 @@ def test_a_million_progress_lines_keep_a_bounded_record_with_the_true_step_time(
     runner = drill()
     progress = TrainingEventKind.PROGRESS
     for step in range(1, 1_000_001):
-        runner._record(TrainingEvent(progress, step * STEP, "inc", step=step, rank=0))
+        runner.log.add(TrainingEvent(progress, step * STEP, "inc", step=step, rank=0))
 
-    kept = list(runner.progress.points()) if hasattr(runner.progress, "points") else []
-    assert len(runner.progress) <= 65_536, len(runner.progress)
+    kept = list(runner.log.progress.points())
+    assert len(runner.log.progress) <= 65_536, len(runner.log.progress)
     assert kept[0] == (STEP, "inc", 1) and kept[-1] == (1_000_000 * STEP, "inc", 1_000_000)
     assert [p[2] for p in kept] == sorted(p[2] for p in kept)
     costs = measure(kept, [], [], [])
     assert costs.step_time_median is not None
     assert abs(costs.step_time_median - STEP) < 1e-9
-    assert len(runner.raw_log) <= 100_000
+    assert len(runner.log.rows) <= 100_000
 
 
 def test_checkpoint_rows_past_the_bound_are_counted_not_kept() -> None:
     runner = drill()
     completed = TrainingEventKind.CHECKPOINT_COMPLETED
     for step in range(1, 300_001):
-        runner._record(TrainingEvent(completed, step * STEP, f"inc{step % 7}", step=step, rank=0))
+        runner.log.add(TrainingEvent(completed, step * STEP, f"inc{step % 7}", step=step, rank=0))
 
-    assert len(runner.raw_log) <= 200_000, len(runner.raw_log)
-    assert getattr(runner, "raw_dropped", 0) == 100_000
+    assert len(runner.log.rows) <= 200_000, len(runner.log.rows)
+    assert runner.log.dropped == 100_000

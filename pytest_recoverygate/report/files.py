@@ -4,7 +4,9 @@
 expectedResumeStep, lostSteps, recoveryTimeSeconds, checks, target, timeline) plus the
 breakdown and bookkeeping, the diagnoses of known failure signatures, the failing
 worker's last lines and, in a report folder, the job's own output (``output/*.log``, one
-file per worker, named in ``jobOutput``) and ``report.html``, the folder as one page
+file per worker, named in ``jobOutput``), the drill's transcript (``transcript.jsonl``:
+every call into the engine, :mod:`pytest_recoverygate.transcript`) and ``report.html``,
+the folder as one page
 (:mod:`pytest_recoverygate.report.html`). Files are written owner-only (0600, folders
 0700: the job's output may hold secrets), atomically (temp file + rename), and never
 through a link planted in the folder (:mod:`pytest_recoverygate.shared.safefiles`).
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 
 OUTPUT_FOLDER = "output"  # the job's own output, per worker, inside a report folder
 HTML_REPORT = "report.html"  # the one-page report in a report folder
+#: Every call the runner made into the engine (pytest_recoverygate.transcript):
+#: ``recoverygate rejudge`` replays it.
+TRANSCRIPT = "transcript.jsonl"
 #: Where the CI job uploads the report folder (e.g. an artifact or pages URL): the step
 #: summary then links ``<url>/report.html``.
 REPORT_URL_ENV = "RECOVERYGATE_REPORT_URL"
@@ -52,6 +57,7 @@ __all__ = [
     "RECOVERY_PHASES",
     "REPORT_URL_ENV",
     "REPORT_VERSION",
+    "TRANSCRIPT",
     "cost_figures",
     "cost_line",
     "evidence_to_dict",
@@ -380,9 +386,11 @@ def write_reports(
     raw_log: list[dict[str, Any]],
     *,
     evidence: Evidence | None = None,
+    transcript: str | None = None,
 ) -> list[Path]:
-    """Write the JSON report (and, with a directory, the event log, summary, picture and
-    the job's output); append the summary to ``$GITHUB_STEP_SUMMARY`` when it is set."""
+    """Write the JSON report (and, with a directory, the event log, the transcript,
+    summary, picture and the job's output); append the summary to ``$GITHUB_STEP_SUMMARY``
+    when it is set."""
     doc = {**result_to_dict(result, config), **evidence_to_dict(evidence)}
     text = json.dumps(doc, indent=2, default=str) + "\n"
     written: list[Path] = []
@@ -410,6 +418,8 @@ def write_reports(
         write_private(report_dir / "report.json", dir_text, root=report_dir)
         events = "".join(json.dumps(e, default=str) + "\n" for e in raw_log)
         write_private(report_dir / "events.jsonl", events, root=report_dir)
+        if transcript is not None:  # every call into the engine: recoverygate rejudge
+            write_private(report_dir / TRANSCRIPT, transcript, root=report_dir)
         write_private(report_dir / "summary.md", markdown_summary(doc), root=report_dir)
         try:
             write_html_report(report_dir, doc)
@@ -426,6 +436,7 @@ def write_reports(
         written += [
             report_dir / "report.json",
             report_dir / "events.jsonl",
+            *([report_dir / TRANSCRIPT] if transcript is not None else []),
             report_dir / "summary.md",
             *([report_dir / HTML_REPORT] if "htmlReport" in doc else []),
             *pictures,

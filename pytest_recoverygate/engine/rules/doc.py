@@ -1,14 +1,19 @@
 """docs/verdict-rules.md, generated from :data:`~pytest_recoverygate.engine.rules.TABLE`
-(``scripts/verdict-rules`` writes it; a test holds the file to this text)."""
+and the names of each rule's fixtures (``scripts/verdict-rules`` lists them in
+tests/fixtures/rules and writes the page; a test holds the file to this text)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pytest_recoverygate.engine.rules.rule import Rule
 from pytest_recoverygate.engine.verdict import FailureReason
 
-__all__ = ["render"]
+__all__ = ["FIXTURES", "render"]
+
+#: Where each rule's fixtures are, from docs/: ``<rule>/<scenario>.jsonl`` (a transcript)
+#: beside ``<scenario>.checks.json`` (the checks it must produce).
+FIXTURES = "../tests/fixtures/rules"
 
 HEADINGS = {
     "kill": "Each kill (recovery: restart)",
@@ -39,6 +44,13 @@ report, the rule below that decided it. The step contract and the evidence are d
 in [step-contract.md](step-contract.md); the reasons' meaning in the report in
 [reports.md](reports.md).
 
+Each rule has fixtures, in the manner of ruff's: drill transcripts
+(`tests/fixtures/rules/<rule>/<scenario>.jsonl`, recorded from the rule's pinning tests by
+`scripts/rule-fixtures`, never written by hand), each with the checks it must produce
+beside it (`<scenario>.checks.json`). One parametrized test replays them all
+(`tests/test_rule_fixtures.py`); `recoverygate rejudge` replays any one of them, and a
+drill's `transcript.jsonl` can become one.
+
 | rule | check | scope | passes | fails with | undecided |
 | --- | --- | --- | --- | --- | --- |
 """
@@ -58,7 +70,7 @@ def _row(rule: Rule) -> str:
     )
 
 
-def _section(rule: Rule) -> list[str]:
+def _section(rule: Rule, fixtures: Sequence[str]) -> list[str]:
     lines = [f"### {rule.name}", "", rule.condition, ""]
     lines.append(f"- fills the check `{rule.check}`; function `rules/{rule.where}`")
     outcomes = []
@@ -73,11 +85,19 @@ def _section(rule: Rule) -> list[str]:
     lines.append("- outcomes: " + "; ".join(outcomes))
     lines.append("- pinned by:")
     lines += [f"  - `{test}`" for test in rule.tests]
+    if fixtures:
+        lines.append("- fixtures (a transcript each, with the checks it must produce):")
+        lines += [
+            f"  - [`{name}`]({FIXTURES}/{rule.name}/{name}.jsonl) "
+            f"([checks]({FIXTURES}/{rule.name}/{name}.checks.json))"
+            for name in fixtures
+        ]
     return [*lines, ""]
 
 
-def render(table: Sequence[Rule]) -> str:
-    """The page, from the table."""
+def render(table: Sequence[Rule], fixtures: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The page, from the table and each rule's fixtures (rule name -> scenario names)."""
+    fixtures = fixtures or {}
     lines = [INTRO.rstrip("\n")]
     lines += [_row(rule) for rule in table]
     lines.append("")
@@ -87,5 +107,5 @@ def render(table: Sequence[Rule]) -> str:
             continue
         lines += [f"## {heading}", ""]
         for rule in rules:
-            lines += _section(rule)
+            lines += _section(rule, fixtures.get(rule.name, ()))
     return "\n".join(lines).rstrip("\n") + "\n"
