@@ -32,7 +32,7 @@ from pytest_recoverygate.engine.rules import TABLE, run
 from pytest_recoverygate.engine.rules.evidence import StickyEvidence
 from pytest_recoverygate.engine.rules.sticky import gpu_hours
 from pytest_recoverygate.engine.state import Action, Phase, _Armed
-from pytest_recoverygate.engine.verdict import Recovery, Verdict
+from pytest_recoverygate.engine.verdict import Recovery, combine
 
 __all__ = ["StickyPhase"]
 
@@ -222,14 +222,7 @@ class StickyPhase(ReentryPhase):
         failed = [c for c in checks if c.passed is False]
         if not failed and not final:
             return []
-        undecided = [c for c in checks if c.passed is None]
-        if failed:
-            verdict, summary = Verdict.FAIL, "; ".join(c.message for c in failed)
-        elif undecided:
-            verdict = Verdict.ERROR
-            summary = "; ".join(c.message for c in undecided)
-        else:
-            verdict, summary = Verdict.PASS, "; ".join(c.message for c in checks)
+        verdict, summary = combine(checks)
         deaths = [round(t - (self._sticky_armed_at or t), 6) for _, t in self._sticky_deaths]
         cost = gpu_hours(ev)
         self._recoveries.append(
