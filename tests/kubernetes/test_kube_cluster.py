@@ -86,9 +86,13 @@ def _leftovers(folder: Path, mark: str) -> list[str]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     bridge = _bridge_of(links.stdout, mark)
     if bridge:
-        found += [f"netns {line}" for line in netns.stdout.splitlines() if line.startswith(f"{bridge}-")]
+        found += [
+            f"netns {line}" for line in netns.stdout.splitlines() if line.startswith(f"{bridge}-")
+        ]
     mounts = Path("/proc/self/mountinfo").read_text()
-    found += [f"mount {line.split()[4]}" for line in mounts.splitlines() if str(folder) in line.split()[4]]
+    found += [
+        f"mount {line.split()[4]}" for line in mounts.splitlines() if str(folder) in line.split()[4]
+    ]
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         found += [f"cgroup {c}" for c in hierarchy.glob(f"{mark}-n*")]
     return found
@@ -123,7 +127,9 @@ def cluster() -> Iterator[tuple[Path, str, str]]:
         mark = (folder / ".kube-cluster").read_text().strip()
         yield folder, str(folder / "kubeconfig"), mark
     finally:
-        subprocess.run([str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
+        )
         mark_file = folder / ".kube-cluster"
         mark = mark_file.read_text().strip() if mark_file.exists() else "rgk-none"
         left = _leftovers(folder, mark)
@@ -169,7 +175,9 @@ def test_a_pod_runs_resolves_the_cluster_dns_and_logs(core_api: Any) -> None:
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name="smoke"),
         spec=client.V1PodSpec(
-            containers=[client.V1Container(name="main", image=image, command=["python3", "-c", script])],
+            containers=[
+                client.V1Container(name="main", image=image, command=["python3", "-c", script])
+            ],
             termination_grace_period_seconds=1,
         ),
     )
@@ -198,7 +206,9 @@ def test_up_refuses_a_folder_others_can_write(tmp_path: Path) -> None:
     folder = tmp_path / "shared"
     folder.mkdir()
     folder.chmod(0o777)
-    up = subprocess.run([str(SCRIPT), "up", str(folder)], capture_output=True, text=True, check=False)
+    up = subprocess.run(
+        [str(SCRIPT), "up", str(folder)], capture_output=True, text=True, check=False
+    )
     assert up.returncode != 0
     assert "writable by others" in up.stderr, up.stderr
     assert not (folder / ".kube-cluster").exists()
