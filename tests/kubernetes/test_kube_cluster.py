@@ -3,13 +3,15 @@
 We test these aspects:
 
 - ``up --nodes 2`` starts the real control plane (etcd, kube-apiserver, controller-manager,
-  scheduler, CoreDNS, the Kubeflow training operator) and two real kubelets (containerd +
-  runc + CNI, each in its own network namespace), and prints ``export KUBECONFIG=...`` last;
+  scheduler, CoreDNS, the Kubeflow training operator, JobSet, Kubeflow Trainer) and two real
+  kubelets (containerd + runc + CNI, each in its own network namespace), and prints
+  ``export KUBECONFIG=...`` last; PyTorchJobs, JobSets and TrainJobs are served;
 - both nodes are Ready and a pod the scheduler places runs, resolves a Service through the
   cluster DNS, and its log reaches the API server (pods/log, proxied to the kubelet);
 - ``down`` leaves nothing: no process, network namespace, veth, bridge, mount or cgroup of
   the cluster;
-- ``up`` refuses a folder that another user could write, before it starts anything.
+- ``up`` refuses a folder that another user could write, and ``down`` a folder that ``up``
+  did not mark, before either touches anything.
 
 The binaries are built once per machine (``scripts/kube-cluster install``, about half an
 hour on 2 cores); where they are not built, the tests skip and say so.
@@ -160,6 +162,28 @@ def test_both_nodes_are_ready(core_api: Any) -> None:
     assert ready == {"node1", "node2"}, [n.status.conditions for n in nodes]
 
 
+def test_the_training_kinds_are_served(cluster: tuple[Path, str, str]) -> None:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(
+        config_file=cluster[1], client_configuration=configuration, persist_config=False
+    )
+    with client.ApiClient(configuration) as api_client:
+        custom: Any = client.CustomObjectsApi(api_client)
+        for group, version, plural in (
+            ("kubeflow.org", "v1", "pytorchjobs"),
+            ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+            ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+        ):
+            listed = custom.list_namespaced_custom_object(group, version, NAMESPACE, plural)
+            assert listed["items"] == [], (plural, listed)
+        runtimes = custom.list_cluster_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"
+        )
+        assert "torch-distributed" in {r["metadata"]["name"] for r in runtimes["items"]}
+
+
 def test_a_pod_runs_resolves_the_cluster_dns_and_logs(core_api: Any) -> None:
     from kubernetes import client
 
@@ -212,3 +236,15 @@ def test_up_refuses_a_folder_others_can_write(tmp_path: Path) -> None:
     assert up.returncode != 0
     assert "writable by others" in up.stderr, up.stderr
     assert not (folder / ".kube-cluster").exists()
+
+
+def test_down_refuses_a_folder_up_did_not_mark(tmp_path: Path) -> None:
+    folder = tmp_path / "not-a-cluster"
+    folder.mkdir(mode=0o700)
+    (folder / "cluster.env").write_text("NODES=1\nNET_INDEX=0\n")
+    down = subprocess.run(
+        [str(SCRIPT), "down", str(folder)], capture_output=True, text=True, check=False
+    )
+    assert down.returncode != 0
+    assert "was not made by" in down.stderr, down.stderr
+    assert (folder / "cluster.env").exists()
