@@ -108,7 +108,7 @@ def _bridge_of(links: str, mark: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[tuple[Path, str, str]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, str]]:
     """A two-node cluster in a new folder: (folder, kubeconfig, mark); down after the module."""
     reason = _cluster_missing()
     if reason:
@@ -123,7 +123,11 @@ def cluster() -> Iterator[tuple[Path, str, str]]:
             timeout=UP_TIMEOUT,
             check=False,
         )
-        assert up.returncode == 0, f"up failed ({up.returncode}):\n{up.stderr[-4000:]}"
+        if up.returncode != 0:
+            # up removed the cluster; its logs stay for a look, outside the folder.
+            logs = tmp_path_factory.mktemp("kube-cluster-logs")
+            shutil.copytree(folder / "log", logs, dirs_exist_ok=True)
+            pytest.fail(f"up failed ({up.returncode}), logs in {logs}:\n{up.stderr[-4000:]}")
         last = up.stdout.strip().splitlines()[-1]
         assert last == f"export KUBECONFIG={folder}/kubeconfig", up.stdout
         mark = (folder / ".kube-cluster").read_text().strip()
