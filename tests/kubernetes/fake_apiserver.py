@@ -1199,7 +1199,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(code, result)
             return
         if verb == "delete":
-            code, result = api._delete(namespace, name, body or {}, query, entry)
+            # As the apiserver (k8s.io/apiserver handlers/delete.go): a DELETE with a body
+            # takes its options from the body alone; the query is read only without one,
+            # so ``?dryRun=All`` beside a body deletes for real.
+            code, result = api._delete(namespace, name, body or {}, {} if body else query, entry)
             if reset_after:
                 raise _Reset
             entry.status = code

@@ -277,6 +277,21 @@ def test_a_dry_run_delete_is_answered_but_changes_nothing(
     assert [(r.dry_run, r.acted) for r in apiserver.deletes()] == [(True, False)]
 
 
+def test_a_delete_with_a_body_ignores_the_dry_run_of_its_query(
+    apiserver: FakeApiServer, core_api: Any
+) -> None:
+    """As the real apiserver does (k8s.io/apiserver handlers/delete.go, and
+    tests/kubernetes/test_kube_cluster.py on the real one): the options of a DELETE come
+    from its body when it has one, and the query is not read at all."""
+    from kubernetes import client
+
+    running_pod(apiserver, "a")
+    body = client.V1DeleteOptions(grace_period_seconds=0)
+    core_api.delete_namespaced_pod("a", NAMESPACE, body=body, dry_run="All")
+    assert apiserver.get_pod(NAMESPACE, "a") is None
+    assert [(r.dry_run, r.acted) for r in apiserver.deletes()] == [(False, True)]
+
+
 # ---------------------------------------------------------------------- logs
 
 

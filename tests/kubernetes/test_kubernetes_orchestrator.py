@@ -5,7 +5,7 @@ We test these aspects:
   fallbacks (``rank`` label, ``RANK`` env), and every refusal (empty selector, no pods,
   two jobs, a rank claimed twice, a pod without a rank, a bad selector, an absent target);
 - the kill: exactly one DELETE, carrying the uid precondition and grace period 0; 409
-  (replaced already) is ALREADY_GONE; a dry run sends only ``dryRun=All``; a reset before
+  (replaced already) is ALREADY_GONE; a dry run sends only a DELETE whose body says ``dryRun: [All]``; a reset before
   or after the server acted, a 500 and a 429 never lead to a second destructive delete;
   a kill confirmed by a slow list is stamped when its DELETE was sent;
 - the group watch: worker gone, replacement Pending then Running, for both job kinds,
@@ -302,7 +302,7 @@ def test_a_dry_run_sends_only_a_dry_run_delete_and_changes_nothing(
     assert victim is not None
     result = orchestrator.kill(victim, dry_run=True)
     assert result.outcome is KillOutcome.DRY_RUN
-    assert [(r.query.get("dryRun"), r.acted) for r in apiserver.deletes()] == [("All", False)]
+    assert [(r.dry_run, r.acted) for r in apiserver.deletes()] == [(True, False)]
     assert job.pod(1)["metadata"]["uid"] == victim.instance_id
     time.sleep(0.3)
     assert orchestrator.watch_group() == []

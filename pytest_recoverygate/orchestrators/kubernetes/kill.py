@@ -15,8 +15,10 @@ have acted.
 - KILLED is stamped when the acting DELETE was *sent*, never when its answer or the
   confirming list came back: the pod died no earlier, and a later stamp would make a
   replacement that started meanwhile look like the old incarnation.
-- A dry run sends the same DELETE with ``dryRun=All``: authorisation and admission run,
-  nothing is deleted (so the dry run also proves the kill would be allowed).
+- A dry run sends the same DELETE with ``dryRun: [All]`` in its DeleteOptions body:
+  authorisation and admission run, nothing is deleted (so the dry run also proves the
+  kill would be allowed). In the body, not the query: the apiserver ignores the query of
+  a DELETE that has a body (found on the real cluster; the fake server had honoured it).
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ def delete_instance(
 
     clock = session.clock
     api = session.new_api()  # a fresh pool: the DELETE never rides a stale keep-alive socket
+    # dryRun goes in the body: with a body, the apiserver reads the DeleteOptions from it
+    # alone and ignores the query (k8s.io/apiserver's handlers/delete.go), so the client's
+    # dry_run="All" query parameter beside this body would delete the pod for real.
     body = client.V1DeleteOptions(
         grace_period_seconds=grace_seconds,
         preconditions=client.V1Preconditions(uid=worker.instance_id),
+        dry_run=["All"] if dry_run else None,
     )
     target = f"pod {worker.name!r} (uid {worker.instance_id}) in namespace {session.namespace!r}"
 
@@ -73,7 +79,6 @@ def delete_instance(
             worker.name,
             session.namespace,
             body=body,
-            dry_run="All" if dry_run else None,
             _preload_content=False,
             _request_timeout=(5, session.request_timeout),
         )
