@@ -36,8 +36,9 @@ What it does, and why each piece is here:
   135712). The script gives every restart attempt its own key prefix (``--store-prefix
   attempt``, the default); ``--store-prefix none`` keeps torchrun's default to show the bug.
 - With ``RECOVERYGATE_GROUND_TRUTH=<path>`` every rank appends one JSON record per step
-  to ``<path>.<rank>.<pid>.jsonl`` (flushed each step): the ground truth that measures
-  how accurately a drill reports recovery time and lost steps.
+  to ``<path>.<rank>.<pid>.jsonl`` (flushed each step; ``.<pid>.<n>.jsonl`` when a
+  container's restart brings a pid back): the ground truth that measures how accurately
+  a drill reports recovery time and lost steps.
 """
 
 from __future__ import annotations
@@ -358,6 +359,19 @@ def preempted(stop: threading.Event) -> bool:
     return bool(flag.item())
 
 
+def open_truth_file(base: str, rank: int) -> IO[str]:
+    """``<base>.<rank>.<pid>.jsonl``, a file of this process alone: in a container every
+    restart starts in a new pid namespace, so a pid comes back (the kubelet's restart of
+    a pod's container runs the worker as the same pid): then ``.<pid>.<n>.jsonl``."""
+    for n in range(1000):
+        suffix = f".{n}" if n else ""
+        try:
+            return open(f"{base}.{rank}.{os.getpid()}{suffix}.jsonl", "x", encoding="utf-8")
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free ground-truth file name for {base}.{rank}.{os.getpid()}")
+
+
 class GroundTruth:
     """Per-step records of what really happened, written by every rank for accuracy checks."""
 
@@ -366,7 +380,7 @@ class GroundTruth:
         self._rank = rank
         self._handle: IO[str] | None = None
         if base:  # kept open for the whole run: one record per step must stay cheap
-            self._handle = open(f"{base}.{rank}.{os.getpid()}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+            self._handle = open_truth_file(base, rank)
 
     def record(self, event: str, step: int) -> None:
         if self._handle is None:

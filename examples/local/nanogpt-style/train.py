@@ -20,6 +20,11 @@ torchrun's restarts. And ``{tmpdir}`` in ``--out_dir`` is the process's temporar
 (the drill gives the job its own, shared by every rank and restart, removed afterwards).
 ``--init_from=scratch`` is the broken twin: every restart starts over.
 
+With ``RECOVERYGATE_GROUND_TRUTH=<base>`` every rank also writes what it really did to
+``<base>.<rank>.<pid>.jsonl`` (records as ``examples/local/train.py``'s: ``loaded``, and
+``step`` / ``checkpoint`` with the steps completed), for the tests to hold a drill to; it
+prints nothing more.
+
 Run it under torchrun (2 ranks, gloo on CPU)::
 
     torchrun --standalone --nproc-per-node=2 --max-restarts=3 train.py --out_dir=out
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import torch
 import torch.distributed as dist
@@ -52,6 +59,29 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+class GroundTruth:
+    """One JSON record per event, for the tests (off without RECOVERYGATE_GROUND_TRUTH)."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._handle: IO[str] | None = None
+        base = os.environ.get("RECOVERYGATE_GROUND_TRUTH")
+        for n in range(1000) if base else ():
+            suffix = f".{n}" if n else ""  # a container's restart brings a pid back
+            try:
+                self._handle = open(f"{base}.{rank}.{os.getpid()}{suffix}.jsonl", "x")  # noqa: SIM115
+                break
+            except FileExistsError:
+                continue
+
+    def record(self, event: str, step: int) -> None:
+        if self._handle is not None:
+            row = {"t": round(time.time(), 6), "rank": self._rank, "pid": os.getpid()}
+            row.update({"restart": 0, "step": step, "event": event})
+            self._handle.write(json.dumps(row, separators=(",", ":")) + "\n")
+            self._handle.flush()
+
+
 def batch(iter_num: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Synthetic data, a pure function of the step: a resumed run sees what it would have."""
     gen = torch.Generator().manual_seed(iter_num * 100 + rank)
@@ -64,6 +94,8 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     master = rank == 0
+    truth = GroundTruth(rank)
+    truth.record("start", 0)
     # {tmpdir}: the process's temporary folder (the drill's own, removed after it)
     out_dir = Path(args.out_dir.replace("{tmpdir}", tempfile.gettempdir()))
     ckpt_path = out_dir / "ckpt.pt"
@@ -81,6 +113,7 @@ def main() -> None:
         best_val_loss = checkpoint["best_val_loss"]
     elif master:
         print("Initializing a new model from scratch")
+    truth.record("loaded", iter_num)
     ddp = DistributedDataParallel(model)
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -101,12 +134,14 @@ def main() -> None:
                 }
                 print(f"saving checkpoint to {out_dir}")
                 torch.save(checkpoint, ckpt_path)
+                truth.record("checkpoint", iter_num)
         x, y = batch(iter_num, rank)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         time.sleep(args.step_time)
+        truth.record("step", iter_num + 1)  # steps completed
         t1 = time.time()
         dt, t0 = t1 - t0, t1
         if iter_num % args.log_interval == 0 and master:
