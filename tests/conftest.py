@@ -16,7 +16,8 @@ import yaml
 
 from pytest_recoverygate.config.loading import DrillConfig, load_config
 
-pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per session, for all folders
+# One Slurm cluster and one Kubernetes cluster per session, for all folders.
+pytest_plugins = ["tests.slurm.cluster_fixture", "tests.kubernetes.kube_cluster"]
 
 #: Under ``pytest -n N`` (pytest-xdist, ``--dist loadgroup``: scripts/test) tests that
 #: share one machine-wide thing run in one worker, one after another: the session's Slurm
@@ -46,6 +47,8 @@ def xdist_group(item: pytest.Item) -> str | None:
     shared = next((g for g in XDIST_GROUPS if item.get_closest_marker(g) is not None), None)
     path = item.path.resolve()
     where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
+    if item.get_closest_marker("kube_cluster") is not None:
+        return "kube_cluster"  # drills or not: one worker, one cluster per session
     if item.get_closest_marker("e2e") is not None:
         return "drills"
     if shared is None and where.startswith("tests/contract/"):
@@ -126,6 +129,12 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         # On the session's real Slurm cluster: its bring-up alone takes seconds (3-25 s on
         # 2 busy cores), and the quick lane starts no daemons (on a fresh clone it installs
         # no Slurm either); the whole suite runs these.
+        item.add_marker(pytest.mark.slow)
+    if "kube_cluster" in getattr(item, "fixturenames", ()):
+        # On the session's real Kubernetes cluster (tests/kubernetes/kube_cluster.py): its
+        # bring-up takes 25-110 s, and the quick lane starts no cluster.
+        item.add_marker(pytest.mark.kube_cluster)
+    if item.get_closest_marker("kube_cluster") is not None and not item.get_closest_marker("e2e"):
         item.add_marker(pytest.mark.slow)
     group = xdist_group(item)
     if group is not None:

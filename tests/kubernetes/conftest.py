@@ -1,5 +1,8 @@
-"""Fixtures for the Kubernetes backend: a fake API server on loopback, a kubeconfig for it,
-a training job played by the helpers, and orchestrators that are always cleaned up."""
+"""Fixtures for the Kubernetes backend: on the session's real cluster
+(tests/kubernetes/kube_cluster.py), the PyTorchJob that the drill and RBAC modules share;
+and, for the tests that need a server that misbehaves on cue, a fake API server on
+loopback, a kubeconfig for it, a training job played by the helpers, and orchestrators
+that are always cleaned up."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import pytest
 
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
+from tests.kubernetes.kube_cluster import KubeCluster
+from tests.kubernetes.kube_drills import TIMES, Drilled, drilled_job
 
 pytest.importorskip("kubernetes")
 
@@ -73,3 +78,21 @@ def make_orchestrator(kubeconfig: Path) -> Iterator[Callable[..., KubernetesOrch
     yield make
     for orchestrator in made:
         orchestrator.cleanup()
+
+
+@pytest.fixture(scope="session")
+def pytorchjob_drilled(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Drilled]:
+    """One PyTorchJob on the real cluster for the session's drills and permission checks
+    (its start costs 15-60 s of two busy cores); gone with its namespace afterwards."""
+    with drilled_job(kube_cluster, tmp_path_factory.mktemp("k8s-drilled")) as drilled:
+        yield drilled
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The wall time of each real-cluster drill this session ran."""
+    if TIMES:
+        terminalreporter.section("recoverygate: real-cluster drills (wall time)")
+        for name, seconds in TIMES.items():
+            terminalreporter.write_line(f"{seconds:7.1f} s  {name}")
