@@ -71,11 +71,18 @@ class KubeJob:
     ckpt_every: int = 20
     step_time: float = 0.05
     script: str = "train"  # train (examples/local/train.py) | nanogpt
+    #: hostPath: the example's (a folder every node shares, as a ReadWriteMany volume);
+    #: emptyDir: node-local, the pod's own, deleted with it (the misconfiguration)
+    checkpoint_volume: str = "hostPath"
     extra_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.kind not in ("pytorchjob", "trainjob"):
             raise ValueError(f"kind must be pytorchjob or trainjob, got {self.kind!r}")
+        if self.checkpoint_volume not in ("hostPath", "emptyDir"):
+            raise ValueError(
+                f"checkpoint_volume: hostPath or emptyDir, got {self.checkpoint_volume!r}"
+            )
         self.checkpoints = self.folder / "checkpoints"
         self.truth_dir = self.folder / "truth"
         for folder in (self.checkpoints, self.truth_dir):
@@ -114,6 +121,11 @@ class KubeJob:
 
     def _pod_spec(self, spec: dict[str, Any], labels: dict[str, str], container: str) -> None:
         """The test's additions to a pod template: truth folder, spread over nodes."""
+        if self.checkpoint_volume == "emptyDir":
+            for volume in spec.get("volumes", []):
+                if volume["name"] == "checkpoints":
+                    volume.pop("hostPath")
+                    volume["emptyDir"] = {}
         spec.setdefault("volumes", []).append(
             {"name": "truth", "hostPath": {"path": str(self.truth_dir), "type": "Directory"}}
         )
@@ -163,22 +175,25 @@ class KubeJob:
 
     # ------------------------------------------------------------------ running it
 
-    def start(self, *, until_checkpoint: bool = True) -> KubeJob:
-        """Apply the manifest; wait until rank 0 trains (and saved a checkpoint)."""
+    def start(self) -> KubeJob:
+        """:meth:`submit`, then :meth:`wait_training`."""
+        return self.submit().wait_training()
+
+    def submit(self) -> KubeJob:
+        """Apply the manifest (as ``kubectl apply`` of the filled example)."""
         self.cluster.apply(self.namespace, self.manifest())
-        self.started = time.monotonic()
+        self.submitted = time.monotonic()
+        return self
+
+    def wait_training(self) -> KubeJob:
+        """Wait until rank 0 trained and saved a checkpoint (its ground truth says so)."""
 
         def training() -> bool | None:
-            procs = self.processes(rank=0)
-            done = [
-                p
-                for p in procs
-                if p.steps and (not until_checkpoint or p.checkpoints or self.script == "nanogpt")
-            ]
+            done = [p for p in self.processes(rank=0) if p.steps and p.checkpoints]
             return True if done else None
 
         eventually(training, f"{self.kind} {self.name} training (rank 0's ground truth)")
-        self.start_seconds = time.monotonic() - self.started
+        self.start_seconds = time.monotonic() - self.submitted
         return self
 
     def processes(self, rank: int | None = None) -> list[Process]:

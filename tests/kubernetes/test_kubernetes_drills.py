@@ -27,7 +27,7 @@ these aspects, in this order:
 
 The permission errors (each verb of rbac.yaml and rbac-nodes.yaml taken away) are in
 test_kubernetes_rbac.py, the TrainJob and ``evidence.podLogs`` drills in
-test_kubernetes_trainjob.py.
+test_kubernetes_jobs.py.
 """
 
 from __future__ import annotations
