@@ -1,84 +1,111 @@
-"""``recovery: live`` on Kubernetes: replica groups as pods, one selector per group.
+"""``recovery: live`` on the real cluster: a real torchft job, one PyTorchJob per replica
+group, drilled with one selector per group and held to the job's own records.
 
-The fake cluster's pods are not processes, so the torchft job is played too
-(tests/kubernetes/fake_live.py: its pods print the torchft integration's lines, formatted
-by the real ``recoverygate.wire``); the drill, the kubernetes client, the API server over
-HTTP and the judgement are real. We test these aspects:
-- PASS: the target replica group's pod -- and only it -- is deleted by uid, the
-  survivor's log keeps its committed steps, the pod recreated by the operator is
-  observed and its heal from the peer is judged from its own log;
-- FAIL, rejoined from scratch: the twin whose replacement does not heal;
-- the drill stays inside the pods-only RBAC; a dry run deletes nothing;
+The job is examples/kubernetes/torchft-kube-cluster.yaml as a user applies it: a torchft
+lighthouse (a Pod behind a headless Service) and replica groups 0 and 1, each a
+PyTorchJob of one pod running examples/local/torchft/train_ft.py (torchft 0.2.0, gloo on
+CPU), every process writing its heals and commits (``RECOVERYGATE_GROUND_TRUTH``). The
+drill is examples/kubernetes/recovery-test-torchft.yaml, run through the CLI as the
+ServiceAccount of rbac.yaml. We test these aspects:
+
+- PASS: the target replica group's pod -- and only it -- is deleted by uid; the operator
+  recreates it and its torchrun starts train_ft.py again, which heals from the survivor;
+- the figures are the job's: the rejoin step is the step of the state the replacement
+  applied (its own ``heal`` record), and the survivor committed steps, in order, between
+  the kill and the replacement's first commit (it kept training);
 - the replica groups' orchestrator is an Orchestrator (mypy and at run time).
-
-Each drill takes 2-4 s here (a 20 ms step, a 0.5 s heartbeat timeout).
 """
 
 from __future__ import annotations
 
+import json
+import string
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_recoverygate.orchestrators.base import EventSource, Orchestrator, RealClock
 from pytest_recoverygate.orchestrators.kubernetes import ReplicaGroupsOrchestrator
-from tests.cli_drill import CliRun, run_cli_drill
-from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer
-from tests.kubernetes.fake_cluster import NAMESPACE
-from tests.kubernetes.fake_live import FakeLiveJob
+from tests.cli_drill import run_cli_drill
+from tests.kubernetes.kube_cluster import KubeCluster, eventually
+from tests.kubernetes.kube_drills import TIMES, grant, killed_uids
+from tests.kubernetes.kube_jobs import EXAMPLES, host_folders
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
-
-
-@pytest.fixture
-def live_job(apiserver: FakeApiServer, request: pytest.FixtureRequest) -> Iterator[FakeLiveJob]:
-    job = FakeLiveJob(apiserver, **getattr(request, "param", {}))
-    yield job.start(until_step=5)
-    job.stop()
+pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e, pytest.mark.kube_cluster]
 
 
-def live_config(job: FakeLiveJob, kubeconfig: Path) -> dict[str, Any]:
-    return {
-        "name": "k8s-live",
-        "workload": {
-            "orchestrator": "kubernetes",
-            "namespace": NAMESPACE,
-            "kubeconfig": str(kubeconfig),
-            "replicas": [
-                {"replica": r.replica, "selector": job.selector(r.replica)} for r in job.replicas
-            ],
-        },
-        "injectFailure": {
-            "type": "KillWorker",
-            "afterStep": 30,
-            "targetReplica": 1,
-            "targetRank": 0,
-        },
-        "expectations": {
-            "recovery": "live",
-            "maxSurvivorStall": "3s",
-            "maxRejoinTime": "10s",
-            "rejoinFrom": "peer",
-            "maxLostSteps": 0,
-        },
-        "safety": {"requireConfirm": False},
-        "timeouts": {"discovery": "20s", "checkpoint": "20s"},
-    }
+@dataclass
+class LiveJob:
+    cluster: KubeCluster
+    namespace: str
+    truth: Path  # host folder of the records (<base>.<replica>.<pid>.jsonl)
+    kubeconfig: Path
+
+    def records(self, replica: int) -> list[dict[str, Any]]:
+        rows = []
+        for path in self.truth.glob(f"gt.{replica}.*.jsonl"):
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sorted(rows, key=lambda r: float(r["t"]))
+
+    def pod(self, replica: int) -> dict[str, Any]:
+        [pod] = [
+            p
+            for p in self.cluster.pods(
+                self.namespace, f"training.kubeflow.org/job-name=ft-replica-{replica}"
+            )
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        return pod
 
 
-def run_live(
-    job: FakeLiveJob, kubeconfig: Path, tmp_path: Path, *, dry_run: bool = False
-) -> CliRun:
-    config = live_config(job, kubeconfig)
-    config["safety"]["dryRun"] = dry_run
-    return run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=60)
+def manifests(truth: Path) -> list[dict[str, Any]]:
+    """The example's documents, filled, each replica writing its records to ``truth``."""
+    text = string.Template((EXAMPLES / "torchft-kube-cluster.yaml").read_text())
+    documents = [d for d in yaml.safe_load_all(text.safe_substitute(host_folders(truth))) if d]
+    for document in documents:
+        if document["kind"] != "PyTorchJob":
+            continue
+        spec = document["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        spec["volumes"].append({"name": "truth", "hostPath": {"path": str(truth)}})
+        [container] = spec["containers"]
+        container["volumeMounts"].append({"name": "truth", "mountPath": "/truth"})
+        container["env"].append({"name": "RECOVERYGATE_GROUND_TRUTH", "value": "/truth/gt"})
+    return documents
 
 
-def test_the_replica_groups_orchestrator_is_an_orchestrator(kubeconfig: Path) -> None:
+@pytest.fixture(scope="module")
+def live_job(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveJob]:
+    folder = tmp_path_factory.mktemp("k8s-live")
+    truth = folder / "truth"
+    truth.mkdir()
+    with kube_cluster.namespace("live") as namespace:
+        kubeconfig = grant(kube_cluster, namespace, folder)
+        started = time.monotonic()
+        kube_cluster.apply(namespace, *manifests(truth))
+        job = LiveJob(kube_cluster, namespace, truth, kubeconfig)
+
+        def both_committing() -> bool | None:  # the quorum of both replica groups trains
+            done = all(any(r["event"] == "commit" for r in job.records(i)) for i in (0, 1))
+            return True if done else None
+
+        eventually(both_committing, "commits of both replica groups")
+        TIMES["torchft start"] = time.monotonic() - started
+        yield job
+
+
+def test_the_replica_groups_orchestrator_is_an_orchestrator(live_job: LiveJob) -> None:
     orchestrator = ReplicaGroupsOrchestrator(
-        {0: "job=a", 1: "job=b"}, target_replica=1, kubeconfig=kubeconfig, clock=RealClock()
+        {0: "job=a", 1: "job=b"},
+        target_replica=1,
+        kubeconfig=live_job.kubeconfig,
+        clock=RealClock(),
     )
     try:
         conforming: Orchestrator = orchestrator  # the static check (mypy)
@@ -89,52 +116,36 @@ def test_the_replica_groups_orchestrator_is_an_orchestrator(kubeconfig: Path) ->
         orchestrator.cleanup()
 
 
-def test_a_dry_run_deletes_nothing(
-    apiserver: FakeApiServer, live_job: FakeLiveJob, kubeconfig: Path, tmp_path: Path
+def test_the_target_replica_s_pod_is_killed_and_heals_from_the_survivor(
+    live_job: LiveJob, tmp_path: Path
 ) -> None:
-    run_live(live_job, kubeconfig, tmp_path, dry_run=True)
-    assert apiserver.deletes(acted_only=True) == []
-    assert [len(r.incarnations) for r in live_job.replicas] == [1, 1]
-
-
-def test_the_target_replica_s_pod_is_killed_and_heals_from_a_peer(
-    apiserver: FakeApiServer, live_job: FakeLiveJob, kubeconfig: Path, tmp_path: Path
-) -> None:
-    target_uid, survivor_uid = live_job.uid(1), live_job.uid(0)
-    run = run_live(live_job, kubeconfig, tmp_path)
+    job = live_job
+    target, survivor = job.pod(1)["metadata"], job.pod(0)["metadata"]
+    config = yaml.safe_load((EXAMPLES / "recovery-test-torchft.yaml").read_text())
+    config["workload"].update(namespace=job.namespace, kubeconfig=str(job.kubeconfig))
+    config["safety"]["requireConfirm"] = False
+    run = run_cli_drill(config, tmp_path / "recovery-test-torchft.yaml", timeout=300)
+    TIMES["torchft live"] = run.wall
     report = run.report
     assert run.code == 0, run.output
     assert report["verdict"] == "PASS", report["summary"]
     assert report["recoveryMode"] == "live"
-    assert report["target"]["instanceId"] == target_uid
-    assert [d.target_uid for d in apiserver.deletes(acted_only=True)] == [target_uid]
-    assert live_job.uid(0) == survivor_uid  # the survivor's pod was never touched
-    assert apiserver.requests_outside(RBAC_DRILL_RULES) == []
+    assert report["target"]["instanceId"] == target["uid"]
+    assert killed_uids(report) == [target["uid"]]
+    assert job.pod(0)["metadata"]["uid"] == survivor["uid"], "the survivor was never touched"
     assert report["rejoinSource"] == "peer"
     assert report["survivorsKeptTraining"] is True
-    # the survivors wait for the lighthouse's heartbeat timeout (0.5 s), not for the restart
-    assert 0.4 < report["survivorStallSeconds"] < 3.0
-    replicas = {r["replica"]: r for r in report["live"]["replicas"]}
-    assert replicas[1]["target"] is True
-    assert (replicas[0]["incarnations"], replicas[1]["incarnations"]) == (1, 2)
-    healed = [step for replica, step in live_job.heals if replica == 1]
-    assert healed == [report["rejoinStep"]]
-    assert report["live"]["rejoinPeer"] == 0
-    print(
-        f"\nk8s live: stall {report['survivorStallSeconds']} s, rejoin "
-        f"{report['rejoinTimeSeconds']} s, heal step {report['rejoinStep']}, drill {run.wall:.1f} s"
+    kill = float(report["killTime"])
+    # The replacement's own record of the heal: the state of the step the drill names.
+    heals = [r for r in job.records(1) if r["event"] == "heal" and float(r["t"]) > kill]
+    assert heals and heals[0]["step"] == report["rejoinStep"], (heals, report["rejoinStep"])
+    first_commit = min(
+        float(r["t"]) for r in job.records(1) if r["event"] == "commit" and float(r["t"]) > kill
     )
-
-
-@pytest.mark.parametrize("live_job", [{"heal": "scratch"}], indirect=True)
-def test_a_replacement_that_does_not_heal_fails_rejoined_from_scratch(
-    apiserver: FakeApiServer, live_job: FakeLiveJob, kubeconfig: Path, tmp_path: Path
-) -> None:
-    target_uid = live_job.uid(1)
-    run = run_live(live_job, kubeconfig, tmp_path)
-    report = run.report
-    assert run.code == 1, run.output
-    assert report["verdict"] == "FAIL"
-    assert "REJOINED_FROM_SCRATCH" in report["reasons"], report["summary"]
-    assert report["rejoinSource"] == "scratch"
-    assert [d.target_uid for d in apiserver.deletes(acted_only=True)] == [target_uid]
+    survivor_commits = [
+        r["step"]
+        for r in job.records(0)
+        if r["event"] == "commit" and kill < float(r["t"]) < first_commit
+    ]
+    assert survivor_commits, "the survivor committed nothing while replica 1 was out"
+    assert survivor_commits == sorted(set(survivor_commits)), survivor_commits

@@ -27,10 +27,11 @@ a hand-written loop may, instead of ``instrument``: every committed step, and a 
 once the step's commit is decided -- after ``should_commit``, 0.2 s later (say, after
 logging) -- so its heal line comes after the survivor's line of the same step).
 
-With ``RECOVERYGATE_GROUND_TRUTH=<base>`` (and ``HEAL_REPORTED_AFTER_COMMIT=1``) every
-process appends its own record to ``<base>.<replica>.<pid>.jsonl``: ``{"t", "replica",
-"pid", "restart", "event": "heal"|"commit", "step"}`` -- a heal with the step of the state
-it applied, a commit with the step committed -- written before the matching line.
+With ``RECOVERYGATE_GROUND_TRUTH=<base>`` every process appends its own record to
+``<base>.<replica>.<pid>.jsonl``: ``{"t", "replica", "pid", "restart", "event":
+"heal"|"commit", "step"}`` -- a heal with the step of the state it applied (as it applies
+it), a commit with the step committed (once ``should_commit`` decided it); with
+``HEAL_REPORTED_AFTER_COMMIT=1`` both are written before the matching line.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def main() -> None:
 
     def load_state_dict(state: dict[str, object]) -> None:
         healed.append(manager.current_step())  # torchft's step is the heal's here
+        if not HEAL_AFTER_COMMIT:
+            record("heal", manager.current_step())
         if HEAL_APPLIES_NOTHING:  # the bug: the state goes into a copy, not the model
             copy.deepcopy(model).load_state_dict(state["model"])  # type: ignore[arg-type]
             return
@@ -127,6 +130,8 @@ def main() -> None:
             optimizer.step()
             if HEAL_AFTER_COMMIT:
                 report_by_hand(manager.current_step(), healed)
+            else:
+                record("commit", manager.current_step())
         time.sleep(STEP_SECONDS)
     manager.shutdown(wait=False)
 
