@@ -9,8 +9,10 @@ orchestrator under test*:
   simulation, so there ``discover()`` (idempotent for the fake) is the view of the world;
 - local: real torchrun with examples/local/train.py (built as tests/local/test_local_orchestrator
   builds it); processes are checked with psutil by ``pid`` + start time;
-- kubernetes: the real client against tests/kubernetes's fake API server, the pods played by its
-  :class:`FakeTrainingJob`; pods are checked in the server's own table by name and uid;
+- kubernetes: the real client against the session's real cluster (scripts/kube-cluster,
+  tests/kubernetes/kube_cluster.py), a PyTorchJob of three workers (the cluster image's
+  python3 printing reporter lines: no torch) spread over its two nodes, each job in a
+  namespace of its own; pods are checked with the admin's own API reads by uid;
 - slurm: the one-node cluster of tests/slurm (its session fixture); ranks are checked in
   ``/proc`` by pid + start ticks, replacements found with ``scontrol listpids``;
 - ray: examples/ray/train_ray.py on a Ray cluster its driver starts (2 CPUs); workers are
@@ -58,6 +60,7 @@ from pytest_recoverygate.registry.seams import Clock, Orchestrator, RealClock, S
 from pytest_recoverygate.shared.procs import JobLaunch
 
 if TYPE_CHECKING:
+    from tests.kubernetes.kube_cluster import KubeCluster
     from tests.slurm.slurm_testcluster import SlurmCluster
 
 __all__ = ["Harness", "ThreadSpy"]
@@ -359,53 +362,149 @@ def _build_local_nodes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> H
     )
 
 
-def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
-    pytest.importorskip("kubernetes")
+#: The contract's Kubernetes job: a PyTorchJob of three workers on the real cluster whose
+#: containers are the cluster image's own python3 (no torch: seconds to start), printing
+#: RECOVERYGATE/v1 lines with the checkout's reporter (rank 0 reports) and sleeping.
+KUBE_CONTRACT_SCRIPT = (
+    "import time\n"
+    "from recoverygate import reporter\n"
+    "step = 0\n"
+    "while True:\n"
+    "    step += 1\n"
+    "    reporter.progress(step)\n"
+    "    if step % 10 == 0:\n"
+    "        reporter.checkpoint_completed(step)\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+def kube_contract_job(name: str, image: str, workers: int = 3) -> dict[str, Any]:
+    checkout = str(Path(__file__).resolve().parents[2])
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": workers,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "metadata": {"labels": {"training-run": name}},
+                        "spec": {
+                            "terminationGracePeriodSeconds": 2,
+                            # spread over the two nodes (2 + 1): the node seam's checks run
+                            "affinity": {
+                                "podAntiAffinity": {
+                                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                                        {
+                                            "weight": 100,
+                                            "podAffinityTerm": {
+                                                "labelSelector": {
+                                                    "matchLabels": {"training-run": name}
+                                                },
+                                                "topologyKey": "kubernetes.io/hostname",
+                                            },
+                                        }
+                                    ]
+                                }
+                            },
+                            "containers": [
+                                {
+                                    "name": "pytorch",
+                                    "image": image,
+                                    "imagePullPolicy": "Never",
+                                    "command": ["python3", "-u", "-c", KUBE_CONTRACT_SCRIPT],
+                                    "env": [
+                                        {"name": "PYTHONPATH", "value": f"{checkout}/reporter"}
+                                    ],
+                                    "volumeMounts": [
+                                        {
+                                            "name": "checkout",
+                                            "mountPath": checkout,
+                                            "readOnly": True,
+                                        }
+                                    ],
+                                }
+                            ],
+                            "volumes": [
+                                {
+                                    "name": "checkout",
+                                    "hostPath": {"path": checkout, "type": "Directory"},
+                                }
+                            ],
+                        },
+                    },
+                }
+            }
+        },
+    }
+
+
+def _build_kubernetes(
+    purpose: str, label: str, tmp: Path, spy: ThreadSpy, cluster: KubeCluster
+) -> Harness:
+    """A PyTorchJob on the session's real cluster (tests/kubernetes/kube_cluster.py), in a
+    namespace of its own; the world is looked at with the admin's own API reads."""
     from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
-    from tests.kubernetes.fake_apiserver import FakeApiServer
-    from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
 
     clock = RealClock()
     stack = contextlib.ExitStack()
+    name = "contract"
     try:
         with spy.labelled(f"{label}-world"):
-            server = stack.enter_context(FakeApiServer(bookmark_interval=0.5))
-            kubeconfig = server.write_kubeconfig(tmp / "kubeconfig", namespace=NAMESPACE)
-            for host in ("node-a", "node-b"):  # a two-node job: the node seam's checks run
-                server.add_node(host)
-            job = FakeTrainingJob(server, nodes=3, hosts=["node-a", "node-b"])
-            stack.callback(job.stop)
-            job.start(wait_for_checkpoint=10)
+            namespace = stack.enter_context(cluster.namespace(f"contract-{purpose}"))
+            cluster.apply(namespace, kube_contract_job(name, cluster.image))
+            api = cluster.core_api()
+            stack.callback(api.api_client.close)
+            selector = f"training-run={name}"
+
+            def running() -> bool | None:
+                pods = api.list_namespaced_pod(namespace, label_selector=selector).items
+                ok = len(pods) == 3 and all(p.status.phase == "Running" for p in pods)
+                return True if ok else None
+
+            deadline = time.monotonic() + 180
+            while not running():
+                if time.monotonic() > deadline:
+                    pytest.fail(f"kubernetes: the contract job's pods did not run in {namespace}")
+                time.sleep(0.5)
         with spy.labelled(label):
-            # the same settings as tests/kubernetes's make_orchestrator fixture
             orchestrator = KubernetesOrchestrator(
-                selector=job.selector,
-                kubeconfig=kubeconfig,
-                watch_timeout_seconds=5,
-                request_timeout=5.0,
+                selector=selector,
+                namespace=namespace,
+                kubeconfig=cluster.kubeconfig,
                 clock=clock,
             )
             stack.callback(orchestrator.cleanup)
             conforming: Orchestrator = orchestrator  # the static check (mypy)
-            workload = conforming.discover(time.time() + 30)
+            workload = conforming.discover(time.time() + 60)
     except BaseException:
         stack.close()
         raise
 
+    def pod_of(rank: int) -> Any:
+        pods = api.list_namespaced_pod(
+            namespace,
+            label_selector=f"{selector},training.kubeflow.org/replica-index={rank}",
+        ).items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        return live[0] if live else None
+
     def alive(worker: Worker) -> bool:
-        pod = server.get_pod(NAMESPACE, worker.name)
-        return (
-            pod is not None
-            and pod["metadata"]["uid"] == worker.instance_id
-            and not pod["metadata"].get("deletionTimestamp")
+        pods = api.list_namespaced_pod(namespace, label_selector=selector).items
+        return any(
+            p.metadata.uid == worker.instance_id
+            and p.metadata.deletion_timestamp is None
+            and p.status.phase in ("Pending", "Running")
+            for p in pods
         )
 
     def current(rank: int) -> Worker | None:
-        try:
-            pod = job.pod(rank)
-        except (KeyError, AssertionError):
+        pod = pod_of(rank)
+        if pod is None or pod.status.phase != "Running":
             return None
-        return Worker(rank, pod["metadata"]["name"], pod["metadata"]["uid"])
+        return Worker(rank, pod.metadata.name, pod.metadata.uid)
 
     return Harness(
         kind="kubernetes",
@@ -417,7 +516,7 @@ def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Ha
         current=current,
         stale_id=lambda w: str(uuid.uuid4()),
         pause=time.sleep,
-        patience=30.0,
+        patience=60.0,
         exit_stack=stack,
     )
 
@@ -605,7 +704,9 @@ BACKENDS = [
     pytest.param("fake", id="fake"),
     pytest.param("local", marks=(pytest.mark.local, pytest.mark.e2e), id="local"),
     pytest.param("local-nodes", marks=pytest.mark.local, id="local-nodes"),
-    pytest.param("kubernetes", marks=pytest.mark.kubernetes, id="kubernetes"),
+    pytest.param(
+        "kubernetes", marks=(pytest.mark.kubernetes, pytest.mark.kube_cluster), id="kubernetes"
+    ),
     pytest.param("slurm", marks=(pytest.mark.slurm, pytest.mark.e2e), id="slurm"),
     pytest.param("ray", marks=(pytest.mark.ray, pytest.mark.e2e), id="ray"),
 ]
@@ -668,7 +769,8 @@ def jobs(
     elif kind == "local-nodes":
         build = functools.partial(_build_local_nodes, spy=thread_spy)
     elif kind == "kubernetes":
-        build = functools.partial(_build_kubernetes, spy=thread_spy)
+        kube: Any = request.getfixturevalue("kube_cluster")  # skips where it cannot run
+        build = functools.partial(_build_kubernetes, spy=thread_spy, cluster=kube)
     elif kind == "ray":
         pytest.importorskip("ray", reason='the ray backend needs pip install "recoverygate[ray]"')
         build = functools.partial(_build_ray, spy=thread_spy)

@@ -1,7 +1,7 @@
 """The Orchestrator contract, checked once against every backend.
 
 Each test runs for fake (simulated clock), local (real torchrun), kubernetes (the real
-client against the fake API server) and slurm (a real one-node cluster); the harnesses
+client against the real cluster of scripts/kube-cluster) and slurm (a real one-node cluster); the harnesses
 are in conftest.py. We test these aspects, as pytest_recoverygate/registry/seams.py
 states them:
 

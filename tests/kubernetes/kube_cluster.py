@@ -21,7 +21,6 @@ reused cluster is left as it was found.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -31,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -133,6 +132,7 @@ class KubeCluster:
     image: str
     up_seconds: float | None  # None: reused (RECOVERYGATE_KUBE_CLUSTER)
     kubectl_path: str  # the kubectl built with the cluster (the API server's version)
+    deleted: list[str] = field(default_factory=list)  # namespaces the tests deleted
 
     def kubectl(
         self,
@@ -186,13 +186,27 @@ class KubeCluster:
     @contextlib.contextmanager
     def namespace(self, prefix: str) -> Iterator[str]:
         """A new namespace for one test's jobs; afterwards it is deleted with everything
-        in it (its pods killed at once) and gone before this returns."""
+        in it (its pods killed at once). The namespace controller finishes that in 5-10
+        s; :meth:`wait_namespaces_gone` (at the end of the session) waits for it."""
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"[:63]
         self.kubectl("create", "namespace", name)
         try:
             yield name
         finally:
             self.delete_namespace(name)
+
+    def wait_namespaces_gone(self) -> None:
+        """Every namespace the tests made is gone (nothing of theirs is left running)."""
+
+        def gone() -> bool | None:
+            left = [
+                n
+                for n in self.deleted
+                if self.kubectl("get", "namespace", n, check=False).returncode == 0
+            ]
+            return True if not left else None
+
+        eventually(gone, f"deletion of namespaces {self.deleted}")
 
     def delete_namespace(self, name: str) -> None:
         # The jobs first, so that no controller makes a pod again; then the pods with
@@ -205,12 +219,7 @@ class KubeCluster:
         )
         for kind in ("clusterrolebindings", "clusterroles"):
             self.kubectl("delete", kind, "-l", f"recoverygate-test={name}", check=False)
-
-        def gone() -> bool | None:
-            proc = self.kubectl("get", "namespace", name, check=False)
-            return True if proc.returncode != 0 and "NotFound" in proc.stderr else None
-
-        eventually(gone, f"deletion of namespace {name}")
+        self.deleted.append(name)
 
     def token_kubeconfig(
         self, namespace: str, service_account: str, path: Path, duration: str = "2h"
@@ -242,10 +251,6 @@ class KubeCluster:
     def pod_log(self, namespace: str, pod: str, *, previous: bool = False) -> str:
         args = ["logs", "-n", namespace, pod, *(["--previous"] if previous else [])]
         return self.kubectl(*args, check=False).stdout
-
-    def decode_ca(self) -> bytes:
-        admin = yaml.safe_load(self.kubeconfig.read_text())
-        return base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
 
 
 def _up(folder: Path) -> tuple[float, str | None]:
@@ -296,7 +301,9 @@ def kube_up(reuse: str | None = None) -> Iterator[KubeCluster]:
                 f"{REUSE_ENV}={reuse}: no usable cluster there (scripts/kube-cluster status "
                 f"exited {status.returncode}: {status.stdout[-1000:]}{status.stderr[-1000:]})"
             )
-        yield KubeCluster(folder, folder / "kubeconfig", image, None, kubectl)
+        cluster = KubeCluster(folder, folder / "kubeconfig", image, None, kubectl)
+        yield cluster
+        cluster.wait_namespaces_gone()  # left up, as it was found
         return
     # Short: containerd's socket path under it must fit a unix socket's 107 bytes.
     folder = Path(tempfile.mkdtemp(prefix="rgk-"))
