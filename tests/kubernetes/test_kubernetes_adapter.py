@@ -258,7 +258,7 @@ def test_events_carry_the_log_timestamp_as_their_receive_time(
         "the three lines in the pod's log",
     )
     time.sleep(3)  # the stream below is opened seconds after the lines were written
-    orchestrator = make_orchestrator(selector="app=stamped")
+    orchestrator = make_orchestrator(selector="app=stamped", target_rank=0)
     orchestrator.discover(far())
     seen: list[Any] = []
     deadline = time.monotonic() + 60
