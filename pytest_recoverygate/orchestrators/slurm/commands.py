@@ -101,11 +101,14 @@ class SlurmCommands:
     ) -> None:
         base = dict(os.environ if env is None else env)
         # Inside an allocation srun would inherit SLURM_JOB_ID & co. and target the wrong
-        # job; the probe and kill steps name their job explicitly.
+        # job; the probe and kill steps name their job explicitly. A job the drill submits
+        # (sbatch --export=ALL) never inherits the reporter's parent incarnation from a
+        # drill process that loaded the reporter: its workers are nobody's children.
         clean = {
             k: v
             for k, v in base.items()
             if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))
+            and k != "RECOVERYGATE_PARENT_INC"
         }
         conf = slurm_conf or base.get("SLURM_CONF")
         if conf:
