@@ -150,6 +150,18 @@ Third pass (issue 31):
     with ``--resume none``: print nanoGPT's own start-up line, "Initializing a new model
     from scratch", on every start (``init_from='scratch'``).
 
+Issue 41 (item 7):
+
+``--thread-warmup SECONDS``
+    with ``--progress-style thread``: the metrics thread first spends SECONDS of CPU work
+    (setting itself up) before its first tick, in every process. On an idle machine it
+    still ticks before the loop's first step; on a loaded one its first tick may come
+    after it, in one process and not in the next (the race of issue 41, item 7).
+``--heartbeat SECONDS``
+    every process runs a thread that writes ``time.time()`` every SECONDS to
+    ``<base>.<rank>.<pid>.beat`` (in place, one line; with ``RECOVERYGATE_GROUND_TRUTH``
+    only): the moment a killed process last ran, to hold the drill's ``killTime`` to.
+
 Signals: SIGTERM is blocked and waited for inside each step's wait
 (``signal.sigtimedwait``), so a process torn down by torchrun records an ``exit`` line
 (``why: "SIGTERM"``) at a step boundary and exits 143, never in the middle of a save.
@@ -267,6 +279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--held-ticks", type=int, default=0, metavar="N")
     parser.add_argument("--loaded-label", choices=("held", "next"), default="held")
     parser.add_argument("--announce-scratch", action="store_true")
+    parser.add_argument("--thread-warmup", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--heartbeat", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--child", choices=("warmup", "eval"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
@@ -607,6 +621,9 @@ class Job:
 
     def metrics_thread(self) -> None:
         """Report the completed count now and every --thread-interval seconds."""
+        busy_until = time.thread_time() + self.args.thread_warmup  # CPU work, not a sleep
+        while time.thread_time() < busy_until:
+            pass
         while True:
             done = self.done
             self.truth.record("report", done, reported=True, label=self.label(done))
@@ -698,6 +715,14 @@ class Job:
         return 0
 
 
+def heartbeat(path: str, seconds: float) -> None:
+    """Write the time to ``path`` every ``seconds``, in place (the last write stays)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    while True:
+        os.pwrite(fd, b"%.6f\n" % time.time(), 0)
+        time.sleep(seconds)
+
+
 def child(args: argparse.Namespace) -> int:
     """A worker's subprocess: warm-up steps, or an evaluation of the newest checkpoint."""
     if args.child == "warmup":
@@ -728,6 +753,10 @@ def main(argv: list[str] | None = None) -> int:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     truth = GroundTruth(os.environ.get("RECOVERYGATE_GROUND_TRUTH"), rank, restart)
     truth.record("start", 0, reported=False)
+    base = os.environ.get("RECOVERYGATE_GROUND_TRUTH")
+    if args.heartbeat is not None and base:
+        path = f"{base}.{rank}.{os.getpid()}.beat"
+        threading.Thread(target=heartbeat, args=(path, args.heartbeat), daemon=True).start()
     return Job(args, truth, world_size).run()
 
 
