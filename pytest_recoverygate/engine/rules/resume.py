@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from pytest_recoverygate.engine.advice import load_fix, save_fix
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume, steps_text
+from pytest_recoverygate.engine.ledger import Ledger, steps_text
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
 
