@@ -75,6 +75,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--out", type=Path, required=True, help="folder for every run")
     parser.add_argument("--after", default="step-40", help="injectFailure.afterCheckpoint")
     parser.add_argument("--keep-all", action="store_true", help="keep every run's folder, PASS too")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        default=ROOT,
+        help="run the CLI and the job's reporter from this checkout (a worktree of main: the "
+        "figures before a change); job.py and the truth are always this checkout's",
+    )
     return parser.parse_args(own), job
 
 
