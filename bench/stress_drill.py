@@ -161,6 +161,7 @@ def one_run(run: Path, job_args: list[str], args: argparse.Namespace) -> dict[st
         timeout=DRILL_TIMEOUT,
         check=False,
         env=checkout_env(args.checkout),
+        cwd=args.checkout,  # python -m puts the working folder first on sys.path
     )
     (run / "output.txt").write_text(proc.stdout + proc.stderr)
     row: dict[str, Any] = {
