@@ -96,6 +96,7 @@ class Ledger:
             inc = self._first_sight(event)
             self.incs[event.incarnation] = inc
             self.order.append(inc)
+        inc.threads.saw(event)
         return inc
 
     def _first_sight(self, event: TrainingEvent) -> Inc:
@@ -416,6 +417,7 @@ class Ledger:
             regular=grid.regular,
             first_special=grid.first_special,
             first_line_is_step=after_step,
+            metrics_thread=base.threads.metrics_thread(),
         )
 
     def indistinguishable(self, step: int) -> str | None:
@@ -467,17 +469,19 @@ class Ledger:
 
         With ``checkpoint_loaded(L)``: a line below L, or L as its first step when the
         job's lines come after steps, is a replay; L as a first line of a job whose lines
-        may show the state held (a timer ticking at start) is no step at all. Without it,
-        the step is inferred from the reporting grid where the job keeps one, and
-        ``upper`` (its first line, minus one when lines come after steps) is what holds
-        whatever the grid; first lines that may be a timer ticking the state it holds, at
-        a checkpoint's step, leave it undecided (:func:`~.grid.held_ticks`).
+        may show the state held (a timer ticking at start, a metrics thread:
+        :mod:`~.threads`) is no step at all. Without it, the step is inferred from the
+        reporting grid where the job keeps one, and ``upper`` (its first line, minus one
+        when lines come after steps) is what holds whatever the grid; first lines that may
+        be a timer ticking the state it holds, at a checkpoint's step, leave it undecided
+        (:func:`~.grid.held_ticks`).
         """
         assert inc.first is not None
         contract = self.contract()
         first = inc.first[0]
         stride = self.stride_for(inc)
-        stepwise = contract.first_line_is_step
+        # A metrics thread's first tick races the first step: its lines prove no order.
+        stepwise = contract.first_line_is_step and not contract.metrics_thread
         if inc.loaded is not None:
             return self._resume_loaded(inc, inc.loaded, final)
         upper = max(first - 1, 0) if stepwise else first
@@ -532,7 +536,10 @@ class Ledger:
         """:meth:`resume_of` of a replacement that reported ``checkpoint_loaded(loaded)``."""
         assert inc.first is not None
         contract, first, stride = self.contract(), inc.first[0], self.stride_for(inc)
-        stepwise = contract.first_line_is_step
+        # Its line at the loaded step is a metrics thread's tick of the state it holds when
+        # its progress, like the first run's, came from a thread that saved or loaded nothing.
+        ticker = contract.metrics_thread and inc.threads.metrics_thread()
+        stepwise = contract.first_line_is_step and not ticker
         if first < loaded or (first == loaded and (stepwise or contract.problem)):
             # It completed a step at or below the one it loaded: done again.
             counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)

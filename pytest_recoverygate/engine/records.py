@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_recoverygate.engine.grid import GridTracker
+from pytest_recoverygate.engine.threads import Threads
 from pytest_recoverygate.engine.verdict import IncarnationInfo
 
 __all__ = ["Checkpoint", "Inc", "Resume", "Save"]
@@ -57,6 +58,7 @@ class Inc:
     loss_decimals: int | None = None  # the fewest decimals a loss it printed had (log lines)
     zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
     before_kill: tuple[int, float] | None = None  # its last line at or before the last kill
+    threads: Threads = field(default_factory=Threads)  # which thread printed what (issue 41)
 
     def info(self) -> IncarnationInfo:
         return IncarnationInfo(

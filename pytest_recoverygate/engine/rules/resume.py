@@ -508,7 +508,9 @@ def resume_step(ev: KillEvidence) -> Check | None:
     ``resumeFromCheckpoint``, or with ``latest`` a checkpoint durable before its load and
     no older than the newest one durable before it started. A FAIL needs proof whatever
     the reporting grid (a load line, a replay, a first step below the expected one); a
-    replay of the loaded step alone names the off-by-one resume. Undecided: a load line
+    replay of the loaded step alone names the off-by-one resume, unless a metrics thread
+    printed it (progress only from threads that print no checkpoint, in the first run
+    and after the load: the state it holds). Undecided: a load line
     naming a step no checkpoint_completed named followed by that step (a silent save
     done again, or a load line naming the next step to run), a replacement without
     checkpoint_loaded whose first lines may be a metrics thread ticking the state it

@@ -1,0 +1,135 @@
+"""A metrics thread's first tick against the training loop's first step (issue 41, item 7).
+
+A job whose metrics thread reports the completed count every 0.1 s, and once as it
+starts, was FAILed ``STEPS_REPLAYED`` ("resumed from 36", 4 steps lost) on a loaded
+machine, though by its own records it loaded 40 and lost none. Two threads of one process
+race there: the thread's first tick and the loop's first step. In the first run the tick
+came after step 1 (lines 1, 5, 9, …: every 4 steps, the first line after a step); in the
+replacement it came before step 41 (40, the state it holds, then 44, 48). Read with the
+first run's order, the replacement's 40 was step 40 done again, and the stride of 4 put
+the resume at 36. The lines alone cannot tell that job from a loop that logs the first
+step of each process and then every 4th (``enumerate``'s index) and redoes the step it
+loaded; which thread printed each line can (wire's ``thread`` field).
+
+We test these aspects, each fed to the engine as the fake backend does:
+- the issue's lines, each with its thread: PASS, resume 40, lost 0 (before: FAIL,
+  "resumed from 36");
+- the same job without ``checkpoint_loaded``: inconclusive, naming
+  ``checkpoint_loaded``, never a FAIL (before: FAIL ``STEPS_REPLAYED``, "resumed from step
+  36 … steps 37–40 were done again", its first line 40 read as a line after step 40);
+- the same lines from one thread (the ``enumerate`` loop redoing step 40): still FAIL
+  ``STEPS_REPLAYED``;
+- a loop that reports every step while a saver thread reports its checkpoints, redoing
+  the step it loaded: still FAIL ``STEPS_REPLAYED`` (its progress comes from the thread
+  that loaded);
+- a metrics thread whose first tick came before the first step (0, 4, 8, …): PASS, as
+  before.
+"""
+
+from __future__ import annotations
+
+from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Verdict
+from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.verdict import FailureReason
+from tests.test_engine_patterns import drive, engine_for, ev, result_of
+
+P = TrainingEventKind.PROGRESS
+C = TrainingEventKind.CHECKPOINT_COMPLETED
+L = TrainingEventKind.CHECKPOINT_LOADED
+S = TrainingEventKind.START
+R = FailureReason
+
+STEP = 0.025  # seconds per step: the loop on a loaded machine, 4 steps per tick
+TICK = 0.1  # the metrics thread's interval
+KILL = 40 * STEP + 0.002  # just after checkpoint 40
+
+
+def first_run(
+    first_tick: int, *, ticker: int | None, saver: int | None, every: int = 4
+) -> list[TrainingEvent]:
+    """The first incarnation: progress lines ``first_tick``, ``first_tick + every``, … one
+    per tick (thread ``ticker``), checkpoints 20 and 40 (thread ``saver``), to step 42."""
+    events = [ev(S, 0.0, "old")]
+    step, t = first_tick, first_tick * STEP + 0.005
+    while step <= 42:
+        events.append(ev(P, t, "old", step, thread=ticker))
+        step, t = step + every, t + TICK
+    events += [ev(C, s * STEP + 0.001, "old", s, thread=saver) for s in (20, 40)]
+    return sorted(events, key=lambda e: e.timestamp)
+
+
+def replacement(
+    *, loaded: bool, ticker: int | None, loader: int | None, first: int = 40
+) -> list[TrainingEvent]:
+    """The replacement: started 0.5 s after the kill, ``checkpoint_loaded(40)`` (thread
+    ``loader``) unless not ``loaded``, then lines ``first``, ``first + 4``, … one per tick
+    (thread ``ticker``), its checkpoint 60 by the loader."""
+    start = KILL + 0.5
+    events = [ev(S, start, "new")]
+    if loaded:
+        events.append(ev(L, start + 0.1, "new", 40, thread=loader))
+    t = start + 0.1005
+    for step in range(first, 81, 4):
+        events.append(ev(P, t, "new", step, thread=ticker))
+        t += TICK
+    events.append(ev(C, start + 0.1 + 20 * STEP + 0.001, "new", 60, thread=loader))
+    return sorted(events, key=lambda e: e.timestamp)
+
+
+def judged(old: list[TrainingEvent], new: list[TrainingEvent]) -> DrillResult:
+    engine: DrillEngine = engine_for(after_checkpoint=40, max_recovery_time=30.0)
+    drive(engine, old, kill_at=KILL)
+    assert engine.kill_time is not None, "the drill never killed"
+    return result_of(engine, new)
+
+
+# The threads as the reporter numbers them: the first thread that prints is 0 (no field).
+# First run: the metrics thread ticks first (0), the loop saves (1). Replacement: the loop
+# reports its load first (0), the metrics thread ticks (1).
+
+
+def test_a_metrics_thread_that_ticked_after_the_first_step_in_the_first_run_passes() -> None:
+    old = first_run(1, ticker=None, saver=1)  # 1, 5, 9, …: the tick came after step 1
+    result = judged(old, replacement(loaded=True, ticker=1, loader=None))
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == 40
+    assert result.lost_steps == 0
+    contract = result.step_contract
+    assert contract is not None and contract.metrics_thread, contract
+
+
+def test_the_same_job_without_checkpoint_loaded_is_inconclusive_never_failed() -> None:
+    old = first_run(1, ticker=None, saver=1)
+    # Its first printer is the metrics thread now (40, 44, …); its loop saves 60 later.
+    result = judged(old, replacement(loaded=False, ticker=None, loader=1))
+    assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary
+    assert "checkpoint_loaded" in result.summary
+
+
+def test_the_same_lines_from_one_thread_are_a_loop_that_redid_the_loaded_step() -> None:
+    # for i, batch in enumerate(loader): … if i % 4 == 0: progress(step): the first step
+    # of each process, then every 4th. A resume off by one redoes step 40 and logs it.
+    old = first_run(1, ticker=None, saver=None)
+    result = judged(old, replacement(loaded=True, ticker=None, loader=None))
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert R.STEPS_REPLAYED in result.reasons
+
+
+def test_a_loop_whose_saver_thread_reports_checkpoints_still_fails_a_redone_step() -> None:
+    # Every step reported by the loop (thread 0); the saves reported by a saver thread (1).
+    old = first_run(1, ticker=None, saver=1, every=1)
+    new = [ev(S, KILL + 0.5, "new"), ev(L, KILL + 0.6, "new", 40)]
+    new += [ev(P, KILL + 0.6 + (i + 1) * STEP, "new", 40 + i) for i in range(30)]
+    result = judged(old, new)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert R.STEPS_REPLAYED in result.reasons
+    assert result.step_contract is not None and result.step_contract.metrics_thread
+
+
+def test_a_metrics_thread_that_ticked_before_the_first_step_passes_as_before() -> None:
+    old = [ev(P, 0.001, "old", 0), *first_run(4, ticker=None, saver=1)]  # 0, 4, 8, …
+    result = judged(
+        sorted(old, key=lambda e: e.timestamp), replacement(loaded=True, ticker=1, loader=None)
+    )
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == 40
