@@ -23,7 +23,10 @@ We test these aspects, each fed to the engine as the fake backend does:
   the step it loaded: still FAIL ``STEPS_REPLAYED`` (its progress comes from the thread
   that loaded);
 - a metrics thread whose first tick came before the first step (0, 4, 8, …): PASS, as
-  before.
+  before;
+- a metrics thread whose first run's first step was slow (0, then 1, 5, 9, …): PASS
+  (before: inconclusive, its 0 then 1 read as ``progress(epoch)``, a broken contract); the
+  same lines from one thread still break the contract.
 """
 
 from __future__ import annotations
@@ -76,9 +79,11 @@ def replacement(
     return sorted(events, key=lambda e: e.timestamp)
 
 
-def judged(old: list[TrainingEvent], new: list[TrainingEvent]) -> DrillResult:
+def judged(
+    old: list[TrainingEvent], new: list[TrainingEvent], kill_at: float = KILL
+) -> DrillResult:
     engine: DrillEngine = engine_for(after_checkpoint=40, max_recovery_time=30.0)
-    drive(engine, old, kill_at=KILL)
+    drive(engine, old, kill_at=kill_at)
     assert engine.kill_time is not None, "the drill never killed"
     return result_of(engine, new)
 
@@ -133,3 +138,38 @@ def test_a_metrics_thread_that_ticked_before_the_first_step_passes_as_before() -
     )
     assert result.verdict is Verdict.PASS, result.summary
     assert result.resume_step == 40
+
+
+def slow_first_step(*, ticker: int | None, saver: int | None) -> list[TrainingEvent]:
+    """A first run whose first step took 0.1 s (then 0.025 s each): 0, 1, 5, 9, … one line
+    per tick (thread ``ticker``), checkpoints 20 and 40 (thread ``saver``)."""
+
+    def done_at(step: int) -> float:
+        return 0.1 + (step - 1) * STEP
+
+    events = [ev(S, 0.0, "old"), ev(P, 0.001, "old", 0, thread=ticker)]
+    events += [ev(P, done_at(s) + 0.001, "old", s, thread=ticker) for s in range(1, 43, 4)]
+    events += [ev(C, done_at(s) + 0.002, "old", s, thread=saver) for s in (20, 40)]
+    return sorted(events, key=lambda e: e.timestamp)
+
+
+def test_a_metrics_thread_around_a_slow_first_step_breaks_no_contract() -> None:
+    result = judged(
+        slow_first_step(ticker=None, saver=1),
+        replacement(loaded=True, ticker=1, loader=None),
+        kill_at=0.1 + 39 * STEP + 0.003,
+    )
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.step_contract is not None and result.step_contract.problem is None
+    assert result.resume_step == 40
+
+
+def test_0_then_1_from_one_thread_is_still_progress_of_the_epoch_index() -> None:
+    result = judged(
+        slow_first_step(ticker=None, saver=None),
+        replacement(loaded=True, ticker=None, loader=None, first=41),
+        kill_at=0.1 + 39 * STEP + 0.003,
+    )
+    assert result.step_contract is not None and result.step_contract.problem is not None
+    assert "reported as 0" in result.step_contract.problem
+    assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary

@@ -367,6 +367,7 @@ class Ledger:
         if not base.start_seen and base.loaded is None:
             return StepContract(first_step=first, grid=grid.describe(), regular=None)
         stride = grid.stride if grid.regular else None
+        metrics = base.threads.metrics_thread()
         problem: str | None = None
         fresh: bool | None = None
         resumed: int | None = None
@@ -384,9 +385,15 @@ class Ledger:
                     f"{first}: report progress(n) after the n-th completed step (a resume "
                     f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
                 )
-        elif first == 0 and grid.first_line in (None, 1) and base.tracker.held_lines < 2:
+        elif (
+            first == 0
+            and grid.first_line in (None, 1)
+            and base.tracker.held_lines < 2
+            and not metrics
+        ):
             # One 0, then 1: progress(epoch) after each epoch. The count 0 on several lines
-            # (progress(global_step) per micro-batch, a timer) is the fresh state held.
+            # (progress(global_step) per micro-batch, a timer) is the fresh state held, and
+            # a metrics thread's 0 then 1 is its samples around a slow first step.
             fresh = True
             problem = problem or (
                 "the first step after a fresh start was reported as 0: report "
@@ -417,7 +424,7 @@ class Ledger:
             regular=grid.regular,
             first_special=grid.first_special,
             first_line_is_step=after_step,
-            metrics_thread=base.threads.metrics_thread(),
+            metrics_thread=metrics,
         )
 
     def indistinguishable(self, step: int) -> str | None:
