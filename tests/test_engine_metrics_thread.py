@@ -31,9 +31,14 @@ We test these aspects, each fed to the engine as the fake backend does:
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Verdict
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.verdict import FailureReason
+from pytest_recoverygate.transcript.read import Transcript, read_transcript
+from pytest_recoverygate.transcript.rejudge import replay
 from tests.test_engine_patterns import drive, engine_for, ev, result_of
 
 P = TrainingEventKind.PROGRESS
@@ -173,3 +178,48 @@ def test_0_then_1_from_one_thread_is_still_progress_of_the_epoch_index() -> None
     assert result.step_contract is not None and result.step_contract.problem is not None
     assert "reported as 0" in result.step_contract.problem
     assert result.verdict is Verdict.ERROR and result.inconclusive, result.summary
+
+
+# ------------------------------------------- the failing drill the stress loop kept (issue 41)
+
+KEPT = Path(__file__).resolve().parent / "data" / "issue41-metrics-thread"
+
+
+def with_threads(transcript: Transcript) -> Transcript:
+    """The kept drill's lines with the thread numbers the reporter now writes: in each
+    process the kind of line it printed first (progress, or a checkpoint line) is thread
+    0's, the other kind thread 1's (its metrics thread ticks, its loop saves and loads)."""
+    first: dict[str, bool] = {}  # incarnation -> whether its first line was progress
+    calls = []
+    for call in transcript.calls:
+        event = call.args.get("event")
+        if call.name != "on_training_event" or event.kind is S:
+            calls.append(call)
+            continue
+        progress = event.kind is P
+        first.setdefault(event.incarnation, progress)
+        numbered = dataclasses.replace(
+            event, thread=0 if progress == first[event.incarnation] else 1
+        )
+        calls.append(dataclasses.replace(call, args={**call.args, "event": numbered}))
+    return dataclasses.replace(transcript, calls=tuple(calls))
+
+
+def test_the_kept_failing_drill_reproduces_on_rejudge_and_its_threads_undo_the_fail() -> None:
+    # A real drill of tests/truth/job.py --progress-style=thread --late-first-tick on main
+    # (stress loop, 4 FAILs in 40 runs): the first run printed 1, 6, 11, … 41 (every 5
+    # steps, its first line after step 1); the replacement loaded 40 and its thread
+    # printed 40 before any step (its records: loaded 40, 0 steps when the drill ended it).
+    transcript = read_transcript(KEPT / "transcript.jsonl")
+    result, diverged = replay(transcript)
+    assert diverged == ()  # an engine's reading, not timing: it reproduces
+    assert result.verdict is Verdict.FAIL and result.resume_step == 35, result.summary
+    assert R.STEPS_REPLAYED in result.reasons
+    # Its old reporter wrote no thread field; with the numbers the reporter writes now, the
+    # engine no longer decides at that line (the drill ended the job there, so the
+    # transcript holds nothing after it).
+    again, diverged = replay(with_threads(transcript))
+    assert again.verdict is not Verdict.FAIL, again.summary
+    [line] = diverged  # the held tick, where the old engine finished
+    assert ": recorded finish FAIL" in line and line.endswith("replayed nothing"), line
+    assert again.step_contract is not None and again.step_contract.metrics_thread
