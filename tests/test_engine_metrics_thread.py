@@ -14,6 +14,9 @@ loaded; which thread printed each line can (wire's ``thread`` field).
 We test these aspects, each fed to the engine as the fake backend does:
 - the issue's lines, each with its thread: PASS, resume 40, lost 0 (before: FAIL,
   "resumed from 36");
+- the same job when its first run's lines read as "the first step, then every 5th" (1,
+  5, 10, …): PASS (before the thread numbers: FAIL; with them, before this: inconclusive,
+  "its first step was 44, more than one progress stride later");
 - the same job without ``checkpoint_loaded``: inconclusive, naming
   ``checkpoint_loaded``, never a FAIL (before: FAIL ``STEPS_REPLAYED``, "resumed from step
   36 … steps 37–40 were done again", its first line 40 read as a line after step 40);
@@ -106,6 +109,18 @@ def test_a_metrics_thread_that_ticked_after_the_first_step_in_the_first_run_pass
     assert result.lost_steps == 0
     contract = result.step_contract
     assert contract is not None and contract.metrics_thread, contract
+
+
+def test_a_metrics_thread_that_looked_like_the_first_step_then_every_fifth_passes() -> None:
+    # 1, 5, 10, 15, …: read as the logging idiom "the first step after a start, then every
+    # 5th", which would put a correct first step right after the load (41); its samples
+    # after the load (40, the state it holds, then 44) bound no step.
+    old = [e for e in first_run(0, ticker=None, saver=1, every=5) if e.step != 0]
+    old.insert(1, ev(P, 1 * STEP + 0.005, "old", 1))
+    result = judged(old, replacement(loaded=True, ticker=1, loader=None))
+    assert result.step_contract is not None and result.step_contract.first_special
+    assert result.verdict is Verdict.PASS, result.summary
+    assert result.resume_step == 40
 
 
 def test_the_same_job_without_checkpoint_loaded_is_inconclusive_never_failed() -> None:

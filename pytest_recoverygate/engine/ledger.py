@@ -496,15 +496,19 @@ class Ledger:
         saved = {c.step for c in self.checkpoints}
         if ticked and stepwise and inc.advanced != inc.first and first in saved:
             return Resume(None, upper=first, undecided=ticked)
-        if contract.regular is False and contract.problem is None:
+        if (contract.regular is False or contract.metrics_thread) and contract.problem is None:
+            keeps = (
+                "come from a metrics thread (samples of its step count)"
+                if contract.metrics_thread
+                else f"keep no reporting grid ({contract.grid})"
+            )
             return Resume(
                 None,
                 upper=upper,
                 undecided=(
-                    f"the job's progress lines keep no reporting grid ({contract.grid}), so "
-                    f"the replacement's first step ({first}) does not tell where it resumed "
-                    f"(at most step {upper}): call reporter.checkpoint_loaded(step) after "
-                    "loading a checkpoint"
+                    f"the job's progress lines {keeps}, so the replacement's first step "
+                    f"({first}) does not tell where it resumed (at most step {upper}): call "
+                    "reporter.checkpoint_loaded(step) after loading a checkpoint"
                 ),
             )
         if first <= 1 or (stride is not None and first <= stride and not contract.first_special):
@@ -557,8 +561,8 @@ class Ledger:
             # Only a line of the state it holds so far: the next one says more.
             return Resume(loaded, loaded, held_line=True) if final else None
         first = past[0]
-        if stride is None:
-            if first == loaded + 1 or contract.regular is False:
+        if stride is None or ticker:  # a metrics thread's samples bound no step either
+            if first == loaded + 1 or contract.regular is False or ticker:
                 return Resume(loaded, loaded, held_line=held)
             if not final:
                 return None
