@@ -207,8 +207,8 @@ def with_threads(transcript: Transcript) -> Transcript:
     first: dict[str, bool] = {}  # incarnation -> whether its first line was progress
     calls = []
     for call in transcript.calls:
-        event = call.args.get("event")
-        if call.name != "on_training_event" or event.kind is S:
+        event = call.args.get("event") if call.name == "on_training_event" else None
+        if event is None or event.kind is S:
             calls.append(call)
             continue
         progress = event.kind is P
