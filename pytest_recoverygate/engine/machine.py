@@ -49,7 +49,7 @@ from typing import Any
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
-from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.records import Inc
 from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
 from pytest_recoverygate.engine.spec import (
     FAULTS,

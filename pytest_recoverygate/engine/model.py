@@ -64,7 +64,11 @@ class TrainingEvent:
     the job passed them) are the step's loss and a fingerprint of its batch, compared
     with the killed run's by ``expectations.replay`` (docs/replay.md); ``loss_decimals``:
     the loss was read from a line the job printed with that many decimals. ``error``
-    (checkpoint failed) is what the job said failed the save.
+    (checkpoint failed) is what the job said failed the save. ``thread`` (any event but
+    start, when the writer says) numbers the thread of its process that printed it (the
+    reporter: 0, or ``None``, for the first thread that printed a line, then 1, 2, ...):
+    a metrics thread's progress lines are told from the training loop's checkpoint lines
+    (docs/step-contract.md, "A metrics thread").
     """
 
     kind: TrainingEventKind
@@ -88,6 +92,7 @@ class TrainingEvent:
     data: str | None = None
     loss_decimals: int | None = None
     error: str | None = None
+    thread: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

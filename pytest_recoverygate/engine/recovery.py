@@ -14,8 +14,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.model import GroupEventKind
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.rules import TABLE, run
 from pytest_recoverygate.engine.rules.evidence import (
     ENDED_INSIDE_LINES,

@@ -29,7 +29,7 @@ import dataclasses
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.faulted import FaultedPhase
-from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.records import Inc
 from pytest_recoverygate.engine.state import Action, KillTarget, Phase, _Armed
 from pytest_recoverygate.engine.verdict import Recovery, Verdict, format_seconds
 

@@ -34,7 +34,10 @@ We test these aspects:
 - the real example ``examples/local/train.py`` (torch DDP) PASSes held to its own records;
 - replay (``--loss``): a resume that restores the model's state PASSes ``replay: exact``,
   every compared step one both runs did; one that loses it FAILs ``REPLAY_DIVERGED`` at
-  the first step where the job's own loss records differ.
+  the first step where the job's own loss records differ;
+- a metrics thread whose first run ticked after its first step and whose replacement
+  ticked the loaded step before its first (``--late-first-tick``, issue 41, item 7): PASS
+  with ``checkpoint_loaded``, inconclusive without it, never a FAIL.
 """
 
 from __future__ import annotations
@@ -605,6 +608,52 @@ def test_a_metrics_thread_ticking_zero_while_a_slow_checkpoint_loads_is_no_resta
     assert_no_checkpoint_after_the_kill(drill)
     assert drill.truth.resume_step == drill.truth.loaded_step == 20, drill.explain()
     assert_passes_held_to_truth(drill)
+
+
+def assert_first_tick(process: Process, *, after_a_step: bool, drill: Drill) -> None:
+    """Precondition: the process's first metrics-thread tick (``report`` record) came after
+    its first step (or before it), by its own records (their order in its file, which both
+    threads write)."""
+    events = [r.event for r in process.records]
+    tick = process.records[events.index("report")]
+    came_after = "step" in events and events.index("step") < events.index("report")
+    assert came_after == after_a_step, (
+        f"scenario precondition: pid {process.pid}'s first tick ({tick.step}) came "
+        f"{'after' if came_after else 'before'} its first step, so this run does not test "
+        f"what it claims{drill.explain()}"
+    )
+
+
+def metrics_thread_race(tmp_path: Path, job_args: list[str]) -> Drill:
+    """Issue 41, item 7: the first run's metrics thread ticks after its first step (1, 6,
+    11, ...), the replacement's before it (40, the state it holds, then 45, ...)."""
+    drill = run_drill(
+        tmp_path, ["--progress-style=thread", "--late-first-tick", *job_args], after="step-40"
+    )
+    assert_no_checkpoint_after_the_kill(drill)
+    first_run = next(p for p in drill.processes if p.rank == REPORTING_RANK and p.restart == 0)
+    assert_first_tick(first_run, after_a_step=True, drill=drill)
+    assert drill.truth.judged is not None, drill.explain()
+    assert_first_tick(drill.truth.judged, after_a_step=False, drill=drill)
+    assert drill.truth.resume_step == 40, drill.explain()
+    assert drill.report["stepContract"]["metricsThread"] is True, drill.explain()
+    return drill
+
+
+def test_a_metrics_thread_whose_first_run_ticked_after_its_first_step_is_no_replay(
+    tmp_path: Path,
+) -> None:
+    drill = metrics_thread_race(tmp_path, [])
+    assert drill.truth.loaded_step == 40, drill.explain()
+    assert_passes_held_to_truth(drill)
+
+
+def test_the_same_race_without_checkpoint_loaded_is_inconclusive_never_failed(
+    tmp_path: Path,
+) -> None:
+    drill = metrics_thread_race(tmp_path, ["--loaded=no"])
+    assert_inconclusive(drill)
+    assert "checkpoint_loaded" in drill.report["summary"], drill.explain()
 
 
 def test_an_evaluation_subprocess_the_survivor_starts_is_not_the_replacement(

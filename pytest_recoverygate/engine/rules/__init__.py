@@ -97,6 +97,8 @@ TABLE: tuple[Rule, ...] = (
         tests=(
             "tests/test_engine.py::test_it_passes_when_the_job_resumes_from_the_latest_checkpoint",
             "tests/test_engine.py::test_a_zero_based_job_is_never_passed_and_is_told_the_fix",
+            "tests/test_engine_metrics_thread.py::test_a_metrics_thread_around_a_slow_first_step_breaks_no_contract",
+            "tests/test_engine_metrics_thread.py::test_0_then_1_from_one_thread_is_still_progress_of_the_epoch_index",
         ),
     ),
     Rule(
@@ -158,6 +160,12 @@ TABLE: tuple[Rule, ...] = (
             "tests/test_engine_third_pass.py::test_a_short_job_resuming_from_an_older_checkpoint_still_fails",
             "tests/test_engine.py::test_a_zero_based_job_is_never_passed_and_is_told_the_fix",
             "tests/test_engine.py::test_it_passes_when_the_job_resumes_from_the_latest_checkpoint",
+            "tests/test_engine_metrics_thread.py::test_a_metrics_thread_that_ticked_after_the_first_step_in_the_first_run_passes",
+            "tests/test_engine_metrics_thread.py::test_a_metrics_thread_that_looked_like_the_first_step_then_every_fifth_passes",
+            "tests/test_engine_metrics_thread.py::test_the_same_job_without_checkpoint_loaded_is_inconclusive_never_failed",
+            "tests/test_engine_metrics_thread.py::test_the_same_lines_from_one_thread_are_a_loop_that_redid_the_loaded_step",
+            "tests/test_engine_metrics_thread.py::test_a_loop_whose_saver_thread_reports_checkpoints_still_fails_a_redone_step",
+            "tests/test_engine_metrics_thread.py::test_the_kept_failing_drill_reproduces_on_rejudge_and_its_threads_undo_the_fail",
         ),
     ),
     Rule(

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.model import GroupEventKind
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.spec import DrillSpec, StickySpec, Sustain
 from pytest_recoverygate.engine.storage import StorageRecord
 from pytest_recoverygate.engine.verdict import Recovery, StepContract, format_seconds

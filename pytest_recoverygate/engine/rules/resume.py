@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from pytest_recoverygate.engine.advice import load_fix, save_fix
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume, steps_text
+from pytest_recoverygate.engine.ledger import Ledger, steps_text
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
 
@@ -33,7 +34,8 @@ NAME = "resume_step"
 
 def step_contract(ev: KillEvidence) -> Check:
     """The job keeps the step contract (``progress(n)`` after the n-th completed step, as
-    its first incarnation showed); a job that breaks it leaves the resume undecided."""
+    its first incarnation showed); a job that breaks it leaves the resume undecided. A
+    metrics thread's 0, then 1 (its samples around a slow first step) breaks nothing."""
     contract = ev.contract
     if contract.problem is not None:
         return Check(
@@ -507,7 +509,9 @@ def resume_step(ev: KillEvidence) -> Check | None:
     ``resumeFromCheckpoint``, or with ``latest`` a checkpoint durable before its load and
     no older than the newest one durable before it started. A FAIL needs proof whatever
     the reporting grid (a load line, a replay, a first step below the expected one); a
-    replay of the loaded step alone names the off-by-one resume. Undecided: a load line
+    replay of the loaded step alone names the off-by-one resume, unless a metrics thread
+    printed it (progress only from threads that print no checkpoint, in the first run
+    and after the load: the state it holds). Undecided: a load line
     naming a step no checkpoint_completed named followed by that step (a silent save
     done again, or a load line naming the next step to run), a replacement without
     checkpoint_loaded whose first lines may be a metrics thread ticking the state it
