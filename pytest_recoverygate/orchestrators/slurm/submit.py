@@ -55,6 +55,8 @@ __all__ = [
     "Submission",
     "SubmittedJob",
     "SweptJobs",
+    "cancel_marked",
+    "marked_jobs",
     "sweep",
 ]
 
