@@ -22,14 +22,19 @@ workers restarted in the step), and writes its own records (``RECOVERYGATE_GROUN
   the digest it saved and the one it loaded); a ``path`` outside what the job shows is
   refused (ERROR) with nothing damaged;
 - after every drill: no job left (squeue), no poison and no owner record in the drill's
-  lock folder (the sweeps would find none), no process of the job.
+  lock folder (the sweeps would find none), no process of the job; a drill ended by
+  SIGINT with its poison armed cleans up, one SIGKILLed leaves its poison and its job to
+  ``recoverygate sweep``, which removes both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,3 +274,70 @@ def test_a_damage_path_outside_what_the_job_shows_is_refused_with_nothing_damage
     assert "nothing was damaged" in run.report["summary"]
     assert planted.read_bytes() == b"\x01" * 4096
     assert not any(e["kind"] == "kill" for e in run.report["timeline"]), run.explain()
+
+
+# ------------------------------------------------------------------ every way out
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+def test_a_drill_ended_with_its_poison_armed_leaves_nothing(
+    slurm: SlurmCluster, tmp_path: Path, signal_name: str
+) -> None:
+    """The crash-loop drill, ended by a signal once its poison is armed: SIGINT runs its
+    cleanup (exit 130: the poison removed, the job cancelled); after a SIGKILL the poison
+    file, the owner record and the job stay until ``recoverygate sweep`` removes them."""
+    spec: dict[str, Any] = yaml.safe_load(
+        (EXAMPLES / "recovery-test-crash-loop-unbounded.yaml").read_text()
+    )
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    mark = uuid.uuid4().hex
+    workload = spec["workload"]
+    workload["script"] = str(EXAMPLES / workload["script"])
+    workload["workdir"] = str(tmp_path)
+    workload["env"].update(
+        RECOVERYGATE_TRAIN=str(TRAIN),
+        RECOVERYGATE_CKPT_DIR=str(tmp_path / "checkpoints"),
+        RG_E2E_MARK=mark,
+    )
+    config = tmp_path / "drill.yaml"
+    config.write_text(yaml.safe_dump(spec))
+    env = {**slurm.env, "RECOVERYGATE_PYTHON": sys.executable, "RECOVERYGATE_LOCK_DIR": str(locks)}
+    cli = [sys.executable, "-m", "pytest_recoverygate.cli"]
+    drill_proc = subprocess.Popen(
+        [*cli, "run", "-f", str(config), "--yes", "-q"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not list(locks.glob(f"{POISON_PREFIX}*.armed")):
+            assert drill_proc.poll() is None, f"the drill ended first ({drill_proc.returncode})"
+            assert time.monotonic() < deadline, "the poison was never armed"
+            time.sleep(0.2)
+        [record] = locks.glob(f"{RECORD_PREFIX}*")
+        job_id = json.loads(record.read_text())["jobId"]
+        drill_proc.send_signal(getattr(signal, signal_name))
+        code = drill_proc.wait(120)
+    finally:
+        if drill_proc.poll() is None:
+            drill_proc.kill()
+            drill_proc.wait(10)
+    if signal_name == "SIGINT":
+        assert code == 130
+    else:
+        assert code == -signal.SIGKILL
+        assert list(locks.glob(f"{POISON_PREFIX}*.armed")), "the poison went with the drill?"
+        assert slurm.job_field(job_id, "JobState") == "RUNNING"
+        swept = subprocess.run(
+            [*cli, "sweep"], env=env, capture_output=True, text=True, timeout=180, check=False
+        )
+        assert swept.returncode == 0, swept.stdout + swept.stderr
+        assert "removed an armed poison" in swept.stdout, swept.stdout
+        assert f"cancelled {job_id}; record removed" in swept.stdout, swept.stdout
+    assert slurm.run("squeue", "-h", "-j", job_id, check=False).strip() == ""
+    leftover = [*locks.glob(f"{POISON_PREFIX}*"), *locks.glob(f"{RECORD_PREFIX}*")]
+    assert not leftover, leftover  # (a SIGKILLed drill's job lock file is no lock: no flock)
+    left = left_behind(mark, tmp_path / "checkpoints")
+    assert not left, "left behind:\n" + "\n".join(left)
