@@ -18,9 +18,10 @@ import pwd
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_recoverygate.engine.model import KillOutcome, KillResult
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     SQUEUE_FIELDS,
@@ -37,6 +38,7 @@ __all__ = [
     "CommandOutcomeUnknown",
     "JobGone",
     "SlurmCommands",
+    "failed_destructive",
 ]
 
 #: Retries of the Slurm clients: a controller restart takes a few seconds.
@@ -81,6 +83,24 @@ class CommandNotStarted(BackendError):
 
 class CommandOutcomeUnknown(BackendError):
     """A command that acts failed after it may have acted; it must not be sent again."""
+
+
+def failed_destructive(
+    now: float,
+    exc: Exception,
+    job_id: str,
+    *,
+    not_started: Callable[[Exception], str],
+    unknown: Callable[[Exception], str],
+) -> KillResult:
+    """What a destructive command that raised means: the job is gone, the command
+    certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
+    since only the first is proof that nothing else was hit)."""
+    if isinstance(exc, JobGone):
+        return KillResult(KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
+    if isinstance(exc, CommandNotStarted):
+        return KillResult(KillOutcome.UNCONFIRMED, now, not_started(exc))
+    return KillResult(KillOutcome.UNCONFIRMED, now, unknown(exc))
 
 
 class SlurmCommands:

@@ -52,9 +52,9 @@ from pytest_recoverygate.errors import (
 )
 from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
 from pytest_recoverygate.orchestrators.slurm.commands import (
-    CommandNotStarted,
     JobGone,
     SlurmCommands,
+    failed_destructive,
 )
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource, uid_of
 from pytest_recoverygate.orchestrators.slurm.nodes import (
@@ -625,22 +625,10 @@ class SlurmOrchestrator(JobStorage):
         return model.KillResult(model.KillOutcome.KILLED, sent_at, " ".join(args))
 
     def _failed_destructive(
-        self,
-        exc: Exception,
-        job_id: str,
-        *,
-        not_started: Callable[[Exception], str],
-        unknown: Callable[[Exception], str],
+        self, exc: Exception, job_id: str, **how: Callable[[Exception], str]
     ) -> model.KillResult:
-        """What a destructive command that raised means: the job is gone, the command
-        certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
-        since only the first is proof that nothing else was hit)."""
-        now = self.clock.now()
-        if isinstance(exc, JobGone):
-            return model.KillResult(model.KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
-        if isinstance(exc, CommandNotStarted):
-            return model.KillResult(model.KillOutcome.UNCONFIRMED, now, not_started(exc))
-        return model.KillResult(model.KillOutcome.UNCONFIRMED, now, unknown(exc))
+        """:func:`.commands.failed_destructive`, now."""
+        return failed_destructive(self.clock.now(), exc, job_id, **how)
 
     # --- watching -----------------------------------------------------------------------
 
@@ -706,7 +694,8 @@ class SlurmOrchestrator(JobStorage):
             if thread is not None and thread is not current:
                 thread.join(timeout=max(self.commands.timeout * 2, 10))
         self._events.close()
-        submitted = self._cancel_submitted()
+        ours = self.submitted
+        submitted = ours.cancel(self.clock.wait, self.clock.now) if ours is not None else None
         if stuck:
             raise BackendError(
                 "cleanup could not SIGCONT the worker a HangWorker stopped: " + "; ".join(stuck)
@@ -717,15 +706,6 @@ class SlurmOrchestrator(JobStorage):
             )
         if submitted is not None:
             raise BackendError(submitted)
-
-    def _cancel_submitted(self) -> str | None:
-        """The job the drill submitted, cancelled (the problem, if it is still listed)."""
-        if self.submitted is None:
-            return None
-        try:
-            return self.submitted.cancel(self.clock.wait, self.clock.now)
-        except Exception as exc:  # cleanup reports, never stops half-way
-            return f"cancelling the job the drill submitted failed: {exc!r}"
 
     def _emit(
         self,

@@ -139,10 +139,13 @@ class SubmittedJob:
     ) -> str | None:
         """scancel the marked job and wait until squeue lists it no more; then drop the
         record. The problem, if a marked job is still there (the record then stays for
-        the sweep)."""
+        the sweep); it never raises."""
         if self._fd is None:
             return None
-        problem = cancel_marked(self.commands, self.mark, wait, now, limit)
+        try:
+            problem = cancel_marked(self.commands, self.mark, wait, now, limit)
+        except Exception as exc:  # cleanup reports, never stops half-way
+            return f"cancelling the job the drill submitted (comment {self.mark}) failed: {exc!r}"
         if problem is None:
             self.close()
         return problem
