@@ -161,30 +161,37 @@ class AtRest:
         self._note("storage", f"storage layer mounted over {layer.folder} ({layer.fsname})")
 
     def _storage_scope(self, target: model.Worker) -> None:
-        """StorageFault on a job the config cannot scope (one the backend attaches to):
-        its ``path`` must lie in a folder the running job can be shown to use, and the
-        target's processes must see a mount made here. DiscoveryError otherwise, before
-        anything is mounted or hit."""
-        spec = self.engine.spec.storage
-        if spec is None:
+        """A StorageFault, or a StickyFault ``scope: checkpoint``, on a job the config
+        cannot scope (one the backend attaches to): its ``path`` must lie in a folder the
+        running job can be shown to use, and for a StorageFault the target's processes
+        must see a mount made here. DiscoveryError otherwise, before anything is mounted,
+        damaged or hit."""
+        spec = self.engine.spec
+        sticky = spec.sticky is not None and spec.sticky.scope == "checkpoint"
+        if spec.storage is None and not sticky:
             return
+        fault = "StickyFault" if sticky else "StorageFault"
+        path_given = (
+            spec.storage.path if spec.storage is not None else self.config.inject_failure.path
+        )
+        untouched = "nothing was damaged" if sticky else "nothing was mounted"
         name = self.orchestrator.name
         if not isinstance(self.orchestrator, StorageScope):
             raise _discovery_error(
-                f"StorageFault on {spec.path}: orchestrator {name} cannot show which folders "
+                f"{fault} on {path_given}: orchestrator {name} cannot show which folders "
                 "the job uses (its workload section names none, and the backend reads none "
                 f"from the running job: no storage_scope, {docs_link('backends.md')}); "
-                "nothing was mounted"
+                f"{untouched}"
             )
-        scope = self.orchestrator.storage_scope(target)
-        path = Path(os.path.realpath(spec.path))
+        scope = self.orchestrator.storage_scope(target, mount=not sticky)
+        path = Path(os.path.realpath(str(path_given)))
         if any(path == folder or folder in path.parents for folder in scope):
             return
         shown = ", ".join(str(folder) for folder in scope[:4]) or "none"
         raise _discovery_error(
-            f"StorageFault: path {spec.path} lies outside what the job can be shown to use "
+            f"{fault}: path {path_given} lies outside what the job can be shown to use "
             f"(as {name} shows it: {shown}); point injectFailure.path at the folder the job "
-            "saves its checkpoints in; nothing was mounted"
+            f"saves its checkpoints in; {untouched}"
         )
 
     def _arm_storage(self, action: KillTarget) -> list[Action]:

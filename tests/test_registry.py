@@ -181,9 +181,9 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
     node = {"KillNode", "PartitionNode"}
     assert set(fault_types()) >= common | {"KillStep", "Requeue"} | node | {"DrainNode"}
     storage = {"StorageFault"}
-    assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"} | storage
-    assert get_backend("fake").faults == common | node
     at_rest = storage | {"KillDuringRecovery", "StickyFault"}
+    assert get_backend("slurm").faults == common | {"KillStep", "Requeue", "KillNode"} | at_rest
+    assert get_backend("fake").faults == common | node
     assert get_backend("local").faults == common | node | at_rest
     assert get_backend("ray").faults == common | {"KillNode"} | storage
     assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}

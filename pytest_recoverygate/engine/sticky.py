@@ -25,6 +25,8 @@ crash loop is proven, and judged, at the restart past ``maxCrashLoop``.
 
 from __future__ import annotations
 
+import itertools
+
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.recovery import KillRecord, restarts
 from pytest_recoverygate.engine.reentry import ReentryPhase
@@ -204,15 +206,33 @@ class StickyPhase(ReentryPhase):
             f"death(s) there so far (maxCrashLoop {spec.max_crash_loop})"
         )
 
+    def _sticky_restart_count(self) -> int:
+        """The restarts while poisoned: the backend's RESTARTING group events, or the rise
+        of the launcher's restart count (TORCHELASTIC_RESTART_COUNT) in the start lines
+        of the job's processes, whichever says more (a backend that follows the group
+        only after a kill of its own sees no restart: Slurm's torchrun in the step)."""
+        armed = self._sticky_armed_at
+        ledger = self.ledger
+        counts = [
+            (inc.first_seen, inc.restart)
+            for inc in itertools.chain(ledger.order, ledger.others.values())
+            if inc.restart is not None and not ledger.is_child(inc)
+        ]
+        before = [n for seen, n in counts if armed is None or seen <= armed]
+        after = [n for seen, n in counts if armed is not None and seen > armed]
+        rise = max(after) - max(before) if after and before else 0
+        return max(self._sticky_restarts, rise)
+
     def _sticky_judge(self, now: float, *, final: bool) -> list[Action]:
         spec = self.spec.sticky
         assert spec is not None
+        restarts = self._sticky_restart_count()
         ev = StickyEvidence(
             self.spec,
             spec,
             self._sticky_armed_at or now,
             self._sticky_deaths,
-            self._sticky_restarts,
+            restarts,
             self._sticky_ended,
             self._sticky_past,
             now,
@@ -234,7 +254,7 @@ class StickyPhase(ReentryPhase):
                 checks=tuple(checks),
                 trigger_checkpoint=self.trigger_step,
                 kill_time=self._sticky_armed_at,
-                restarts=self._sticky_restarts,
+                restarts=restarts,
                 fault_details={
                     "sticky": {
                         "scope": spec.scope,
@@ -243,7 +263,7 @@ class StickyPhase(ReentryPhase):
                         "maxCrashLoop": spec.max_crash_loop,
                         "deaths": len(self._sticky_deaths),
                         "deathSeconds": deaths,
-                        "restarts": self._sticky_restarts,
+                        "restarts": restarts,
                         "stepPast": None if self._sticky_past is None else self._sticky_past[0],
                         "jobEnded": None if self._sticky_ended is None else self._sticky_ended[1],
                         "gpuHours": None if cost is None else round(cost[0], 3),

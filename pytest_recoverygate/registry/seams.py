@@ -67,7 +67,9 @@ discovery, not before it:
   fault's ``path`` must lie in one of them, or the drill is refused (``DiscoveryError``,
   nothing touched). It raises ``DiscoveryError`` itself, with the reason, when a mount
   made on the drill's machine would not cover the folder as ``target``'s processes see
-  it (they run on another node, or in a mount namespace of their own).
+  it (they run on another node, or in a mount namespace of their own). A StickyFault
+  ``scope: checkpoint`` asks with ``mount=False``: it writes over the files the job's
+  save wrote, and needs no mount.
 """
 
 from __future__ import annotations
@@ -222,9 +224,10 @@ class NodeFaults(Protocol):
 class StorageScope(Protocol):
     """Optional, for a StorageFault on a job the config cannot scope (see the module)."""
 
-    def storage_scope(self, target: model.Worker) -> tuple[Path, ...]:
-        """The folders the discovered job can be shown to use; DiscoveryError, with the
-        reason, when ``target``'s processes would not see a mount made on this machine."""
+    def storage_scope(self, target: model.Worker, *, mount: bool = True) -> tuple[Path, ...]:
+        """The folders the discovered job can be shown to use; with ``mount``,
+        DiscoveryError, with the reason, when ``target``'s processes would not see a mount
+        made on this machine (without: a StickyFault's damage, which mounts nothing)."""
         ...
 
 
