@@ -184,10 +184,11 @@ def test_a_job_that_takes_the_bad_node_out_passes() -> None:
 def test_a_job_that_keeps_rejoining_the_bad_node_fails_when_proven() -> None:
     d = Drill.trained_to_the_trigger()
     t = 3.0
-    for inc in ("b", "c", "d"):
-        t = d.incarnation(t, inc, 20, 1.0)
+    for inc in ("b", "c", "d"):  # rank 0's processes never get past their start-up ...
+        d.group(G.RESTARTING, t)
+        d.line(S, t + 0.5, inc)
         assert d.result is None
-        d.placement_hit(t)
+        d.placement_hit(t)  # ... before the next placement on the bad node dies
         t += 3.0
     assert d.result is not None, "the fourth death proves it"
     assert d.result.verdict is Verdict.FAIL
