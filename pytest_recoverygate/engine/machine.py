@@ -757,16 +757,6 @@ class DrillEngine(StickyPhase):
             return max(trained, key=lambda i: i.last[1] if i.last is not None else 0.0)
         return new[-1] if new else None
 
-    def _world_sizes(self, kill: KillRecord) -> None:
-        """Node faults: the world size before and after from the job's start lines (the
-        group at the kill, the group that came back), else from the backend; and which."""
-        for key, born in (("worldSizeBefore", kill.index - 1), ("worldSizeAfter", kill.index)):
-            lines = self.ledger.world_size(born)
-            if lines is not None:
-                kill.details[key] = lines
-            if key in kill.details:
-                kill.details[f"{key}From"] = "startLines" if lines is not None else "backend"
-
     def _judge(self, now: float, *, final: bool = True) -> list[Action]:
         """Judge the kill under judgement; then the next kill, or the drill's verdict.
         ``final``: the drill's last word on it (False: a failure proven early, the other
