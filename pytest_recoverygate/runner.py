@@ -50,7 +50,6 @@ from pytest_recoverygate.registry.seams import (
     Notices,
     Orchestrator,
     RealClock,
-    StickyNodes,
     cleanup_once,
 )
 from pytest_recoverygate.shared.lock import DrillLock, job_lock
@@ -403,12 +402,7 @@ class _Drill(AtRest):
                 f"orchestrator {self.orchestrator.name} implements no current_node/"
                 f"kill_node/restore_node ({docs_link('nodes.md')}); use type: KillWorker"
             )
-        if failure.type == "StickyFault" and not isinstance(self.orchestrator, StickyNodes):
-            raise _discovery_error(
-                f"StickyFault scope: node needs a backend that can keep a node bad, and "
-                f"orchestrator {self.orchestrator.name} implements no make_node_bad "
-                f"({docs_link('faults.md')}); use scope: step"
-            )
+        self._sticky_node_scope()  # StickyFault scope node: a backend that keeps it bad
         indexes = ", ".join(str(n.index) for n in workload.nodes) or "none"
         if len(workload.nodes) < 2:
             raise _discovery_error(
@@ -486,29 +480,16 @@ class _Drill(AtRest):
         if action.fault == "KillNode":
             self._killed_nodes.add(node.identity)
         self._killed.update(w.instance_id for w in node.workers)
-        how = {
-            "PartitionNode": "cutting the link of",
-            "DrainNode": "draining",
-            "StickyFault": "making bad for good",
-        }.get(action.fault, "killing")
+        if spec.sticky is not None:  # StickyFault scope node: the node stays bad from now on
+            return self._make_node_bad(action, node)
+        how = {"PartitionNode": "cutting the link of", "DrainNode": "draining"}.get(
+            action.fault, "killing"
+        )
         verb = f"checking the {how.split()[0].removesuffix('ing')} of" if self.dry_run else how
-        if action.fault == "StickyFault" and self.dry_run:
-            verb = "checking what would make bad"
         self._sync_phase(
             f"checkpoint step {action.checkpoint_step} reached; {verb} {node.describe()}"
             + (f" (kill {action.index})" if action.index > 1 else "")
         )
-        sticky = spec.sticky
-        if sticky is not None:  # StickyFault scope node: the node stays bad from now on
-            assert isinstance(self.orchestrator, StickyNodes)
-            result = self._attempt(
-                self.orchestrator.make_node_bad,
-                node,
-                dry_run=self.dry_run,
-                mode=sticky.mode,
-                after=sticky.after,
-            )
-            return list(self.door.on_kill_result(result))
         fault = model.Fault(
             action.fault,
             action.grace_period,
@@ -527,14 +508,6 @@ class _Drill(AtRest):
         self._note("restore", f"restoring {self.node.describe()}: {action.why}")
         result = self._attempt(self.orchestrator.restore_node, self.node)
         return list(self.door.on_restore_result(result))
-
-    def _already_gone(self, detail: str) -> list[Action]:
-        """The engine's answer to a target that is not there to hit (nothing was)."""
-        return list(
-            self.door.on_kill_result(
-                model.KillResult(model.KillOutcome.ALREADY_GONE, self.clock.now(), detail)
-            )
-        )
 
     def _attempt(
         self, hit: Callable[_P, model.KillResult], /, *args: _P.args, **kwargs: _P.kwargs
