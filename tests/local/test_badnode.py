@@ -144,6 +144,18 @@ def children(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
     return []
 
 
+def workers(agent: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The agent's workers that run their own program (``RANK`` in their environment), as
+    the watcher sees them: never the node wrapper's ``hostname`` or ``mount`` (children of
+    the wrapper's shell before it execs the agent), nor a worker forked but not exec'd."""
+    found = []
+    for child in children(agent):
+        with contextlib.suppress(psutil.Error):
+            if "RANK" in child.environ():
+                found.append(child)
+    return found
+
+
 def alive(proc: subprocess.Popen[bytes]) -> bool:
     return proc.poll() is None
 
@@ -155,7 +167,7 @@ def test_the_work_now_at_once_each_later_one_after_it_started_and_nothing_else(
     stranger = node.start(["sleep", "600"], marker=None, rank=True)  # no drill marker
     other = node.start(["sleep", "600"], marker="feedfacefeedface", rank=True)  # another's
     outside = node.start(["sleep", "600"], marker=MARK, rank=True, inside=False)
-    eventually(lambda: len(children(agent)) == 1, what="the first worker")
+    eventually(lambda: len(workers(agent)) == 1, what="the first worker")
     bad = node.bad(agent, "kill", after=1.0)
 
     at, hits = bad.start()
@@ -181,8 +193,8 @@ def test_the_work_now_at_once_each_later_one_after_it_started_and_nothing_else(
 
 def test_hang_stops_the_work_and_stop_leaves_nothing_stopped(node: Node) -> None:
     agent = node.start([sys.executable, "-c", AGENT, "0"], marker=MARK)
-    eventually(lambda: len(children(agent)) == 1, what="the worker")
-    (worker,) = children(agent)
+    eventually(lambda: len(workers(agent)) == 1, what="the worker")
+    (worker,) = workers(agent)
     bad = node.bad(agent, "hang", after=0.0)
     _, hits = bad.start()
     assert hits == 1
