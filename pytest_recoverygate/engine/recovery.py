@@ -149,6 +149,8 @@ def _figures(ev: KillEvidence, checks: Sequence[Check]) -> None:
     ranks = next((c.observed for c in checks if c.name == "all_ranks_resumed"), None)
     if ranks:
         kill.details["ranks"] = ranks
+    if kill.bad_node is not None:  # StickyFault scope node: the node and its placements
+        kill.details["badNode"] = kill.bad_node.details(ev.now, ev.restarts)
     if kill.storage is not None:
         if ev.final:
             kill.storage.lifted(ev.now, "the drill ended; its cleanup lifts it")  # if armed

@@ -96,6 +96,7 @@ class FailureReason(enum.Enum):
     CRASH_LOOP = "the job retried the same failure again and again"
     LOADED_CORRUPT_CHECKPOINT = "the job loaded a damaged checkpoint and trained on its state"
     NO_FALLBACK = "the job restarted from scratch though an older checkpoint was intact"
+    BAD_NODE_REUSED = "the job kept placing work on a node that fails every time"
     INCONCLUSIVE = "the evidence cannot decide"
 
 

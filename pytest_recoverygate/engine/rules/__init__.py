@@ -38,6 +38,19 @@ R = FailureReason
 TABLE: tuple[Rule, ...] = (
     # ----------------------------------------------------------- each kill (restart mode)
     Rule(
+        "bad_node_avoided",
+        "bad_node",
+        "kill",
+        sticky.bad_node_avoided,
+        (R.BAD_NODE_REUSED,),
+        tests=(
+            "tests/test_engine_sticky_node.py::test_a_job_that_takes_the_bad_node_out_passes",
+            "tests/test_engine_sticky_node.py::test_a_job_that_keeps_rejoining_the_bad_node_fails_when_proven",
+            "tests/test_engine_sticky_node.py::test_a_job_whose_bad_node_stays_in_is_undecided",
+            "tests/test_engine_sticky_node.py::test_a_job_that_ends_stops_placing_work_on_the_node",
+        ),
+    ),
+    Rule(
         "damage_handled",
         "damage_handled",
         "kill",

@@ -45,11 +45,14 @@ def detected(ev: KillEvidence) -> Check | None:
     )
 
 
-def new_incarnation(ev: KillEvidence) -> Check:
+def new_incarnation(ev: KillEvidence) -> Check | None:
     """A new incarnation of the job reported training events after the kill; none by the
-    end fails (never came back), unless the job finished first (undecided)."""
+    end fails (never came back), unless the job finished first (undecided). A judgement
+    before the end (another check's failure proven early) claims nothing of it."""
     came_back = ev.inc is not None
     finished_ok = ev.finished_ok
+    if not came_back and not ev.final and ev.kill.job_ended is None:
+        return None
     count = sum(1 for i in ev.ledger.order if i.born == ev.kill.index)
     return Check(
         "new_incarnation",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_recoverygate.engine.badnode import BadNodeRecord
 from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.model import GroupEventKind
 from pytest_recoverygate.engine.records import Inc, Resume
@@ -83,6 +84,7 @@ class KillRecord:
     slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
     window: Window | None = None  # the sustain window, once it opened
     storage: StorageRecord | None = None  # StorageFault: the fault this recovery follows
+    bad_node: BadNodeRecord | None = None  # StickyFault scope node: the node that stays bad
 
 
 def ended_how(kill: KillRecord, now: float) -> str:

@@ -572,11 +572,14 @@ def unless_proven(
 
 def never_trained_resume(ev: KillEvidence) -> Check | None:
     """A replacement that never trained past its resume: one that loaded nothing never
-    came back (undecided when the job finished right after it came back); one that
-    loaded another step than expected resumed from the wrong checkpoint."""
+    came back (undecided when the job finished right after it came back; nothing claimed
+    in a judgement before the end); one that loaded another step than expected resumed
+    from the wrong checkpoint."""
     inc, expected = ev.inc, ev.expected
     if inc is None or ev.past is not None:
         return None
+    if inc.loaded is None and not ev.final and ev.kill.job_ended is None:
+        return None  # another check's failure was proven early: time decides nothing here
     if inc.loaded is None:
         if ev.finished_ok:
             return Check(
@@ -615,10 +618,13 @@ def never_trained_resume(ev: KillEvidence) -> Check | None:
 
 def never_trained_progress(ev: KillEvidence) -> Check | None:
     """A replacement that loaded a checkpoint but made no step past it stopped
-    progressing (undecided when the job finished right after resuming)."""
+    progressing (undecided when the job finished right after resuming; nothing claimed in
+    a judgement before the end)."""
     inc = ev.inc
     if inc is None or ev.past is not None or inc.loaded is None:
         return None
+    if not ev.final and ev.kill.job_ended is None:
+        return None  # another check's failure was proven early: time decides nothing here
     if ev.finished_ok:
         return Check(
             "progress_after_resume",
