@@ -31,8 +31,10 @@ The budgets (seconds, before the slack):
 =============  ======  =================================================================
 
 ``SETTLE`` (0.2 s) is how long :func:`stays` watches for something that must not happen
-(a signal that must not arrive, a file that must not appear), and ``POLL`` (0.05 s) how
-often :func:`eventually` asks.
+here (a signal that must not arrive, a file that must not appear), ``QUIET`` (1 s) how
+long for something a daemon or another process tree might still do late (Slurm acting on
+a command that hung, a cluster script's kill); ``POLL`` (0.05 s) is how often
+:func:`eventually` asks.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 __all__ = [
@@ -51,12 +53,14 @@ __all__ = [
     "POLL",
     "PROCESS",
     "PROMPT",
+    "QUIET",
     "SETTLE",
     "SLACK_ENV",
     "Timeout",
     "deadline",
     "describe",
     "eventually",
+    "gather",
     "slack",
     "stays",
     "within",
@@ -75,6 +79,7 @@ JOB = 120.0
 CLUSTER = 300.0
 DRILL = 600.0
 SETTLE = 0.2
+QUIET = 1.0
 POLL = 0.05
 
 
@@ -165,6 +170,24 @@ def eventually(
             detail = f"; seen: {seen()}" if seen is not None else ""
             raise Timeout(f"no {what} within {budget}{detail}")
         pause(interval)
+
+
+def gather(
+    poll: Callable[[], Iterable[T]],
+    until: Callable[[list[T]], bool],
+    what: str,
+    timeout: float = PROCESS,
+) -> list[T]:
+    """Collect what ``poll`` returns (events, lines) until ``until(collected)`` holds, with
+    :func:`eventually`'s budget; the collection. A timeout says what was collected."""
+    collected: list[T] = []
+
+    def done() -> bool:
+        collected.extend(poll())
+        return until(collected)
+
+    eventually(done, what, timeout, seen=lambda: collected)
+    return collected
 
 
 def stays(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -165,6 +166,23 @@ def test_a_load_that_rises_during_a_wait_stretches_it(load: list[float]) -> None
     with pytest.raises(patience.Timeout, match="slack 3.00 = 30.0 s"):
         patience.eventually(lambda: rising(None), "y", 10, now=clock.now, pause=clock.pause)
     assert clock.t == pytest.approx(30.0, abs=patience.POLL)
+
+
+def test_gather_collects_until_the_collection_is_enough(no_slack: None) -> None:
+    polls = iter([[1], [], [2, 3], [4]])
+    assert patience.gather(lambda: next(polls), lambda got: 3 in got, "a 3") == [1, 2, 3]
+
+
+def test_gather_fails_with_what_it_collected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(patience.SLACK_ENV, "1")
+    monkeypatch.setattr(patience, "eventually", _on_a_fake_clock(patience.eventually))
+    with pytest.raises(patience.Timeout, match=r"no a 3 within .*; seen: \[1, 2\]"):
+        patience.gather(iter([[1], [2]] + [[]] * 10_000).__next__, lambda got: 3 in got, "a 3")
+
+
+def _on_a_fake_clock(wait: Any) -> Any:
+    clock = FakeClock()
+    return lambda *a, **k: wait(*a, **k, now=clock.now, pause=clock.pause)
 
 
 # --------------------------------------------------------------------------- stays

@@ -42,6 +42,7 @@ from pytest_recoverygate.runner import RunOptions, run_drill
 from pytest_recoverygate.shared.lock import lock_dir
 from pytest_recoverygate.shared.procs import JobLaunch
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
+from tests.patience import JOB, deadline, eventually, within
 from tests.reliability.conftest import Figures
 
 # Every row is a two-node drill on real processes in network namespaces (2-5 s): slow.
@@ -137,9 +138,11 @@ def assert_nothing_left(
     named rg<drill_id>-*, or, without the id, any rg*- namespace that was not there
     before (other drills on the machine may make and remove theirs meanwhile); with the
     id, no owner record of the drill either."""
-    deadline = time.monotonic() + 10
-    while tagged_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(
+        lambda: not tagged_processes(tag),
+        "the drill's processes gone",
+        seen=lambda: tagged_processes(tag),
+    )
     left = tagged_processes(tag)
     stopped = [p for p in left if " state T" in p]
     if drill_id is None:
@@ -211,12 +214,12 @@ def test_sigterm_to_the_cli_while_a_node_recovers_leaves_nothing(
     command = [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path), "--yes"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    deadline = time.monotonic() + 60
+    until = deadline(JOB)
     for line in proc.stdout:
-        if "recovering" in line or time.monotonic() > deadline:
+        if "recovering" in line or time.time() > until:
             break
     proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=within(JOB))
 
     assert proc.returncode == 130, output
     ids = set(re.findall(r"\brg([0-9a-f]{6})-node\d", output))  # its hostnames
