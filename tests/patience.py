@@ -177,16 +177,20 @@ def gather(
     until: Callable[[list[T]], bool],
     what: str,
     timeout: float = PROCESS,
+    *,
+    seen: Callable[[list[T]], object] | None = None,
 ) -> list[T]:
     """Collect what ``poll`` returns (events, lines) until ``until(collected)`` holds, with
-    :func:`eventually`'s budget; the collection. A timeout says what was collected."""
+    :func:`eventually`'s budget; the collection. A timeout says what was collected (or
+    ``seen(collected)``: the kinds of the events, the job's output)."""
     collected: list[T] = []
 
     def done() -> bool:
         collected.extend(poll())
         return until(collected)
 
-    eventually(done, what, timeout, seen=lambda: collected)
+    shown = (lambda: seen(collected)) if seen is not None else (lambda: collected)
+    eventually(done, what, timeout, seen=shown)
     return collected
 
 

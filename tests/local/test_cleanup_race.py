@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from pytest_recoverygate.orchestrators.local.processes import Identity, is_running, leftovers
+from tests.patience import PROMPT, within
 
 pytestmark = [pytest.mark.slow]
 
@@ -30,7 +31,7 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
     for child in started:  # leave nothing behind
         if child.poll() is None:
             child.kill()
-        child.wait(timeout=10)
+        child.wait(timeout=within(PROMPT))
 
 
 def start(children: list[subprocess.Popen[bytes]], code: str) -> Identity:
@@ -56,7 +57,7 @@ def test_a_process_reaped_before_the_look_is_not_reported(
     children: list[subprocess.Popen[bytes]],
 ) -> None:
     identity = start(children, "pass")
-    children[-1].wait(timeout=10)
+    children[-1].wait(timeout=within(PROMPT))
     assert leftovers([(identity, "")], grace=0.2) == []
 
 

@@ -35,6 +35,7 @@ import yaml
 
 from pytest_recoverygate.storage.poison import sweep as sweep_poison
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 from tests.truth.truth import Truth, compute, load_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
@@ -73,7 +74,9 @@ def drill(name: str, tmp_path: Path) -> Run:
     config["workload"]["env"]["RG_E2E_MARK"] = mark
     # The figures docs/faults.md quotes come from the examples as shipped (their sustain).
     as_shipped = bool(os.environ.get("RECOVERYGATE_FAULT_TABLE"))
-    run = run_cli_drill(config, tmp_path / name, timeout=600, drill_sustain=not as_shipped)
+    run = run_cli_drill(
+        config, tmp_path / name, timeout=within(DRILL), drill_sustain=not as_shipped
+    )
     report, wall = run.report, run.wall
     kills = [r["killTime"] for r in report.get("recoveries", []) if r.get("killTime")]
     truths = [compute(base, float(kill)) for kill in kills]

@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 from tests.storage_truth import Run, left_behind, read_truth, record_for_the_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
@@ -53,7 +54,7 @@ def drill(name: str, tmp_path: Path) -> Run:
     mark = uuid.uuid4().hex
     env = config["workload"].setdefault("env", {})
     env.update(RECOVERYGATE_GROUND_TRUTH=str(base), RG_E2E_MARK=mark)
-    run = run_cli_drill(config, tmp_path / name, timeout=600)
+    run = run_cli_drill(config, tmp_path / name, timeout=within(DRILL))
     result = Run(run.report, run.code, run.output, read_truth(base))
     record_for_the_docs(name, run.report, run.wall)
     assert not left_behind(mark, folder), "left behind:\n" + "\n".join(left_behind(mark, folder))
