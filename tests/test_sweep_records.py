@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.orchestrators.local.sweep import RECORD_PREFIX, claim, sweep
+from tests.patience import JOB, within
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +163,7 @@ def run_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         env={**os.environ, **env, "PYTHONPATH": path},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
 

@@ -33,6 +33,7 @@ import pytest
 from recoverygate.integrations._common import MARKER_NAME
 
 from tests.integrations._drill import HF_TRAIN, SENTINEL, TORCHRUN
+from tests.patience import CLUSTER, JOB, PROMPT, within
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
@@ -92,7 +93,7 @@ def tear_the_save_of_step_20(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        assert started.wait(120), "".join(text[-40:])
+        assert started.wait(within(JOB)), "".join(text[-40:])
         folder = out / "checkpoint-20"
         deadline = time.monotonic() + 10
         while not folder.exists() and time.monotonic() < deadline:
@@ -103,7 +104,7 @@ def tear_the_save_of_step_20(
         rank0.send_signal(signal.SIGKILL)
         unmarked = folder.exists() and not (folder / MARKER_NAME).exists()
         try:
-            proc.wait(timeout=180)
+            proc.wait(timeout=within(CLUSTER))
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 "torchrun did not end within 180 s of the kill; its last lines:\n"
@@ -118,7 +119,7 @@ def tear_the_save_of_step_20(
                         child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        reader.join(10)
+        reader.join(within(PROMPT))
         proc.stdout.close()  # on every way out: a failed wait must not leak the pipe too
     return events, proc.returncode, "".join(text), unmarked
 

@@ -490,7 +490,7 @@ class FakeTrainingJob:
                     self._emit(
                         wire.format_step("checkpoint_started", time.time(), inc, self.step, 0)
                     )
-                    time.sleep(self.save_time)
+                    time.sleep(self.save_time)  # not a wait: the played job's pace
                     self._emit(
                         wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0)
                     )
@@ -515,4 +515,4 @@ class FakeTrainingJob:
                     self._say("checkpoint_completed", inc, self.step)
                 else:
                     self._say("checkpoint_started", inc, self.step)
-            time.sleep(self.step_time)
+            time.sleep(self.step_time)  # not a wait: the played job's pace

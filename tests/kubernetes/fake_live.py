@@ -184,7 +184,7 @@ class FakeLiveJob:
 
     def _train(self) -> None:
         while not self._stop.is_set():
-            time.sleep(self.step_time)
+            time.sleep(self.step_time)  # not a wait: the played job's pace
             now = time.monotonic()
             with self._lock:
                 for rep in self.replicas:

@@ -53,6 +53,7 @@ from typing import Any
 import pytest
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 from tests.truth.truth import Process, Truth, compute, load_processes
 
 pytest.importorskip("torch")  # torchrun comes with torch; job.py itself needs no torch
@@ -62,7 +63,6 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE / "job.py"
 TRAIN = HERE.parents[1] / "examples" / "local" / "train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-DRILL_TIMEOUT = 240  # seconds for one `recoverygate run`; every phase has its own deadline
 RECOVERY_TIME_TOLERANCE = 0.05
 REPORTING_RANK = 0
 
@@ -165,7 +165,7 @@ def run_drill(
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "60s", "checkpoint": "60s", "recovery": "90s"},
     }
-    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=DRILL_TIMEOUT)
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(DRILL))
     report, output, wall = run.report, run.output, run.wall
     assert report.get("killTime") is not None, f"the drill never killed:\n{output}"
     truth = compute(base, float(report["killTime"]))

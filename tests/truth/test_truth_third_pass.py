@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import CLUSTER, within
 from tests.truth import test_truth_corpus as corpus
 
 pytest.importorskip("torch")
@@ -206,7 +207,7 @@ def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
         **EVERY_LINE,  # every commit printed: the survivor's line of S + 1 is there
     }
     config["expectations"].pop("stateDigestMatches")  # the hand-written loop sends no digest
-    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=300)
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(CLUSTER))
     report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
     kill = float(report["killTime"])
     rows = torchft_records(base)
