@@ -19,6 +19,13 @@ rises in the middle of a wait lengthens it, one that falls never shortens it. A 
 runs out fails with what it waited for, the budget and the slack, so a timeout under load
 reads differently from one on an idle machine.
 
+A kill a drill aims into a save (or a load) waits on a barrier the job parks at, not on a
+time window: :class:`Hold` writes the file the example jobs' ``RG_TEST_HOLD`` names, the
+job's save of that step parks after its first write while the file exists, and the hold
+lets it go once the parked process is gone (the kill landed in the save, whatever the
+load). One real drill per fault keeps a save of at least 3 s and no hold, so the tool's own
+aim (half the measured save) is still tested.
+
 The budgets (seconds, before the slack):
 
 =============  ======  =================================================================
@@ -39,15 +46,20 @@ a command that hung, a cluster script's kill); ``POLL`` (0.05 s) is how often
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
 from typing import TypeVar
 
 __all__ = [
     "CLUSTER",
     "DRILL",
+    "HOLD_ENV",
     "JOB",
     "MAX_SLACK",
     "POLL",
@@ -56,6 +68,7 @@ __all__ = [
     "QUIET",
     "SETTLE",
     "SLACK_ENV",
+    "Hold",
     "Timeout",
     "deadline",
     "describe",
@@ -72,6 +85,10 @@ T = TypeVar("T")
 SLACK_ENV = "RECOVERYGATE_TEST_SLACK"
 #: The most the load stretches a budget by: past it a test is better failed than waited on.
 MAX_SLACK = 5.0
+
+#: The variable that names the hold file to the example jobs (examples/local/train.py,
+#: examples/transformers/train.py).
+HOLD_ENV = "RG_TEST_HOLD"
 
 PROMPT = 10.0
 PROCESS = 30.0
@@ -211,3 +228,83 @@ def stays(
         if time.monotonic() >= until:
             return
         time.sleep(interval)
+
+
+class Hold:
+    """The barrier a kill aimed into a save waits on (the jobs' ``RG_TEST_HOLD``).
+
+    ``Hold(folder, "save", 60)`` writes ``folder/hold`` reading ``save 60``: the job's save
+    of step 60 (or later) parks after its first write while the file exists, and writes
+    ``hold.parked.<pid>``. Give the job :attr:`env`. As a context manager it lets the
+    parked save go by itself once a parked process is gone (the drill's kill landed in
+    it): :attr:`killed` are those processes. A test that kills by hand uses :meth:`arm`,
+    :meth:`wait_parked` and :meth:`release` (in a ``finally``).
+    """
+
+    def __init__(self, folder: Path, what: str, step: int) -> None:
+        self.path = folder / "hold"
+        self.what, self.step = what, step
+        self.killed: list[int] = []
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {HOLD_ENV: str(self.path)}
+
+    def parked(self) -> list[int]:
+        """The processes parked at the hold (alive or not), by pid."""
+        return sorted(
+            int(p.name.rpartition(".")[2]) for p in self.path.parent.glob("hold.parked.*")
+        )
+
+    def wait_parked(self, timeout: float | None = None) -> list[int]:
+        """The parked processes, once there is one (within ``timeout``, or ``DRILL``)."""
+        budget = DRILL if timeout is None else timeout
+        return eventually(self.parked, f"a {self.what} of step {self.step} parked", budget)
+
+    def arm(self) -> Hold:
+        """Write the hold file: from now on the save (or load) it names parks."""
+        self.path.write_text(f"{self.what} {self.step}\n")
+        return self
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _release_after_kill(self) -> None:
+        try:
+            parked = self.wait_parked()
+
+            def killed() -> list[int]:
+                return [pid for pid in self.parked() if _gone(pid)]
+
+            self.killed = eventually(killed, f"the kill of a process parked in {parked}", DRILL)
+        except BaseException as exc:  # handed to the test at __exit__
+            self._failed = exc
+        finally:
+            self.release()
+
+    def __enter__(self) -> Hold:
+        self.arm()
+        self._thread = threading.Thread(target=self._release_after_kill, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+        if self._thread is not None:
+            self._thread.join(within(PROMPT))
+        if kind is None and self._failed is not None:
+            raise self._failed
+
+
+def _gone(pid: int) -> bool:
+    """No process ``pid``, or only its zombie."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return True

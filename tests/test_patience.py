@@ -16,13 +16,20 @@ We test these aspects:
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import patience
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeClock:
@@ -203,3 +210,162 @@ def test_stays_fails_the_moment_the_predicate_does_not_hold(no_slack: None) -> N
     answers = iter([True, False])
     with pytest.raises(AssertionError, match="the victim runs: no longer so"):
         patience.stays(lambda: next(answers), "the victim runs", during=60)
+
+
+# --------------------------------------------------------------------------- the hold
+
+#: The job side of the hold, as examples/local/train.py's ``hold()`` does it: park at the
+#: save of step argv[1] while the file exists (a stand-in: no torch to import).
+PARKS = """
+import os, sys, time
+from pathlib import Path
+path, step = os.environ["RG_TEST_HOLD"], int(sys.argv[1])
+kind, _, at = Path(path).read_text().strip().partition(" ")
+if kind == "save" and step >= int(at):
+    Path(f"{path}.parked.{os.getpid()}").write_text(f"save {step}")
+    while os.path.exists(path):
+        time.sleep(0.05)
+print("saved", step, flush=True)
+"""
+
+
+def test_a_hold_parks_the_save_it_names_and_lets_go_once_the_parked_process_is_killed(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, patience.HOLD_ENV: str(tmp_path / "hold")}
+    with patience.Hold(tmp_path, "save", 60) as hold:
+        assert hold.env == {patience.HOLD_ENV: str(tmp_path / "hold")}
+        earlier = subprocess.run(
+            [sys.executable, "-c", PARKS, "40"], env=env, capture_output=True, text=True,
+            timeout=patience.within(patience.PROCESS), check=True,
+        )  # fmt: skip
+        assert earlier.stdout == "saved 40\n"  # an earlier save does not park
+        job = subprocess.Popen([sys.executable, "-c", PARKS, "60"], env=env)
+        assert hold.wait_parked(patience.PROCESS) == [job.pid]
+        patience.stays(lambda: job.poll() is None, "the parked save")
+        job.kill()
+        job.wait(patience.within(patience.PROMPT))
+    assert hold.killed == [job.pid]
+    assert not hold.path.exists()
+
+
+def test_a_hold_whose_save_never_parks_fails_the_test_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(patience, "DRILL", 0.2)  # the budget of the hold's waits
+    with pytest.raises(patience.Timeout, match="no a save of step 60 parked"):
+        with patience.Hold(tmp_path, "save", 60) as hold:  # a drill that never saves 60
+            patience.eventually(lambda: not hold.path.exists(), "the hold given up", 5.0)
+    assert not (tmp_path / "hold").exists()
+
+
+# --------------------------------------------------------------------------- the suite
+
+#: Not the tests' patience: the job scripts the tests run (their pace is the job's), the
+#: fake API server's and the out-of-tree backend's own timers (the world's: a watch's
+#: bookmark interval, its own shutdown), and patience.py itself.
+WORLD = (
+    "tests/patience.py",
+    "tests/kubernetes/fake_apiserver.py",
+    "tests/reliability/standin_job.py",
+    "tests/truth/job.py",
+    "tests/diagnosis/replay_job.py",
+    "tests/diagnosis/data/capture/",
+    "tests/backends/outoftree/",
+    "tests/integrations/dcp_job.py",
+    "tests/ray/data/",
+    "tests/fixtures/",
+)
+
+
+def _literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.BinOp):
+        return _literal(node.left) and _literal(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    return False
+
+
+def _is_clock(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("time", "monotonic", "perf_counter")
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "time"
+    )
+
+
+def literal_waits(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Each literal wall-clock wait in ``tree``: a ``timeout=`` or ``patience=`` of a
+    number, any ``time.sleep``, a ``wait``/``join`` of a number, a clock plus a number, a
+    parameter ``timeout`` (or ``seconds``, ``patience``) defaulting to a number, a
+    ``*TIMEOUT*`` constant."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for k in node.keywords:
+                if k.arg in ("timeout", "patience") and _literal(k.value):
+                    yield k.value.lineno, f"{k.arg}=<number>"
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name == "sleep" and isinstance(func, ast.Attribute):
+                yield node.lineno, "time.sleep(...)"
+            elif name in ("wait", "join") and len(node.args) == 1 and not node.keywords:
+                if _literal(node.args[0]):
+                    yield node.lineno, f"{name}(<number>)"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            if _is_clock(node.left) and _literal(node.right):
+                yield node.lineno, "clock + <number>"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.args[len(args.args) - len(args.defaults) :]
+            pairs = list(zip(positional, args.defaults, strict=True))
+            pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+            for arg, default in pairs:
+                waits = arg.arg in ("timeout", "seconds", "patience") or arg.arg.endswith(
+                    "_timeout"
+                )
+                if waits and _literal(default):
+                    yield default.lineno, f"parameter {arg.arg}=<number>"
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and "TIMEOUT" in target.id.upper():
+                if _literal(node.value):
+                    yield node.lineno, f"{target.id} = <number>"
+
+
+def test_the_scan_finds_each_kind_of_literal_wait() -> None:
+    source = (
+        "import time\n"
+        "proc.wait(timeout=10)\n"
+        "time.sleep(0.5)\n"
+        "thread.join(30)\n"
+        "deadline = time.monotonic() + 5\n"
+        "def f(x, timeout: float = 60): pass\n"
+        "TIMEOUT = 420.0\n"
+        "time.sleep(step_time)\n"
+        "Harness(patience=60.0)\n"
+        "ok = proc.wait(timeout=patience.within(patience.PROCESS))\n"
+        "policy.wait(1, headers)\n"
+    )
+    found = sorted(line for line, _ in literal_waits(ast.parse(source)))
+    assert found == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_no_test_module_carries_a_literal_timeout() -> None:
+    found = []
+    for path in sorted(ROOT.glob("tests/**/*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        if where.startswith(WORLD):
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for line, kind in literal_waits(ast.parse(text)):
+            if "# not a wait" not in lines[line - 1]:
+                found.append(f"{where}:{line}: {kind}: {lines[line - 1].strip()}")
+    assert not found, (
+        "wait with tests/patience.py (eventually, within, deadline, stays and the named "
+        "budgets), or say why a line is not a wait ('# not a wait: ...'):\n" + "\n".join(found)
+    )

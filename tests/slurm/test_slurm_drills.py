@@ -34,6 +34,7 @@ from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.cli_drill import with_drill_sustain
+from tests.patience import Hold
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -226,17 +227,21 @@ def test_a_hung_rank_is_noticed_by_a_short_process_group_timeout(
 def test_a_kill_mid_save_of_atomic_checkpoints_resumes_from_the_last_completed(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    result, seconds = drill(
-        slurm,
-        tmp_path,
-        "torchrun-in-step.sbatch",
-        "recovery-test-torn-checkpoint.yaml",
-        env={"TRAIN_ARGS": "--save-pad=100000000"},
-    )
+    # The save of 60 parks at the suite's barrier until the kill (tests/patience.py): the
+    # kill step's own latency (~0.1 s here) has no save to outrun.
+    with Hold(tmp_path, "save", 60) as hold:
+        result, seconds = drill(
+            slurm,
+            tmp_path,
+            "torchrun-in-step.sbatch",
+            "recovery-test-torn-checkpoint.yaml",
+            env=hold.env,
+        )
+    assert hold.killed, explain(result)
     assert result.verdict is Verdict.PASS, explain(result)
     [recovery] = result.recoveries
     torn = recovery.fault_details.get("tornStep")
-    assert torn is not None and result.resume_step == torn - 20, explain(result)
+    assert torn == 60 and result.resume_step == torn - 20, explain(result)
     print(
         f"\nkill during checkpoint: torn save of step {torn} "
         f"{recovery.fault_details.get('intoSaveSeconds')} s in (save "
