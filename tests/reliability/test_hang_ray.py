@@ -16,10 +16,12 @@ Each row starts a Ray cluster (about a minute on 2 cores).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,8 @@ def test_a_hang_drill_ended_during_the_hang_continues_the_worker_first(
 ) -> None:
     config_data = yaml.safe_load((EXAMPLES / "recovery-test-hang-default-timeout.yaml").read_text())
     config_data["workload"]["workdir"] = str(EXAMPLES)
+    mark = uuid.uuid4().hex  # the drill's cluster inherits the job's environment
+    config_data["workload"]["env"] = {**config_data["workload"].get("env", {}), "RG_E2E_MARK": mark}
     path = tmp_path / "drill.yaml"
     path.write_text(yaml.safe_dump(config_data))
     config = load_config(path)
@@ -131,9 +135,9 @@ def test_a_hang_drill_ended_during_the_hang_continues_the_worker_first(
     assert watch.gone.wait(within(JOB)), f"pid {watch.pid} is still there after the drill"
     assert watch.stopped_at is not None, "the worker was never seen stopped"
     assert watch.running_after_stop, "the worker went from stopped to gone: never continued"
-    leftovers = [
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if any("rg-ray-" in part for part in (p.info["cmdline"] or []))
-    ]
+    leftovers = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("RG_E2E_MARK") == mark:
+                leftovers.append(p.pid)
     assert leftovers == [], f"processes of the drill's cluster left running: {leftovers}"

@@ -113,7 +113,7 @@ def test_each_node_is_its_own_host(slurm: SlurmCluster) -> None:
         # v4-mapped address waited 10.7 s for the machine's unreachable nameserver).
         started = time.monotonic()
         out = slurm.on_node(node, sys.executable, "-c", LOOKUP.format(address=address))
-        assert time.monotonic() - started < 3, out
+        assert time.monotonic() - started < 3 * within(QUIET), out  # not the resolver's 10 s
         assert out.split() == [node, "failed"], out
 
 
