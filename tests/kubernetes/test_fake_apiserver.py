@@ -118,7 +118,7 @@ def test_a_watch_resumes_from_a_resource_version_and_ends_after_timeout_seconds(
     running_pod(apiserver, "a")
     listed = core_api.list_namespaced_pod(NAMESPACE)
     apiserver.set_phase(NAMESPACE, "a", "Succeeded")
-    timeout = 1
+    timeout = 1  # not a wait: the watch's timeoutSeconds under test
     resp = core_api.list_namespaced_pod(
         NAMESPACE,
         watch=True,
