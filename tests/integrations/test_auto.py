@@ -26,9 +26,6 @@ from recoverygate.integrations import auto
 
 from tests.patience import CLUSTER, JOB, within
 
-# Its e2e tests run in scripts/test's second drill lane, beside the Ray drills.
-pytestmark = pytest.mark.second_lane
-
 ROOT = Path(__file__).resolve().parents[2]
 REPORTER = ROOT / "reporter"
 PTH = REPORTER / "recoverygate-auto.pth"
