@@ -370,7 +370,7 @@ def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
         target = orch.discover(deadline(JOB)).by_rank(1)
         assert target is not None
         before = task_pids(slurm, job, step="0")
-        grace = 3 * within(QUIET)  # well past the look below (SETTLE, stretched alike)
+        grace = 3 * within(QUIET)  # well past the look below (SETTLE)
         result = orch.kill(target, dry_run=False, fault=Fault("Preempt", grace_period=grace))
         assert result.outcome is KillOutcome.KILLED, result.detail
         ignored = "SIGTERM is ignored: both ranks still run"
