@@ -17,8 +17,14 @@ What moves as one (a :class:`Unit`):
   split over the lanes it would be set up twice;
 - otherwise each test alone.
 
-A test the file does not know yet counts the median of the known ones, so that a new
-module lands somewhere sensible until the next ``record``.
+A test the file does not know yet counts the median of the recorded tests of its own
+module (a module's drills are alike: a new drill beside recorded ones costs about what
+they cost), and a test of a module with none recorded :data:`UNRECORDED_SECONDS`, the
+mean e2e test of the last whole run that was measured: the drill lanes of the fresh-clone
+runs in the README (27-28 and 22-23 min side by side on 2 cores, about 50 min of drills)
+over the 218 e2e tests of that commit (5a142f9), 14 s. Not the median of all the recorded
+tests: a file seeded with a few long drills would count every short test as one of them.
+A new module so lands somewhere sensible until the next ``record``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 __all__ = [
     "GROUP_MARKERS",
     "SHARED_SCOPES",
+    "UNRECORDED_SECONDS",
     "Collected",
     "Unit",
     "assign",
@@ -45,6 +52,8 @@ __all__ = [
 GROUP_MARKERS = ("slurm", "ray", "torchft")
 #: Fixture scopes wider than a test: a module using one moves whole.
 SHARED_SCOPES = frozenset({"module", "class", "package"})
+#: Seconds counted for a test of a module with no test recorded (see the module docstring).
+UNRECORDED_SECONDS = 14.0
 
 
 @dataclass(frozen=True)
@@ -101,10 +110,14 @@ def load_durations(path: Path) -> dict[str, float]:
 
 
 def units(collected: Sequence[Collected], durations: Mapping[str, float]) -> list[Unit]:
-    """The units (see the module docstring), each with its seconds: recorded, or the
-    median of the recorded ones for a test the file does not know."""
-    known = [durations[c.nodeid] for c in collected if c.nodeid in durations]
-    default = statistics.median(known) if known else 60.0
+    """The units (see the module docstring), each with its seconds: recorded, or for a
+    test the file does not know the median of its module's recorded ones, else
+    :data:`UNRECORDED_SECONDS`."""
+    recorded: dict[str, list[float]] = {}
+    for c in collected:
+        if c.nodeid in durations:
+            recorded.setdefault(c.module, []).append(durations[c.nodeid])
+    default = {module: statistics.median(known) for module, known in recorded.items()}
     whole = {c.module for c in collected if c.shares_fixture and c.group is None}
     found: dict[str, Unit] = {}
     for test in collected:
@@ -116,7 +129,7 @@ def units(collected: Sequence[Collected], durations: Mapping[str, float]) -> lis
             key = test.nodeid
         unit = found.setdefault(key, Unit(key))
         unit.args.append(test.nodeid)
-        unit.seconds += durations.get(test.nodeid, default)
+        unit.seconds += durations.get(test.nodeid, default.get(test.module, UNRECORDED_SECONDS))
         unit.tests += 1
     per_module: dict[str, int] = {}
     for test in collected:

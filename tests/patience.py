@@ -33,7 +33,8 @@ The budgets (seconds, before the slack):
                        event over a pipe, a fake server's request, a thread ends)
 ``PROCESS``       30   a process the test started starts, answers a signal or ends
 ``JOB``          120   a real job (torchrun, a Slurm step, a pod's job) is up or ends
-``CLUSTER``      300   a Ray or Slurm cluster comes up, or a job on one is discovered
+``CLUSTER``      300   a Ray, Slurm or Kubernetes cluster comes up or goes down, or a job
+                       on one is discovered
 ``DRILL``        600   a whole real drill, as ``recoverygate run`` runs it
 =============  ======  =================================================================
 

@@ -6,7 +6,8 @@ We test these aspects:
 - units: a Slurm, Ray or torchft test moves with the others of its marker, a module whose
   tests share a fixture wider than a test moves whole, any other test alone; a module
   wholly in one unit is given to pytest by its path, else by its tests' ids; a test the
-  file does not know counts the median;
+  file does not know counts the median of its module's recorded tests, or
+  ``UNRECORDED_SECONDS`` in a module with none recorded;
 - assign: longest first, each to the lane with the least so far, every unit exactly once;
 - tests/durations.json, as checked in: every test it names is in a module that exists.
 """
@@ -16,7 +17,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.lanes import Collected, Unit, assign, durations_from_junit, load_durations, units
+from tests.lanes import (
+    UNRECORDED_SECONDS,
+    Collected,
+    Unit,
+    assign,
+    durations_from_junit,
+    load_durations,
+    units,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,15 +72,32 @@ def test_units_keep_a_marker_s_tests_and_a_shared_fixture_s_module_together() ->
     seconds = {"tests/ray/test_a.py::t1": 100.0, "tests/ray/test_a.py::t2": 50.0}
     seconds |= {"tests/truth/test_r.py::t3": 10.0, "tests/truth/test_r.py::t4": 20.0}
     seconds |= {"tests/contract/test_k.py::t5": 5.0, "tests/contract/test_k.py::t6": 6.0}
-    seconds |= {"tests/local/test_f.py::t7": 30.0}  # t8 unknown: the median, 20 s
+    seconds |= {"tests/local/test_f.py::t7": 30.0}  # t8 unknown: its module's median, 30 s
     found = {u.name: (u.args, u.seconds, u.tests) for u in units(collected, seconds)}
     assert found == {
         "group ray": (["tests/ray/test_a.py", "tests/truth/test_r.py::t3"], 160.0, 3),
         "tests/truth/test_r.py::t4": (["tests/truth/test_r.py::t4"], 20.0, 1),
         "tests/contract/test_k.py": (["tests/contract/test_k.py"], 11.0, 2),
         "tests/local/test_f.py::t7": (["tests/local/test_f.py::t7"], 30.0, 1),
-        "tests/local/test_f.py::t8": (["tests/local/test_f.py::t8"], 20.0, 1),
+        "tests/local/test_f.py::t8": (["tests/local/test_f.py::t8"], 30.0, 1),
     }
+
+
+def test_an_unrecorded_test_counts_its_modules_median_or_the_unrecorded_default() -> None:
+    collected = [
+        c("tests/local/test_f.py::t1"),
+        c("tests/local/test_f.py::t2"),
+        c("tests/local/test_f.py::t3"),
+        c("tests/local/test_f.py::new"),  # beside recorded drills: their median, 20 s
+        c("tests/local/test_new.py::t1"),  # a module with none recorded: the default
+        c("tests/local/test_new.py::t2"),
+    ]
+    seconds = {"tests/local/test_f.py::t1": 10.0, "tests/local/test_f.py::t2": 20.0}
+    seconds |= {"tests/local/test_f.py::t3": 90.0, "tests/elsewhere.py::t9": 500.0}
+    found = {u.name: u.seconds for u in units(collected, seconds)}
+    assert found["tests/local/test_f.py::new"] == 20.0
+    assert found["tests/local/test_new.py::t1"] == UNRECORDED_SECONDS
+    assert found["tests/local/test_new.py::t2"] == UNRECORDED_SECONDS
 
 
 def test_assign_deals_the_longest_first_to_the_least_loaded_lane() -> None:
