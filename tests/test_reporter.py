@@ -39,6 +39,8 @@ import recoverygate
 from recoverygate import reporter, wire
 from recoverygate.wire import Record, parse_text
 
+from tests.patience import JOB, PROMPT, within
+
 REPORTER_PATH = str(Path(recoverygate.__file__).resolve().parent.parent)
 
 
@@ -92,7 +94,7 @@ def run_child(
         env=child_env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
 
@@ -677,7 +679,7 @@ def test_closed_stdout_never_raises_into_training_code() -> None:
         env={**os.environ, "PYTHONPATH": REPORTER_PATH},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
     assert started_closed.returncode == 0, started_closed.stderr
@@ -714,7 +716,7 @@ def test_a_broken_pipe_never_raises_into_training_code() -> None:
         proc.stdin.write(b"go\n")
         proc.stdin.close()
         stderr = proc.stderr.read().decode()
-        assert proc.wait(60) == 0, stderr
+        assert proc.wait(within(JOB)) == 0, stderr
     assert stderr == "survived\n"
 
 
@@ -786,16 +788,16 @@ def test_no_line_overtakes_the_start_line_while_it_is_being_written() -> None:
         def write(self, s: str) -> int:
             if not self.writing.is_set():
                 self.writing.set()
-                time.sleep(0.2)
+                time.sleep(0.2)  # not a wait: the slow pipe's pace
             return super().write(s)
 
     out = SlowFirstWrite()
     reporter.configure(stream=out, min_interval=0)
     first = threading.Thread(target=reporter.checkpoint_completed, args=(1,))
     first.start()
-    assert out.writing.wait(10)
+    assert out.writing.wait(within(PROMPT))
     reporter.checkpoint_completed(2)  # meanwhile, from another thread
-    first.join(10)
+    first.join(within(PROMPT))
     assert [(r.event, r.step) for r in parsed(out)] == [
         ("start", None),
         ("checkpoint_completed", 1),
@@ -859,7 +861,11 @@ def test_the_start_event_is_stamped_with_the_process_start_not_the_first_report(
         "reporter.progress(1)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=within(JOB),
     ).stdout
     events = [
         json.loads(line.split(" ", 1)[1])

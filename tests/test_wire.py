@@ -37,6 +37,8 @@ from recoverygate.wire import (
     parse_text,
 )
 
+from tests.patience import PROCESS, within
+
 INC = "0123456789abcdef"
 PROGRESS = format_step("progress", 1800000000.25, INC, 42, rank=0)
 CHECKPOINT = format_step("checkpoint_completed", 1800000001.5, INC, 40, rank=0)
@@ -588,7 +590,7 @@ def test_the_documented_shell_emitter_writes_valid_lines() -> None:
         ["bash", "-c", documented_block("bash")],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=within(PROCESS),
         check=True,
     )
     records, malformed = parse_text(result.stdout)

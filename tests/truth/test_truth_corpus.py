@@ -45,17 +45,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_recoverygate.durations import parse_duration
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 from tests.truth.truth import Process, Truth, compute, load_processes
 
 pytest.importorskip("torch")  # torchrun comes with torch; job.py itself needs no torch
@@ -63,9 +64,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "job.py"
+MAX_RECOVERY = "60s"  # every drill's maxRecoveryTime, unless it sets its own
 TRAIN = HERE.parents[1] / "examples" / "local" / "train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-DRILL_TIMEOUT = 240  # seconds for one `recoverygate run`; every phase has its own deadline
 RECOVERY_TIME_TOLERANCE = 0.05
 REPORTING_RANK = 0
 
@@ -105,12 +106,23 @@ class Drill:
         )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_job_left_behind() -> Iterator[None]:
-    """After the module, no job.py may survive: the local backend must have cleaned up."""
-    yield
-    found = subprocess.run(["pgrep", "-af", str(JOB)], capture_output=True, text=True, check=False)
-    assert found.stdout.strip() == "", f"job.py processes left behind:\n{found.stdout}"
+def left_behind(mark: str) -> list[str]:
+    """The processes of the drill whose job carried ``mark`` (RG_E2E_MARK) still alive
+    (``pid cmdline``), each then killed: the local backend must have cleaned up, and one
+    leak fails its own drill, whatever another lane's drills run meanwhile."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"RG_E2E_MARK={mark}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            os.kill(int(entry.name), 9)
+        except OSError:
+            continue
+        found.append(f"{entry.name} {cmdline}")
+    return found
 
 
 def run_drill(
@@ -130,6 +142,7 @@ def run_drill(
 
     ``launcher``: more torchrun options (before the script)."""
     base = tmp_path / "truth"
+    mark = uuid.uuid4().hex
     command = [
         str(TORCHRUN),
         "--standalone",
@@ -142,7 +155,10 @@ def run_drill(
     ]
     # run_cli_drill holds a 1 s sustain window (DRILL_SUSTAIN): every job trains on until
     # it is ended or proves its stall within it.
-    expectations: dict[str, Any] = {"resumeFromCheckpoint": "latest", "maxRecoveryTime": "60s"}
+    expectations: dict[str, Any] = {
+        "resumeFromCheckpoint": "latest",
+        "maxRecoveryTime": MAX_RECOVERY,
+    }
     if max_lost is not None:
         expectations["maxLostSteps"] = max_lost
     expectations.update(expect or {})
@@ -155,6 +171,7 @@ def run_drill(
             "env": {
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 "RECOVERYGATE_GROUND_TRUTH": str(base),
+                "RG_E2E_MARK": mark,
                 **(env or {}),
             },
         },
@@ -168,8 +185,10 @@ def run_drill(
         "safety": {"requireConfirm": False},
         "timeouts": {"discovery": "60s", "checkpoint": "60s", "recovery": "90s"},
     }
-    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=DRILL_TIMEOUT)
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(DRILL))
     report, output, wall = run.report, run.output, run.wall
+    left = left_behind(mark)
+    assert not left, "job processes left behind:\n" + "\n".join(left)
     assert report.get("killTime") is not None, f"the drill never killed:\n{output}"
     truth = compute(base, float(report["killTime"]))
     drill = Drill(report, truth, load_processes(base), run.code, output, wall)
@@ -777,8 +796,9 @@ def test_a_job_that_stalls_after_one_step_of_the_resume_fails_as_soon_as_it_is_p
     drill = run_drill(tmp_path, ["--stall-after-resume=1"])
     why = drill.explain()
     assert_fails_for(drill, "STOPPED_PROGRESSING")
-    # Decided at the stall limit, long before "never came back" (kill + 60 s + 30 s).
-    assert drill.report["finishedAt"] - drill.report["killTime"] < 30, why
+    # Decided at the stall limit, before "never came back" (kill + maxRecoveryTime + grace).
+    limit = parse_duration(MAX_RECOVERY)
+    assert drill.report["finishedAt"] - drill.report["killTime"] < limit, why
     stalled = [r for p in drill.processes if p.rank == 0 for r in p.records if r.event == "stall"]
     assert stalled and stalled[0].step == drill.truth.resume_step + 1, why  # type: ignore[operator]
 
