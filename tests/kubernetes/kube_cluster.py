@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from tests import patience
+
 __all__ = [
     "KubeCluster",
     "cluster_missing",
@@ -48,7 +50,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube-cluster"
 REUSE_ENV = "RECOVERYGATE_KUBE_CLUSTER"
-UP_TIMEOUT = 600.0  # seconds: a warm up takes 25-110 s (idle / a load of 14 on 2 cores)
+#: A warm up takes 25-110 s (idle / a load of 14 on 2 cores); stretched by the slack.
+UP_TIMEOUT = 2 * patience.CLUSTER
 #: How long the tests wait for the cluster to do something (a pod Running, a namespace
 #: gone), scaled like scripts/kube-cluster's own waits (RG_KUBE_PATIENCE).
 PATIENCE = 120.0 * float(os.environ.get("RG_KUBE_PATIENCE", "1") or 1)
@@ -74,17 +77,16 @@ def cluster_missing() -> str | None:
     return None
 
 
-def eventually(check: Callable[[], T | None], what: str, patience: float = PATIENCE) -> T:
-    """``check()``'s first answer that is not None, asked every 0.5 s; fails the test
-    naming ``what`` after ``patience`` seconds."""
-    deadline = time.monotonic() + patience
-    while True:
+def eventually(check: Callable[[], T | None], what: str, patience_s: float = PATIENCE) -> T:
+    """``check()``'s first answer that is not None (falsy answers count), asked every
+    0.5 s; fails the test naming ``what`` after ``patience_s`` seconds stretched by the
+    suite's slack (tests/patience.py)."""
+
+    def boxed() -> tuple[T] | None:
         found = check()
-        if found is not None:
-            return found
-        if time.monotonic() >= deadline:
-            pytest.fail(f"no {what} within {patience:.0f} s")
-        time.sleep(0.5)
+        return None if found is None else (found,)
+
+    return patience.eventually(boxed, what, patience_s, interval=0.5)[0]
 
 
 def leftovers(folder: Path, mark: str) -> list[str]:
@@ -261,7 +263,7 @@ def _up(folder: Path) -> tuple[float, str | None]:
             [str(SCRIPT), "up", "--nodes", "2", str(folder)],
             capture_output=True,
             text=True,
-            timeout=UP_TIMEOUT,
+            timeout=patience.within(UP_TIMEOUT),
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
@@ -277,7 +279,10 @@ def _up(folder: Path) -> tuple[float, str | None]:
 
 def _down(folder: Path) -> None:
     subprocess.run(
-        [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=180, check=False
+        [str(SCRIPT), "down", str(folder)],
+        capture_output=True,
+        timeout=patience.within(patience.CLUSTER),
+        check=False,
     )
 
 

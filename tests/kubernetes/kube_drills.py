@@ -29,6 +29,7 @@ import yaml
 from tests.cli_drill import CliRun, run_cli_drill
 from tests.kubernetes.kube_cluster import KubeCluster
 from tests.kubernetes.kube_jobs import EXAMPLES, KubeJob, drill_config
+from tests.patience import DRILL, within
 from tests.truth.truth import compute
 
 __all__ = ["TIMES", "Drilled", "assert_matches_truth", "drilled_job", "grant", "killed_uids", "run"]
@@ -120,7 +121,7 @@ def run(
     """One drill of the job through the CLI (see :func:`~tests.kubernetes.kube_jobs.drill_config`)."""
     job = drilled.job if isinstance(drilled, Drilled) else drilled
     config = drill_config(job, kubeconfig, name=name, **options)
-    result = run_cli_drill(config, tmp_path / f"{name}.yaml", timeout=420)
+    result = run_cli_drill(config, tmp_path / f"{name}.yaml", timeout=within(DRILL))
     TIMES[name] = result.wall
     return result
 

@@ -40,6 +40,7 @@ from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from tests.kubernetes.fake_cluster import pytorchjob_pod, trainjob_pod
 from tests.kubernetes.kube_cluster import KubeCluster, eventually
+from tests.patience import JOB, deadline, gather
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kube_cluster]
 
@@ -48,7 +49,7 @@ MakeOrchestrator = Callable[..., KubernetesOrchestrator]
 
 
 def far() -> float:
-    return time.time() + 60
+    return deadline(JOB)
 
 
 @pytest.fixture(scope="module")
@@ -257,14 +258,19 @@ def test_events_carry_the_log_timestamp_as_their_receive_time(
         ),
         "the three lines in the pod's log",
     )
-    time.sleep(3)  # the stream below is opened seconds after the lines were written
+    time.sleep(3)  # not a wait: the stream below is opened 3 s after the lines were written
     orchestrator = make_orchestrator(selector="app=stamped", target_rank=0)
     orchestrator.discover(far())
-    seen: list[Any] = []
-    deadline = time.monotonic() + 60
-    while len(seen) < 3 and time.monotonic() < deadline:
-        seen += [e for e in orchestrator.events().poll() if e.kind is TrainingEventKind.PROGRESS]
-        time.sleep(0.1)
+    seen = [
+        e
+        for e in gather(
+            orchestrator.events().poll,
+            lambda got: sum(e.kind is TrainingEventKind.PROGRESS for e in got) >= 3,
+            "three progress events",
+            JOB,
+        )
+        if e.kind is TrainingEventKind.PROGRESS
+    ]
     read = time.time()
     assert [e.step for e in seen] == [1, 2, 3], seen
     for event in seen:
@@ -275,17 +281,14 @@ def test_events_carry_the_log_timestamp_as_their_receive_time(
         assert read - event.received > 2.5, (read, event.received)
 
 
-def wait_group(
-    orchestrator: KubernetesOrchestrator, until: GroupEventKind, timeout: float = 120
-) -> list[GroupEvent]:
-    seen: list[GroupEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += orchestrator.watch_group()
-        if any(e.kind is until for e in seen):
-            return seen
-        time.sleep(0.1)
-    raise AssertionError(f"no {until} within {timeout}s; saw {[e.kind for e in seen]}")
+def wait_group(orchestrator: KubernetesOrchestrator, until: GroupEventKind) -> list[GroupEvent]:
+    return gather(
+        orchestrator.watch_group,
+        lambda seen: any(e.kind is until for e in seen),
+        f"{until} from the group watch",
+        JOB,
+        seen=lambda seen: [e.kind for e in seen],
+    )
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_a_dry_run_deletes_nothing(drilled: Drilled, tmp_path: Path) -> None:
     result = run(drilled, tmp_path, "dry-run", drilled.pods_only, dry_run=True)
     assert result.report["verdict"] == "DRY-RUN", result.output
     assert result.code == 0, result.output
-    time.sleep(2)  # a kill would show by now: the pod gone, a process of the job restarting
+    time.sleep(2)  # not a wait: a kill would show by now (the pod gone, a process restarting)
     assert uids(job) == before
     assert len(job.processes()) == processes, job.describe()
 

@@ -35,6 +35,7 @@ from tests.cli_drill import run_cli_drill
 from tests.kubernetes.kube_cluster import KubeCluster, eventually
 from tests.kubernetes.kube_drills import TIMES, grant, killed_uids
 from tests.kubernetes.kube_jobs import EXAMPLES, host_folders
+from tests.patience import CLUSTER, within
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e, pytest.mark.kube_cluster]
 
@@ -124,7 +125,7 @@ def test_the_target_replica_s_pod_is_killed_and_heals_from_the_survivor(
     config = yaml.safe_load((EXAMPLES / "recovery-test-torchft.yaml").read_text())
     config["workload"].update(namespace=job.namespace, kubeconfig=str(job.kubeconfig))
     config["safety"]["requireConfirm"] = False
-    run = run_cli_drill(config, tmp_path / "recovery-test-torchft.yaml", timeout=300)
+    run = run_cli_drill(config, tmp_path / "recovery-test-torchft.yaml", timeout=within(CLUSTER))
     TIMES["torchft live"] = run.wall
     report = run.report
     assert run.code == 0, run.output

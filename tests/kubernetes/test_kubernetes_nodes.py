@@ -17,7 +17,6 @@ test_hostile_kubernetes.py), so we test these aspects:
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,10 +34,6 @@ MakeOrchestrator = Callable[..., KubernetesOrchestrator]
 HOSTS = ["node-a", "node-b"]
 
 
-def far() -> float:
-    return time.time() + 30
-
-
 @pytest.fixture
 def two_nodes(apiserver: FakeApiServer) -> FakeApiServer:
     for host in HOSTS:
@@ -48,19 +43,6 @@ def two_nodes(apiserver: FakeApiServer) -> FakeApiServer:
 
 def start_job(make_job: MakeJob, **kwargs: object) -> FakeTrainingJob:
     return make_job(nodes=4, hosts=HOSTS, **kwargs).start(wait_for_checkpoint=20)
-
-
-def acted_on(server: FakeApiServer) -> list[tuple[str, str, str]]:
-    """(verb, resource, name) of every request that changed something."""
-    return [(r.verb, r.resource, r.name) for r in server.requests if r.acted]
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
 
 
 def test_the_fake_answers_nodes_and_evictions_like_the_apiserver(

@@ -23,6 +23,7 @@ aspects:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,13 +34,18 @@ from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
-    TrainingEvent,
     TrainingEventKind,
 )
 from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
-from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
+from tests.kubernetes.fake_apiserver import (
+    FakeApiServer,
+    Fault,
+    LoggedRequest,
+    RequestInfo,
+)
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
+from tests.patience import PROCESS, PROMPT, deadline, eventually, gather, stays
 
 pytestmark = pytest.mark.kubernetes
 
@@ -47,21 +53,13 @@ MakeJob = Callable[..., FakeTrainingJob]
 MakeOrchestrator = Callable[..., KubernetesOrchestrator]
 
 
-def far() -> float:
-    return time.time() + 30
+def has(kind: GroupEventKind) -> Callable[[list[GroupEvent]], bool]:
+    return lambda seen: any(e.kind is kind for e in seen)
 
 
-def wait_group(
-    orchestrator: KubernetesOrchestrator, until: GroupEventKind, timeout: float = 10
-) -> list[GroupEvent]:
-    seen: list[GroupEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += orchestrator.watch_group()
-        if any(e.kind == until for e in seen):
-            return seen
-        time.sleep(0.02)
-    raise AssertionError(f"no {until} within {timeout}s; saw {[e.kind for e in seen]}")
+def watches(server: FakeApiServer) -> list[LoggedRequest]:
+    """The watch requests the server logged, in order."""
+    return [r for r in server.requests if r.verb == "watch"]
 
 
 def delete_requests(server: FakeApiServer) -> list[tuple[str, str | None, bool, bool]]:
@@ -87,7 +85,7 @@ def test_it_refuses_an_empty_selector_before_any_request(
     apiserver: FakeApiServer, make_orchestrator: MakeOrchestrator
 ) -> None:
     with pytest.raises(DiscoveryError, match="empty label selector"):
-        make_orchestrator(selector="  ").discover(far())
+        make_orchestrator(selector="  ").discover(deadline(PROCESS))
     assert apiserver.requests == []
 
 
@@ -97,7 +95,7 @@ def test_it_retries_transient_errors_while_listing(
     job = make_job(nodes=2).start()
     faults = iter([Fault(status=500), Fault(status=429, retry_after=0), Fault(reset_before=True)])
     apiserver.fault_hook = lambda info: next(faults, None) if info.verb == "list" else None
-    workload = make_orchestrator(selector=job.selector).discover(far())
+    workload = make_orchestrator(selector=job.selector).discover(deadline(PROCESS))
     assert len(workload.workers) == 2
     assert [r.status for r in apiserver.requests if r.verb == "list"] == [500, 429, None, 200]
 
@@ -114,7 +112,7 @@ def test_it_sends_grace_period_zero_in_the_delete_options(
     )
     job = make_job(nodes=2).start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     orchestrator.kill(victim, dry_run=False)
     assert len(bodies) == 1
@@ -127,7 +125,7 @@ def test_a_reset_before_the_server_acted_is_unconfirmed_and_not_resent(
 ) -> None:
     job = make_job(nodes=2).start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     apiserver.fault_hook = faults_on("DELETE", Fault(reset_before=True))
     result = orchestrator.kill(victim, dry_run=False)
@@ -142,7 +140,7 @@ def test_a_reset_after_the_server_acted_is_confirmed_by_listing(
 ) -> None:
     job = make_job(nodes=2, recreate_delay=1.0).start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     apiserver.fault_hook = faults_on("DELETE", Fault(reset_after=True))
     result = orchestrator.kill(victim, dry_run=False)
@@ -158,7 +156,7 @@ def test_a_kill_confirmed_late_is_stamped_when_the_delete_was_sent(
     # the kill, or the engine takes the new incarnation for the old one ("never came back").
     job = make_job(nodes=2, recreate_delay=0.02, start_delay=0.05).start(wait_for_checkpoint=5)
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     deleted: list[RequestInfo] = []
 
@@ -182,7 +180,7 @@ def test_a_500_on_the_delete_is_checked_and_never_resent(
 ) -> None:
     job = make_job(nodes=2).start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     apiserver.fault_hook = faults_on("DELETE", Fault(status=500))
     assert orchestrator.kill(victim, dry_run=False).outcome is KillOutcome.UNCONFIRMED
@@ -194,7 +192,7 @@ def test_a_429_on_the_delete_is_resent_with_the_same_precondition(
 ) -> None:
     job = make_job(nodes=2).start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     apiserver.fault_hook = faults_on("DELETE", Fault(status=429, retry_after=0))
     assert orchestrator.kill(victim, dry_run=False).outcome is KillOutcome.KILLED
@@ -212,33 +210,44 @@ def test_it_resumes_the_watch_after_drops_and_relists_after_410(
 ) -> None:
     job = make_job(nodes=2, recreate_delay=0.5, start_delay=0.5).start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
-    time.sleep(0.2)
+    # The server's own request log says where the watch is at each point.
+    eventually(lambda: watches(apiserver), "the first watch", PROMPT)
     apiserver.drop_streams()  # a plain drop: resume from the last resourceVersion
-    time.sleep(0.3)
-    # Hold the next watch request back while a change happens and the history is compacted:
-    # it then asks for a resourceVersion the server has forgotten and gets the 410 ERROR event.
-    held = iter([Fault(delay=0.5)])
+    eventually(lambda: len(watches(apiserver)) >= 2, "the resumed watch", PROMPT)
+    # Hold the next watch request back (at a gate) while a change happens and the history
+    # is compacted: it then asks for a resourceVersion the server has forgotten and gets
+    # the 410 ERROR event.
+    gate = threading.Event()
+    held = iter([Fault(gate=gate)])
     apiserver.fault_hook = lambda info: next(held, None) if info.verb == "watch" else None
     apiserver.drop_streams()
-    time.sleep(0.1)
+    [held_watch] = eventually(
+        lambda: [r for r in watches(apiserver) if r.fault], "the held watch", PROMPT
+    )
     apiserver.update_pod(
         NAMESPACE, job.pod_name(0), lambda p: p["metadata"].update(annotations={"x": "1"})
     )
     apiserver.compact()
-    time.sleep(0.8)
+    gate.set()
+
+    def relisted_and_watching() -> bool:
+        relists = [r for r in apiserver.requests if r.verb == "list" and r.seq > held_watch.seq]
+        return bool(relists) and any(r.seq > relists[0].seq for r in watches(apiserver))
+
+    eventually(relisted_and_watching, "a re-list after the 410, then a new watch", PROMPT)
     orchestrator.kill(victim, dry_run=False)
-    wait_group(orchestrator, GroupEventKind.REPLACEMENT_RUNNING)
-    watches = [r for r in apiserver.requests if r.verb == "watch"]
-    assert all(r.query.get("allowWatchBookmarks") in ("true", "True") for r in watches)
-    assert all(r.query.get("timeoutSeconds") == "5" for r in watches)
-    assert all(r.query.get("resourceVersion") for r in watches)
+    gather(orchestrator.watch_group, has(GroupEventKind.REPLACEMENT_RUNNING), "running", PROMPT)
+    watch_log = watches(apiserver)
+    assert all(r.query.get("allowWatchBookmarks") in ("true", "True") for r in watch_log)
+    assert all(r.query.get("timeoutSeconds") == "5" for r in watch_log)
+    assert all(r.query.get("resourceVersion") for r in watch_log)
     verbs = [
         r.verb for r in apiserver.requests if r.resource == "pods" and r.verb in ("list", "watch")
     ]
     assert verbs.count("list") >= 2, "a 410 must be followed by a re-list"
-    assert any(r.lines_sent == 1 and r.fault for r in watches), "the held watch got only the ERROR"
+    assert held_watch.lines_sent == 1, "the held watch got only the ERROR"
     assert len(apiserver.deletes()) == 1
 
 
@@ -247,10 +256,10 @@ def test_it_reports_a_replacement_in_crashloopbackoff_as_job_failed(
 ) -> None:
     job = make_job(nodes=2, replacement="crashloop").start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     orchestrator.kill(victim, dry_run=False)
-    events = wait_group(orchestrator, GroupEventKind.JOB_FAILED)
+    events = gather(orchestrator.watch_group, has(GroupEventKind.JOB_FAILED), "job failed", PROMPT)
     assert "CrashLoopBackOff" in events[-1].detail
 
 
@@ -259,31 +268,19 @@ def test_a_replacement_that_never_runs_stays_pending(
 ) -> None:
     job = make_job(nodes=2, replacement="pending").start()
     orchestrator = make_orchestrator(selector=job.selector)
-    victim = orchestrator.discover(far()).by_rank(1)
+    victim = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert victim is not None
     orchestrator.kill(victim, dry_run=False)
-    events = wait_group(orchestrator, GroupEventKind.REPLACEMENT_PENDING)
-    time.sleep(0.5)
-    events += orchestrator.watch_group()
+    events = gather(
+        orchestrator.watch_group, has(GroupEventKind.REPLACEMENT_PENDING), "pending", PROMPT
+    )
     assert GroupEventKind.REPLACEMENT_RUNNING not in [e.kind for e in events]
+    stays(
+        lambda: not has(GroupEventKind.REPLACEMENT_RUNNING)(orchestrator.watch_group()), "pending"
+    )
 
 
 # ---------------------------------------------------------------------- the events
-
-
-def wait_events(
-    orchestrator: KubernetesOrchestrator,
-    predicate: Callable[[list[TrainingEvent]], bool],
-    timeout: float = 10,
-) -> list[TrainingEvent]:
-    seen: list[TrainingEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += orchestrator.events().poll()
-        if predicate(seen):
-            return seen
-        time.sleep(0.02)
-    raise AssertionError(f"events never matched; saw {len(seen)}")
 
 
 def test_a_dropped_log_stream_is_resumed_without_duplicates(
@@ -293,10 +290,12 @@ def test_a_dropped_log_stream_is_resumed_without_duplicates(
     cuts = iter([Fault(drop_after_lines=7), Fault(drop_after_lines=3)])
     apiserver.fault_hook = lambda info: next(cuts, None) if info.resource == "pods/log" else None
     orchestrator = make_orchestrator(selector=job.selector)
-    orchestrator.discover(far())
-    events = wait_events(
-        orchestrator,
+    orchestrator.discover(deadline(PROCESS))
+    events = gather(
+        orchestrator.events().poll,
         lambda seen: sum(e.kind is TrainingEventKind.CHECKPOINT_COMPLETED for e in seen) >= 12,
+        "12 checkpoints",
+        PROMPT,
     )
     assert len([r for r in apiserver.requests if r.resource == "pods/log"]) >= 3
     progress = [e.step for e in events if e.kind is TrainingEventKind.PROGRESS]
@@ -314,5 +313,5 @@ def test_an_unknown_kubeconfig_context_is_a_usage_error(
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kc")
     orchestrator = KubernetesOrchestrator(selector="a=b", kubeconfig=kubeconfig, context="prod")
     with pytest.raises(UsageError, match="context 'prod'"):
-        orchestrator.discover(far())
+        orchestrator.discover(deadline(PROCESS))
     assert apiserver.requests == []

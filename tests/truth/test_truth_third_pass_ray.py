@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
@@ -42,7 +43,7 @@ def test_a_ray_job_reporting_without_a_step_is_told_the_real_cause(tmp_path: Pat
         "--no-step",
         f"--storage={storage}",
     ]
-    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=420)
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(DRILL))
     report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
     # The truth: the checkpoints Ray registered, on disk.
     saved = [p for p in storage.glob("*/step-*") if p.is_dir()]
