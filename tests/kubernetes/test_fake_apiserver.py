@@ -129,6 +129,8 @@ def test_a_watch_resumes_from_a_resource_version_and_ends_after_timeout_seconds(
     events = raw_lines(resp)
     # the server's own log: the watch ended once its timeoutSeconds had passed
     [watch] = [r for r in apiserver.requests if r.verb == "watch"]
+    # the client reads the last chunk before the server's handler returns and logs it
+    eventually(lambda: watch.finished is not None, "the watch's handler to return", PROMPT)
     assert watch.finished is not None and watch.finished - watch.time >= timeout, watch
     assert [(e["type"], e["object"]["status"]["phase"]) for e in events] == [
         ("MODIFIED", "Succeeded")
