@@ -402,3 +402,17 @@ def test_a_loud_failure_that_names_nothing_is_undecided() -> None:
     assert d.result is not None
     check = next(c for c in d.result.checks if c.name == "damage_handled")
     assert check.passed is None and "or fall back to checkpoint 10" in check.message
+
+
+def test_the_save_window_never_reaches_back_past_the_previous_checkpoint() -> None:
+    engine = DrillEngine(damage_spec(), T0)
+    engine.discovered(T0, "job", ranks=(0, 1))
+    d = Damage(engine)
+    d.feed(S, 0.0, "a")
+    d.feed(P, 0.1, "a", 10)
+    d.feed(C, 0.2, "a", 10)
+    d.feed(TrainingEventKind.CHECKPOINT_STARTED, -5.0, "a", 20)  # stamped long before
+    assert engine.sticky_save_window(20) is None  # not completed yet
+    d.feed(P, 0.3, "a", 20)
+    d.feed(C, 0.4, "a", 20)
+    assert engine.sticky_save_window(20) == (T0 + 0.2, T0 + 0.4)

@@ -35,7 +35,7 @@ from pytest_recoverygate.engine.state import (
     RestoreTarget,
 )
 from pytest_recoverygate.engine.storage import StorageRecord, storage_details
-from pytest_recoverygate.engine.verdict import Recovery, Verdict, format_seconds
+from pytest_recoverygate.engine.verdict import Recovery, combine, format_seconds
 
 __all__ = ["FaultedPhase"]
 
@@ -340,19 +340,8 @@ class FaultedPhase(DrillState):
             ev = self._storage_evidence(now, final=True, restarted=False)
             checks = run(TABLE, "storage", ev)
             failed = [c for c in checks if c.passed is False]
-        undecided = [c for c in checks if c.passed is None]
         record.lifted(now, "the drill ended; its cleanup lifts it")  # if still armed
-        if failed:
-            verdict, summary = Verdict.FAIL, "; ".join(c.message for c in failed)
-        elif undecided:
-            verdict = Verdict.ERROR
-            summary = "; ".join(
-                c.message if c.message.startswith("inconclusive") else f"inconclusive: {c.message}"
-                for c in undecided
-            )
-        else:
-            verdict = Verdict.PASS
-            summary = "; ".join(c.message for c in checks if c.checked)
+        verdict, summary = combine(checks)
         recovery = Recovery(
             index=1,
             fault=self.spec.fault,

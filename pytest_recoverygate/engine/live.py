@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pytest_recoverygate.engine.model import LiveRecovery, ReplicaSteps
 from pytest_recoverygate.engine.replicas import Heal, LiveEvidence, LiveSpec, Proc, ReplicaLog
 from pytest_recoverygate.engine.rules import TABLE, run
-from pytest_recoverygate.engine.verdict import Check, Verdict, format_seconds
+from pytest_recoverygate.engine.verdict import Check, Verdict, combine, format_seconds
 
 __all__ = ["LiveJudge", "LiveJudgement", "LiveSpec"]
 
@@ -66,22 +66,13 @@ class LiveJudge(ReplicaLog):
     def _judge(self, ev: LiveEvidence) -> LiveJudgement:
         checks = run(TABLE, "live", ev)
         figures = self._figures(ev.survivors, ev.rejoin, ev.stalls, ev.heal)
-        failed = [c for c in checks if c.passed is False]
-        undecided = [c for c in checks if c.passed is None]
-        if failed:
-            verdict = Verdict.FAIL
-            summary = "; ".join(c.message for c in failed)
-        elif undecided:
-            verdict = Verdict.ERROR
-            summary = "inconclusive: " + "; ".join(c.message for c in undecided)
-        else:
-            verdict = Verdict.PASS
-            summary = (
-                f"live recovery: the survivors kept training (longest stall "
-                f"{format_seconds(figures.survivor_stall_seconds or 0.0)}); replica "
-                f"{self.target} rejoined in {format_seconds(figures.rejoin_time_seconds or 0.0)}"
-                f", healed from a peer at step {ev.heal.step}"
-            )
+        verdict, summary = combine(
+            checks,
+            f"live recovery: the survivors kept training (longest stall "
+            f"{format_seconds(figures.survivor_stall_seconds or 0.0)}); replica "
+            f"{self.target} rejoined in {format_seconds(figures.rejoin_time_seconds or 0.0)}"
+            f", healed from a peer at step {ev.heal.step if ev.heal is not None else '?'}",
+        )
         return LiveJudgement(verdict, summary, tuple(checks), figures)
 
     def _figures(

@@ -310,11 +310,13 @@ class DrillEngine(StickyPhase):
                 result.detail or "allowed",
                 "dry run: the trigger checkpoint was reached and the kill would be allowed",
             )
+            at_rest = self.spec.fault in ("StorageFault", "StickyFault") and result.detail
+            what = f"{result.detail}; nothing was touched" if at_rest else ""
             return self._finish(
                 result.timestamp,
                 Verdict.DRY_RUN,
                 f"dry run: reached checkpoint step {self.trigger_step}; "
-                "the kill would be allowed; nothing was killed",
+                + (what or "the kill would be allowed; nothing was killed"),
                 (check,),
             )
         what = (

@@ -37,6 +37,7 @@ from pytest_recoverygate.engine.verdict import (
     Check,
     Recovery,
     Verdict,
+    combine,
     format_seconds,
 )
 
@@ -160,18 +161,11 @@ def _figures(ev: KillEvidence, checks: Sequence[Check]) -> None:
 
 def _combine(ev: KillEvidence, checks: list[Check]) -> tuple[Verdict, str, list[Check]]:
     """The kill's verdict and summary from its checks."""
-    failed = [c for c in checks if c.passed is False]
-    if failed:  # a sustain window still open adds nothing to a proven failure
+    if any(c.passed is False for c in checks):  # an open sustain window adds nothing to it
         checks = [c for c in checks if not (c.name == "progress_after_resume" and c.undecided)]
-    undecided = [c for c in checks if c.passed is None]
-    if failed:
-        return Verdict.FAIL, "; ".join(c.message for c in failed), checks
-    if undecided:
-        summary = "; ".join(
-            c.message if c.message.startswith("inconclusive") else f"inconclusive: {c.message}"
-            for c in undecided
-        )
-        return Verdict.ERROR, summary, checks
+    verdict, summary = combine(checks)
+    if verdict is not Verdict.PASS:
+        return verdict, summary, checks
     recovery_time, resume = ev.recovery_time, ev.settled
     assert recovery_time is not None
     assert resume is not None
@@ -374,9 +368,9 @@ def overall(
     if budget_mode and headline is not None and headline.verdict is Verdict.PASS:
         checks = []
     checks += run(TABLE, "drill", DrillEvidence(spec, recoveries, gave_up, known_budget))
+    verdict, _ = combine(checks)
     failed = [c for c in checks if c.passed is False]
     undecided = [c for c in checks if c.passed is None]
-    verdict = Verdict.FAIL if failed else Verdict.ERROR if undecided else Verdict.PASS
     many = len(recoveries) > 1 or spec.count != 1
     if verdict is Verdict.PASS and many:
         if gave_up is not None:

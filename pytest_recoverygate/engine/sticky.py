@@ -32,7 +32,7 @@ from pytest_recoverygate.engine.rules import TABLE, run
 from pytest_recoverygate.engine.rules.evidence import StickyEvidence
 from pytest_recoverygate.engine.rules.sticky import gpu_hours
 from pytest_recoverygate.engine.state import Action, Phase, _Armed
-from pytest_recoverygate.engine.verdict import Recovery, Verdict
+from pytest_recoverygate.engine.verdict import Recovery, combine
 
 __all__ = ["StickyPhase"]
 
@@ -53,17 +53,17 @@ class StickyPhase(ReentryPhase):
     def sticky_save_window(self, step: int) -> tuple[float, float] | None:
         """When checkpoint ``step``'s save wrote its files, by the job's lines: from its
         ``checkpoint_started`` (else the previous checkpoint's completion) to its
-        ``checkpoint_completed``; None when no completion of it was seen."""
+        ``checkpoint_completed``, never before the previous checkpoint completed (a line
+        stamped early must not reach an older checkpoint's files); None when no
+        completion of it was seen."""
         done = [c.time for c in self.ledger.checkpoints if c.step == step]
         if not done:
             return None
         save = self.ledger.saves.get(step)
-        before = [c.time for c in self.ledger.checkpoints if c.step < step]
-        if save is not None and save.started <= done[-1]:
-            start = save.started
-        else:
-            start = max(before) if before else self.started_at
-        return start, done[-1]
+        before = [c.time for c in self.ledger.checkpoints if c.step < step and c.time < done[-1]]
+        floor = max(before) if before else self.started_at
+        start = save.started if save is not None and save.started <= done[-1] else floor
+        return max(start, floor), done[-1]
 
     def sticky_damaged(self, step: int, files: tuple[str, ...], at: float) -> None:
         """The drill damaged checkpoint ``step`` (each file as described): it is no
@@ -222,14 +222,7 @@ class StickyPhase(ReentryPhase):
         failed = [c for c in checks if c.passed is False]
         if not failed and not final:
             return []
-        undecided = [c for c in checks if c.passed is None]
-        if failed:
-            verdict, summary = Verdict.FAIL, "; ".join(c.message for c in failed)
-        elif undecided:
-            verdict = Verdict.ERROR
-            summary = "; ".join(c.message for c in undecided)
-        else:
-            verdict, summary = Verdict.PASS, "; ".join(c.message for c in checks)
+        verdict, summary = combine(checks)
         deaths = [round(t - (self._sticky_armed_at or t), 6) for _, t in self._sticky_deaths]
         cost = gpu_hours(ev)
         self._recoveries.append(

@@ -12,6 +12,7 @@ only when every check passed.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "Recovery",
     "StepContract",
     "Verdict",
+    "combine",
     "format_seconds",
 ]
 
@@ -162,6 +164,24 @@ BREAKDOWN_PHASES = (
     "checkpointLoaded",
     "firstStepAfterResume",
 )
+
+
+def combine(checks: Sequence[Check], passed: str | None = None) -> tuple[Verdict, str]:
+    """The one way checks become a verdict and its summary: any failed check FAILs (their
+    messages), else any undecided one is an ERROR (each message said inconclusive), else
+    PASS with ``passed`` (default: the messages of the checks that verified something)."""
+    failed = [c for c in checks if c.passed is False]
+    if failed:
+        return Verdict.FAIL, "; ".join(c.message for c in failed)
+    undecided = [c for c in checks if c.passed is None]
+    if undecided:
+        return Verdict.ERROR, "; ".join(
+            c.message if c.message.startswith("inconclusive") else f"inconclusive: {c.message}"
+            for c in undecided
+        )
+    if passed is None:
+        passed = "; ".join(c.message for c in checks if c.checked)
+    return Verdict.PASS, passed
 
 
 def format_seconds(seconds: float) -> str:
