@@ -1,6 +1,7 @@
-"""The runner's part of the faults at rest, on disk: StorageFault's layer over the job's
+"""The runner's part of the faults at rest: StorageFault's layer over the job's
 checkpoint folder (mounted, armed, lifted, audited) and StickyFault's poison (armed at the
-trigger) and damage (the trigger checkpoint's files written over, then the kill).
+trigger), damage (the trigger checkpoint's files written over, then the kill) and bad node
+(the backend's watcher over it, from the trigger on).
 
 :class:`AtRest` is a base of the runner's drill: it acts through the drill's engine door,
 backend and clock, and leaves the cleanup (lift, unmount, remove the poison) to the
@@ -19,7 +20,7 @@ from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.machine import DrillEngine, Finish, KillTarget, RestoreTarget
 from pytest_recoverygate.errors import DiscoveryError, DrillError
 from pytest_recoverygate.links import docs_link
-from pytest_recoverygate.registry.seams import Clock, Orchestrator, StorageScope
+from pytest_recoverygate.registry.seams import Clock, Orchestrator, StickyNodes, StorageScope
 from pytest_recoverygate.storage.damage import damage, files_written
 from pytest_recoverygate.storage.layer import StorageLayer
 from pytest_recoverygate.storage.poison import Poison
@@ -141,9 +142,48 @@ class AtRest:
         self.door.sticky_damaged(step, tuple(d.describe() for d in done), self.clock.now())
         return None
 
+    def _sticky_node_scope(self) -> None:
+        """``scope: node`` needs a backend that can keep a node bad (StickyNodes);
+        DiscoveryError otherwise, before anything is hit."""
+        failure = self.config.inject_failure
+        if failure.type == "StickyFault" and not isinstance(self.orchestrator, StickyNodes):
+            raise _discovery_error(
+                f"StickyFault scope: node needs a backend that can keep a node bad, and "
+                f"orchestrator {self.orchestrator.name} implements no make_node_bad "
+                f"({docs_link('faults.md')}); use scope: step"
+            )
+
+    def _make_node_bad(self, action: KillTarget, node: model.Node) -> list[Action]:
+        """``scope: node``: the node stays bad from now on: the backend's watcher kills or
+        stops every job process placed there until the drill ends (its cleanup)."""
+        spec = self.engine.spec.sticky
+        assert spec is not None
+        assert isinstance(self.orchestrator, StickyNodes)
+        verb = "checking what would make bad" if self.dry_run else "making bad for good"
+        self._sync_phase(
+            f"checkpoint step {action.checkpoint_step} reached; {verb} {node.describe()}"
+            + (f" (kill {action.index})" if action.index > 1 else "")
+        )
+        result = self._attempt(
+            self.orchestrator.make_node_bad,
+            node,
+            dry_run=self.dry_run,
+            mode=spec.mode,
+            after=spec.after,
+        )
+        return list(self.door.on_kill_result(result))
+
     def _not_damaged(self, detail: str) -> list[Action]:
         result = model.KillResult(model.KillOutcome.UNCONFIRMED, self.clock.now(), detail)
         return list(self.door.on_kill_result(result))
+
+    def _already_gone(self, detail: str) -> list[Action]:
+        """The engine's answer to a target that is not there to hit (nothing was)."""
+        return list(
+            self.door.on_kill_result(
+                model.KillResult(model.KillOutcome.ALREADY_GONE, self.clock.now(), detail)
+            )
+        )
 
     # ------------------------------------------------------------------ StorageFault
 
@@ -161,30 +201,37 @@ class AtRest:
         self._note("storage", f"storage layer mounted over {layer.folder} ({layer.fsname})")
 
     def _storage_scope(self, target: model.Worker) -> None:
-        """StorageFault on a job the config cannot scope (one the backend attaches to):
-        its ``path`` must lie in a folder the running job can be shown to use, and the
-        target's processes must see a mount made here. DiscoveryError otherwise, before
-        anything is mounted or hit."""
-        spec = self.engine.spec.storage
-        if spec is None:
+        """A StorageFault, or a StickyFault ``scope: checkpoint``, on a job the config
+        cannot scope (one the backend attaches to): its ``path`` must lie in a folder the
+        running job can be shown to use, and for a StorageFault the target's processes
+        must see a mount made here. DiscoveryError otherwise, before anything is mounted,
+        damaged or hit."""
+        spec = self.engine.spec
+        sticky = spec.sticky is not None and spec.sticky.scope == "checkpoint"
+        if spec.storage is None and not sticky:
             return
+        fault = "StickyFault" if sticky else "StorageFault"
+        path_given = (
+            spec.storage.path if spec.storage is not None else self.config.inject_failure.path
+        )
+        untouched = "nothing was damaged" if sticky else "nothing was mounted"
         name = self.orchestrator.name
         if not isinstance(self.orchestrator, StorageScope):
             raise _discovery_error(
-                f"StorageFault on {spec.path}: orchestrator {name} cannot show which folders "
+                f"{fault} on {path_given}: orchestrator {name} cannot show which folders "
                 "the job uses (its workload section names none, and the backend reads none "
                 f"from the running job: no storage_scope, {docs_link('backends.md')}); "
-                "nothing was mounted"
+                f"{untouched}"
             )
-        scope = self.orchestrator.storage_scope(target)
-        path = Path(os.path.realpath(spec.path))
+        scope = self.orchestrator.storage_scope(target, mount=not sticky)
+        path = Path(os.path.realpath(str(path_given)))
         if any(path == folder or folder in path.parents for folder in scope):
             return
         shown = ", ".join(str(folder) for folder in scope[:4]) or "none"
         raise _discovery_error(
-            f"StorageFault: path {spec.path} lies outside what the job can be shown to use "
+            f"{fault}: path {path_given} lies outside what the job can be shown to use "
             f"(as {name} shows it: {shown}); point injectFailure.path at the folder the job "
-            "saves its checkpoints in; nothing was mounted"
+            f"saves its checkpoints in; {untouched}"
         )
 
     def _arm_storage(self, action: KillTarget) -> list[Action]:

@@ -87,7 +87,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "SIGKILLed, or killed by the OOM killer, cannot clean up) and remove what each "
         "left: a local multi-node drill's processes in its network namespaces, the "
         f"namespaces and its folder ({docs_link('nodes.md')}); a StorageFault's mount over "
-        "the checkpoint folder and its layer process (faults.md). A running drill's, and "
+        "the checkpoint folder and its layer process (faults.md); a StickyFault's poison "
+        "file; a Slurm job a drill submitted (workload.script), cancelled if it still "
+        f"carries that drill's mark ({docs_link('slurm.md')}). A running drill's, and "
         "what no record names, are left alone.",
         epilog="exit codes: 0 nothing left behind, 3 something could not be removed",
     )
@@ -291,9 +293,11 @@ def compare_command(args: argparse.Namespace, name: str) -> int:
 
 def sweep_command(args: argparse.Namespace, name: str) -> int:
     """``recoverygate sweep``: what dead drills left (a multi-node drill's namespaces, a
-    StorageFault's mount, a StickyFault's poison), removed (or listed)."""
+    StorageFault's mount, a StickyFault's poison, a Slurm job a drill submitted), removed
+    (or listed)."""
     from pytest_recoverygate.errors import DrillError
     from pytest_recoverygate.orchestrators.local.sweep import sweep
+    from pytest_recoverygate.orchestrators.slurm.submit import sweep as sweep_slurm_jobs
     from pytest_recoverygate.storage.layer import sweep as sweep_storage
     from pytest_recoverygate.storage.poison import sweep as sweep_poison
 
@@ -301,14 +305,16 @@ def sweep_command(args: argparse.Namespace, name: str) -> int:
         report = sweep(dry_run=args.dry_run)
         storage = sweep_storage(dry_run=args.dry_run)
         poison = sweep_poison(dry_run=args.dry_run)
+        jobs = sweep_slurm_jobs(dry_run=args.dry_run)
     except (DrillError, OSError) as exc:
         print(printable(f"{name} sweep: {exc}"), file=sys.stderr)
         return EXIT_ERROR
     nothing = [line for line in report.lines if line.startswith("nothing to sweep")]
-    lines = [line for line in report.lines if line not in nothing] + storage.lines + poison.lines
+    lines = [line for line in report.lines if line not in nothing]
+    lines += storage.lines + poison.lines + jobs.lines
     for line in lines or nothing:
         print(printable(line))
-    if report.problems or storage.problems or poison.problems:
+    if report.problems or storage.problems or poison.problems or jobs.problems:
         print(f"{name} sweep: not everything could be removed (see above)", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_PASS

@@ -402,6 +402,7 @@ class _Drill(AtRest):
                 f"orchestrator {self.orchestrator.name} implements no current_node/"
                 f"kill_node/restore_node ({docs_link('nodes.md')}); use type: KillWorker"
             )
+        self._sticky_node_scope()  # StickyFault scope node: a backend that keeps it bad
         indexes = ", ".join(str(n.index) for n in workload.nodes) or "none"
         if len(workload.nodes) < 2:
             raise _discovery_error(
@@ -479,6 +480,8 @@ class _Drill(AtRest):
         if action.fault == "KillNode":
             self._killed_nodes.add(node.identity)
         self._killed.update(w.instance_id for w in node.workers)
+        if spec.sticky is not None:  # StickyFault scope node: the node stays bad from now on
+            return self._make_node_bad(action, node)
         how = {"PartitionNode": "cutting the link of", "DrainNode": "draining"}.get(
             action.fault, "killing"
         )
@@ -505,14 +508,6 @@ class _Drill(AtRest):
         self._note("restore", f"restoring {self.node.describe()}: {action.why}")
         result = self._attempt(self.orchestrator.restore_node, self.node)
         return list(self.door.on_restore_result(result))
-
-    def _already_gone(self, detail: str) -> list[Action]:
-        """The engine's answer to a target that is not there to hit (nothing was)."""
-        return list(
-            self.door.on_kill_result(
-                model.KillResult(model.KillOutcome.ALREADY_GONE, self.clock.now(), detail)
-            )
-        )
 
     def _attempt(
         self, hit: Callable[_P, model.KillResult], /, *args: _P.args, **kwargs: _P.kwargs

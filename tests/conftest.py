@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pytest_recoverygate.config.loading import DrillConfig, load_config
+from tests import patience
 
 pytest_plugins = ["tests.slurm.cluster_fixture"]  # one Slurm cluster per session, for all folders
 
@@ -53,6 +54,11 @@ def xdist_group(item: pytest.Item) -> str | None:
     if shared is None and where in ONE_WORKER:
         return ONE_WORKER[where]
     return shared
+
+
+def pytest_report_header() -> str:
+    """How long this run's waits are stretched (tests/patience.py)."""
+    return f"patience: {patience.describe()}"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from bench._common import RESULT_FIELDS, Result, subprocess_env
+from tests.patience import DRILL, within
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = pytest.mark.skipif(
@@ -34,13 +35,13 @@ SLOW = pytest.mark.skipif(
 )
 
 
-def run_quick(name: str, timeout: float = 600) -> dict[str, Any]:
+def run_quick(name: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / f"bench_{name}.py"), "--quick"],
         capture_output=True,
         text=True,
         env=subprocess_env(),
-        timeout=timeout,
+        timeout=within(DRILL),
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from pytest_recoverygate.cli import main
+from tests.patience import JOB, PROCESS, deadline, within
 from tests.transcripts import assert_rejudged
 
 WriteDrill = Callable[..., Path]
@@ -29,7 +30,7 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
         [sys.executable, "-m", "pytest_recoverygate.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         input=stdin,
         check=False,
     )
@@ -125,7 +126,7 @@ def test_github_step_summary_gets_the_summary_of_a_run_without_any_report_option
         [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path), "-q"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=False,
         env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
     )
@@ -283,13 +284,13 @@ def test_sigint_mid_drill_exits_130_after_cleanup(write_drill: WriteDrill) -> No
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
+    until = deadline(PROCESS)
     assert proc.stderr is not None
     seen = ""
-    while "waiting for" not in seen and time.monotonic() < deadline:
+    while "waiting for" not in seen and time.time() < until:
         seen += proc.stderr.readline()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=within(PROCESS))
     assert proc.returncode == 130
     assert "cleanup done" in err
 
@@ -303,7 +304,11 @@ def test_help_does_not_import_kubernetes_torch_or_pydantic() -> None:
         "print('HEAVY', heavy)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=within(JOB),
+        check=True,
     )
     assert "HEAVY []" in proc.stdout
     assert "exit codes" in proc.stdout

@@ -38,6 +38,8 @@ from recoverygate import reporter, wire
 from recoverygate.digest import BLOCK_BYTES, state_digest
 from torch import nn
 
+from tests.patience import JOB, within
+
 REPORTER_PATH = str(Path(recoverygate.__file__).resolve().parent.parent)
 
 
@@ -125,7 +127,11 @@ def test_the_same_seed_in_another_process_gives_the_same_digest() -> None:
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=within(JOB),
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     model, optimizer, scheduler = make_training(seed=5)
@@ -480,7 +486,7 @@ def test_the_reporter_loads_the_digest_module_only_when_it_is_used() -> None:
         env={"PYTHONPATH": REPORTER_PATH, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -522,7 +528,11 @@ def test_a_dtensor_digests_its_local_shard(tmp_path: Path) -> None:
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=within(JOB),
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
@@ -552,7 +562,7 @@ def run_loop(code: str, checkpoint: Path, total: int) -> list[wire.Record]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -112,7 +112,7 @@ class SimJob:
         budget: int = 100,
         gives_up: bool = True,
         term_save: float | None = None,
-        hang_timeout: float = 3.0,
+        hang_timeout: float = 3.0,  # not a wait: the simulated job's, in its own time
         digests: bool = False,
         bad_parts: bool = False,
     ) -> None:

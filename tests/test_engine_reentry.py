@@ -65,6 +65,7 @@ class Drill:
     kills: list[KillTarget] = field(default_factory=list)
     result: DrillResult | None = None
     gone: int = 0  # kills answered ALREADY_GONE (no replacement instance yet)
+    late: float = 0.0  # seconds after its sign the second kill lands (the backend's latency)
 
     @classmethod
     def start(cls, s: DrillSpec, gone: int = 0) -> Drill:
@@ -83,7 +84,8 @@ class Drill:
                     outcome = KillOutcome.ALREADY_GONE
                 else:
                     outcome = KillOutcome.KILLED
-                self.answer(list(self.engine.on_kill_result(KillResult(outcome, T0 + t))), t)
+                at = T0 + t + (self.late if action.index == 2 else 0.0)
+                self.answer(list(self.engine.on_kill_result(KillResult(outcome, at))), t)
 
     def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
              rank: int = 0) -> Drill:  # fmt: skip
@@ -145,6 +147,55 @@ def test_a_job_that_comes_back_from_a_kill_in_its_load_passes() -> None:
     assert second.resume_step == 20 and second.kill_time == T0 + t + 1.5
     assert second.recovery_time_seconds is not None and second.recovery_time_seconds < t2 - t
     assert d.checks()["reentrant"].passed is True  # type: ignore[attr-defined]
+
+
+def test_a_second_kill_that_lands_after_the_load_is_over_is_inconclusive() -> None:
+    """The backend's kill took longer than the load (a probe and a kill step on Slurm):
+    the replacement that began loading had loaded before the kill landed, so the drill
+    tested a failure in the first interval, not in the load; it must not pass as one."""
+    d = Drill.start(spec("checkpointLoad"))
+    d.late = 0.8
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(LS, t + 1.5, "b", 20)  # the kill is sent now, lands at t + 2.3
+    d.line(L, t + 1.9, "b", 20)  # the load was over first
+    recover(d, "c", t + 4.0)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.ERROR, d.result.summary
+    check = d.checks()["reentrant"]
+    assert check.passed is None  # type: ignore[attr-defined]
+    assert "landed after the checkpointLoad phase was over" in d.result.summary
+    assert "had loaded step 20 0.40s before" in d.result.summary
+    second = d.result.recoveries[1].fault_details
+    assert second["phaseIncarnation"] == "b" and second["afterFirstKillSeconds"] > 0
+
+
+def test_a_second_kill_that_lands_inside_the_load_passes_with_its_figures() -> None:
+    d = Drill.start(spec("checkpointLoad"))
+    d.late = 0.3
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(LS, t + 1.5, "b", 20)  # lands at t + 1.8: "b" never loads (it was cut)
+    recover(d, "c", t + 4.0)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.PASS, d.result.summary
+    second = d.result.recoveries[1].fault_details
+    assert second["secondKillPhase"] == "checkpointLoad"
+    assert second["phaseSign"] == "checkpoint_load_started(20)"
+
+
+def test_a_first_interval_kill_after_the_first_new_checkpoint_is_inconclusive() -> None:
+    d = Drill.start(spec("firstInterval"))
+    d.late = 2.0
+    t = first_kill(d)
+    d.line(S, t + 1.0, "b")
+    d.line(L, t + 1.5, "b", 20)
+    d.line(P, t + 1.6, "b", 21)  # the sign: the kill lands at t + 3.6
+    d.train("b", t + 1.7, range(22, 32), every=10)  # checkpoint 30 completes at ~t + 2.6
+    recover(d, "c", t + 5.0, loaded=30)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.ERROR, d.result.summary
+    assert "checkpoint 30 had completed" in d.result.summary
 
 
 @pytest.mark.parametrize(

@@ -86,10 +86,10 @@ class Drill:
                 self.answer(list(self.engine.on_kill_result(armed)), t)
 
     def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
-             rank: int = 0) -> Drill:  # fmt: skip
+             rank: int = 0, restart: int | None = None) -> Drill:  # fmt: skip
         if self.result is None:
             self.answer(list(self.engine.on_training_event(
-                TrainingEvent(kind, T0 + t, inc, step=step, rank=rank)
+                TrainingEvent(kind, T0 + t, inc, step=step, rank=rank, restart_count=restart)
             )), t)  # fmt: skip
         return self
 
@@ -98,11 +98,14 @@ class Drill:
             self.answer(list(self.engine.on_group_event(GroupEvent(kind, T0 + t))), t)
         return self
 
-    def incarnation_runs(self, t: float, first: int, last: int, *, dies: bool) -> float:
-        """Both ranks start and train ``first..last``; the target dies at ``AT`` if told."""
+    def incarnation_runs(
+        self, t: float, first: int, last: int, *, dies: bool, restart: int | None = None
+    ) -> float:
+        """Both ranks start (their launcher's ``restart`` count in the start line) and
+        train ``first..last``; the target dies at ``AT`` if told."""
         n = self.incarnation = self.incarnation + 1
         for rank in (0, 1):
-            self.line(S, t, f"r{rank}-{n}", rank=rank)
+            self.line(S, t, f"r{rank}-{n}", rank=rank, restart=restart)
         if first > 1:
             for rank in (0, 1):
                 self.line(L, t + 0.05, f"r{rank}-{n}", first - 1, rank=rank)
@@ -167,6 +170,21 @@ def test_a_job_that_gives_up_within_its_budget_passes() -> None:
     details = d.details()
     assert details["deaths"] == 3 and details["restarts"] == 2
     assert details["stepPast"] is None
+
+
+def test_restarts_are_read_from_the_start_lines_when_the_backend_reports_none() -> None:
+    """Slurm's torchrun restarts its workers inside the step, which its backend follows
+    only after a kill of its own: the launcher's TORCHELASTIC_RESTART_COUNT in each
+    process's start line counts the restarts instead."""
+    d = Drill.start(spec())
+    t = d.incarnation_runs(0.0, 1, 40, dies=True, restart=0)
+    for restart in (1, 2):  # no RESTARTING group event
+        t = d.incarnation_runs(t + 1.0, 21, 40, dies=True, restart=restart)
+    d.group(G.JOB_FAILED, t + 0.5)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.PASS, d.result.summary
+    assert d.details()["deaths"] == 3 and d.details()["restarts"] == 2
+    assert d.result.recoveries[0].restarts == 2
 
 
 def test_more_deaths_than_max_crash_loop_fail_when_proven() -> None:

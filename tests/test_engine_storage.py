@@ -409,6 +409,39 @@ def test_a_job_that_fails_loudly_is_a_recovery_from_the_last_durable_checkpoint(
     assert d.checks()["failed_save_not_counted"].passed is True  # type: ignore[attr-defined]
 
 
+def test_a_restart_seen_only_in_its_start_lines_is_a_recovery_whatever_parent_they_name() -> None:
+    # The job says the save failed (the fault is lifted), its launcher restarts it and no
+    # backend saw a worker go: the replacement's start line is the only sign. A launcher,
+    # or the drill's own environment, that loaded the reporter makes every worker name it
+    # as parent (RECOVERYGATE_PARENT_INC): a parent nobody reported proves no child, so
+    # the replacement that replays 21..40 is judged a recovery (CI's Slurm drill passed
+    # "trained 19 steps after the lift" over a replay before this).
+    for parent in (None, "launcher0000000"):
+        d = Drill.start(spec())
+        d.line(S, 0.0, "a", parent=parent)
+        t = d.train("a", 0.1, range(1, 21))
+        d.line(ST, t, "a", 30)
+        d.storage(SK.FAILED, t + 0.01, "step-30.pt", op="write", error="ENOSPC")
+        d.line(F, t + 0.02, "a", 30)
+        d.line(S, t + 2.0, "b", parent=parent)
+        d.line(L, t + 3.0, "b", 20)
+        d.train("b", t + 3.1, range(21, 200), ckpt=False)
+        assert d.result is not None and d.result.verdict is Verdict.PASS, d.result
+        assert d.result.resume_step == d.result.expected_resume_step == 20, (parent, d.result)
+
+
+def test_a_child_of_the_faulted_worker_is_no_restart() -> None:
+    d = Drill.start(spec())
+    t = armed(d)
+    d.line(ST, t, "a", 30)
+    d.storage(SK.FAILED, t + 0.01, "step-30.pt", op="write", error="ENOSPC")
+    d.line(F, t + 0.02, "a", 30)
+    d.line(S, t + 0.5, "child", parent="a")  # a data-loader or writer process it started
+    d.train("a", t + 0.6, range(31, 200), ckpt=False)
+    assert d.result is not None and d.result.verdict is Verdict.PASS, d.result
+    assert "trained_after_lift" in d.checks() and d.result.resume_step is None
+
+
 def test_a_replacement_that_loads_the_swallowed_save_does_not_pass() -> None:
     d = Drill.start(spec(kill_after=True))
     t = armed(d)

@@ -29,6 +29,7 @@ from recoverygate.wire import Record, format_start, format_step
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.registry.seams import EventSource
 from pytest_recoverygate.shared.events import StreamEventSource, to_training_event
+from tests.patience import JOB, PROCESS, PROMPT, eventually, within
 
 INC = "00112233aabbccdd"
 
@@ -200,8 +201,8 @@ def test_a_reader_thread_turns_a_real_pipe_into_events(tmp_path: Path) -> None:
 
         writing = threading.Thread(target=writer)
         writing.start()
-        writing.join(30)
-        thread.join(30)  # EOF ends the reader by itself
+        writing.join(within(PROCESS))
+        thread.join(within(PROCESS))  # EOF ends the reader by itself
         assert not thread.is_alive()
     assert woken.is_set()
     assert source.open_streams == 0
@@ -231,9 +232,7 @@ def test_close_stops_a_reader_blocked_on_a_silent_pipe() -> None:
     with os.fdopen(read_fd, "rb", buffering=0) as pipe:
         thread = source.attach_pipe(pipe)
         os.write(write_fd, format_start(1.0, INC, pid=1, host="h").encode())
-        deadline = time.monotonic() + 10
-        while not source.poll() and time.monotonic() < deadline:
-            time.sleep(0.001)
+        eventually(source.poll, "the start line read", PROMPT, interval=0.001)
         source.close()
         assert not thread.is_alive()
         assert pipe.closed
@@ -253,7 +252,7 @@ def test_a_failing_chunk_callback_does_not_stop_reading() -> None:
     os.write(write_fd, line(1))
     os.write(write_fd, line(2))
     os.close(write_fd)
-    thread.join(30)
+    thread.join(within(PROCESS))
     assert [e.step for e in source.poll()] == [1, 2]
     source.close()
 
@@ -269,7 +268,7 @@ def test_pipe_events_reach_poll_within_milliseconds() -> None:
         data = line(step)
         sent = time.perf_counter()
         os.write(write_fd, data)
-        assert woken.wait(10)
+        assert woken.wait(within(PROMPT))
         events = source.poll()
         latencies.append(time.perf_counter() - sent)
         assert [e.step for e in events] == [step]
@@ -315,8 +314,8 @@ def test_a_training_process_reports_through_its_stdout_pipe() -> None:
     with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env) as proc:
         assert proc.stdout is not None
         thread = source.attach_pipe(proc.stdout)
-        assert proc.wait(60) == 0
-        thread.join(30)
+        assert proc.wait(within(JOB)) == 0
+        thread.join(within(PROCESS))
     events = source.poll()
     source.close()
     start = events[0]

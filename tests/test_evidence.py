@@ -39,6 +39,7 @@ from recoverygate.evidence import (
 from pytest_recoverygate.cli import main as cli_main
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.orchestrators import AUTO_ENV, with_evidence
+from tests import patience
 
 DATA = Path(__file__).parent / "data" / "evidence"
 
@@ -349,7 +350,7 @@ def run_job(
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patience.within(patience.JOB),
         check=True,
     )
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pytest_recoverygate.config.loading import DrillConfig, load_config
+from tests.patience import CLUSTER, within
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -80,7 +81,7 @@ def test_the_local_examples_own_unit_tests_pass() -> None:
         cwd=folder,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=within(CLUSTER),
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

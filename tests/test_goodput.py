@@ -32,6 +32,7 @@ from pytest_recoverygate.engine.goodput import (
     project,
     useful_fraction,
 )
+from tests.patience import JOB, within
 
 
 def test_the_useful_fraction_matches_values_worked_by_hand() -> None:
@@ -161,7 +162,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "pytest_recoverygate.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=False,
     )
 

@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import yaml
 from pytest_recoverygate.cli import main
 from pytest_recoverygate.report.files import markdown_summary
 from pytest_recoverygate.report.html import OUTPUT_LINE_LIMIT, render_report, svg_for_inline
+from tests.patience import JOB, within
 from tests.trend_reports import run_fake_drill
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def repeated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
     return subprocess.run(
         [
@@ -65,7 +65,7 @@ def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
         ],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=within(JOB),
         check=False,
         stdin=subprocess.DEVNULL,
     )
@@ -125,11 +125,9 @@ def test_chromium_renders_the_page_with_the_verdict_first_and_no_error(
     import matplotlib.image
 
     shot = tmp_path / "shot.png"
-    started = time.monotonic()
-    proc = chromium(
+    proc = chromium(  # within its timeout (patience.JOB, stretched): no page that hangs
         "--window-size=1200,1600", f"--screenshot={shot}", (repeated / "report.html").as_uri()
     )
-    took = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert console_errors(proc.stderr) == []
     pixels = matplotlib.image.imread(shot)
@@ -144,7 +142,6 @@ def test_chromium_renders_the_page_with_the_verdict_first_and_no_error(
     dom = chromium("--dump-dom", (repeated / "report.html").as_uri())
     assert dom.returncode == 0
     assert "Every recovery (3)" in dom.stdout
-    assert took < 60
     # printable: Chromium prints it to a PDF of a few pages
     pdf = tmp_path / "report.pdf"
     page = (repeated / "report.html").as_uri()

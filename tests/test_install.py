@@ -36,6 +36,7 @@ from pytest_recoverygate.errors import describe_exception, pip_command_for
 from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
 from pytest_recoverygate.registry.seams import SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
+from tests.patience import CLUSTER, DRILL, JOB, within
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBE_DRILL = {
@@ -74,7 +75,7 @@ def test_a_kubernetes_drill_without_the_client_names_the_pip_command(tmp_path: P
         [sys.executable, "-c", blocked, str(path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=False,
     )
     output = proc.stdout + proc.stderr
@@ -135,7 +136,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     source = tmp_path_factory.mktemp("source")
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, check=True, timeout=60,
+        cwd=ROOT, capture_output=True, check=True, timeout=within(JOB),
     ).stdout.decode().split("\0")  # fmt: skip
     for name in filter(None, listed):
         if (ROOT / name).is_file():
@@ -145,7 +146,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(folder), str(source), str(source / "reporter")],
-        check=True, timeout=300,
+        check=True, timeout=within(CLUSTER),
     )  # fmt: skip
     return {
         "recoverygate": next(folder.glob("recoverygate-[0-9]*.whl")),
@@ -221,7 +222,7 @@ def pip(python: Path, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "-q", *args],
-        check=True, timeout=300, env=env,
+        check=True, timeout=within(CLUSTER), env=env,
     )  # fmt: skip
 
 
@@ -293,7 +294,7 @@ def test_a_fresh_venv_with_the_built_wheels_runs_a_kubernetes_drill(
     subprocess.run(  # recoverygate-reporter comes from the built wheels, the rest from the index
         [str(python), "-m", "pip", "install", "-q", "--find-links", str(wheel.parent), str(wheel)],
         check=True,
-        timeout=900,
+        timeout=within(DRILL),
         env=env,
         cwd=tmp_path,
     )
@@ -321,7 +322,7 @@ def test_a_fresh_venv_with_the_built_wheels_runs_a_kubernetes_drill(
                 [str(cli), "run", "-f", str(path), "--dry-run", "-q", "--report", str(report)],
                 capture_output=True,
                 text=True,
-                timeout=180,
+                timeout=within(CLUSTER),
                 check=False,
                 env=env,
                 cwd=tmp_path,

@@ -22,6 +22,7 @@ from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesWorkload
 from pytest_recoverygate.orchestrators.slurm import SlurmWorkload
+from tests.patience import JOB, within
 
 EXPECT = """\
 expectations:
@@ -161,7 +162,7 @@ def test_a_backend_without_replica_targeting_refuses_target_replica_at_exit_2(
         [sys.executable, "-m", "pytest_recoverygate.cli", "validate", "-f", str(path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr

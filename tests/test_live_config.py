@@ -33,6 +33,7 @@ from pytest_recoverygate.orchestrators.local.members import (
     replica_of,
 )
 from pytest_recoverygate.shared.events import to_training_event
+from tests.patience import JOB, within
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "local" / "torchft"
 
@@ -72,7 +73,7 @@ def validate(path: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "pytest_recoverygate.cli", "validate", "-f", str(path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
 
@@ -158,7 +159,7 @@ def emitted(env: dict[str, str], code: str) -> list[wire.Record]:
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=True,
         env={"PATH": "/usr/bin:/bin", **env},
     )

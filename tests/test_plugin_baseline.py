@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import FAKE_DRILL, merge
+from tests.patience import CLUSTER, within
 
 SLOWER = {"workload": {"fake": {"restartDelay": "1500ms"}}}  # the group restarts 1 s later
 
@@ -53,7 +54,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=root,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=within(CLUSTER),
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -11,6 +11,8 @@ We test these aspects:
 - digests: a hex string or a mapping of parts is carried on the checkpoint line; anything
   else is dropped and the step still printed;
 - rank filter: RANK / RECOVERYGATE_RANKS, and ``configure`` overriding them;
+- threads: a line of a thread other than the process's first printing one says its number
+  (a metrics thread's progress against the loop's checkpoints), numbered again after a fork;
 - robustness: odd step values, closed stdout, a broken pipe, concurrent threads;
 - isolation: importing it loads nothing outside the standard library (not even json).
 
@@ -20,6 +22,7 @@ a whole process (environment, fork, closed stdout) runs a real child interpreter
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import os
@@ -28,13 +31,15 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import recoverygate
 from recoverygate import reporter, wire
 from recoverygate.wire import Record, parse_text
+
+from tests.patience import JOB, PROMPT, within
 
 REPORTER_PATH = str(Path(recoverygate.__file__).resolve().parent.parent)
 
@@ -89,7 +94,7 @@ def run_child(
         env=child_env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
 
@@ -564,6 +569,66 @@ def test_the_interval_comes_from_the_environment() -> None:
 # ---------------------------------------------------------------------------- processes
 
 
+def in_thread(*calls: Callable[[], None]) -> None:
+    """Run ``calls`` in order in one new thread, and wait for it."""
+
+    def run() -> None:
+        for call in calls:
+            call()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+
+
+def test_each_thread_that_prints_is_numbered_in_the_order_of_its_first_line() -> None:
+    stream = io.StringIO()
+    reporter.configure(stream=stream, rank=0, min_interval=0.0)
+    reporter.checkpoint_loaded(40)  # the loop: the process's first printing thread
+    in_thread(lambda: reporter.progress(40), lambda: reporter.progress(44))  # metrics thread
+    reporter.checkpoint_completed(60)
+    in_thread(lambda: reporter.checkpoint_completed(80))  # another thread
+    got = [(r.event, r.step, r.thread) for r in parsed(stream) if r.event != "start"]
+    assert got == [
+        ("checkpoint_loaded", 40, None),
+        ("progress", 40, 1),
+        ("progress", 44, 1),
+        ("checkpoint_completed", 60, None),
+        ("checkpoint_completed", 80, 2),
+    ]
+
+
+def test_threads_past_the_wire_cap_share_its_number() -> None:
+    stream = io.StringIO()
+    reporter.configure(stream=stream, rank=0)
+    for step in range(wire.MAX_THREAD + 3):
+        in_thread(functools.partial(reporter.checkpoint_completed, step))
+    numbers = [r.thread for r in parsed(stream) if r.event == "checkpoint_completed"]
+    assert numbers == [None, *range(1, wire.MAX_THREAD), *[wire.MAX_THREAD] * 3]
+
+
+def test_a_forked_child_numbers_its_threads_again() -> None:
+    result = run_child(
+        """
+        import os, threading
+        from recoverygate import reporter
+        reporter.checkpoint_completed(1)
+        t = threading.Thread(target=reporter.checkpoint_completed, args=(2,))
+        t.start(); t.join()
+        pid = os.fork()
+        if pid == 0:
+            reporter.checkpoint_completed(3)  # the child's first printing thread
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    records, malformed = parse_text(result.stdout)
+    assert malformed == 0
+    got = [(r.step, r.thread) for r in records if r.event == "checkpoint_completed"]
+    assert got == [(1, None), (2, 1), (3, None)]
+
+
 def test_the_start_event_is_printed_once_per_process_and_again_after_fork() -> None:
     result = run_child(
         """
@@ -614,7 +679,7 @@ def test_closed_stdout_never_raises_into_training_code() -> None:
         env={**os.environ, "PYTHONPATH": REPORTER_PATH},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
     assert started_closed.returncode == 0, started_closed.stderr
@@ -651,7 +716,7 @@ def test_a_broken_pipe_never_raises_into_training_code() -> None:
         proc.stdin.write(b"go\n")
         proc.stdin.close()
         stderr = proc.stderr.read().decode()
-        assert proc.wait(60) == 0, stderr
+        assert proc.wait(within(JOB)) == 0, stderr
     assert stderr == "survived\n"
 
 
@@ -723,16 +788,16 @@ def test_no_line_overtakes_the_start_line_while_it_is_being_written() -> None:
         def write(self, s: str) -> int:
             if not self.writing.is_set():
                 self.writing.set()
-                time.sleep(0.2)
+                time.sleep(0.2)  # not a wait: the slow pipe's pace
             return super().write(s)
 
     out = SlowFirstWrite()
     reporter.configure(stream=out, min_interval=0)
     first = threading.Thread(target=reporter.checkpoint_completed, args=(1,))
     first.start()
-    assert out.writing.wait(10)
+    assert out.writing.wait(within(PROMPT))
     reporter.checkpoint_completed(2)  # meanwhile, from another thread
-    first.join(10)
+    first.join(within(PROMPT))
     assert [(r.event, r.step) for r in parsed(out)] == [
         ("start", None),
         ("checkpoint_completed", 1),
@@ -796,7 +861,11 @@ def test_the_start_event_is_stamped_with_the_process_start_not_the_first_report(
         "reporter.progress(1)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=within(JOB),
     ).stdout
     events = [
         json.loads(line.split(" ", 1)[1])

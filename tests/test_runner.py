@@ -275,11 +275,13 @@ class ScopedFake(FakeOrchestrator):
         super().__init__(**kw)
         self.scope = scope
         self.asked: list[Worker] = []
+        self.mounts: list[bool] = []  # what each ask said of a mount
 
-    def storage_scope(self, target: Worker) -> tuple[Any, ...]:
+    def storage_scope(self, target: Worker, *, mount: bool = True) -> tuple[Any, ...]:
         from pytest_recoverygate.errors import DiscoveryError
 
         self.asked.append(target)
+        self.mounts.append(mount)
         if isinstance(self.scope, str):
             raise DiscoveryError(self.scope)
         return self.scope
@@ -342,3 +344,46 @@ def test_a_storage_fault_in_what_the_running_job_shows_passes_the_scope_check(
     result = run_drill(config, RunOptions(handle_signals=False), clock=clock, orchestrator=backend)
     assert "would arm the eio fault" in " ".join(e.detail for e in result.timeline), result.summary
     assert [w.rank for w in backend.asked] == [1]
+    assert backend.mounts == [True]
+
+
+STICKY_CHECKPOINT = (
+    "workload:\n  orchestrator: slurm\n  jobId: 7\ninjectFailure:\n  type: StickyFault\n"
+    "  scope: checkpoint\n  path: {folder}\n  afterCheckpoint: step-40\nexpectations:\n"
+    "  maxRecoveryTime: 60s\nsafety:\n  requireConfirm: false\n"
+)
+
+
+def test_a_damage_path_the_running_job_does_not_show_is_refused_before_anything_is_hit(
+    tmp_path: Any,
+) -> None:
+    """StickyFault scope checkpoint on a job the config cannot scope (slurm): the backend
+    is asked after discovery, without a mount check (nothing is mounted), and a path
+    outside what it shows is refused (ERROR, exit 3): nothing damaged, nothing killed."""
+    from pytest_recoverygate.config.loading import parse_config
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "step-40.pt").write_bytes(b"x" * 64)
+    config = parse_config(STICKY_CHECKPOINT.format(folder=folder), tmp_path / "drill.yaml")
+    clock = SimulatedClock()
+    backend = ScopedFake((tmp_path.resolve() / "elsewhere",), clock=clock)
+    result = run_drill(config, RunOptions(handle_signals=False), clock=clock, orchestrator=backend)
+    assert result.verdict is Verdict.ERROR and result.exit_code == 3, result.summary
+    assert "StickyFault: path" in result.summary and "nothing was damaged" in result.summary
+    assert backend.mounts == [False]
+    assert backend.kills == []
+    assert (folder / "step-40.pt").read_bytes() == b"x" * 64
+
+
+def test_a_damage_path_the_running_job_shows_passes_the_scope_check(tmp_path: Any) -> None:
+    from pytest_recoverygate.config.loading import parse_config
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = parse_config(STICKY_CHECKPOINT.format(folder=folder), tmp_path / "drill.yaml")
+    clock = SimulatedClock()
+    backend = ScopedFake((tmp_path.resolve(),), clock=clock)
+    result = run_drill(config, RunOptions(handle_signals=False), clock=clock, orchestrator=backend)
+    assert "lies outside" not in result.summary, result.summary
+    assert backend.mounts == [False]

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pytest_recoverygate.orchestrators.local.sweep import RECORD_PREFIX, claim, sweep
+from tests.patience import JOB, within
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,8 +48,14 @@ def record(locks: Path, drill_id: str) -> Path:
     return locks / f"{RECORD_PREFIX}{drill_id}.json"
 
 
+def ours(found: list[str]) -> list[str]:
+    """The sweep's lines about these tests' records. A namespace named like a drill's is
+    another drill's on this machine (these tests make none): none of theirs."""
+    return [line for line in found if not line.startswith("namespace ")]
+
+
 def lines(locks: Path) -> list[str]:
-    return sweep(directory=locks).lines
+    return ours(sweep(directory=locks).lines)
 
 
 def test_a_claim_is_locked_when_visible_and_removed_on_a_clean_release(
@@ -70,7 +77,7 @@ def test_a_dead_drills_record_and_folder_are_swept(locks: Path, tmp_path: Path) 
     folder = drill_folder(tmp_path)
     claim("abc123", folder).release(done=False)  # as if it died: the lock is gone
     report = sweep(directory=locks)
-    assert report.lines == [
+    assert ours(report.lines) == [
         f"drill rgabc123 (no longer running; its record names pid {os.getpid()}): removed namespaces none; "
         f"removed its folder {folder}"
     ]
@@ -82,7 +89,7 @@ def test_a_dry_run_touches_nothing(locks: Path, tmp_path: Path) -> None:
     folder = drill_folder(tmp_path)
     claim("abc123", folder).release(done=False)
     report = sweep(directory=locks, dry_run=True)
-    assert report.lines[0].endswith(
+    assert ours(report.lines)[0].endswith(
         f"would remove namespaces none, the processes in them, and {folder}"
     )
     assert folder.is_dir() and record(locks, "abc123").is_file()
@@ -94,7 +101,7 @@ def test_a_folder_that_another_took_the_name_of_is_left_alone(locks: Path, tmp_p
     folder.rename(tmp_path / "moved")
     drill_folder(tmp_path)  # someone else's folder by that name now
     report = sweep(directory=locks)
-    assert f"; {folder} is not the folder the drill made (another file" in report.lines[0]
+    assert f"; {folder} is not the folder the drill made (another file" in ours(report.lines)[0]
     assert (folder / "hosts").is_file() and (tmp_path / "moved").is_dir()
 
 
@@ -107,7 +114,7 @@ def test_a_folder_replaced_by_a_link_is_left_alone_and_so_is_what_it_points_to(
     folder.rename(precious)
     folder.symlink_to(precious)
     report = sweep(directory=locks)
-    assert "is not the folder the drill made" in report.lines[0]
+    assert "is not the folder the drill made" in ours(report.lines)[0]
     assert (precious / "hosts").is_file()
 
 
@@ -162,7 +169,7 @@ def run_cli(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         env={**os.environ, **env, "PYTHONPATH": path},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
 
@@ -177,6 +184,5 @@ def test_the_cli_says_what_it_swept(locks: Path, tmp_path: Path) -> None:
         in done.stdout
     )
     again = run_cli({"RECOVERYGATE_LOCK_DIR": str(locks)})
-    assert again.returncode == 0 and f"nothing to sweep: no drill's owner record in {locks}" in (
-        again.stdout
-    )
+    nothing = f"nothing to sweep: no drill's owner record in {locks}"
+    assert again.returncode == 0 and ours(again.stdout.splitlines()) in ([nothing], []), again

@@ -124,7 +124,7 @@ def test_a_transcript_has_its_header_every_call_and_an_end_line(
     assert set(event) == {
         "kind", "timestamp", "incarnation", "step", "received", "rank", "pid", "host",
         "restart_count", "digest", "digest_parts", "ppid", "parent", "world_size", "replica",
-        "source", "peer", "loss", "data", "loss_decimals", "error",
+        "source", "peer", "loss", "data", "loss_decimals", "error", "thread",
     }  # fmt: skip
     kill = next(row for row in rows[1:] if row["call"] == "on_kill_result")
     assert kill["result"]["outcome"] == "killed"

@@ -37,6 +37,8 @@ from recoverygate.wire import (
     parse_text,
 )
 
+from tests.patience import PROCESS, within
+
 INC = "0123456789abcdef"
 PROGRESS = format_step("progress", 1800000000.25, INC, 42, rank=0)
 CHECKPOINT = format_step("checkpoint_completed", 1800000001.5, INC, 40, rank=0)
@@ -100,6 +102,28 @@ def test_a_checkpoint_started_line_round_trips_through_the_shortcut() -> None:
     line = format_step("checkpoint_started", 1.5, INC, 900, rank=0)
     assert wire._FAST(line.encode(), len(SENTINEL) + 1) is not None
     assert only(line) == Record("checkpoint_started", 1.5, INC, step=900, rank=0)
+
+
+def test_a_thread_number_round_trips_through_the_shortcut_and_the_json_path() -> None:
+    line = format_step("progress", 1.5, INC, 40, rank=0, thread=1)
+    assert line.endswith(',"step":40,"thread":1}\n')
+    assert wire._FAST(line.encode(), len(SENTINEL) + 1) is not None
+    assert only(line) == Record("progress", 1.5, INC, step=40, rank=0, thread=1)
+    reordered = line.replace('"event":"progress",', "").replace("{", '{"event":"progress",', 1)
+    json_path = reordered.replace('"thread":1', '"thread":1,"extra":0')
+    assert wire._FAST(json_path.encode(), len(SENTINEL) + 1) is None
+    assert only(json_path).thread == 1
+
+
+def test_thread_0_is_written_as_no_field_and_a_number_past_the_cap_is_malformed() -> None:
+    assert '"thread"' not in format_step("progress", 1.5, INC, 40, thread=0)
+    assert only(format_step("progress", 1.5, INC, 40).replace("}", ',"thread":0}')).thread is None
+    for bad in (f"{wire.MAX_THREAD + 1}", "-1", '"1"', "true"):
+        line = format_step("progress", 1.5, INC, 40).replace("}", f',"thread":{bad}}}')
+        records, malformed = parse_text(line)
+        assert (records, malformed) == ([], 1), bad
+    with pytest.raises(ValueError, match="thread must be 0 to"):
+        format_step("progress", 1.5, INC, 40, thread=wire.MAX_THREAD + 1)
 
 
 def test_a_step_line_without_rank_omits_the_field() -> None:
@@ -470,6 +494,7 @@ def records_strategy(draw: st.DrawFn) -> Record:
         data=data,
         loss_decimals=decimals,
         error=error,
+        thread=draw(st.none() | st.integers(1, wire.MAX_THREAD)),  # 0 is written as absent
     )
 
 
@@ -497,6 +522,7 @@ start_strategy = st.builds(
     data=st.none(),
     loss_decimals=st.none(),
     error=st.none(),
+    thread=st.none(),
 )
 
 
@@ -564,7 +590,7 @@ def test_the_documented_shell_emitter_writes_valid_lines() -> None:
         ["bash", "-c", documented_block("bash")],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=within(PROCESS),
         check=True,
     )
     records, malformed = parse_text(result.stdout)

@@ -38,12 +38,18 @@ What it does, and why each piece is here:
 - With ``RECOVERYGATE_GROUND_TRUTH=<path>`` every rank appends one JSON record per step
   to ``<path>.<rank>.<pid>.jsonl`` (flushed each step): the ground truth that measures
   how accurately a drill reports recovery time and lost steps.
+- ``--save-seconds`` and ``--stage-seconds`` spread a save's (or a staged load's) writes
+  over that long, as a big model on slow storage takes: a save a drill can cut. With
+  ``RG_TEST_HOLD=<file>`` (the suite's barrier, tests/patience.py) the save or staged
+  load named in the file parks after its first write while the file exists: a drill test
+  aims its kill into it with no time window to hit.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import re
@@ -63,6 +69,10 @@ from torch.nn.parallel import DistributedDataParallel
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.pt$")
 KEEP_CHECKPOINTS = 3
 FEATURES = 16
+#: The test suite's barrier (see :func:`hold`): the file's path.
+HOLD_ENV = "RG_TEST_HOLD"
+#: The pieces a paced or held write goes out in.
+PIECES = 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,6 +120,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         help="extra bytes written into each checkpoint (makes saves slow enough to tear)",
+    )
+    parser.add_argument(
+        "--save-seconds",
+        type=float,
+        default=0.0,
+        help="spread each save's writes over this long (slow storage: a save a drill can cut)",
+    )
+    parser.add_argument(
+        "--stage-seconds",
+        type=float,
+        default=0.0,
+        help="spread each staged copy (--stage-dir) over this long (a slow download)",
     )
     parser.add_argument(
         "--save-on-sigterm",
@@ -186,12 +208,56 @@ def state_digest(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any)
     )
 
 
+def hold(what: str, step: int) -> None:
+    """The suite's barrier: with ``RG_TEST_HOLD=<file>`` and the file reading ``save N``
+    (or ``load N``), the save (the staged load) of a step at or past N parks here, after
+    its first write, for as long as the file exists; ``<file>.parked.<pid>`` says which
+    process parked. A drill test aims its kill into that save this way and removes the
+    file once the parked process is gone. Without the variable or the file: nothing."""
+    path = os.environ.get(HOLD_ENV)
+    if not path:
+        return
+    try:
+        kind, _, at = Path(path).read_text().strip().partition(" ")
+    except OSError:
+        return
+    if kind != what or step < int(at):
+        return
+    Path(f"{path}.parked.{os.getpid()}").write_text(f"{what} {step}\n")
+    while os.path.exists(path):
+        time.sleep(0.05)
+
+
+def write_paced(handle: IO[bytes], data: bytes, what: str, step: int, seconds: float) -> None:
+    """``data`` into ``handle`` in :data:`PIECES` pieces spread over ``seconds``; the hold
+    (:func:`hold`) after the first piece."""
+    size = max(-(-len(data) // PIECES), 1)
+    for index, at in enumerate(range(0, max(len(data), 1), size)):
+        handle.write(data[at : at + size])
+        handle.flush()
+        if index == 0:
+            hold(what, step)
+        if seconds > 0:
+            time.sleep(seconds / PIECES)
+
+
+def write_state(handle: IO[bytes], state: dict[str, Any], step: int, seconds: float) -> None:
+    """``torch.save`` into ``handle``: at once, or paced and held (see :func:`write_paced`)."""
+    if seconds <= 0 and not os.environ.get(HOLD_ENV):
+        torch.save(state, handle)
+        return
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_paced(handle, buffer.getvalue(), "save", step, seconds)
+
+
 def save_checkpoint(
     folder: Path,
     step: int,
     state: dict[str, Any],
     mode: str,
     started: Callable[[], None] | None = None,
+    seconds: float = 0.0,
 ) -> None:
     """atomic: temp file, fsync, rename (a reader never sees a partial file).
 
@@ -210,13 +276,14 @@ def save_checkpoint(
         (folder / "latest").write_text(final.name)
         if started is not None:
             started()
-        torch.save(state, final)
+        with open(final, "wb") as handle:
+            write_state(handle, state, step, seconds)
         return
     if started is not None:
         started()
     tmp = folder / f".step-{step:08d}.pt.tmp-{os.getpid()}"
     with open(tmp, "wb") as handle:
-        torch.save(state, handle)
+        write_state(handle, state, step, seconds)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, final)
@@ -266,6 +333,7 @@ def load_checkpoint(
     restore: str = "all",
     stage: Path | None = None,
     stage_mode: str = "atomic",
+    stage_seconds: float = 0.0,
 ) -> int:
     """Load the chosen checkpoint and return its step (0: start from scratch); with
     ``stage``, from a copy staged there first (see :func:`staged`)."""
@@ -278,7 +346,7 @@ def load_checkpoint(
     step, path = found[index]
     reporter.checkpoint_load_started(step)
     if stage is not None:
-        path = staged(path, stage, stage_mode)
+        path = staged(path, stage, stage_mode, step, stage_seconds)
     state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
     if restore != "no-optimizer":  # the bug: an optimizer re-created, its moments lost
@@ -290,7 +358,7 @@ def load_checkpoint(
     return int(state["step"])
 
 
-def staged(path: Path, stage: Path, mode: str) -> Path:
+def staged(path: Path, stage: Path, mode: str, step: int = 0, seconds: float = 0.0) -> Path:
     """The checkpoint copied to this rank's staging folder first (as a job copies it from
     an object store to local disk), reused when already there.
 
@@ -304,10 +372,14 @@ def staged(path: Path, stage: Path, mode: str) -> Path:
     if final.exists():
         return final
     target = final if mode == "direct" else stage / f".{path.name}.part-{os.getpid()}"
-    with open(path, "rb") as src, open(target, "wb") as dst:
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-            time.sleep(0.005)  # a download from an object store takes its time
+    if seconds > 0 or os.environ.get(HOLD_ENV):
+        with open(target, "wb") as dst:
+            write_paced(dst, path.read_bytes(), "load", step, seconds)
+    else:
+        with open(path, "rb") as src, open(target, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+                time.sleep(0.005)  # a download from an object store takes its time
     if target != final:
         os.replace(target, final)
     return final
@@ -413,7 +485,15 @@ def main(argv: list[str] | None = None) -> None:
     else:
         stage = checkpoint_dir(args.stage_dir) / f"rank-{rank}" if args.stage_dir else None
         loaded = load_checkpoint(
-            folder, args.resume, model, opt, sched, args.restore, stage, args.stage_mode
+            folder,
+            args.resume,
+            model,
+            opt,
+            sched,
+            args.restore,
+            stage,
+            args.stage_mode,
+            args.stage_seconds,
         )
         # Every rank must run the same steps; rank 0's checkpoint is the authority.
         start = torch.tensor([loaded], dtype=torch.int64)
@@ -447,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
                 truth.record("save_started", step)
                 reporter.checkpoint_started(step)
 
-            save_checkpoint(folder, step, state, args.save_mode, started)
+            save_checkpoint(folder, step, state, args.save_mode, started, args.save_seconds)
             del state
             truth.record("checkpoint", step)
             reporter.checkpoint_completed(step, digest=digest)

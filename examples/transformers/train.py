@@ -19,6 +19,10 @@ What it shows:
 
 Nothing is downloaded: the model is built from a ``GPT2Config`` and the data are random
 tokens that depend only on the example's index.
+
+With ``RG_TEST_HOLD=<file>`` (the test suite's barrier, tests/patience.py) a save of the
+step the file names (``save N``: N or later) parks between the weights and the optimizer
+while the file exists: a test aims a kill into a torn folder with no time window to hit.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import gc
 import os
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing to download; never try
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -44,6 +49,26 @@ from transformers.trainer_utils import get_last_checkpoint
 
 SEQUENCE = 16
 VOCAB = 128
+#: The test suite's barrier (see :func:`hold`): the file's path.
+HOLD_ENV = "RG_TEST_HOLD"
+
+
+def hold(what: str, step: int) -> None:
+    """With ``RG_TEST_HOLD=<file>`` reading ``save N``: a save of step N or later parks
+    here while the file exists, and ``<file>.parked.<pid>`` says which process parked (as
+    examples/local/train.py's). Without the variable or the file: nothing."""
+    path = os.environ.get(HOLD_ENV)
+    if not path:
+        return
+    try:
+        kind, _, at = Path(path).read_text().strip().partition(" ")
+    except OSError:
+        return
+    if kind != what or step < int(at):
+        return
+    Path(f"{path}.parked.{os.getpid()}").write_text(f"{what} {step}\n")
+    while os.path.exists(path):
+        time.sleep(0.05)
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -79,12 +104,13 @@ class StepTime(TrainerCallback):
 
 
 class SlowWrite(Trainer):
-    """A Trainer whose save pauses between the weights and the optimizer (``--write-time``):
-    for that long the checkpoint folder is torn, whatever the machine's load."""
+    """A Trainer whose save pauses between the weights and the optimizer (``--write-time``,
+    or parked at the test suite's hold): for that long the checkpoint folder is torn."""
 
     write_seconds = 0.0
 
     def _save_optimizer_and_scheduler(self, output_dir):  # type: ignore[no-untyped-def]
+        hold("save", self.state.global_step)
         if self.write_seconds > 0:
             time.sleep(self.write_seconds)
         super()._save_optimizer_and_scheduler(output_dir)

@@ -481,9 +481,19 @@ def id_option(what: str, key: str, example: int, most: int) -> Any:
 # ---------------------------------------------------------------- StorageFault (issue 40)
 
 
-def storage_mode(value: Any) -> Any:
-    if value is None or (isinstance(value, str) and value in MODES):
+def storage_mode(value: Any, info: ValidationInfo) -> Any:
+    """``mode``: what the storage does (StorageFault), or what a bad node does to the work
+    on it (StickyFault ``scope: node``), by the fault's ``type``."""
+    sticky = info.data.get("type") == "StickyFault"
+    allowed = NODE_MODES if sticky else MODES
+    if value is None or (isinstance(value, str) and value in allowed):
         return value
+    if sticky:
+        raise refuse(
+            "is not what a bad node does to the work on it (StickyFault scope: node)",
+            " or ".join(NODE_MODES),
+            "e.g. mode: kill",
+        )
     raise refuse("is not a storage fault mode", " or ".join(MODES), "e.g. mode: enospc")
 
 
@@ -626,8 +636,11 @@ def reentry_keys(failure: Any) -> None:
 
 # ---------------------------------------------------------------- StickyFault (issue 43)
 
-#: ``injectFailure.scope`` of a StickyFault this version carries out.
-STICKY_SCOPES = ("step", "checkpoint")
+#: ``injectFailure.scope`` of a StickyFault.
+STICKY_SCOPES = ("step", "checkpoint", "node")
+#: ``injectFailure.mode`` of a StickyFault with ``scope: node``: what the bad node does
+#: to each job process that starts on it.
+NODE_MODES = ("kill", "hang")
 #: ``injectFailure.damage``: how a checkpoint is damaged at rest.
 DAMAGES = ("truncate", "zero", "flip")
 
@@ -635,12 +648,6 @@ DAMAGES = ("truncate", "zero", "flip")
 def sticky_scope_value(value: Any) -> Any:
     if value is None or (isinstance(value, str) and value in STICKY_SCOPES):
         return value
-    if value == "node":
-        raise refuse(
-            "scope: node (a node that stays bad) is not carried out yet",
-            " or ".join(STICKY_SCOPES),
-            "use scope: step or checkpoint",
-        )
     raise refuse("is not a StickyFault scope", " or ".join(STICKY_SCOPES), "e.g. scope: step")
 
 
@@ -656,7 +663,7 @@ def sticky_keys(failure: Any) -> None:
         raise refuse(
             "a StickyFault needs its scope",
             " or ".join(STICKY_SCOPES),
-            "add scope: step (with atStep: N) or scope: checkpoint (with path:)",
+            "add scope: step (with atStep: N), scope: checkpoint (with path:) or scope: node",
             key=("scope",),
         )
     if failure.scope == "step" and failure.at_step is None:
@@ -685,7 +692,10 @@ def sticky_keys(failure: Any) -> None:
     for key, given, scope in (
         ("atStep", failure.at_step is not None, "step"),
         ("damage", failure.damage is not None, "checkpoint"),
-        ("path", failure.path is not None and failure.scope == "step", "checkpoint"),
+        ("path", failure.path is not None, "checkpoint"),
+        ("mode", failure.mode is not None, "node"),
+        ("after", failure.after is not None, "node"),
+        ("targetNode", failure.target_node is not None, "node"),
     ):
         if given and failure.scope != scope:
             raise refuse(
@@ -725,4 +735,6 @@ def sticky_spec_of(
         max_crash_loop=3 if max_crash_loop is None else max_crash_loop,
         damage=failure.damage or "truncate",
         gpus=gpus,
+        mode=failure.mode or "kill",
+        after=failure.after or 0.0,
     )

@@ -512,7 +512,7 @@ def injection_defaults(config: DrillConfig) -> dict[str, Any]:
     """The ``injectFailure`` keys the file left out whose default is a fixed value, in
     YAML form: ``targetRank: 1`` and ``delay: 0s`` (not for KillDuringCheckpoint, where
     both come from the run: the saving rank, half the measured save), ``gracePeriod: 30s``
-    (Preempt)."""
+    (Preempt), ``mode: kill`` and ``after: 0s`` (StickyFault ``scope: node``)."""
     failure = config.inject_failure
     filled: dict[str, Any] = {}
     if failure.type != "KillDuringCheckpoint":
@@ -522,6 +522,11 @@ def injection_defaults(config: DrillConfig) -> dict[str, Any]:
             filled["delay"] = format_duration(0.0)
     if failure.type == "Preempt" and failure.grace_period is None:
         filled["gracePeriod"] = format_duration(spec_from_config(config).grace_period)
+    if failure.type == "StickyFault" and failure.scope == "node":
+        if failure.mode is None:
+            filled["mode"] = "kill"
+        if failure.after is None:
+            filled["after"] = format_duration(0.0)
     return filled
 
 
@@ -560,6 +565,7 @@ _UNSET_IS_ABSENT = {
         "scope",
         "atStep",
         "damage",
+        "after",
     ),
     "expectations": (
         "maxCrashLoop",

@@ -318,8 +318,8 @@ class InjectFailure(Section):
     )
     target_node: int | None = option(
         None,
-        "a whole number >= 0 (KillNode, PartitionNode, DrainNode; default: the node "
-        "that hosts targetRank)",
+        "a whole number >= 0 (KillNode, PartitionNode, DrainNode, StickyFault scope node; "
+        "default: the node that hosts targetRank)",
         "targetNode: 1",
         ge=0,
         le=MAX_RANK,
@@ -350,7 +350,9 @@ class InjectFailure(Section):
     # issue 40: StorageFault (docs/faults.md)
     mode: Annotated[str | None, BeforeValidator(storage_mode)] = option(
         None,
-        f"{_or_list(list(MODES))} (StorageFault, required): what the checkpoint storage does",
+        f"{_or_list(list(MODES))} (StorageFault, required): what the checkpoint storage "
+        "does; kill or hang (StickyFault scope node; default kill): what the bad node does "
+        "to each job process that starts on it",
         "mode: enospc",
     )
     during: Annotated[str | None, BeforeValidator(storage_during)] = option(
@@ -390,8 +392,14 @@ class InjectFailure(Section):
     # issue 43: StickyFault (docs/faults.md)
     scope: Annotated[str | None, BeforeValidator(sticky_scope_value)] = option(
         None,
-        "step or checkpoint (StickyFault, required): the failure that comes back",
+        "step, checkpoint or node (StickyFault, required): the failure that comes back",
         "scope: step",
+    )
+    after: Annotated[float | None, _duration(zero_ok=True, optional=True)] = option(
+        None,
+        "a duration (StickyFault scope node; default 0s): how long each job process that "
+        "starts on the bad node runs before it is killed (mode kill) or stopped (mode hang)",
+        "after: 5s",
     )
     at_step: int | None = option(
         None,
@@ -417,8 +425,9 @@ class InjectFailure(Section):
 
     @property
     def on_node(self) -> bool:
-        """A node fault: ``targetNode`` (or the target rank's node) is hit, all of it."""
-        return self.type in NODE_FAULTS
+        """A node fault: ``targetNode`` (or the target rank's node) is hit, all of it (a
+        StickyFault with ``scope: node``: the node stays bad)."""
+        return self.type in NODE_FAULTS or (self.type == "StickyFault" and self.scope == "node")
 
     @property
     def effective_target_rank(self) -> int | None:
@@ -460,10 +469,11 @@ class InjectFailure(Section):
                 got=format_duration(self.grace_period),
             )
         only = (
-            ("targetNode", self.target_node is not None, NODE_FAULTS),
+            ("targetNode", self.target_node is not None, (*NODE_FAULTS, "StickyFault")),
             ("replace", self.replace is not None, ("KillNode",)),
             ("duration", self.duration is not None, ("PartitionNode", "StorageFault")),
-            ("mode", self.mode is not None, ("StorageFault",)),
+            ("mode", self.mode is not None, ("StorageFault", "StickyFault")),
+            ("after", self.after is not None, ("StickyFault",)),
             ("during", self.during is not None, ("StorageFault",)),
             ("path", self.path is not None, ("StorageFault", "StickyFault")),
             ("latency", self.latency is not None, ("StorageFault",)),
@@ -756,13 +766,16 @@ def _node_fits(workload: WorkloadBase, failure: InjectFailure) -> None:
     if nodes is None:
         return
     if nodes < 2:
+        sticky = failure.type == "StickyFault"
         raise refuse(
-            f"needs a job on two nodes or more: this one runs on {nodes} node "
-            "(workload.nodes), so there is no other node to notice or recover",
+            f"{'scope: node ' if sticky else ''}needs a job on two nodes or more: this one "
+            f"runs on {nodes} node (workload.nodes), so there is no other node to "
+            f"{'go on with' if sticky else 'notice or recover'}",
             "a job with workload.nodes: 2 or more",
-            "set workload.nodes: 2 (one torchrun per node), or use type: KillWorker",
-            key=("type",),
-            got=failure.type,
+            "set workload.nodes: 2 (one torchrun per node), or use "
+            + ("scope: step" if sticky else "type: KillWorker"),
+            key=("scope",) if sticky else ("type",),
+            got="node" if sticky else failure.type,
         )
     if failure.target_node is not None and failure.target_node >= nodes:
         raise refuse(

@@ -178,13 +178,28 @@ class FaultedPhase(DrillState):
             or self.phase is not Phase.FAULTED
             or event.kind is not model.TrainingEventKind.START
             or event.incarnation in self.ledger.incs
-            or event.parent is not None
+            or self._child_of_known(event)
             or record.armed_at is None
             or event.timestamp <= record.armed_at
         ):
             return []
         return self._failed_loudly(
             event.timestamp - 1e-6, f"a new incarnation {event.incarnation} started"
+        )
+
+    def _child_of_known(self, event: model.TrainingEvent) -> bool:
+        """Whether a start line is a child's of a process the drill heard from: it names
+        that process's incarnation as its parent, or that process's pid as its parent pid.
+        A parent nobody reported is no proof (the launcher, or whatever started the job,
+        may have loaded the reporter: its children inherit its incarnation as theirs)."""
+        ledger = self.ledger
+        if event.parent is not None and (
+            event.parent in ledger.incs or event.parent in ledger.others
+        ):
+            return True
+        return event.ppid is not None and any(
+            o.pid == event.ppid and o.host == event.host
+            for o in (*ledger.incs.values(), *ledger.others.values())
         )
 
     def _storage_group(self, event: model.GroupEvent) -> list[Action] | None:

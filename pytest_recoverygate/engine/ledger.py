@@ -24,12 +24,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES, no_room
-from pytest_recoverygate.engine.grid import GridTracker, held_ticks
+from pytest_recoverygate.engine.grid import held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.rankless import RanklessLines
-from pytest_recoverygate.engine.verdict import FailureReason, IncarnationInfo, StepContract
+from pytest_recoverygate.engine.records import Checkpoint, Inc, Resume, Save
+from pytest_recoverygate.engine.verdict import FailureReason, StepContract
 
-__all__ = ["Checkpoint", "Inc", "Ledger", "Resume", "Save", "steps_text"]
+__all__ = ["Ledger", "steps_text"]
 
 R = FailureReason
 
@@ -38,138 +39,6 @@ def steps_text(values: list[int], limit: int = 6) -> str:
     """``10, 20, 30`` (the last ``limit``), or ``none``."""
     shown = ", ".join(str(v) for v in values[-limit:])
     return ("…, " if len(values) > limit else "") + shown if values else "none"
-
-
-@dataclass(slots=True)
-class Inc:
-    """What the drill knows of one process (one incarnation id)."""
-
-    id: str
-    rank: int | None
-    born: int  # kills before it was first seen; it is "new" for kill number ``born``
-    first_seen: float
-    start_time: float | None = None
-    start_seen: bool = False
-    pid: int | None = None
-    host: str | None = None
-    restart: int | None = None
-    first_line: float | None = None  # its first line that is not the start line
-    loaded: int | None = None  # checkpoint_loaded before its first progress
-    loaded_at: float | None = None
-    loaded_digest: str | None = None
-    loaded_parts: tuple[tuple[str, str], ...] = ()
-    first: tuple[int, float] | None = None  # (step, time) of its first progress line
-    second: tuple[int, float] | None = None
-    last: tuple[int, float] | None = None
-    backwards: tuple[int, int] | None = None  # its first step decrease (from, to)
-    ppid: int | None = None
-    parent: str | None = None  # the incarnation that started it (a child of a worker)
-    world_size: int | None = None
-    child: bool = False  # a subprocess or forked child of a known incarnation: no worker
-    tracker: GridTracker = field(default_factory=GridTracker)
-    points: list[tuple[int, float]] = field(default_factory=list)  # first distinct steps
-    lines: int = 0  # progress lines
-    advanced: tuple[int, float] | None = None  # its newest line that raised its step
-    # issue 33 (engine/rules/replay.py): step -> every (loss, data) line of it, in order
-    replay_points: dict[int, tuple[tuple[float | None, str | None], ...]] = field(
-        default_factory=dict
-    )
-    first_lines: int = 0  # lines at its first step before any advance (a timer repeats it)
-    loss_decimals: int | None = None  # the fewest decimals a loss it printed had (log lines)
-    zero_dropped: bool = False  # it printed 0 before a jump past one stride (a held state)
-    before_kill: tuple[int, float] | None = None  # its last line at or before the last kill
-
-    def info(self) -> IncarnationInfo:
-        return IncarnationInfo(
-            inc=self.id,
-            rank=self.rank,
-            pid=self.pid,
-            host=self.host,
-            restart=self.restart,
-            new=self.born > 0,
-            first_seen=self.first_seen,
-            started=self.start_time,
-            loaded_step=self.loaded,
-            first_step=self.first[0] if self.first else None,
-            last_step=self.last[0] if self.last else None,
-            round=self.born,
-            parent=self.parent,
-            child=self.child,
-            world_size=self.world_size,
-        )
-
-    def first_past(self, step: int | None) -> tuple[int, float] | None:
-        """Its first progress point with a step above ``step`` (the first step it trained)."""
-        if step is None:
-            return self.first
-        return next((p for p in self.points if p[0] > step), None)
-
-    def only_zero(self) -> bool:
-        """Whether every progress line it printed said 0 steps completed (no step yet)."""
-        return self.first is not None and self.first[0] == 0 and self.advanced == self.first
-
-    def only_held(self, step: int) -> bool:
-        """Whether it printed progress, every line 0 or ``step`` (no step completed yet)."""
-        return self.first is not None and all(s in (0, step) for s, _ in self.points)
-
-    def forget_progress(self) -> None:
-        """Drop its progress lines (lines of the state it held before it loaded)."""
-        self.first = self.second = self.last = self.advanced = self.backwards = None
-        self.tracker = GridTracker()
-        self.points = []
-        self.lines = 0
-        self.first_lines = 0
-
-    def first_trained(self, resume: Resume) -> tuple[int, float] | None:
-        """Its first step past the resume: a first line at the loaded step (a line of the
-        state it holds, not a step) does not count; a progress-only resume counts its
-        first line."""
-        if resume.loaded is None or resume.replayed or not resume.held_line:
-            return self.first
-        return self.first_past(resume.loaded)
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    step: int
-    time: float
-    inc: str
-    after_kill: bool
-    digest: str | None = None
-    parts: tuple[tuple[str, str], ...] = ()
-    lineage: str = ""  # the worker it came from (a forked writer's parent), else ``inc``
-
-
-@dataclass(slots=True)
-class Save:
-    """A checkpoint save the job announced with ``checkpoint_started``."""
-
-    step: int
-    started: float
-    rank: int | None
-    completed: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """How a replacement resumed, as far as the evidence goes."""
-
-    step: int | None  # the step it resumed counting from (first progress - stride)
-    loaded: int | None = None
-    replayed: bool = False  # it loaded ``loaded`` and then completed a step <= loaded again
-    undecided: str | None = None  # why the step cannot be told, and the fix
-    # What holds whatever the reporting grid: the replacement resumed from at most this
-    # step (its first line, minus one when the job's lines come after steps).
-    upper: int | None = None
-    held_line: bool = False  # its first line was the loaded step itself, before any step
-
-    @property
-    def basis(self) -> str:
-        """How the step is known: ``checkpoint_loaded``, ``inferred`` (from the reporting
-        grid), or ``unknown`` (only the grid-free upper bound holds)."""
-        if self.loaded is not None:
-            return "checkpoint_loaded"
-        return "inferred" if self.step is not None else "unknown"
 
 
 @dataclass(slots=True)
@@ -227,6 +96,7 @@ class Ledger:
             inc = self._first_sight(event)
             self.incs[event.incarnation] = inc
             self.order.append(inc)
+        inc.threads.saw(event)
         return inc
 
     def _first_sight(self, event: TrainingEvent) -> Inc:
@@ -497,6 +367,7 @@ class Ledger:
         if not base.start_seen and base.loaded is None:
             return StepContract(first_step=first, grid=grid.describe(), regular=None)
         stride = grid.stride if grid.regular else None
+        metrics = base.threads.metrics_thread()
         problem: str | None = None
         fresh: bool | None = None
         resumed: int | None = None
@@ -514,9 +385,15 @@ class Ledger:
                     f"{first}: report progress(n) after the n-th completed step (a resume "
                     f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
                 )
-        elif first == 0 and grid.first_line in (None, 1) and base.tracker.held_lines < 2:
+        elif (
+            first == 0
+            and grid.first_line in (None, 1)
+            and base.tracker.held_lines < 2
+            and not metrics
+        ):
             # One 0, then 1: progress(epoch) after each epoch. The count 0 on several lines
-            # (progress(global_step) per micro-batch, a timer) is the fresh state held.
+            # (progress(global_step) per micro-batch, a timer) is the fresh state held, and
+            # a metrics thread's 0 then 1 is its samples around a slow first step.
             fresh = True
             problem = problem or (
                 "the first step after a fresh start was reported as 0: report "
@@ -547,6 +424,7 @@ class Ledger:
             regular=grid.regular,
             first_special=grid.first_special,
             first_line_is_step=after_step,
+            metrics_thread=metrics,
         )
 
     def indistinguishable(self, step: int) -> str | None:
@@ -598,17 +476,19 @@ class Ledger:
 
         With ``checkpoint_loaded(L)``: a line below L, or L as its first step when the
         job's lines come after steps, is a replay; L as a first line of a job whose lines
-        may show the state held (a timer ticking at start) is no step at all. Without it,
-        the step is inferred from the reporting grid where the job keeps one, and
-        ``upper`` (its first line, minus one when lines come after steps) is what holds
-        whatever the grid; first lines that may be a timer ticking the state it holds, at
-        a checkpoint's step, leave it undecided (:func:`~.grid.held_ticks`).
+        may show the state held (a timer ticking at start, a metrics thread:
+        :mod:`~.threads`) is no step at all. Without it, the step is inferred from the
+        reporting grid where the job keeps one, and ``upper`` (its first line, minus one
+        when lines come after steps) is what holds whatever the grid; first lines that may
+        be a timer ticking the state it holds, at a checkpoint's step, leave it undecided
+        (:func:`~.grid.held_ticks`).
         """
         assert inc.first is not None
         contract = self.contract()
         first = inc.first[0]
         stride = self.stride_for(inc)
-        stepwise = contract.first_line_is_step
+        # A metrics thread's first tick races the first step: its lines prove no order.
+        stepwise = contract.first_line_is_step and not contract.metrics_thread
         if inc.loaded is not None:
             return self._resume_loaded(inc, inc.loaded, final)
         upper = max(first - 1, 0) if stepwise else first
@@ -616,15 +496,19 @@ class Ledger:
         saved = {c.step for c in self.checkpoints}
         if ticked and stepwise and inc.advanced != inc.first and first in saved:
             return Resume(None, upper=first, undecided=ticked)
-        if contract.regular is False and contract.problem is None:
+        if (contract.regular is False or contract.metrics_thread) and contract.problem is None:
+            keeps = (
+                "come from a metrics thread (samples of its step count)"
+                if contract.metrics_thread
+                else f"keep no reporting grid ({contract.grid})"
+            )
             return Resume(
                 None,
                 upper=upper,
                 undecided=(
-                    f"the job's progress lines keep no reporting grid ({contract.grid}), so "
-                    f"the replacement's first step ({first}) does not tell where it resumed "
-                    f"(at most step {upper}): call reporter.checkpoint_loaded(step) after "
-                    "loading a checkpoint"
+                    f"the job's progress lines {keeps}, so the replacement's first step "
+                    f"({first}) does not tell where it resumed (at most step {upper}): call "
+                    "reporter.checkpoint_loaded(step) after loading a checkpoint"
                 ),
             )
         if first <= 1 or (stride is not None and first <= stride and not contract.first_special):
@@ -663,7 +547,10 @@ class Ledger:
         """:meth:`resume_of` of a replacement that reported ``checkpoint_loaded(loaded)``."""
         assert inc.first is not None
         contract, first, stride = self.contract(), inc.first[0], self.stride_for(inc)
-        stepwise = contract.first_line_is_step
+        # Its line at the loaded step is a metrics thread's tick of the state it holds when
+        # its progress, like the first run's, came from a thread that saved or loaded nothing.
+        ticker = contract.metrics_thread and inc.threads.metrics_thread()
+        stepwise = contract.first_line_is_step and not ticker
         if first < loaded or (first == loaded and (stepwise or contract.problem)):
             # It completed a step at or below the one it loaded: done again.
             counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)
@@ -674,8 +561,8 @@ class Ledger:
             # Only a line of the state it holds so far: the next one says more.
             return Resume(loaded, loaded, held_line=True) if final else None
         first = past[0]
-        if stride is None:
-            if first == loaded + 1 or contract.regular is False:
+        if stride is None or ticker:  # a metrics thread's samples bound no step either
+            if first == loaded + 1 or contract.regular is False or ticker:
                 return Resume(loaded, loaded, held_line=held)
             if not final:
                 return None

@@ -49,7 +49,7 @@ from typing import Any
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
-from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.records import Inc
 from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
 from pytest_recoverygate.engine.spec import (
     FAULTS,
@@ -235,7 +235,7 @@ class DrillEngine(StickyPhase):
                 return self._ended_between_kills(event)
             return []
         kill.group_seen.setdefault(event.kind, event.timestamp)
-        if event.world_size is not None and self.spec.fault in model.NODE_FAULTS:
+        if event.world_size is not None and self.spec.on_node:
             kill.details["worldSizeAfter"] = event.world_size  # the newest group's size
         if kill.detected is None and event.kind in (
             model.GroupEventKind.WORKER_GONE,
@@ -288,7 +288,7 @@ class DrillEngine(StickyPhase):
             )
             self._kill.position = self._position(armed.trigger_time, result.timestamp)
             self._fault_details_at_kill(self._kill, armed)
-            if self.spec.fault in model.NODE_FAULTS and self._world_size is not None:
+            if self.spec.on_node and self._world_size is not None:
                 self._kill.details["worldSizeBefore"] = self._world_size
             self._kill.storage = self._storage  # StorageFault, during: load
             self.ledger.killed(result.timestamp)
@@ -655,6 +655,7 @@ class DrillEngine(StickyPhase):
                 past = inc.first_past(inc.loaded)
             else:
                 past = inc.first
+            past = self._bad_node_start(past, step, at)  # StickyFault: once it is out
             if past is None:
                 return []
             stall = self.spec.max_stall or self.ledger.stall_limit()
@@ -672,7 +673,7 @@ class DrillEngine(StickyPhase):
             window.last = (step, at)
             window.lines += 1
         resume_step = resume.step if resume is not None else window.start[0] - 1
-        if window.held(self.spec.sustain, resume_step):
+        if window.held(self.spec.sustain, resume_step) and not self._bad_node_holds():
             return self._judge(at)
         return []
 
@@ -758,23 +759,15 @@ class DrillEngine(StickyPhase):
             return max(trained, key=lambda i: i.last[1] if i.last is not None else 0.0)
         return new[-1] if new else None
 
-    def _world_sizes(self, kill: KillRecord) -> None:
-        """Node faults: the world size before and after from the job's start lines (the
-        group at the kill, the group that came back), else from the backend; and which."""
-        for key, born in (("worldSizeBefore", kill.index - 1), ("worldSizeAfter", kill.index)):
-            lines = self.ledger.world_size(born)
-            if lines is not None:
-                kill.details[key] = lines
-            if key in kill.details:
-                kill.details[f"{key}From"] = "startLines" if lines is not None else "backend"
-
-    def _judge(self, now: float) -> list[Action]:
-        """Judge the kill under judgement; then the next kill, or the drill's verdict."""
+    def _judge(self, now: float, *, final: bool = True) -> list[Action]:
+        """Judge the kill under judgement; then the next kill, or the drill's verdict.
+        ``final``: the drill's last word on it (False: a failure proven early, the other
+        checks left undecided rather than failed for want of time)."""
         kill = self._kill
         assert kill is not None
         if self._live is not None:
             return self._live_decide(now, final=True)
-        if self.spec.fault in model.NODE_FAULTS:
+        if self.spec.on_node:
             self._world_sizes(kill)
         budget_mode = self.spec.count is None
         if kill.judged is not None and self.ledger.is_child(kill.judged):
@@ -789,7 +782,14 @@ class DrillEngine(StickyPhase):
             self._recoveries.append(recovery)
             return self._finish_overall(now)
         recovery = judge(
-            self.ledger, self.spec, kill, inc, now=now, note=self.note, ranks=self.ranks
+            self.ledger,
+            self.spec,
+            kill,
+            inc,
+            now=now,
+            note=self.note,
+            ranks=self.ranks,
+            final=final,
         )
         if recovery.verdict is Verdict.PASS:
             missed = self._reentry_missed(now)  # KillDuringRecovery: its phase never came

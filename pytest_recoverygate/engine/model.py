@@ -64,7 +64,11 @@ class TrainingEvent:
     the job passed them) are the step's loss and a fingerprint of its batch, compared
     with the killed run's by ``expectations.replay`` (docs/replay.md); ``loss_decimals``:
     the loss was read from a line the job printed with that many decimals. ``error``
-    (checkpoint failed) is what the job said failed the save.
+    (checkpoint failed) is what the job said failed the save. ``thread`` (any event but
+    start, when the writer says) numbers the thread of its process that printed it (the
+    reporter: 0, or ``None``, for the first thread that printed a line, then 1, 2, ...):
+    a metrics thread's progress lines are told from the training loop's checkpoint lines
+    (docs/step-contract.md, "A metrics thread").
     """
 
     kind: TrainingEventKind
@@ -88,6 +92,7 @@ class TrainingEvent:
     data: str | None = None
     loss_decimals: int | None = None
     error: str | None = None
+    thread: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +188,13 @@ class GroupEventKind(enum.Enum):
                                    \\-> JOB_FAILED (the job will not come back)
 
     Node faults add: ``NODE_GONE`` (every process of the target node is gone: a KillNode
-    landed), ``NODE_REPLACEMENT_STARTED`` (a replacement node came up: fresh identity,
-    same index), ``NODE_RESTORED`` (a PartitionNode's link is back).
+    landed; a StickyFault's bad node left the job: its agent ended), ``NODE_REPLACEMENT_STARTED``
+    (a replacement node came up: fresh identity, same index), ``NODE_RESTORED`` (a
+    PartitionNode's link is back). A StickyFault with ``scope: node`` adds
+    ``BAD_NODE_PLACEMENT`` (the job placed work on the bad node: a worker group started
+    there) and ``BAD_NODE_HIT`` (the drill killed or stopped that work, ``after`` seconds
+    after it started), each with the placement's number (1: the work running there when
+    the node went bad).
 
     ``JOB_SUCCEEDED``: the job ended on its own with success (torchrun exited 0, every
     pod Succeeded, the SLURM job COMPLETED); after a kill that means it finished training.
@@ -199,6 +209,8 @@ class GroupEventKind(enum.Enum):
     NODE_GONE = "node_gone"
     NODE_REPLACEMENT_STARTED = "node_replacement_started"
     NODE_RESTORED = "node_restored"
+    BAD_NODE_PLACEMENT = "bad_node_placement"
+    BAD_NODE_HIT = "bad_node_hit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +218,8 @@ class GroupEvent:
     """A group state change with the time the orchestrator observed it.
 
     ``restart_count`` is the number of group restarts seen so far, when the backend knows;
-    ``world_size`` the group's WORLD_SIZE (on REPLACEMENT_RUNNING), when it knows.
+    ``world_size`` the group's WORLD_SIZE (on REPLACEMENT_RUNNING), when it knows;
+    ``placement`` the number of a placement on a StickyFault's bad node (BAD_NODE_*).
     """
 
     kind: GroupEventKind
@@ -215,6 +228,7 @@ class GroupEvent:
     worker: Worker | None = None
     restart_count: int | None = None
     world_size: int | None = None
+    placement: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

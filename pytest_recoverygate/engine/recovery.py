@@ -14,8 +14,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.model import GroupEventKind
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.rules import TABLE, run
 from pytest_recoverygate.engine.rules.evidence import (
     ENDED_INSIDE_LINES,
@@ -148,6 +149,8 @@ def _figures(ev: KillEvidence, checks: Sequence[Check]) -> None:
     ranks = next((c.observed for c in checks if c.name == "all_ranks_resumed"), None)
     if ranks:
         kill.details["ranks"] = ranks
+    if kill.bad_node is not None:  # StickyFault scope node: the node and its placements
+        kill.details["badNode"] = kill.bad_node.details(ev.now, ev.restarts)
     if kill.storage is not None:
         if ev.final:
             kill.storage.lifted(ev.now, "the drill ended; its cleanup lifts it")  # if armed

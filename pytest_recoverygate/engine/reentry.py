@@ -29,7 +29,8 @@ import dataclasses
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.faulted import FaultedPhase
-from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.records import Inc
+from pytest_recoverygate.engine.recovery import KillRecord
 from pytest_recoverygate.engine.state import Action, KillTarget, Phase, _Armed
 from pytest_recoverygate.engine.verdict import Recovery, Verdict, format_seconds
 
@@ -51,6 +52,9 @@ class ReentryPhase(FaultedPhase):
     _second_owed_at: float | None = None  # the phase was reached then: the kill is owed
     _second_sent = False
     _second_tries = 0
+    _sign: str | None = None  # what showed the phase
+    _sign_inc: str | None = None  # the incarnation whose line showed it
+    _first_kill_time: float | None = None
 
     @property
     def _reentry(self) -> str | None:
@@ -87,16 +91,18 @@ class ReentryPhase(FaultedPhase):
         ranks = {i.rank for i in self.ledger.others.values()} | {i.rank for i in self.ledger.order}
         theirs = event.rank is None or target not in ranks or event.rank == target
         if phase == "checkpointLoad" and loading and theirs and event.timestamp > kill.time:
-            return self._second_due(event.timestamp, f"checkpoint_load_started({event.step})")
+            sign = f"checkpoint_load_started({event.step})"
+            return self._second_due(event.timestamp, sign, event.incarnation)
         if phase == "firstInterval" and kill.window is not None:
             return self._second_due(kill.window.start[1], f"first step {kill.window.start[0]}")
         return []
 
-    def _second_due(self, at: float, sign: str) -> list[Action]:
+    def _second_due(self, at: float, sign: str, inc: str | None = None) -> list[Action]:
         kill = self._kill
         assert kill is not None
         if self._second_owed_at is None:
             self._second_owed_at = at
+            self._sign, self._sign_inc = sign, inc
             kill.details["secondKillPhase"] = self.spec.recovery_phase
             kill.details["phaseSign"] = sign
             kill.details["phaseReachedSeconds"] = round(at - kill.time, 6)
@@ -144,6 +150,7 @@ class ReentryPhase(FaultedPhase):
         if result.outcome is not model.KillOutcome.KILLED:
             return None  # dry run, unconfirmed: as any kill
         self._second_sent = True
+        self._first_kill_time = kill.time
         landed = result.timestamp - kill.time
         self._recoveries.append(
             Recovery(
@@ -162,6 +169,21 @@ class ReentryPhase(FaultedPhase):
             )
         )
         return None  # its kill record is made as any kill's (the first recovery's lines old)
+
+    def _fault_details_at_kill(self, kill: KillRecord, armed: _Armed) -> None:
+        """The second kill's record says which phase it was aimed at, by which sign, and
+        when after the first (the rule ``reentrant`` checks it landed inside the phase)."""
+        super()._fault_details_at_kill(kill, armed)
+        first = self._first_kill_time
+        if self.spec.fault != "KillDuringRecovery" or not self._second_sent or first is None:
+            return
+        kill.details["secondKillPhase"] = self.spec.recovery_phase
+        kill.details["phaseSign"] = self._sign
+        kill.details["afterFirstKillSeconds"] = round(kill.time - first, 6)
+        if self._second_owed_at is not None:
+            kill.details["phaseReachedSeconds"] = round(self._second_owed_at - first, 6)
+        if self._sign_inc is not None:
+            kill.details["phaseIncarnation"] = self._sign_inc
 
     def _reentry_missed(self, now: float) -> list[Action] | None:
         """Judging the first recovery of a KillDuringRecovery that never reached its phase:

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_recoverygate.engine.model import NODE_FAULTS
 from pytest_recoverygate.engine.storage import StorageSpec
 from pytest_recoverygate.engine.verdict import format_seconds
 
@@ -146,6 +147,8 @@ class StickySpec:
     max_crash_loop: int = 3  # expectations.maxCrashLoop
     damage: str = "truncate"  # scope checkpoint: truncate | zero | flip
     gpus: int | None = None  # projection.gpus: a crash loop's cost at that scale
+    mode: str = "kill"  # scope node: what the bad node does to the work on it: kill | hang
+    after: float = 0.0  # scope node: seconds after a job process starts there
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +207,12 @@ class DrillSpec:
         if self.max_stall is not None:
             return self.max_stall
         return max(60.0, 10.0 / rate) if rate else 60.0
+
+    @property
+    def on_node(self) -> bool:
+        """The fault hits a node: a node fault, or a StickyFault's node that stays bad."""
+        sticky = self.sticky
+        return self.fault in NODE_FAULTS or (sticky is not None and sticky.scope == "node")
 
     @property
     def effective_recovery_timeout(self) -> float:

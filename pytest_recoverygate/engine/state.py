@@ -479,6 +479,16 @@ class DrillState:
             return None
         return round(min(max((kill_time - trigger_time) / interval[0], 0.0), 1.0), 4)
 
+    def _world_sizes(self, kill: KillRecord) -> None:
+        """Node faults: the world size before and after from the job's start lines (the
+        group at the kill, the group that came back), else from the backend; and which."""
+        for key, born in (("worldSizeBefore", kill.index - 1), ("worldSizeAfter", kill.index)):
+            lines = self.ledger.world_size(born)
+            if lines is not None:
+                kill.details[key] = lines
+            if key in kill.details:
+                kill.details[f"{key}From"] = "startLines" if lines is not None else "backend"
+
     def _fault_details_at_kill(self, kill: KillRecord, armed: _Armed) -> None:
         kill.slipped = list(self._slipped)
         if kill.slipped:

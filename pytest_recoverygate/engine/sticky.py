@@ -21,11 +21,26 @@ no longer durable, so the expected resume is the one before it), then kills the 
 as a KillWorker does; the recovery is judged by the ``kill`` rules, the rule
 ``damage_handled`` first (loaded the damaged state, no fallback, a crash loop on it). A
 crash loop is proven, and judged, at the restart past ``maxCrashLoop``.
+
+``scope: node``: at the trigger the target's node goes bad (the backend's doing: every job
+process that starts there dies, or hangs, ``after`` seconds after it starts, the work
+running there now at once) and the recovery is judged by the ``kill`` rules from that
+moment, the rule ``bad_node_avoided`` first (:mod:`~pytest_recoverygate.engine.badnode`
+keeps each placement on the node and the node leaving). Each hit starts the sustain
+window over (training counts only once the last placement there died), a PASS waits for
+the node to leave the job (or the job to end), and a placement that dies past
+``maxCrashLoop`` FAILs ``BAD_NODE_REUSED`` at once::
+
+    KILLING --the node went bad--> RECOVERING --a placement dies past maxCrashLoop--> DONE
+    RECOVERING/VERIFYING --the node left, then the job trained the sustain window--> DONE
 """
 
 from __future__ import annotations
 
+import itertools
+
 from pytest_recoverygate.engine import model
+from pytest_recoverygate.engine.badnode import BadNodeRecord
 from pytest_recoverygate.engine.recovery import KillRecord, restarts
 from pytest_recoverygate.engine.reentry import ReentryPhase
 from pytest_recoverygate.engine.rules import TABLE, run
@@ -76,6 +91,8 @@ class StickyPhase(ReentryPhase):
     def _fault_details_at_kill(self, kill: KillRecord, armed: _Armed) -> None:
         super()._fault_details_at_kill(kill, armed)
         spec, damage = self.spec.sticky, self._sticky_damage
+        if spec is not None and spec.scope == "node":
+            kill.bad_node = BadNodeRecord(spec.mode, spec.after, kill.time)
         if spec is not None and damage is not None:
             kill.details["damage"] = {
                 "kind": spec.damage,
@@ -94,6 +111,61 @@ class StickyPhase(ReentryPhase):
             and kill.window is None
             and restarts(self.ledger, kill) > spec.max_crash_loop
         )
+
+    # ------------------------------------------------------------------ scope: node
+
+    def _judge(self, now: float, *, final: bool = True) -> list[Action]:
+        """Judge the kill under judgement (the state machine's own, :class:`DrillEngine`)."""
+        raise NotImplementedError
+
+    def _bad_node(self) -> tuple[KillRecord, BadNodeRecord] | None:
+        """The kill under judgement and its bad node (``scope: node``), or None."""
+        kill = self._kill
+        if kill is None or kill.bad_node is None or not self.ledger.open:
+            return None
+        return kill, kill.bad_node
+
+    def _bad_node_group(self, event: model.GroupEvent) -> list[Action] | None:
+        """A placement on the bad node, a hit, or the node leaving; None: not for the bad
+        node (or the normal path should see it too)."""
+        found = self._bad_node()
+        spec = self.spec.sticky
+        if found is None or spec is None:
+            return None
+        kill, bad = found
+        kind = event.kind
+        if kind is model.GroupEventKind.BAD_NODE_PLACEMENT:
+            bad.placed(event)
+            return []
+        if kind is model.GroupEventKind.BAD_NODE_HIT:
+            bad.hit(event)
+            kill.window = None  # the job trains on without the node only after this
+            if bad.deaths > spec.max_crash_loop:
+                return self._judge(event.timestamp, final=False)  # BAD_NODE_REUSED, now
+            return []
+        if kind is model.GroupEventKind.NODE_GONE:
+            bad.gone(event)
+            kill.window = None
+        return None
+
+    def _bad_node_start(
+        self, past: tuple[int, float] | None, step: int, at: float
+    ) -> tuple[int, float] | None:
+        """Where the sustain window opens (``past``, the replacement's first step past its
+        resume): with a bad node, no earlier than the first step after its last hit and
+        its leaving; None: not yet."""
+        found = self._bad_node()
+        if found is None or past is None:
+            return past
+        floor = found[1].floor()
+        if past[1] > floor:
+            return past
+        return (step, at) if at > floor else None
+
+    def _bad_node_holds(self) -> bool:
+        """A held sustain window waits while the bad node's agent is still in the job."""
+        found = self._bad_node()
+        return found is not None and found[1].left is None and found[0].job_ended is None
 
     # ------------------------------------------------------------------ scope: step
 
@@ -157,9 +229,11 @@ class StickyPhase(ReentryPhase):
         return []
 
     def _sticky_group(self, event: model.GroupEvent) -> list[Action] | None:
-        """A group change while the poison is armed; None when not poisoning."""
-        if not self._poisoning:
-            return None
+        """A group change while the poison is armed, or about the bad node; None when
+        neither (the normal path takes it)."""
+        node = self._bad_node_group(event)
+        if node is not None or not self._poisoning:
+            return node
         self._sticky_last = event.timestamp
         if event.kind is model.GroupEventKind.RESTARTING:
             self._sticky_restarts += 1
@@ -196,6 +270,16 @@ class StickyPhase(ReentryPhase):
 
     def status(self, now: float) -> str:
         spec = self.spec.sticky
+        found = self._bad_node()
+        if found is not None and spec is not None:
+            bad = found[1]
+            placed = len(bad.placements) + bad.dropped
+            left = "; it left the job" if bad.left is not None else ""
+            return (
+                f"{bad.node or 'the node'} stays bad: {placed} placement(s) there, "
+                f"{bad.deaths} {bad.verb} (maxCrashLoop {spec.max_crash_loop}){left}; "
+                + super().status(now)
+            )
         if not self._poisoning or spec is None:
             return super().status(now)
         deaths = len(self._sticky_deaths)
@@ -204,15 +288,33 @@ class StickyPhase(ReentryPhase):
             f"death(s) there so far (maxCrashLoop {spec.max_crash_loop})"
         )
 
+    def _sticky_restart_count(self) -> int:
+        """The restarts while poisoned: the backend's RESTARTING group events, or the rise
+        of the launcher's restart count (TORCHELASTIC_RESTART_COUNT) in the start lines
+        of the job's processes, whichever says more (a backend that follows the group
+        only after a kill of its own sees no restart: Slurm's torchrun in the step)."""
+        armed = self._sticky_armed_at
+        ledger = self.ledger
+        counts = [
+            (inc.first_seen, inc.restart)
+            for inc in itertools.chain(ledger.order, ledger.others.values())
+            if inc.restart is not None and not ledger.is_child(inc)
+        ]
+        before = [n for seen, n in counts if armed is None or seen <= armed]
+        after = [n for seen, n in counts if armed is not None and seen > armed]
+        rise = max(after) - max(before) if after and before else 0
+        return max(self._sticky_restarts, rise)
+
     def _sticky_judge(self, now: float, *, final: bool) -> list[Action]:
         spec = self.spec.sticky
         assert spec is not None
+        restarts = self._sticky_restart_count()
         ev = StickyEvidence(
             self.spec,
             spec,
             self._sticky_armed_at or now,
             self._sticky_deaths,
-            self._sticky_restarts,
+            restarts,
             self._sticky_ended,
             self._sticky_past,
             now,
@@ -234,7 +336,7 @@ class StickyPhase(ReentryPhase):
                 checks=tuple(checks),
                 trigger_checkpoint=self.trigger_step,
                 kill_time=self._sticky_armed_at,
-                restarts=self._sticky_restarts,
+                restarts=restarts,
                 fault_details={
                     "sticky": {
                         "scope": spec.scope,
@@ -243,7 +345,7 @@ class StickyPhase(ReentryPhase):
                         "maxCrashLoop": spec.max_crash_loop,
                         "deaths": len(self._sticky_deaths),
                         "deathSeconds": deaths,
-                        "restarts": self._sticky_restarts,
+                        "restarts": restarts,
                         "stepPast": None if self._sticky_past is None else self._sticky_past[0],
                         "jobEnded": None if self._sticky_ended is None else self._sticky_ended[1],
                         "gpuHours": None if cost is None else round(cost[0], 3),

@@ -96,6 +96,7 @@ class FailureReason(enum.Enum):
     CRASH_LOOP = "the job retried the same failure again and again"
     LOADED_CORRUPT_CHECKPOINT = "the job loaded a damaged checkpoint and trained on its state"
     NO_FALLBACK = "the job restarted from scratch though an older checkpoint was intact"
+    BAD_NODE_REUSED = "the job kept placing work on a node that fails every time"
     INCONCLUSIVE = "the evidence cannot decide"
 
 
@@ -199,6 +200,9 @@ class StepContract:
     ``first_step`` and ``stride`` come from its first two progress lines; ``fresh_start``
     is ``None`` when the drill did not see the process start. ``problem`` is the precise
     message when the job breaks the contract (the verdict then cannot PASS).
+    ``metrics_thread``: its progress lines came only from threads that printed none of
+    its checkpoint lines (:mod:`~pytest_recoverygate.engine.threads`), so where its first
+    line fell against its first step was a race, not the contract.
     """
 
     first_step: int | None = None
@@ -210,6 +214,8 @@ class StepContract:
     regular: bool | None = None  # False: the lines keep no grid (irregular)
     first_special: bool = False  # the first step after a start, then a grid
     first_line_is_step: bool = False  # a process's first line comes after a step of it
+    # issue 41: its progress came only from threads that printed none of its checkpoints
+    metrics_thread: bool = False
 
     def describe(self) -> str:
         if self.first_step is None:
@@ -221,7 +227,7 @@ class StepContract:
             if self.stride is None
             else ("the first step, then " if self.first_special else "")
             + ("every step" if self.stride == 1 else f"every {self.stride} steps")
-        )
+        ) + (" from a metrics thread" if self.metrics_thread else "")
         start = (
             "a fresh start"
             if self.fresh_start
@@ -241,6 +247,7 @@ class StepContract:
             "grid": self.grid,
             "regular": self.regular,
             "firstLineIsStep": self.first_line_is_step,
+            "metricsThread": self.metrics_thread,
         }
 
 

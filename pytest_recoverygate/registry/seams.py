@@ -56,6 +56,12 @@ name a node fault (``KillNode``, ``PartitionNode``, ``DrainNode``; docs/nodes.md
   reports ``NODE_RESTORED``; ``cleanup()`` restores every cut link first, whatever else
   fails. A backend without PartitionNode returns ALREADY_GONE ("nothing to restore").
 
+The bad-node seam, :class:`StickyNodes`, is what a backend offers for a StickyFault with
+``scope: node`` (docs/faults.md): ``make_node_bad(node, dry_run=, mode=, after=)`` keeps
+the node bad until cleanup (each job process on it killed or stopped, by identity) and
+reports each placement there, each hit and the node leaving the job through
+``watch_group``.
+
 The storage seam, :class:`StorageScope`, is what a backend offers for a StorageFault
 (docs/faults.md) when its ``workload`` section cannot say at config time which folders
 the job uses (``WorkloadBase.storage_scope()`` returns None: a job the drill attaches
@@ -67,7 +73,9 @@ discovery, not before it:
   fault's ``path`` must lie in one of them, or the drill is refused (``DiscoveryError``,
   nothing touched). It raises ``DiscoveryError`` itself, with the reason, when a mount
   made on the drill's machine would not cover the folder as ``target``'s processes see
-  it (they run on another node, or in a mount namespace of their own).
+  it (they run on another node, or in a mount namespace of their own). A StickyFault
+  ``scope: checkpoint`` asks with ``mount=False``: it writes over the files the job's
+  save wrote, and needs no mount.
 """
 
 from __future__ import annotations
@@ -96,6 +104,7 @@ __all__ = [
     "Orchestrator",
     "RealClock",
     "SimulatedClock",
+    "StickyNodes",
     "StorageScope",
     "cleanup_once",
     "node_moved",
@@ -219,12 +228,29 @@ class NodeFaults(Protocol):
 
 
 @runtime_checkable
+class StickyNodes(Protocol):
+    """Optional, for a StickyFault with ``scope: node``: a node that stays bad."""
+
+    def make_node_bad(
+        self, node: model.Node, *, dry_run: bool, mode: str, after: float
+    ) -> model.KillResult:
+        """From now until cleanup, kill (``mode: kill``) or stop (``hang``) each job
+        process on ``node``: the work there now at once, each later one ``after`` seconds
+        after it starts, each by identity; report each placement there and each hit
+        (``BAD_NODE_PLACEMENT``, ``BAD_NODE_HIT``) and the node leaving the job
+        (``NODE_GONE``) through ``watch_group``. KILLED once the work there was hit;
+        DRY_RUN touches nothing; cleanup ends it and leaves nothing stopped."""
+        ...
+
+
+@runtime_checkable
 class StorageScope(Protocol):
     """Optional, for a StorageFault on a job the config cannot scope (see the module)."""
 
-    def storage_scope(self, target: model.Worker) -> tuple[Path, ...]:
-        """The folders the discovered job can be shown to use; DiscoveryError, with the
-        reason, when ``target``'s processes would not see a mount made on this machine."""
+    def storage_scope(self, target: model.Worker, *, mount: bool = True) -> tuple[Path, ...]:
+        """The folders the discovered job can be shown to use; with ``mount``,
+        DiscoveryError, with the reason, when ``target``'s processes would not see a mount
+        made on this machine (without: a StickyFault's damage, which mounts nothing)."""
         ...
 
 

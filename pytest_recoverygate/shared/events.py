@@ -66,6 +66,7 @@ def to_training_event(record: Record, received: float | None) -> TrainingEvent:
         data=record.data,
         loss_decimals=record.loss_decimals,
         error=record.error,
+        thread=record.thread,
     )
 
 

@@ -150,6 +150,12 @@ _span = 0  # the countdown last set
 _fd_stream: object = None  # the stream whose fd is cached in _fd
 _fd = -1
 _lock = _thread.allocate_lock()
+# Each thread that prints a line is numbered, in the order of its first line: a line of a
+# thread other than the first says which (wire's ``thread`` field), so a drill tells a
+# metrics thread's progress from the training loop's checkpoints (issue 41, item 7). The
+# number lives in the thread's own storage (a thread's ident may be reused after it ends).
+_tls = _thread._local()  # .tag: the field this thread's lines carry (b"" for the first)
+_numbered = 0  # threads numbered in this process so far
 
 
 def _countdown() -> tuple[_Progress, Callable[[int], None]]:
@@ -330,12 +336,14 @@ def __getattr__(name: str) -> object:
 
 def _reset() -> None:
     """Forget the per-process state; the next call re-reads the environment."""
-    global _ready, _start_line, _fd_stream, _fd
+    global _ready, _start_line, _fd_stream, _fd, _tls, _numbered
     _ready = False
     _set_countdown(0)
     _start_line = b""
     _fd_stream = None
     _fd = -1
+    _tls = _thread._local()  # a forked child's first printing thread is its thread 0
+    _numbered = 0
 
 
 def _env_int(name: str) -> int | None:
@@ -637,9 +645,32 @@ def _emit_digest(
         return
 
 
+def _thread_tag() -> bytes:
+    """The ``thread`` field of the calling thread's lines (b"" for the first thread)."""
+    tag: bytes | None = getattr(_tls, "tag", None)
+    return _number_thread() if tag is None else tag
+
+
+def _number_thread() -> bytes:
+    """Number the calling thread, which prints its first line: the next number (every
+    thread past wire.MAX_THREAD gets that one)."""
+    global _numbered
+    from recoverygate import wire  # loaded by _init already: a dict lookup
+
+    with _lock:
+        tag = wire.thread_field(min(_numbered, wire.MAX_THREAD)).encode("ascii")
+        _numbered += 1
+    _tls.tag = tag
+    return tag
+
+
 def _write_after_start(line: bytes) -> None:
-    """Write ``line``, after the process's start line if that is still due (once)."""
+    """Write ``line`` (a step line, with this thread's ``thread`` field), after the
+    process's start line if that is still due (once)."""
     global _start_line
+    tag = _thread_tag()
+    if tag:
+        line = line[:-2] + tag + b"}\n"
     if _start_line:  # first line of the process: the start event goes first, once
         with _lock:
             if _start_line:

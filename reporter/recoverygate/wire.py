@@ -50,6 +50,13 @@ a newline. Fields (unknown extra fields are ignored, so the format can grow):
 ``error``       str     checkpoint_failed only, optional: what failed the save (the reporter
                         writes ``Type: message``, at most 200 characters; a reader keeps at
                         most :data:`MAX_ERROR_CHARS`)
+``thread``      int     any event but ``start``, optional: which thread of the process printed
+                        the line, numbered in the order the threads printed their first line
+                        (0 for the first; absent means 0 or not said). Two lines of one
+                        process with different numbers came from different threads: a
+                        metrics thread's progress, the loop's checkpoints (0 to
+                        :data:`MAX_THREAD`; the reporter gives every thread past it that
+                        number)
 =============== ======= =====================================================================
 
 ``checkpoint_failed`` says that the save of the state after ``step`` steps did not become a
@@ -99,6 +106,7 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_EVENT_BYTES",
     "MAX_PART_NAME_CHARS",
+    "MAX_THREAD",
     "SENTINEL",
     "SENTINEL_BYTES",
     "Record",
@@ -119,6 +127,7 @@ __all__ = [
     "record_from_json",
     "source_fields",
     "step_line_parts",
+    "thread_field",
 ]
 
 SENTINEL = "RECOVERYGATE/v1"
@@ -159,6 +168,8 @@ MAX_PART_NAME_CHARS = 64
 MAX_DATA_CHARS = 128
 #: The most decimals ``loss_decimals`` may say (a float holds no more than 17 digits).
 MAX_LOSS_DECIMALS = 24
+#: The highest ``thread`` number (the reporter numbers every later thread with it).
+MAX_THREAD = 63
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _HEX = re.compile(rf"[0-9a-fA-F]{{1,{MAX_DIGEST_CHARS}}}").fullmatch
 _PART_NAME = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_PART_NAME_CHARS}}}").fullmatch
@@ -204,6 +215,7 @@ class Record(NamedTuple):
     data: str | None = None  # progress: a fingerprint of the step's batch
     loss_decimals: int | None = None  # progress: the loss's printed decimals (a log line's)
     error: str | None = None  # checkpoint_failed: what failed the save
+    thread: int | None = None  # any event but start: the process's thread that printed it
 
 
 # ---------------------------------------------------------------------------- digests
@@ -397,6 +409,7 @@ def format_step(
     data: str | None = None,
     loss_decimals: int | None = None,
     error: str | None = None,
+    thread: int | None = None,
 ) -> str:
     """One complete progress/checkpoint line, newline included.
 
@@ -405,7 +418,7 @@ def format_step(
     ``source`` and ``peer``: checkpoint_loaded only (see :func:`source_fields`).
     ``loss``, ``loss_decimals`` and ``data``: progress only (see :func:`progress_fields`).
     ``loss`` and ``data``: progress only (see :func:`progress_fields`). ``error``:
-    checkpoint_failed only.
+    checkpoint_failed only. ``thread``: any of them (see :func:`thread_field`).
     """
     head, middle = step_line_parts(event, inc, rank)
     extra = ""
@@ -429,7 +442,17 @@ def format_step(
         if event != CHECKPOINT_LOADED:
             raise ValueError(f"a {event} event carries no source")
         extra += source_fields(source, peer)
+    if thread is not None:
+        extra += thread_field(thread)
     return f"{head}{_time(time)}{middle}{int(step)}{extra}}}\n"
+
+
+def thread_field(thread: int) -> str:
+    """The text of the optional ``thread`` field with a leading comma; none for thread 0
+    (absent means 0). ``thread`` must be 0 to :data:`MAX_THREAD`."""
+    if not 0 <= thread <= MAX_THREAD:
+        raise ValueError(f"thread must be 0 to {MAX_THREAD}, got {thread}")
+    return f',"thread":{int(thread)}' if thread else ""
 
 
 def source_fields(source: str | None, peer: int | None = None) -> str:
@@ -516,6 +539,7 @@ def format_record(record: Record) -> str:
         data=record.data,
         loss_decimals=record.loss_decimals,
         error=record.error,
+        thread=record.thread,
     )
 
 
@@ -641,6 +665,9 @@ def record_from_json(obj: object) -> Record | None:
             error = _opt_str(get("error"))
             if error is not None:
                 error = error[:MAX_ERROR_CHARS]
+        thread = None if event == START else _opt_int(get("thread"))
+        if thread is not None and thread > MAX_THREAD:
+            raise _Bad
         return Record(
             event,
             time,
@@ -666,6 +693,7 @@ def record_from_json(obj: object) -> Record | None:
             data,
             decimals,
             error,
+            thread or None,
         )
     except (_Bad, ArithmeticError, ValueError, TypeError):  # never raised: malformed
         return None
@@ -683,7 +711,7 @@ _FAST = re.compile(
     rb'"time":((?:0|[1-9][0-9]{0,15})\.[0-9]{1,9}),"inc":"([0-9a-f]{1,64})",'
     rb'(?:"rank":(0|[1-9][0-9]{0,8}),)?"step":(0|[1-9][0-9]{0,17})'
     rb'(?:,"loss":(-?(?:0|[1-9][0-9]{0,24})(?:\.[0-9]{1,24})?(?:e[-+]?[0-9]{1,3})?)'
-    rb'(?:,"loss_decimals":(0|[1-9][0-9]?))?)?\}'
+    rb'(?:,"loss_decimals":(0|[1-9][0-9]?))?)?(?:,"thread":([1-9][0-9]?))?\}'
 ).match
 _EVENT_NAMES = {name.encode("ascii"): name for name in EVENT_KINDS}
 
@@ -699,7 +727,7 @@ def _fast_loss(text: bytes) -> float:
 def _fast_record(groups: tuple[bytes | None, ...]) -> Record | None:
     """The :class:`Record` of a line :data:`_FAST` matched (its groups, in order); None
     when its loss is beyond the float range (malformed, as on the JSON path)."""
-    event, time, inc, rank, step, loss, decimals = groups
+    event, time, inc, rank, step, loss, decimals, thread = groups
     assert event is not None
     assert time is not None
     assert inc is not None
@@ -715,6 +743,9 @@ def _fast_record(groups: tuple[bytes | None, ...]) -> Record | None:
             printed = int(decimals)
             if printed > MAX_LOSS_DECIMALS:
                 return None
+    number = None if thread is None else int(thread)
+    if number is not None and number > MAX_THREAD:
+        return None
     return Record(
         name,
         float(time),
@@ -724,6 +755,7 @@ def _fast_record(groups: tuple[bytes | None, ...]) -> Record | None:
         # a loss on another event is an unknown field there: ignored, as the JSON path does
         loss=value,
         loss_decimals=printed,
+        thread=number,
     )
 
 

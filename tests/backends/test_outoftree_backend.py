@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.patience import CLUSTER, within
+
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "outoftree"
 ROOT = HERE.parents[1]
@@ -44,7 +46,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
          "--target", str(target), str(source)],
-        check=True, timeout=300,
+        check=True, timeout=within(CLUSTER),
     )  # fmt: skip
     assert (target / "rg_procgroup" / "__init__.py").is_file()
     assert list(target.glob("recoverygate_procgroup-*.dist-info/entry_points.txt"))
@@ -58,7 +60,7 @@ def recoverygate(*args: str, site: Path | None, cwd: Path) -> subprocess.Complet
         env["PYTHONPATH"] = str(site)  # what `pip install recoverygate-procgroup` would do
     return subprocess.run(
         [sys.executable, "-m", "pytest_recoverygate.cli", *args],
-        capture_output=True, text=True, timeout=180, cwd=cwd, env=env, check=False,
+        capture_output=True, text=True, timeout=within(CLUSTER), cwd=cwd, env=env, check=False,
     )  # fmt: skip
 
 

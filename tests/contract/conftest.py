@@ -56,6 +56,7 @@ from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
 from pytest_recoverygate.orchestrators.local.processes import Identity, start_time
 from pytest_recoverygate.registry.seams import Clock, Orchestrator, RealClock, SimulatedClock
 from pytest_recoverygate.shared.procs import JobLaunch
+from tests.patience import CLUSTER, JOB, PROCESS, PROMPT, deadline, eventually, within
 
 if TYPE_CHECKING:
     from tests.slurm.slurm_testcluster import SlurmCluster
@@ -167,15 +168,11 @@ class Harness:
         return dataclasses.replace(worker, instance_id=self.stale_id(worker))
 
     def eventually(self, check: Callable[[], T | None], what: str) -> T:
-        """Poll ``check`` until it returns something, for at most ``patience`` seconds."""
-        deadline = self.clock.now() + self.patience
-        while True:
-            found = check()
-            if found is not None:
-                return found
-            if self.clock.now() >= deadline:
-                pytest.fail(f"{self.kind}: no {what} within {self.patience:.0f} s")
-            self.pause(0.05)
+        """:func:`tests.patience.eventually` on the harness's clock (simulated for the
+        fake), for at most ``patience`` seconds (stretched by the slack)."""
+        return eventually(
+            check, f"{self.kind}: {what}", self.patience, now=self.clock.now, pause=self.pause
+        )
 
     def close(self) -> None:
         self.exit_stack.close()
@@ -204,7 +201,7 @@ def _build_fake(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
         current=lambda rank: live_ids().get(rank),
         stale_id=lambda w: f"fake-{w.rank}-999",
         pause=clock.wait,
-        patience=60.0,
+        patience=JOB,
     )
     harness.exit_stack.callback(orchestrator.cleanup)
     return harness
@@ -234,7 +231,7 @@ def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness
         harness_stack.callback(orchestrator.cleanup)
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         try:
-            workload = conforming.discover(time.time() + 120)
+            workload = conforming.discover(deadline(JOB))
         except BaseException:
             harness_stack.close()
             raise
@@ -282,7 +279,7 @@ def _build_local(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness
         current=current,
         stale_id=stale_id,
         pause=time.sleep,
-        patience=120.0,
+        patience=JOB,
         exit_stack=harness_stack,
     )
 
@@ -310,7 +307,7 @@ def _build_local_nodes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> H
         harness_stack.callback(orchestrator.cleanup)
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         try:
-            workload = conforming.discover(time.time() + 60)
+            workload = conforming.discover(deadline(JOB))
         except BaseException:
             harness_stack.close()
             raise
@@ -354,7 +351,7 @@ def _build_local_nodes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> H
         current=current,
         stale_id=stale_id,
         pause=time.sleep,
-        patience=60.0,
+        patience=JOB,
         exit_stack=harness_stack,
     )
 
@@ -387,7 +384,7 @@ def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Ha
             )
             stack.callback(orchestrator.cleanup)
             conforming: Orchestrator = orchestrator  # the static check (mypy)
-            workload = conforming.discover(time.time() + 30)
+            workload = conforming.discover(deadline(PROCESS))
     except BaseException:
         stack.close()
         raise
@@ -417,7 +414,7 @@ def _build_kubernetes(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Ha
         current=current,
         stale_id=lambda w: str(uuid.uuid4()),
         pause=time.sleep,
-        patience=30.0,
+        patience=PROCESS,
         exit_stack=stack,
     )
 
@@ -466,7 +463,7 @@ def _build_slurm(
             )
             stack.callback(orchestrator.cleanup)
             conforming: Orchestrator = orchestrator  # the static check (mypy)
-            workload = conforming.discover(time.time() + 120)
+            workload = conforming.discover(deadline(JOB))
     except BaseException:
         stack.close()
         raise
@@ -514,7 +511,7 @@ def _build_slurm(
         current=current,
         stale_id=stale_id,
         pause=time.sleep,
-        patience=120.0,
+        patience=JOB,
         exit_stack=stack,
     )
 
@@ -543,7 +540,7 @@ def _build_ray(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
         stack.callback(orchestrator.cleanup)
         conforming: Orchestrator = orchestrator  # the static check (mypy)
         try:
-            workload = conforming.discover(time.time() + 300)
+            workload = conforming.discover(deadline(CLUSTER))
         except BaseException:
             stack.close()
             raise
@@ -564,7 +561,7 @@ def _build_ray(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
             f"{dashboard}/api/train/v2/runs/v1", headers={"Authorization": f"Bearer {token}"}
         )
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
+            with urllib.request.urlopen(request, timeout=within(PROMPT)) as answer:
                 runs = json.loads(answer.read())["train_runs"]
         except OSError:
             return None
@@ -594,7 +591,7 @@ def _build_ray(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
         current=current,
         stale_id=stale_id,
         pause=time.sleep,
-        patience=240.0,
+        patience=CLUSTER,
         exit_stack=stack,
     )
 

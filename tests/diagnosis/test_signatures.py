@@ -29,6 +29,7 @@ import yaml
 from pytest_recoverygate.engine.machine import FailureReason, Verdict
 from pytest_recoverygate.links import docs_link
 from pytest_recoverygate.report.diagnosis import DOCS_PAGE, SIGNATURES, Clues, diagnose
+from tests.patience import CLUSTER, within
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -299,7 +300,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "pytest_recoverygate.cli", *args],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=within(CLUSTER),
         check=False,
     )
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 HF_TRAIN = ROOT / "examples" / "transformers" / "train.py"
 LIGHTNING_TRAIN = ROOT / "examples" / "lightning" / "train.py"
 DCP_JOB = Path(__file__).resolve().parent / "dcp_job.py"
-DRILL_TIMEOUT = 300
 SENTINEL = "RECOVERYGATE/v1 "
 
 
@@ -147,7 +147,7 @@ def run_drill(
         config,
         tmp_path / "recovery-test.yaml",
         report_dir=report_dir,
-        timeout=DRILL_TIMEOUT,
+        timeout=within(DRILL),
         env={k: v for k, v in os.environ.items() if k != "RECOVERYGATE_AUTO"},
     )
     return Drill(run.report, run.code, run.output, run.wall, job_lines(report_dir))

@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 from recoverygate.integrations import auto
 
-# Its e2e tests run in scripts/test's second drill lane, beside the Ray drills.
-pytestmark = pytest.mark.second_lane
+from tests.patience import CLUSTER, JOB, within
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTER = ROOT / "reporter"
@@ -36,9 +35,7 @@ FINDER_ON = (
 )
 
 
-def python(
-    code: str, *, auto_value: str | None, exe: str = sys.executable, timeout: float = 120
-) -> str:
+def python(code: str, *, auto_value: str | None, exe: str = sys.executable) -> str:
     env = {k: v for k, v in os.environ.items() if k != auto.ENV}
     env["HF_HUB_OFFLINE"] = "1"
     if auto_value is not None:
@@ -48,7 +45,7 @@ def python(
         capture_output=True,
         text=True,
         env=env,
-        timeout=timeout,
+        timeout=within(JOB),
         check=False,
         cwd="/",
     )
@@ -58,7 +55,7 @@ def python(
 
 def fresh_venv(path: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120
+        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=within(JOB)
     )
     return path / "bin" / "python"
 
@@ -78,7 +75,7 @@ def pip_into(target_python: Path, *args: str) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=within(CLUSTER),
         check=False,
         env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
     )
@@ -100,7 +97,7 @@ def test_the_wheel_carries_the_hook_at_its_root(tmp_path: Path) -> None:
             str(REPORTER),
         ],
         check=True,
-        timeout=300,
+        timeout=within(CLUSTER),
         capture_output=True,
     )
     (wheel,) = tmp_path.glob("recoverygate_reporter-*.whl")

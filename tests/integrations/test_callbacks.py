@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -33,6 +32,8 @@ from typing import Any, TextIO, cast
 import pytest
 from recoverygate import reporter
 from recoverygate.integrations import _common
+
+from tests.patience import JOB, PROMPT, eventually, within
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # the frameworks' own deprecations
 
@@ -402,10 +403,9 @@ def test_dcp_async_save_reports_completed_only_when_the_future_resolves(
 
     stream = lines(durable)
     future = dcp.async_save(dcp_state(), step=3, checkpoint_id=str(folder))
-    future.result(timeout=60)
-    deadline = time.monotonic() + 10
-    while not stream.of("checkpoint_completed") and time.monotonic() < deadline:
-        time.sleep(0.01)  # done callbacks run right after the result is set
+    future.result(timeout=within(JOB))
+    # done callbacks run right after the result is set
+    eventually(lambda: stream.of("checkpoint_completed"), "the completed line", PROMPT)
     assert stream.failures == []
     assert [e["step"] for e in stream.of("checkpoint_started")] == [3]
     assert [e["step"] for e in stream.of("checkpoint_completed")] == [3]
@@ -423,7 +423,7 @@ def test_a_failed_dcp_async_save_is_never_reported_completed(
     stream = lines()
     future = dcp.async_save(dcp_state(), step=3, checkpoint_id=str(blocker / "step-3"))
     with pytest.raises(BaseException, match="Not a directory"):  # a CheckpointException
-        future.result(timeout=60)
+        future.result(timeout=within(JOB))
     assert [e["step"] for e in stream.of("checkpoint_started")] == [3]
     assert stream.of("checkpoint_completed") == []
 
@@ -448,7 +448,7 @@ def test_the_integration_modules_import_no_framework_until_a_class_is_used() -> 
         text=True,
         check=True,
         env=env,
-        timeout=60,
+        timeout=within(JOB),
     ).stdout
     assert out.strip() == "[]"
 

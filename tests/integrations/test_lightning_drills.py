@@ -28,7 +28,6 @@ from tests.integrations._drill import LIGHTNING_TRAIN, Drill, run_drill
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.local,
-    pytest.mark.second_lane,  # scripts/test: beside the Ray drills
     pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning"),
 ]
 

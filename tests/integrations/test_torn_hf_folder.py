@@ -3,11 +3,11 @@
 The drill's own torn-checkpoint fault is tested in test_torn_checkpoint_drills.py; this
 module tears a save by hand, so that the resume-side helpers are proven on a real torn
 folder whatever the drill side can do. The test starts examples/transformers/train.py
-under torchrun (2 ranks, ``--max-restarts=1``, ``RECOVERYGATE_RANKS=all``), waits for
-rank 0's ``checkpoint_started`` of step 20 and for the ``checkpoint-20`` folder to
-appear, SIGKILLs rank 0 there (each save pauses 3 s between the weights and the optimizer,
-``--write-time``: the kill lands in a torn folder however loaded the machine), and lets
-torchrun restart the group. We test these
+under torchrun (2 ranks, ``--max-restarts=1``, ``RECOVERYGATE_RANKS=all``), with the save
+of step 20 parked between the weights and the optimizer at the suite's barrier
+(tests/patience.py ``Hold``: the ``checkpoint-20`` folder is torn for as long as it takes,
+however loaded the machine), SIGKILLs rank 0 there, releases the hold and lets torchrun
+restart the group. We test these
 aspects:
 - no rank reported checkpoint 20 completed (rank 1 waits at the callback's barrier for a
   rank that died), and the torn folder carries no marker;
@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import pytest
 from recoverygate.integrations._common import MARKER_NAME
 
 from tests.integrations._drill import HF_TRAIN, SENTINEL, TORCHRUN
+from tests.patience import CLUSTER, JOB, PROMPT, Hold, eventually, within
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
@@ -44,8 +44,10 @@ def tear_the_save_of_step_20(
     import json
 
     out = tmp_path / "out"
+    hold = Hold(tmp_path, "save", 20).arm()
     env = {
         **os.environ,
+        **hold.env,
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "HF_HUB_OFFLINE": "1",
         "RECOVERYGATE_PROGRESS_INTERVAL": "0",
@@ -62,7 +64,6 @@ def tear_the_save_of_step_20(
             f"--output-dir={out}",
             "--save-steps=10",
             "--step-time=0.05",
-            "--write-time=3",  # the save of step 20 stays torn 3 s: the kill lands in it
             "--max-steps=24",
             f"--resume={resume}",
         ],
@@ -76,7 +77,6 @@ def tear_the_save_of_step_20(
     assert proc.stdout is not None
     events: list[dict[str, Any]] = []
     text: list[str] = []
-    started = threading.Event()
 
     def read() -> None:
         assert proc.stdout is not None
@@ -86,30 +86,41 @@ def tear_the_save_of_step_20(
             if at >= 0:
                 event = json.loads(line[at + len(SENTINEL) :])
                 events.append(event)
-                if event["event"] == "checkpoint_started" and event["step"] == 20:
-                    started.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        assert started.wait(120), "".join(text[-40:])
+
+        def rank0_parked() -> list[psutil.Process]:
+            found = []
+            for pid in hold.parked():
+                with contextlib.suppress(psutil.Error):
+                    if (child := psutil.Process(pid)).environ().get("RANK") == "0":
+                        found.append(child)
+            return found
+
+        def gone(process: psutil.Process) -> bool:
+            try:
+                return process.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        (rank0,) = eventually(rank0_parked, "rank 0 parked in the save of 20", JOB)
         folder = out / "checkpoint-20"
-        deadline = time.monotonic() + 10
-        while not folder.exists() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        (rank0,) = [
-            p for p in psutil.Process(proc.pid).children() if p.environ().get("RANK") == "0"
-        ]
+        assert folder.exists(), "the weights are written before the hold"
         rank0.send_signal(signal.SIGKILL)
+        eventually(lambda: gone(rank0), "rank 0 gone")
         unmarked = folder.exists() and not (folder / MARKER_NAME).exists()
+        hold.release()
         try:
-            proc.wait(timeout=180)
+            proc.wait(timeout=within(CLUSTER))
         except subprocess.TimeoutExpired:
             raise AssertionError(
-                "torchrun did not end within 180 s of the kill; its last lines:\n"
+                "torchrun did not end within its budget after the kill; its last lines:\n"
                 + "".join(text[-60:])
             ) from None
     finally:
+        hold.release()
         if proc.poll() is None:
             # torchrun starts each worker in a session of its own: its group is not enough
             with contextlib.suppress(psutil.Error):
@@ -118,7 +129,7 @@ def tear_the_save_of_step_20(
                         child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        reader.join(10)
+        reader.join(within(PROMPT))
         proc.stdout.close()  # on every way out: a failed wait must not leak the pipe too
     return events, proc.returncode, "".join(text), unmarked
 

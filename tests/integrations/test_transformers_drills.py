@@ -23,7 +23,7 @@ import pytest
 from tests.integrations._drill import HF_TRAIN, Drill, run_drill
 
 pytest.importorskip("transformers")
-pytestmark = [pytest.mark.e2e, pytest.mark.local, pytest.mark.second_lane]  # beside Ray
+pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
 ARGS = ["--output-dir={tmpdir}/out", "--save-steps=10", "--step-time=0.05"]
 

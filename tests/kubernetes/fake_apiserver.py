@@ -211,7 +211,9 @@ class Fault:
     connection error and nothing happened). ``reset_after``: act, then reset instead of
     answering (the client cannot know it happened). ``status``: answer with that Status
     code (and ``Retry-After`` when given) without acting. ``drop_after_lines``: for watch and
-    log streams, reset the connection after that many lines.
+    log streams, reset the connection after that many lines. ``gate``: hold the request
+    (logged, not acted on) until the test sets the event: a barrier, where ``delay`` is a
+    time window.
 
     Stream faults that model what a log pipeline or a busy apiserver does across reconnects:
     ``drop_after_new_lines`` (log) resets the stream that many lines after the backlog it
@@ -223,6 +225,7 @@ class Fault:
     """
 
     delay: float = 0.0
+    gate: threading.Event | None = None
     status: int | None = None
     retry_after: int | None = None
     message: str = ""
@@ -237,6 +240,8 @@ class Fault:
         parts = []
         if self.delay:
             parts.append(f"delay {self.delay:g}s")
+        if self.gate is not None:
+            parts.append("held at a gate")
         if self.status is not None:
             parts.append(f"status {self.status}")
         if self.reset_before:
@@ -278,6 +283,12 @@ class LoggedRequest:
     grace_period: int | None = None  # a delete's gracePeriodSeconds (None: not given)
     fault: str = ""
     lines_sent: int = 0
+    finished: float | None = None  # when its handler was done (None: still at work)
+
+    @property
+    def streams(self) -> bool:
+        """A watch or a followed log: open for as long as the client reads it."""
+        return self.verb == "watch" or self.query.get("follow") in _TRUE
 
 
 @dataclass
@@ -664,6 +675,17 @@ class FakeApiServer:
             self._cond.notify_all()
             return True
 
+    def log_lines(
+        self, namespace: str, name: str, container: str | None = None
+    ) -> list[tuple[float, str]]:
+        """The running container instance's lines with their kubelet timestamps."""
+        with self._cond:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                return []
+            cname = container or pod["spec"]["containers"][0]["name"]
+            return list(self._logs[pod["metadata"]["uid"]][cname].lines)
+
     def compact(self) -> int:
         """Forget the watch history: a watch from any older resourceVersion gets 410."""
         with self._cond:
@@ -688,6 +710,12 @@ class FakeApiServer:
             return [
                 r for r in self.requests if r.method == "DELETE" and (r.acted or not acted_only)
             ]
+
+    def unfinished(self) -> list[LoggedRequest]:
+        """Requests whose handler is still at work (a delayed fault sleeping, a delete
+        about to act), streams left out: what a test waits on before it reads the log."""
+        with self._cond:
+            return [r for r in self.requests if r.finished is None and not r.streams]
 
     def requests_outside(
         self, rules: frozenset[tuple[str, str]] = RBAC_DRILL_RULES
@@ -1118,11 +1146,20 @@ class _Handler(BaseHTTPRequestHandler):
         info = RequestInfo(
             self.command, split.path, query, verb, resource, namespace, name, body, seq
         )
+        try:
+            self._handle(entry, info)
+        finally:
+            entry.finished = time.time()  # the request's own log says when it was done
+
+    def _handle(self, entry: LoggedRequest, info: RequestInfo) -> None:
+        api = self.api
         fault = api.fault_hook(info) if api.fault_hook is not None else None
         if fault is not None:
             entry.fault = fault.describe()
             if fault.delay:
                 time.sleep(fault.delay)
+            if fault.gate is not None:
+                fault.gate.wait()
             if fault.reset_before:
                 self._reset()
                 return
@@ -1136,7 +1173,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(fault.status, _status(fault.status, reason, message), headers)
                 return
         try:
-            self._route(split.path, query, body, verb, resource, namespace, name, entry, fault)
+            self._route(
+                info.path,
+                info.query,
+                info.body,
+                info.verb,
+                info.resource,
+                info.namespace,
+                info.name,
+                entry,
+                fault,
+            )
         except _Reset:
             self._reset()
         except (BrokenPipeError, ConnectionResetError):

@@ -44,6 +44,7 @@ from typing import Any
 from recoverygate import wire
 
 from tests.kubernetes.fake_apiserver import FakeApiServer
+from tests.patience import PROMPT, eventually, within
 
 Pod = dict[str, Any]
 
@@ -246,9 +247,11 @@ class FakeTrainingJob:
         self._thread = threading.Thread(target=self._train, name=f"train-{self.name}", daemon=True)
         self._thread.start()
         if wait_for_checkpoint is not None:
-            deadline = time.monotonic() + 10
-            while self.last_checkpoint < wait_for_checkpoint and time.monotonic() < deadline:
-                time.sleep(0.01)
+            eventually(
+                lambda: self.last_checkpoint >= wait_for_checkpoint,
+                f"the job's checkpoint {wait_for_checkpoint}",
+                PROMPT,
+            )
         return self
 
     def stop(self) -> None:
@@ -259,7 +262,7 @@ class FakeTrainingJob:
         for timer in timers:
             timer.cancel()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=within(PROMPT))
 
     def pod_name(self, rank: int) -> str:
         with self._lock:
@@ -487,7 +490,7 @@ class FakeTrainingJob:
                     self._emit(
                         wire.format_step("checkpoint_started", time.time(), inc, self.step, 0)
                     )
-                    time.sleep(self.save_time)
+                    time.sleep(self.save_time)  # not a wait: the played job's pace
                     self._emit(
                         wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0)
                     )
@@ -499,7 +502,7 @@ class FakeTrainingJob:
                 with self._lock:  # losses during the pause make one restart, as in torchrun
                     seen = self._losses
                 restart += 1
-                time.sleep(0.05)  # torchrun's rendezvous
+                time.sleep(0.05)  # not a wait: torchrun's rendezvous, played
                 inc = self._start_incarnation(restart)
                 self.step = self._resume_step()
                 if self.step:
@@ -512,4 +515,4 @@ class FakeTrainingJob:
                     self._say("checkpoint_completed", inc, self.step)
                 else:
                     self._say("checkpoint_started", inc, self.step)
-            time.sleep(self.step_time)
+            time.sleep(self.step_time)  # not a wait: the played job's pace

@@ -32,6 +32,7 @@ from recoverygate import wire
 
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import NAMESPACE, pytorchjob_pod
+from tests.patience import PROMPT, eventually, within
 
 Pod = dict[str, Any]
 
@@ -61,7 +62,7 @@ class FakeLiveJob:
         replicas: int = 2,
         namespace: str = NAMESPACE,
         step_time: float = 0.02,
-        heartbeat_timeout: float = 0.5,
+        heartbeat_timeout: float = 0.5,  # not a wait: the lighthouse's, played
         restart_delay: float = 0.3,
         recreate_delay: float = 0.1,
         start_delay: float = 0.2,
@@ -106,9 +107,8 @@ class FakeLiveJob:
         self.server.subscribe(self._on_change)
         self._thread = threading.Thread(target=self._train, name="fake-torchft", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while self.step < until_step and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if until_step:
+            eventually(lambda: self.step >= until_step, f"the job's step {until_step}", PROMPT)
         return self
 
     def stop(self) -> None:
@@ -118,7 +118,7 @@ class FakeLiveJob:
         for timer in timers:
             timer.cancel()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=within(PROMPT))
 
     # ------------------------------------------------------------------ the operator
 
@@ -184,7 +184,7 @@ class FakeLiveJob:
 
     def _train(self) -> None:
         while not self._stop.is_set():
-            time.sleep(self.step_time)
+            time.sleep(self.step_time)  # not a wait: the played job's pace
             now = time.monotonic()
             with self._lock:
                 for rep in self.replicas:

@@ -27,6 +27,7 @@ import pytest
 
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, parse_selector, selector_matches
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
+from tests.patience import JOB, PROMPT, eventually, within
 
 pytestmark = pytest.mark.kubernetes
 
@@ -117,16 +118,18 @@ def test_a_watch_resumes_from_a_resource_version_and_ends_after_timeout_seconds(
     running_pod(apiserver, "a")
     listed = core_api.list_namespaced_pod(NAMESPACE)
     apiserver.set_phase(NAMESPACE, "a", "Succeeded")
-    started = time.monotonic()
+    timeout = 1  # not a wait: the watch's timeoutSeconds under test
     resp = core_api.list_namespaced_pod(
         NAMESPACE,
         watch=True,
         resource_version=listed.metadata.resource_version,
-        timeout_seconds=1,
+        timeout_seconds=timeout,
         _preload_content=False,
     )
     events = raw_lines(resp)
-    assert 0.9 < time.monotonic() - started < 5
+    # the server's own log: the watch ended once its timeoutSeconds had passed
+    [watch] = [r for r in apiserver.requests if r.verb == "watch"]
+    assert watch.finished is not None and watch.finished - watch.time >= timeout, watch
     assert [(e["type"], e["object"]["status"]["phase"]) for e in events] == [
         ("MODIFIED", "Succeeded")
     ]
@@ -318,6 +321,12 @@ def test_a_pending_container_answers_400_waiting_to_start(
     assert message == 'container "main" in pod "w" is waiting to start: ContainerCreating'
 
 
+def sent(server: FakeApiServer) -> int:
+    """The server's own log: the lines its followed log request has sent so far."""
+    follows = [r for r in server.requests if r.resource == "pods/log"]
+    return follows[-1].lines_sent if follows else 0
+
+
 def test_a_followed_log_ends_when_the_container_stops(
     apiserver: FakeApiServer, core_api: Any
 ) -> None:
@@ -325,9 +334,11 @@ def test_a_followed_log_ends_when_the_container_stops(
     apiserver.append_log(NAMESPACE, "a", "one")
 
     def later() -> None:
-        time.sleep(0.2)
-        apiserver.append_log(NAMESPACE, "a", "two")
-        apiserver.stop_container(NAMESPACE, "a")
+        try:
+            eventually(lambda: sent(apiserver) >= 1, "the log followed", PROMPT)
+        finally:  # the stream ends either way: a failed wait fails the assert below
+            apiserver.append_log(NAMESPACE, "a", "two")
+            apiserver.stop_container(NAMESPACE, "a")
 
     threading.Thread(target=later).start()
     resp = core_api.read_namespaced_pod_log("a", NAMESPACE, follow=True, _preload_content=False)
@@ -397,9 +408,11 @@ def test_a_log_fault_replays_the_backlog_backwards_and_cuts_k_lines_after_it(
     apiserver.fault_hook = lambda info: Fault(drop_after_new_lines=1, replay_backwards=2)
 
     def later() -> None:
-        time.sleep(0.2)
-        apiserver.append_log(NAMESPACE, "a", "four")
-        apiserver.append_log(NAMESPACE, "a", "five")
+        try:  # the backlog (three lines and two replayed) went out: the rest is new
+            eventually(lambda: sent(apiserver) >= 5, "the backlog sent", PROMPT)
+        finally:
+            apiserver.append_log(NAMESPACE, "a", "four")
+            apiserver.append_log(NAMESPACE, "a", "five")
 
     threading.Thread(target=later).start()
     resp = core_api.read_namespaced_pod_log("a", NAMESPACE, follow=True, _preload_content=False)
@@ -424,13 +437,9 @@ def test_a_silent_stream_ends_on_the_server_once_the_client_hangs_up(
         )
     else:
         resp = core_api.read_namespaced_pod_log("a", NAMESPACE, follow=True, _preload_content=False)
-    time.sleep(0.2)
-    assert len(apiserver._connections) == 1
+    eventually(lambda: len(apiserver._connections) == 1, "the stream's connection", PROMPT)
     resp.close()  # closes the connection: the server sees the client's FIN
-    deadline = time.monotonic() + 3
-    while apiserver._connections and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert apiserver._connections == set(), "the handler still waits for its next line"
+    eventually(lambda: not apiserver._connections, "the handler to stop waiting", PROMPT)
 
 
 def test_urllib3_by_default_resends_a_delete_after_a_connection_reset(
@@ -496,7 +505,12 @@ def kubectl(
         "PATH": path or os.environ.get("PATH", ""),
     }
     return subprocess.run(
-        [kubectl_binary(), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        [kubectl_binary(), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=within(JOB),
+        check=False,
     )
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from tests.patience import JOB, within
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / ".krew" / "recoverygate.yaml"
 SEMVER = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
@@ -99,7 +101,7 @@ def test_the_shim_runs_the_cli_with_the_configured_python() -> None:
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
     assert proc.returncode == 0, proc.stderr

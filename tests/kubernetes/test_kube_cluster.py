@@ -19,16 +19,18 @@ hour on 2 cores); where they are not built, the tests skip and say so.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+
+from tests.patience import CLUSTER, DRILL, JOB, eventually, slack, within
 
 pytest.importorskip("kubernetes")
 
@@ -37,10 +39,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.kubernetes, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube-cluster"
 NAMESPACE = "default"
-UP_TIMEOUT = 600.0  # seconds: a warm up takes about 20 s; this bounds a build-less failure
-PATIENCE = 120.0  # seconds for a pod to be scheduled, started and logged on a busy machine
-
-T = TypeVar("T")
 
 
 def _cluster_missing() -> str | None:
@@ -60,15 +58,12 @@ def _cluster_missing() -> str | None:
     return None
 
 
-def _eventually(check: Callable[[], T | None], what: str, patience: float = PATIENCE) -> T:
-    deadline = time.monotonic() + patience
-    while True:
-        found = check()
-        if found is not None:
-            return found
-        if time.monotonic() >= deadline:
-            pytest.fail(f"no {what} within {patience:.0f} s")
-        time.sleep(0.5)
+def _script_env() -> dict[str, str]:
+    """The environment for scripts/kube-cluster: its own waits (RG_KUBE_PATIENCE, a whole
+    number) stretched by the suite's slack, unless the caller set them."""
+    env = dict(os.environ)
+    env.setdefault("RG_KUBE_PATIENCE", str(min(99, math.ceil(slack()))))
+    return env
 
 
 def _leftovers(folder: Path, mark: str) -> list[str]:
@@ -116,11 +111,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
     # Short: containerd's socket path under it must fit a unix socket's 107 bytes.
     folder = Path(tempfile.mkdtemp(prefix="rgk-"))
     try:
+        # A warm up takes about 20 s; a whole drill's budget bounds a build-less failure.
         up = subprocess.run(
             [str(SCRIPT), "up", "--nodes", "2", str(folder)],
             capture_output=True,
             text=True,
-            timeout=UP_TIMEOUT,
+            timeout=within(DRILL),
+            env=_script_env(),
             check=False,
         )
         if up.returncode != 0:
@@ -134,7 +131,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
         yield folder, str(folder / "kubeconfig"), mark
     finally:
         subprocess.run(
-            [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
+            [str(SCRIPT), "down", str(folder)],
+            capture_output=True,
+            timeout=within(CLUSTER),
+            env=_script_env(),
+            check=False,
         )
         mark_file = folder / ".kube-cluster"
         mark = mark_file.read_text().strip() if mark_file.exists() else "rgk-none"
@@ -216,7 +217,7 @@ def test_a_pod_runs_resolves_the_cluster_dns_and_logs(core_api: Any) -> None:
             p = core_api.read_namespaced_pod("smoke", NAMESPACE)
             return p if p.status.phase == "Running" else None
 
-        placed = _eventually(running, "Running smoke pod")
+        placed = eventually(running, "Running smoke pod", JOB)
         assert placed.spec.node_name in {"node1", "node2"}
         assert placed.status.pod_ip.startswith("10.")
 
@@ -224,7 +225,7 @@ def test_a_pod_runs_resolves_the_cluster_dns_and_logs(core_api: Any) -> None:
             text: str = core_api.read_namespaced_pod_log("smoke", NAMESPACE, container="main")
             return text if "hello from smoke" in text else None
 
-        log = _eventually(logged, "'hello from smoke' in the pod's log")
+        log = eventually(logged, "'hello from smoke' in the pod's log", JOB)
         assert "resolved 10.96.0.1" in log, log
     finally:
         core_api.delete_namespaced_pod("smoke", NAMESPACE, grace_period_seconds=0)

@@ -26,7 +26,6 @@ node-a, ranks 1 and 3 on node-b):
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,22 +33,19 @@ import pytest
 
 from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
-from pytest_recoverygate.engine.model import Fault, GroupEvent, GroupEventKind, KillOutcome
+from pytest_recoverygate.engine.model import Fault, GroupEventKind, KillOutcome
 from pytest_recoverygate.errors import BackendError, PermissionDeniedError, UsageError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, RBAC_NODE_RULES, FakeApiServer
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, job_drill_yaml
+from tests.patience import PROCESS, PROMPT, deadline, eventually, gather
 
 pytestmark = pytest.mark.kubernetes
 
 MakeJob = Callable[..., FakeTrainingJob]
 MakeOrchestrator = Callable[..., KubernetesOrchestrator]
 HOSTS = ["node-a", "node-b"]
-
-
-def far() -> float:
-    return time.time() + 30
 
 
 @pytest.fixture
@@ -68,19 +64,11 @@ def acted_on(server: FakeApiServer) -> list[tuple[str, str, str]]:
     return [(r.verb, r.resource, r.name) for r in server.requests if r.acted]
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
-
-
 def test_pods_are_bound_to_nodes(
     two_nodes: FakeApiServer, make_job: MakeJob, make_orchestrator: MakeOrchestrator
 ) -> None:
     job = start_job(make_job)
-    workload = make_orchestrator(selector=job.selector).discover(far())
+    workload = make_orchestrator(selector=job.selector).discover(deadline(PROCESS))
     assert [(w.rank, w.node) for w in workload.workers] == [
         (0, "node-a"),
         (1, "node-b"),
@@ -129,7 +117,7 @@ def test_killnode_deletes_every_pod_of_the_node_and_none_of_the_other(
 ) -> None:
     job = start_job(make_job)
     orchestrator = make_orchestrator(selector=job.selector, fault="KillNode")
-    workload = orchestrator.discover(far())
+    workload = orchestrator.discover(deadline(PROCESS))
     target = workload.by_rank(1)
     assert target is not None
     on_b = {w.name: w.instance_id for w in workload.workers if w.node == "node-b"}
@@ -147,7 +135,7 @@ def test_killnode_deletes_every_pod_of_the_node_and_none_of_the_other(
     }
     assert not {r.name for r in two_nodes.requests if r.acted} & on_a
     assert {v for v, _, _ in acted_on(two_nodes)} == {"delete"}
-    wait_for(lambda: len(job.replaced) == 2)
+    eventually(lambda: len(job.replaced) == 2, "two replacements", PROMPT)
     assert sorted(job.node_of_rank[rank] for rank, _ in job.replaced) == ["node-b", "node-b"]
     again = orchestrator.kill(target, dry_run=False, fault=Fault("KillNode"))
     assert again.outcome is KillOutcome.ALREADY_GONE, again.detail
@@ -159,7 +147,7 @@ def test_cordon_moves_the_replacements_and_cleanup_uncordons(
     two_nodes.allowed = RBAC_DRILL_RULES | RBAC_NODE_RULES
     job = start_job(make_job)
     orchestrator = make_orchestrator(selector=job.selector, fault="KillNode", cordon=True)
-    target = orchestrator.discover(far()).by_rank(1)
+    target = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert target is not None
     assert acted_on(two_nodes) == [], "the rights check is a read and a dry run"
     result = orchestrator.kill(target, dry_run=False, fault=Fault("KillNode"))
@@ -167,7 +155,7 @@ def test_cordon_moves_the_replacements_and_cleanup_uncordons(
     assert "cordoned node node-b" in result.detail
     assert acted_on(two_nodes)[0] == ("patch", "nodes", "node-b"), "cordoned first"
     assert two_nodes.unschedulable("node-b")
-    wait_for(lambda: len(job.replaced) == 2)
+    eventually(lambda: len(job.replaced) == 2, "two replacements", PROMPT)
     assert [job.node_of_rank[rank] for rank, _ in job.replaced] == ["node-a", "node-a"]
     orchestrator.cleanup()
     assert not two_nodes.unschedulable("node-b")
@@ -183,7 +171,7 @@ def test_a_node_cordoned_before_the_drill_stays_cordoned(
 ) -> None:
     job = start_job(make_job)
     orchestrator = make_orchestrator(selector=job.selector, fault="KillNode", cordon=True)
-    target = orchestrator.discover(far()).by_rank(1)
+    target = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert target is not None
     # An operator cordons node-b (kubectl cordon) before the kill.
     core_api.patch_node("node-b", {"spec": {"unschedulable": True}})  # type: ignore[attr-defined]
@@ -200,7 +188,7 @@ def test_drainnode_evicts_every_pod_of_the_node(
     two_nodes.allowed = RBAC_DRILL_RULES | RBAC_NODE_RULES
     job = start_job(make_job)
     orchestrator = make_orchestrator(selector=job.selector, fault="DrainNode")
-    workload = orchestrator.discover(far())
+    workload = orchestrator.discover(deadline(PROCESS))
     target = workload.by_rank(1)
     assert target is not None
     result = orchestrator.kill(target, dry_run=False, fault=Fault("DrainNode"))
@@ -212,20 +200,8 @@ def test_drainnode_evicts_every_pod_of_the_node(
     assert all(r.status == 201 for r in real)
     assert {(v, res) for v, res, _ in acted_on(two_nodes)} == {("create", "pods/eviction")}
     assert all(r.precondition_uid for r in real)
-    assert GroupEventKind.WORKER_GONE in {
-        e.kind for e in _wait_events(orchestrator, GroupEventKind.WORKER_GONE)
-    }
-
-
-def _wait_events(
-    orchestrator: KubernetesOrchestrator, kind: GroupEventKind, timeout: float = 40
-) -> list[GroupEvent]:
-    seen: list[GroupEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and kind not in {e.kind for e in seen}:
-        seen += orchestrator.watch_group()
-        time.sleep(0.05)
-    return seen
+    gone = GroupEventKind.WORKER_GONE
+    gather(orchestrator.watch_group, lambda seen: gone in {e.kind for e in seen}, "worker gone")
 
 
 def test_a_pod_disruption_budget_blocks_the_drain_with_nothing_touched(
@@ -233,7 +209,7 @@ def test_a_pod_disruption_budget_blocks_the_drain_with_nothing_touched(
 ) -> None:
     job = start_job(make_job)
     orchestrator = make_orchestrator(selector=job.selector, fault="DrainNode")
-    target = orchestrator.discover(far()).by_rank(1)
+    target = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert target is not None
     two_nodes.add_pdb(NAMESPACE, "llama-pdb", {"training-run": "llama"}, 0)
     with pytest.raises(BackendError, match="eviction blocked by PodDisruptionBudget llama-pdb"):
@@ -258,7 +234,7 @@ def test_node_rights_are_checked_before_anything_is_touched(
     job = start_job(make_job)
     orchestrator = make_orchestrator(selector=job.selector, fault=fault, cordon=cordon)
     with pytest.raises(PermissionDeniedError) as caught:
-        orchestrator.discover(far())
+        orchestrator.discover(deadline(PROCESS))
     assert f"needs {missing}" in str(caught.value)
     assert "examples/kubernetes/rbac-nodes.yaml" in str(caught.value)
     assert acted_on(two_nodes) == []
@@ -281,14 +257,16 @@ def test_checkpoints_on_the_node_are_lost_when_the_pods_move(
     two_nodes.allowed = RBAC_DRILL_RULES | RBAC_NODE_RULES
     job = start_job(make_job, storage=storage, local_root=tmp_path / "nodes", step_time=0.02)
     orchestrator = make_orchestrator(selector=job.selector, fault="KillNode", cordon=True)
-    target = orchestrator.discover(far()).by_rank(0)  # the reporting rank, on node-a
+    target = orchestrator.discover(deadline(PROCESS)).by_rank(0)  # the reporting rank, on node-a
     assert target is not None and target.node == "node-a"
     saved = job.last_checkpoint
     assert saved >= 20
     incarnations = len(job.incarnations)
     result = orchestrator.kill(target, dry_run=False, fault=Fault("KillNode"))
     assert result.outcome is KillOutcome.KILLED, result.detail
-    wait_for(lambda: len(job.incarnations) > incarnations and job.step > 0)
+    eventually(
+        lambda: len(job.incarnations) > incarnations and job.step > 0, "a new incarnation", PROMPT
+    )
     assert job.node_of_rank[0] == "node-b"
     resumed_from = _first_progress(job) - 1
     if resumed == "latest":

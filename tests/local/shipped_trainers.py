@@ -20,6 +20,7 @@ import yaml
 
 from tests.cli_drill import run_cli_drill
 from tests.local.test_local_drills import processes_marked
+from tests.patience import DRILL, within
 
 __all__ = ["Drill", "check_against_printed", "printed_losses", "require_venv", "run_example"]
 
@@ -56,7 +57,7 @@ def run_example(example: Path, name: str, venv: Path, tmp_path: Path) -> Drill:
     config["workload"]["workdir"] = str(tmp_path)
     config["workload"]["env"]["RG_E2E_MARK"] = mark
     report_dir = tmp_path / "report"
-    run = run_cli_drill(config, tmp_path / name, report_dir=report_dir, timeout=900)
+    run = run_cli_drill(config, tmp_path / name, report_dir=report_dir, timeout=within(DRILL))
     assert processes_marked(mark) == [], "the drill left processes behind"
     log = report_dir / "output" / "torchrun.log"
     job_output = _ANSI.sub("", log.read_text(errors="replace")) if log.exists() else ""

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from pytest_recoverygate.orchestrators.local.processes import Identity, is_running, leftovers
+from tests.patience import PROMPT, within
 
 pytestmark = [pytest.mark.slow]
 
@@ -30,7 +31,7 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
     for child in started:  # leave nothing behind
         if child.poll() is None:
             child.kill()
-        child.wait(timeout=10)
+        child.wait(timeout=within(PROMPT))
 
 
 def start(children: list[subprocess.Popen[bytes]], code: str) -> Identity:
@@ -45,9 +46,10 @@ def test_a_process_that_exits_during_the_look_is_gone_not_left_over(
     identity = start(children, "import time; time.sleep(0.3)")
     assert is_running(identity)  # alive when cleanup found it
     started = time.monotonic()
-    found = leftovers([(identity, "; not signalled")], grace=5.0)
+    grace = 5.0
+    found = leftovers([(identity, "; not signalled")], grace=grace)
     assert found == []
-    assert time.monotonic() - started < 4.0  # it stopped looking once the process was gone
+    assert time.monotonic() - started < grace  # it stopped looking once the process was gone
     # Not reaped by us yet: a zombie, which holds nothing.
     assert psutil.Process(identity.pid).status() == psutil.STATUS_ZOMBIE
 
@@ -56,7 +58,7 @@ def test_a_process_reaped_before_the_look_is_not_reported(
     children: list[subprocess.Popen[bytes]],
 ) -> None:
     identity = start(children, "pass")
-    children[-1].wait(timeout=10)
+    children[-1].wait(timeout=within(PROMPT))
     assert leftovers([(identity, "")], grace=0.2) == []
 
 

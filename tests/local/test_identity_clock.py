@@ -34,6 +34,7 @@ from pytest_recoverygate.orchestrators.local.processes import (
     process_table,
     signal_exactly,
 )
+from tests.patience import PROMPT, within
 
 pytestmark = [pytest.mark.slow]
 
@@ -46,7 +47,7 @@ def stopped() -> Iterator[subprocess.Popen[bytes]]:
     if child.poll() is None:
         child.send_signal(signal.SIGCONT)
         child.kill()
-    child.wait(timeout=10)
+    child.wait(timeout=within(PROMPT))
 
 
 def test_a_stepped_wall_clock_changes_no_identity_and_cleanup_still_reaches_the_process(
@@ -64,7 +65,7 @@ def test_a_stepped_wall_clock_changes_no_identity_and_cleanup_still_reaches_the_
     assert identity.same_start(table[stopped.pid].create_time)
     assert signal_exactly(identity, signal.SIGCONT)
     assert signal_exactly(identity, signal.SIGKILL)
-    assert stopped.wait(timeout=10) == -signal.SIGKILL
+    assert stopped.wait(timeout=within(PROMPT)) == -signal.SIGKILL
 
 
 def test_a_recycled_pid_still_never_matches(stopped: subprocess.Popen[bytes]) -> None:

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -28,9 +27,11 @@ import psutil
 import pytest
 
 from pytest_recoverygate.config.loading import load_config
+from pytest_recoverygate.durations import parse_duration
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.cli_drill import DRILL_SUSTAIN
+from tests.patience import CLUSTER, JOB, eventually, within
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.local, pytest.mark.e2e]
@@ -105,8 +106,12 @@ def test_a_job_with_shared_checkpoints_passes_and_the_figures_match_ground_truth
     rows = truth_rows(tmp_path, 0)
     restarted = [r for r in rows if r["restart"] > 0 and r["event"] == "step"]
     assert restarted, "rank 0 never trained after the restart"
-    true_recovery = restarted[0]["t"] - result.kill_time
-    assert abs(result.recovery_time_seconds - true_recovery) <= 0.05
+    # The job records each step just before it prints its progress line, so the first step
+    # the replacement printed lies between its record and the record of the next step.
+    # (The report rounds to 1 µs.)
+    first, following = restarted[0]["t"] - 1e-6, restarted[1]["t"] + 1e-6
+    reported = result.kill_time + result.recovery_time_seconds
+    assert first <= reported < following, (first, reported, following)
     before = [r["step"] for r in rows if r["t"] <= result.kill_time and r["event"] == "step"]
     assert result.lost_steps is not None
     assert abs(result.lost_steps - (max(before) - 40)) <= 1
@@ -147,15 +152,16 @@ def test_a_recovery_slower_than_the_slo_fails(tmp_path: Path) -> None:
 
 def test_a_job_that_may_not_restart_fails_promptly(tmp_path: Path) -> None:
     command = [c if c != "--max-restarts=3" else "--max-restarts=0" for c in BASE_COMMAND]
+    limit = "2m"
     result, _ = drill(
-        tmp_path, PASSING, **{"workload.command": command, "expectations.maxRecoveryTime": "2m"}
+        tmp_path, PASSING, **{"workload.command": command, "expectations.maxRecoveryTime": limit}
     )
     assert result.verdict is Verdict.FAIL
     assert result.reasons[0] is FailureReason.NEVER_CAME_BACK
     assert result.kill_time is not None
     assert result.finished_at is not None
-    # Prompt: the agent's exit ends the drill, long before maxRecoveryTime (2 minutes).
-    assert result.finished_at - result.kill_time < 60
+    # Prompt: the agent's exit ends the drill, not maxRecoveryTime running out.
+    assert result.finished_at - result.kill_time < parse_duration(limit)
     assert "ChildFailedError" in result.summary or "exit" in result.summary
 
 
@@ -209,12 +215,9 @@ def test_a_signal_mid_drill_exits_130_with_no_process_left(
 ) -> None:
     path, mark = write_config(tmp_path, **{"injectFailure.afterCheckpoint": "step-100000"})
     proc = cli("run", "-f", str(path))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(processes_marked(mark)) < 3:
-        time.sleep(0.2)  # the agent and both workers are up
-    assert len(processes_marked(mark)) >= 3
+    eventually(lambda: len(processes_marked(mark)) >= 3, "the agent and both workers", JOB)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=within(JOB))
     assert proc.returncode == 130, err
     assert processes_marked(mark) == []
 
@@ -224,7 +227,7 @@ def test_require_confirm_without_a_terminal_refuses_before_starting_the_job(
 ) -> None:
     path, mark = write_config(tmp_path, **{"safety.requireConfirm": True})
     proc = cli("run", "-f", str(path))
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=within(JOB))
     assert proc.returncode == 2
     assert "--yes" in err
     assert processes_marked(mark) == []
@@ -252,7 +255,7 @@ def test_environment_is_not_leaked_into_the_report(tmp_path: Path) -> None:
         **{"workload.env.RG_SECRET_TOKEN": secret, "injectFailure.afterCheckpoint": "step-40"},
     )
     proc = cli("run", "-f", str(path), "--report-dir", str(tmp_path / "r"), "-q")
-    out, err = proc.communicate(timeout=180)
+    out, err = proc.communicate(timeout=within(CLUSTER))
     assert proc.returncode == 0, out + err
     assert secret not in out + err
     for file in (tmp_path / "r").iterdir():

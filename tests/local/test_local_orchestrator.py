@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -38,7 +38,6 @@ from pytest_recoverygate.engine.model import (
     GroupEvent,
     GroupEventKind,
     KillOutcome,
-    TrainingEvent,
     Worker,
     Workload,
 )
@@ -46,6 +45,7 @@ from pytest_recoverygate.errors import DiscoveryError
 from pytest_recoverygate.orchestrators.local import DRILL_MARKER, LocalOrchestrator
 from pytest_recoverygate.registry.seams import Orchestrator, RealClock
 from pytest_recoverygate.shared.procs import JobLaunch
+from tests.patience import JOB, PROCESS, PROMPT, QUIET, deadline, eventually, gather, stays, within
 
 # Real torchrun processes: run with the drills, one at a time (under xdist, beside another
 # worker's tests, the orphaned-workers cleanup found a process of the job it could not end).
@@ -53,8 +53,6 @@ pytestmark = [pytest.mark.local, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "local" / "train.py"
-DISCOVERY_TIMEOUT = 90.0
-RECOVERY_TIMEOUT = 120.0
 
 
 def job_env() -> dict[str, str]:
@@ -90,21 +88,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(
-    orchestrator: LocalOrchestrator, kind: GroupEventKind, timeout: float
-) -> list[GroupEvent]:
-    """Collect group events until one of ``kind`` arrives (or fail with what was seen)."""
-    seen: list[GroupEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen.extend(orchestrator.watch_group())
-        if any(e.kind is kind for e in seen):
-            return seen
-        time.sleep(0.05)
-    pytest.fail(
-        f"no {kind.value} within {timeout:.0f} s; saw {[e.kind.value for e in seen]}\n"
-        f"{orchestrator.output_tail(30)}"
-    )
+def has(kind: GroupEventKind) -> Callable[[list[GroupEvent]], bool]:
+    return lambda seen: any(e.kind is kind for e in seen)
+
+
+def shown(orchestrator: LocalOrchestrator) -> Callable[[list[GroupEvent]], str]:
+    """What a wait that ran out shows: the group events so far and the job's output."""
+    return lambda got: f"{[e.kind.value for e in got]}\n{orchestrator.output_tail(30)}"
 
 
 @pytest.fixture
@@ -133,7 +123,7 @@ def test_it_discovers_each_rank_and_refuses_stale_identities_and_kills_nothing_i
     tmp_path: Path, launched: list[LocalOrchestrator]
 ) -> None:
     orchestrator = start(launched, torchrun(tmp_path, max_restarts=3), tmp_path)
-    workload = orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
+    workload = orchestrator.discover(deadline(JOB))
 
     assert [w.rank for w in workload.workers] == [0, 1]
     pids = pids_of(workload)
@@ -153,9 +143,11 @@ def test_it_discovers_each_rank_and_refuses_stale_identities_and_kills_nothing_i
     assert orchestrator.kill(recycled, dry_run=False).outcome is KillOutcome.ALREADY_GONE
 
     assert orchestrator.kill(target, dry_run=True).outcome is KillOutcome.DRY_RUN
-    time.sleep(1.0)
-    assert all(alive(pid) for pid in pids.values())
-    assert [e.kind for e in orchestrator.watch_group()] == []
+    stays(
+        lambda: all(alive(pid) for pid in pids.values()) and not orchestrator.watch_group(),
+        "the job untouched by a dry run",
+        QUIET,
+    )
 
     scratch = orchestrator.scratch_dir
     assert scratch is not None
@@ -170,7 +162,7 @@ def test_it_reports_the_victim_gone_the_restart_and_the_new_group_and_never_kill
     tmp_path: Path, launched: list[LocalOrchestrator]
 ) -> None:
     orchestrator = start(launched, torchrun(tmp_path, max_restarts=3), tmp_path)
-    workload = orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
+    workload = orchestrator.discover(deadline(JOB))
     target = workload.by_rank(1)
     assert target is not None
     old = pids_of(workload)
@@ -178,7 +170,13 @@ def test_it_reports_the_victim_gone_the_restart_and_the_new_group_and_never_kill
     result = orchestrator.kill(target, dry_run=False)
     assert result.outcome is KillOutcome.KILLED
 
-    events = wait_for(orchestrator, GroupEventKind.REPLACEMENT_RUNNING, RECOVERY_TIMEOUT)
+    events = gather(
+        orchestrator.watch_group,
+        has(GroupEventKind.REPLACEMENT_RUNNING),
+        "replacement running",
+        JOB,
+        seen=shown(orchestrator),
+    )
     kinds = [e.kind for e in events]
     assert kinds[0] is GroupEventKind.WORKER_GONE
     assert events[0].worker is not None
@@ -191,23 +189,28 @@ def test_it_reports_the_victim_gone_the_restart_and_the_new_group_and_never_kill
     # The victim's identity now names nothing: a retry must not hit the replacement.
     again = orchestrator.kill(target, dry_run=False)
     assert again.outcome is KillOutcome.ALREADY_GONE
-    time.sleep(0.5)
-    assert GroupEventKind.WORKER_GONE not in [e.kind for e in orchestrator.watch_group()]
+    stays(lambda: not has(GroupEventKind.WORKER_GONE)(orchestrator.watch_group()), "no kill", QUIET)
 
 
 def test_it_reports_job_failed_promptly_with_the_root_cause_when_no_restart_is_left(
     tmp_path: Path, launched: list[LocalOrchestrator]
 ) -> None:
     orchestrator = start(launched, torchrun(tmp_path, max_restarts=0), tmp_path)
-    workload = orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
+    workload = orchestrator.discover(deadline(JOB))
     target = workload.by_rank(1)
     assert target is not None
 
     result = orchestrator.kill(target, dry_run=False)
-    events = wait_for(orchestrator, GroupEventKind.JOB_FAILED, 30.0)
+    events = gather(
+        orchestrator.watch_group,
+        has(GroupEventKind.JOB_FAILED),
+        "job failed",
+        JOB,
+        seen=shown(orchestrator),
+    )
 
     failed = next(e for e in events if e.kind is GroupEventKind.JOB_FAILED)
-    assert failed.timestamp - result.timestamp < 10.0
+    assert failed.timestamp - result.timestamp < within(PROMPT)  # not torchrun's timeouts
     assert "exited with code 1" in failed.detail
     assert "ChildFailedError" in failed.detail
     # torchrun's root cause is our SIGKILL of rank 1; rank 0 was only stopped by the agent.
@@ -219,12 +222,18 @@ def test_its_cleanup_reaches_the_workers_orphaned_by_a_killed_agent(
     tmp_path: Path, launched: list[LocalOrchestrator]
 ) -> None:
     orchestrator = start(launched, torchrun(tmp_path, max_restarts=3), tmp_path)
-    workload = orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
+    workload = orchestrator.discover(deadline(JOB))
     workers = list(pids_of(workload).values())
     agent = psutil.Process(workers[0]).ppid()
 
     os.kill(agent, signal.SIGKILL)
-    wait_for(orchestrator, GroupEventKind.JOB_FAILED, 30.0)
+    gather(
+        orchestrator.watch_group,
+        has(GroupEventKind.JOB_FAILED),
+        "job failed",
+        JOB,
+        seen=shown(orchestrator),
+    )
     assert all(alive(pid) for pid in workers), "orphaned workers keep training"
 
     orchestrator.cleanup()
@@ -240,7 +249,7 @@ def test_it_refuses_a_job_that_exits_before_its_workers_appear(
     command = [sys.executable, "-c", "print('cannot find train.py'); raise SystemExit(3)"]
     orchestrator = start(launched, command, tmp_path)
     with pytest.raises(DiscoveryError, match=r"(?s)exited with code 3.*cannot find train\.py"):
-        orchestrator.discover(time.time() + 30.0)
+        orchestrator.discover(deadline(PROCESS))
 
 
 def test_it_refuses_a_job_that_shows_no_worker_group_before_the_deadline(
@@ -249,7 +258,7 @@ def test_it_refuses_a_job_that_shows_no_worker_group_before_the_deadline(
     command = [sys.executable, "-c", "import time; time.sleep(60)"]
     orchestrator = start(launched, command, tmp_path)
     with pytest.raises(DiscoveryError, match="no complete torchrun worker group"):
-        orchestrator.discover(time.time() + 1.0)
+        orchestrator.discover(time.time() + 1.0)  # not a wait: the deadline it gives up at
     sleeper = orchestrator.agent_pid
     orchestrator.cleanup()
     assert sleeper is not None
@@ -273,22 +282,17 @@ def test_it_attaches_to_a_running_agent_reads_its_output_file_and_leaves_it_runn
         orchestrator = LocalOrchestrator(
             JobLaunch([], tmp_path), clock=RealClock(), attach_pid=job.pid
         )
-        workload = orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
+        workload = orchestrator.discover(deadline(JOB))
         assert [w.rank for w in workload.workers] == [0, 1]
 
-        deadline = time.monotonic() + 60
-        events: list[TrainingEvent] = []
-        while not events and time.monotonic() < deadline:
-            events = orchestrator.events().poll()
-            time.sleep(0.1)
-        assert events, "no RECOVERYGATE/v1 line read from the agent's output file"
+        eventually(orchestrator.events().poll, "a RECOVERYGATE/v1 line from the agent's file", JOB)
 
         orchestrator.cleanup()
         assert job.poll() is None
         assert all(alive(pid) for pid in pids_of(workload).values())
     finally:
         os.killpg(job.pid, signal.SIGTERM)
-        job.wait(timeout=30)
+        job.wait(timeout=within(PROCESS))
 
 
 AGENT_LIKE = """
@@ -322,15 +326,15 @@ def test_attach_skips_the_history_and_follows_the_file_through_a_truncation(
         JobLaunch([], tmp_path), clock=RealClock(), attach_pid=agent.pid
     )
     try:
-        orchestrator.discover(time.time() + 30)
+        orchestrator.discover(deadline(PROCESS))
         seen: list[tuple[str, int | None]] = []
 
         def read_until(wanted: tuple[str, int]) -> None:
-            deadline = time.monotonic() + 20
-            while wanted not in seen and time.monotonic() < deadline:
+            def arrived() -> bool:
                 seen.extend((e.incarnation, e.step) for e in orchestrator.events().poll())
-                time.sleep(0.05)
-            assert wanted in seen, seen
+                return wanted in seen
+
+            eventually(arrived, f"the line {wanted}", seen=lambda: seen)
 
         with open(log, "ab") as writer:
             writer.write(line(2, "this-run"))
@@ -341,7 +345,7 @@ def test_attach_skips_the_history_and_follows_the_file_through_a_truncation(
     finally:
         orchestrator.cleanup()
         os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait(timeout=30)
+        agent.wait(timeout=within(PROCESS))
 
 
 def test_it_refuses_to_attach_to_an_agent_whose_output_is_not_a_file(tmp_path: Path) -> None:
@@ -353,7 +357,7 @@ def test_it_refuses_to_attach_to_an_agent_whose_output_is_not_a_file(tmp_path: P
             JobLaunch([], tmp_path), clock=RealClock(), attach_pid=job.pid
         )
         with pytest.raises(DiscoveryError, match="stdout is not a file"):
-            orchestrator.discover(time.time() + 5)
+            orchestrator.discover(deadline(PROMPT))
         orchestrator.cleanup()
         assert job.poll() is None
     finally:
@@ -384,9 +388,15 @@ def test_it_names_the_workers_own_error_when_the_job_fails_on_its_own(
         str(script),
     ]
     orchestrator = start(launched, command, tmp_path)
-    orchestrator.discover(time.time() + DISCOVERY_TIMEOUT)
+    orchestrator.discover(deadline(JOB))
 
-    events = wait_for(orchestrator, GroupEventKind.JOB_FAILED, 60.0)
+    events = gather(
+        orchestrator.watch_group,
+        has(GroupEventKind.JOB_FAILED),
+        "job failed",
+        JOB,
+        seen=shown(orchestrator),
+    )
 
     failed = next(e for e in events if e.kind is GroupEventKind.JOB_FAILED)
     assert "root cause rank 1, exit code 1" in failed.detail

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import pytest
 
 from pytest_recoverygate.orchestrators.local.netns import NETNS_DIR, missing_capabilities
 from pytest_recoverygate.orchestrators.local.sweep import RECORD_PREFIX
+from tests.patience import JOB, PROMPT, eventually, within
 
 pytestmark = [
     pytest.mark.local,
@@ -93,7 +93,7 @@ class DeadDrill:
             env=_env(self.locks),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=within(JOB),
             check=False,
         )
 
@@ -124,13 +124,14 @@ def drill(tmp_path: Path) -> Iterator[DeadDrill]:
     dead = DeadDrill(process, drill_id, int(inner), Path(folder), locks)
     try:
         node0 = (NETNS_DIR / f"rg{drill_id}-n0").stat()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # nsenter, then the exec: the same pid
+
+        def inside_node0() -> bool:  # nsenter, then the exec: the same pid
             with contextlib.suppress(OSError):
                 inside = os.stat(f"/proc/{dead.inner}/ns/net")
-                if (inside.st_dev, inside.st_ino) == (node0.st_dev, node0.st_ino):
-                    break
-            time.sleep(0.05)
+                return (inside.st_dev, inside.st_ino) == (node0.st_dev, node0.st_ino)
+            return False
+
+        eventually(inside_node0, "the inner process in node 0's namespace", PROMPT)
         yield dead
     finally:  # whatever the test did: nothing of it left
         process.kill()
@@ -172,10 +173,7 @@ def test_a_sigkilled_drills_namespaces_processes_folder_and_record_are_swept(
         swept.stdout
     )
     assert drill.namespaces() == []
-    deadline = time.monotonic() + 5
-    while drill.inner_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not drill.inner_alive()
+    eventually(lambda: not drill.inner_alive(), "the inner process gone", PROMPT)
     assert not drill.folder.exists() and not drill.record.exists()
     again = drill.sweep()
     assert again.returncode == 0 and "nothing to sweep" in again.stdout

@@ -21,13 +21,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from pytest_recoverygate.orchestrators.local.processes import Identity, process_table
+from tests.patience import JOB, PROMPT, eventually, within
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
     )
     yield proc
     proc.kill()
-    proc.wait(timeout=10)
+    proc.wait(timeout=within(PROMPT))
 
 
 def test_a_table_keeps_its_start_times_when_other_code_walks_psutils_table(
@@ -73,16 +73,14 @@ def test_two_threads_taking_tables_at_once_each_get_whole_rows(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=within(JOB))
     assert errors == []
 
 
 def test_a_row_says_what_psutil_says_of_the_process(child: subprocess.Popen[bytes]) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 10
-    while psutil.Process(dead.pid).status() != psutil.STATUS_ZOMBIE:  # not waited for yet
-        assert time.monotonic() < deadline, "the child never exited"
-        time.sleep(0.02)
+    zombie = psutil.STATUS_ZOMBIE  # exited, not waited for yet
+    eventually(lambda: psutil.Process(dead.pid).status() == zombie, "the child's exit", PROMPT)
     try:
         table, _ = process_table()
         assert table[dead.pid].zombie
@@ -91,7 +89,7 @@ def test_a_row_says_what_psutil_says_of_the_process(child: subprocess.Popen[byte
         assert me.ppid == os.getppid()
         assert Identity(me.pid, me.create_time) == Identity.of(psutil.Process())
     finally:
-        dead.wait(timeout=10)
+        dead.wait(timeout=within(PROMPT))
 
 
 def test_a_row_reads_the_environment_now_and_none_once_the_process_is_gone(
@@ -105,5 +103,5 @@ def test_a_row_reads_the_environment_now_and_none_once_the_process_is_gone(
     assert environ == psutil.Process(child.pid).environ()
 
     child.kill()
-    child.wait(timeout=10)
+    child.wait(timeout=within(PROMPT))
     assert row.environ() is None

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
@@ -40,7 +41,7 @@ def drill(name: str, tmp_path: Path) -> tuple[dict[str, Any], int, str, Path]:
     command[:] = [str(EXAMPLES / c) if c == "train_replay.py" else c for c in command]
     command.append(f"--losses={tmp_path / 'losses'}")
     config["workload"]["workdir"] = str(tmp_path)
-    run = run_cli_drill(config, tmp_path / name, timeout=600)
+    run = run_cli_drill(config, tmp_path / name, timeout=within(DRILL))
     return run.report, run.code, run.output, tmp_path / "losses"
 
 

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import psutil
 import pytest
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import CLUSTER, JOB, PROCESS, PROMPT, Timeout, eventually, within
 
 pytest.importorskip("ray", reason='the ray backend needs pip install "recoverygate[ray]"')
 
@@ -54,7 +54,7 @@ class Head:
                 "Content-Type": "application/json",
             },
         )
-        with urllib.request.urlopen(request, timeout=30) as answer:
+        with urllib.request.urlopen(request, timeout=within(PROCESS)) as answer:
             return json.loads(answer.read())
 
     def alive(self) -> bool:
@@ -112,24 +112,29 @@ def head() -> Iterator[Head]:
     )
     cluster = Head(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", env)
     try:
-        deadline = time.monotonic() + 180
-        while not cluster.alive():
+
+        def answers() -> bool:
             assert proc.poll() is None, f"ray start --head exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "the head's dashboard never answered"
-            time.sleep(1)
+            return cluster.alive()
+
+        eventually(answers, "the head's dashboard", CLUSTER)
         yield cluster
     finally:
         # The test's own head, not the drill's: no graceful stop is under test here
         # (`ray start --block` sat out a 30 s wait on SIGTERM, measured), so SIGKILL.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 30
-        while (left := marked(value)) and time.monotonic() < deadline:
+        proc.wait(timeout=within(PROMPT))
+
+        def none_left() -> bool:
+            left = marked(value)
             for p in left:
                 with contextlib.suppress(psutil.Error):
                     p.kill()
-            psutil.wait_procs(left, timeout=1)
+            return not left
+
+        with contextlib.suppress(Timeout):  # the assert below names what is left
+            eventually(none_left, "the test head's processes gone")
         shutil.rmtree(folder, ignore_errors=True)
         assert not marked(value), "the test head left processes running"
 
@@ -150,13 +155,12 @@ def attach(submission: str, head: Head) -> dict[str, object]:
 def test_a_submission_that_is_not_running_is_an_error_naming_it(head: Head, tmp_path: Path) -> None:
     job = head.request("POST", "/api/jobs/", {"entrypoint": "python -c 'print(1)'"})
     submission = str(job["submission_id"])  # type: ignore[index]
-    deadline = time.monotonic() + 120
-    while head.request("GET", f"/api/jobs/{submission}")["status"] != "SUCCEEDED":  # type: ignore[index]
-        assert time.monotonic() < deadline, "the one-line job never finished"
-        time.sleep(1)
+    done = "SUCCEEDED"
+    status = f"/api/jobs/{submission}"
+    eventually(lambda: head.request("GET", status)["status"] == done, "the one-line job", JOB)  # type: ignore[index]
 
     run = run_cli_drill(
-        attach(submission, head), tmp_path / "drill.yaml", timeout=180, env=head.env
+        attach(submission, head), tmp_path / "drill.yaml", timeout=within(CLUSTER), env=head.env
     )
 
     assert run.code == 3, run.output
@@ -169,7 +173,10 @@ def test_a_submission_the_cluster_never_had_is_an_error_naming_it(
     head: Head, tmp_path: Path
 ) -> None:
     run = run_cli_drill(
-        attach("raysubmit_nosuchjob", head), tmp_path / "drill.yaml", timeout=180, env=head.env
+        attach("raysubmit_nosuchjob", head),
+        tmp_path / "drill.yaml",
+        timeout=within(CLUSTER),
+        env=head.env,
     )
 
     assert run.code == 3, run.output

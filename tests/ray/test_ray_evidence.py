@@ -27,6 +27,7 @@ import pytest
 from recoverygate.evidence import strip_relay
 
 from pytest_recoverygate.orchestrators import AUTO_ENV
+from tests.patience import CLUSTER, JOB, within
 
 pytest.importorskip("ray", reason='the ray backend needs pip install "recoverygate[ray]"')
 
@@ -57,7 +58,7 @@ def rays_relay(lines: list[str], **env: str) -> str:
         env=plain_env(**env),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=True,
     )
     return done.stdout
@@ -88,7 +89,7 @@ def test_a_process_printing_rays_coloured_relay_reports_none_of_it() -> None:
         env=plain_env(**{AUTO_ENV: SPEC}),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=True,
     )
 
@@ -132,7 +133,7 @@ def test_a_real_ray_driver_reports_no_line_of_its_own(colour: str) -> None:
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=within(CLUSTER),
             check=False,
             cwd=folder,
         )

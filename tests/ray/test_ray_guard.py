@@ -52,6 +52,7 @@ from pytest_recoverygate.orchestrators.ray.verify import (
 )
 from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.shared.procs import JobLaunch
+from tests.patience import PROMPT, within
 
 DATA = Path(__file__).resolve().parent / "data"
 LOCAL = {"127.0.0.1", "192.0.2.2"}  # the machine the answers were captured on
@@ -221,7 +222,7 @@ def test_in_its_own_cluster_the_drill_takes_the_jobs_whose_drivers_carry_its_mar
     finally:
         for proc in (ours, other):
             proc.kill()
-            proc.wait(timeout=10)
+            proc.wait(timeout=within(PROMPT))
 
 
 def test_kill_node_is_refused_on_the_head_and_when_no_head_is_named() -> None:

@@ -16,6 +16,8 @@ import sys
 import pytest
 from recoverygate.integrations.ray import step_of
 
+from tests.patience import JOB, within
+
 pytest.importorskip("ray", reason='needs pip install "recoverygate[ray]"')
 
 pytestmark = pytest.mark.ray
@@ -38,7 +40,7 @@ def probe(value: str | None) -> list[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=False,
     )
     assert done.returncode == 0, done.stderr

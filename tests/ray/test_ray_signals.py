@@ -19,12 +19,14 @@ worker's node) and :class:`signals.WorkerSignals` (what the drill owes the job):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -33,6 +35,7 @@ import pytest
 from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.orchestrators.ray.helper import WORKER_TITLE, process_ticks, signal_here
 from pytest_recoverygate.orchestrators.ray.signals import Target, WorkerSignals
+from tests.patience import PROCESS, PROMPT, eventually, stays, within
 
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 #: This test process plays the node's raylet: the parent of every worker it starts.
@@ -47,24 +50,24 @@ def as_worker(command: list[str], title: str = WORKER_TITLE) -> subprocess.Popen
 @pytest.fixture
 def victim() -> Iterator[subprocess.Popen[bytes]]:
     proc = as_worker([sys.executable, "-c", IGNORES_TERM])
-    time.sleep(0.3)  # its handler is in place
+    eventually(lambda: ignores_sigterm(proc.pid), "the victim ignoring SIGTERM", PROMPT)
     try:
         yield proc
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=within(PROMPT))
 
 
 def state(proc: subprocess.Popen[bytes]) -> str:
     return str(psutil.Process(proc.pid).status())
 
 
-def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
+def ignores_sigterm(pid: int) -> bool:
+    """The kernel's own record (``SigIgn`` in /proc/PID/status): SIGTERM is ignored."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
     return False
 
 
@@ -86,9 +89,9 @@ def test_a_signal_reaches_that_pid_and_start_time_and_says_its_ticks(
 
     assert answer["outcome"] == "killed"
     assert answer["ticks"] == ticks
-    assert wait_for(lambda: state(victim) == psutil.STATUS_STOPPED)
+    eventually(lambda: state(victim) == psutil.STATUS_STOPPED, "the victim stopped", PROMPT)
     assert signal_here(victim.pid, str(ticks), "CONT", raylet=RAYLET)["outcome"] == "killed"
-    assert wait_for(lambda: state(victim) != psutil.STATUS_STOPPED)
+    eventually(lambda: state(victim) != psutil.STATUS_STOPPED, "the victim continued", PROMPT)
 
 
 def test_another_process_on_that_pid_is_not_touched(victim: subprocess.Popen[bytes]) -> None:
@@ -106,7 +109,7 @@ def test_without_ticks_a_train_worker_of_the_raylet_is_still_signalled(
 
     assert answer["outcome"] == "killed", answer
     assert answer["ticks"] == process_ticks(victim.pid)
-    assert wait_for(lambda: state(victim) == psutil.STATUS_STOPPED)
+    eventually(lambda: state(victim) == psutil.STATUS_STOPPED, "the victim stopped", PROMPT)
     assert (
         signal_here(victim.pid, str(answer["ticks"]), "CONT", raylet=RAYLET)["outcome"] == "killed"
     )
@@ -114,7 +117,7 @@ def test_without_ticks_a_train_worker_of_the_raylet_is_still_signalled(
 
 def test_a_pid_that_is_gone_is_said_so() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait(timeout=30)
+    proc.wait(timeout=within(PROCESS))
 
     assert signal_here(proc.pid, "-", "KILL", raylet=RAYLET)["outcome"] == "already_gone"
 
@@ -131,10 +134,10 @@ def test_a_stop_whose_answer_was_lost_is_still_continued_at_cleanup(
     signals = WorkerSignals(lost)
     with pytest.raises(BackendError):
         signals.stop(target_of(victim))
-    assert wait_for(lambda: state(victim) == psutil.STATUS_STOPPED)
+    eventually(lambda: state(victim) == psutil.STATUS_STOPPED, "the victim stopped", PROMPT)
 
     assert signals.continue_all() == []
-    assert wait_for(lambda: state(victim) != psutil.STATUS_STOPPED)
+    eventually(lambda: state(victim) != psutil.STATUS_STOPPED, "the victim continued", PROMPT)
     assert signals.continue_all() == []  # once: nothing is owed any more
 
 
@@ -176,11 +179,11 @@ def test_preempt_sigkills_the_instance_that_ignored_sigterm_after_the_grace_peri
     target = target_of(victim)
     assert signals.send(target, "TERM")["outcome"] == "killed"
 
-    signals.escalate_later(target, 0.5)
+    grace, started = 0.5, time.monotonic()
+    signals.escalate_later(target, grace)
 
-    time.sleep(0.2)
-    assert victim.poll() is None  # still in its grace period
-    assert victim.wait(timeout=10) == -signal.SIGKILL
+    assert victim.wait(timeout=within(PROMPT)) == -signal.SIGKILL
+    assert time.monotonic() - started >= grace  # not before the grace period ended
     signals.close()
     assert signals.escalations == [f"SIGKILL sent to pid {victim.pid} on node node-1 after 0.5s"]
 
@@ -204,12 +207,13 @@ def test_no_sigkill_when_the_drill_ends_within_the_grace_period(
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """Any process of the machine that a forged Train state could name."""
     proc = subprocess.Popen(["sleep", "60"])
-    time.sleep(0.1)
+    comm = Path(f"/proc/{proc.pid}/comm")
+    eventually(lambda: comm.read_text().strip() == "sleep", "the sleep", PROMPT)
     try:
         yield proc
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=within(PROMPT))
 
 
 @pytest.mark.parametrize("sig", ["KILL", "TERM", "STOP", "CONT"])
@@ -227,9 +231,8 @@ def test_a_sleep_named_with_its_own_start_ticks_is_never_signalled(
         assert answer["outcome"] == "refused", answer
         assert "no Train worker" in answer["detail"]
 
-    time.sleep(0.1)
-    assert sleeper.poll() is None
-    assert state(sleeper) != psutil.STATUS_STOPPED
+    untouched = "the sleep runs, not stopped"
+    stays(lambda: sleeper.poll() is None and state(sleeper) != psutil.STATUS_STOPPED, untouched)
 
 
 def test_a_process_the_raylet_did_not_start_is_refused_whatever_its_title() -> None:
@@ -239,9 +242,9 @@ def test_a_process_the_raylet_did_not_start_is_refused_whatever_its_title() -> N
     worker_title = ["bash", "-c", f'exec -a "{WORKER_TITLE}" sleep 60']
     parent = subprocess.Popen([sys.executable, "-c", code, *worker_title])
     try:
-        assert wait_for(lambda: psutil.Process(parent.pid).children())
+        eventually(lambda: psutil.Process(parent.pid).children(), "the child", PROMPT)
         [grandchild] = psutil.Process(parent.pid).children()
-        assert wait_for(lambda: grandchild.cmdline()[:1] == [WORKER_TITLE])
+        eventually(lambda: grandchild.cmdline()[:1] == [WORKER_TITLE], "the title", PROMPT)
         ticks = process_ticks(grandchild.pid)
         assert ticks is not None
 
@@ -254,13 +257,14 @@ def test_a_process_the_raylet_did_not_start_is_refused_whatever_its_title() -> N
         for proc in psutil.Process(parent.pid).children(recursive=True):
             proc.kill()
         parent.kill()
-        parent.wait(timeout=10)
+        parent.wait(timeout=within(PROMPT))
 
 
 def test_a_look_alike_title_is_refused() -> None:
     proc = as_worker(["sleep", "60"], title="ray::RayTrainWorkerX")
     try:
-        assert wait_for(lambda: psutil.Process(proc.pid).cmdline()[:1] == ["ray::RayTrainWorkerX"])
+        title = ["ray::RayTrainWorkerX"]
+        eventually(lambda: psutil.Process(proc.pid).cmdline()[:1] == title, "the title", PROMPT)
 
         answer = signal_here(proc.pid, "-", "KILL", raylet=RAYLET)
 
@@ -268,7 +272,7 @@ def test_a_look_alike_title_is_refused() -> None:
         assert proc.poll() is None
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=within(PROMPT))
 
 
 def test_in_a_cluster_the_drill_started_a_worker_without_its_marker_is_refused() -> None:
@@ -281,8 +285,12 @@ def test_in_a_cluster_the_drill_started_a_worker_without_its_marker_is_refused()
         env={**os.environ, marker[0]: marker[1]},
     )
     try:
-        assert wait_for(lambda: psutil.Process(plain.pid).cmdline()[:1] == [WORKER_TITLE])
-        assert wait_for(lambda: psutil.Process(marked.pid).cmdline()[:1] == [WORKER_TITLE])
+        eventually(
+            lambda: psutil.Process(plain.pid).cmdline()[:1] == [WORKER_TITLE], "a title", PROMPT
+        )
+        eventually(
+            lambda: psutil.Process(marked.pid).cmdline()[:1] == [WORKER_TITLE], "a title", PROMPT
+        )
 
         refused = signal_here(plain.pid, "-", "KILL", raylet=RAYLET, marker=marker)
         signalled = signal_here(marked.pid, "-", "KILL", raylet=RAYLET, marker=marker)
@@ -291,8 +299,8 @@ def test_in_a_cluster_the_drill_started_a_worker_without_its_marker_is_refused()
         assert "does not carry this drill's RECOVERYGATE_DRILL_ID" in refused["detail"]
         assert plain.poll() is None
         assert signalled["outcome"] == "killed", signalled
-        assert marked.wait(timeout=10) == -signal.SIGKILL
+        assert marked.wait(timeout=within(PROMPT)) == -signal.SIGKILL
     finally:
         for proc in (plain, marked):
             proc.kill()
-            proc.wait(timeout=10)
+            proc.wait(timeout=within(PROMPT))

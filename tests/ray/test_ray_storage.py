@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 from tests.storage_truth import Run, left_behind, read_truth, record_for_the_docs
 
 pytest.importorskip("ray", reason='the ray backend needs pip install "recoverygate[ray]"')
@@ -50,7 +51,7 @@ def drill(name: str, tmp_path: Path) -> Run:
     config["injectFailure"]["path"] = str(storage)
     mark = uuid.uuid4().hex
     workload["env"].update(RECOVERYGATE_GROUND_TRUTH=str(tmp_path / "truth"), RG_E2E_MARK=mark)
-    run = run_cli_drill(config, tmp_path / name, timeout=420)
+    run = run_cli_drill(config, tmp_path / name, timeout=within(DRILL))
     record_for_the_docs(f"ray/{name}", run.report, run.wall)
     left = left_behind(mark, storage)
     assert not left, "left behind:\n" + "\n".join(left)

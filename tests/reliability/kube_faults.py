@@ -15,6 +15,7 @@ from typing import Any
 
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, FakeApiServer, Fault, RequestInfo
 from tests.kubernetes.fake_cluster import pytorchjob_pod, trainjob_pod
+from tests.patience import PROMPT, within
 
 Pod = dict[str, Any]
 
@@ -100,7 +101,7 @@ class Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=within(PROMPT))
 
     def _run(self) -> None:
         n = 0

@@ -20,6 +20,7 @@ import pytest
 
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
+from tests.patience import PROMPT, deadline, eventually, within
 from tests.reliability.kube_faults import InstantController
 
 pytestmark = pytest.mark.kubernetes
@@ -52,11 +53,16 @@ def test_cleanup_stops_the_threads_even_mid_request(
         kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"),
         watch_timeout_seconds=3600,
     )
-    orchestrator.discover(time.time() + 10)
-    time.sleep(SLOW_ANSWER / 5)  # both threads have sent their request; one waits for it
+    orchestrator.discover(deadline(PROMPT))
+
+    def both_sent() -> bool:  # the server's own log: the watch and the log request came
+        kinds = {(r.verb, r.resource) for r in server.requests}
+        return ("watch", "pods") in kinds and ("get", "pods/log") in kinds
+
+    eventually(both_sent, "the watch and the log request", PROMPT)
     started = time.monotonic()
     orchestrator.cleanup()
     took = time.monotonic() - started
     left = [t.name for t in threading.enumerate() if t.name.startswith("recoverygate-k8s")]
     assert left == [], f"cleanup returned after {took:.1f}s leaving {left} running"
-    assert took < SLOW_ANSWER + 2
+    assert took < within(PROMPT)  # not the watch's 3600 s

@@ -61,6 +61,7 @@ from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.local import LocalOrchestrator
 from pytest_recoverygate.registry.seams import EventSource, RealClock
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
+from tests.patience import JOB, PROCESS, PROMPT, deadline, eventually, stays, within
 from tests.reliability.conftest import Figures
 
 pytestmark = pytest.mark.local
@@ -180,12 +181,10 @@ class Sabotaged:
             raise KeyboardInterrupt
         if self.way == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)  # the handler raises here
-            raise AssertionError("SIGTERM did not interrupt the drill")
+            eventually(lambda: False, "SIGTERM's handler interrupting the drill", PROMPT)
         if self.way == "pytest-timeout":
             os.kill(os.getpid(), signal.SIGALRM)
-            time.sleep(0.5)
-            raise AssertionError("SIGALRM did not interrupt the drill")
+            eventually(lambda: False, "SIGALRM's handler interrupting the drill", PROMPT)
 
     def note_pids(self) -> None:
         agent = self.real.agent_pid
@@ -452,15 +451,6 @@ def alive(pids: set[tuple[int, float]]) -> list[int]:
     return out
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow  # a CLI or pytest process and the job's, signalled mid-drill (seconds)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 @pytest.mark.parametrize("front", ["cli", "pytest"])
@@ -491,11 +481,11 @@ def test_a_signal_to_the_drill_process_ends_it_cleanly_with_nothing_left(
         args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
-        wait_for((tmp_path / "ckpt").exists, 60, "the job's first checkpoint")
+        eventually((tmp_path / "ckpt").exists, "the job's first checkpoint", JOB)
         seen = job_pids(proc.pid)
         assert len(seen) >= 3, f"expected an agent and two workers, saw {seen}"
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=within(JOB))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -541,18 +531,18 @@ def test_a_real_torchrun_drill_interrupted_by_sigterm_leaves_nothing(
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for(
+        eventually(
             lambda: (
                 any((tmp_path / "checkpoints").glob("*"))
                 if (tmp_path / "checkpoints").exists()
                 else False
             ),
-            120,
             "a torch checkpoint",
+            JOB,
         )
         seen = job_pids(proc.pid)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=within(JOB))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -617,13 +607,12 @@ def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     orphans: list[psutil.Process] = []
     try:
-        workload = backend.discover(time.time() + 30)
+        workload = backend.discover(deadline(PROCESS))
         target = workload.by_rank(1)
         assert target is not None
         assert backend.kill(target, dry_run=False).outcome is KillOutcome.KILLED
-        wait_for(
+        eventually(
             lambda: any(e.kind is GroupEventKind.JOB_FAILED for e in backend.watch_group()),
-            30,
             "the agent's death",
         )
 
@@ -631,7 +620,7 @@ def test_workers_an_agent_started_just_before_it_was_killed_are_cleaned_up_too(
             orphans[:] = adopted_workers(before, restart="1")
             return len(orphans) == 2
 
-        wait_for(two_adopted, 30, "the new group's workers, adopted by this process")
+        eventually(two_adopted, "the new group's workers, adopted by this process")
         assert len({os.getsid(o.pid) for o in orphans}) == 2, "each in a session of its own"
         tracked = {(o.pid, o.create_time()) for o in orphans}
         for orphan in orphans:
@@ -677,14 +666,12 @@ def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     tracked: set[tuple[int, float]] = set()
     try:
-        workload = backend.discover(time.time() + 30)
+        workload = backend.discover(deadline(PROCESS))
         target = workload.by_rank(1)
         assert target is not None and backend.agent_pid is not None
         agent = psutil.Process(backend.agent_pid)
         assert backend.kill(target, dry_run=False).outcome is KillOutcome.KILLED
-        wait_for(
-            lambda: agent.status() == psutil.STATUS_STOPPED, 30, "the agent to stop mid-restart"
-        )
+        eventually(lambda: agent.status() == psutil.STATUS_STOPPED, "the agent to stop mid-restart")
         new_group: list[psutil.Process] = []
 
         def two_started() -> bool:
@@ -696,12 +683,11 @@ def test_an_agent_stopped_mid_restart_leaves_nothing_behind(
             ]
             return len(new_group) == 2
 
-        wait_for(two_started, 30, "the new group's workers")
+        eventually(two_started, "the new group's workers")
         if then == "killed":
             agent.kill()
-            wait_for(
+            eventually(
                 lambda: len(adopted_workers(before, restart="1")) == 2,
-                30,
                 "the new group's workers, adopted by this process",
             )
         tracked = {(p.pid, p.create_time()) for p in [agent, *new_group]}
@@ -728,7 +714,7 @@ def test_cleanup_never_touches_a_process_without_the_drills_marker(
     bystander = subprocess.Popen(sleeper)
     orphan: psutil.Process | None = None
     try:
-        backend.discover(time.time() + 30)
+        backend.discover(deadline(PROCESS))
         spawner = subprocess.run(
             [
                 sys.executable,
@@ -744,8 +730,7 @@ def test_cleanup_never_touches_a_process_without_the_drills_marker(
         orphan = psutil.Process(int(spawner.stdout))
         assert orphan.ppid() == os.getpid(), "the orphan was adopted by the drill's process"
         backend.cleanup()
-        time.sleep(0.2)
-        assert bystander.poll() is None, "the drill's own unrelated child was killed"
+        stays(lambda: bystander.poll() is None, "the drill's own unrelated child runs")
         assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE, (
             "an adopted orphan without the marker was killed"
         )
@@ -757,4 +742,4 @@ def test_cleanup_never_touches_a_process_without_the_drills_marker(
         if orphan is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 orphan.kill()
-                orphan.wait(5)
+                orphan.wait(within(PROCESS))

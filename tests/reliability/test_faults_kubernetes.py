@@ -35,6 +35,7 @@ from pytest_recoverygate.engine.machine import DrillResult, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, RequestInfo
 from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
+from tests.patience import PROMPT, eventually
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import FaultPlan, FaultRouter, audit, request_trace
 
@@ -157,7 +158,8 @@ def test_a_preempt_sends_one_graceful_delete_to_the_victim_even_under_faults(
                 range(PREEMPT_DRILLS),
             )
         )
-    time.sleep(1.5)  # delayed handlers (read-timeout faults) finish acting
+    # the server's own request log: every delayed handler (read-timeout faults) has acted
+    eventually(lambda: not server.unfinished(), "handlers done", PROMPT, seen=server.unfinished)
     verdicts: dict[str, int] = {}
     for seed, plan, job, victim, result in runs:
         log = audit(server, plan.namespace)

@@ -25,12 +25,12 @@ itself), never from the backend's own account of what it did:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ import pytest
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.engine.machine import DrillResult, Phase, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
+from tests.patience import QUIET, Timeout, eventually
 from tests.reliability.conftest import Figures
 from tests.reliability.test_cleanup_local import (
     LAST_SUMMARY,
@@ -201,13 +202,15 @@ class HangSabotaged(Sabotaged):
         if not self.struck and self.real._stopped and self.stopped_at_strike is None:
             import psutil
 
-            deadline = time.monotonic() + 1.0  # SIGSTOP takes effect asynchronously
-            while self.stopped_at_strike is None and time.monotonic() < deadline:
+            def stopped() -> bool:  # SIGSTOP takes effect asynchronously
                 for identity in list(self.real._stopped):
                     proc = identity.process()
                     if proc is not None and proc.status() == psutil.STATUS_STOPPED:
-                        self.stopped_at_strike = True
-                time.sleep(0.005)
+                        return True
+                return False
+
+            with contextlib.suppress(Timeout):  # not stopped: the test's assert says so
+                self.stopped_at_strike = eventually(stopped, "the victim stopped", QUIET)
         super().strike(where)
 
 

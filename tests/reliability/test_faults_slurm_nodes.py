@@ -26,7 +26,6 @@ import dataclasses
 import fnmatch
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from pytest_recoverygate.engine.model import Fault, KillOutcome, Node
 from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.orchestrators.base import RealClock
 from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
+from tests.patience import JOB, QUIET, deadline, eventually, stays
 from tests.reliability.conftest import Figures
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.slurm.test_slurm_nodes import PER_NODE, alive, node_state, step_processes
@@ -133,20 +133,13 @@ def start(
         drain_node=drain,
     )
     orch.commands.retry = dataclasses.replace(orch.commands.retry, base=0.05, cap=0.1)
-    workload = orch.discover(time.time() + 60)
+    workload = orch.discover(deadline(JOB))
     target = workload.by_rank(1)
     assert target is not None
     node = next(n for n in workload.nodes if n.name == target.node)
     procs = {n.name: step_processes(slurm, job, n.name) for n in workload.nodes}
     assert len(procs) == 2 and all(len(p) == 3 for p in procs.values()), procs
     return job, orch, node, procs
-
-
-def gone_within(procs: dict[int, str], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while alive(procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return alive(procs) == {}
 
 
 def job_processes(job: str) -> list[tuple[int, str]]:
@@ -174,9 +167,11 @@ def wrappers_left(faulty: Faulty) -> list[int]:
 
 def assert_nothing_left(slurm: SlurmCluster, faulty: Faulty, job: str, figures: Figures) -> None:
     slurm.cancel_all()
-    deadline = time.monotonic() + 20
-    while job_processes(job) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    eventually(
+        lambda: not job_processes(job),
+        f"job {job}'s processes gone",
+        seen=lambda: job_processes(job),
+    )
     left = job_processes(job)
     stopped = [pid for pid, state in left if state == "T"]
     figures.add("leftovers_found", len(left))
@@ -221,7 +216,10 @@ def test_a_node_kill_under_failing_clients_hits_that_node_once_and_never_the_oth
         assert result.outcome is outcome, result.detail
         assert faulty.faults(), "the fault was injected"
         assert len(faulty.calls(KILL_STEP)) == steps, faulty.calls("srun*")
-        assert gone_within(victim, 5) is victim_gone
+        if victim_gone:
+            eventually(lambda: not alive(victim), "the victim node's processes gone")
+        else:
+            stays(lambda: alive(victim) == victim, "the victim node's processes run", QUIET)
         assert alive(survivor) == survivor, "a process of the other node was touched"
         if outcome is KillOutcome.UNCONFIRMED:
             assert "may have run" in result.detail, result.detail
@@ -244,8 +242,7 @@ def test_a_drain_whose_outcome_is_unknown_kills_nothing_and_cleanup_resumes_the_
         assert "no process was killed, cleanup RESUMEs the node" in result.detail
         assert node_state(slurm_cluster, node.name).startswith("drain")  # it acted, then hung
         assert faulty.calls(KILL_STEP) == [], "no kill step after a drain that did not answer"
-        time.sleep(0.5)
-        assert all(alive(p) == p for p in procs.values()), "nothing was killed"
+        stays(lambda: all(alive(p) == p for p in procs.values()), "nothing killed", QUIET)
     finally:
         orch.cleanup()  # its first RESUME is refused: sent again
     assert orch.resumed == [f"node {node.name} RESUMEd"]
@@ -264,7 +261,7 @@ def test_a_resume_refused_every_time_is_cleanups_error_with_the_command(
         result = orch.kill_node(node, dry_run=False, fault=Fault("KillNode", drain_node=True))
         figures.add("slurm_node_fault_cases")
         assert result.outcome is KillOutcome.KILLED, result.detail
-        assert gone_within(procs[node.name], 5)
+        eventually(lambda: not alive(procs[node.name]), "the node's processes gone")
         assert alive(survivor) == survivor
     finally:
         with pytest.raises(BackendError) as raised:

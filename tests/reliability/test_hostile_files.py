@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -61,6 +60,7 @@ from pytest_recoverygate.shared.joboutput import JobOutput, WorkerOutput
 from pytest_recoverygate.shared.jobtext import mask_secrets
 from pytest_recoverygate.shared.lock import DrillLock, lock_dir
 from tests.conftest import FAKE_DRILL, merge
+from tests.patience import PROCESS, PROMPT, eventually, within
 from tests.reliability.conftest import Figures
 from tests.trend_reports import run_fake_drill
 
@@ -180,18 +180,25 @@ def test_a_fifo_at_the_jobs_path_does_not_hang_the_tail(tmp_path: Path, figures:
         tail.tail.poll_once()
         done.set()
 
-    started = time.monotonic()
     threading.Thread(target=poll, daemon=True).start()
-    assert done.wait(5), "the tail blocked opening a FIFO with no writer"
-    assert time.monotonic() - started < 5
+    assert done.wait(within(PROMPT)), "the tail blocked opening a FIFO with no writer"
     assert tail.notices() == [
         f"not reading the job's file {fifo}: it is a FIFO (named pipe), not a regular file"
     ]
+    polls: list[int] = []
+    poll_once = tail.tail.poll_once
+
+    def counted() -> int:
+        polls.append(1)
+        return poll_once()
+
+    tail.tail.poll_once = counted  # type: ignore[method-assign]
     tail.tail.start()  # the thread polls it again and again, and stops when asked
-    time.sleep(0.1)
-    stopped = time.monotonic()
-    tail.tail.stop()
-    assert time.monotonic() - stopped < 2
+    eventually(lambda: len(polls) >= 3, "three polls of the FIFO by the tail's thread", PROMPT)
+    stopped = threading.Thread(target=tail.tail.stop, daemon=True)
+    stopped.start()
+    stopped.join(within(PROMPT))
+    assert not stopped.is_alive(), "stop() hung on the FIFO"
     figures.add("hostile_file_attacks")
 
 
@@ -345,7 +352,7 @@ def test_a_fifo_planted_at_the_jobs_output_in_a_report_folder_does_not_hang_html
         done.set()
 
     threading.Thread(target=render, daemon=True).start()
-    assert done.wait(10), "report.html blocked reading a FIFO"
+    assert done.wait(within(PROMPT)), "report.html blocked reading a FIFO"
 
 
 # --------------------------------------------------------------------- the drill lock
@@ -619,8 +626,12 @@ def test_an_attached_job_that_swaps_its_output_for_a_symlink_gets_a_refusal_on_t
         )
     )
 
+    phases: list[Phase] = []
+
     def swap() -> None:
-        time.sleep(1.5)  # the drill has found the agent and follows its file by now
+        # the drill has found the agent and follows its file: it waits for a checkpoint
+        following = Phase.WAITING_FOR_CHECKPOINT
+        eventually(lambda: following in phases, "the drill following the agent's output")
         planted = tmp_path / "planted"
         planted.symlink_to(secret)
         planted.rename(log)
@@ -629,11 +640,12 @@ def test_an_attached_job_that_swaps_its_output_for_a_symlink_gets_a_refusal_on_t
     swapper.start()
     report = tmp_path / "report"
     try:
-        result = run_drill(load_config(config), RunOptions(report_dir=report))
+        observe = RunOptions(report_dir=report, observer=lambda st: phases.append(st.phase))
+        result = run_drill(load_config(config), observe)
     finally:
         os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait(timeout=30)
-        swapper.join(5)
+        agent.wait(timeout=within(PROCESS))
+        swapper.join(within(PROMPT))
     assert result.verdict is Verdict.ERROR
     refused = [e for e in result.timeline if e.kind == "refused"]
     assert [e.detail for e in refused] == [

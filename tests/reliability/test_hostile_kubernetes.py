@@ -16,7 +16,6 @@ real client, against the fake API server, we test these aspects:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,13 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from pytest_recoverygate.engine.model import Fault, KillOutcome, TrainingEvent
+from pytest_recoverygate.engine.model import Fault, KillOutcome
 from pytest_recoverygate.errors import BackendError
 from pytest_recoverygate.orchestrators.kubernetes import KubernetesOrchestrator
 from pytest_recoverygate.shared.textbounds import MAX_LINE_BYTES
 from tests.kubernetes.fake_apiserver import RBAC_DRILL_RULES, RBAC_NODE_RULES, FakeApiServer
 from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
+from tests.patience import PROCESS, deadline, eventually
 from tests.reliability.conftest import Figures
 
 pytestmark = pytest.mark.kubernetes
@@ -99,7 +99,7 @@ def test_another_jobs_pod_on_the_node_refuses_the_node_fault(
     figures: Figures,
 ) -> None:
     orchestrator = make(orchestrators, kubeconfig, selector=job.selector, fault=fault)
-    target = orchestrator.discover(time.time() + 30).by_rank(1)
+    target = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert target is not None and target.node == "node-b"
     intruder = foreign_pod(
         server,
@@ -153,7 +153,7 @@ def test_a_pod_of_another_controller_is_refused_for_an_unlabelled_job(
     owned("train-0", 0, "node-a", "train")
     owned("train-1", 1, "node-b", "train")
     orchestrator = make(orchestrators, kubeconfig, selector="app=trainer", fault="KillNode")
-    target = orchestrator.discover(time.time() + 30).by_rank(1)
+    target = orchestrator.discover(deadline(PROCESS)).by_rank(1)
     assert target is not None
     owned("eval-0", 0, "node-b", "eval")  # another StatefulSet, same labels
     with pytest.raises(BackendError, match=r"refusing KillNode on node node-b.*eval-0"):
@@ -168,7 +168,7 @@ def test_another_jobs_pod_on_the_other_node_is_left_alone(
     orchestrators: list[KubernetesOrchestrator],
 ) -> None:
     orchestrator = make(orchestrators, kubeconfig, selector=job.selector, fault="KillNode")
-    workload = orchestrator.discover(time.time() + 30)
+    workload = orchestrator.discover(deadline(PROCESS))
     target = workload.by_rank(1)
     assert target is not None
     on_b = {w.instance_id for w in workload.workers if w.node == "node-b"}
@@ -191,19 +191,15 @@ def test_a_giant_log_line_is_cut_and_the_events_after_it_still_arrive(
     orchestrators: list[KubernetesOrchestrator],
 ) -> None:
     orchestrator = make(orchestrators, kubeconfig, selector=job.selector)
-    orchestrator.discover(time.time() + 30)
-    deadline = time.monotonic() + 20
-    while not orchestrator.events().poll():  # the stream is open and reading
-        assert time.monotonic() < deadline, "no event arrived"
-        time.sleep(0.05)
+    orchestrator.discover(deadline(PROCESS))
+    eventually(orchestrator.events().poll, "an event (the stream is open and reading)")
     giant = 3 * MAX_LINE_BYTES + 12345
     assert server.append_log(NAMESPACE, job.pod_name(0), "x" * giant)
     written = len(job.written)
-    seen_after: list[TrainingEvent] = []
-    while not seen_after:
-        assert time.monotonic() < deadline, "no event after the giant line"
-        seen_after = [e for e in orchestrator.events().poll() if e.step and e.step > 0]
-        time.sleep(0.05)
+    eventually(
+        lambda: [e for e in orchestrator.events().poll() if e.step and e.step > 0],
+        "an event after the giant line",
+    )
     assert len(job.written) > written  # the job went on printing, and the drill reads it
     output = orchestrator.job_output()
     assert f"1 line(s) longer than {MAX_LINE_BYTES} bytes were cut" in output.note

@@ -49,6 +49,7 @@ from pytest_recoverygate.shared.textbounds import (
     LineSplitter,
     cap_lines,
 )
+from tests.patience import JOB, PROMPT, eventually, within
 from tests.reliability.conftest import Figures
 from tests.test_engine_patterns import C, L, S, drive, engine_for, ev, result_of, steps_run
 
@@ -283,14 +284,19 @@ def test_the_ray_helper_never_imports_from_the_current_folder(tmp_path: Path) ->
         cwd=folder,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert marker.exists(), unisolated.stderr  # the plant works on what the drill used to run
     marker.unlink()
     done = subprocess.run(
-        helper_command("bogus"), cwd=folder, capture_output=True, text=True, timeout=60, check=False
+        helper_command("bogus"),
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=within(JOB),
+        check=False,
     )
     assert not marker.exists()
     assert 'RECOVERYGATE-RAY {"error": "usage:' in done.stdout, done.stderr
@@ -304,7 +310,7 @@ def test_the_kubectl_shim_never_imports_from_the_current_folder(tmp_path: Path) 
         [sys.executable, "-c", "import pytest_recoverygate.cli"],
         cwd=folder,
         capture_output=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
     assert marker.exists(), unsafe.stderr  # what `python -c` alone would have run
@@ -315,7 +321,7 @@ def test_the_kubectl_shim_never_imports_from_the_current_folder(tmp_path: Path) 
         cwd=folder,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
         env={**os.environ, "RECOVERYGATE_PYTHON": sys.executable},
     )
@@ -363,18 +369,19 @@ def test_the_torchft_examples_lighthouse_listens_on_loopback_only(example: Path)
         [executable, *command[1:]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 20
-        while not (bound := listening(proc.pid)):
+
+        def bound() -> set[str]:
             assert proc.poll() is None, "the lighthouse exited"
-            assert time.monotonic() < deadline, "the lighthouse never listened"
-            time.sleep(0.05)
-        assert bound <= {"127.0.0.1", "::1"}, bound
+            return listening(proc.pid)
+
+        addresses = eventually(bound, "the lighthouse listening")
+        assert addresses <= {"127.0.0.1", "::1"}, addresses
         for member in members:
             for value in fill_ports(member, ports).env.values():
                 assert "localhost" not in value and "[::]" not in value
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(within(PROMPT))
 
 
 def test_port_placeholders_are_probed_on_loopback() -> None:

@@ -45,6 +45,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_slurm_marker,
 )
 from pytest_recoverygate.registry.seams import RealClock
+from tests.patience import JOB, PROCESS, PROMPT, deadline, eventually, stays, within
 from tests.reliability.conftest import Figures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +152,7 @@ def run_probe(env: dict[str, str]) -> str:
         text=True,
         check=True,
         env=env,
-        timeout=30,
+        timeout=within(PROCESS),
     ).stdout
 
 
@@ -196,7 +197,7 @@ def test_a_drill_never_discovers_the_victim_a_job_process_named(
     orch = SlurmOrchestrator(job_id="2", clock=RealClock(), env=fake_slurm, poll_interval=0.2)
     try:
         with pytest.raises(DiscoveryError, match="1 of 2 ranks") as info:
-            orch.discover(time.time() + 2)
+            orch.discover(time.time() + 2)  # not a wait: the deadline it gives up at
     finally:
         orch.cleanup()
     assert str(victim.pid) not in str(info.value)
@@ -241,7 +242,7 @@ def test_a_forged_probe_row_is_refused_and_nothing_is_signalled(
     orch = SlurmOrchestrator(job_id="2", clock=RealClock(), env=fake_slurm, poll_interval=0.2)
     try:
         with pytest.raises(DiscoveryError, match="nothing is signalled|refusing to aim"):
-            orch.discover(time.time() + 10)
+            orch.discover(deadline(PROMPT))
     finally:
         orch.cleanup()
     assert calls(fake_slurm, "recoverygate-probe"), "the probe must have run"
@@ -276,10 +277,9 @@ def test_the_kill_step_signals_only_a_pid_listpids_lists_for_the_step(
     orch = SlurmOrchestrator(job_id="2", fault=fault, clock=RealClock(), env=fake_slurm)
     try:
         refused = orch.kill(worker_for(victim, 1), dry_run=False, fault=Fault(fault))
-        time.sleep(0.2)
         assert refused.outcome is KillOutcome.ALREADY_GONE, refused.detail
         assert "nothing was signalled" in refused.detail
-        assert state_of(victim.pid) in ("S", "R"), "the victim must run on, not stopped"
+        stays(lambda: state_of(victim.pid) in ("S", "R"), "the victim runs on, not stopped")
         # the control: the same step on the listed process does reach it
         hit = orch.kill(worker_for(hostile, 0), dry_run=False, fault=Fault(fault))
         assert hit.outcome is KillOutcome.KILLED, hit.detail
@@ -315,7 +315,7 @@ def test_the_workload_names_the_job_s_owner(
     fake_slurm["RG_STEP"] = str(step)
     orch = SlurmOrchestrator(job_id="2", clock=RealClock(), env=fake_slurm, poll_interval=0.2)
     try:
-        workload = orch.discover(time.time() + 10)
+        workload = orch.discover(deadline(PROMPT))
     finally:
         orch.cleanup()
     assert workload.job == "slurm job 2 (rgtest, user root)"  # UserId=root(0) in the capture
@@ -341,7 +341,7 @@ def test_the_cancelled_marker_regex_is_linear_on_a_line_the_job_wrote(figures: F
 
 def cluster_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False
+        [str(SCRIPT), *args], capture_output=True, text=True, timeout=within(JOB), check=False
     )
 
 
@@ -442,8 +442,7 @@ def test_a_pid_file_naming_an_unrelated_process_does_not_get_it_killed(
             file.write_text(f"{bystander.pid}\n")
         down = cluster_script("down", str(folder))
         assert down.returncode == 0, down.stderr
-        time.sleep(0.3)
-        assert [p.poll() for p in bystanders] == [None, None, None]
+        stays(lambda: [p.poll() for p in bystanders] == [None] * 3, "the bystanders run")
         assert down.stderr.count("left alone") == 3
     finally:
         for bystander in bystanders:
@@ -453,7 +452,9 @@ def test_a_pid_file_naming_an_unrelated_process_does_not_get_it_killed(
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
+    return subprocess.run(
+        ["ip", *args], capture_output=True, text=True, timeout=within(PROMPT), check=False
+    )
 
 
 @ROOT_ONLY
@@ -474,7 +475,8 @@ def test_a_second_down_leaves_another_cluster_s_bridge_and_processes_alone(
         _ip("link", "set", f"rgsl{k}", "alias", "rg-ffffffffffffffff")  # the other's mark
         assert _ip("netns", "add", ns).returncode == 0
         other = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "60"])
-        time.sleep(0.3)
+        comm = Path(f"/proc/{other.pid}/comm")
+        eventually(lambda: comm.read_text().strip() == "sleep", "the other's process in its ns")
         proc = cluster_script("down", str(folder))
         assert proc.returncode == 0, proc.stderr
         assert "not this cluster's" in proc.stderr

@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from pytest_recoverygate.shared.events import StreamEventSource
+from tests.patience import PROCESS, within
 
 HOSTILE = [
     "1" + "0" * 400,
@@ -51,7 +52,7 @@ def test_a_hostile_loss_is_malformed_and_the_reader_keeps_reading(loss: str) -> 
         for step in (4, 5, 6):  # EPIPE here if the reader died and closed the pipe
             os.write(write_fd, progress(step))
         os.close(write_fd)
-        thread.join(30)
+        thread.join(within(PROCESS))
         assert not thread.is_alive()
         events = source.poll()
     finally:

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from pytest_recoverygate.runner import RunOptions, run_drill
 from pytest_recoverygate.shared.lock import DrillLock, lock_path
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob
+from tests.patience import JOB, PROMPT, deadline, within
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import InstantController
 from tests.reliability.test_cleanup_local import drill_yaml as local_drill_yaml
@@ -154,7 +154,7 @@ def test_an_empty_selector_is_refused_by_the_config_and_by_the_adapter(
         selector=" ", namespace="ns", kubeconfig=server.write_kubeconfig(tmp_path / "kc")
     )
     with pytest.raises(DiscoveryError, match="empty label selector"):
-        adapter.discover(time.time() + 5)
+        adapter.discover(deadline(PROMPT))
     adapter.cleanup()
     assert server.requests == []
     figures.add("interlock_refusals", 2)
@@ -172,7 +172,7 @@ def test_require_confirm_without_a_terminal_touches_nothing(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "reporter")])),
     )
     assert proc.returncode == 2, proc.stderr

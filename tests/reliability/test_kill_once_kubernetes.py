@@ -42,6 +42,7 @@ from pytest_recoverygate.orchestrators.kubernetes.api import RETRY
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob, job_drill_yaml
+from tests.patience import PROMPT, deadline, eventually
 from tests.reliability.conftest import Figures
 from tests.reliability.kube_faults import (
     FaultPlan,
@@ -62,7 +63,7 @@ KILL_SCENARIOS_AT_ONCE = 4
 FULL_DRILLS = 200
 FULL_DRILLS_AT_ONCE = 10
 SLOW_CLEANUPS: list[str] = []
-READ_TIMEOUT = 0.05  # fast tier: the client's read timeout; a read-timeout fault waits 1.5x
+READ_TIMEOUT = 0.05  # not a wait: the client's read timeout under test (a fault waits 1.5x)
 
 
 class FastBackoffOrchestrator(KubernetesOrchestrator):
@@ -123,7 +124,7 @@ def attack(
     )
     try:
         try:
-            workload = orchestrator.discover(time.time() + 5)
+            workload = orchestrator.discover(deadline(PROMPT))
         except DrillError:
             return "no-discovery", controller, plan, victim
         target = workload.by_rank(1)
@@ -155,7 +156,8 @@ def test_a_thousand_kills_under_random_faults_each_reach_at_most_the_victim(
         for seed, outcome, controller, plan, victim in accounts:
             outcomes[outcome] += 1
             runs.append((seed, outcome, controller, plan, victim))
-    time.sleep(READ_TIMEOUT * 3)  # let delayed handlers (read-timeout faults) finish acting
+    # the server's own request log: every delayed handler (read-timeout faults) has acted
+    eventually(lambda: not server.unfinished(), "handlers done", PROMPT, seen=server.unfinished)
     left = [t.name for t in threading.enumerate() if t.name.startswith("recoverygate-k8s")]
     injected: Counter[str] = Counter()
     kills = 0
@@ -265,7 +267,8 @@ def test_hundreds_of_whole_drills_under_faults_kill_once_and_never_misjudge(
         runs = list(
             pool.map(lambda s: one_full_drill(server, router, kubeconfig, s, tmp_path), seeds)
         )
-    time.sleep(1.5)  # delayed handlers finish acting
+    # the server's own request log: every delayed handler (read-timeout faults) has acted
+    eventually(lambda: not server.unfinished(), "handlers done", PROMPT, seen=server.unfinished)
     verdicts: Counter[str] = Counter()
     injected: Counter[str] = Counter()
     kills = 0

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.patience import JOB, within
+
 ROOT = Path(__file__).resolve().parents[2]
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the scripts' root paths")
 TRUSTED = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -58,7 +60,7 @@ def test_slurm_cluster_runs_nothing_from_the_callers_path(command: str, tmp_path
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         check=False,
     )
 
@@ -83,7 +85,7 @@ def test_demo_runs_nothing_from_the_callers_path(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=within(JOB),
         check=False,
     )
 

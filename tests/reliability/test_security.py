@@ -24,6 +24,7 @@ import yaml
 
 from tests.kubernetes.fake_apiserver import FakeApiServer
 from tests.kubernetes.fake_cluster import FakeTrainingJob
+from tests.patience import JOB, within
 from tests.reliability.conftest import Figures
 from tests.reliability.test_cleanup_local import drill_yaml as local_drill_yaml
 
@@ -48,7 +49,7 @@ def run_cli(config: Path, report_dir: Path) -> subprocess.CompletedProcess[str]:
         check=False,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=within(JOB),
         env=env,
         stdin=subprocess.DEVNULL,
     )

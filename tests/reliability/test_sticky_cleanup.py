@@ -18,9 +18,7 @@ import contextlib
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from pytest_recoverygate.engine.machine import Phase
 from pytest_recoverygate.engine.model import GroupEvent
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
 from pytest_recoverygate.storage.poison import ENV
+from tests.patience import JOB, eventually, within
 from tests.reliability.conftest import Figures
 
 pytestmark = [pytest.mark.local, pytest.mark.slow]
@@ -76,15 +75,6 @@ def armed(mark: str, found: list[Path]) -> bool:
     return bool(found) and found[0].exists()
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def leftovers(poison: Path, mark: str, *, job: bool = True) -> list[str]:
     """What is left of this drill: its poison file and record (and, with ``job``, a
     process of its job); each process found is killed, so a leak fails one row only."""
@@ -114,9 +104,9 @@ def test_a_drill_interrupted_with_its_poison_armed_removes_it(
     proc = cli(config)
     found: list[Path] = []
     try:
-        wait_for(lambda: armed(mark, found), "the poison to be armed")
+        eventually(lambda: armed(mark, found), "the poison to be armed", JOB)
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
+        output, _ = proc.communicate(timeout=within(JOB))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -187,7 +177,7 @@ def test_a_sigkilled_drills_poison_is_removed_by_the_sweep(
     proc = cli(config)
     found: list[Path] = []
     try:
-        wait_for(lambda: armed(mark, found), "the poison to be armed")
+        eventually(lambda: armed(mark, found), "the poison to be armed", JOB)
     finally:
         proc.kill()
         proc.communicate()

@@ -21,9 +21,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.runner import RunOptions, Status, run_drill
 from pytest_recoverygate.shared.lock import lock_dir
 from pytest_recoverygate.storage.layer import RECORD_PREFIX, our_mounts
+from tests.patience import JOB, eventually, within
 from tests.reliability.conftest import Figures
 
 pytestmark = [
@@ -74,23 +73,21 @@ def stalled_config(tmp_path: Path) -> tuple[Path, Path, str]:
     return path, folder, mark
 
 
-def held(tmp_path: Path) -> bool:
-    """The job's own records: rank 0 began the save the stall holds."""
-    for path in tmp_path.glob("truth.0.*.jsonl"):
+def recorded(tmp_path: Path, rank: int, event: str, step: int) -> bool:
+    """The job's own records: ``rank`` recorded ``event`` at ``step``."""
+    for path in tmp_path.glob(f"truth.{rank}.*.jsonl"):
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            if row["event"] == "save_started" and row["step"] == 60:
+            if row["event"] == event and row["step"] == step:
                 return True
     return False
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+def held(tmp_path: Path) -> bool:
+    """The job's own records: rank 0 began the save of step 60, which the stall (armed at
+    checkpoint 40) holds, and rank 1 trained step 60, its last before the barrier that
+    waits for that save."""
+    return recorded(tmp_path, 0, "save_started", 60) and recorded(tmp_path, 1, "step", 60)
 
 
 def leftovers(folder: Path, mark: str, *, job: bool = True) -> list[str]:
@@ -131,10 +128,9 @@ def test_a_drill_signalled_while_its_storage_stalls_leaves_nothing(
         text=True,
     )
     try:
-        wait_for(lambda: held(tmp_path), "the save the stall holds")
-        time.sleep(1.0)  # rank 0 inside the layer, rank 1 at the barrier
+        eventually(lambda: held(tmp_path), "the save the stall holds", JOB)
         proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=120)
+        output, _ = proc.communicate(timeout=within(JOB))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -200,13 +196,12 @@ def test_a_sigkilled_drills_layer_unmounts_by_itself_and_the_sweep_removes_its_r
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: held(tmp_path), "the save the stall holds")
-        time.sleep(1.0)
+        eventually(lambda: held(tmp_path), "the save the stall holds", JOB)
     finally:
         proc.kill()
         proc.wait()
     mine = str(folder.resolve())
-    wait_for(lambda: not any(t == mine for t, _ in our_mounts()), "the layer to unmount", 30)
+    eventually(lambda: not any(t == mine for t, _ in our_mounts()), "the layer to unmount")
     # The job a SIGKILLed drill launched stays (docs/local.md): end it here. The layer
     # serves its detached mount until the job's last open file in it is closed, then ends.
     for job_proc in psutil.process_iter():
@@ -221,7 +216,7 @@ def test_a_sigkilled_drills_layer_unmounts_by_itself_and_the_sweep_removes_its_r
             for p in psutil.process_iter(["cmdline"])
         )
 
-    wait_for(layer_gone, "the layer to end with the job's last open file", 30)
+    eventually(layer_gone, "the layer to end with the job's last open file")
     sweep = subprocess.run(
         [sys.executable, "-m", "pytest_recoverygate.cli", "sweep"],
         cwd=ROOT,

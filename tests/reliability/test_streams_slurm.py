@@ -45,6 +45,7 @@ from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource
 from pytest_recoverygate.orchestrators.slurm.parsing import parse_slurm_marker
 from pytest_recoverygate.registry.seams import Clock, RealClock, SimulatedClock
 from pytest_recoverygate.shared.events import StreamEventSource
+from tests.patience import PROMPT, eventually
 from tests.reliability.conftest import Figures
 
 T0 = 1_800_000_000.0
@@ -361,11 +362,14 @@ def test_every_event_is_seen_exactly_once_and_the_verdict_is_unchanged(
 # ------------------------------------------------------------------ with the tail's thread
 
 
-def wait_for(out: OutputFile, count: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while len(out.events) < count and time.monotonic() < deadline:
-        time.sleep(0.01)
+def wait_for(out: OutputFile, count: int) -> None:
+    """Until the tail's thread has passed on ``count`` events (polled from its source)."""
+
+    def enough() -> bool:
         out.events += out.source.poll()
+        return len(out.events) >= count
+
+    eventually(enough, f"{count} events from the tail", PROMPT, seen=lambda: len(out.events))
 
 
 def threaded_requeue(tmp_path: Path, *, use_inotify: bool, interval: float) -> OutputFile:
@@ -374,14 +378,14 @@ def threaded_requeue(tmp_path: Path, *, use_inotify: bool, interval: float) -> O
     out.tail.start()
     for piece in (OLD.data[: len(OLD.data) // 2], OLD.data[len(OLD.data) // 2 :]):
         out.append(piece)
-        time.sleep(0.01)
-    wait_for(out, len(OLD.events), timeout=20)
+        time.sleep(0.01)  # not a wait: the writer's pace
+    wait_for(out, len(OLD.events))
     out.tail.restart()
     out.rewrite(b"")
     for at in range(0, len(NEW.data), 500):
         out.append(NEW.data[at : at + 500])
-        time.sleep(0.01)
-    wait_for(out, len(OLD.events) + len(NEW.events), timeout=20)
+        time.sleep(0.01)  # not a wait: the writer's pace
+    wait_for(out, len(OLD.events) + len(NEW.events))
     return out
 
 
@@ -389,19 +393,21 @@ def threaded_requeue(tmp_path: Path, *, use_inotify: bool, interval: float) -> O
 def test_the_tail_thread_is_woken_by_inotify_long_before_its_interval(
     tmp_path: Path, figures: Figures
 ) -> None:
+    interval = 120.0  # longer than both waits' budgets (PROMPT, stretched): a wait that
+    # took the interval would fail the wait itself
     started = time.monotonic()
-    out = threaded_requeue(tmp_path, use_inotify=True, interval=120.0)
+    out = threaded_requeue(tmp_path, use_inotify=True, interval=interval)
     took = time.monotonic() - started
     try:
         assert out.tail.inotify
         assert seen(out.events) == list(OLD.events + NEW.events)
         assert out.markers == [MARKER.decode().strip()]
-        # every write waited for inotify, never for the 120 s interval
-        assert took < 60, f"{took:.1f} s"
+        # every write waited for inotify, never for the interval
+        assert took < interval, f"{took:.1f} s"
     finally:
         stop_started = time.monotonic()
         out.close()
-        assert time.monotonic() - stop_started < 10  # stop() cuts the wait short
+        assert time.monotonic() - stop_started < interval  # stop() cuts the wait short
     figures.add("stream_cases")
 
 

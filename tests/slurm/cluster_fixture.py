@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.patience import JOB, within
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,16 +71,19 @@ def slurm_up(nodes: str, reuse: str | None = None) -> Iterator[SlurmCluster]:
                     [str(SCRIPT), "up", "--nodes", nodes, str(folder)],
                     capture_output=True,
                     text=True,
-                    timeout=120,
+                    timeout=within(JOB),
                     check=False,
                 )
                 failed = proc.stderr if proc.returncode != 0 else None
             except subprocess.TimeoutExpired as exc:  # SIGKILLed: its own clean-up never ran
-                failed = f"it did not finish within 120 s: {exc.stderr!r}"
+                failed = f"it did not finish within {exc.timeout:.0f} s: {exc.stderr!r}"
             if failed is None:
                 break
             subprocess.run(
-                [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=60, check=False
+                [str(SCRIPT), "down", str(folder)],
+                capture_output=True,
+                timeout=within(JOB),
+                check=False,
             )
             if attempt == 2:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -95,7 +99,10 @@ def slurm_up(nodes: str, reuse: str | None = None) -> Iterator[SlurmCluster]:
         cluster.cancel_all()
         if not reuse:
             subprocess.run(
-                [str(SCRIPT), "down", str(folder)], capture_output=True, timeout=120, check=False
+                [str(SCRIPT), "down", str(folder)],
+                capture_output=True,
+                timeout=within(JOB),
+                check=False,
             )
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.patience import PROCESS, within
 
 
 @dataclass
@@ -29,7 +30,7 @@ class SlurmCluster:
                     count = int(line.split("=", 1)[1])
         return ["localhost"] if count == 1 else [f"node{i}" for i in range(1, count + 1)]
 
-    def on_node(self, node: str, *args: str, timeout: float = 30) -> str:
+    def on_node(self, node: str, *args: str, timeout: float = PROCESS) -> str:
         """Run a command as if on ``node``: in its slurmd's network, UTS and mount
         namespaces (``nsenter``), or here on the one-node cluster. Its stdout."""
         if self.nodes == ["localhost"]:
@@ -43,9 +44,15 @@ class SlurmCluster:
         """``scontrol listpids JOB`` on every node (it asks the local slurmd only)."""
         return "".join(self.on_node(node, "scontrol", "listpids", job_id) for node in self.nodes)
 
-    def run(self, *args: str, check: bool = True, timeout: float = 30) -> str:
+    def run(self, *args: str, check: bool = True, timeout: float = PROCESS) -> str:
+        """Run a client (its stdout), waiting ``timeout`` seconds, stretched by the slack."""
         proc = subprocess.run(
-            list(args), env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+            list(args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=within(timeout),
+            check=False,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed: {proc.stderr or proc.stdout}")
@@ -68,7 +75,7 @@ class SlurmCluster:
             env=merged,
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=within(PROCESS),
             check=True,
         )
         job_id = proc.stdout.strip().split(";")[0]
@@ -81,16 +88,6 @@ class SlurmCluster:
             if token.startswith(f"{key}="):
                 return token.split("=", 1)[1]
         return ""
-
-    def wait_state(self, job_id: str, state: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.job_field(job_id, "JobState") == state:
-                return
-            time.sleep(0.2)
-        raise AssertionError(
-            f"job {job_id} not {state} after {timeout} s: {self.job_field(job_id, 'JobState')}"
-        )
 
     def resume_drained(self) -> list[str]:
         """RESUME every node left DRAIN (a drill that failed before its cleanup); their names."""

@@ -10,11 +10,11 @@ host name resolves to loopback, as here).
 from __future__ import annotations
 
 import stat
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.patience import JOB, eventually
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -43,9 +43,7 @@ def test_the_cluster_is_private_to_root(slurm: SlurmCluster, tmp_path: Path) -> 
         "#!/bin/sh\nstat -c '%a %U' \"$SLURM_TMPDIR\"\n", "-n1", "-o", "out.txt", workdir=tmp_path
     )
     out = tmp_path / "out.txt"
-    deadline = time.monotonic() + 60
-    while not (out.exists() and out.read_text().strip()) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    eventually(lambda: out.exists() and out.read_text().strip(), f"job {job}'s output", JOB)
     assert out.read_text().split() == ["700", "root"], f"job {job}"
     conf = Path(slurm.conf).read_text()
     if "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in conf:  # (host name -> 127.x)

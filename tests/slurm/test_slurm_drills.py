@@ -31,10 +31,13 @@ import pytest
 import yaml
 
 from pytest_recoverygate.config.loading import parse_config
+from pytest_recoverygate.durations import parse_duration
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.cli_drill import with_drill_sustain
+from tests.patience import Hold
 from tests.slurm.slurm_testcluster import SlurmCluster
+from tests.truth.truth import load_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
@@ -197,17 +200,27 @@ def test_a_preempted_job_that_ignores_sigterm_fails_saved_on_preempt(
 def test_a_hung_rank_is_noticed_by_a_short_process_group_timeout(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
+    timeout, truth = 5.0, tmp_path / "truth"  # the job's gloo timeout; its own records
     result, seconds = drill(
         slurm,
         tmp_path,
         "srun-loop-requeue.sbatch",
         "recovery-test-hang.yaml",
-        env={"TRAIN_ARGS": "--timeout=5"},
+        env={"TRAIN_ARGS": f"--timeout={timeout:g}", "RECOVERYGATE_GROUND_TRUTH": str(truth)},
     )
     assert result.verdict is Verdict.PASS, explain(result)
     [recovery] = result.recoveries
     detected = recovery.fault_details.get("detectionSeconds")
-    assert detected is not None and 4 <= detected <= 15, explain(result)
+    assert detected is not None and recovery.kill_time is not None, explain(result)
+    # The job's records: rank 0 entered the collective that timed out after its last step
+    # record, so the hang was noticed no sooner than the gloo timeout after that, and
+    # within the drill's maxDetectionTime of the SIGSTOP.
+    noticed = recovery.kill_time + detected
+    survivor = next(p for p in load_processes(truth) if p.rank == 0)
+    last_step = max(r.t for r in survivor.steps if r.t <= noticed)
+    config = yaml.safe_load((EXAMPLES / "recovery-test-hang.yaml").read_text())
+    limit = parse_duration(config["expectations"]["maxDetectionTime"])
+    assert last_step + timeout <= noticed <= recovery.kill_time + limit, explain(result)
     # This job's processes only (their --ckpt-dir is this test's folder): another test's
     # leftover is that test's failure, not this one's.
     ours = f"--ckpt-dir={tmp_path / 'checkpoints'}"
@@ -226,17 +239,21 @@ def test_a_hung_rank_is_noticed_by_a_short_process_group_timeout(
 def test_a_kill_mid_save_of_atomic_checkpoints_resumes_from_the_last_completed(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    result, seconds = drill(
-        slurm,
-        tmp_path,
-        "torchrun-in-step.sbatch",
-        "recovery-test-torn-checkpoint.yaml",
-        env={"TRAIN_ARGS": "--save-pad=100000000"},
-    )
+    # The save of 60 parks at the suite's barrier until the kill (tests/patience.py): the
+    # kill step's own latency (~0.1 s here) has no save to outrun.
+    with Hold(tmp_path, "save", 60) as hold:
+        result, seconds = drill(
+            slurm,
+            tmp_path,
+            "torchrun-in-step.sbatch",
+            "recovery-test-torn-checkpoint.yaml",
+            env=hold.env,
+        )
+    assert hold.killed, explain(result)
     assert result.verdict is Verdict.PASS, explain(result)
     [recovery] = result.recoveries
     torn = recovery.fault_details.get("tornStep")
-    assert torn is not None and result.resume_step == torn - 20, explain(result)
+    assert torn == 60 and result.resume_step == torn - 20, explain(result)
     print(
         f"\nkill during checkpoint: torn save of step {torn} "
         f"{recovery.fault_details.get('intoSaveSeconds')} s in (save "

@@ -53,6 +53,7 @@ from pytest_recoverygate.orchestrators.slurm import SlurmOrchestrator
 from pytest_recoverygate.orchestrators.slurm.commands import SlurmCommands
 from pytest_recoverygate.orchestrators.slurm.parsing import KILL_SCRIPT, parse_listpids
 from pytest_recoverygate.registry.seams import RealClock
+from tests.patience import JOB, PROCESS, PROMPT, QUIET, deadline, eventually, gather, stays, within
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -86,23 +87,6 @@ def make(slurm: SlurmCluster, job_id: str, **kwargs: object) -> SlurmOrchestrato
     )
 
 
-def wait_for_group(
-    orch: SlurmOrchestrator,
-    done: Callable[[list[GroupEvent]], bool],
-    timeout: float = 60,
-) -> list[GroupEvent]:
-    seen: list[GroupEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += orch.watch_group()
-        if done(seen):
-            return seen
-        time.sleep(0.1)
-    raise AssertionError(
-        f"timed out; group events so far: {[(e.kind.value, e.detail) for e in seen]}"
-    )
-
-
 def kinds(events: list[GroupEvent]) -> list[GroupEventKind]:
     return [e.kind for e in events]
 
@@ -126,7 +110,7 @@ def test_it_discovers_every_rank_of_a_two_task_step(slurm: SlurmCluster, tmp_pat
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", "-J", "rg-two", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        workload = orch.discover(time.time() + 60)
+        workload = orch.discover(deadline(JOB))
     finally:
         orch.cleanup()
     assert [w.rank for w in workload.workers] == [0, 1]
@@ -144,13 +128,13 @@ def test_it_finds_the_job_by_name_and_refuses_an_ambiguous_name(
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", "-J", "rg-by-name", workdir=tmp_path)
     orch = SlurmOrchestrator(job_name="rg-by-name", user="root", clock=RealClock(), env=slurm.env)
     try:
-        assert orch.discover(time.time() + 60).job.startswith(f"slurm job {job} ")
+        assert orch.discover(deadline(JOB)).job.startswith(f"slurm job {job} ")
     finally:
         orch.cleanup()
     slurm.submit(TWO_TASKS, "-n2", "--overcommit", "-J", "rg-by-name", workdir=tmp_path)
     twice = SlurmOrchestrator(job_name="rg-by-name", clock=RealClock(), env=slurm.env)
     with pytest.raises(DiscoveryError, match="2 Slurm jobs match name 'rg-by-name'"):
-        twice.discover(time.time() + 10)
+        twice.discover(deadline(PROCESS))
 
 
 def test_it_kills_exactly_one_rank_and_the_other_keeps_running(
@@ -159,13 +143,13 @@ def test_it_kills_exactly_one_rank_and_the_other_keeps_running(
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        workload = orch.discover(time.time() + 60)
+        workload = orch.discover(deadline(JOB))
         target = workload.by_rank(1)
         assert target is not None
         before = task_pids(slurm, job)
         result = orch.kill(target, dry_run=False)
         assert result.outcome is KillOutcome.KILLED, result.detail
-        events = wait_for_group(orch, has(GroupEventKind.WORKER_GONE))
+        events = gather(orch.watch_group, has(GroupEventKind.WORKER_GONE), "worker gone", JOB)
         assert events[0].worker == target
         after = task_pids(slurm, job)
         assert after.get(0) == before[0], "rank 0 must keep running"
@@ -180,13 +164,12 @@ def test_a_dry_run_kill_touches_nothing(slurm: SlurmCluster, tmp_path: Path) -> 
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        target = orch.discover(time.time() + 60).by_rank(1)
+        target = orch.discover(deadline(JOB)).by_rank(1)
         assert target is not None
         before = task_pids(slurm, job)
         result = orch.kill(target, dry_run=True)
         assert result.outcome is KillOutcome.DRY_RUN, result.detail
-        time.sleep(1)
-        assert task_pids(slurm, job) == before
+        stays(lambda: task_pids(slurm, job) == before, "both ranks run", QUIET)
     finally:
         orch.cleanup()
 
@@ -197,12 +180,14 @@ def test_it_sees_torchrun_restart_the_workers_inside_the_step(
     job = slurm.submit(TORCHRUN, "-n1", "-c2", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        workload = orch.discover(time.time() + 90)
+        workload = orch.discover(deadline(JOB))
         assert [w.rank for w in workload.workers] == [0, 1]
         target = workload.by_rank(1)
         assert target is not None
         assert orch.kill(target, dry_run=False).outcome is KillOutcome.KILLED
-        events = wait_for_group(orch, has(GroupEventKind.REPLACEMENT_RUNNING), timeout=90)
+        events = gather(
+            orch.watch_group, has(GroupEventKind.REPLACEMENT_RUNNING), "replacement running", JOB
+        )
     finally:
         orch.cleanup()
     assert kinds(events)[:3] == [
@@ -222,10 +207,12 @@ def test_it_sees_a_new_step_in_the_same_allocation(slurm: SlurmCluster, tmp_path
     job = slurm.submit(SRUN_LOOP, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        target = orch.discover(time.time() + 60).by_rank(1)
+        target = orch.discover(deadline(JOB)).by_rank(1)
         assert target is not None
         assert orch.kill(target, dry_run=False).outcome is KillOutcome.KILLED
-        events = wait_for_group(orch, has(GroupEventKind.REPLACEMENT_RUNNING))
+        events = gather(
+            orch.watch_group, has(GroupEventKind.REPLACEMENT_RUNNING), "replacement running", JOB
+        )
     finally:
         orch.cleanup()
     restarting = next(e for e in events if e.kind is GroupEventKind.RESTARTING)
@@ -240,14 +227,20 @@ def test_it_sees_a_requeue_and_the_tail_starts_over(slurm: SlurmCluster, tmp_pat
     job = slurm.submit(REPORTING, "-n2", "--overcommit", "--requeue", workdir=tmp_path)
     orch = make(slurm, job, fault="Requeue")
     try:
-        target = orch.discover(time.time() + 60).by_rank(1)
+        target = orch.discover(deadline(JOB)).by_rank(1)
         assert target is not None
         source = orch.events()
-        first = wait_for_events(source.poll, TrainingEventKind.CHECKPOINT_COMPLETED, 1)
+        first = gather(
+            source.poll, of_kind(TrainingEventKind.CHECKPOINT_COMPLETED, 1), "a checkpoint", JOB
+        )
         result = orch.kill(target, dry_run=False)
         assert result.outcome is KillOutcome.KILLED, result.detail
-        events = wait_for_group(orch, has(GroupEventKind.REPLACEMENT_RUNNING), timeout=90)
-        second = wait_for_events(source.poll, TrainingEventKind.CHECKPOINT_COMPLETED, 1)
+        events = gather(
+            orch.watch_group, has(GroupEventKind.REPLACEMENT_RUNNING), "replacement running", JOB
+        )
+        second = gather(
+            source.poll, of_kind(TrainingEventKind.CHECKPOINT_COMPLETED, 1), "a checkpoint", JOB
+        )
     finally:
         orch.cleanup()
     assert kinds(events) == [
@@ -260,20 +253,8 @@ def test_it_sees_a_requeue_and_the_tail_starts_over(slurm: SlurmCluster, tmp_pat
     assert first[0].incarnation != second[0].incarnation
 
 
-def wait_for_events(
-    poll: Callable[[], list[TrainingEvent]],
-    kind: TrainingEventKind,
-    count: int,
-    timeout: float = 60,
-) -> list[TrainingEvent]:
-    got: list[TrainingEvent] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got += [e for e in poll() if e.kind is kind]
-        if len(got) >= count:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"saw {len(got)} {kind.value} events, wanted {count}")
+def of_kind(kind: TrainingEventKind, count: int) -> Callable[[list[TrainingEvent]], bool]:
+    return lambda seen: sum(e.kind is kind for e in seen) >= count
 
 
 def test_it_reports_a_job_that_ends_instead_of_recovering(
@@ -282,12 +263,12 @@ def test_it_reports_a_job_that_ends_instead_of_recovering(
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job, fault="KillStep")
     try:
-        target = orch.discover(time.time() + 60).by_rank(1)
+        target = orch.discover(deadline(JOB)).by_rank(1)
         assert target is not None
         result = orch.kill(target, dry_run=False)
         assert result.outcome is KillOutcome.KILLED, result.detail
         assert result.detail == f"scancel --signal=KILL {job}.0"
-        events = wait_for_group(orch, has(GroupEventKind.JOB_FAILED))
+        events = gather(orch.watch_group, has(GroupEventKind.JOB_FAILED), "job failed", JOB)
     finally:
         orch.cleanup()
     assert f"job {job} ended: state FAILED" in events[-1].detail
@@ -300,8 +281,8 @@ def test_it_reports_a_job_that_completes_as_succeeded(slurm: SlurmCluster, tmp_p
     )
     orch = make(slurm, job)
     try:
-        assert orch.discover(time.time() + 60).by_rank(1) is not None
-        events = wait_for_group(orch, has(GroupEventKind.JOB_SUCCEEDED))
+        assert orch.discover(deadline(JOB)).by_rank(1) is not None
+        events = gather(orch.watch_group, has(GroupEventKind.JOB_SUCCEEDED), "job succeeded", JOB)
     finally:
         orch.cleanup()
     assert f"job {job} ended: state COMPLETED" in events[-1].detail
@@ -314,20 +295,20 @@ def test_a_requeue_drill_refuses_a_job_that_cannot_be_requeued(
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", "--no-requeue", workdir=tmp_path)
     orch = make(slurm, job, fault="Requeue")
     with pytest.raises(DiscoveryError, match="cannot be requeued .* submit it with --requeue"):
-        orch.discover(time.time() + 60)
+        orch.discover(deadline(JOB))
 
 
 def test_it_refuses_an_unknown_job_clearly(slurm: SlurmCluster) -> None:
     orch = make(slurm, "999999")
     with pytest.raises(DiscoveryError, match="Slurm job 999999 does not exist"):
-        orch.discover(time.time() + 5)
+        orch.discover(deadline(PROMPT))
 
 
 def test_it_says_what_to_do_when_the_clients_are_missing(slurm: SlurmCluster) -> None:
     env = {**slurm.env, "PATH": "/nonexistent"}
     orch = SlurmOrchestrator(job_id=1, clock=RealClock(), env=env)
     with pytest.raises(BackendError, match="'squeue' is not on PATH"):
-        orch.discover(time.time() + 5)
+        orch.discover(deadline(PROMPT))
 
 
 def test_it_says_what_to_do_without_a_slurm_conf(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -335,7 +316,7 @@ def test_it_says_what_to_do_without_a_slurm_conf(slurm: SlurmCluster, tmp_path: 
         job_id=1, clock=RealClock(), env=slurm.env, slurm_conf=str(tmp_path / "nope.conf")
     )
     with pytest.raises(BackendError, match=r"SLURM_CONF=.*nope.conf does not exist"):
-        orch.discover(time.time() + 5)
+        orch.discover(deadline(PROMPT))
 
 
 def test_an_unreachable_controller_is_a_clear_error_after_retries(
@@ -354,10 +335,8 @@ def test_an_unreachable_controller_is_a_clear_error_after_retries(
     )
     orch = SlurmOrchestrator(job_id=1, clock=RealClock(), env=slurm.env, slurm_conf=str(dead))
     orch.commands.retry = dataclasses.replace(orch.commands.retry, attempts=2)
-    started = time.monotonic()
     with pytest.raises(BackendError, match="kept failing after 2 attempts"):
-        orch.discover(time.time() + 5)
-    assert time.monotonic() - started < 60
+        orch.discover(time.time() + 5)  # not a wait: the retries end it first
 
 
 def test_a_hung_rank_is_not_handed_out_again_and_cleanup_continues_it(
@@ -366,7 +345,7 @@ def test_a_hung_rank_is_not_handed_out_again_and_cleanup_continues_it(
     job = slurm.submit(TWO_TASKS, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        workload = orch.discover(time.time() + 60)
+        workload = orch.discover(deadline(JOB))
         target, other = workload.by_rank(1), workload.by_rank(0)
         assert target is not None and other is not None
         result = orch.kill(target, dry_run=False, fault=Fault("HangWorker"))
@@ -388,14 +367,15 @@ def test_a_preempt_sigkills_a_rank_that_ignores_sigterm_and_only_that_rank(
     job = slurm.submit(ignores, "-n2", "--overcommit", workdir=tmp_path)
     orch = make(slurm, job)
     try:
-        target = orch.discover(time.time() + 60).by_rank(1)
+        target = orch.discover(deadline(JOB)).by_rank(1)
         assert target is not None
         before = task_pids(slurm, job, step="0")
-        result = orch.kill(target, dry_run=False, fault=Fault("Preempt", grace_period=1.0))
+        grace = 3 * within(QUIET)  # well past the look below (SETTLE)
+        result = orch.kill(target, dry_run=False, fault=Fault("Preempt", grace_period=grace))
         assert result.outcome is KillOutcome.KILLED, result.detail
-        time.sleep(0.5)
-        assert task_pids(slurm, job, step="0") == before, "SIGTERM is ignored: both ranks still run"
-        wait_for_group(orch, has(GroupEventKind.WORKER_GONE), timeout=30)
+        ignored = "SIGTERM is ignored: both ranks still run"
+        stays(lambda: task_pids(slurm, job, step="0") == before, ignored)
+        gather(orch.watch_group, has(GroupEventKind.WORKER_GONE), "worker gone", JOB)
         assert orch.escalations[0].startswith(f"kill -KILL {target.instance_id}: killed ")
         assert task_pids(slurm, job, step="0").get(0) == before[0], "rank 0 must keep running"
     finally:
@@ -537,7 +517,7 @@ def test_the_kill_script_sends_the_signal_it_is_given(
     proc = spawn()
     answer = kill_script(proc.pid, start_ticks(proc.pid), "kill", sig)
     assert answer.startswith("RGKILL killed ")
-    assert proc.wait(timeout=5) == returncode
+    assert proc.wait(timeout=within(PROMPT)) == returncode
 
 
 def test_the_kill_script_stops_and_continues(spawn: Spawn) -> None:
@@ -555,8 +535,7 @@ def test_the_kill_script_refuses_another_signal_and_spares_another_instance(spaw
     start = start_ticks(proc.pid)
     assert kill_script(proc.pid, start, "kill", "HUP") == "RGKILL refused HUP"
     assert kill_script(proc.pid, "1", "kill", "KILL") == f"RGKILL replaced {start}"
-    time.sleep(0.2)
-    assert proc.poll() is None
+    stays(lambda: proc.poll() is None, "the other instance runs")
     proc.kill()
     proc.wait()
     assert kill_script(proc.pid, start, "kill", "KILL") == "RGKILL gone"
@@ -571,11 +550,9 @@ def test_a_preempt_sigkills_that_same_instance_after_the_grace_period(spawn: Spa
         assert result.outcome is KillOutcome.KILLED, result.detail
         assert result.detail.startswith("kill -TERM rank 1"), result.detail
         assert "SIGKILL after the 0.5 s grace period" in result.detail
-        assert proc.wait(timeout=10) == -9
+        assert proc.wait(timeout=within(PROMPT)) == -9
         assert time.monotonic() - sent >= 0.5
-        deadline = time.monotonic() + 5
-        while not orch.escalations and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: orch.escalations, "the escalation's record", PROMPT)
     finally:
         orch.cleanup()
     assert [c[5] for c in here.calls] == ["TERM", "KILL"]
@@ -589,11 +566,12 @@ def test_cleanup_within_the_grace_period_sends_no_sigkill_and_leaves_no_thread(
 ) -> None:
     proc = spawn(IGNORES_SIGTERM)
     orch, worker, here = on_this_machine(proc)
-    result = orch.kill(worker, dry_run=False, fault=Fault("Preempt", grace_period=30))
+    grace = 30.0
+    result = orch.kill(worker, dry_run=False, fault=Fault("Preempt", grace_period=grace))
     assert result.outcome is KillOutcome.KILLED, result.detail
     begun = time.monotonic()
     orch.cleanup()
-    assert time.monotonic() - begun < 5
+    assert time.monotonic() - begun < grace  # it did not wait the grace period out
     assert not preempt_threads()
     assert orch.escalations == ["not sent: the drill ended within the grace period"]
     assert [c[5] for c in here.calls] == ["TERM"]
@@ -605,10 +583,8 @@ def test_cleanup_continues_what_a_hang_stopped_before_anything_else(spawn: Spawn
     orch, worker, here = on_this_machine(proc)
     result = orch.kill(worker, dry_run=False, fault=Fault("HangWorker"))
     assert result.outcome is KillOutcome.KILLED, result.detail
-    deadline = time.monotonic() + 5  # a SIGSTOP is delivered when the target is next scheduled
-    while process_state(proc.pid) != "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert process_state(proc.pid) == "T"
+    # a SIGSTOP is delivered when the target is next scheduled
+    eventually(lambda: process_state(proc.pid) == "T", "the target stopped", PROMPT)
     orch.cleanup()
     assert process_state(proc.pid) in ("S", "R")
     assert [c[5] for c in here.calls] == ["STOP", "CONT"]
@@ -637,16 +613,13 @@ def test_the_escalation_never_hits_a_process_that_took_the_pid(spawn: Spawn) -> 
     try:
         result = orch.kill(worker, dry_run=False, fault=Fault("Preempt", grace_period=1.0))
         assert result.outcome is KillOutcome.KILLED, result.detail
-        assert proc.wait(timeout=5) == -15
+        assert proc.wait(timeout=within(PROMPT)) == -15
         reused = reuse_pid(proc.pid)
         if reused is None:
             pytest.skip(f"could not start a process on pid {proc.pid} again")
-        deadline = time.monotonic() + 10
-        while not orch.escalations and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: orch.escalations, "the escalation's record", PROMPT)
         assert orch.escalations[0].startswith(f"kill -KILL {worker.instance_id}: replaced ")
-        time.sleep(0.2)
-        assert reused.poll() is None, "the process that took the pid must not be hit"
+        stays(lambda: reused.poll() is None, "the process that took the pid runs")
         assert [c[5] for c in here.calls] == ["TERM", "KILL"]
     finally:
         orch.cleanup()

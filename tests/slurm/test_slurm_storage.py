@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ import yaml
 
 from pytest_recoverygate.storage.layer import our_mounts
 from tests.cli_drill import run_cli_drill
+from tests.patience import CLUSTER, eventually, within
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.storage_truth import Run, left_behind, read_truth, record_for_the_docs
 
@@ -84,12 +84,11 @@ def drill(
     spec: dict[str, Any] = yaml.safe_load((EXAMPLES / config).read_text())
     spec["workload"]["jobName"] = name
     spec["injectFailure"]["path"] = str(path or folder)
-    run = run_cli_drill(spec, tmp_path / config, timeout=300, env=cluster.env)
+    run = run_cli_drill(spec, tmp_path / config, timeout=within(CLUSTER), env=cluster.env)
     record_for_the_docs(f"slurm/{config}", run.report, run.wall)
     cluster.cancel_all()  # the job is the user's: a drill leaves it running
-    deadline = time.monotonic() + 30  # scancel: SIGTERM, then SIGKILL after KillWait
-    while _running(mark) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # scancel: SIGTERM, then SIGKILL after KillWait
+    eventually(lambda: not _running(mark), "the job's processes gone", seen=lambda: _running(mark))
     left = left_behind(mark, path or folder)
     assert not left, "left behind:\n" + "\n".join(left)
     assert not [t for t, _ in our_mounts() if t.startswith(str(tmp_path))]

@@ -49,6 +49,7 @@ from pytest_recoverygate.storage.layer import (
     our_mounts,
     sweep,
 )
+from tests.patience import PROCESS, PROMPT, eventually, stays, within
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a FUSE layer needs root"),
@@ -56,15 +57,6 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def eventually(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def collected(layer: StorageLayer, kind: StorageEventKind, at_least: int = 1) -> list[StorageEvent]:
@@ -76,7 +68,7 @@ def collected(layer: StorageLayer, kind: StorageEventKind, at_least: int = 1) ->
         got.extend(e for e in layer.events() if e.kind is kind)
         return len(got) >= at_least
 
-    eventually(enough, f"{at_least} {kind.value} event(s)")
+    eventually(enough, f"{at_least} {kind.value} event(s)", PROMPT)
     return got
 
 
@@ -315,10 +307,9 @@ def test_a_held_operation_completes_once_the_stall_is_lifted(
     eventually(
         lambda: any(e.kind is StorageEventKind.STALLED for e in layer.events()), "a held operation"
     )
-    writer.join(0.5)
-    assert writer.is_alive() and not done, "held, neither failed nor done"
+    stays(lambda: writer.is_alive() and not done, "held, neither failed nor done")
     layer.lift()
-    writer.join(10)
+    writer.join(within(PROMPT))
     assert done == [10]
     assert (folder / "held").read_bytes() == b"h" * 10
 
@@ -333,10 +324,9 @@ def test_a_process_held_by_the_stall_still_dies_of_sigkill(
     eventually(
         lambda: any(e.kind is StorageEventKind.STALLED for e in layer.events()), "a held operation"
     )
-    time.sleep(0.2)
-    assert proc.poll() is None
+    stays(lambda: proc.poll() is None, "the held process runs")
     proc.kill()
-    assert proc.wait(10) == -signal.SIGKILL
+    assert proc.wait(within(PROCESS)) == -signal.SIGKILL
 
 
 def test_latency_delays_each_operation(layer: StorageLayer, folder: Path) -> None:

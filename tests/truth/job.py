@@ -150,6 +150,23 @@ Third pass (issue 31):
     with ``--resume none``: print nanoGPT's own start-up line, "Initializing a new model
     from scratch", on every start (``init_from='scratch'``).
 
+Issue 41 (item 7):
+
+``--thread-warmup SECONDS``
+    with ``--progress-style thread``: the metrics thread first spends SECONDS of CPU work
+    (setting itself up) before its first tick, in every process. On an idle machine it
+    still ticks before the loop's first step; on a loaded one its first tick may come
+    after it, in one process and not in the next (the race of issue 41, item 7).
+``--late-first-tick``
+    with ``--progress-style thread``: in the first run (restart 0) the metrics thread's
+    first tick waits until the loop has recorded its first step; in a restarted process
+    the loop's first step waits until the thread has printed its first tick (the state it
+    holds). The order a loaded machine gave the issue's job, made certain.
+``--heartbeat SECONDS``
+    every process runs a thread that writes ``time.time()`` every SECONDS to
+    ``<base>.<rank>.<pid>.beat`` (in place, one line; with ``RECOVERYGATE_GROUND_TRUTH``
+    only): the moment a killed process last ran, to hold the drill's ``killTime`` to.
+
 Signals: SIGTERM is blocked and waited for inside each step's wait
 (``signal.sigtimedwait``), so a process torn down by torchrun records an ``exit`` line
 (``why: "SIGTERM"``) at a step boundary and exits 143, never in the middle of a save.
@@ -267,6 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--held-ticks", type=int, default=0, metavar="N")
     parser.add_argument("--loaded-label", choices=("held", "next"), default="held")
     parser.add_argument("--announce-scratch", action="store_true")
+    parser.add_argument("--thread-warmup", type=float, default=0.0, metavar="SECONDS")
+    parser.add_argument("--late-first-tick", action="store_true")
+    parser.add_argument("--heartbeat", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--child", choices=("warmup", "eval"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ckpt_every < 1 or args.progress_every < 1 or args.async_lag < 0:
@@ -353,6 +373,10 @@ class Job:
         self.eval_started = False
         self.writers: list[int] = []  # forked checkpoint writers not yet reaped
         self.w = 0.0  # --loss: the one-weight model's state
+        # --late-first-tick: the loop's first step recorded / the metrics thread's first
+        # tick printed (the two orders it makes certain)
+        self.stepped = threading.Event()
+        self.ticked = threading.Event()
         if args.lose_shard == self.rank:  # node-local: gone with the process
             self.shards = Path(tempfile.mkdtemp(prefix=f"shard-r{self.rank}-"))
         else:
@@ -565,9 +589,11 @@ class Job:
             self.wait(self.args.step_time)
         else:
             time.sleep(self.args.step_time)
+        style = self.args.progress_style
+        if style == "thread" and self.args.late_first_tick and self.restart > 0:
+            self.ticked.wait()  # a restarted process: its thread's first tick comes first
         self.done += 1
         label = self.label(self.done)
-        style = self.args.progress_style
         if style == "thread":
             reported = False  # the metrics thread reports
         elif style == "first-then-every":
@@ -577,6 +603,7 @@ class Job:
         loss = self.train_loss(self.done)
         extra = {} if loss is None else {"loss": loss.hex()}
         self.truth.record("step", self.done, reported=reported, label=label, **extra)
+        self.stepped.set()
         if reported:
             reporter.progress(label, loss=loss)
         if self.rank != 0:
@@ -607,10 +634,16 @@ class Job:
 
     def metrics_thread(self) -> None:
         """Report the completed count now and every --thread-interval seconds."""
+        busy_until = time.thread_time() + self.args.thread_warmup  # CPU work, not a sleep
+        while time.thread_time() < busy_until:
+            pass
+        if self.args.late_first_tick and self.restart == 0:
+            self.stepped.wait()  # the first run: its first tick after the first step
         while True:
             done = self.done
             self.truth.record("report", done, reported=True, label=self.label(done))
             reporter.progress(self.label(done))
+            self.ticked.set()
             time.sleep(self.args.thread_interval)
 
     def start_eval(self) -> None:
@@ -698,6 +731,14 @@ class Job:
         return 0
 
 
+def heartbeat(path: str, seconds: float) -> None:
+    """Write the time to ``path`` every ``seconds``, in place (the last write stays)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    while True:
+        os.pwrite(fd, b"%.6f\n" % time.time(), 0)
+        time.sleep(seconds)
+
+
 def child(args: argparse.Namespace) -> int:
     """A worker's subprocess: warm-up steps, or an evaluation of the newest checkpoint."""
     if args.child == "warmup":
@@ -728,6 +769,10 @@ def main(argv: list[str] | None = None) -> int:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     truth = GroundTruth(os.environ.get("RECOVERYGATE_GROUND_TRUTH"), rank, restart)
     truth.record("start", 0, reported=False)
+    base = os.environ.get("RECOVERYGATE_GROUND_TRUTH")
+    if args.heartbeat is not None and base:
+        path = f"{base}.{rank}.{os.getpid()}.beat"
+        threading.Thread(target=heartbeat, args=(path, args.heartbeat), daemon=True).start()
     return Job(args, truth, world_size).run()
 
 

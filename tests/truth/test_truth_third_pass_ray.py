@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.cli_drill import run_cli_drill
+from tests.patience import DRILL, within
 from tests.truth.scenarios import Drill, scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
@@ -48,7 +49,7 @@ def run_ray_reporting_without_a_step(tmp_path: Path) -> Drill:
         "--no-step",
         f"--storage={storage}",
     ]
-    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=420)
+    run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(DRILL))
     saved = sorted(
         p.relative_to(storage).as_posix() for p in storage.glob("*/step-*") if p.is_dir()
     )

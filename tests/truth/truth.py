@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Process", "Record", "Truth", "compute", "load_processes"]
+__all__ = ["Process", "Record", "Truth", "compute", "last_beat", "load_processes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +104,15 @@ def load_processes(base: Path) -> list[Process]:
         first = records[0]
         processes.append(Process(first.pid, first.rank, first.restart, records))
     return sorted(processes, key=lambda p: p.started)
+
+
+def last_beat(base: Path, rank: int, pid: int) -> float | None:
+    """The last time process ``pid`` of ``rank`` ran its heartbeat thread (``job.py
+    --heartbeat``): the last moment it was alive, as far as the job can tell."""
+    try:
+        return float((base.parent / f"{base.name}.{rank}.{pid}.beat").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,19 @@ R = FailureReason
 TABLE: tuple[Rule, ...] = (
     # ----------------------------------------------------------- each kill (restart mode)
     Rule(
+        "bad_node_avoided",
+        "bad_node",
+        "kill",
+        sticky.bad_node_avoided,
+        (R.BAD_NODE_REUSED,),
+        tests=(
+            "tests/test_engine_sticky_node.py::test_a_job_that_takes_the_bad_node_out_passes",
+            "tests/test_engine_sticky_node.py::test_a_job_that_keeps_rejoining_the_bad_node_fails_when_proven",
+            "tests/test_engine_sticky_node.py::test_a_job_whose_bad_node_stays_in_is_undecided",
+            "tests/test_engine_sticky_node.py::test_a_job_that_ends_stops_placing_work_on_the_node",
+        ),
+    ),
+    Rule(
         "damage_handled",
         "damage_handled",
         "kill",
@@ -86,6 +99,7 @@ TABLE: tuple[Rule, ...] = (
             "tests/test_engine_reentry.py::test_a_job_that_comes_back_from_a_kill_in_its_load_passes",
             "tests/test_engine_reentry.py::test_a_job_that_a_second_kill_leaves_crash_looping_is_not_reentrant",
             "tests/test_engine_reentry.py::test_a_job_a_second_kill_leaves_hung_is_not_reentrant",
+            "tests/test_engine_reentry.py::test_a_second_kill_that_lands_after_the_load_is_over_is_inconclusive",
         ),
     ),
     Rule(
@@ -97,6 +111,8 @@ TABLE: tuple[Rule, ...] = (
         tests=(
             "tests/test_engine.py::test_it_passes_when_the_job_resumes_from_the_latest_checkpoint",
             "tests/test_engine.py::test_a_zero_based_job_is_never_passed_and_is_told_the_fix",
+            "tests/test_engine_metrics_thread.py::test_a_metrics_thread_around_a_slow_first_step_breaks_no_contract",
+            "tests/test_engine_metrics_thread.py::test_0_then_1_from_one_thread_is_still_progress_of_the_epoch_index",
         ),
     ),
     Rule(
@@ -158,6 +174,12 @@ TABLE: tuple[Rule, ...] = (
             "tests/test_engine_third_pass.py::test_a_short_job_resuming_from_an_older_checkpoint_still_fails",
             "tests/test_engine.py::test_a_zero_based_job_is_never_passed_and_is_told_the_fix",
             "tests/test_engine.py::test_it_passes_when_the_job_resumes_from_the_latest_checkpoint",
+            "tests/test_engine_metrics_thread.py::test_a_metrics_thread_that_ticked_after_the_first_step_in_the_first_run_passes",
+            "tests/test_engine_metrics_thread.py::test_a_metrics_thread_that_looked_like_the_first_step_then_every_fifth_passes",
+            "tests/test_engine_metrics_thread.py::test_the_same_job_without_checkpoint_loaded_is_inconclusive_never_failed",
+            "tests/test_engine_metrics_thread.py::test_the_same_lines_from_one_thread_are_a_loop_that_redid_the_loaded_step",
+            "tests/test_engine_metrics_thread.py::test_a_loop_whose_saver_thread_reports_checkpoints_still_fails_a_redone_step",
+            "tests/test_engine_metrics_thread.py::test_the_kept_failing_drill_reproduces_on_rejudge_and_its_threads_undo_the_fail",
         ),
     ),
     Rule(

@@ -45,11 +45,14 @@ def detected(ev: KillEvidence) -> Check | None:
     )
 
 
-def new_incarnation(ev: KillEvidence) -> Check:
+def new_incarnation(ev: KillEvidence) -> Check | None:
     """A new incarnation of the job reported training events after the kill; none by the
-    end fails (never came back), unless the job finished first (undecided)."""
+    end fails (never came back), unless the job finished first (undecided). A judgement
+    before the end (another check's failure proven early) claims nothing of it."""
     came_back = ev.inc is not None
     finished_ok = ev.finished_ok
+    if not came_back and not ev.final and ev.kill.job_ended is None:
+        return None
     count = sum(1 for i in ev.ledger.order if i.born == ev.kill.index)
     return Check(
         "new_incarnation",
@@ -116,17 +119,66 @@ def _load_phase(ev: KillEvidence) -> str:
     )
 
 
+def _phase_over_before(ev: KillEvidence) -> str | None:
+    """How the phase the second kill was aimed at had ended before it landed (the job's
+    own lines: the replacement that began loading had loaded, a checkpoint completed
+    after the first kill, a replacement had trained), or None: it landed inside it."""
+    kill, ledger = ev.kill, ev.ledger
+    after_first = kill.details.get("afterFirstKillSeconds")
+    if not isinstance(after_first, (int, float)):
+        return None
+    first = kill.time - after_first
+    phase = ev.spec.recovery_phase
+    if phase == "checkpointLoad":
+        sign = kill.details.get("phaseIncarnation")
+        inc = ledger.incs.get(sign) or ledger.others.get(sign) if isinstance(sign, str) else None
+        if inc is not None and inc.loaded_at is not None and inc.loaded_at <= kill.time:
+            early = format_seconds(kill.time - inc.loaded_at)
+            return f"the replacement that began loading had loaded step {inc.loaded} {early} before"
+        return None
+    if phase == "firstInterval":
+        done = [c for c in ledger.checkpoints if first < c.time <= kill.time]
+        if done:
+            early = format_seconds(kill.time - done[0].time)
+            return f"checkpoint {done[0].step} had completed {early} before"
+        return None
+    trained = [
+        inc.first[1]
+        for inc in (*ledger.order, *ledger.others.values())
+        if first < inc.first_seen <= kill.time and inc.first is not None
+    ]
+    if trained and min(trained) <= kill.time:
+        early = format_seconds(kill.time - min(trained))
+        return f"a replacement had reported a training step {early} before"
+    return None
+
+
 def reentrant(ev: KillEvidence) -> Check | None:
     """``KillDuringRecovery``, the second kill: the job came back (a replacement trained
     past its resume) from a failure inside the recovery of the first; one it left hung,
     crash-looping or failed for good fails, the phase named (a job that finished first is
-    undecided)."""
+    undecided). A second kill that landed after its phase was over, by the job's own
+    lines (the replacement that began loading had loaded; a checkpoint had completed
+    since the first kill; a replacement had trained), is undecided whatever followed: it
+    tested another phase."""
     spec, kill = ev.spec, ev.kill
     if spec.fault != "KillDuringRecovery" or kill.index < 2:
         return None
     phase = spec.recovery_phase or "?"
     where = f"a second failure in the {phase} phase of its recovery"
     expected = "the job recovers again"
+    missed = _phase_over_before(ev)
+    if missed is not None:
+        return Check(
+            "reentrant",
+            None,
+            f"the second kill inside the {phase} phase",
+            missed,
+            f"inconclusive: the second kill landed after the {phase} phase was over "
+            f"({missed}), so this drill did not test a failure in it; make that phase of "
+            "the job's recovery last longer than the kill takes to land",
+            R.INCONCLUSIVE,
+        )
     if ev.trained:
         return Check("reentrant", True, expected, "came back", f"the job came back from {where}")
     if ev.inc is not None and not ev.final and kill.job_ended is None:

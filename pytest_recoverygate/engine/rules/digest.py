@@ -3,7 +3,7 @@ saved at that step."""
 
 from __future__ import annotations
 
-from pytest_recoverygate.engine.ledger import Checkpoint, Inc
+from pytest_recoverygate.engine.records import Checkpoint, Inc
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason
 

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.badnode import BadNodeRecord
+from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.model import GroupEventKind
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.spec import DrillSpec, StickySpec, Sustain
 from pytest_recoverygate.engine.storage import StorageRecord
 from pytest_recoverygate.engine.verdict import Recovery, StepContract, format_seconds
@@ -82,6 +84,7 @@ class KillRecord:
     slipped: list[int] = field(default_factory=list)  # checkpoints between trigger and kill
     window: Window | None = None  # the sustain window, once it opened
     storage: StorageRecord | None = None  # StorageFault: the fault this recovery follows
+    bad_node: BadNodeRecord | None = None  # StickyFault scope node: the node that stays bad
 
 
 def ended_how(kill: KillRecord, now: float) -> str:

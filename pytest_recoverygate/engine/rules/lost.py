@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume
+from pytest_recoverygate.engine.ledger import Ledger
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason
 

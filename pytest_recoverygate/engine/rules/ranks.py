@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_recoverygate.engine.ledger import Inc
+from pytest_recoverygate.engine.records import Inc
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason
 
@@ -78,9 +78,19 @@ def _loaded(ev: KillEvidence, tally: _Tally, rank: int, o: Inc, state: dict[str,
     return True
 
 
+def _group_ranks(ev: KillEvidence, judged: Inc) -> set[int]:
+    """The ranks of the replacement group: every rank seen, below the world size the
+    judged replacement's start line gave (a group that shrank has no rank past it: an
+    elastic job going on without a node)."""
+    ledger = ev.ledger
+    known = set(ev.ranks) | {o.rank for o in ledger.others.values() if o.rank is not None}
+    size = judged.world_size
+    return {rank for rank in known if size is None or rank < size}
+
+
 def _tally(ev: KillEvidence, judged: Inc) -> _Tally:
     ledger, kill, expected = ev.ledger, ev.kill, ev.expected
-    known = set(ev.ranks) | {o.rank for o in ledger.others.values() if o.rank is not None}
+    known = _group_ranks(ev, judged)
     known.discard(judged.rank if judged.rank is not None else -1)
     tally = _Tally()
     for rank in sorted(known):
@@ -161,10 +171,10 @@ def all_ranks_resumed(ev: KillEvidence) -> Check | None:
     checked rank loaded, from its own entry; when no other rank said what it loaded the
     check verified nothing: *not checked* (``checked`` false; it neither passes nor fails
     the drill). Its observed value lists each rank's state (also the report's
-    ``faultDetails.ranks``)."""
+    ``faultDetails.ranks``). A group that shrank (the replacement's start line gives a
+    smaller world size) is held to the ranks it has."""
     inc, expected, spec = ev.inc, ev.expected, ev.spec
-    known = set(ev.ranks) | {r.rank for r in ev.ledger.others.values() if r.rank is not None}
-    if inc is None or len(known) <= 1 or expected is None:
+    if inc is None or len(_group_ranks(ev, inc)) <= 1 or expected is None:
         return None
     tally = _tally(ev, inc)
     states, failed = tally.states, tally.failed

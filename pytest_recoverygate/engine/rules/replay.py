@@ -31,7 +31,8 @@ from typing import Any
 
 from pytest_recoverygate.engine.advice import loss_fix
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES
-from pytest_recoverygate.engine.ledger import Inc, Ledger
+from pytest_recoverygate.engine.ledger import Ledger
+from pytest_recoverygate.engine.records import Inc
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.spec import ReplayMode, ReplaySpec
 from pytest_recoverygate.engine.verdict import Check, FailureReason

@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from pytest_recoverygate.engine.advice import load_fix, save_fix
-from pytest_recoverygate.engine.ledger import Inc, Ledger, Resume, steps_text
+from pytest_recoverygate.engine.ledger import Ledger, steps_text
+from pytest_recoverygate.engine.records import Inc, Resume
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
 
@@ -33,7 +34,8 @@ NAME = "resume_step"
 
 def step_contract(ev: KillEvidence) -> Check:
     """The job keeps the step contract (``progress(n)`` after the n-th completed step, as
-    its first incarnation showed); a job that breaks it leaves the resume undecided."""
+    its first incarnation showed); a job that breaks it leaves the resume undecided. A
+    metrics thread's 0, then 1 (its samples around a slow first step) breaks nothing."""
     contract = ev.contract
     if contract.problem is not None:
         return Check(
@@ -507,7 +509,9 @@ def resume_step(ev: KillEvidence) -> Check | None:
     ``resumeFromCheckpoint``, or with ``latest`` a checkpoint durable before its load and
     no older than the newest one durable before it started. A FAIL needs proof whatever
     the reporting grid (a load line, a replay, a first step below the expected one); a
-    replay of the loaded step alone names the off-by-one resume. Undecided: a load line
+    replay of the loaded step alone names the off-by-one resume, unless a metrics thread
+    printed it (progress only from threads that print no checkpoint, in the first run
+    and after the load: the state it holds). Undecided: a load line
     naming a step no checkpoint_completed named followed by that step (a silent save
     done again, or a load line naming the next step to run), a replacement without
     checkpoint_loaded whose first lines may be a metrics thread ticking the state it
@@ -568,11 +572,14 @@ def unless_proven(
 
 def never_trained_resume(ev: KillEvidence) -> Check | None:
     """A replacement that never trained past its resume: one that loaded nothing never
-    came back (undecided when the job finished right after it came back); one that
-    loaded another step than expected resumed from the wrong checkpoint."""
+    came back (undecided when the job finished right after it came back; nothing claimed
+    in a judgement before the end); one that loaded another step than expected resumed
+    from the wrong checkpoint."""
     inc, expected = ev.inc, ev.expected
     if inc is None or ev.past is not None:
         return None
+    if inc.loaded is None and not ev.final and ev.kill.job_ended is None:
+        return None  # another check's failure was proven early: time decides nothing here
     if inc.loaded is None:
         if ev.finished_ok:
             return Check(
@@ -611,10 +618,13 @@ def never_trained_resume(ev: KillEvidence) -> Check | None:
 
 def never_trained_progress(ev: KillEvidence) -> Check | None:
     """A replacement that loaded a checkpoint but made no step past it stopped
-    progressing (undecided when the job finished right after resuming)."""
+    progressing (undecided when the job finished right after resuming; nothing claimed in
+    a judgement before the end)."""
     inc = ev.inc
     if inc is None or ev.past is not None or inc.loaded is None:
         return None
+    if not ev.final and ev.kill.job_ended is None:
+        return None  # another check's failure was proven early: time decides nothing here
     if ev.finished_ok:
         return Check(
             "progress_after_resume",

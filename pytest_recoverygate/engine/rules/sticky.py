@@ -1,14 +1,22 @@
 """Rules of a failure that comes back (StickyFault): ``scope: step``, the poisoned step
 was reached and the job stopped retrying it within ``maxCrashLoop`` incarnations;
 ``scope: checkpoint``, the job did not train on the damaged checkpoint, fell back to an
-older one rather than to nothing, and did not retry the damaged one again and again."""
+older one rather than to nothing, and did not retry the damaged one again and again;
+``scope: node``, the job stopped placing work on the node that stays bad within
+``maxCrashLoop`` placements that died there."""
 
 from __future__ import annotations
 
 from pytest_recoverygate.engine.rules.evidence import KillEvidence, StickyEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason, format_seconds
 
-__all__ = ["crash_loop_bounded", "damage_handled", "gpu_hours", "poison_reached"]
+__all__ = [
+    "bad_node_avoided",
+    "crash_loop_bounded",
+    "damage_handled",
+    "gpu_hours",
+    "poison_reached",
+]
 
 R = FailureReason
 
@@ -235,4 +243,69 @@ def _resumed(ev: KillEvidence, observed: int, step: int, intact: list[int], expe
         expected,
         f"resumed from step {observed}",
         f"the job resumed from step {observed}, a checkpoint newer than the damaged {step}",
+    )
+
+
+def bad_node_avoided(ev: KillEvidence) -> Check | None:
+    """``scope: node``: the job stopped placing work on the bad node within
+    ``maxCrashLoop`` placements that died (or hung) there. More fail ``BAD_NODE_REUSED``
+    as soon as proven, with what the rejoining burned (placements, restarts, seconds);
+    the node's agent leaving the job, or the job ending, passes; a job still training
+    with the node's agent in it at the end is undecided (its next placement may come)."""
+    bad = ev.kill.bad_node
+    sticky = ev.spec.sticky
+    if bad is None or sticky is None:
+        return None
+    limit, deaths, verb = sticky.max_crash_loop, bad.deaths, bad.verb
+    node = bad.node or "the bad node"
+    expected = f"at most {limit} placement(s) on {node} {verb} there"
+    placed = len(bad.placements) + bad.dropped
+    burned = (
+        f"{placed} placement(s) on {node} since it went bad, {deaths} {verb} there, "
+        f"{ev.restarts} restart(s), {format_seconds(ev.now - bad.armed_at)}"
+    )
+    if deaths > limit:
+        return Check(
+            "bad_node",
+            False,
+            expected,
+            deaths,
+            f"the job keeps placing work on the bad node: {burned}; take a node out after "
+            "a failure or two (a health check that ends its agent, the scheduler's exclude "
+            "list) instead of rejoining it",
+            R.BAD_NODE_REUSED,
+        )
+    if bad.left is not None:
+        when, why = bad.left
+        return Check(
+            "bad_node",
+            True,
+            expected,
+            deaths,
+            f"the job stopped placing work on {node} after {placed} placement(s) "
+            f"({deaths} {verb} there): it left the job {format_seconds(when - bad.armed_at)} "
+            f"after the node went bad ({why})",
+        )
+    ended = ev.kill.job_ended
+    if ended is not None:
+        return Check(
+            "bad_node",
+            True,
+            expected,
+            deaths,
+            f"the job placed no more work on {node} after {placed} placement(s) "
+            f"({deaths} {verb} there): it ended ({ended[1] or 'no detail'})",
+        )
+    if not ev.final:
+        return None
+    return Check(
+        "bad_node",
+        None,
+        expected,
+        deaths,
+        f"inconclusive: after {deaths} placement(s) {verb} on {node}, its agent is still in "
+        f"the job {format_seconds(ev.now - bad.armed_at)} after the node went bad, so another "
+        "placement there may come (the drill proves the node's exclusion by its agent "
+        "leaving the job); allow more time (maxRecoveryTime), or see what the agent waits for",
+        R.INCONCLUSIVE,
     )

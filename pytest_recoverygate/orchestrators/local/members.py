@@ -141,7 +141,11 @@ class ServiceProcess:
         self._popen = launch(
             [executable, *member.command[1:]],
             cwd=member.workdir,
-            env={**os.environ, **self._env},
+            env={
+                k: v
+                for k, v in {**os.environ, **self._env}.items()
+                if k != "RECOVERYGATE_PARENT_INC"  # the members are nobody's children
+            },
             what=f"workload.group member {member.name!r}: could not start "
             f"`{shlex.join(member.command)}`",
         )

@@ -18,9 +18,13 @@ class's); this module composes them into one job:
   failure and is not passed on; every other node's group events are;
 - PartitionNode takes the node's bridge port down; ``restore_node`` (and cleanup, always)
   brings it back up;
-- cleanup ends every node's processes, then deletes every namespace (and with them
-  every veth and the bridge) and the drill's folder with ``{sharedDir}`` and the
-  ``{nodeDir}`` folders.
+- ``make_node_bad`` for a StickyFault with ``scope: node``: from now on every job process
+  in the node's namespace is killed or stopped (:mod:`.badnode`), its placements reported
+  as group events; the node's agent ending is then the node leaving the job
+  (``NODE_GONE``), not the job's failure;
+- cleanup stops the bad node's watcher (continuing and killing what it stopped), ends
+  every node's processes, then deletes every namespace (and with them every veth and the
+  bridge) and the drill's folder with ``{sharedDir}`` and the ``{nodeDir}`` folders.
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, DrillError
+from pytest_recoverygate.orchestrators.local.badnode import BadNode
 from pytest_recoverygate.orchestrators.local.netns import (
     IFACE,
     Network,
@@ -79,6 +84,7 @@ PLACEHOLDERS = (
 #: Node 0's rendezvous port: a fresh namespace has every port free.
 RDZV_PORT = 29400
 GONE_TIMEOUT = 10.0  # seconds a killed node's processes get to disappear
+_ENDS = (model.GroupEventKind.JOB_FAILED, model.GroupEventKind.JOB_SUCCEEDED)
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 
@@ -99,6 +105,8 @@ class _NodeRun:
     killed: bool = False  # by a KillNode: its own "job failed" is not the job's
     finished: bool = False  # its agent ended with success
     cut: bool = False
+    bad: BadNode | None = None  # StickyFault scope node: the node stays bad
+    left: bool = False  # the bad node's agent ended: the node left the job
 
 
 class _MergedSource:
@@ -431,6 +439,64 @@ class LocalNodesOrchestrator(LaunchedJob):
         )
         self._discover_node(new, self._clock.now() + 600.0)
 
+    def make_node_bad(
+        self, node: model.Node, *, dry_run: bool, mode: str, after: float
+    ) -> model.KillResult:
+        """StickyFault ``scope: node``: the node stays bad until cleanup: each job process
+        in it is SIGKILLed (``mode: kill``) or SIGSTOPped (``hang``), the work running
+        there now at once, every later one ``after`` seconds after it started."""
+        run = self._current_run(node.index)
+        now = self._clock.now()
+        if run is None or run.killed or run.net.identity != node.identity:
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
+                now,
+                f"{node.describe()} is not the node running now; nothing was touched",
+            )
+        marker = run.orch.marker
+        if marker is None or run.bad is not None:
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE, now, f"{node.name} is bad already, or attached"
+            )
+        bad = BadNode(
+            netns=run.net.netns,
+            hostname=run.net.hostname,
+            marker=marker,
+            agent=run.orch.agent,
+            mode=mode,
+            after=after,
+            emit=self._emit,
+            now=self._clock.now,
+        )
+        what = (
+            f"{bad.verb} each job process in {run.net.netns} (its drill marker and a RANK; "
+            f"never its agent), the work there now at once, every later one {after:g}s after "
+            "it starts, until the drill ends"
+        )
+        there = bad.look()
+        if not there:
+            return model.KillResult(
+                model.KillOutcome.ALREADY_GONE,
+                now,
+                f"no job process runs on {node.describe()} now; nothing was touched",
+            )
+        if dry_run:
+            return model.KillResult(
+                model.KillOutcome.DRY_RUN,
+                now,
+                f"would make {node.name} bad: {what} ({len(there)} there now)",
+            )
+        with self._launching:  # cleanup either sees the watcher, or it never starts
+            if self._stop.is_set():
+                return model.KillResult(model.KillOutcome.ALREADY_GONE, now, "cleanup began")
+            run.bad = bad
+            at, hits = bad.start()
+        return model.KillResult(
+            model.KillOutcome.KILLED if hits else model.KillOutcome.UNCONFIRMED,
+            at,
+            f"{node.name} is bad from now on: {what}; {hits} process(es) hit now",
+        )
+
     def _partition(self, run: _NodeRun, node: model.Node, *, dry_run: bool) -> model.KillResult:
         assert self._network is not None
         now = self._clock.now()
@@ -472,9 +538,16 @@ class LocalNodesOrchestrator(LaunchedJob):
                 return int(proc.environ()["WORLD_SIZE"])
         return None
 
-    def _emit(self, kind: model.GroupEventKind, detail: str) -> None:
+    def _emit(
+        self,
+        kind: model.GroupEventKind,
+        detail: str,
+        timestamp: float | None = None,
+        **extra: Any,
+    ) -> None:
+        at = self._clock.now() if timestamp is None else timestamp
         with self._lock:
-            self._events.append(model.GroupEvent(kind, self._clock.now(), detail))
+            self._events.append(model.GroupEvent(kind, at, detail, **extra))
         self._clock.wakeup()
 
     def watch_group(self) -> list[model.GroupEvent]:
@@ -487,6 +560,10 @@ class LocalNodesOrchestrator(LaunchedJob):
             for seen in run.orch.watch_group():
                 if run.killed:
                     continue  # the node we killed: its end is NODE_GONE, not the job's
+                if run.bad is not None and seen.kind in _ENDS:
+                    run.left = True  # the bad node's agent ended: the node left the job
+                    out.append(self._left(run, seen))
+                    continue
                 event = seen
                 if seen.kind is model.GroupEventKind.REPLACEMENT_RUNNING:
                     event = dataclasses.replace(seen, world_size=self._world_size_of(run))
@@ -496,11 +573,20 @@ class LocalNodesOrchestrator(LaunchedJob):
                     )
                 if event.kind is model.GroupEventKind.JOB_SUCCEEDED:
                     self._succeeded.add(id(run))
-                    live = [r for r in runs if not r.killed]
+                    live = [r for r in runs if not r.killed and not r.left]
                     if any(id(r) not in self._succeeded for r in live):
                         continue  # the job ends when every live node's agent ended well
                 out.append(dataclasses.replace(event, detail=f"{run.net.hostname}: {event.detail}"))
         return sorted(mine + out, key=lambda e: e.timestamp)
+
+    def _left(self, run: _NodeRun, end: model.GroupEvent) -> model.GroupEvent:
+        how = "with success" if end.kind is model.GroupEventKind.JOB_SUCCEEDED else end.detail
+        return model.GroupEvent(
+            model.GroupEventKind.NODE_GONE,
+            end.timestamp,
+            f"{run.net.hostname} left the job: its agent ended ({how}); nothing more is "
+            "placed on the bad node",
+        )
 
     def events(self) -> _MergedSource:
         return self._source
@@ -530,6 +616,9 @@ class LocalNodesOrchestrator(LaunchedJob):
         with self._launching:
             self._stop.set()
         problems: list[str] = []
+        for run in list(self._runs):  # first: no watcher left, nothing left stopped
+            if run.bad is not None:
+                problems += run.bad.stop()
         if self._network is not None:
             with contextlib.suppress(BackendError):
                 for run in list(self._runs):

@@ -413,6 +413,16 @@ class LocalOrchestrator(LaunchedJob):
         return self._agent.pid if self._agent else None
 
     @property
+    def agent(self) -> Identity | None:
+        """The launched (or attached) process's instance, once discover() has run."""
+        return self._agent
+
+    @property
+    def marker(self) -> tuple[str, str] | None:
+        """``(DRILL_MARKER, value)`` in the launched job's environment (None: attached)."""
+        return None if self._drill_id is None else (DRILL_MARKER, self._drill_id)
+
+    @property
     def scratch_dir(self) -> Path | None:
         """The drill-owned TMPDIR of the launched job (removed by cleanup)."""
         return self._tmpdir

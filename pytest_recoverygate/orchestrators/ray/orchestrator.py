@@ -441,6 +441,7 @@ class RayOrchestrator(LaunchedJob):
     def _launch(self) -> None:
         self._tmpdir = Path(tempfile.mkdtemp(prefix="rg-ray-", dir="/tmp"))
         env = {**os.environ, **self.env}
+        env.pop("RECOVERYGATE_PARENT_INC", None)  # the job's workers are nobody's children
         env.update(
             {
                 "PYTHONUNBUFFERED": "1",

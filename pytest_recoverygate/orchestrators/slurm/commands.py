@@ -18,9 +18,10 @@ import pwd
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_recoverygate.engine.model import KillOutcome, KillResult
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.slurm.parsing import (
     SQUEUE_FIELDS,
@@ -37,6 +38,7 @@ __all__ = [
     "CommandOutcomeUnknown",
     "JobGone",
     "SlurmCommands",
+    "failed_destructive",
 ]
 
 #: Retries of the Slurm clients: a controller restart takes a few seconds.
@@ -83,6 +85,24 @@ class CommandOutcomeUnknown(BackendError):
     """A command that acts failed after it may have acted; it must not be sent again."""
 
 
+def failed_destructive(
+    now: float,
+    exc: Exception,
+    job_id: str,
+    *,
+    not_started: Callable[[Exception], str],
+    unknown: Callable[[Exception], str],
+) -> KillResult:
+    """What a destructive command that raised means: the job is gone, the command
+    certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
+    since only the first is proof that nothing else was hit)."""
+    if isinstance(exc, JobGone):
+        return KillResult(KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
+    if isinstance(exc, CommandNotStarted):
+        return KillResult(KillOutcome.UNCONFIRMED, now, not_started(exc))
+    return KillResult(KillOutcome.UNCONFIRMED, now, unknown(exc))
+
+
 class SlurmCommands:
     """Runs the Slurm clients with a timeout, a clean environment and transient retries.
 
@@ -101,11 +121,14 @@ class SlurmCommands:
     ) -> None:
         base = dict(os.environ if env is None else env)
         # Inside an allocation srun would inherit SLURM_JOB_ID & co. and target the wrong
-        # job; the probe and kill steps name their job explicitly.
+        # job; the probe and kill steps name their job explicitly. A job the drill submits
+        # (sbatch --export=ALL) never inherits the reporter's parent incarnation from a
+        # drill process that loaded the reporter: its workers are nobody's children.
         clean = {
             k: v
             for k, v in base.items()
             if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))
+            and k != "RECOVERYGATE_PARENT_INC"
         }
         conf = slurm_conf or base.get("SLURM_CONF")
         if conf:
@@ -142,17 +165,31 @@ class SlurmCommands:
                 f"{', '.join(defaults)} exists; export SLURM_CONF=/path/to/slurm.conf"
             )
 
-    def run(self, args: Sequence[str], *, timeout: float | None = None, retry: bool = True) -> str:
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         """Run one client command and return its stdout; raise JobGone / BackendError.
+        ``cwd`` and ``env`` (instead of the clean environment) are sbatch's, for a job
+        the drill submits.
 
         With ``retry=False`` the command runs exactly once, and a transient failure says
         whether the command may have acted: :class:`CommandNotStarted` (the connection to
         slurmctld failed) or :class:`CommandOutcomeUnknown` (it timed out, or the answer
         was lost after the request went out).
         """
+
+        def once() -> str:
+            return self._run_once(args, timeout or self.timeout, cwd=cwd, env=env)
+
         if not retry:
             try:
-                return self._run_once(args, timeout or self.timeout)
+                return once()
             except _Transient as exc:
                 what = f"'{' '.join(args[:3])}' failed: {exc}"
                 if not exc.sent:
@@ -162,7 +199,7 @@ class SlurmCommands:
                 ) from None
         try:
             return retry_read(
-                lambda: self._run_once(args, timeout or self.timeout),
+                once,
                 transient=lambda exc: isinstance(exc, _Transient),
                 policy=self.retry,
             )
@@ -173,7 +210,14 @@ class SlurmCommands:
                 f"SLURM_CONF={self.slurm_conf or 'default'})"
             ) from None
 
-    def run_destructive(self, args: Sequence[str], *, timeout: float | None = None) -> str:
+    def run_destructive(
+        self,
+        args: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         """Run a command that acts: at most once past the point where it could have acted.
 
         Each attempt is ``run(args, retry=False)``. Only :class:`CommandNotStarted` is
@@ -181,19 +225,27 @@ class SlurmCommands:
         JobGone and every other error go straight to the caller.
         """
         return send_destructive(
-            lambda: self.run(args, timeout=timeout, retry=False),
+            lambda: self.run(args, timeout=timeout, retry=False, cwd=cwd, env=env),
             never_acted=lambda exc: isinstance(exc, CommandNotStarted),
             policy=self.retry,
         )
 
-    def _run_once(self, args: Sequence[str], timeout: float) -> str:
+    def _run_once(
+        self,
+        args: Sequence[str],
+        timeout: float,
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         try:
             proc = subprocess.run(
                 list(args),
                 capture_output=True,
                 text=True,
                 timeout=timeout,
-                env=self.env,
+                env=dict(self.env if env is None else env),
+                cwd=cwd,
                 check=False,
             )
         except FileNotFoundError:

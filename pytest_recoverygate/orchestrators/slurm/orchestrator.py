@@ -52,9 +52,9 @@ from pytest_recoverygate.errors import (
 )
 from pytest_recoverygate.orchestrators.slurm import FAULT_TYPES
 from pytest_recoverygate.orchestrators.slurm.commands import (
-    CommandNotStarted,
     JobGone,
     SlurmCommands,
+    failed_destructive,
 )
 from pytest_recoverygate.orchestrators.slurm.events import SlurmEventSource, uid_of
 from pytest_recoverygate.orchestrators.slurm.nodes import (
@@ -82,6 +82,7 @@ from pytest_recoverygate.orchestrators.slurm.parsing import (
     parse_slurm_marker,
 )
 from pytest_recoverygate.orchestrators.slurm.storage import JobStorage
+from pytest_recoverygate.orchestrators.slurm.submit import Submission, SubmittedJob
 from pytest_recoverygate.registry.seams import Clock, EventSource, cleanup_once, node_moved
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.joboutput import JobOutput
@@ -95,6 +96,8 @@ SIGNAL_OF = {
     "KillDuringCheckpoint": "KILL",
     "Preempt": "TERM",
     "HangWorker": "STOP",
+    "KillDuringRecovery": "KILL",  # both kills; the second hits the replacement
+    "StickyFault": "KILL",  # scope checkpoint: the kill after the damage
 }
 
 
@@ -156,9 +159,12 @@ class SlurmOrchestrator(JobStorage):
         command_timeout: float = 20.0,
         drain_node: bool = False,
         step_name: str | None = None,
+        submission: Submission | None = None,
     ) -> None:
-        if job_id is None and not job_name:
-            raise UsageError("the slurm backend needs workload.jobId or workload.jobName")
+        if job_id is None and not job_name and submission is None:
+            raise UsageError(
+                "the slurm backend needs workload.jobId or workload.jobName, or workload.script"
+            )
         if fault not in FAULT_TYPES:
             raise UsageError(
                 f"unknown fault type {fault!r} for slurm; use one of {', '.join(FAULT_TYPES)}"
@@ -198,6 +204,8 @@ class SlurmOrchestrator(JobStorage):
         #: recovery: live (``workload.replicas``): the target replica group's job step, by
         #: name (``srun --job-name``); the other groups' steps run beside it, untouched.
         self.step_name = step_name
+        #: ``workload.script``: the job the drill submits at discovery, cancels at cleanup.
+        self.submitted = SubmittedJob(submission, self.commands) if submission is not None else None
 
     # --- discovery ----------------------------------------------------------------------
 
@@ -206,6 +214,8 @@ class SlurmOrchestrator(JobStorage):
         self.commands.check_setup()
         if self.fault == "KillNode" and self.drain_node:
             self._nodes.check_operator()
+        if self.submitted is not None and self.job_id is None:
+            self.job_id = self.submitted.submit()
         job_id = self.job_id or self.commands.job_by_name(
             self.job_name or "", self.user, self.partition
         )
@@ -615,22 +625,10 @@ class SlurmOrchestrator(JobStorage):
         return model.KillResult(model.KillOutcome.KILLED, sent_at, " ".join(args))
 
     def _failed_destructive(
-        self,
-        exc: Exception,
-        job_id: str,
-        *,
-        not_started: Callable[[Exception], str],
-        unknown: Callable[[Exception], str],
+        self, exc: Exception, job_id: str, **how: Callable[[Exception], str]
     ) -> model.KillResult:
-        """What a destructive command that raised means: the job is gone, the command
-        certainly never started, or whether it acted is unknown (UNCONFIRMED either way,
-        since only the first is proof that nothing else was hit)."""
-        now = self.clock.now()
-        if isinstance(exc, JobGone):
-            return model.KillResult(model.KillOutcome.ALREADY_GONE, now, f"job {job_id} is gone")
-        if isinstance(exc, CommandNotStarted):
-            return model.KillResult(model.KillOutcome.UNCONFIRMED, now, not_started(exc))
-        return model.KillResult(model.KillOutcome.UNCONFIRMED, now, unknown(exc))
+        """:func:`.commands.failed_destructive`, now."""
+        return failed_destructive(self.clock.now(), exc, job_id, **how)
 
     # --- watching -----------------------------------------------------------------------
 
@@ -662,8 +660,9 @@ class SlurmOrchestrator(JobStorage):
     @cleanup_once
     def cleanup(self) -> None:
         """SIGCONT what a HangWorker stopped, first of all; then stop the Preempt
-        escalations, the watcher and the tail. The job itself is the user's and is left
-        running.
+        escalations, the watcher and the tail. A job the drill found is the user's and is
+        left running; a job it submitted (``workload.script``) is cancelled last, and
+        waited for until squeue lists it no more.
 
         The SIGCONT goes through the kill step, identity-checked like every signal: an
         instance that is gone (torchrun or Slurm killed it) or replaced is not touched.
@@ -695,6 +694,8 @@ class SlurmOrchestrator(JobStorage):
             if thread is not None and thread is not current:
                 thread.join(timeout=max(self.commands.timeout * 2, 10))
         self._events.close()
+        ours = self.submitted
+        submitted = ours.cancel(self.clock.wait, self.clock.now) if ours is not None else None
         if stuck:
             raise BackendError(
                 "cleanup could not SIGCONT the worker a HangWorker stopped: " + "; ".join(stuck)
@@ -703,6 +704,8 @@ class SlurmOrchestrator(JobStorage):
             raise BackendError(
                 "cleanup could not RESUME the node a KillNode drained: " + "; ".join(stuck_nodes)
             )
+        if submitted is not None:
+            raise BackendError(submitted)
 
     def _emit(
         self,

@@ -11,13 +11,18 @@ and the runner mounts the storage layer only then:
 - the folders its batch script names (``scontrol write batch_script J -``: a path, an
   option's value, the value of ``NAME=value``; words that need the shell's expansion
   name nothing here);
-- the target process's working folder and the folders its command line names.
+- the target process's working folder and the folders its command line names, when it
+  runs on this machine (its pid and start time, as discovery found them).
 
-The target must be a process of this machine that shares the drill's mount namespace
-(its pid and start time, as discovery found them, read in ``/proc`` here): a rank on
+For a StorageFault, the target must be a process of this machine that shares the
+drill's mount namespace (its pid and start time, as discovery found them, read in
+``/proc`` here): a rank on
 another node, or under a slurmd started in a mount namespace of its own (the test
 cluster's ``--nodes N``), would never see the layer, and the drill is refused before
-anything is mounted.
+anything is mounted. A StickyFault ``scope: checkpoint`` writes over files instead of
+mounting anything (``mount=False``): it needs the folder the job shows, seen from the
+drill's machine as the job sees it (a shared file system); the files the trigger
+checkpoint's save wrote there, by their times, are what proves that.
 """
 
 from __future__ import annotations
@@ -29,7 +34,12 @@ from pathlib import Path
 from pytest_recoverygate.engine import model
 from pytest_recoverygate.errors import BackendError, DiscoveryError, PermissionDeniedError
 from pytest_recoverygate.orchestrators.slurm.commands import JobGone, SlurmCommands
-from pytest_recoverygate.storage.scope import mount_problem, named_folders, process_words
+from pytest_recoverygate.storage.scope import (
+    mount_problem,
+    named_folders,
+    process_words,
+    start_ticks,
+)
 
 __all__ = ["MAX_SCRIPT", "JobStorage", "script_words"]
 
@@ -61,18 +71,19 @@ class JobStorage:
     commands: SlurmCommands
     job_id: str | None
 
-    def storage_scope(self, target: model.Worker) -> tuple[Path, ...]:
-        """The folders the discovered job can be shown to use (see the module); a
-        DiscoveryError when ``target`` would not see a mount made here."""
+    def storage_scope(self, target: model.Worker, *, mount: bool = True) -> tuple[Path, ...]:
+        """The folders the discovered job can be shown to use (see the module); with
+        ``mount``, a DiscoveryError when ``target`` would not see a mount made here
+        (without: a StickyFault's damage, written in the files, which needs no mount)."""
         match = _INSTANCE.fullmatch(target.instance_id)
         if match is None or self.job_id is None:
             raise DiscoveryError(
                 f"{target.describe()} is not a Slurm worker this drill discovered; "
-                "nothing was mounted"
+                "nothing was touched"
             )
         pid, start = int(match["pid"]), int(match["start"])
         shown = f"{target.describe()} (pid {pid} on {target.node or 'its node'})"
-        problem = mount_problem(pid, start, shown)
+        problem = mount_problem(pid, start, shown) if mount else None
         if problem is not None:
             raise DiscoveryError(
                 f"a StorageFault on slurm covers the checkpoint folder as the target rank's "
@@ -97,6 +108,7 @@ class JobStorage:
             for word in script_words(script)
             if work is not None or word.startswith("/")
         ]
-        words += process_words(pid)
+        if start_ticks(pid) == start:  # this very process runs here: its own folders too
+            words += process_words(pid)
         found = named_folders((Path("/"), str(folder)) for folder in own)
         return tuple(dict.fromkeys([*found, *named_folders(words)]))
