@@ -22,7 +22,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from pytest_recoverygate.orchestrators.local.netns import (
 )
 from pytest_recoverygate.orchestrators.local.orchestrator import DRILL_MARKER
 from pytest_recoverygate.orchestrators.local.processes import Identity
+from tests.patience import PROCESS, QUIET, eventually, stays
 
 pytestmark = [
     pytest.mark.local,
@@ -50,15 +51,9 @@ pytestmark = [
 ]
 
 MARK = "0123456789abcdef"
-PATIENCE = 30.0  # seconds a change may take on a loaded machine
-
-
-def eventually(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {PATIENCE:.0f} s")
-        time.sleep(0.05)
+#: The bad node's ``after`` in the first test: each later job process is hit that long
+#: after it started (the fault's setting, not a wait).
+AFTER = 1.0
 
 
 #: A stand-in torchrun agent: starts a "worker" (RANK set), and a new one each time the
@@ -167,13 +162,13 @@ def test_the_work_now_at_once_each_later_one_after_it_started_and_nothing_else(
     stranger = node.start(["sleep", "600"], marker=None, rank=True)  # no drill marker
     other = node.start(["sleep", "600"], marker="feedfacefeedface", rank=True)  # another's
     outside = node.start(["sleep", "600"], marker=MARK, rank=True, inside=False)
-    eventually(lambda: len(workers(agent)) == 1, what="the first worker")
-    bad = node.bad(agent, "kill", after=1.0)
+    eventually(lambda: len(workers(agent)) == 1, "the first worker", PROCESS)
+    bad = node.bad(agent, "kill", after=AFTER)
 
     at, hits = bad.start()
     try:
         assert hits == 1  # the worker running when the node went bad
-        eventually(lambda: len(node.of(GroupEventKind.BAD_NODE_HIT)) == 4, what="4 hits")
+        eventually(lambda: len(node.of(GroupEventKind.BAD_NODE_HIT)) == 4, "4 hits", PROCESS)
         placed = node.of(GroupEventKind.BAD_NODE_PLACEMENT)
         hit = node.of(GroupEventKind.BAD_NODE_HIT)
         assert [p["placement"] for p in placed] == [1, 2, 3, 4]
@@ -182,9 +177,9 @@ def test_the_work_now_at_once_each_later_one_after_it_started_and_nothing_else(
         with node.lock:
             ages = [float(d.rsplit(", ", 1)[1].split("s ")[0]) for k, d, _ in node.events
                     if k is GroupEventKind.BAD_NODE_HIT]  # fmt: skip
-        assert all(1.0 <= age < 3.0 for age in ages[1:]), ages  # `after` on their own start
-        time.sleep(1.5)
-        assert len(node.of(GroupEventKind.BAD_NODE_HIT)) == 4  # nothing more to hit
+        assert all(AFTER <= age < 3.0 for age in ages[1:]), ages  # `after` on their own start
+        # nothing more to hit: no fifth hit for longer than a later process's `after`
+        stays(lambda: len(node.of(GroupEventKind.BAD_NODE_HIT)) == 4, "only 4 hits", AFTER + QUIET)
         assert all(alive(p) for p in (agent, stranger, other, outside))
     finally:
         assert bad.stop() == []
@@ -193,14 +188,14 @@ def test_the_work_now_at_once_each_later_one_after_it_started_and_nothing_else(
 
 def test_hang_stops_the_work_and_stop_leaves_nothing_stopped(node: Node) -> None:
     agent = node.start([sys.executable, "-c", AGENT, "0"], marker=MARK)
-    eventually(lambda: len(workers(agent)) == 1, what="the worker")
+    eventually(lambda: len(workers(agent)) == 1, "the worker", PROCESS)
     (worker,) = workers(agent)
     bad = node.bad(agent, "hang", after=0.0)
     _, hits = bad.start()
     assert hits == 1
-    eventually(lambda: worker.status() == psutil.STATUS_STOPPED, what="the worker stopped")
+    eventually(lambda: worker.status() == psutil.STATUS_STOPPED, "the worker stopped", PROCESS)
     assert alive(agent)
     assert bad.stop() == []
     assert not bad.running
     eventually(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE,
-               what="the stopped worker continued and killed")  # fmt: skip
+               "the stopped worker continued and killed", PROCESS)  # fmt: skip

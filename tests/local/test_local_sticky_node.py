@@ -21,7 +21,6 @@ The drills run one after the other (the machine's two cores are shared): 3-5 min
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +32,7 @@ import yaml
 from pytest_recoverygate.orchestrators.local.netns import missing_capabilities
 from tests.cli_drill import CliRun, run_cli_drill
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
+from tests.patience import DRILL, PROMPT, eventually, within
 
 pytestmark = [
     pytest.mark.e2e,
@@ -43,7 +43,6 @@ pytestmark = [
 ]
 
 FAULTS = Path(__file__).resolve().parents[2] / "examples" / "local" / "faults"
-TIMEOUT = 600.0  # seconds for one drill, on a loaded machine
 
 
 def drill(name: str, tmp: Path, tag: str) -> tuple[CliRun, Path]:
@@ -53,7 +52,7 @@ def drill(name: str, tmp: Path, tag: str) -> tuple[CliRun, Path]:
     base.parent.mkdir(parents=True)
     config["workload"]["workdir"] = str(FAULTS)
     config["workload"]["env"].update({"RG_TEST_TAG": tag, "RECOVERYGATE_GROUND_TRUTH": str(base)})
-    return run_cli_drill(config, tmp / name, timeout=TIMEOUT), base
+    return run_cli_drill(config, tmp / name, timeout=within(DRILL)), base
 
 
 def placements(base: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
@@ -85,10 +84,8 @@ def explain(run: CliRun) -> str:
 def assert_nothing_left(tag: str, run: CliRun) -> None:
     """No process of the test's tag (none stopped either), no namespace of the drill (its
     own: other drills may run on this machine meanwhile)."""
-    deadline = time.monotonic() + 10
-    while tagged_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert tagged_processes(tag) == [], "processes of the drill are left"
+    gone = "the drill's processes gone"
+    eventually(lambda: not tagged_processes(tag), gone, PROMPT, seen=lambda: tagged_processes(tag))
     drill = bad_node(run)["node"].rsplit("-", 1)[0]  # rgID-node1: the drill's rgID
     assert {name for name in drill_namespaces() if name.startswith(f"{drill}-")} == set()
 

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.runner import RunOptions, run_drill
 from pytest_recoverygate.shared.procs import JobLaunch
 from tests.local.test_local_nodes import drill_namespaces, tagged_processes
+from tests.patience import JOB, PROCESS, eventually, within
 from tests.reliability.conftest import Figures
 from tests.reliability.test_cleanup_nodes_local import (
     STANDIN,
@@ -57,7 +57,6 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-PATIENCE = 90.0  # seconds for a stand-in drill to reach a stopped placement, loaded machine
 
 
 def sticky_yaml(tmp: Path, tag: str, *extra: str, **expect: Any) -> Path:
@@ -118,13 +117,12 @@ def cli(path: Path, locks: Path) -> subprocess.Popen[str]:
 
 def until_stopped(tag: str) -> list[str]:
     """Wait until a process of the drill is stopped (a placement the bad node hung)."""
-    deadline = time.monotonic() + PATIENCE
-    while time.monotonic() < deadline:
-        stopped = [p for p in tagged_processes(tag) if " state T" in p]
-        if stopped:
-            return stopped
-        time.sleep(0.1)
-    raise AssertionError(f"no placement of the bad node was stopped within {PATIENCE:.0f} s")
+
+    def stopped() -> list[str]:
+        return [p for p in tagged_processes(tag) if " state T" in p]
+
+    what = "placement of the bad node stopped"
+    return eventually(stopped, what, JOB, seen=lambda: tagged_processes(tag))
 
 
 def drill_id_in(locks: Path) -> str:
@@ -181,7 +179,7 @@ def test_sigint_while_a_placement_is_stopped_leaves_nothing(
         until_stopped(tag)
         drill_id = drill_id_in(locks)
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
+        output, _ = proc.communicate(timeout=within(JOB))
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -202,7 +200,7 @@ def test_a_sigkilled_drill_with_a_stopped_placement_is_swept(
         until_stopped(tag)
         drill_id = drill_id_in(locks)
         proc.send_signal(signal.SIGKILL)  # no cleanup can run: what the sweep is for
-        proc.communicate(timeout=30)
+        proc.communicate(timeout=within(PROCESS))
         assert [p for p in tagged_processes(tag) if " state T" in p], "nothing left to sweep"
         assert {n for n in drill_namespaces() if n.startswith(f"rg{drill_id}-")}
         swept = subprocess.run(
@@ -210,7 +208,7 @@ def test_a_sigkilled_drill_with_a_stopped_placement_is_swept(
             env={**os.environ, "RECOVERYGATE_LOCK_DIR": str(locks)},
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=within(JOB),
             check=False,
         )
         assert swept.returncode == 0, swept.stdout + swept.stderr

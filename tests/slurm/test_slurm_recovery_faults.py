@@ -34,7 +34,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from pytest_recoverygate.orchestrators.slurm.submit import sweep as sweep_jobs
 from pytest_recoverygate.storage.poison import POISON_PREFIX
 from pytest_recoverygate.storage.poison import sweep as sweep_poison
 from tests.cli_drill import run_cli_drill
+from tests.patience import CLUSTER, DRILL, JOB, PROMPT, eventually, within
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.storage_truth import left_behind, read_truth
 from tests.truth.truth import Process, load_processes
@@ -112,7 +112,7 @@ def drill(
         "RECOVERYGATE_PYTHON": sys.executable,
         "RECOVERYGATE_LOCK_DIR": str(locks),
     }
-    run = run_cli_drill(spec, tmp_path / example, timeout=480, env=env)
+    run = run_cli_drill(spec, tmp_path / example, timeout=within(DRILL), env=env)
     record_for_the_docs(example, run.report, run.wall)
     print(f"\n{example}: {run.report['verdict']} {run.report.get('reasons')} in {run.wall:.1f} s")
     name = next(a.split("=", 1)[1] for a in workload["sbatchArgs"] if a.startswith("--job-name="))
@@ -310,20 +310,23 @@ def test_a_drill_ended_with_its_poison_armed_leaves_nothing(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def armed() -> bool:
+        if list(locks.glob(f"{POISON_PREFIX}*.armed")):
+            return True
+        assert drill_proc.poll() is None, f"the drill ended first ({drill_proc.returncode})"
+        return False
+
     try:
-        deadline = time.monotonic() + 300
-        while not list(locks.glob(f"{POISON_PREFIX}*.armed")):
-            assert drill_proc.poll() is None, f"the drill ended first ({drill_proc.returncode})"
-            assert time.monotonic() < deadline, "the poison was never armed"
-            time.sleep(0.2)
+        eventually(armed, "poison armed", CLUSTER)
         [record] = locks.glob(f"{RECORD_PREFIX}*")
         job_id = json.loads(record.read_text())["jobId"]
         drill_proc.send_signal(getattr(signal, signal_name))
-        code = drill_proc.wait(120)
+        code = drill_proc.wait(within(JOB))
     finally:
         if drill_proc.poll() is None:
             drill_proc.kill()
-            drill_proc.wait(10)
+            drill_proc.wait(within(PROMPT))
     if signal_name == "SIGINT":
         assert code == 130
     else:
@@ -331,7 +334,12 @@ def test_a_drill_ended_with_its_poison_armed_leaves_nothing(
         assert list(locks.glob(f"{POISON_PREFIX}*.armed")), "the poison went with the drill?"
         assert slurm.job_field(job_id, "JobState") == "RUNNING"
         swept = subprocess.run(
-            [*cli, "sweep"], env=env, capture_output=True, text=True, timeout=180, check=False
+            [*cli, "sweep"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=within(CLUSTER),
+            check=False,
         )
         assert swept.returncode == 0, swept.stdout + swept.stderr
         assert "removed an armed poison" in swept.stdout, swept.stdout

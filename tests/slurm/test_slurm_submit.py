@@ -33,6 +33,7 @@ from pytest_recoverygate.orchestrators.slurm.submit import (
     sweep,
 )
 from pytest_recoverygate.registry.seams import RealClock
+from tests.patience import JOB, PROCESS, PROMPT, deadline, eventually, within
 from tests.slurm.slurm_testcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -82,16 +83,17 @@ def orchestrator(
     )
 
 
-def output_of(workdir: Path, job_id: str, *, says: str, timeout: float = 30) -> str:
+def output_of(workdir: Path, job_id: str, *, says: str, timeout: float = PROCESS) -> str:
     path = workdir / f"rg-submit-{job_id}.out"
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = path.read_text() if path.exists() else ""
-        if says in text:
-            return text
-        time.sleep(0.2)
-    raise AssertionError(f"{path} never said {says!r}: {text!r}")
+
+    def text() -> str:
+        return path.read_text() if path.exists() else ""
+
+    def said() -> str:
+        now = text()
+        return now if says in now else ""
+
+    return eventually(said, f"{says!r} in {path}", timeout, seen=text)
 
 
 def listed(cluster: SlurmCluster, job_id: str) -> str:
@@ -105,7 +107,7 @@ def test_the_job_gets_the_drills_environment_and_is_cancelled_at_cleanup(
     workdir.mkdir()
     orch = orchestrator(cluster, job_script, workdir, RG_FROM_DRILL="the-poison")
     try:
-        workload = orch.discover(time.time() + 60)
+        workload = orch.discover(deadline(JOB))
         job_id = orch.job_id
         assert job_id is not None and [w.rank for w in workload.workers] == [0, 1]
         assert orch.submitted is not None
@@ -129,7 +131,7 @@ def test_a_job_sbatch_refuses_leaves_nothing(
     orch = SlurmOrchestrator(submission=submission, clock=RealClock(), env=cluster.env)
     try:
         with pytest.raises(DiscoveryError, match="sbatch refused the job"):
-            orch.discover(time.time() + 30)
+            orch.discover(deadline(PROCESS))
     finally:
         orch.cleanup()
     assert not list(lock_folder.glob(f"{RECORD_PREFIX}*"))
@@ -169,7 +171,7 @@ def test_the_sweep_cancels_the_job_of_a_sigkilled_drill_and_leaves_a_running_one
     try:
         (dead_job, dead_mark), (live_job, live_mark) = (first_line(d) for d in drills)
         os.kill(drills[0].pid, signal.SIGKILL)  # its cleanup never runs
-        drills[0].wait(10)
+        drills[0].wait(within(PROMPT))
         commands = SlurmCommands()
         assert marked_jobs(commands, dead_mark) == [dead_job]
 
@@ -190,7 +192,7 @@ def test_the_sweep_cancels_the_job_of_a_sigkilled_drill_and_leaves_a_running_one
     finally:
         for drill in drills:
             drill.kill()
-            drill.wait(10)
+            drill.wait(within(PROMPT))
             if drill.stdout is not None:
                 drill.stdout.close()
         sweep()
