@@ -104,6 +104,12 @@ def test_the_evidence_benchmark_measures_the_hook_next_to_the_print() -> None:
         result = by_name(doc, name)
         assert result["limit"] == 2.0
         assert result["measured"] > 0  # the hook does work: a figure of 0 would be a bug
+    worst = by_name(doc, "hook: the worst crafted 1 KiB line")
+    assert worst["limit"] == 50.0
+    assert worst["measured"] > 0
+    for preset in ("nanogpt", "torchtitan", "megatron", "litgpt"):  # beside its typical line
+        assert by_name(doc, f"hook, {preset}: typical line")["measured"] >= 0
+        assert by_name(doc, f"hook, {preset}: slowest crafted")["measured"] > 0
 
 
 @pytest.mark.slow  # fresh interpreters started and timed, over and over

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,23 @@ def test_the_step_a_path_names(path: str, step: int | None) -> None:
     assert step_from_path(path) == step
 
 
+def test_the_step_a_path_names_is_found_as_by_a_search_from_every_position() -> None:
+    # The shipped regex is laid out for speed (the lookbehind after its "s"); this one, the
+    # plain statement of the rule, finds the same steps in paths made of their words.
+    import random
+
+    plain = re.compile(
+        r"(?:(?<![A-Za-z])step[-_=]?|checkpoint-|iter_|global_step)0*(\d{1,12})(?!\d)"
+    )
+    words = ["step", "s", "tep", "-", "_", "=", "0", "7", "12", "/", "x", "A", ".", "checkpoint-"]
+    words += ["iter_", "global_step", "global", "1234567890123"]
+    rng = random.Random(44)
+    for _ in range(5000):
+        path = "".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
+        found = plain.findall(path)
+        assert step_from_path(path) == (int(found[-1]) if found else None), path
+
+
 def test_a_save_line_without_any_step_is_not_reported() -> None:
     matcher = Matcher(Spec({"preset": "nanogpt"}))
     assert matcher.feed("saving checkpoint to out") == []  # no "step N:" line before it
@@ -174,6 +192,73 @@ def test_what_a_pattern_sees() -> None:
     assert strip_relay("[rank3]:iter 5: loss 1") == ("iter 5: loss 1", 3)
     assert strip_relay("[default0]: iter 5") == ("iter 5", 0)
     assert strip_relay("(RayTrainWorker pid=42) iter 5") == ("iter 5", None)
+
+
+def with_rules(spec: Spec, kind: str | None = None, *, everywhere: bool = False) -> Matcher:
+    """A matcher of ``spec`` with its rule of ``kind`` only (None: all of them), each
+    pattern searched in the whole line when ``everywhere`` (as before the bound)."""
+    matcher = Matcher(spec)
+    matcher._rules = [
+        (k, pattern, (None, False, None) if everywhere else plan)
+        for k, pattern, plan in matcher._rules
+        if kind is None or k == kind
+    ]
+    return matcher
+
+
+def preset_lines() -> list[str]:
+    """Every sample line of every preset, and each again behind text that is no trainer's,
+    and each with its first 12 characters repeated before it (fixed text, up to 3 times)."""
+    lines = []
+    for path in sorted(DATA.glob("*.log")):
+        for raw in path.read_text().splitlines():
+            line = clean_line(raw)
+            lines += [line, "noise 42 | " + line, line[:12] * 3 + line, "step " + line]
+    return lines
+
+
+@pytest.mark.parametrize("preset", ["nanogpt", "torchtitan", "megatron", "litgpt"])
+def test_each_preset_pattern_finds_what_a_search_of_the_line_finds(preset: str) -> None:
+    # Every preset pattern is tried only where its fixed start appears (so the worst a
+    # line can cost is bounded); on the trainers' lines that finds what a search finds.
+    spec = Spec({"preset": preset})
+    assert all(plan[0] is not None for _k, _p, plan in Matcher(spec)._rules)
+    for kind in (None, *(k for k, _p, _plan in Matcher(spec)._rules)):
+        bounded, everywhere = with_rules(spec, kind), with_rules(spec, kind, everywhere=True)
+        for line in preset_lines():
+            assert bounded.feed(line) == everywhere.feed(line), (kind, line)
+
+
+def test_a_pattern_is_tried_at_the_first_places_of_its_fixed_start_only() -> None:
+    from recoverygate.evidence import MAX_TRIES
+
+    matcher = Matcher(Spec({"preset": "megatron"}))
+    real = "successfully saved checkpoint from iteration 100"
+    decoys = "successfully saved checkpoint from iteration x; "
+    assert matcher.feed(decoys * (MAX_TRIES - 1) + real) == [("checkpointCompleted", 100, None)]
+    # a line naming it more often than a trainer's would: left unmatched by that pattern
+    assert matcher.feed(decoys * MAX_TRIES + real) == []
+
+
+@pytest.mark.parametrize(
+    ("regex", "plan"),
+    [
+        (r"^iter (?P<step>\d+)", (("iter ",), True, None)),
+        (r"\bstep:\s*(?P<step>\d+)", (("step:",), False, None)),
+        (r"\b(?:Saving|Staging) the", (("Saving the", "Staging the"), False, None)),
+        (r"(?P<g>abc|abd)x", (("abcx", "abdx"), False, None)),
+        (r"foo ?bar(?P<step>\d+)", (("foo",), False, None)),
+        (r"(?i)iter (?P<step>\d+)", (None, False, None)),  # case-insensitive: everywhere
+        (r"\bfoo|bar", (None, False, None)),  # the \b is the first alternative's only
+        (r".*step (?P<step>\d+)", (None, False, "step ")),
+        (r"(?m)^step (?P<step>\d+)", (None, False, "step ")),
+        (r"(?<=x)step (?P<step>\d+)", (None, False, "step ")),
+    ],
+)
+def test_how_a_pattern_is_looked_for(regex: str, plan: tuple[object, ...]) -> None:
+    from recoverygate.evidence import _plan
+
+    assert _plan(re.compile(regex)) == plan
 
 
 @pytest.mark.parametrize(

@@ -344,7 +344,7 @@ def test_nobody_noticing_fails_at_max_detection_time_plus_grace(fault: str, tmp_
             {"fault": "KillWorker", "failure": "  targetNode: 1\n"},
             8,
             "injectFailure.targetNode",
-            "applies to type: KillNode, PartitionNode or DrainNode only",
+            "applies to type: KillNode, PartitionNode, DrainNode or StickyFault only",
         ),
         (
             {"failure": "  duration: 20s\n"},

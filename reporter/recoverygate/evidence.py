@@ -65,6 +65,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from typing import Any
 
+    #: Where a match is found: ``starts`` (the fixed texts every match begins with: it is
+    #: tried where they appear), ``anchored`` (it begins at the start of the line), ``hint``
+    #: (a fixed text every match contains: it is searched for only in lines that have it).
+    _Plan = tuple[tuple[str, ...] | None, bool, str | None]
+
 __all__ = [
     "KINDS",
     "MAX_LINE_CHARS",
@@ -142,8 +147,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+#: A step a path names. A bare ``step`` not preceded by a letter: the lookbehind follows
+#: its ``s`` (not before it) so that every alternative starts with a letter and the regex
+#: engine skips the characters none starts with.
 _PATH_STEP = re.compile(
-    r"(?:(?<![A-Za-z])step[-_=]?|checkpoint-|iter_|global_step)0*(\d{1,12})(?!\d)"
+    r"(?:s(?<![A-Za-z]s)tep[-_=]?|checkpoint-|iter_|global_step)0*(\d{1,12})(?!\d)"
 )
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 #: Headers a launcher puts before a line it relays from another process.
@@ -188,9 +196,17 @@ def _is_torchrun_agent() -> bool:
     return not any(name in environ for name in _WORKER_ENV)
 
 
+#: Texts a path that names a step has (``global_step`` has ``step``): one is looked for
+#: before the path is searched, so that a path naming none costs a scan, not a search.
+_PATH_WORDS = ("step", "checkpoint-", "iter_")
+
+
 def step_from_path(path: str) -> int | None:
     """The step a checkpoint path names (the last ``step-N`` and the like), or None."""
-    found = _PATH_STEP.findall(path[-MAX_LINE_CHARS:])
+    path = path[-MAX_LINE_CHARS:]
+    if not any(word in path for word in _PATH_WORDS):
+        return None
+    found = _PATH_STEP.findall(path)
     return int(found[-1]) if found else None
 
 
@@ -471,14 +487,107 @@ def _slow_probe(compiled: re.Pattern[str]) -> str | None:
 Event = tuple[str, int, "float | None"]
 
 
-def _literal_hint(pattern: str) -> str | None:
-    """A fixed text every match contains (for a fast ``in`` test first), or None."""
-    body = pattern.lstrip("^")
-    match = re.match(r"(?:\\b)?((?:[A-Za-z:_=,' -]|\\\.)+)", body)
-    if match is None:
-        return None
-    text = match.group(1).replace("\\.", ".")
-    return text if len(text) >= 4 and "|" not in body[: match.end()] else None
+#: How many places of a line a pattern that starts with fixed text is tried at: the first
+#: places its fixed text appears. A trainer's line names that text once, or a few times
+#: (Megatron's ``iteration`` line: four times, matched at the first); a line that names it
+#: more often before a match is not one, and is left unmatched by that pattern. With
+#: :data:`MAX_LINE_CHARS` this bounds what one line costs, however it was made.
+MAX_TRIES = 4
+#: The most fixed starts one pattern is tried by (its alternatives'), and the fewest
+#: characters each must have to be worth looking for.
+_MAX_STARTS = 4
+_MIN_FIXED = 3
+
+
+def _parser() -> Any:
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]
+    except ImportError:  # Python < 3.11
+        import sre_parse as parser
+    return parser
+
+
+def _fixed_starts(items: Any, parser: Any) -> tuple[list[str], bool] | None:
+    """The fixed texts a sequence of the parse tree begins with (one per alternative) and
+    whether the whole sequence is fixed text; None where it begins with anything else."""
+    starts = [""]
+    for op, arg in items:
+        if op is parser.LITERAL:
+            starts = [s + chr(arg) for s in starts]
+            continue
+        inner: tuple[list[str], bool] | None = None
+        if op is parser.BRANCH:
+            found = [_fixed_starts(branch, parser) for branch in arg[1]]
+            if all(f is not None for f in found):
+                texts = [t for f in found if f is not None for t in f[0]]
+                inner = (texts, all(f[1] for f in found if f is not None))
+        elif op is parser.SUBPATTERN and not arg[1] and not arg[2]:  # a group, no flags
+            inner = _fixed_starts(arg[-1], parser)
+        elif op is parser.IN and all(o is parser.LITERAL for o, _a in arg):  # [cd], c|d
+            inner = ([chr(a) for _o, a in arg], True)
+        if inner is None:
+            return starts, False
+        starts = [s + t for s in starts for t in inner[0]]
+        if len(starts) > _MAX_STARTS:
+            return None
+        if not inner[1]:
+            return starts, False
+    return starts, True
+
+
+def _plan(pattern: re.Pattern[str]) -> _Plan:
+    """How to look for ``pattern`` in a line (:data:`_Plan`): by its fixed starts where it
+    has them (after ``^`` or ``\\b``), else by a fixed text it contains, else everywhere.
+    Case-insensitive patterns are searched everywhere."""
+    if pattern.flags & re.IGNORECASE:
+        return None, False, None
+    multiline = bool(pattern.flags & re.MULTILINE)  # its ^ is any line's start
+    parser = _parser()
+    try:
+        items = list(parser.parse(pattern.pattern))
+    except Exception:
+        return None, False, None
+    anchored = False
+    while items and items[0][0] is parser.AT:
+        where = items.pop(0)[1]
+        if where is parser.AT_BEGINNING_STRING or (where is parser.AT_BEGINNING and not multiline):
+            anchored = True
+        elif where is not parser.AT_BOUNDARY:
+            return None, False, _required_text(items, parser)
+    found = _fixed_starts(items, parser)
+    if found is not None and found[0] and all(len(s) >= _MIN_FIXED for s in found[0]):
+        return tuple(found[0]), anchored, None
+    return None, anchored, _required_text(items, parser)
+
+
+def _required_text(items: Any, parser: Any) -> str | None:
+    """The longest fixed text of the top-level sequence (every match contains it), if it
+    has at least 4 characters."""
+    best = run = ""
+    for op, arg in items:
+        if op is parser.LITERAL:
+            run += chr(arg)
+            best = max(best, run, key=len)
+        else:
+            run = ""
+    return best if len(best) >= 4 else None
+
+
+def _match_at(pattern: re.Pattern[str], line: str, starts: tuple[str, ...]) -> re.Match[str] | None:
+    """The leftmost match of ``pattern`` (as ``search`` finds it), tried only where one of
+    its fixed ``starts`` appears, at the first :data:`MAX_TRIES` such places of each."""
+    best: re.Match[str] | None = None
+    for start in starts:
+        at = line.find(start)
+        tries = 0
+        while at >= 0 and tries < MAX_TRIES and (best is None or at < best.start()):
+            match = pattern.match(line, at)
+            if match is not None:
+                best = match
+                break
+            tries += 1
+            at = line.find(start, at + 1)
+    return best
 
 
 class Matcher:
@@ -486,13 +595,13 @@ class Matcher:
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
-        self._rules: list[tuple[str, re.Pattern[str], str | None]] = [
-            (kind, pattern, _literal_hint(pattern.pattern))
+        self._rules: list[tuple[str, re.Pattern[str], _Plan]] = [
+            (kind, pattern, _plan(pattern))
             for kind, pattern in spec.patterns.items()
             if pattern is not None
         ]
         if spec.context is not None:
-            self._rules.append(("context", spec.context, _literal_hint(spec.context.pattern)))
+            self._rules.append(("context", spec.context, _plan(spec.context)))
         self.context_step: int | None = None  # the neighbour line last seen
         #: the loss of the last progress line as printed (its precision rides with it)
         self.loss_text: str | None = None
@@ -511,10 +620,17 @@ class Matcher:
         if len(line) > MAX_LINE_CHARS or "\r" in line or "\x1b" in line:
             line = clean_line(line)
         out: list[Event] = []
-        for kind, pattern, hint in self._rules:
-            if hint is not None and hint not in line:
+        for kind, pattern, (starts, anchored, hint) in self._rules:
+            if anchored:  # one place to try: the start of the line
+                if starts is not None and not line.startswith(starts):
+                    continue
+                match = pattern.match(line)
+            elif starts is not None:
+                match = _match_at(pattern, line, starts)
+            elif hint is not None and hint not in line:
                 continue
-            match = pattern.search(line)
+            else:
+                match = pattern.search(line)
             if match is None:
                 continue
             if kind == "progress":

@@ -40,26 +40,28 @@ from pytest_recoverygate.durations import parse_duration
 from tests.cli_drill import run_cli_drill
 from tests.patience import CLUSTER, within
 from tests.truth import test_truth_corpus as corpus
+from tests.truth.scenarios import TRUTH_BASE, Drill, scenario
 
-pytest.importorskip("torch")
 pytestmark = [pytest.mark.e2e, pytest.mark.local]
 
 SUSTAIN = "10s"  # the window a short job ends inside
 EVERY_LINE = {"RECOVERYGATE_PROGRESS_INTERVAL": "0"}  # one line per reporter call
 
 
+@scenario(
+    corpus.job(
+        "--steps=300",
+        "--step-time=0.03",
+        after="step-40",
+        expect={"sustain": SUSTAIN},
+        env=EVERY_LINE,
+    )
+)  # every step's line printed: the last one the drill saw is the last
 def test_a_short_job_that_recovers_and_exits_0_inside_the_sustain_window_passes(
-    tmp_path: Path,
+    drill: Drill,
 ) -> None:
     # 300 steps of 30 ms, checkpoints every 20, killed after 40: the replacement trains
     # 260 steps (under 8 s) and exits 0 inside the 10 s window.
-    drill = corpus.run_drill(
-        tmp_path,
-        ["--steps=300", "--step-time=0.03"],
-        after="step-40",
-        expect={"sustain": SUSTAIN},
-        env=EVERY_LINE,  # every step's line printed: the last one the drill saw is the last
-    )
     truth, why = drill.truth, drill.explain()
     assert truth.judged is not None, why
     ended = truth.judged.exit
@@ -76,7 +78,7 @@ def test_a_short_job_that_recovers_and_exits_0_inside_the_sustain_window_passes(
     assert sustained["lastStep"] == 300, why
 
 
-def held_ticks(drill: corpus.Drill) -> list[int]:
+def held_ticks(drill: Drill) -> list[int]:
     """The judged process's ticks of its held count, before its first step."""
     judged = drill.truth.judged
     assert judged is not None, drill.explain()
@@ -84,12 +86,7 @@ def held_ticks(drill: corpus.Drill) -> list[int]:
     return [r.step for r in judged.records if r.event == "report" and r.t < first]
 
 
-@pytest.mark.parametrize("tick_at_start", [False, True], ids=["20-20-21", "0-20-20-21"])
-def test_a_metrics_thread_ticking_the_held_step_before_the_first_is_inconclusive(
-    tmp_path: Path, tick_at_start: bool
-) -> None:
-    args = ["--held-ticks=2", "--loaded=no", *(["--tick-at-start"] if tick_at_start else [])]
-    drill = corpus.run_drill(tmp_path, args, env=EVERY_LINE)
+def assert_held_ticks_are_inconclusive(drill: Drill, *, tick_at_start: bool) -> None:
     truth, why = drill.truth, drill.explain()
     assert truth.resume_step == truth.loaded_step == 20, why  # a correct resume
     assert held_ticks(drill) == ([0] if tick_at_start else []) + [20, 20], why
@@ -98,10 +95,22 @@ def test_a_metrics_thread_ticking_the_held_step_before_the_first_is_inconclusive
     assert "RESTARTED_FROM_SCRATCH" not in corpus.reasons(drill.report), why
 
 
-def test_a_load_line_naming_the_next_step_is_inconclusive_and_names_the_fix(
-    tmp_path: Path,
+@scenario(corpus.job("--held-ticks=2", "--loaded=no", env=EVERY_LINE))
+def test_a_metrics_thread_ticking_the_held_step_before_the_first_is_inconclusive_20_20_21(
+    drill: Drill,
 ) -> None:
-    drill = corpus.run_drill(tmp_path, ["--loaded-label=next"])
+    assert_held_ticks_are_inconclusive(drill, tick_at_start=False)
+
+
+@scenario(corpus.job("--held-ticks=2", "--loaded=no", "--tick-at-start", env=EVERY_LINE))
+def test_a_metrics_thread_ticking_the_held_step_before_the_first_is_inconclusive_0_20_20_21(
+    drill: Drill,
+) -> None:
+    assert_held_ticks_are_inconclusive(drill, tick_at_start=True)
+
+
+@scenario(corpus.job("--loaded-label=next"))
+def test_a_load_line_naming_the_next_step_is_inconclusive_and_names_the_fix(drill: Drill) -> None:
     truth, why = drill.truth, drill.explain()
     assert truth.loaded_step == truth.resume_step == 20, why  # it held 20, said 21
     assert corpus.loaded_step(drill.report) == 21, why
@@ -111,15 +120,22 @@ def test_a_load_line_naming_the_next_step_is_inconclusive_and_names_the_fix(
     assert "checkpoint_loaded" in drill.report["summary"], why
 
 
-def test_a_job_told_to_start_from_scratch_is_diagnosed_by_its_own_line_not_a_log_folder(
-    tmp_path: Path,
-) -> None:
-    logs = tmp_path / "torchrun-logs"  # under /tmp: torchrun's --log-dir, no checkpoints
-    drill = corpus.run_drill(
-        tmp_path,
-        ["--resume=none", "--announce-scratch"],
-        launcher=[f"--log-dir={logs}"],
+#: torchrun's --log-dir: under /tmp (the drill's folder), and no checkpoint storage.
+TORCHRUN_LOGS = "torchrun-logs"
+
+
+def run_with_torchrun_logs_in_tmp(tmp_path: Path) -> Drill:
+    logs = tmp_path / TORCHRUN_LOGS
+    return corpus.run_drill(
+        tmp_path, ["--resume=none", "--announce-scratch"], launcher=[f"--log-dir={logs}"]
     )
+
+
+@scenario(run_with_torchrun_logs_in_tmp, keeps_output=True)
+def test_a_job_told_to_start_from_scratch_is_diagnosed_by_its_own_line_not_a_log_folder(
+    drill: Drill,
+) -> None:
+    logs = Path(drill.report["config"]).parent / TORCHRUN_LOGS  # the folder the drill ran in
     truth, why = drill.truth, drill.explain()
     assert truth.from_scratch, why
     corpus.assert_fails_for(drill, "RESTARTED_FROM_SCRATCH")
@@ -132,7 +148,7 @@ def test_a_job_told_to_start_from_scratch_is_diagnosed_by_its_own_line_not_a_log
     assert "Initializing a new model from scratch" in evidence, evidence
 
 
-def rank_loads_after_kill(drill: corpus.Drill, rank: int) -> list[int]:
+def rank_loads_after_kill(drill: Drill, rank: int) -> list[int]:
     """The steps ``rank``'s processes started after the kill recorded loading."""
     kill = drill.truth.kill_time
     return [
@@ -144,8 +160,8 @@ def rank_loads_after_kill(drill: corpus.Drill, rank: int) -> list[int]:
     ]
 
 
-def test_the_other_ranks_check_says_what_rank_1_loaded_by_its_own_record(tmp_path: Path) -> None:
-    drill = corpus.run_drill(tmp_path)
+@scenario(corpus.job())
+def test_the_other_ranks_check_says_what_rank_1_loaded_by_its_own_record(drill: Drill) -> None:
     why = drill.explain()
     corpus.assert_passes_held_to_truth(drill)
     [loaded] = rank_loads_after_kill(drill, 1)
@@ -155,11 +171,11 @@ def test_the_other_ranks_check_says_what_rank_1_loaded_by_its_own_record(tmp_pat
     assert [(e["rank"], e["loaded"]) for e in check["observed"]] == [(1, loaded)], why
 
 
+@scenario(corpus.job("--loaded=no"))
 def test_the_other_ranks_check_that_verified_nothing_is_reported_as_not_checked(
-    tmp_path: Path,
+    drill: Drill,
 ) -> None:
     # No rank reports checkpoint_loaded: rank 1 says nothing about its resume.
-    drill = corpus.run_drill(tmp_path, ["--loaded=no"])
     why = drill.explain()
     corpus.assert_passes_held_to_truth(drill)
     [check] = [c for c in drill.report["checks"] if c["name"] == "all_ranks_resumed"]
@@ -181,30 +197,38 @@ def torchft_records(base: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["t"])
 
 
-@pytest.mark.torchft
-def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
-    tmp_path: Path,
-) -> None:
-    # The example job, reporting by hand: a heal only once should_commit decided the step,
-    # so the replacement's heal line comes after the survivor's line of the same step.
-    pytest.importorskip("torchft")
-    base = tmp_path / "truth"
+def run_torchft_reporting_its_heal_after_the_commit(tmp_path: Path) -> Drill:
+    """The example job, reporting by hand: a heal only once should_commit decided the step,
+    so the replacement's heal line comes after the survivor's line of the same step."""
     config: dict[str, Any] = yaml.safe_load((TORCHFT / "recovery-test.yaml").read_text())
     workload = config["workload"]
     workload["workdir"] = str(TORCHFT)
     workload["env"] = {
         **workload.get("env", {}),
         "HEAL_REPORTED_AFTER_COMMIT": "1",
-        "RECOVERYGATE_GROUND_TRUTH": str(base),
+        "RECOVERYGATE_GROUND_TRUTH": str(tmp_path / TRUTH_BASE),
         "RG_E2E_MARK": (mark := uuid.uuid4().hex),
         **EVERY_LINE,  # every commit printed: the survivor's line of S + 1 is there
     }
     config["expectations"].pop("stateDigestMatches")  # the hand-written loop sends no digest
     run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(CLUSTER))
-    report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
     assert not corpus.left_behind(mark), "processes of the job left behind"
+    return Drill(run.report, run.code, run.output, run.wall, tmp_path)
+
+
+@pytest.mark.torchft
+@scenario(
+    run_torchft_reporting_its_heal_after_the_commit,
+    needs=("torch", "torchft"),
+    compact=False,  # torchft's records, not job.py's
+)
+def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
+    drill: Drill,
+) -> None:
+    report = drill.report
+    why = f"\n{report.get('summary')}\n{drill.output[-3000:]}"
     kill = float(report["killTime"])
-    rows = torchft_records(base)
+    rows = torchft_records(drill.root / TRUTH_BASE)
     # The truth: the replacement (replica 1, started after the kill) healed to S and
     # committed S + 1 first; the survivor's commit of S + 1 was recorded before that heal.
     heals = [r for r in rows if r["replica"] == 1 and r["event"] == "heal" and r["t"] > kill]
@@ -219,7 +243,7 @@ def test_a_torchft_heal_reported_after_its_commit_passes_judged_by_its_quorum(
     ]
     assert theirs and theirs[0]["t"] < heal["t"], f"the scenario's shape did not occur{why}"
     assert report["verdict"] == "PASS", why
-    assert run.code == 0, why
+    assert drill.returncode == 0, why
     assert report["rejoinStep"] == heal["step"], why
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["heal_step"]["passed"] is True, why

@@ -13,6 +13,7 @@ would see the other lane's jobs.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +22,21 @@ import yaml
 
 from tests.cli_drill import run_cli_drill
 from tests.patience import DRILL, within
+from tests.truth.scenarios import Drill, scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 
 RAY_EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ray"
 
 
-def test_a_ray_job_reporting_without_a_step_is_told_the_real_cause(tmp_path: Path) -> None:
-    # examples/ray/train_ray.py --no-step: Ray's torch_linear_example.py shape, metrics
-    # without a step; Ray registers every checkpoint, the drill sees no line with a step.
-    pytest.importorskip("ray")
+#: The truth, what Ray registered on disk: its checkpoint folders (relative to the run's
+#: storage), listed by the run into the drill's folder.
+SAVED = "ray-checkpoints.json"
+
+
+def run_ray_reporting_without_a_step(tmp_path: Path) -> Drill:
+    """examples/ray/train_ray.py --no-step: Ray's torch_linear_example.py shape, metrics
+    without a step; Ray registers every checkpoint, the drill sees no line with a step."""
     storage = tmp_path / "storage"
     config: dict[str, Any] = yaml.safe_load((RAY_EXAMPLES / "recovery-test.yaml").read_text())
     config["workload"]["workdir"] = str(RAY_EXAMPLES)
@@ -44,13 +50,28 @@ def test_a_ray_job_reporting_without_a_step_is_told_the_real_cause(tmp_path: Pat
         f"--storage={storage}",
     ]
     run = run_cli_drill(config, tmp_path / "recovery-test.yaml", timeout=within(DRILL))
-    report, why = run.report, f"\n{run.report.get('summary')}\n{run.output[-3000:]}"
-    # The truth: the checkpoints Ray registered, on disk.
-    saved = [p for p in storage.glob("*/step-*") if p.is_dir()]
+    saved = sorted(
+        p.relative_to(storage).as_posix() for p in storage.glob("*/step-*") if p.is_dir()
+    )
+    (tmp_path / SAVED).write_text(json.dumps(saved, indent=1) + "\n")
+    return Drill(run.report, run.code, run.output, run.wall, tmp_path)
+
+
+@scenario(
+    run_ray_reporting_without_a_step,
+    needs=("ray",),
+    truth=(SAVED,),
+    keeps_output=True,  # the diagnosis quotes the workers' own warning
+    compact=False,
+)
+def test_a_ray_job_reporting_without_a_step_is_told_the_real_cause(drill: Drill) -> None:
+    report, output = drill.report, drill.output
+    why = f"\n{report.get('summary')}\n{output[-3000:]}"
+    saved = json.loads((drill.root / SAVED).read_text())
     assert len(saved) == 40 // 10, f"{saved}{why}"  # 40 steps, a checkpoint every 10
-    assert report["verdict"] == "ERROR" and run.code == 3, why
+    assert report["verdict"] == "ERROR" and drill.returncode == 3, why
     assert "printed no progress or checkpoint line with a step" in report["summary"], why
     assert "lengthen the run" not in report["summary"], why
-    assert "diagnosis: metrics reported without a step" in run.output, why
-    [evidence] = [line for line in run.output.splitlines() if line.startswith("    evidence:")]
+    assert "diagnosis: metrics reported without a step" in output, why
+    [evidence] = [line for line in output.splitlines() if line.startswith("    evidence:")]
     assert "recoverygate: ray: report() without a step" in evidence, evidence
