@@ -226,6 +226,14 @@ def replayed(folder: Path) -> Drill:
     return Drill(judged.doc, code, block.getvalue(), float(meta["wallSeconds"]), folder)
 
 
+def _portable(diagnosis: dict[str, Any]) -> dict[str, Any]:
+    """A diagnosis with its docs link from the docs folder on: the link names the checkout
+    it was made in (file:///.../docs/...), which a recording must not depend on."""
+    docs = str(diagnosis.get("docs", ""))
+    at = docs.rfind("/docs/")
+    return {**diagnosis, "docs": docs[at + 1 :] if at >= 0 else docs}
+
+
 def _evidence(folder: Path, result: Any, recorded: dict[str, Any]) -> Evidence | None:
     """The diagnoses of the rejudged result, made from the kept output and config as the
     runner made them; None where the recording keeps no output."""
@@ -241,8 +249,9 @@ def _evidence(folder: Path, result: Any, recorded: dict[str, Any]) -> Evidence |
         replace(d, text=mask_secrets(d.text), evidence=mask_secrets(d.evidence))
         for d in diagnose(clues_from(result, output.text, config))
     )  # as the runner keeps them
-    got = [d.as_dict() for d in diagnoses]
-    assert got == recorded.get("diagnoses"), (
+    got = [_portable(d.as_dict()) for d in diagnoses]
+    want = [_portable(d) for d in recorded.get("diagnoses") or []]
+    assert got == want, (
         f"{folder}: the diagnoses made from the kept output are not the recorded ones: "
         f"{got} != {recorded.get('diagnoses')}"
     )
