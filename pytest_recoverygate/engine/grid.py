@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pytest_recoverygate.engine.facts import Undecided, UndecidedKind
+
 __all__ = ["Grid", "GridTracker", "held_ticks"]
 
 
@@ -153,7 +155,7 @@ class GridTracker:
         return Grid(first, None, False, held_line=self._held_line, lines=self._lines)
 
 
-def held_ticks(first: int, first_lines: int, zero_dropped: bool) -> str | None:
+def held_ticks(first: int, first_lines: int, zero_dropped: bool) -> Undecided | None:
     """Why a replacement's first lines may be a metrics thread ticking the state it holds,
     or None: it printed its first step on several lines (``first_lines`` > 1), or a 0
     before it (``zero_dropped``), then a step past it. For a job whose lines come after
@@ -161,14 +163,4 @@ def held_ticks(first: int, first_lines: int, zero_dropped: bool) -> str | None:
     as a resume from that checkpoint as well as that step done again."""
     if first_lines <= 1 and not zero_dropped:
         return None
-    times = "twice" if first_lines == 2 else f"{first_lines} times"
-    shown = [f"step {first} {times}"] if first_lines > 1 else []
-    if zero_dropped:
-        shown.insert(0, f"0 before step {first}")
-    return (
-        f"the replacement printed {' and '.join(shown)}, then a step past it, "
-        "so its lines do not all come after a step (a metrics thread ticking "
-        f"the state it holds): it resumed from checkpoint {first} or did step "
-        f"{first} again, and the lines cannot tell which: call "
-        "reporter.checkpoint_loaded(step) after loading a checkpoint"
-    )
+    return Undecided(UndecidedKind.HELD_TICKS, first, lines=first_lines, zero_dropped=zero_dropped)

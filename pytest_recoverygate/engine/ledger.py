@@ -24,21 +24,23 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pytest_recoverygate.engine.caps import MAX_REPLAY_POINTS, MAX_STEP_LINES, no_room
+from pytest_recoverygate.engine.facts import (
+    Breach,
+    BreachKind,
+    Indistinct,
+    IndistinctKind,
+    Undecided,
+    UndecidedKind,
+)
 from pytest_recoverygate.engine.grid import held_ticks
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.rankless import RanklessLines
 from pytest_recoverygate.engine.records import Checkpoint, Inc, Resume, Save
 from pytest_recoverygate.engine.verdict import FailureReason, StepContract
 
-__all__ = ["Ledger", "steps_text"]
+__all__ = ["Ledger"]
 
 R = FailureReason
-
-
-def steps_text(values: list[int], limit: int = 6) -> str:
-    """``10, 20, 30`` (the last ``limit``), or ``none``."""
-    shown = ", ".join(str(v) for v in values[-limit:])
-    return ("…, " if len(values) > limit else "") + shown if values else "none"
 
 
 @dataclass(slots=True)
@@ -250,7 +252,7 @@ class Ledger:
             contract = self.contract()
             # With progress(epoch), 0 is a step, unless the next line jumps past one stride:
             # no fresh start's next epoch, so the 0 was a line of the state before the load.
-            if contract.problem is None or step > (contract.stride or 1):
+            if contract.breach is None or step > (contract.stride or 1):
                 inc.forget_progress()  # 0 steps completed: lines of the state before a step
                 inc.zero_dropped = True
         if inc.first is not None and step == inc.first[0] and inc.advanced == inc.first:
@@ -368,23 +370,16 @@ class Ledger:
             return StepContract(first_step=first, grid=grid.describe(), regular=None)
         stride = grid.stride if grid.regular else None
         metrics = base.threads.metrics_thread()
-        problem: str | None = None
+        breach: Breach | None = None
         fresh: bool | None = None
         resumed: int | None = None
         second = base.second[0] if base.second is not None else None
         if second is not None and second < first:
-            problem = (
-                f"progress went backwards right after the start ({first}, then {second}): "
-                "report the number of steps completed"
-            )
+            breach = Breach(BreachKind.BACKWARDS, first, second=second)
         if base.loaded is not None:
             fresh, resumed = False, base.loaded
             if first < base.loaded:
-                problem = problem or (
-                    f"after loading checkpoint {base.loaded} the first step was reported as "
-                    f"{first}: report progress(n) after the n-th completed step (a resume "
-                    f"from checkpoint {base.loaded} reports {base.loaded + 1} first)"
-                )
+                breach = breach or Breach(BreachKind.BELOW_LOADED, first, loaded=base.loaded)
         elif (
             first == 0
             and grid.first_line in (None, 1)
@@ -395,11 +390,7 @@ class Ledger:
             # (progress(global_step) per micro-batch, a timer) is the fresh state held, and
             # a metrics thread's 0 then 1 is its samples around a slow first step.
             fresh = True
-            problem = problem or (
-                "the first step after a fresh start was reported as 0: report "
-                "progress(epoch + 1), not progress(epoch) — `step` is the number of "
-                "steps completed, so a fresh start reports 1 first"
-            )
+            breach = breach or Breach(BreachKind.ZERO_FIRST, first)
         elif grid.held_line:
             fresh = True  # a line of the fresh state (0) before the first step
         elif stride is not None and not grid.first_special and first > stride:
@@ -411,58 +402,44 @@ class Ledger:
         # from at most F - 1.
         seen = base.start_seen or base.loaded is not None  # its first line is its first call
         after_step = bool(
-            problem is None and not grid.held_line and seen and grid.regular is not False
+            breach is None and not grid.held_line and seen and grid.regular is not False
         )
-        held_line = grid.held_line and problem is None and grid.first_line is not None
+        held_line = grid.held_line and breach is None and grid.first_line is not None
         return StepContract(
             grid.first_line if held_line and grid.first_line is not None else first,
             stride,
             fresh,
             resumed,
-            problem,
             grid=grid.describe(),
             regular=grid.regular,
             first_special=grid.first_special,
             first_line_is_step=after_step,
             metrics_thread=metrics,
+            breach=breach,
         )
 
-    def indistinguishable(self, step: int) -> str | None:
+    def indistinguishable(self, step: int) -> Indistinct | None:
         """Why a resume from this checkpoint could not be told from a fresh start, if so."""
         if step == 0:
-            return (
-                "checkpoint 0 holds the state of a fresh start: a resume from it cannot be "
-                "told from a restart from scratch; waiting for a later checkpoint"
-            )
+            return Indistinct(IndistinctKind.ZERO, step)
         base = self.baseline()
         if base is None and any(i.start_seen for i in self.order):
-            return (
-                f"checkpoint {step} came before any progress line, so a resume from it might "
-                "report the same first step as a fresh start; waiting for a later checkpoint"
-            )
+            return Indistinct(IndistinctKind.BEFORE_PROGRESS, step)
         if (
             base is not None
             and base.start_seen
             and base.first is not None
             and (base.first[0] > step)
         ):
-            return (
-                f"the first progress line reported step {base.first[0]}, after checkpoint "
-                f"{step}: a resume from it might report the same first step as a fresh "
-                "start; waiting for a later checkpoint"
-            )
+            return Indistinct(IndistinctKind.BEFORE_FIRST_STEP, step, first=base.first[0])
         stride = self.contract().stride
         if stride is not None and stride > 1 and step < stride:
-            return (
-                f"progress is reported every {stride} steps, so a resume from checkpoint "
-                f"{step} would report the same first step ({stride}) as a fresh start; "
-                f"waiting for a checkpoint at step {stride} or later"
-            )
+            return Indistinct(IndistinctKind.WITHIN_STRIDE, step, stride=stride)
         return None
 
     def stride_for(self, inc: Inc) -> int | None:
         contract = self.contract()
-        if contract.stride is not None and contract.problem is None:
+        if contract.stride is not None and contract.breach is None:
             return contract.stride
         if contract.regular is False:
             return None  # the job's lines keep no grid: no process's two lines make one
@@ -496,51 +473,28 @@ class Ledger:
         saved = {c.step for c in self.checkpoints}
         if ticked and stepwise and inc.advanced != inc.first and first in saved:
             return Resume(None, upper=first, undecided=ticked)
-        if (contract.regular is False or contract.metrics_thread) and contract.problem is None:
-            keeps = (
-                "come from a metrics thread (samples of its step count)"
-                if contract.metrics_thread
-                else f"keep no reporting grid ({contract.grid})"
-            )
-            return Resume(
-                None,
+        if (contract.regular is False or contract.metrics_thread) and contract.breach is None:
+            why = Undecided(
+                UndecidedKind.NO_GRID,
+                first,
                 upper=upper,
-                undecided=(
-                    f"the job's progress lines {keeps}, so the replacement's first step "
-                    f"({first}) does not tell where it resumed (at most step {upper}): call "
-                    "reporter.checkpoint_loaded(step) after loading a checkpoint"
-                ),
+                grid=contract.grid,
+                metrics_thread=contract.metrics_thread,
             )
+            return Resume(None, upper=upper, undecided=why)
         if first <= 1 or (stride is not None and first <= stride and not contract.first_special):
             return Resume(0, upper=upper)
-        if contract.first_special and contract.problem is None:
+        if contract.first_special and contract.breach is None:
             return Resume(first - 1, upper=upper)
         if stride is None:
             if not final:
                 return None
-            return Resume(
-                None,
-                upper=upper,
-                undecided=(
-                    f"the replacement reported one progress line (step {first}), so the "
-                    "progress stride is unknown and its resume step cannot be inferred: call "
-                    "reporter.checkpoint_loaded(step) after loading a checkpoint, or let it "
-                    "train longer"
-                ),
-            )
+            return Resume(None, upper=upper, undecided=Undecided(UndecidedKind.ONE_LINE, first))
         step = first - stride
         off_grid = [c.step for c in self.checkpoints if c.step % stride]
         if stride > 1 and off_grid:
-            return Resume(
-                step,
-                upper=upper,
-                undecided=(
-                    f"progress is reported every {stride} steps and checkpoints "
-                    f"{steps_text(off_grid, 3)} are not on that grid, so the resume step lies "
-                    f"between {first - stride} and {first - 1}: call "
-                    "reporter.checkpoint_loaded(step) after loading, or report progress every step"
-                ),
-            )
+            why = Undecided(UndecidedKind.OFF_GRID, first, stride=stride, off_grid=tuple(off_grid))
+            return Resume(step, upper=upper, undecided=why)
         return Resume(step, upper=upper)
 
     def _resume_loaded(self, inc: Inc, loaded: int, final: bool) -> Resume | None:
@@ -551,7 +505,7 @@ class Ledger:
         # its progress, like the first run's, came from a thread that saved or loaded nothing.
         ticker = contract.metrics_thread and inc.threads.metrics_thread()
         stepwise = contract.first_line_is_step and not ticker
-        if first < loaded or (first == loaded and (stepwise or contract.problem)):
+        if first < loaded or (first == loaded and (stepwise or contract.breach is not None)):
             # It completed a step at or below the one it loaded: done again.
             counts = max(first - stride, 0) if stride else (0 if first <= 1 else None)
             return Resume(counts, loaded, replayed=True)
@@ -566,40 +520,13 @@ class Ledger:
                 return Resume(loaded, loaded, held_line=held)
             if not final:
                 return None
-            return Resume(
-                loaded,
-                loaded,
-                held_line=held,
-                undecided=(
-                    f"the replacement loaded checkpoint {loaded} and then reported step "
-                    f"{first}, and the progress stride is unknown (one progress line): let "
-                    "it train longer, or report progress every step"
-                ),
-            )
+            why = Undecided(UndecidedKind.LOADED_ONE_LINE, first, loaded=loaded)
+            return Resume(loaded, loaded, held_line=held, undecided=why)
         within = loaded + 1 if contract.first_special else loaded + stride
         if first > max(within, loaded + 1):
-            return Resume(
-                loaded,
-                loaded,
-                held_line=held,
-                undecided=(
-                    f"the replacement reported checkpoint_loaded({loaded}) but its first step "
-                    f"was {first}, more than one progress stride ({stride}) later: report "
-                    "checkpoint_loaded(n) with the step the resumed process holds"
-                ),
-            )
+            why = Undecided(UndecidedKind.LOADED_FAR, first, stride=stride, loaded=loaded)
+            return Resume(loaded, loaded, held_line=held, undecided=why)
         return Resume(loaded, loaded, held_line=held)
-
-    def describe_resume(self, inc: Inc, resume: Resume) -> str:
-        if resume.replayed:
-            return (
-                f"loaded checkpoint {resume.loaded}, then reported step "
-                f"{inc.first[0] if inc.first else '?'}"
-            )
-        if resume.step is None:
-            return "resume step undecided"
-        how = "checkpoint_loaded" if resume.loaded is not None else "inferred from progress"
-        return f"resumed from step {resume.step} ({how})"
 
     def load_window(self, inc: Inc) -> tuple[float, float]:
         """(the replacement started, it had loaded): checkpoints durable in between count."""

@@ -51,6 +51,7 @@ from pytest_recoverygate.engine import model
 from pytest_recoverygate.engine.caps import MAX_INCARNATIONS
 from pytest_recoverygate.engine.records import Inc
 from pytest_recoverygate.engine.recovery import KillRecord, Window, hung, judge, replay_diverged
+from pytest_recoverygate.engine.rules import wording
 from pytest_recoverygate.engine.spec import (
     FAULTS,
     MAX_KILLS,
@@ -611,7 +612,7 @@ class DrillEngine(StickyPhase):
                     self._move(Phase.VERIFYING)
                 return self._sustain(inc, step, at)  # it trains: hold it while we learn more
             kill.resume = resume
-            self.note(at, "resume", self.ledger.describe_resume(inc, resume), step=resume.step)
+            self.note(at, "resume", wording.resumed(inc, resume), step=resume.step)
             if self.phase is Phase.RECOVERING:
                 self._move(Phase.VERIFYING)
         if kill.window is None:
@@ -703,7 +704,7 @@ class DrillEngine(StickyPhase):
         if refusal is not None:
             if step not in self._skipped_triggers:
                 self._skipped_triggers.add(step)
-                self.note(at, "note", refusal)
+                self.note(at, "note", wording.indistinct(refusal))
             return []
         torn = self.spec.fault == "KillDuringCheckpoint"
         if self.spec.state_digest_matches and not torn:

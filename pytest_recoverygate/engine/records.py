@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pytest_recoverygate.engine.facts import Undecided
 from pytest_recoverygate.engine.grid import GridTracker
 from pytest_recoverygate.engine.threads import Threads
 from pytest_recoverygate.engine.verdict import IncarnationInfo
@@ -138,7 +139,7 @@ class Resume:
     step: int | None  # the step it resumed counting from (first progress - stride)
     loaded: int | None = None
     replayed: bool = False  # it loaded ``loaded`` and then completed a step <= loaded again
-    undecided: str | None = None  # why the step cannot be told, and the fix
+    undecided: Undecided | None = None  # why the step cannot be told (rules.wording words it)
     # What holds whatever the reporting grid: the replacement resumed from at most this
     # step (its first line, minus one when the job's lines come after steps).
     upper: int | None = None

@@ -17,7 +17,7 @@ from typing import Any
 from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.model import GroupEventKind
 from pytest_recoverygate.engine.records import Inc, Resume
-from pytest_recoverygate.engine.rules import TABLE, run
+from pytest_recoverygate.engine.rules import TABLE, run, wording
 from pytest_recoverygate.engine.rules.evidence import (
     ENDED_INSIDE_LINES,
     DrillEvidence,
@@ -213,7 +213,7 @@ def judge(
     steps = lost(ledger, resume, inc) if ev.trained else (None, None)
     proven, bound = ledger.last_before_kill(inc)
     if resume is not None and resume.undecided and resume.step is not None:
-        note(now, "note", resume.undecided)
+        note(now, "note", wording.undecided(resume.undecided))
     note(now, "recovery", f"kill {kill.index}: {verdict.value}: {summary}")
     return Recovery(
         index=kill.index,

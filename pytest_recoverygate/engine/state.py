@@ -30,6 +30,7 @@ from pytest_recoverygate.engine.recovery import (
     overall,
     restarts,
 )
+from pytest_recoverygate.engine.rules import wording
 from pytest_recoverygate.engine.spec import (
     DETECTED_FAULTS,
     DrillSpec,
@@ -644,7 +645,7 @@ class DrillState:
             trigger_checkpoint=h.trigger_checkpoint if h else self.trigger_step,
             kill_time=h.kill_time if h else self.kill_time,
             judged_incarnation=h.judged_incarnation if h else None,
-            step_contract=contract if contract.first_step is not None else None,
+            step_contract=wording.contract(contract) if contract.first_step is not None else None,
             recoveries=tuple(self._recoveries),
             notes=self._notes(contract),
             incarnations=tuple(inc.info() for inc in ev.order),

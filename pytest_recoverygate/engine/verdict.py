@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_recoverygate.engine.facts import Breach
 from pytest_recoverygate.engine.model import LiveRecovery, TimelineEntry, Worker
 
 __all__ = [
@@ -198,8 +199,10 @@ class StepContract:
     """What the first incarnation showed of the step contract.
 
     ``first_step`` and ``stride`` come from its first two progress lines; ``fresh_start``
-    is ``None`` when the drill did not see the process start. ``problem`` is the precise
-    message when the job breaks the contract (the verdict then cannot PASS).
+    is ``None`` when the drill did not see the process start. ``breach`` is how the job
+    breaks the contract, as the ledger found it (the verdict then cannot PASS);
+    ``problem``, the sentence that words it for the result
+    (:func:`pytest_recoverygate.engine.rules.wording.contract`), None until worded.
     ``metrics_thread``: its progress lines came only from threads that printed none of
     its checkpoint lines (:mod:`~pytest_recoverygate.engine.threads`), so where its first
     line fell against its first step was a race, not the contract.
@@ -216,6 +219,7 @@ class StepContract:
     first_line_is_step: bool = False  # a process's first line comes after a step of it
     # issue 41: its progress came only from threads that printed none of its checkpoints
     metrics_thread: bool = False
+    breach: Breach | None = None  # issue 44: the fact; ``problem`` is its wording
 
     def describe(self) -> str:
         if self.first_step is None:

@@ -14,9 +14,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from pytest_recoverygate.engine.advice import load_fix, save_fix
-from pytest_recoverygate.engine.ledger import Ledger, steps_text
+from pytest_recoverygate.engine.ledger import Ledger
 from pytest_recoverygate.engine.records import Inc, Resume
+from pytest_recoverygate.engine.rules import wording
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
+from pytest_recoverygate.engine.rules.wording import steps_text
 from pytest_recoverygate.engine.verdict import Check, FailureReason, StepContract, format_seconds
 
 __all__ = [
@@ -37,13 +39,14 @@ def step_contract(ev: KillEvidence) -> Check:
     its first incarnation showed); a job that breaks it leaves the resume undecided. A
     metrics thread's 0, then 1 (its samples around a slow first step) breaks nothing."""
     contract = ev.contract
-    if contract.problem is not None:
+    if contract.breach is not None:
         return Check(
             "step_contract",
             None,
             "progress(n) after the n-th completed step",
             contract.describe(),
-            f"the job breaks the step contract, so the resume cannot be judged: {contract.problem}",
+            "the job breaks the step contract, so the resume cannot be judged: "
+            + wording.breach(contract.breach),
             R.INCONCLUSIVE,
         )
     return Check(
@@ -121,7 +124,7 @@ def _replayed(r: _Resumed) -> Check | None:
     """A first step at or below the loaded one: steps done again (unless the contract is
     broken, when a correct resume reads the same)."""
     resume, first, contract = r.resume, r.first, r.contract
-    if resume.replayed and contract.problem is not None and first == resume.loaded:
+    if resume.replayed and contract.breach is not None and first == resume.loaded:
         # A job that breaks the contract (progress(epoch)) reports the loaded step as
         # its first step after a correct resume too: no proof of a replay.
         return _check(
@@ -193,7 +196,7 @@ def _below_expected(r: _Resumed) -> Check | None:
         and resume.upper is not None
         and expected is not None
         and resume.upper < expected
-        and (contract.problem is None or scratch_sig)
+        and (contract.breach is None or scratch_sig)
     ):
         return None
     # Whatever the reporting grid: a process whose first line says it had completed
@@ -265,7 +268,7 @@ def _untrusted(r: _Resumed) -> Check | None:
     observed, expected, contract, inc = r.observed, r.expected, r.contract, r.inc
     scratch = observed == 0 and (expected or 0) > 0
     fresh_signature = inc.loaded is None and contract.fresh_start and r.first == contract.first_step
-    if contract.problem is not None and not (scratch and fresh_signature):
+    if contract.breach is not None and not (scratch and fresh_signature):
         return _check(
             r,
             None,
@@ -277,7 +280,7 @@ def _untrusted(r: _Resumed) -> Check | None:
             R.INCONCLUSIVE,
         )
     if r.resume.undecided is not None:
-        return _check(r, None, r.resume.undecided, R.INCONCLUSIVE)
+        return _check(r, None, wording.undecided(r.resume.undecided), R.INCONCLUSIVE)
     if expected is None:
         return _check(
             r,
@@ -497,7 +500,9 @@ def _resume_check(ev: KillEvidence) -> Check:
     if decided is not None:
         return decided
     if r.observed is None:
-        return _check(r, None, r.resume.undecided or "the resume step is unknown", R.INCONCLUSIVE)
+        why = r.resume.undecided
+        unknown = "the resume step is unknown" if why is None else wording.undecided(why)
+        return _check(r, None, unknown, R.INCONCLUSIVE)
     decided = _cut_save(r) or _untrusted(r)
     if decided is None:
         decided = _named(r) if r.explicit else _latest(r)
