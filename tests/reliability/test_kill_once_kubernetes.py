@@ -1,5 +1,10 @@
 """Exactly one kill on Kubernetes, under random faults on every call, over real HTTP.
 
+On the fake API server because the real one cannot be made to fail a chosen call on cue
+(500, 503/429 with Retry-After, 504, a reset before or after it acted, a cut or 410'd
+stream), nor replace a deleted pod before the DELETE returns, and keeps no log of the
+requests it got, which is what "exactly one destructive DELETE" is read from.
+
 We test these aspects:
 - the fast tier: for each of ``KILL_SCENARIOS`` seeds, a fresh job (PyTorchJob or
   TrainJob, 3 ranks) in its own namespace, whose operator replaces a deleted pod before

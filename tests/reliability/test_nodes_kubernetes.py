@@ -1,5 +1,10 @@
 """KillNode on Kubernetes under injected faults, read from the fake API server's own log.
 
+On the fake API server because the real one cannot be made to answer the node's requests
+with 500s or 429s, reset them before or after acting, or cut and 410 its streams on cue,
+and keeps no request log to show which pod each DELETE reached; KillNode and DrainNode
+without faults run on the real cluster (tests/kubernetes/test_kubernetes_drills.py).
+
 We test these aspects, over ``NODE_DRILLS`` whole drills (each its own namespace and its
 own two nodes; a few without faults, the rest under kube_faults.py's random faults on the
 job's requests: 500s, 503/429, resets before and after acting, read timeouts, cut

@@ -5,7 +5,9 @@ We test these aspects:
   report.json, events.jsonl, summary.md, nor the CLI's output; every file the report
   directory holds is not world-writable;
 - a Kubernetes drill with a bearer token in the kubeconfig: the token appears in no
-  report file and no output;
+  report file and no output. On the fake API server, which answers 401 to any request
+  without that exact token, so the drill's PASS shows the token was sent: nothing here
+  needs a server that misbehaves on cue, it is on the fake only to run without a cluster;
 - the source tree has no ``shell=True``, no ``os.system``/``os.popen`` and no
   ``yaml.load(`` without a safe loader.
 """

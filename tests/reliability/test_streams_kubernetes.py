@@ -1,5 +1,8 @@
 """Watch and log streams under faults: a drill sees every training event exactly once.
 
+On the fake API server because the real one cannot be made to cut a watch or a log stream
+after K lines, end a watch with 410 Gone, or replay a log's backlog out of order on cue.
+
 We test these aspects, one table row each (a fault kind, and K where it applies), with a
 whole drill through ``run_drill`` against a training job on the fake API server:
 
