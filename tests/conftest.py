@@ -141,7 +141,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         # bring-up takes 25-110 s, and the quick lane starts no cluster.
         item.add_marker(pytest.mark.kube_cluster)
     if item.get_closest_marker("kube_cluster") is not None and not item.get_closest_marker("e2e"):
-        item.add_marker(pytest.mark.slow)
+        # A test on the real cluster runs in the drill lanes, with the cluster's drills (one
+        # cluster, brought up beside the tests before them: scripts/test).
+        item.add_marker(pytest.mark.e2e)
     group = xdist_group(item)
     if group is not None:
         item.add_marker(pytest.mark.xdist_group(group))
