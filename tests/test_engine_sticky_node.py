@@ -17,7 +17,9 @@ We test these aspects:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pytest_recoverygate.engine.machine import (
@@ -38,6 +40,8 @@ from pytest_recoverygate.engine.model import (
     Worker,
 )
 from pytest_recoverygate.engine.spec import DrillSpec, StickySpec
+from pytest_recoverygate.transcript.read import read_transcript
+from pytest_recoverygate.transcript.rejudge import replay
 
 T0 = 1_800_000_000.0
 P = TrainingEventKind.PROGRESS
@@ -204,6 +208,26 @@ def test_a_job_that_keeps_rejoining_the_bad_node_fails_when_proven() -> None:
     assert d.bad_node()["left"] is None
 
 
+def test_a_restart_from_a_hit_slower_than_the_stall_limit_is_no_stall() -> None:
+    # CI (tests/local/test_local_sticky_node.py, node-bad-rejoins): the third group trained
+    # steps 41-43, the bad node's agent rejoined (every worker restarts), the group took
+    # 7.1 s to come back under load and its node-1 worker died: the fourth death. That gap
+    # is a restart from a hit, not a stall after a resume: BAD_NODE_REUSED alone.
+    d = Drill.trained_to_the_trigger()
+    t = 3.0
+    for inc in ("b", "c"):
+        d.group(G.RESTARTING, t)
+        d.line(S, t + 0.5, inc)
+        d.placement_hit(t)
+        t += 3.0
+    t = d.incarnation(t, "d", 20, 1.5)  # steps 21-23, then the group restarts ...
+    d.placement_hit(t + 5.2)  # ... the fourth placement dies 7.2 s after step 43
+    assert d.result is not None and d.result.verdict is Verdict.FAIL
+    assert [c.reason for c in d.result.failed_checks] == [R.BAD_NODE_REUSED], [
+        (c.name, c.message) for c in d.result.failed_checks
+    ]
+
+
 def test_a_job_whose_bad_node_stays_in_is_undecided() -> None:
     d = Drill.trained_to_the_trigger()
     t = d.incarnation(3.0, "b", 20, 200.0)  # trains on and on; the node's agent stays
@@ -232,3 +256,15 @@ def test_a_hang_counts_as_a_placement_the_node_took() -> None:
     d.placement_hit(t)
     assert d.result is not None and d.result.verdict is Verdict.FAIL
     assert "since it went bad, 2 hung there" in d.check().message
+
+
+KEPT = Path(__file__).resolve().parent / "data" / "ci-node-bad-rejoins"
+
+
+def test_the_drill_ci_kept_rejudges_to_bad_node_reused_alone() -> None:
+    transcript = read_transcript(KEPT / "transcript.jsonl")
+    recorded = json.loads((KEPT / "report.json").read_text())
+    assert recorded["reasons"] == ["BAD_NODE_REUSED", "STOPPED_PROGRESSING"]
+    result, diverged = replay(transcript)
+    assert result.verdict is Verdict.FAIL and result.reasons == (R.BAD_NODE_REUSED,), result.summary
+    assert all(": recorded finish FAIL" in line for line in diverged), diverged

@@ -21,12 +21,14 @@ from __future__ import annotations
 import functools
 import io
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pytest_recoverygate.config.loading import load_config
 from pytest_recoverygate.report.diagnosis import clues_from, diagnose
@@ -234,6 +236,18 @@ def _portable(diagnosis: dict[str, Any]) -> dict[str, Any]:
     return {**diagnosis, "docs": docs[at + 1 :] if at >= 0 else docs}
 
 
+def _recorded_config(folder: Path) -> Any:
+    """The recording's config, its ``workload.workdir`` (the folder of the checkout it was
+    recorded in, which need not exist here) replaced by the recording's own folder: the
+    diagnoses read the command and the patterns, never that folder."""
+    doc = yaml.safe_load((folder / "recovery-test.yaml").read_text("utf-8"))
+    doc.setdefault("workload", {})["workdir"] = str(folder)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "recovery-test.yaml"
+        path.write_text(yaml.safe_dump(doc), "utf-8")
+        return load_config(path)
+
+
 def _evidence(folder: Path, result: Any, recorded: dict[str, Any]) -> Evidence | None:
     """The diagnoses of the rejudged result, made from the kept output and config as the
     runner made them; None where the recording keeps no output."""
@@ -244,7 +258,7 @@ def _evidence(folder: Path, result: Any, recorded: dict[str, Any]) -> Evidence |
         WorkerOutput(label, (folder / path).read_text("utf-8")) for label, path in files.items()
     )
     output = JobOutput(workers, recorded.get("failingWorker"), recorded.get("jobOutputNote", ""))
-    config = load_config(folder / "recovery-test.yaml")
+    config = _recorded_config(folder)
     diagnoses = tuple(
         replace(d, text=mask_secrets(d.text), evidence=mask_secrets(d.evidence))
         for d in diagnose(clues_from(result, output.text, config))

@@ -245,6 +245,7 @@ TABLE: tuple[Rule, ...] = (
             "tests/test_engine_third_pass.py::test_fewer_than_three_lines_then_success_stays_inconclusive",
             "tests/test_engine_third_pass.py::test_an_unsuccessful_end_inside_the_window_still_fails_as_stopped_progressing",
             "tests/test_engine_patterns.py::test_a_job_that_finishes_inside_the_window_after_two_lines_is_inconclusive",
+            "tests/test_engine_sticky_node.py::test_a_restart_from_a_hit_slower_than_the_stall_limit_is_no_stall",
         ),
     ),
     Rule(

@@ -38,13 +38,21 @@ def sustained(ev: KillEvidence) -> Check | None:
     passes, noted as ended inside the window. A stall longer than the stall limit, or a
     job that failed inside the window, fails; one that finished inside it after fewer
     lines, or a window not held by the drill's deadline, is undecided; a window still
-    open is no check yet."""
+    open is no check yet. With a StickyFault's bad node, steps from before its last hit
+    make no window before the deadline: the job is restarting from that hit."""
     inc, past, kill, spec = ev.inc, ev.past, ev.kill, ev.spec
     if not ev.trained or inc is None or past is None:
         return None
     window = kill.window
     if window is None:  # judged before a second line: the window is its first step alone
-        window = Window(past, inc.advanced or past, kill.window.stall_limit if kill.window else 5.0)
+        last = inc.advanced or past
+        bad = kill.bad_node
+        if bad is not None and last[1] <= bad.floor() and not ev.final:
+            # StickyFault scope node: the bad node struck after these steps, and the job is
+            # restarting from that hit (a recovery, bounded by maxRecoveryTime): no stall,
+            # and nothing proven before its first step after the hit.
+            return None
+        window = Window(past, last, kill.window.stall_limit if kill.window else 5.0)
     resume_step = ev.settled.step if ev.settled is not None else None
     expected = f"training for {spec.sustain.describe()} after the resume"
     observed = {
