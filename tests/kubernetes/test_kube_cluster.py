@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests.kubernetes.kube_cluster import leftovers
 from tests.patience import CLUSTER, DRILL, JOB, eventually, slack, within
 
 pytest.importorskip("kubernetes")
@@ -64,42 +65,6 @@ def _script_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("RG_KUBE_PATIENCE", str(min(99, math.ceil(slack()))))
     return env
-
-
-def _leftovers(folder: Path, mark: str) -> list[str]:
-    """Everything of the cluster in ``folder`` still on the machine."""
-    found: list[str] = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if f"{folder}/" in cmdline:
-            found.append(f"process {proc.name}: {cmdline[:120]}")
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True)
-    found += [f"link {line[:80]}" for line in links.stdout.splitlines() if mark in line]
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    bridge = _bridge_of(links.stdout, mark)
-    if bridge:
-        found += [
-            f"netns {line}" for line in netns.stdout.splitlines() if line.startswith(f"{bridge}-")
-        ]
-    mounts = Path("/proc/self/mountinfo").read_text()
-    found += [
-        f"mount {line.split()[4]}" for line in mounts.splitlines() if str(folder) in line.split()[4]
-    ]
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        found += [f"cgroup {c}" for c in hierarchy.glob(f"{mark}-n*")]
-    return found
-
-
-def _bridge_of(links: str, mark: str) -> str | None:
-    for line in links.splitlines():
-        if f"alias {mark}" in line:
-            return line.split(":")[1].strip()
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +104,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
         )
         mark_file = folder / ".kube-cluster"
         mark = mark_file.read_text().strip() if mark_file.exists() else "rgk-none"
-        left = _leftovers(folder, mark)
+        left = leftovers(folder, mark)
         shutil.rmtree(folder, ignore_errors=True)
         assert not left, f"down left: {left}"
 
