@@ -184,7 +184,9 @@ def test_sigint_while_a_placement_is_stopped_leaves_nothing(
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
     assert proc.returncode == 130, output
-    assert_nothing_left(tag, before, figures, None)
+    # this drill's namespaces, by its id: another test's drill may run beside it (CI: the
+    # other worker's rg<id>-* were counted here as this one's)
+    assert_nothing_left(tag, before, figures, drill_id)
     assert {n for n in drill_namespaces() if n.startswith(f"rg{drill_id}-")} == set()
     assert list(locks.glob(f"{RECORD_PREFIX}*")) == []
 
@@ -196,6 +198,7 @@ def test_a_sigkilled_drill_with_a_stopped_placement_is_swept(
     locks = tmp_path / "locks"
     locks.mkdir(mode=0o700)
     proc = cli(sticky_yaml(tmp_path, tag), locks)
+    drill_id: str | None = None
     try:
         until_stopped(tag)
         drill_id = drill_id_in(locks)
@@ -216,6 +219,8 @@ def test_a_sigkilled_drill_with_a_stopped_placement_is_swept(
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-    assert_nothing_left(tag, before, figures, None)
+    # this drill's namespaces, by its id: another test's drill may run beside it (CI: the
+    # other worker's rg<id>-* were counted here as this one's)
+    assert_nothing_left(tag, before, figures, drill_id)
     assert {n for n in drill_namespaces() if n.startswith(f"rg{drill_id}-")} == set()
     assert list(locks.glob(f"{RECORD_PREFIX}*")) == []
