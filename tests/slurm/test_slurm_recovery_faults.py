@@ -47,7 +47,7 @@ from pytest_recoverygate.orchestrators.slurm.submit import sweep as sweep_jobs
 from pytest_recoverygate.storage.poison import POISON_PREFIX
 from pytest_recoverygate.storage.poison import sweep as sweep_poison
 from tests.cli_drill import run_cli_drill
-from tests.patience import CLUSTER, DRILL, JOB, PROMPT, eventually, within
+from tests.patience import CLUSTER, DRILL, JOB, PROMPT, Hold, eventually, within
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.storage_truth import left_behind, read_truth
 from tests.truth.truth import Process, load_processes
@@ -84,7 +84,12 @@ class Drill:
 
 
 def drill(
-    cluster: SlurmCluster, tmp_path: Path, example: str, *, path: Path | None = None
+    cluster: SlurmCluster,
+    tmp_path: Path,
+    example: str,
+    *,
+    path: Path | None = None,
+    hold: Hold | None = None,
 ) -> Drill:
     """Run examples/slurm/``example`` with the job's folders in ``tmp_path`` (its
     checkpoints, its records, its output) and a lock folder of the test's own; then
@@ -104,6 +109,7 @@ def drill(
         RECOVERYGATE_CKPT_DIR=str(folder),
         RECOVERYGATE_GROUND_TRUTH=str(tmp_path / "truth"),
         RG_E2E_MARK=mark,
+        **(hold.env if hold is not None else {}),
     )
     if "path" in spec["injectFailure"]:
         spec["injectFailure"]["path"] = str(path or folder)
@@ -179,7 +185,12 @@ def test_a_second_kill_inside_the_load_is_survived_by_an_atomic_staging(
 def test_a_second_kill_inside_the_load_of_a_direct_staging_is_not_reentrant(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    run = drill(slurm, tmp_path, "recovery-test-kill-during-load-direct.yaml")
+    # The replacements' staged loads park after their first write until the second kill
+    # (CI: without the hold, the kill step's 0.6 s let a staged copy finish first, and the
+    # job rightly came back: PASS).
+    with Hold(tmp_path, "load", 40) as hold:
+        run = drill(slurm, tmp_path, "recovery-test-kill-during-load-direct.yaml", hold=hold)
+    assert hold.killed, run.explain()  # the second kill landed in a parked load
     assert run.report["verdict"] == "FAIL" and run.code == 1, run.explain()
     assert run.report["reasons"][0] == "RECOVERY_NOT_REENTRANT", run.explain()
     second = run.recoveries[1]
