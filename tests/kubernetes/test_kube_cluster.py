@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.kubernetes.kube_cluster import leftovers
+from tests.kubernetes.kube_cluster import cluster_missing, leftovers
 from tests.patience import CLUSTER, DRILL, JOB, eventually, slack, within
 
 pytest.importorskip("kubernetes")
@@ -40,23 +40,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.kubernetes, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube-cluster"
 NAMESPACE = "default"
-
-
-def _cluster_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "the test cluster needs root (network namespaces, cgroups, mounts)"
-    for tool in ("containerd", "runc", "ip", "nsenter", "openssl"):
-        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
-            return f"{tool} is not installed; run 'scripts/kube-cluster install' (apt-get install containerd runc)"
-    check = subprocess.run(
-        [str(SCRIPT), "install", "--check"], capture_output=True, text=True, check=False
-    )
-    if check.returncode != 0:
-        return (
-            "the cluster's binaries are not built on this machine "
-            f"({check.stderr.strip()}); run 'scripts/kube-cluster install' once"
-        )
-    return None
 
 
 def _script_env() -> dict[str, str]:
@@ -70,7 +53,7 @@ def _script_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, str]]:
     """A two-node cluster in a new folder: (folder, kubeconfig, mark); down after the module."""
-    reason = _cluster_missing()
+    reason = cluster_missing()
     if reason:
         pytest.skip(reason)
     # Short: containerd's socket path under it must fit a unix socket's 107 bytes.
