@@ -16,6 +16,7 @@ import yaml
 
 from pytest_recoverygate.config.loading import DrillConfig, load_config
 from tests import patience
+from tests.recorded_drills import RECORD_ENV, TWINS, record
 
 # One Slurm cluster and one Kubernetes cluster per session, for all folders.
 pytest_plugins = ["tests.slurm.cluster_fixture", "tests.kubernetes.kube_cluster"]
@@ -106,7 +107,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
     drills = sys.modules.get("tests.cli_drill")
-    if drills is None or not drills.RAN or not report.failed or report.when == "teardown":
+    if drills is None or not drills.RAN:
+        return
+    if report.passed and report.when == "call" and os.environ.get(RECORD_ENV):
+        if item.nodeid in TWINS:  # scripts/test --record-twins (tests/recorded_drills.py)
+            record(item.nodeid, list(drills.RAN), report.duration)
+        return
+    if not report.failed or report.when == "teardown":
         return
     kept = drills.keep_folders(item.nodeid, ROOT)
     KEPT_DRILLS.extend(kept)
@@ -144,6 +151,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         # A test on the real cluster runs in the drill lanes, with the cluster's drills (one
         # cluster, brought up beside the tests before them: scripts/test).
         item.add_marker(pytest.mark.e2e)
+    if item.nodeid in TWINS:
+        # A twin: its verdict is re-decided from its recording in the quick lane
+        # (tests/test_drill_recordings.py); the drill lanes leave its live run out.
+        item.add_marker(pytest.mark.recorded)
     group = xdist_group(item)
     if group is not None:
         item.add_marker(pytest.mark.xdist_group(group))

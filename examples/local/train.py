@@ -209,47 +209,70 @@ def state_digest(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any)
     )
 
 
-def hold(what: str, step: int) -> None:
+def hold(what: str, step: int, started: Callable[[], None] | None = None) -> None:
     """The suite's barrier: with ``RG_TEST_HOLD=<file>`` and the file reading ``save N``
     (or ``load N``), the save (the staged load) of a step at or past N parks here, after
     its first write, for as long as the file exists; ``<file>.parked.<pid>`` says which
     process parked. A drill test aims its kill into that save this way and removes the
-    file once the parked process is gone. Without the variable or the file: nothing."""
+    file once the parked process is gone. Without the variable or the file: nothing.
+
+    ``started`` (the save's or load's line) is called here: once the process has parked
+    when it parks, so that a kill answering the line always finds it parked (called
+    before, a kill on a busy machine landed before the first write: nothing parked, no
+    partial copy, and the drill was not the one the test is about)."""
     path = os.environ.get(HOLD_ENV)
-    if not path:
-        return
     try:
-        kind, _, at = Path(path).read_text().strip().partition(" ")
+        kind, _, at = Path(path).read_text().strip().partition(" ") if path else ("", "", "0")
     except OSError:
-        return
-    if kind != what or step < int(at):
+        kind, at = "", "0"
+    if not path or kind != what or step < int(at):
+        if started is not None:
+            started()
         return
     Path(f"{path}.parked.{os.getpid()}").write_text(f"{what} {step}\n")
+    if started is not None:
+        started()
     while os.path.exists(path):
         time.sleep(0.05)
 
 
-def write_paced(handle: IO[bytes], data: bytes, what: str, step: int, seconds: float) -> None:
+def write_paced(
+    handle: IO[bytes],
+    data: bytes,
+    what: str,
+    step: int,
+    seconds: float,
+    started: Callable[[], None] | None = None,
+) -> None:
     """``data`` into ``handle`` in :data:`PIECES` pieces spread over ``seconds``; the hold
-    (:func:`hold`) after the first piece."""
+    (:func:`hold`) and ``started`` after the first piece."""
     size = max(-(-len(data) // PIECES), 1)
     for index, at in enumerate(range(0, max(len(data), 1), size)):
         handle.write(data[at : at + size])
         handle.flush()
         if index == 0:
-            hold(what, step)
+            hold(what, step, started)
         if seconds > 0:
             time.sleep(seconds / PIECES)
 
 
-def write_state(handle: IO[bytes], state: dict[str, Any], step: int, seconds: float) -> None:
-    """``torch.save`` into ``handle``: at once, or paced and held (see :func:`write_paced`)."""
+def write_state(
+    handle: IO[bytes],
+    state: dict[str, Any],
+    step: int,
+    seconds: float,
+    started: Callable[[], None] | None = None,
+) -> None:
+    """``torch.save`` into ``handle``: at once, or paced and held (see :func:`write_paced`);
+    ``started`` as the first write begins (paced: once the first piece is written)."""
     if seconds <= 0 and not os.environ.get(HOLD_ENV):
+        if started is not None:
+            started()
         torch.save(state, handle)
         return
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    write_paced(handle, buffer.getvalue(), "save", step, seconds)
+    write_paced(handle, buffer.getvalue(), "save", step, seconds, started)
 
 
 def save_checkpoint(
@@ -266,25 +289,21 @@ def save_checkpoint(
     first and ``torch.save`` straight to the final path, so a kill mid-save leaves a
     partial file that the restart loads.
 
-    ``started`` is called as the save's first write begins: in direct mode once the pointer
-    has moved, so a kill that answers the ``checkpoint_started`` line always finds it moved
-    (a kill that landed before it found step 40 still named, a correct resume, and a full
-    CI run's broken twin passed).
+    ``started`` is called as the save's first write begins (see :func:`write_state`): in
+    direct mode once the pointer has moved, so a kill that answers the
+    ``checkpoint_started`` line always finds it moved (a kill that landed before it found
+    step 40 still named, a correct resume, and a full CI run's broken twin passed).
     """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:08d}.pt"
     if mode == "direct":
         (folder / "latest").write_text(final.name)
-        if started is not None:
-            started()
         with open(final, "wb") as handle:
-            write_state(handle, state, step, seconds)
+            write_state(handle, state, step, seconds, started)
         return
-    if started is not None:
-        started()
     tmp = folder / f".step-{step:08d}.pt.tmp-{os.getpid()}"
     with open(tmp, "wb") as handle:
-        write_state(handle, state, step, seconds)
+        write_state(handle, state, step, seconds, started)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, final)
@@ -345,9 +364,14 @@ def load_checkpoint(
     if len(found) < -index:
         return 0
     step, path = found[index]
-    reporter.checkpoint_load_started(step)
-    if stage is not None:
-        path = staged(path, stage, stage_mode, step, stage_seconds)
+
+    def started() -> None:
+        reporter.checkpoint_load_started(step)
+
+    if stage is None:
+        started()
+    else:
+        path = staged(path, stage, stage_mode, step, stage_seconds, started)
     state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
     if restore != "no-optimizer":  # the bug: an optimizer re-created, its moments lost
@@ -359,9 +383,18 @@ def load_checkpoint(
     return int(state["step"])
 
 
-def staged(path: Path, stage: Path, mode: str, step: int = 0, seconds: float = 0.0) -> Path:
+def staged(
+    path: Path,
+    stage: Path,
+    mode: str,
+    step: int = 0,
+    seconds: float = 0.0,
+    started: Callable[[], None] | None = None,
+) -> Path:
     """The checkpoint copied to this rank's staging folder first (as a job copies it from
-    an object store to local disk), reused when already there.
+    an object store to local disk), reused when already there; ``started`` (the load's
+    line) as the copy's first write begins (paced: once its first piece is written and,
+    under the suite's hold, parked), or before a staged copy is reused.
 
     atomic: copied to a temporary name, then renamed: a copy cut by a kill is never taken
     for a staged checkpoint. direct: the bug this example's KillDuringRecovery twin shows:
@@ -371,12 +404,16 @@ def staged(path: Path, stage: Path, mode: str, step: int = 0, seconds: float = 0
     stage.mkdir(parents=True, exist_ok=True)
     final = stage / path.name
     if final.exists():
+        if started is not None:
+            started()
         return final
     target = final if mode == "direct" else stage / f".{path.name}.part-{os.getpid()}"
     if seconds > 0 or os.environ.get(HOLD_ENV):
         with open(target, "wb") as dst:
-            write_paced(dst, path.read_bytes(), "load", step, seconds)
+            write_paced(dst, path.read_bytes(), "load", step, seconds, started)
     else:
+        if started is not None:
+            started()
         with open(path, "rb") as src, open(target, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)

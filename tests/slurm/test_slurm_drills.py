@@ -34,7 +34,8 @@ from pytest_recoverygate.config.loading import parse_config
 from pytest_recoverygate.durations import parse_duration
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.cli_drill import with_drill_sustain
+from tests.cli_drill import RAN, with_drill_sustain
+from tests.transcripts import assert_rejudged
 from tests.patience import Hold
 from tests.slurm.slurm_testcluster import SlurmCluster
 from tests.truth.truth import load_processes
@@ -91,9 +92,15 @@ def drill(
     cfg = parse_config(
         text, EXAMPLES / config, {"expectations.sustain": sustain} if sustain else {}
     )
+    report_dir = tmp_path / "report"  # the transcript: kept if the test fails, rejudged
+    RAN.append(report_dir)
     started = time.monotonic()
-    result = run_drill(cfg, RunOptions(confirmed=True, handle_signals=False))
-    return result, time.monotonic() - started
+    result = run_drill(
+        cfg, RunOptions(confirmed=True, handle_signals=False, report_dir=report_dir)
+    )
+    wall = time.monotonic() - started
+    assert_rejudged(report_dir)  # the drill's own transcript reproduces its report
+    return result, wall
 
 
 def explain(result: DrillResult) -> str:
