@@ -42,7 +42,8 @@ from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 from pytest_recoverygate.engine.verdict import FailureReason
 from pytest_recoverygate.transcript.read import Transcript, read_transcript
 from pytest_recoverygate.transcript.rejudge import replay
-from tests.test_engine_patterns import drive, engine_for, ev, result_of
+from tests.engine_events import ev
+from tests.test_engine_patterns import drive, engine_for, result_of
 
 P = TrainingEventKind.PROGRESS
 C = TrainingEventKind.CHECKPOINT_COMPLETED

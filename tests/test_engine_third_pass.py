@@ -43,7 +43,8 @@ from pytest_recoverygate.engine.verdict import Check, FailureReason
 from pytest_recoverygate.report.files import result_to_dict
 from pytest_recoverygate.report.html import render_report
 from pytest_recoverygate.report.terminal import print_result
-from tests.test_engine_patterns import T0, drive, engine_for, ev, result_of
+from tests.engine_events import T0, ev
+from tests.test_engine_patterns import drive, engine_for, result_of
 
 P = TrainingEventKind.PROGRESS
 C = TrainingEventKind.CHECKPOINT_COMPLETED
