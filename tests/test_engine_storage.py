@@ -94,7 +94,7 @@ class Drill:
 
     def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
              **kw: object) -> Drill:  # fmt: skip
-        event = ev(kind, t, inc, step, **kw)
+        event = ev(kind, t, inc, step, **kw)  # type: ignore[arg-type]
         self._answer(list(self.engine.on_training_event(event)), t)
         return self
 
