@@ -27,7 +27,8 @@ from pytest_recoverygate.engine.rules.replay import judge
 from pytest_recoverygate.engine.spec import ReplaySpec
 from pytest_recoverygate.engine.verdict import FailureReason, Verdict
 from pytest_recoverygate.report.diagnosis import Clues, diagnose
-from tests.test_engine_patterns import S, drive, engine_for, ev
+from tests.engine_events import S, ev
+from tests.test_engine_patterns import drive, engine_for
 from tests.test_engine_third_pass import ended
 
 DATA = Path(__file__).resolve().parent / "diagnosis" / "data"

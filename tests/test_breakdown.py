@@ -20,7 +20,8 @@ from pytest_recoverygate.cli import main
 from pytest_recoverygate.engine.model import GroupEvent, GroupEventKind
 from pytest_recoverygate.engine.verdict import BREAKDOWN_PHASES
 from pytest_recoverygate.report.files import RECOVERY_PHASES, recovery_phases
-from tests.test_engine import T0, drive, engine_for, new_run, old_run, verdict_of
+from tests.engine_events import T0
+from tests.test_engine import drive, engine_for, new_run, old_run, verdict_of
 
 #: The order things happen in: a point listed before another never happened after it.
 CAUSAL = ("failureDetected", "replacementScheduled", "processStarted", "firstReport")

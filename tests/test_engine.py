@@ -51,22 +51,11 @@ from pytest_recoverygate.engine.model import (
     KillOutcome,
     KillResult,
     TrainingEvent,
-    TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import DrillSpec, Sustain
+from tests.engine_events import T0, C, L, P, S, ev
 
-T0 = 1_800_000_000.0
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
 R = FailureReason
-
-
-def ev(
-    kind: TrainingEventKind, t: float, inc: str, step: int | None = None, rank: int | None = 0
-) -> TrainingEvent:
-    return TrainingEvent(kind, T0 + t, inc, step=step, rank=rank)
 
 
 def spec(**kw: object) -> DrillSpec:

@@ -11,19 +11,8 @@ from typing import Any
 
 from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Finish, Verdict
 from pytest_recoverygate.engine.spec import Sustain
-from tests.test_engine_patterns import (
-    T0,
-    C,
-    L,
-    P,
-    R,
-    S,
-    drive,
-    engine_for,
-    ev,
-    result_of,
-    steps_run,
-)
+from tests.engine_events import T0, C, L, P, S, ev
+from tests.test_engine_patterns import R, drive, engine_for, result_of, steps_run
 
 
 def run_ticking(engine: DrillEngine, events, end: float | None = None):

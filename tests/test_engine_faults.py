@@ -43,31 +43,12 @@ from pytest_recoverygate.engine.model import (
     KillOutcome,
     KillResult,
     TrainingEvent,
-    TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import MAX_KILLS, Delay, DrillSpec, Sustain
 from pytest_recoverygate.engine.state import MAX_REAIMS
+from tests.engine_events import ST, T0, C, L, P, S, ev
 
-T0 = 1_800_000_000.0
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
-ST = TrainingEventKind.CHECKPOINT_STARTED
 R = FailureReason
-
-
-def ev(
-    kind: TrainingEventKind,
-    t: float,
-    inc: str,
-    step: int | None = None,
-    *,
-    digest: str | None = None,
-    parts: tuple[tuple[str, str], ...] = (),
-    rank: int = 0,
-) -> TrainingEvent:
-    return TrainingEvent(kind, T0 + t, inc, step=step, rank=rank, digest=digest, digest_parts=parts)
 
 
 def combined(parts: tuple[tuple[str, str], ...]) -> str | None:
@@ -134,7 +115,9 @@ class SimJob:
         if loaded is not None:
             parts = self._parts(loaded, loading=True) if self.digests else ()
             digest = combined(parts)
-            life.events.append(ev(L, start + 0.05, life.inc, loaded, digest=digest, parts=parts))
+            life.events.append(
+                ev(L, start + 0.05, life.inc, loaded, digest=digest, digest_parts=parts)
+            )
         t = start + 0.1
         for step in range(resume + 1, resume + 2000):
             t += 1 / self.rate
@@ -144,7 +127,9 @@ class SimJob:
                 parts = self._parts(step) if self.digests else ()
                 digest = combined(parts)
                 t += self.save
-                life.events.append(ev(C, t + 0.002, life.inc, step, digest=digest, parts=parts))
+                life.events.append(
+                    ev(C, t + 0.002, life.inc, step, digest=digest, digest_parts=parts)
+                )
         life.events.sort(key=lambda e: e.timestamp)  # stable: lines of one instant keep order
         return life
 

@@ -38,16 +38,13 @@ import dataclasses
 from pathlib import Path
 
 from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Verdict
-from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.engine.verdict import FailureReason
 from pytest_recoverygate.transcript.read import Transcript, read_transcript
 from pytest_recoverygate.transcript.rejudge import replay
-from tests.test_engine_patterns import drive, engine_for, ev, result_of
+from tests.engine_events import C, L, P, S, ev
+from tests.test_engine_patterns import drive, engine_for, result_of
 
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
 R = FailureReason
 
 STEP = 0.025  # seconds per step: the loop on a loaded machine, 4 steps per tick

@@ -22,7 +22,8 @@ from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.engine.rules.replay import reference
 from pytest_recoverygate.engine.spec import ReplaySpec
 from pytest_recoverygate.engine.verdict import DrillResult, Verdict
-from tests.test_engine_patterns import T0, C, L, P, S, drive, engine_for, ev
+from tests.engine_events import T0, C, L, P, S, ev
+from tests.test_engine_patterns import drive, engine_for
 
 EXACT = ReplaySpec("exact")
 KILL = 2.6  # seconds after T0: the first run printed step 25 at 2.55

@@ -29,22 +29,14 @@ from pytest_recoverygate.engine.machine import (
     Verdict,
 )
 from pytest_recoverygate.engine.model import (
-    GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
-    TrainingEvent,
     TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import DrillSpec
+from tests.engine_events import LS, T0, C, G, L, P, S, ev, group_ev
 
-T0 = 1_800_000_000.0
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-LS = TrainingEventKind.CHECKPOINT_LOAD_STARTED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
-G = GroupEventKind
 R = FailureReason
 
 
@@ -89,13 +81,11 @@ class Drill:
 
     def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
              rank: int = 0) -> Drill:  # fmt: skip
-        self.answer(list(self.engine.on_training_event(
-            TrainingEvent(kind, T0 + t, inc, step=step, rank=rank)
-        )), t)  # fmt: skip
+        self.answer(list(self.engine.on_training_event(ev(kind, t, inc, step, rank))), t)
         return self
 
     def group(self, kind: GroupEventKind, t: float) -> Drill:
-        self.answer(list(self.engine.on_group_event(GroupEvent(kind, T0 + t))), t)
+        self.answer(list(self.engine.on_group_event(group_ev(kind, t))), t)
         return self
 
     def train(self, inc: str, t: float, steps: range, dt: float = 0.1, every: int = 0) -> float:

@@ -28,14 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Finish, Verdict
-from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
+from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.engine.spec import Sustain
-from tests.test_engine_patterns import T0, drive, engine_for, ev, result_of, steps_run
+from tests.engine_events import T0, C, L, P, S, ev
+from tests.test_engine_patterns import drive, engine_for, result_of, steps_run
 
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
 R = FailureReason
 
 KILL = 2.6  # seconds into the first incarnation: after checkpoint 20, before step 26

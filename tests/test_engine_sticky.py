@@ -26,22 +26,14 @@ from pytest_recoverygate.engine.machine import (
     Verdict,
 )
 from pytest_recoverygate.engine.model import (
-    GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
-    TrainingEvent,
     TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import DrillSpec, StickySpec, Sustain
+from tests.engine_events import T0, C, G, L, P, S, X, ev, group_ev
 
-T0 = 1_800_000_000.0
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
-X = TrainingEventKind.POISONED
-G = GroupEventKind
 R = FailureReason
 AT = 30  # the poisoned step
 
@@ -88,14 +80,13 @@ class Drill:
     def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
              rank: int = 0, restart: int | None = None) -> Drill:  # fmt: skip
         if self.result is None:
-            self.answer(list(self.engine.on_training_event(
-                TrainingEvent(kind, T0 + t, inc, step=step, rank=rank, restart_count=restart)
-            )), t)  # fmt: skip
+            event = ev(kind, t, inc, step, rank, restart_count=restart)
+            self.answer(list(self.engine.on_training_event(event)), t)
         return self
 
     def group(self, kind: GroupEventKind, t: float) -> Drill:
         if self.result is None:
-            self.answer(list(self.engine.on_group_event(GroupEvent(kind, T0 + t))), t)
+            self.answer(list(self.engine.on_group_event(group_ev(kind, t))), t)
         return self
 
     def incarnation_runs(
@@ -297,7 +288,7 @@ class Damage:
 
     def feed(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
              digest: str | None = None) -> None:  # fmt: skip
-        event = TrainingEvent(kind, T0 + t, inc, step=step, rank=0, digest=digest)
+        event = ev(kind, t, inc, step, digest=digest)
         self.answer(list(self.engine.on_training_event(event)), t)
 
     def answer(self, actions: list[object], t: float) -> None:
@@ -314,7 +305,7 @@ class Damage:
 
     def group(self, kind: GroupEventKind, t: float, detail: str = "") -> None:
         if self.result is None:
-            event = GroupEvent(kind, T0 + t, detail)
+            event = group_ev(kind, t, detail)
             self.answer(list(self.engine.on_group_event(event)), t)
 
 

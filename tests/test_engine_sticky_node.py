@@ -31,24 +31,17 @@ from pytest_recoverygate.engine.machine import (
     Verdict,
 )
 from pytest_recoverygate.engine.model import (
-    GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
-    TrainingEvent,
     TrainingEventKind,
     Worker,
 )
 from pytest_recoverygate.engine.spec import DrillSpec, StickySpec
 from pytest_recoverygate.transcript.read import read_transcript
 from pytest_recoverygate.transcript.rejudge import replay
+from tests.engine_events import T0, C, G, L, P, S, ev, group_ev
 
-T0 = 1_800_000_000.0
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
-G = GroupEventKind
 R = FailureReason
 NODE = "rg0a0b0c-node1"
 
@@ -104,13 +97,13 @@ class Drill:
              world: int | None = None) -> None:  # fmt: skip
         self.now = max(self.now, t)
         if self.result is None:
-            event = TrainingEvent(kind, T0 + t, inc, step=step, rank=0, world_size=world)
+            event = ev(kind, t, inc, step, world_size=world)
             self.answer(list(self.engine.on_training_event(event)), t)
 
     def group(self, kind: GroupEventKind, t: float, detail: str = "", **extra: Any) -> None:
         self.now = max(self.now, t)
         if self.result is None:
-            event = GroupEvent(kind, T0 + t, detail, **extra)
+            event = group_ev(kind, t, detail, **extra)
             self.answer(list(self.engine.on_group_event(event)), t)
 
     def placement_hit(self, t: float) -> None:

@@ -38,25 +38,17 @@ from pytest_recoverygate.engine.machine import (
     Verdict,
 )
 from pytest_recoverygate.engine.model import (
-    GroupEvent,
     GroupEventKind,
     KillOutcome,
     KillResult,
     StorageEvent,
     StorageEventKind,
-    TrainingEvent,
     TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import DrillSpec
 from pytest_recoverygate.engine.storage import StorageSpec, names_step
+from tests.engine_events import ST, T0, C, F, L, P, S, ev, group_ev
 
-T0 = 1_800_000_000.0
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-ST = TrainingEventKind.CHECKPOINT_STARTED
-F = TrainingEventKind.CHECKPOINT_FAILED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
 SK = StorageEventKind
 R = FailureReason
 
@@ -102,7 +94,7 @@ class Drill:
 
     def line(self, kind: TrainingEventKind, t: float, inc: str, step: int | None = None,
              **kw: object) -> Drill:  # fmt: skip
-        event = TrainingEvent(kind, T0 + t, inc, step=step, rank=0, **kw)  # type: ignore[arg-type]
+        event = ev(kind, t, inc, step, **kw)  # type: ignore[arg-type]
         self._answer(list(self.engine.on_training_event(event)), t)
         return self
 
@@ -125,7 +117,7 @@ class Drill:
         return self
 
     def group(self, kind: GroupEventKind, t: float) -> Drill:
-        self._answer(list(self.engine.on_group_event(GroupEvent(kind, T0 + t))), t)
+        self._answer(list(self.engine.on_group_event(group_ev(kind, t))), t)
         return self
 
     def tick(self, t: float) -> Drill:

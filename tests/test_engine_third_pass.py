@@ -43,12 +43,9 @@ from pytest_recoverygate.engine.verdict import Check, FailureReason
 from pytest_recoverygate.report.files import result_to_dict
 from pytest_recoverygate.report.html import render_report
 from pytest_recoverygate.report.terminal import print_result
-from tests.test_engine_patterns import T0, drive, engine_for, ev, result_of
+from tests.engine_events import T0, C, L, P, S, ev, line_at
+from tests.test_engine_patterns import drive, engine_for, result_of
 
-P = TrainingEventKind.PROGRESS
-C = TrainingEventKind.CHECKPOINT_COMPLETED
-L = TrainingEventKind.CHECKPOINT_LOADED
-S = TrainingEventKind.START
 R = FailureReason
 
 # ----------------------------------------------------- 1. a short job ends inside the window
@@ -187,17 +184,7 @@ class LiveJob:
         after: float = 0.001,
     ) -> None:
         self.now += after
-        event = TrainingEvent(
-            kind,
-            self.now,
-            inc,
-            step,
-            received=self.now,
-            rank=0,
-            replica=replica,
-            source=source,
-            peer=peer,
-        )
+        event = line_at(kind, self.now, inc, step, replica=replica, source=source, peer=peer)
         self.actions += self.engine.on_training_event(event)
 
     def commit(self, steps: range, *incs: str, dt: float = 0.1) -> None:

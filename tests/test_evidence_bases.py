@@ -43,7 +43,8 @@ from pytest_recoverygate.engine.model import (
 )
 from pytest_recoverygate.engine.verdict import FailureReason, Verdict
 from pytest_recoverygate.errors import ConfigError
-from tests.test_engine_patterns import T0, engine_for, ev
+from tests.engine_events import T0, ev
+from tests.test_engine_patterns import engine_for
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "evidence.md"
 

@@ -27,17 +27,13 @@ from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Finish,
 from pytest_recoverygate.engine.model import (
     KillOutcome,
     KillResult,
-    TrainingEvent,
     TrainingEventKind,
 )
 from pytest_recoverygate.engine.spec import DrillSpec
 from pytest_recoverygate.engine.verdict import FailureReason
+from tests.engine_events import T0, L, P, S, line_at
 
-T0 = 1_800_000_000.0
 FAKE_LIVE = Path(__file__).resolve().parent.parent / "examples" / "fake" / "live.yaml"
-S = TrainingEventKind.START
-P = TrainingEventKind.PROGRESS
-L = TrainingEventKind.CHECKPOINT_LOADED
 
 
 def spec(**overrides: object) -> DrillSpec:
@@ -73,17 +69,7 @@ class Job:
         source: str | None = None,
         peer: int | None = None,
     ) -> None:
-        event = TrainingEvent(
-            kind,
-            self.now,
-            inc,
-            step,
-            received=self.now,
-            rank=0,
-            replica=replica,
-            source=source,
-            peer=peer,
-        )
+        event = line_at(kind, self.now, inc, step, replica=replica, source=source, peer=peer)
         self.actions += self.engine.on_training_event(event)
 
     def tick(self) -> None:

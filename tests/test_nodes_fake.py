@@ -38,7 +38,8 @@ from pytest_recoverygate.orchestrators.fake import FakeOrchestrator
 from pytest_recoverygate.registry import get_backend
 from pytest_recoverygate.registry.seams import NodeFaults, Orchestrator, SimulatedClock
 from pytest_recoverygate.runner import RunOptions, run_drill
-from tests.test_engine_faults import T0, Drill, Life, SimJob
+from tests.engine_events import T0
+from tests.test_engine_faults import Drill, Life, SimJob
 
 BASE = """\
 workload:

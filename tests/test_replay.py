@@ -50,7 +50,8 @@ from pytest_recoverygate.report.terminal import replay_lines
 from pytest_recoverygate.report.timeline import build_figure
 from pytest_recoverygate.runner import RunOptions, run_drill
 from pytest_recoverygate.shared.events import to_training_event
-from tests.test_engine_patterns import T0, C, L, P, S, drive, engine_for, ev, result_of
+from tests.engine_events import T0, C, L, P, S, ev
+from tests.test_engine_patterns import drive, engine_for, result_of
 
 EXACT = ReplaySpec("exact")
 

@@ -25,7 +25,8 @@ from pytest_recoverygate.engine.facts import (
 from pytest_recoverygate.engine.machine import DrillEngine, DrillResult, Finish, KillTarget
 from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.engine.rules import wording
-from tests.test_engine import T0, C, L, P, S, engine_for, ev, old_run
+from tests.engine_events import T0, C, L, P, S, ev
+from tests.test_engine import engine_for, old_run
 
 WAITING = "waiting for a later checkpoint"
 

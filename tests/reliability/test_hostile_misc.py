@@ -49,9 +49,10 @@ from pytest_recoverygate.shared.textbounds import (
     LineSplitter,
     cap_lines,
 )
+from tests.engine_events import C, L, S, ev
 from tests.patience import JOB, PROMPT, eventually, within
 from tests.reliability.conftest import Figures
-from tests.test_engine_patterns import C, L, S, drive, engine_for, ev, result_of, steps_run
+from tests.test_engine_patterns import drive, engine_for, result_of, steps_run
 
 REPO = Path(__file__).resolve().parents[2]
 STARTED = TrainingEventKind.CHECKPOINT_STARTED
