@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["RECORD_ENV", "RECORDINGS", "TWINS", "record", "recording_folder"]
+__all__ = ["RECORDINGS", "RECORD_ENV", "TWINS", "record", "recording_folder"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the twins' recordings live, one folder per test.
@@ -127,7 +127,8 @@ TWINS: dict[str, str] = {
     # Slurm
     _SLURM + "test_srun_loop_recovers_with_a_new_step": _SLURM
     + "test_srun_loop_recovers_from_a_requeue",
-    _SLURM + "test_node_local_checkpoints_fail_the_drill": _SLURM + "test_torchrun_in_step_recovers",
+    _SLURM + "test_node_local_checkpoints_fail_the_drill": _SLURM
+    + "test_torchrun_in_step_recovers",
     _SLURM + "test_a_job_that_does_not_come_back_fails_the_drill": _SLURM
     + "test_torchrun_in_step_recovers",
     _SLURM + "test_a_preempted_job_that_ignores_sigterm_fails_saved_on_preempt": _SLURM

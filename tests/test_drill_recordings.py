@@ -55,9 +55,7 @@ def _defined(nodeid: str) -> bool:
     path, _, name = nodeid.partition("::")
     function = name.partition("[")[0]
     tree = ast.parse((ROOT / path).read_text("utf-8"))
-    return any(
-        isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body
-    )
+    return any(isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body)
 
 
 def test_every_twin_s_sibling_stays_live() -> None:

@@ -35,9 +35,9 @@ from pytest_recoverygate.durations import parse_duration
 from pytest_recoverygate.engine.machine import DrillResult, FailureReason, Verdict
 from pytest_recoverygate.runner import RunOptions, run_drill
 from tests.cli_drill import RAN, with_drill_sustain
-from tests.transcripts import assert_rejudged
 from tests.patience import Hold
 from tests.slurm.slurm_testcluster import SlurmCluster
+from tests.transcripts import assert_rejudged
 from tests.truth.truth import load_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
@@ -95,9 +95,7 @@ def drill(
     report_dir = tmp_path / "report"  # the transcript: kept if the test fails, rejudged
     RAN.append(report_dir)
     started = time.monotonic()
-    result = run_drill(
-        cfg, RunOptions(confirmed=True, handle_signals=False, report_dir=report_dir)
-    )
+    result = run_drill(cfg, RunOptions(confirmed=True, handle_signals=False, report_dir=report_dir))
     wall = time.monotonic() - started
     assert_rejudged(report_dir)  # the drill's own transcript reproduces its report
     return result, wall
