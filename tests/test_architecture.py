@@ -86,8 +86,6 @@ OVERSIZED = {
     "engine/state.py:DrillState",
     "orchestrators/slurm/orchestrator.py:SlurmOrchestrator",
     "orchestrators/ray/orchestrator.py:RayOrchestrator",
-    "orchestrators/local/orchestrator.py:LocalOrchestrator",
-    "orchestrators/local/nodes.py:LocalNodesOrchestrator",
     "orchestrators/fake/__init__.py:FakeOrchestrator",
     "storage/fs.py:Layer",
 }

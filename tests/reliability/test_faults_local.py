@@ -199,11 +199,11 @@ class HangSabotaged(Sabotaged):
     stopped_at_strike: bool | None = None
 
     def strike(self, where: str) -> None:
-        if not self.struck and self.real._stopped and self.stopped_at_strike is None:
+        if not self.struck and self.real._struck.stopped and self.stopped_at_strike is None:
             import psutil
 
             def stopped() -> bool:  # SIGSTOP takes effect asynchronously
-                for identity in list(self.real._stopped):
+                for identity in list(self.real._struck.stopped):
                     proc = identity.process()
                     if proc is not None and proc.status() == psutil.STATUS_STOPPED:
                         return True
@@ -240,7 +240,7 @@ def test_a_hang_drill_ended_any_way_leaves_no_process_stopped_or_alive(
     account = Account.read(tmp_path / "signals")
     conts = account.drill_signals("SIGCONT")
     if phase is Phase.RECOVERING or (phase is Phase.KILLING and way not in ("drill-error",)):
-        if backend.real._victim is not None:
+        if backend.real._struck.victim is not None:
             # struck while it was stopped: cleanup continued it first, once
             assert backend.stopped_at_strike, "the victim was not stopped when the drill ended"
             assert len(conts) == 1, f"SIGCONTs from the drill: {conts}"

@@ -2,7 +2,9 @@
 
 - :mod:`.processes`: process instances by pid and start time, signals through pidfds;
 - :mod:`.torchrun`: what torchrun's command line and output say (pure);
-- :mod:`.orchestrator`: :class:`LocalOrchestrator`, the drill's four methods;
+- :mod:`.orchestrator`: :class:`LocalOrchestrator`, the drill's four methods, composed
+  from :mod:`.launch`, :mod:`.scan`, :mod:`.kill`, :mod:`.watch`, :mod:`.output` and
+  :mod:`.cleanup`;
 - :mod:`.members`: ``workload.group``, a job of several members (a torchft lighthouse
   and its replica groups), each a command of its own.
 
