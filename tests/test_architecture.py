@@ -85,7 +85,6 @@ OVERSIZED = {
     "engine/ledger.py:Ledger",
     "engine/state.py:DrillState",
     "orchestrators/slurm/orchestrator.py:SlurmOrchestrator",
-    "orchestrators/ray/orchestrator.py:RayOrchestrator",
     "orchestrators/local/orchestrator.py:LocalOrchestrator",
     "orchestrators/local/nodes.py:LocalNodesOrchestrator",
     "orchestrators/fake/__init__.py:FakeOrchestrator",
