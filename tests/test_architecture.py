@@ -85,7 +85,6 @@ OVERSIZED = {
     "engine/ledger.py:Ledger",
     "engine/state.py:DrillState",
     "orchestrators/slurm/orchestrator.py:SlurmOrchestrator",
-    "orchestrators/ray/orchestrator.py:RayOrchestrator",
     "orchestrators/fake/__init__.py:FakeOrchestrator",
     "storage/fs.py:Layer",
 }

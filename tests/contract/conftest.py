@@ -641,7 +641,7 @@ def _build_ray(purpose: str, label: str, tmp: Path, spy: ThreadSpy) -> Harness:
         except BaseException:
             stack.close()
             raise
-    dashboard, token = orchestrator._dashboard, orchestrator._token
+    dashboard, token = orchestrator._cluster.dashboard, orchestrator._cluster.token
 
     def ticks(pid: int) -> str | None:
         stat = _proc_stat(pid)

@@ -50,6 +50,7 @@ from pytest_recoverygate.orchestrators.ray.verify import (
     parse_gcs,
     refusal,
 )
+from pytest_recoverygate.orchestrators.ray.workers import nodes_of
 from pytest_recoverygate.registry.seams import RealClock
 from pytest_recoverygate.shared.procs import JobLaunch
 from tests.patience import PROMPT, within
@@ -268,12 +269,12 @@ def test_kill_node_fails_closed_when_the_head_cannot_be_read(
     def no_answer(*args: Any, **kwargs: Any) -> Any:
         raise BackendError("the kill server gave no answer within 90s")
 
-    monkeypatch.setattr(orchestrator, "_fetch_run", lambda: run)
-    monkeypatch.setattr(orchestrator, "_get", unreadable)
-    monkeypatch.setattr(orchestrator, "_ask", no_answer, raising=False)
+    monkeypatch.setattr(orchestrator._runs, "fetch", lambda: run)
+    monkeypatch.setattr(orchestrator._cluster, "get", unreadable)
+    monkeypatch.setattr(orchestrator._cluster, "ask", no_answer)
     current = run.current
     assert current is not None
-    node = orchestrator._nodes(current)[0]
+    node = nodes_of(orchestrator._guard, current)[0]
     try:
         with pytest.raises(BackendError):
             orchestrator.kill_node(node, dry_run=True, fault=model.Fault("KillNode"))
@@ -382,8 +383,8 @@ def test_the_submission_id_is_quoted_into_the_jobs_url() -> None:
         clock=RealClock(),
     )
     try:
-        orchestrator._dashboard = f"http://127.0.0.1:{server.server_address[1]}"
-        orchestrator._check_job()
+        orchestrator._cluster.dashboard = f"http://127.0.0.1:{server.server_address[1]}"
+        orchestrator._runs.check_job()
     finally:
         server.shutdown()
         server.server_close()
