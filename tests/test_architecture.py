@@ -84,7 +84,6 @@ OVERSIZED = {
     "engine/machine.py:DrillEngine",
     "engine/ledger.py:Ledger",
     "engine/state.py:DrillState",
-    "orchestrators/slurm/orchestrator.py:SlurmOrchestrator",
     "orchestrators/ray/orchestrator.py:RayOrchestrator",
     "orchestrators/local/orchestrator.py:LocalOrchestrator",
     "orchestrators/local/nodes.py:LocalNodesOrchestrator",
