@@ -8,7 +8,7 @@ from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.registry.seams import Clock
 from pytest_recoverygate.shared.events import StreamEventSource
 from pytest_recoverygate.shared.filetail import OutputTail
-from pytest_recoverygate.shared.joboutput import OutputSplitter, slurm_task_of
+from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter, slurm_task_of
 
 __all__ = ["SlurmEventSource", "uid_of"]
 
@@ -77,6 +77,17 @@ class SlurmEventSource:
     def notices(self) -> list[tuple[float, str]]:
         """The tail's refusals of the output file (a symlink, a FIFO, another owner)."""
         return self._stream.notices()
+
+    def job_output(self) -> JobOutput:
+        """The job's output file as the tail read it; per task with ``srun --label``."""
+        path = self.tail.path if self.tail is not None else "not found yet"
+        return self.output.output(
+            note=(
+                f"the job's output file ({path}) as ``job``; lines srun --label marks "
+                "(0: …) also in that task's file"
+            ),
+            order=["job"],
+        )
 
     def close(self) -> None:
         if self.tail is not None:
