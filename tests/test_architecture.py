@@ -88,7 +88,6 @@ OVERSIZED = {
     "orchestrators/ray/orchestrator.py:RayOrchestrator",
     "orchestrators/local/orchestrator.py:LocalOrchestrator",
     "orchestrators/local/nodes.py:LocalNodesOrchestrator",
-    "orchestrators/fake/__init__.py:FakeOrchestrator",
     "storage/fs.py:Layer",
 }
 FACADES = ("Orchestrator",)  # a class of orchestrators/ whose name ends so is a facade
