@@ -24,7 +24,17 @@ if TYPE_CHECKING:
     from pytest_recoverygate.orchestrators.fake.job import Incarnation
     from pytest_recoverygate.orchestrators.fake.orchestrator import FakeOrchestrator
 
-__all__ = ["kill_node", "kill_worker", "restore_node"]
+__all__ = [
+    "hang",
+    "kill",
+    "kill_every_rank",
+    "kill_node",
+    "kill_worker",
+    "partition_node",
+    "preempt",
+    "restore_node",
+    "tear",
+]
 
 
 # ------------------------------------------------------------------ one rank
