@@ -84,7 +84,6 @@ OVERSIZED = {
     "engine/machine.py:DrillEngine",
     "engine/ledger.py:Ledger",
     "engine/state.py:DrillState",
-    "orchestrators/fake/__init__.py:FakeOrchestrator",
     "storage/fs.py:Layer",
 }
 FACADES = ("Orchestrator",)  # a class of orchestrators/ whose name ends so is a facade

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_recoverygate.engine import model
-from pytest_recoverygate.orchestrators.fake import SimulatedJob
+from pytest_recoverygate.orchestrators.fake.job import SimulatedJob
 from pytest_recoverygate.shared.joboutput import JobOutput, OutputSplitter
 
 __all__ = ["FakeLiveOrchestrator"]
