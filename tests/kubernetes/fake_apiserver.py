@@ -498,24 +498,47 @@ class FakeApiServer:
             return
         self.update_pod(namespace, name, lambda pod: pod["metadata"].pop("finalizers", None))
 
-    def start_container(self, namespace: str, name: str) -> None:
-        """The kubelet started the (first) container: phase Running, logs can be read."""
+    def start_container(self, namespace: str, name: str, *, status_lag: float = 0.0) -> None:
+        """The kubelet started the (first) container: phase Running, logs can be read.
 
-        def mutate(pod: Pod) -> None:
+        ``status_lag``: a restart's new log is served at once and the pod's status shows
+        the restart that many seconds later, as a kubelet that posts status on its own
+        schedule (its list and its watch both lag).
+        """
+        started = time.time()
+        restarted = False
+
+        def start_log(pod: Pod) -> None:
+            nonlocal restarted
             uid = pod["metadata"]["uid"]
             cname = _first(pod)
             log = self._logs[uid][cname]
             if log.state == "terminated":  # a restart: a new instance, a new log
                 log = self._logs[uid][cname] = ContainerLog(cname)
-                self._bump_restart(pod, cname)
+                restarted = True
             log.state = "running"
+
+        def show(pod: Pod) -> None:
+            cname = _first(pod)
+            if restarted:
+                self._bump_restart(pod, cname)
             pod["status"]["phase"] = "Running"
-            pod["status"].setdefault("startTime", _rfc3339(time.time()))
+            pod["status"].setdefault("startTime", _rfc3339(started))
             self._set_container_status(
-                pod, cname, {"running": {"startedAt": _rfc3339(time.time())}}, ready=True
+                pod, cname, {"running": {"startedAt": _rfc3339(started)}}, ready=True
             )
 
-        self.update_pod(namespace, name, mutate)
+        with self._cond:
+            start_log(self._pods[(namespace, name)])
+            self._cond.notify_all()
+
+        def post() -> None:
+            self.update_pod(namespace, name, show)
+
+        if restarted and status_lag > 0:
+            self._schedule(status_lag, post)
+        else:
+            post()
 
     def stop_container(
         self,
@@ -531,10 +554,19 @@ class FakeApiServer:
             cname = _first(pod)
             self._terminate_log(pod["metadata"]["uid"], cname, exit_code)
             reason = "Completed" if exit_code == 0 else "Error"
+            running = next(
+                (
+                    (c.get("state") or {}).get("running") or {}
+                    for c in pod["status"].get("containerStatuses", [])
+                    if c["name"] == cname
+                ),
+                {},
+            )
             state = {
                 "terminated": {
                     "exitCode": exit_code,
                     "reason": reason,
+                    "startedAt": running.get("startedAt") or _rfc3339(time.time()),
                     "finishedAt": _rfc3339(time.time()),
                 }
             }

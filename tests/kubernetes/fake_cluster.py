@@ -177,6 +177,7 @@ class FakeTrainingJob:
         start_delay: float = 0.3,
         finalizer_delay: float = 0.5,
         restart_reporter_container: bool = False,
+        status_lag: float = 0.0,  # seconds the reporting pod's status trails its restart
         on_sigterm: str = "ignore",  # ignore | save
         hosts: list[str] | None = None,
         lines: str = "wire",  # wire (the reporter's lines) | nanogpt (nanoGPT's, no reporter)
@@ -195,6 +196,7 @@ class FakeTrainingJob:
         self.start_delay = start_delay
         self.finalizer_delay = finalizer_delay
         self.restart_reporter_container = restart_reporter_container
+        self.status_lag = status_lag
         self.on_sigterm = on_sigterm
         self.hosts = list(hosts or [])
         self.node_of_rank: dict[int, str] = {}
@@ -383,7 +385,9 @@ class FakeTrainingJob:
             self.server.set_waiting(self.namespace, name, "CrashLoopBackOff")
             return
         if self.restart_reporter_container and rank != self.reporting_rank:
-            self.server.start_container(self.namespace, self.pod_name(self.reporting_rank))
+            self.server.start_container(
+                self.namespace, self.pod_name(self.reporting_rank), status_lag=self.status_lag
+            )
         self._running.set()
 
     # ------------------------------------------------------------------ the training loop

@@ -67,6 +67,29 @@ def test_a_container_restart_the_watch_has_not_shown_is_still_a_new_incarnation(
     assert FailureReason.RESTARTED_FROM_SCRATCH in result.reasons
 
 
+def test_a_restart_whose_log_is_served_before_the_pod_s_status_shows_it_passes(
+    apiserver: FakeApiServer, make_job: MakeJob, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The kubelet serves a restarted container's log as soon as it prints, and posts the
+    pod's status on its own schedule: a list made when the log was opened still showed
+    the old container terminated (seen in CI on the real cluster: the new container's
+    lines were taken for the old one's, and the drill said "never came back" of a job
+    that had resumed). Here the status trails the restart by 2 s; the drill waits for the
+    status that shows the instance, and PASSes on the resume the job made."""
+    job = make_job(
+        nodes=2, step_time=0.02, lines="nanogpt", restart_reporter_container=True, status_lag=2.0
+    ).start()
+    text = job_drill_yaml(job, kubeconfig, name="k8s-nanogpt", max_recovery="20s") + EVIDENCE
+    path = tmp_path / "recovery-test.yaml"
+    path.write_text(text)
+    result = run_drill(parse_config(text, path), RunOptions(handle_signals=False))
+    assert result.verdict is Verdict.PASS, result.summary
+    [recovery] = result.recoveries
+    assert recovery.resume_step is not None and recovery.resume_step > 0
+    assert recovery.resume_step == recovery.expected_resume_step
+    assert len(job.incarnations) == 2, job.incarnations
+
+
 def test_pod_logs_is_refused_on_another_backend(tmp_path: Path) -> None:
     text = (
         "workload: {orchestrator: local, command: [python, t.py]}\n"

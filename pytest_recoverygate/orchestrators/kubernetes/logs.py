@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from datetime import datetime, timezone
@@ -31,6 +32,7 @@ from pytest_recoverygate.engine.model import TrainingEvent
 from pytest_recoverygate.orchestrators.kubernetes.api import ApiSession, is_transient, iter_lines
 from pytest_recoverygate.orchestrators.kubernetes.pods import (
     Pod,
+    instance_of_line,
     pick_container,
     pod_name,
     pod_uid,
@@ -44,6 +46,11 @@ from pytest_recoverygate.shared.textbounds import MAX_LINE_BYTES, CutLine, LineS
 __all__ = ["LogStream", "PodLogEvents", "SeenLines", "kubelet_ns", "parse_kubelet_timestamp"]
 
 _LOG_DEDUPE_WINDOW = 600.0  # a line this much older than the newest one seen is dropped
+#: evidence.podLogs: how long a log's first new line waits for the pod's status to show
+#: the container instance that printed it (the kubelet posts it on its own schedule)
+STATUS_LAG_LIMIT = 30.0
+#: ... and for a status that may show it, or the next instance (see instance_of_line)
+STATUS_UNSURE_LIMIT = 3.0
 
 
 def parse_kubelet_timestamp(text: str) -> float:
@@ -182,6 +189,7 @@ class LogStream:
         #: evidence.podLogs: the drill matches the log's lines itself (logevidence.py)
         self.evidence: LogEvidence | None = None
         self._incarnation = ""  # the followed pod and its container restarts
+        self._unresolved: tuple[Any, Pod] | None = None  # (api, pod): instance not known yet
         self._host = ""
 
     def run(self) -> None:
@@ -251,7 +259,7 @@ class LogStream:
         splitter = LineSplitter(self.max_line)
         with session.tracked(resp):
             if self.evidence is not None:
-                self._incarnation = self._incarnation_now(api, pod)
+                self._unresolved = (api, pod)  # resolved at the first new line
             for line in iter_lines(resp, splitter):
                 if self._feed_line(line, stream):
                     self._fresh += 1
@@ -262,17 +270,33 @@ class LogStream:
         self.source.end_stream(stream)
         return self._fresh
 
-    def _incarnation_now(self, api: Any, pod: Pod) -> str:
-        """``evidence.podLogs``: the incarnation whose log was just opened, from a fresh list.
+    def _incarnation_of(self, api: Any, pod: Pod, when: float) -> str:
+        """``evidence.podLogs``: the container instance that printed the first new line of
+        a log just opened (stamped ``when``), from fresh lists of the pods.
 
-        The watch's view of the pod may not show yet the container restart whose log this
-        is; read from it, the new container's lines were taken for the old one's (the drill
-        then saw no new incarnation, and said "never came back").
+        Neither the watch's view of the pod nor a list made when the log is opened need
+        show the container restart whose log this is: the kubelet serves the new
+        container's lines before it posts the pod's status (seen in full runs: the new
+        container's lines were taken for the old one's, and the drill said "never came
+        back"). So the pods are listed again until the status shows the instance that ran
+        at ``when`` (:func:`instance_of_line`), for at most :data:`STATUS_LAG_LIMIT`
+        seconds (:data:`STATUS_UNSURE_LIMIT` when the status may show it); after that the
+        newest instance the status shows is taken.
         """
-        pods, _ = self._session.list_pods(api)
-        uid = pod_uid(pod)
-        current = next((p for p in pods if pod_uid(p) == uid), pod)
-        return f"{uid}/{restart_total(current)}"
+        uid, container = pod_uid(pod), pick_container(pod, self.container)
+        stop, began = self._session.stop, time.monotonic()  # real waits, on any clock
+        deadline = self._clock.now() + STATUS_LAG_LIMIT
+        current = pod
+        while True:
+            pods, _ = self._session.list_pods(api, deadline=deadline)
+            current = next((p for p in pods if pod_uid(p) == uid), current)
+            found = instance_of_line(current, container, when)
+            waited = time.monotonic() - began
+            if found is not None and (found[1] or waited >= STATUS_UNSURE_LIMIT):
+                return f"{uid}/{found[0]}"
+            if stop.is_set() or waited >= STATUS_LAG_LIMIT:
+                return f"{uid}/{restart_total(current)}"
+            stop.wait(0.2)
 
     def _feed_line(self, line: bytes, stream: Any) -> bool:
         """Parse the kubelet timestamp, drop lines seen before, feed the rest."""
@@ -291,6 +315,10 @@ class LogStream:
         if last is None or received > last:
             self._last_log_time = received
         if self.evidence is not None:
+            if self._unresolved is not None:
+                api, pod = self._unresolved
+                self._unresolved = None
+                self._incarnation = self._incarnation_of(api, pod, received)
             events = self.evidence.translate(self._incarnation, self._host, content, received)
             if events:
                 self.source.feed(events, received, stream=stream)

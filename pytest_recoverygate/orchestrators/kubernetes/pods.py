@@ -13,6 +13,7 @@ refused by :func:`pod_rank`, because guessing would risk killing the wrong thing
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pytest_recoverygate.engine.model import Worker
@@ -25,6 +26,7 @@ __all__ = [
     "Pod",
     "find_job",
     "has_master",
+    "instance_of_line",
     "is_terminating",
     "job_of",
     "pick_container",
@@ -158,6 +160,62 @@ def restart_total(pod: Pod) -> int:
         int(s.get("restartCount") or 0)
         for s in (pod.get("status") or {}).get("containerStatuses") or []
     )
+
+
+def _seconds(text: Any) -> float | None:
+    """An RFC 3339 time of a pod's status (``2026-12-07T20:03:23Z``) as POSIX seconds."""
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _times(state: dict[str, Any] | None, key: str) -> tuple[float, float | None] | None:
+    """(startedAt, finishedAt) of a containerStatus ``state`` or ``lastState`` in ``key``
+    (running: no finish); None when it is not in that state."""
+    times = (state or {}).get(key)
+    if not isinstance(times, dict):
+        return None
+    started = _seconds(times.get("startedAt"))
+    if started is None:
+        return None
+    return started, _seconds(times.get("finishedAt")) if key == "terminated" else None
+
+
+def instance_of_line(pod: Pod, container: str | None, when: float) -> tuple[int, bool] | None:
+    """Which instance of the container printed a log line stamped ``when``: (the
+    :func:`restart_total` the pod had while it ran, whether that is sure); None when this
+    view of the pod does not show that instance yet.
+
+    The kubelet serves a restarted container's log as soon as it prints, and posts the
+    pod's status (the restart count, the new container running) on its own schedule: a
+    list made when such a log is opened can still show the previous container
+    terminated. The status's times are whole seconds, cut: an instance that shows
+    ``finishedAt`` F ended before F+1, and the next one started after F. So a line
+    stamped before F is that instance's; one in [F, F+1) may be the next one's (not
+    sure); a later one is the next one's. Only the newest instance (``state``) and the
+    one before it (``lastState``) are in a pod's status.
+    """
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    chosen = [s for s in statuses if container is None or s.get("name") == container]
+    if len(chosen) != 1:
+        return None
+    status = chosen[0]
+    count = int(status.get("restartCount") or 0)
+    newest = restart_total(pod)
+    state, last = status.get("state"), status.get("lastState")
+    running = _times(state, "running")
+    if running is not None and running[0] <= when:
+        return newest, True
+    ended = _times(state, "terminated")
+    if ended is not None and ended[1] is not None and ended[0] <= when < ended[1] + 1.0:
+        return newest, when < ended[1]
+    before = _times(last, "terminated")
+    if count and before is not None and before[1] is not None:
+        started, finished = before[0], before[1]
+        if started <= when < finished + 1.0:  # sure: the newest one started after the line
+            return newest - 1, running is not None or when < finished
+    return None
 
 
 def pick_container(pod: Pod, wanted: str | None) -> str | None:
