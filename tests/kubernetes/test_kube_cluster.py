@@ -179,8 +179,17 @@ def test_a_pod_runs_resolves_the_cluster_dns_and_logs(core_api: Any) -> None:
         core_api.delete_namespaced_pod("smoke", NAMESPACE, grace_period_seconds=0)
 
 
-def test_up_refuses_a_folder_others_can_write(tmp_path: Path) -> None:
-    folder = tmp_path / "shared"
+@pytest.fixture
+def short_folder() -> Iterator[Path]:
+    """A new folder whose path is short enough for the script (a test's tmp_path under
+    pytest-xdist is not: the script refuses it before anything else)."""
+    folder = Path(tempfile.mkdtemp(prefix="rgk-t"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_up_refuses_a_folder_others_can_write(short_folder: Path) -> None:
+    folder = short_folder / "shared"
     folder.mkdir()
     folder.chmod(0o777)
     up = subprocess.run(
@@ -191,8 +200,8 @@ def test_up_refuses_a_folder_others_can_write(tmp_path: Path) -> None:
     assert not (folder / ".kube-cluster").exists()
 
 
-def test_down_refuses_a_folder_up_did_not_mark(tmp_path: Path) -> None:
-    folder = tmp_path / "not-a-cluster"
+def test_down_refuses_a_folder_up_did_not_mark(short_folder: Path) -> None:
+    folder = short_folder / "not-a-cluster"
     folder.mkdir(mode=0o700)
     (folder / "cluster.env").write_text("NODES=1\nNET_INDEX=0\n")
     down = subprocess.run(
