@@ -3,14 +3,15 @@
 At most :data:`MAX_INCARNATIONS` distinct incarnations (every rank's, and those ignored
 as older than the run), and :data:`MAX_CHECKPOINTS` checkpoint lines of each kind (the
 reporting rank's saves started, completed and loads, each a timeline entry; one other
-rank's checkpoints). Lines past a cap are counted (``Ledger.capped_lines``), never used,
+rank's checkpoints, and at most :data:`MAX_SAVES_OF_A_STEP` saves of one step of one
+other rank). Lines past a cap are counted (``Ledger.capped_lines``), never used,
 and the report says so.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 
 from pytest_recoverygate.engine.model import TrainingEvent, TrainingEventKind
 
@@ -19,6 +20,7 @@ __all__ = [
     "MAX_CHECKPOINTS",
     "MAX_INCARNATIONS",
     "MAX_REPLAY_POINTS",
+    "MAX_SAVES_OF_A_STEP",
     "MAX_STEP_LINES",
     "no_room",
 ]
@@ -29,6 +31,8 @@ MAX_CHECKPOINTS = 50_000
 #: and the most lines kept per step (a step with that many is not compared).
 MAX_REPLAY_POINTS = 4096
 MAX_STEP_LINES = 64
+#: an other rank's saves of one step kept (each restart may save the step again)
+MAX_SAVES_OF_A_STEP = 64
 CHECKPOINT_KINDS = frozenset(
     {
         TrainingEventKind.CHECKPOINT_STARTED,
@@ -44,7 +48,7 @@ CHECKPOINT_KINDS = frozenset(
 def no_room(
     event: TrainingEvent,
     pool: Mapping[str, object],
-    saves: Mapping[int, object],
+    saves: Mapping[int, Sized],
     counts: Counter[TrainingEventKind],
     *,
     other: bool,
@@ -53,17 +57,18 @@ def no_room(
     ``pool`` (the reporting rank's, or ``other``: the other ranks'), a checkpoint line past
     :data:`MAX_CHECKPOINTS` of its kind (each one is a timeline entry: repeats of one step
     count too; ``counts`` is raised for each one accepted); an other rank's completed
-    checkpoint past the cap of its ``saves`` (one entry per step: a repeat replaces its
-    entry)."""
+    checkpoint of a new step past the cap of its ``saves`` (step -> its saves), or a save
+    of a step it saved :data:`MAX_SAVES_OF_A_STEP` times already."""
     kind = event.kind
     if event.incarnation not in pool and len(pool) >= MAX_INCARNATIONS:
         return True
     if other:
-        return (
-            kind is TrainingEventKind.CHECKPOINT_COMPLETED
-            and len(saves) >= MAX_CHECKPOINTS
-            and event.step not in saves
-        )
+        if kind is not TrainingEventKind.CHECKPOINT_COMPLETED or event.step is None:
+            return False
+        repeats = saves.get(event.step)
+        if repeats is None:
+            return len(saves) >= MAX_CHECKPOINTS
+        return len(repeats) >= MAX_SAVES_OF_A_STEP
     if kind not in CHECKPOINT_KINDS:
         return False
     if counts[kind] >= MAX_CHECKPOINTS:

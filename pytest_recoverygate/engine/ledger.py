@@ -72,7 +72,8 @@ class Ledger:
         self.ignored_incs: set[str] = set()
         # The other ranks' start and checkpoint lines (each rank's resume is held to the step)
         self.others: dict[str, Inc] = {}
-        self.rank_saves: dict[int, dict[int, Checkpoint]] = {}
+        # rank -> step -> its saves of the step, in order (caps.MAX_SAVES_OF_A_STEP)
+        self.rank_saves: dict[int, dict[int, list[Checkpoint]]] = {}
         self.capped_lines = 0  # lines past MAX_INCARNATIONS / MAX_CHECKPOINTS: not evidence
         self.checkpoint_lines: Counter[TrainingEventKind] = Counter()  # accepted, per kind
         self.started_ranks: set[int] = set()  # the other ranks seen starting a save
@@ -137,13 +138,15 @@ class Ledger:
         if event.kind is TrainingEventKind.CHECKPOINT_COMPLETED and inc.rank is not None:
             if inc.first_line is None:
                 inc.first_line = event.timestamp
-            self.rank_saves.setdefault(inc.rank, {})[event.step] = Checkpoint(
-                event.step,
-                event.timestamp,
-                inc.id,
-                self.round.kill_time is not None and event.timestamp > self.round.kill_time,
-                event.digest,
-                event.digest_parts,
+            self.rank_saves.setdefault(inc.rank, {}).setdefault(event.step, []).append(
+                Checkpoint(
+                    event.step,
+                    event.timestamp,
+                    inc.id,
+                    self.round.kill_time is not None and event.timestamp > self.round.kill_time,
+                    event.digest,
+                    event.digest_parts,
+                )
             )
 
     def start(self, inc: Inc, event: TrainingEvent) -> None:
@@ -578,7 +581,7 @@ class Ledger:
         for step in sorted({c.step for c in self.checkpoints if c.time <= by}):
             for rank, saved in sorted(self.rank_saves.items()):
                 done = saved.get(step)
-                if any(s < step for s in saved) and (done is None or done.time > by):
+                if any(s < step for s in saved) and (not done or done[0].time > by):
                     out.setdefault(step, []).append(rank)
         return out
 

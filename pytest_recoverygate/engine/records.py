@@ -18,7 +18,7 @@ from pytest_recoverygate.engine.grid import GridTracker
 from pytest_recoverygate.engine.threads import Threads
 from pytest_recoverygate.engine.verdict import IncarnationInfo
 
-__all__ = ["Checkpoint", "Inc", "Resume", "Save"]
+__all__ = ["Checkpoint", "Inc", "Resume", "Save", "save_loaded"]
 
 
 @dataclass(slots=True)
@@ -120,6 +120,29 @@ class Checkpoint:
     digest: str | None = None
     parts: tuple[tuple[str, str], ...] = ()
     lineage: str = ""  # the worker it came from (a forked writer's parent), else ``inc``
+
+
+def save_loaded(saves: list[Checkpoint], step: int, inc: Inc) -> Checkpoint | None:
+    """The save of ``step`` with a digest that ``inc`` can have loaded: the newest one
+    completed by its load (or its first line, when it reported no load time) and made by
+    another process than ``inc`` (neither it nor a writer it forked). A save of the same
+    step made after the load -- the replacement saving at the top of its loop the state it
+    just loaded -- holds what it loaded, not what was saved before: comparing with it
+    would pass any state. None: no such save."""
+    by = inc.loaded_at if inc.loaded_at is not None else inc.first_line
+    mine = {inc.id}
+    return next(
+        (
+            c
+            for c in reversed(saves)
+            if c.step == step
+            and c.digest is not None
+            and c.inc not in mine
+            and (c.lineage or c.inc) not in mine
+            and (by is None or c.time <= by)
+        ),
+        None,
+    )
 
 
 @dataclass(slots=True)

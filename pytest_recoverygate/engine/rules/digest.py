@@ -3,7 +3,7 @@ saved at that step."""
 
 from __future__ import annotations
 
-from pytest_recoverygate.engine.records import Checkpoint, Inc
+from pytest_recoverygate.engine.records import Checkpoint, Inc, save_loaded
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason
 
@@ -15,8 +15,9 @@ R = FailureReason
 def state_digest(ev: KillEvidence) -> Check | None:
     """``stateDigestMatches``: the digest the replacement reported with
     ``checkpoint_loaded`` equals the digest saved with ``checkpoint_completed`` at that
-    step; a part that differs or is missing is named. No load line, or a digest missing on
-    either side, is undecided."""
+    step by the run it resumes (the newest such save done by the load: not one of its own,
+    :func:`~pytest_recoverygate.engine.records.save_loaded`); a part that differs or is
+    missing is named. No load line, or a digest missing on either side, is undecided."""
     inc, resume = ev.inc, ev.settled
     if not ev.spec.state_digest_matches or not ev.trained or inc is None or resume is None:
         return None
@@ -31,28 +32,30 @@ def state_digest(ev: KillEvidence) -> Check | None:
             "checkpoint_loaded(step, digest=…); it reported no checkpoint_loaded",
             R.INCONCLUSIVE,
         )
-    saved = [c for c in ev.ledger.checkpoints if c.step == step and c.digest is not None]
+    saved = save_loaded(ev.ledger.checkpoints, step, inc)
     if inc.loaded_digest is None:
         return Check(
             "state_digest",
             None,
-            saved[-1].digest if saved else None,
+            saved.digest if saved else None,
             None,
             f"stateDigestMatches: the replacement loaded checkpoint {step} without a "
             "digest: pass digest=reporter.state_digest(...) to checkpoint_loaded",
             R.INCONCLUSIVE,
         )
-    if not saved:
+    if saved is None:
         return Check(
             "state_digest",
             None,
             None,
             inc.loaded_digest,
-            f"stateDigestMatches: checkpoint {step} was saved without a digest (or its "
-            "save was not seen): pass digest= to checkpoint_completed",
+            f"stateDigestMatches: checkpoint {step} was saved without a digest before the "
+            "replacement loaded it (or that save was not seen; a save of it after the load "
+            "holds the state loaded, so it proves nothing): pass digest= to "
+            "checkpoint_completed",
             R.INCONCLUSIVE,
         )
-    return _compared(step, saved[-1], inc)
+    return _compared(step, saved, inc)
 
 
 def _compared(step: int, want: Checkpoint, inc: Inc) -> Check:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_recoverygate.engine.records import Inc
+from pytest_recoverygate.engine.records import Inc, save_loaded
 from pytest_recoverygate.engine.rules.evidence import KillEvidence
 from pytest_recoverygate.engine.verdict import Check, FailureReason
 
@@ -61,10 +61,12 @@ def _loaded(ev: KillEvidence, tally: _Tally, rank: int, o: Inc, state: dict[str,
             _wrong_step(o.loaded, expected),
         )
     elif spec.state_digest_matches:
-        saved = ledger.rank_saves.get(rank, {}).get(o.loaded) if o.loaded is not None else None
+        assert o.loaded is not None
+        saved = save_loaded(ledger.rank_saves.get(rank, {}).get(o.loaded, []), o.loaded, o)
         if saved is None or saved.digest is None or o.loaded_digest is None:
-            # Its shard's digest at that step was never seen (the kill came first,
-            # or no digest=): the state cannot be compared.
+            # Its shard's digest at that step was never seen before the load (the kill
+            # came first, or no digest=; its own save after the load proves nothing):
+            # the state cannot be compared.
             return False
         state["digestMatches"] = saved.digest == o.loaded_digest
         if saved.digest != o.loaded_digest:

@@ -579,7 +579,9 @@ def never_trained_resume(ev: KillEvidence) -> Check | None:
     """A replacement that never trained past its resume: one that loaded nothing never
     came back (undecided when the job finished right after it came back; nothing claimed
     in a judgement before the end); one that loaded another step than expected resumed
-    from the wrong checkpoint."""
+    from the wrong checkpoint (with ``latest``, not one that loaded a checkpoint durable by
+    its load and no older than the floor: that load was right, and a failure is the
+    progress rule's)."""
     inc, expected = ev.inc, ev.expected
     if inc is None or ev.past is not None:
         return None
@@ -605,7 +607,7 @@ def never_trained_resume(ev: KillEvidence) -> Check | None:
             f"— {ev.ended}",
             R.NEVER_CAME_BACK,
         )
-    if expected is not None and inc.loaded != expected:
+    if expected is not None and inc.loaded != expected and not _latest_loaded(ev, inc):
         return Check(
             NAME,
             False,
@@ -619,6 +621,23 @@ def never_trained_resume(ev: KillEvidence) -> Check | None:
             else R.RESUMED_FROM_UNEXPECTED_CHECKPOINT,
         )
     return None
+
+
+def _latest_loaded(ev: KillEvidence, inc: Inc) -> bool:
+    """``resumeFromCheckpoint: latest``: the step ``inc`` loaded was durable by its load
+    and no older than the floor, as :func:`_latest` holds a replacement that trained (a
+    save that became durable after the replacement started was not there to load)."""
+    if ev.explicit or inc.loaded is None:
+        return False
+    ledger = ev.ledger
+    loaded_by = ledger.load_window(inc)[1]
+    durable = {
+        c.step
+        for c in ledger.checkpoints
+        if c.time <= loaded_by and c.step not in ledger.not_durable
+    }
+    lowest = ev.floor if ev.floor is not None else ev.expected
+    return inc.loaded in durable and (lowest is None or inc.loaded >= lowest)
 
 
 def never_trained_progress(ev: KillEvidence) -> Check | None:

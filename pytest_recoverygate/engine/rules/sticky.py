@@ -188,9 +188,11 @@ def _resumed(ev: KillEvidence, observed: int, step: int, intact: list[int], expe
     """A replacement that trained, resumed from ``observed``; ``step`` was damaged."""
     if observed == step:
         inc = ev.inc
+        # The first save of the step: the one the fault damaged. A later one may be an
+        # earlier replacement's save of the damaged state it loaded.
         saved = [c.digest for c in ev.ledger.checkpoints if c.step == step and c.digest]
         loaded = inc.loaded_digest if inc is not None else None
-        if saved and loaded is not None and loaded != saved[-1]:
+        if saved and loaded is not None and loaded != saved[0]:
             return Check(
                 "damage_handled",
                 False,
