@@ -20,10 +20,12 @@ We test these aspects:
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +48,8 @@ from pytest_recoverygate.engine.model import (
 )
 from pytest_recoverygate.engine.spec import MAX_KILLS, Delay, DrillSpec, Sustain
 from pytest_recoverygate.engine.state import MAX_REAIMS
+from pytest_recoverygate.transcript.read import read_transcript
+from pytest_recoverygate.transcript.rejudge import replay
 from tests.engine_events import ST, T0, C, L, P, S, ev
 
 R = FailureReason
@@ -688,6 +692,23 @@ def test_a_save_in_flight_at_the_sigterm_is_not_saved_on_preempt() -> None:
     assert any(
         "checkpoint 30 completed after SIGTERM, but its save began" in note for note in result.notes
     ), result.notes
+
+
+KEPT_PREEMPT = Path(__file__).resolve().parent / "data" / "ci-k8s-preempt"
+
+
+def test_the_save_on_preempt_is_the_newest_in_the_grace_period() -> None:
+    # Kept by CI on the real cluster (tests/data/ci-k8s-preempt/README.md): a periodic
+    # save completed 9 ms after the DELETE, before the kubelet's SIGTERM reached the job;
+    # the job's own save on SIGTERM followed, and the resume used it.
+    transcript = read_transcript(KEPT_PREEMPT / "transcript.jsonl")
+    recorded = json.loads((KEPT_PREEMPT / "report.json").read_text())
+    assert recorded["recoveries"][0]["faultDetails"]["savedStep"] == 280
+    result, _ = replay(transcript)
+    assert result.verdict is Verdict.PASS, result.summary
+    details = result.recoveries[0].fault_details
+    assert details["savedStep"] == 281 and details["savedUsed"] is True, details
+    assert result.recoveries[0].resume_step == 281
 
 
 # ------------------------------------------------------------------ HangWorker
