@@ -541,11 +541,8 @@ class DrillEngine(StickyPhase):
                     f"{format_seconds(kill.time - save.started)} before it: not saved on preempt",
                 )
             else:
-                # The newest such save: the one the job made on its way out. An earlier
-                # one may be a periodic save begun between the preemption and the
-                # SIGTERM's arrival (on Kubernetes the kubelet sends it some ms after the
-                # DELETE: CI saw the periodic save of 280 at +0.009 s, then the SIGTERM
-                # save of 281 at +0.097 s).
+                # The newest: an earlier one may be a periodic save begun before the
+                # SIGTERM reached the job (tests/data/ci-k8s-preempt).
                 kill.details["savedStep"] = step
                 kill.details["savedAfterSeconds"] = round(at - kill.time, 6)
         if (
