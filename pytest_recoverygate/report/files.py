@@ -610,7 +610,7 @@ def markdown_summary(doc: dict[str, Any]) -> str:
     if doc.get("timelinePicture"):
         lines += ["", f"Timeline picture: `{doc['timelinePicture']}` (next to this summary)."]
     elif doc.get("timelinePictureHint"):
-        lines += ["", f"No timeline picture: {doc['timelinePictureHint']}."]
+        lines += ["", f"No timeline picture: {_md(doc['timelinePictureHint'])}."]
     refused = [e for e in doc.get("timeline") or [] if e.get("kind") == "refused"]
     if refused:
         lines += ["", "**Job files the drill refused to read**", ""]

@@ -108,7 +108,9 @@ def _draw(ax: Any, doc: dict[str, Any], origin: float) -> None:
     replicas = replica_of_incarnation(doc)  # live mode: one colour per replica group
     for number, (inc, points) in enumerate(series.items()):
         xs, ys = zip(*points, strict=True)
-        style: dict[str, Any] = {"label": f"incarnation {number + 1} ({inc})"}
+        # The id is the job's text: "$" would start matplotlib's maths (and fail the picture)
+        label = f"incarnation {number + 1} ({inc})".replace("$", r"\$")
+        style: dict[str, Any] = {"label": label}
         if inc in replicas:
             replica, nth = replicas[inc]
             style = {

@@ -5,9 +5,9 @@ escape sequence in them could move the cursor, rewrite the verdict line, set the
 title or (OSC 8) plant a link; kept in a report, its output may hold credentials.
 
 - :func:`printable` replaces C0 and C1 control characters (``ESC``, ``CSI``, ``BEL``,
-  ``CR``, ``DEL``, ...) except line feed and tab, and the Unicode bidirectional
-  overrides, with a visible ``\\xNN`` / ``\\uNNNN``: everything a terminal, a prompt or a
-  CI log shows of a job's text goes through it.
+  ``CR``, ``DEL``, ...) except line feed and tab, the Unicode bidirectional
+  overrides and lone surrogates, with a visible ``\\xNN`` / ``\\uNNNN``: everything a
+  terminal, a prompt or a CI log shows of a job's text goes through it.
 - :func:`markdown_text` makes text literal markdown on one line (a table cell, a CI
   comment): every character markdown gives a meaning to mid-line is escaped, so a report's
   text can make no link, image, autolink, HTML or code span.
@@ -26,8 +26,9 @@ __all__ = ["MASK", "markdown_text", "mask_secrets", "printable"]
 
 MASK = "[masked]"
 
-# C0 except \t (09) and \n (0a); DEL; C1; bidi embeddings/overrides/isolates.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 except \t (09) and \n (0a); DEL; C1; bidi embeddings/overrides/isolates; lone
+# surrogates (JSON's "\ud800" decodes to one: no encoding can write it).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(match: re.Match[str]) -> str:

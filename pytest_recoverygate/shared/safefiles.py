@@ -95,7 +95,8 @@ def write_safely(
     A link at the file's name is replaced, its target untouched. Returns the path.
     """
     relative = Path(relative)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    # A lone surrogate (a job's "\ud800" through JSON) is written as that escape.
+    payload = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data
     with open_folder(root, relative.parent) as folder:
         tmp = f".{relative.name}.{secrets.token_hex(6)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

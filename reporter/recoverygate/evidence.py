@@ -670,7 +670,7 @@ class Matcher:
 
     def _progress(self, match: re.Match[str], out: list[Event]) -> None:
         text = match.group("step")
-        if text is None or not text.isdigit() or len(text) > 12:
+        if text is None or not (text.isascii() and text.isdigit()) or len(text) > 12:
             return
         step = int(text) + self._step_offset
         if self.pending_save is not None and self._completes:
@@ -697,7 +697,7 @@ def _step_of(match: re.Match[str]) -> int | None:
     groups = match.re.groupindex
     if "step" in groups:
         text = match.group("step")
-        if text is not None and text.isdigit() and len(text) <= 12:
+        if text is not None and text.isascii() and text.isdigit() and len(text) <= 12:
             return int(text)
         return None
     if "path" in groups:

@@ -106,6 +106,7 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_EVENT_BYTES",
     "MAX_PART_NAME_CHARS",
+    "MAX_STEP",
     "MAX_THREAD",
     "SENTINEL",
     "SENTINEL_BYTES",
@@ -166,6 +167,9 @@ MAX_DIGEST_PARTS = 16
 MAX_PART_NAME_CHARS = 64
 #: The longest ``data`` fingerprint on the wire; a longer one is sent as its digest.
 MAX_DATA_CHARS = 128
+#: The largest step a line may carry (a 64-bit counter's range): a step beyond any run
+#: is malformed, not evidence (a 401-digit step overflowed the figures made of it).
+MAX_STEP = 2**63
 #: The most decimals ``loss_decimals`` may say (a float holds no more than 17 digits).
 MAX_LOSS_DECIMALS = 24
 #: The highest ``thread`` number (the reporter numbers every later thread with it).
@@ -634,7 +638,7 @@ def record_from_json(obj: object) -> Record | None:
         if step is None:
             if event != START:
                 return None
-        elif type(step) is not int or step < 0:
+        elif type(step) is not int or step < 0 or step > MAX_STEP:
             return None
         pid = get("pid")
         if pid is not None and type(pid) is not int:
