@@ -17,7 +17,9 @@ We test these aspects, on the engine with the shared event builder:
   corrupt load, not an intact copy;
 - a replacement that loaded a checkpoint durable by its load (``latest``: a save that
   became durable after it started was not there to load) and failed before a step
-  stopped progressing; it did not resume from an older checkpoint.
+  stopped progressing; it did not resume from an older checkpoint;
+- a named resume step (``step-25``) whose save the kill cut is no PASS when loaded: a
+  torn file or a late report, undecided as under ``latest`` (a second review's find).
 """
 
 from __future__ import annotations
@@ -161,3 +163,14 @@ def test_a_latest_load_that_dies_before_a_step_stopped_progressing() -> None:
         else:
             assert result.verdict is Verdict.FAIL
             assert result.reasons == (R.STOPPED_PROGRESSING,), result.summary
+
+
+def test_a_named_step_whose_save_the_kill_cut_is_undecided_when_loaded() -> None:
+    for named in (25, None):
+        engine = engine_for(expected_resume_step=named)
+        drive(engine, [*old_run(25), ev(ST, 2.45, "old", 25)], kill_at=2.5)
+        events: Events = [ev(S, 5.0, "new"), ev(L, 5.5, "new", 25)]
+        events += [ev(P, 6.0 + 0.1 * i, "new", 26 + i) for i in range(5)]
+        result = judge(engine, events)
+        assert result.verdict is Verdict.ERROR, (named, result.summary)
+        assert "was cut and never completed" in result.summary

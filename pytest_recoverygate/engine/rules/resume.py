@@ -239,11 +239,12 @@ def _cut_save(r: _Resumed) -> Check | None:
     durable = {
         c.step for c in ledger.checkpoints if c.time <= loaded_by and (c.lineage or c.inc) != inc.id
     }
-    newer = expected is None or observed > expected
+    # A named step the kill cut counts too: naming it proves no save of it complete.
+    newer = expected is None or observed > expected or (r.explicit and observed == expected)
     if not (observed in cut and observed not in durable and observed > 0 and newer):
         return None
-    # Only a step newer than every durable checkpoint: a resume from an older one
-    # (or from 0) is a proven failure whether or not that save was torn.
+    # Only a step newer than every durable checkpoint (or the one named): a resume from
+    # an older one (or from 0) is a proven failure whether or not that save was torn.
     # Loaded a save the kill cut before its completion was reported. A torn file, or
     # one complete on disk whose report came late: the evidence cannot tell them
     # apart, so this is no FAIL (and certainly no PASS).
