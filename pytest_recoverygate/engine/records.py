@@ -130,15 +130,13 @@ def save_loaded(saves: list[Checkpoint], step: int, inc: Inc) -> Checkpoint | No
     just loaded -- holds what it loaded, not what was saved before: comparing with it
     would pass any state. None: no such save."""
     by = inc.loaded_at if inc.loaded_at is not None else inc.first_line
-    mine = {inc.id}
     return next(
         (
             c
             for c in reversed(saves)
             if c.step == step
             and c.digest is not None
-            and c.inc not in mine
-            and (c.lineage or c.inc) not in mine
+            and inc.id not in (c.inc, c.lineage)
             and (by is None or c.time <= by)
         ),
         None,

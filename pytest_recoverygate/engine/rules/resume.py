@@ -402,18 +402,24 @@ def _beyond_seen(r: _Resumed) -> Check | None:
     )
 
 
+def _durable_by_load(ledger: Ledger, inc: Inc) -> set[int]:
+    """The checkpoints durable by ``inc``'s load (its first step, when it reported none),
+    less those a StorageFault proved not durable."""
+    loaded_by = ledger.load_window(inc)[1]
+    return {
+        c.step
+        for c in ledger.checkpoints
+        if c.time <= loaded_by and c.step not in ledger.not_durable
+    }
+
+
 def _latest(r: _Resumed) -> Check | None:
     """``resumeFromCheckpoint: latest``: a checkpoint durable before the load and no older
     than the floor passes."""
     observed, expected, ledger = r.observed, r.expected, r.ledger
     assert observed is not None
     assert expected is not None
-    loaded_by = ledger.load_window(r.inc)[1]
-    durable = {
-        c.step
-        for c in ledger.checkpoints
-        if c.time <= loaded_by and c.step not in ledger.not_durable
-    }
+    durable = _durable_by_load(ledger, r.inc)
     lowest = r.floor if r.floor is not None else expected
     if observed in durable and observed >= lowest:
         return _check(r, True, f"resumed from the latest checkpoint, step {observed}", None)
@@ -630,15 +636,10 @@ def _latest_loaded(ev: KillEvidence, inc: Inc) -> bool:
     save that became durable after the replacement started was not there to load)."""
     if ev.explicit or inc.loaded is None:
         return False
-    ledger = ev.ledger
-    loaded_by = ledger.load_window(inc)[1]
-    durable = {
-        c.step
-        for c in ledger.checkpoints
-        if c.time <= loaded_by and c.step not in ledger.not_durable
-    }
     lowest = ev.floor if ev.floor is not None else ev.expected
-    return inc.loaded in durable and (lowest is None or inc.loaded >= lowest)
+    return inc.loaded in _durable_by_load(ev.ledger, inc) and (
+        lowest is None or inc.loaded >= lowest
+    )
 
 
 def never_trained_progress(ev: KillEvidence) -> Check | None:
