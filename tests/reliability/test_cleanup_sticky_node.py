@@ -46,6 +46,8 @@ from tests.reliability.test_cleanup_nodes_local import (
     Watched,
     assert_nothing_left,
     build,
+    cli,
+    drill_id_in,
 )
 
 pytestmark = [
@@ -55,8 +57,6 @@ pytestmark = [
         bool(missing_capabilities()), reason="needs root: CAP_NET_ADMIN, CAP_SYS_ADMIN, ip"
     ),
 ]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def sticky_yaml(tmp: Path, tag: str, *extra: str, **expect: Any) -> Path:
@@ -103,18 +103,6 @@ def watchers() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("recoverygate-badnode")]
 
 
-def cli(path: Path, locks: Path) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "RECOVERYGATE_LOCK_DIR": str(locks),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "reporter")]),
-    }
-    command = [sys.executable, "-m", "pytest_recoverygate.cli", "run", "-f", str(path), "--yes"]
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-
-
 def until_stopped(tag: str) -> list[str]:
     """Wait until a process of the drill is stopped (a placement the bad node hung)."""
 
@@ -123,12 +111,6 @@ def until_stopped(tag: str) -> list[str]:
 
     what = "placement of the bad node stopped"
     return eventually(stopped, what, JOB, seen=lambda: tagged_processes(tag))
-
-
-def drill_id_in(locks: Path) -> str:
-    """The id of the one drill whose owner record is in ``locks`` (the CLI's lock folder)."""
-    (record,) = locks.glob(f"{RECORD_PREFIX}*.json")
-    return record.name.removeprefix(RECORD_PREFIX).removesuffix(".json")
 
 
 def build_as(cls: type[Watched], path: Path) -> tuple[Any, Watched]:
