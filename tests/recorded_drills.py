@@ -186,6 +186,13 @@ TWINS: dict[str, str] = {
         "tests/kubernetes/test_kubernetes_jobs.py::"
         "test_a_trainjob_that_loses_rank_1_passes_and_its_replacement_has_a_new_name"
     ),
+    # Kubernetes (the real cluster): KillDuringRecovery, the staged load cut by the second
+    # DELETE, straight to the final name
+    "tests/kubernetes/test_kubernetes_reentry.py::"
+    "test_a_second_delete_inside_the_load_of_a_direct_staging_is_not_reentrant": (
+        "tests/kubernetes/test_kubernetes_reentry.py::"
+        "test_a_second_delete_inside_the_load_is_survived_by_an_atomic_staging"
+    ),
     # torchft's live recovery
     _TORCHFT + "test_the_min_replica_size_2_twin_fails_survivors_stalled": _TORCHFT
     + "test_the_example_passes_survivors_train_on_and_the_replica_heals_from_a_peer",

@@ -191,14 +191,19 @@ def test_the_fault_types_a_drill_may_name_are_what_the_backends_declare() -> Non
     assert get_backend("fake").faults == common | node
     assert get_backend("local").faults == common | node | at_rest
     assert get_backend("ray").faults == common | {"KillNode"} | storage
-    assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {"KillNode", "DrainNode"}
+    assert get_backend("kubernetes").faults == (common - {"HangWorker"}) | {
+        "KillNode",
+        "DrainNode",
+        "KillDuringRecovery",
+    }
 
 
 ALLOWED = {
     "fake": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode or PartitionNode",
     "local": "KillWorker, KillDuringCheckpoint, Preempt, HangWorker, KillNode, PartitionNode, "
     "StorageFault, KillDuringRecovery or StickyFault",
-    "kubernetes": "KillWorker, KillDuringCheckpoint, Preempt, KillNode or DrainNode",
+    "kubernetes": "KillWorker, KillDuringCheckpoint, Preempt, KillNode, DrainNode or "
+    "KillDuringRecovery",
 }
 
 

@@ -14,8 +14,10 @@ deletes the way the real controllers do:
 Meanwhile the reporting rank writes RECOVERYGATE/v1 lines (formatted by the real
 ``recoverygate.wire``) to its container log: start, progress every step, a checkpoint
 every ``checkpoint_every`` steps. When a worker dies the group stops, and when the
-replacement runs a new incarnation starts from the last checkpoint (``resume="latest"``)
-or from step 0 (``resume="zero"``, the bug RecoveryGate exists to catch).
+replacement runs a new incarnation starts, ``rendezvous_time`` later (none when a member
+is lost meanwhile: the group re-forms again), from the last checkpoint
+(``resume="latest"``) or from step 0 (``resume="zero"``, the bug RecoveryGate exists to
+catch).
 
 A graceful delete (``gracePeriodSeconds`` > 0, a Preempt) of a PyTorchJob pod is the
 kubelet's SIGTERM: with ``on_sigterm="save"`` the group stops, the reporting rank saves a
@@ -178,6 +180,7 @@ class FakeTrainingJob:
         finalizer_delay: float = 0.5,
         restart_reporter_container: bool = False,
         status_lag: float = 0.0,  # seconds the reporting pod's status trails its restart
+        rendezvous_time: float = 0.05,  # group whole -> the new incarnation's first line
         on_sigterm: str = "ignore",  # ignore | save
         hosts: list[str] | None = None,
         lines: str = "wire",  # wire (the reporter's lines) | nanogpt (nanoGPT's, no reporter)
@@ -197,6 +200,7 @@ class FakeTrainingJob:
         self.finalizer_delay = finalizer_delay
         self.restart_reporter_container = restart_reporter_container
         self.status_lag = status_lag
+        self.rendezvous_time = rendezvous_time
         self.on_sigterm = on_sigterm
         self.hosts = list(hosts or [])
         self.node_of_rank: dict[int, str] = {}
@@ -206,6 +210,7 @@ class FakeTrainingJob:
         self.pod_of_rank: dict[int, str] = {}
         self.uids: dict[str, int] = {}  # uid -> rank, for every pod this job created
         self.incarnations: list[str] = []
+        self.resumed: dict[str, int] = {}  # incarnation -> the step it resumed from
         self.written: list[tuple[float, str]] = []  # (kubelet time, line) the log really got
         self.last_checkpoint = 0
         self.step = 0
@@ -462,9 +467,12 @@ class FakeTrainingJob:
                 with self._lock:  # losses during the pause make one restart, as in torchrun
                     seen = self._losses
                 restart += 1
-                time.sleep(0.05)  # not a wait: torchrun's rendezvous, played
+                time.sleep(self.rendezvous_time)  # not a wait: torchrun's rendezvous, played
+                with self._lock:
+                    if self._losses != seen:  # a member lost in the rendezvous: no group
+                        continue
                 inc = self._start_incarnation(restart)
-                self.step = self._resume_step()
+                self.step = self.resumed[inc] = self._resume_step()
                 if self.step:
                     self._say("checkpoint_loaded", inc, self.step)
             self.step += 1

@@ -48,8 +48,17 @@ __all__ = [
 ]
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-#: What one DELETE can do to a pod: kill it now, or terminate it gracefully (Preempt).
-FAULT_TYPES = ("KillWorker", "KillDuringCheckpoint", "Preempt", "KillNode", "DrainNode")
+#: What one DELETE can do to a pod: kill it now, or terminate it gracefully (Preempt);
+#: a node's pods (KillNode, DrainNode: :mod:`.nodes`); or, KillDuringRecovery, kill the
+#: target's pod, then its replacement pod once the recovery shows the drill's phase.
+FAULT_TYPES = (
+    "KillWorker",
+    "KillDuringCheckpoint",
+    "Preempt",
+    "KillNode",
+    "DrainNode",
+    "KillDuringRecovery",
+)
 #: Why PartitionNode is refused (the schema says it in these words).
 PARTITION_REFUSED = (
     "PartitionNode cannot be injected on kubernetes: the Kubernetes API has no operation "

@@ -9,15 +9,17 @@ the API, and where each job is done:
   :mod:`.pods`. An empty selector, no pods, pods of two jobs, a rank claimed twice, or an
   absent target rank are refused before anything is touched.
 - **kill**: one ``DELETE`` of exactly the discovered pod instance, never sent twice once
-  it may have acted (:mod:`.kill`): grace period 0 for ``KillWorker`` and
-  ``KillDuringCheckpoint``, the fault's ``gracePeriod`` for ``Preempt``.
+  it may have acted (:mod:`.kill`): grace period 0 for ``KillWorker``,
+  ``KillDuringCheckpoint`` and both kills of ``KillDuringRecovery``, the fault's
+  ``gracePeriod`` for ``Preempt``.
 - **node faults** (:mod:`.nodes`): ``KillNode`` deletes every pod of the job on the
   target's node (grace 0, uid preconditions), ``DrainNode`` evicts them (policy/v1, as
   ``kubectl drain``); ``cordon`` cordons the node first and cleanup uncordons it. Both
   need opt-in rights beyond rbac.yaml (examples/kubernetes/rbac-nodes.yaml), checked
   before anything is touched. ``PartitionNode`` is refused.
-- **current_worker**: the pod that holds a rank now, from the watch (for the second and
-  later kills of ``count``).
+- **current_worker**: the Running pod that holds a rank now, from the watch (for the
+  second and later kills of ``count``, and a KillDuringRecovery's second kill: the
+  target's replacement pod, once it runs).
 - **watch_group**: a background thread watches the job's pods and turns what changes
   into group events (:mod:`.watch`).
 - **events**: a background thread follows the reporting rank's log into training
