@@ -56,7 +56,7 @@ from pytest_recoverygate.registry.seams import (
     Orchestrator,
 )
 from pytest_recoverygate.shared.joboutput import PER_WORKER_LIMIT, JobOutput
-from tests.contract.conftest import Harness, ThreadSpy
+from tests.contract.harness import Harness, ThreadSpy
 from tests.patience import QUIET, within
 
 NON_BLOCKING = 0.5  # seconds a never-blocking call may take (stretched by the slack)
