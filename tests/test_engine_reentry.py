@@ -275,3 +275,56 @@ def test_a_recovery_that_never_shows_its_load_is_an_error_saying_what_would() ->
     assert d.result is not None
     assert d.result.verdict is Verdict.ERROR
     assert "checkpoint_load_started" in d.result.summary
+
+
+# ------------------------------------------------------------------ lost steps of the second kill
+
+
+def quiet_recovery(d: Drill) -> float:
+    """The first kill at checkpoint 20, the group broken at once (no line of anyone until
+    the replacement starts 20 s later: imports, rendezvous), the second kill as it loads;
+    the next replacement resumes from 20. Returns when the first kill landed."""
+    d.line(S, 0.0, "a")
+    t = d.train("a", 0.1, range(1, 21), every=10)  # the kill lands at checkpoint 20
+    assert [k.index for k in d.kills] == [1]
+    d.group(G.WORKER_GONE, t)
+    d.line(S, t + 20.0, "b")
+    d.line(LS, t + 20.5, "b", 20)  # the second kill lands here
+    assert [k.index for k in d.kills] == [1, 2]
+    recover(d, "c", t + 25.0)
+    return t
+
+
+def test_the_second_kill_s_lost_steps_are_bounded_by_the_lines_before_the_first() -> None:
+    """No line of anyone between the two kills: nothing trained longer than one line gap
+    unseen after the first, so the second's last step before it is the first's plus at
+    most one gap, not the line before the first kill extrapolated over the whole first
+    recovery (a real drill's maxLostSteps was left undecided so: 9 to 223)."""
+    d = Drill.start(spec("checkpointLoad", max_lost_steps=10))
+    quiet_recovery(d)
+    assert d.result is not None
+    assert d.result.verdict is Verdict.PASS, d.result.summary
+    second = d.result.recoveries[1]
+    assert second.last_step_before_kill == 20
+    bound = second.last_step_before_kill_upper_bound
+    assert bound is not None and 20 <= bound <= 23, bound  # one 0.1 s gap at 10 steps/s
+    assert d.checks()["lost_steps"].passed is True  # type: ignore[attr-defined]
+
+
+def test_a_line_between_the_kills_keeps_the_extrapolation_to_the_second() -> None:
+    """The replacement trained (21..28) before the second kill landed: the bound must
+    cover what it reached, so the line before the first kill is extrapolated to the
+    second kill as for any kill."""
+    d = Drill.start(spec("firstInterval"))
+    d.late = 0.75  # the second kill lands while "b" trains on
+    d.line(S, 0.0, "a")
+    t = d.train("a", 0.1, range(1, 21), every=10)
+    d.group(G.WORKER_GONE, t)
+    d.line(S, t + 1.0, "b")
+    d.line(L, t + 1.5, "b", 20)
+    d.train("b", t + 1.6, range(21, 29))  # the sign at 21, the kill lands at t + 2.35
+    recover(d, "c", t + 5.0)
+    assert d.result is not None
+    second = d.result.recoveries[1]
+    bound = second.last_step_before_kill_upper_bound
+    assert bound is not None and bound >= 28, (bound, d.result.summary)

@@ -53,6 +53,12 @@ class _Round:
     pre_ckpt: int = -1
     post_first: tuple[int, float] | None = None  # a survivor's first line after the kill
     post_max: int = -1
+    # A kill inside the recovery of the one before (KillDuringRecovery's second): the
+    # earlier kill's time, and whether any progress or checkpoint line is stamped between
+    # the two (the first such line after a kill, until a second comes).
+    cut_at: float | None = None
+    first_after: float | None = None
+    between: bool = False
 
 
 class Ledger:
@@ -288,6 +294,7 @@ class Ledger:
         rnd = self.round
         kill = rnd.kill_time
         inc.before_kill = (step, at) if kill is None or at <= kill else inc.before_kill
+        self._stamped(at)
         if new:
             return
         if kill is None or at <= kill:
@@ -301,6 +308,7 @@ class Ledger:
 
     def checkpoint(self, inc: Inc, event: TrainingEvent, *, new: bool) -> Checkpoint:
         assert event.step is not None
+        self._stamped(event.timestamp)
         kill = self.round.kill_time
         after_kill = kill is not None and event.timestamp > kill
         ckpt = Checkpoint(
@@ -328,11 +336,30 @@ class Ledger:
 
     # ------------------------------------------------------------------ rounds
 
+    def _stamped(self, at: float) -> None:
+        """A progress or checkpoint line of any incarnation, stamped ``at``: is it one
+        between a kill and a second kill inside its recovery (see :meth:`last_before_kill`)?"""
+        rnd = self.round
+        if rnd.kill_time is None:
+            return
+        if rnd.cut_at is None:
+            if at > rnd.kill_time and (rnd.first_after is None or at < rnd.first_after):
+                rnd.first_after = at
+        elif rnd.cut_at < at <= rnd.kill_time:
+            rnd.between = True
+
     def killed(self, at: float) -> None:
-        """A kill happened: its replacements are judged until :meth:`closed`."""
+        """A kill happened: its replacements are judged until :meth:`closed`. A kill while
+        the previous one is still under judgement (KillDuringRecovery's second, inside
+        the recovery of the first) keeps the round: the lines before the first kill stay
+        its "before"."""
         self.kills += 1
+        rnd = self.round
+        if self.open and rnd.kill_time is not None and rnd.cut_at is None:
+            rnd.cut_at = rnd.kill_time
+            rnd.between = rnd.first_after is not None and rnd.first_after <= at
         self.open = True
-        self.round.kill_time = at
+        rnd.kill_time = at
 
     def closed(self, judged: Inc | None) -> None:
         """The kill was judged: the lineage it left is the "before" of the next kill."""
@@ -632,6 +659,14 @@ class Ledger:
         the kill. Bound: the last pre-kill line extrapolated to the kill at the fastest
         step rate seen just before it, capped by the first line a survivor printed after
         the kill (that step had not completed at the kill).
+
+        A second kill inside the recovery of the first with no progress or checkpoint
+        line of anyone stamped between the two: nothing trained longer than one line gap
+        unseen after the first kill (the reporter prints at least one line per interval
+        while training goes on, as :meth:`reach_bound` reads it), so the line is
+        extrapolated to the first kill plus the longest gap seen, plus one stride, not over
+        the whole first recovery. With a line between them, the extrapolation runs to the
+        second kill as for any kill.
         """
         rnd = self.round
         if rnd.kill_time is None:
@@ -643,13 +678,27 @@ class Ledger:
         bound: int | None = None
         rate = self.rate(judged)
         if rnd.pre is not None and rate is not None:
-            gap = max(rnd.kill_time - rnd.pre[1], 0.0)
-            bound = rnd.pre[0] + math.ceil(rate * gap - 1e-9)
+            end, extra = rnd.kill_time, 0
+            quiet = self._quiet_gap() if rnd.cut_at is not None and not rnd.between else None
+            if quiet is not None:
+                assert rnd.cut_at is not None
+                end, extra = min(end, rnd.cut_at + quiet), self.contract().stride or 1
+            gap = max(end - rnd.pre[1], 0.0)
+            bound = rnd.pre[0] + math.ceil(rate * gap - 1e-9) + extra
         if rnd.post_first is not None:
             bound = rnd.post_first[0] if bound is None else min(bound, rnd.post_first[0])
         if bound is not None:
             bound = max(bound, proven)
         return proven, bound
+
+    def _quiet_gap(self) -> float | None:
+        """The longest wait between two lines of the old workers before the kill (None:
+        fewer than two lines seen)."""
+        points = list(self.round.recent)
+        gaps = [t1 - t0 for (_, t0), (_, t1) in itertools.pairwise(points)]
+        if not gaps:
+            return None
+        return max(*gaps, self.advance_gap)
 
     def reach_bound(self) -> int | None:
         """The highest step the old incarnations can have reached.

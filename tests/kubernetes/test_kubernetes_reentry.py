@@ -121,10 +121,6 @@ def drill_in_load(job: KubeJob, kubeconfig: Path, tmp_path: Path, name: str) -> 
         kubeconfig,
         fault="KillDuringRecovery",
         failure={"phase": "checkpointLoad"},
-        # no lost-step limit (as the local examples): the line before the first kill is
-        # the second kill's "before", extrapolated over the whole first recovery (20-30 s
-        # here), so its bound would leave the check undecided (an open issue, issue 43)
-        expect={"maxLostSteps": None},
     )
     uids = killed_uids(result.report)
     assert len(uids) == 2 and uids[0] == victim and uids[1] != victim, result.output
@@ -154,6 +150,11 @@ def test_a_second_delete_inside_the_load_is_survived_by_an_atomic_staging(
     truth = compute(job.truth_base, float(second["killTime"]))
     assert second["resumeStep"] == truth.resume_step, (second, truth.describe())
     assert truth.resume_step is not None and truth.resume_step >= first["triggerCheckpoint"]
+    # lost steps (maxLostSteps is set): the job's records lie within the drill's bounds,
+    # the last step before the second kill being the first's (nothing trained between)
+    assert truth.lost_steps is not None, truth.describe()
+    low, high = second["lostSteps"], second["lostStepsUpperBound"]
+    assert low <= truth.lost_steps <= (high if high is not None else low), (second, truth)
 
 
 @pytest.mark.e2e
