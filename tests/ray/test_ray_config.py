@@ -180,6 +180,16 @@ def test_trains_restart_decision_with_every_worker_alive_is_a_failure(status: st
     assert said is not None and said.startswith("Train decided to restart the group")
 
 
+def test_a_run_not_yet_seen_running_is_no_restart_decision() -> None:
+    # CI, a slow start: the run was still SCHEDULING while its first attempt ran (every
+    # worker alive), 10 s before the kill; read as Train's restart decision, it took the
+    # place of the kill's own WORKER_GONE. Only a run seen RUNNING with the attempt can
+    # leave RUNNING.
+    (run,) = parse_runs(_run("SCHEDULING", "RUNNING"))
+    assert failure_of(run, 0, [], ran=False) is None
+    assert failure_of(run, 0, [], ran=True) is not None
+
+
 def test_a_running_run_or_an_attempt_being_placed_is_no_failure() -> None:
     (running,) = parse_runs(_run("RUNNING", "RUNNING"))
     assert failure_of(running, 0, []) is None

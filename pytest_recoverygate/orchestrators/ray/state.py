@@ -170,7 +170,12 @@ RESTART_DECIDED = ("RESTARTING", "SCHEDULING", "RESIZING")
 
 
 def failure_of(
-    run: TrainRun, index: int, dead: list[TrainWorker], killed: Collection[str] = ()
+    run: TrainRun,
+    index: int,
+    dead: list[TrainWorker],
+    killed: Collection[str] = (),
+    *,
+    ran: bool = True,
 ) -> str | None:
     """What says that attempt ``index`` of ``run`` failed (None: nothing yet).
 
@@ -178,8 +183,10 @@ def failure_of(
     sign of a failure that kills nobody (a stopped rank: its peer's collective times
     out). Measured with Ray 2.60: the run goes RUNNING -> RESTARTING -> SCHEDULING within
     a millisecond, and the attempt stays RUNNING until its group is shut down (30 s later
-    for a stopped rank): the run leaving RUNNING while its newest attempt still runs is
-    the decision.
+    for a stopped rank): the run *leaving* RUNNING while its newest attempt still runs is
+    the decision. ``ran``: the run was seen RUNNING with this attempt. At a slow start the
+    run is still SCHEDULING while its first attempt already runs (seen in CI, 10 s before
+    any fault: it was read as a restart decision); that is no failure.
     """
     attempt = run.attempts[index]
     if dead or attempt.status == "ERRORED":
@@ -189,7 +196,7 @@ def failure_of(
         )
         return f"worker death detected: {said}"
     newest = index == len(run.attempts) - 1
-    if newest and attempt.status == "RUNNING" and run.status in RESTART_DECIDED:
+    if newest and ran and attempt.status == "RUNNING" and run.status in RESTART_DECIDED:
         return (
             f"Train decided to restart the group (the run is {run.status}, its attempt "
             "still RUNNING with every worker alive)"

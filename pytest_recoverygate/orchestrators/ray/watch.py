@@ -48,6 +48,7 @@ class GroupWatch:
         self._killed: set[str] = set()  # actor ids of the workers the drill signalled
         self._seen_attempts: set[str] = set()
         self._reported: set[tuple[str, str]] = set()  # (attempt id, phase) already emitted
+        self._ran: set[str] = set()  # attempts the run was seen RUNNING with (state.failure_of)
         self._ended = False
 
     def start(self, attempt_id: str, popen: subprocess.Popen[bytes] | None) -> None:
@@ -139,12 +140,14 @@ class GroupWatch:
                 )
         if run.current is not None and run.current.running:
             self._follow(run.current)  # until the GCS vouched for each worker's log
+        if run.status == "RUNNING" and run.attempts:
+            self._ran.add(run.attempts[-1].attempt_id)
         for index, attempt in enumerate(run.attempts):
             aid = attempt.attempt_id
             old = index < len(run.attempts) - 1 or attempt.status in ("ERRORED", "ABORTED")
             dead = [w for w in attempt.workers if not w.alive]
             seen = aid in self._seen_attempts
-            failed = failure_of(run, index, dead, victims)
+            failed = failure_of(run, index, dead, victims, ran=aid in self._ran)
             if seen and failed is not None and self._once(aid, "gone"):
                 who = failed_worker(attempt, dead, victims)
                 self._emit(
